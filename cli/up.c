@@ -1,0 +1,265 @@
+/* up.c: `loom up`. Without DATABASE_URL it creates (or reuses) a private PostgreSQL
+ * cluster under the data directory; then it migrates, ensures a default tenant and an
+ * API key, generates a small default model if none is given, starts api, scheduler and
+ * one CPU executor as child processes, prints TINKER_BASE_URL / TINKER_API_KEY once all
+ * are ready, and on Ctrl-C / SIGTERM stops the children and the cluster it started.
+ * If a child dies, everything is stopped: a half-running stack is worse than none. */
+#include "cli/up.h"
+#include "common/db.h"
+#include "common/keys.h"
+#include "common/log.h"
+#include "common/migrate.h"
+#include "common/pgcluster.h"
+#include "gpu/mkmodel.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *role;
+    pid_t pid;
+} child;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int s) { g_stop = 1; }
+
+static pid_t spawn(char *const argv[], int *stdout_pipe) {
+    int fds[2] = {-1, -1};
+    if (stdout_pipe && pipe(fds) < 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (stdout_pipe) { dup2(fds[1], 1); close(fds[0]); close(fds[1]); }
+        else dup2(2, 1);   /* children log to our stderr; stdout is kept for the two lines */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    if (stdout_pipe) { close(fds[1]); *stdout_pipe = fds[0]; }
+    return pid;
+}
+
+static void stop_children(child *cs, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        if (cs[i].pid > 0) kill(cs[i].pid, SIGTERM);
+    for (int i = n - 1; i >= 0; i--) {
+        if (cs[i].pid <= 0) continue;
+        for (int t = 0; t < 100; t++) {   /* 10 s, then SIGKILL */
+            if (waitpid(cs[i].pid, NULL, WNOHANG) == cs[i].pid) { cs[i].pid = 0; break; }
+            usleep(100 * 1000);
+        }
+        if (cs[i].pid > 0) { kill(cs[i].pid, SIGKILL); waitpid(cs[i].pid, NULL, 0); cs[i].pid = 0; }
+    }
+}
+
+/* Reads the api's "LOOM_API_LISTENING port=N" line. */
+static int read_port(int fd, int timeout_ms) {
+    char buf[512];
+    size_t len = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long left = timeout_ms - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0 || g_stop) return -1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) <= 0) continue;
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0) return -1;
+        len += n;
+        buf[len] = 0;
+        char *m = strstr(buf, "LOOM_API_LISTENING port=");
+        if (m && strchr(m, '\n')) return atoi(m + strlen("LOOM_API_LISTENING port="));
+        if (len >= sizeof buf - 1) len = 0;
+    }
+}
+
+/* Reuses <data>/api-key if it still authenticates, else creates a new key. The file
+ * is 0600, like an ssh key: the database itself holds only the keyed hash. */
+static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secret, char key[KEY_MAX_LEN],
+                      char *err, size_t errlen) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/api-key", data_dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(key, KEY_MAX_LEN, f)) key[strcspn(key, "\r\n")] = 0;
+        fclose(f);
+        unsigned char h[KEY_HASH_BYTES];
+        char hhex[2 * KEY_HASH_BYTES + 3] = "\\x";
+        keys_hash(secret, key, h);
+        for (int i = 0; i < KEY_HASH_BYTES; i++) sprintf(hhex + 2 + 2 * i, "%02x", h[i]);
+        const char *p[1] = {hhex};
+        PGresult *r = db_query(c, "SELECT 1 FROM api_keys WHERE hash = $1::bytea AND revoked_at IS NULL"
+                                  " AND (expires_at IS NULL OR expires_at > now())", 1, p, err, errlen);
+        int ok = r && PQntuples(r) == 1;
+        if (r) PQclear(r);
+        if (ok) return 0;
+    }
+    int64_t tid;
+    if (keys_tenant_ensure(c, "default", &tid, err, errlen) < 0) return -1;
+    if (keys_create(c, secret, tid, "loom up", NULL, NULL, key, err, errlen) < 0) return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || write(fd, key, strlen(key)) < 0 || write(fd, "\n", 1) < 0) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: loom up [--data-dir DIR] [--host 127.0.0.1] [--port 8000]\n"
+            "               [--model-dir DIR --model-name NAME] [--threads N] [--api-threads N]\n"
+            "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
+            "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
+}
+
+int up_main(int argc, char **argv) {
+    const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
+    const char *threads = "0", *api_threads = "2";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) { usage(); return 0; }
+        if (!v) { usage(); return 2; }
+        if (!strcmp(a, "--data-dir")) data_dir = argv[++i];
+        else if (!strcmp(a, "--host")) host = argv[++i];
+        else if (!strcmp(a, "--port")) port = argv[++i];
+        else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
+        else if (!strcmp(a, "--model-name")) model_name = argv[++i];
+        else if (!strcmp(a, "--threads")) threads = argv[++i];
+        else if (!strcmp(a, "--api-threads")) api_threads = argv[++i];
+        else { usage(); return 2; }
+    }
+    char defdir[PATH_MAX], absdata[PATH_MAX];
+    if (!data_dir) {
+        const char *home = getenv("HOME");
+        if (geteuid() == 0) snprintf(defdir, sizeof defdir, "/var/lib/loom");
+        else snprintf(defdir, sizeof defdir, "%s/.loom", home ? home : ".");
+        data_dir = defdir;
+    }
+    mkdir(data_dir, 0755);
+    if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
+    data_dir = absdata;
+    /* No SA_RESTART: a signal must interrupt waitpid below. */
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[1024], conninfo[1024];
+    bool own_cluster = false;
+    const char *env_db = getenv("DATABASE_URL");
+    if (env_db && *env_db) {
+        snprintf(conninfo, sizeof conninfo, "%s", env_db);
+    } else {
+        pgcluster pc;
+        if (pgc_start(data_dir, &pc, err, sizeof err) < 0) { log_error("%s", err); return 1; }
+        snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
+        own_cluster = true;
+    }
+    int rc = 1;
+    child cs[3] = {{"executor", 0}, {"scheduler", 0}, {"api", 0}};
+    PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
+    if (!c) { log_error("database: %s", err); goto out; }
+    if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); goto out; }
+
+    char secret_path[PATH_MAX], key[KEY_MAX_LEN];
+    unsigned char secret[KEY_SECRET_BYTES];
+    snprintf(secret_path, sizeof secret_path, "%s/secret.key", data_dir);
+    if (keys_init() < 0 || keys_load_secret(secret_path, true, secret, err, sizeof err) < 0 ||
+        ensure_key(c, data_dir, secret, key, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
+
+    char mdir[PATH_MAX];
+    if (!model_dir) {
+        snprintf(mdir, sizeof mdir, "%s/models/tiny-llama", data_dir);
+        char cfg[PATH_MAX + 16];
+        snprintf(cfg, sizeof cfg, "%s/config.json", mdir);
+        struct stat sb;
+        if (stat(cfg, &sb) < 0) {
+            log_info("generating the default model (tiny Llama, random weights) in %s", mdir);
+            char *margv[] = {"mkmodel", "--arch", "llama", "--preset", "tiny", "--seed", "1", "--out", mdir, NULL};
+            if (mkmodel_main(9, margv) != 0) { log_error("mkmodel failed"); goto out; }
+        }
+        model_dir = mdir;
+        if (!model_name) model_name = "loom/tiny-llama";
+    } else if (!model_name) {
+        const char *slash = strrchr(model_dir, '/');
+        model_name = slash && slash[1] ? slash + 1 : model_dir;
+    }
+
+    char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
+                        (char *)model_name, "--threads", (char *)threads, NULL};
+    char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, NULL};
+    char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
+                        "--threads", (char *)api_threads, "--secret-file", secret_path, NULL};
+    int api_out = -1;
+    cs[0].pid = spawn(exe_argv, NULL);
+    cs[1].pid = spawn(sch_argv, NULL);
+    cs[2].pid = spawn(api_argv, &api_out);
+    if (cs[0].pid < 0 || cs[1].pid < 0 || cs[2].pid < 0) { log_error("fork: %s", strerror(errno)); goto out; }
+    int api_port = read_port(api_out, 30000);
+    if (api_port <= 0) { log_error("the api did not start (see messages above)"); goto out; }
+
+    /* Ready = the executor registered for this model and is idle. */
+    char epid[16];
+    snprintf(epid, sizeof epid, "%d", (int)cs[0].pid);
+    const char *pp[1] = {epid};
+    bool ready = false;
+    for (int t = 0; t < 1200 && !g_stop && !ready; t++) {
+        PGresult *r = db_query(c, "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'", 1, pp, err, sizeof err);
+        ready = r && PQntuples(r) > 0;
+        if (r) PQclear(r);
+        if (!ready) {
+            if (waitpid(cs[0].pid, NULL, WNOHANG) == cs[0].pid) { cs[0].pid = 0; break; }
+            usleep(100 * 1000);
+        }
+    }
+    if (!ready) { log_error("the executor did not become ready (see messages above)"); goto out; }
+
+    printf("DATABASE_URL=%s\n", conninfo);
+    printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
+    printf("TINKER_API_KEY=%s\n", key);
+    fflush(stdout);
+    log_info("Loom is up: model %s; Ctrl-C stops it", model_name);
+
+    /* The api's stdout is no longer needed; drain it so a full pipe never blocks it. */
+    close(api_out);
+    rc = 0;
+    while (!g_stop) {
+        int st;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) { if (errno == EINTR) continue; break; }
+        for (int i = 0; i < 3; i++) {
+            if (cs[i].pid == pid) {
+                cs[i].pid = 0;
+                log_error("%s exited unexpectedly (status %d); stopping Loom", cs[i].role,
+                          WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+                rc = 1;
+                g_stop = 1;
+            }
+        }
+    }
+out:
+    stop_children(cs, 3);
+    if (c) PQfinish(c);
+    if (own_cluster && pgc_stop(data_dir, err, sizeof err) < 0) log_warn("%s", err);
+    log_info("stopped");
+    return rc;
+}

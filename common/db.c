@@ -1,0 +1,93 @@
+/* db.c: libpq helpers. Errors are returned as values with the server's message. */
+#include "common/db.h"
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static __thread char t_sqlstate[8];
+
+static void set_err(char *err, size_t errlen, const char *msg) {
+    if (!err || !errlen) return;
+    snprintf(err, errlen, "%s", msg ? msg : "unknown database error");
+    size_t n = strlen(err);
+    while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' ')) err[--n] = 0;
+}
+
+PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        PGconn *c = PQconnectdb(conninfo);
+        if (PQstatus(c) == CONNECTION_OK) {
+            PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
+            /* Quiet NOTICEs (e.g. "relation already exists, skipping"). */
+            PGresult *r = PQexec(c, "SET client_min_messages = warning");
+            PQclear(r);
+            return c;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long waited = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (waited >= wait_ms) {
+            set_err(err, errlen, PQerrorMessage(c));
+            PQfinish(c);
+            return NULL;
+        }
+        PQfinish(c);
+        usleep(100 * 1000);
+    }
+}
+
+PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *params,
+                   char *err, size_t errlen) {
+    t_sqlstate[0] = 0;
+    PGresult *r = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    snprintf(t_sqlstate, sizeof t_sqlstate, "%s", state ? state : "");
+    set_err(err, errlen, r ? PQresultErrorMessage(r) : PQerrorMessage(c));
+    if (err && errlen && !err[0]) set_err(err, errlen, PQerrorMessage(c));
+    PQclear(r);
+    return NULL;
+}
+
+int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, char *err,
+            size_t errlen) {
+    PGresult *r = db_query(c, sql, nparams, params, err, errlen);
+    if (!r) return -1;
+    PQclear(r);
+    return 0;
+}
+
+int db_begin(PGconn *c, char *err, size_t errlen) { return db_exec(c, "BEGIN", 0, NULL, err, errlen); }
+int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, "COMMIT", 0, NULL, err, errlen); }
+void db_rollback(PGconn *c) { PQclear(PQexec(c, "ROLLBACK")); }
+const char *db_last_sqlstate(void) { return t_sqlstate; }
+
+int db_wait_notify(PGconn *c, int timeout_ms) {
+    int got = 0;
+    PGnotify *n;
+    if (!PQconsumeInput(c)) return -1;
+    while ((n = PQnotifies(c))) { got = 1; PQfreemem(n); }
+    if (got) return 1;
+    struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
+    int rc = poll(&p, 1, timeout_ms);
+    if (rc < 0 && errno != EINTR) return -1;
+    if (rc <= 0) return 0;
+    if (!PQconsumeInput(c)) return -1;
+    while ((n = PQnotifies(c))) { got = 1; PQfreemem(n); }
+    return got;
+}
+
+int64_t db_int(const PGresult *r, int row, int col) {
+    if (PQgetisnull(r, row, col)) return 0;
+    return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+bool db_bool(const PGresult *r, int row, int col) {
+    return !PQgetisnull(r, row, col) && PQgetvalue(r, row, col)[0] == 't';
+}

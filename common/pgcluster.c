@@ -1,0 +1,218 @@
+/* pgcluster.c: initdb/pg_ctl driven through fork+exec, dropping privileges when root. */
+#include "common/pgcluster.h"
+#include "common/db.h"
+#include "common/log.h"
+#include <errno.h>
+#include <glob.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Debian keeps initdb/pg_ctl out of PATH, under /usr/lib/postgresql/<ver>/bin. */
+static int find_bindir(char *out, size_t n, char *err, size_t errlen) {
+    const char *env = getenv("LOOM_PG_BINDIR");
+    if (env && *env) { snprintf(out, n, "%s", env); return 0; }
+    glob_t g;
+    if (glob("/usr/lib/postgresql/*/bin/initdb", 0, NULL, &g) == 0 && g.gl_pathc > 0) {
+        /* the last match in sorted order is the newest major version */
+        snprintf(out, n, "%s", g.gl_pathv[g.gl_pathc - 1]);
+        globfree(&g);
+        char *slash = strrchr(out, '/');
+        if (slash) *slash = 0;
+        return 0;
+    }
+    globfree(&g);
+    snprintf(err, errlen, "PostgreSQL server programs not found (install package postgresql, "
+                          "or set LOOM_PG_BINDIR)");
+    return -1;
+}
+
+/* The user that owns and runs the cluster: ourselves, or an unprivileged one if root. */
+static int cluster_user(uid_t *uid, gid_t *gid, char *name, size_t n, char *err, size_t errlen) {
+    if (geteuid() != 0) {
+        *uid = geteuid(); *gid = getegid();
+        struct passwd *pw = getpwuid(*uid);
+        snprintf(name, n, "%s", pw ? pw->pw_name : "loom");
+        return 0;
+    }
+    const char *cands[] = {getenv("LOOM_PG_USER"), "postgres", "nobody"};
+    for (int i = 0; i < 3; i++) {
+        if (!cands[i] || !*cands[i]) continue;
+        struct passwd *pw = getpwnam(cands[i]);
+        if (pw) { *uid = pw->pw_uid; *gid = pw->pw_gid; snprintf(name, n, "%s", pw->pw_name); return 0; }
+    }
+    snprintf(err, errlen, "running as root and no unprivileged user (postgres, nobody) to own the cluster");
+    return -1;
+}
+
+/* Runs argv as uid/gid, output to logpath (or inherited). Returns the exit status. */
+static int run_as(uid_t uid, gid_t gid, char *const argv[], const char *logpath) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (logpath) {
+            FILE *f = fopen(logpath, "a");
+            if (f) { dup2(fileno(f), 1); dup2(fileno(f), 2); }
+        }
+        if (geteuid() == 0 && uid != 0) {
+            if (setgroups(0, NULL) < 0 || setgid(gid) < 0 || setuid(uid) < 0) _exit(126);
+        }
+        unsetenv("PGDATA");
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int mkdir_p(const char *path, mode_t mode) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1; *p = '/'; }
+    }
+    return (mkdir(tmp, mode) < 0 && errno != EEXIST) ? -1 : 0;
+}
+
+/* Checks, as the cluster user, that the directory can be reached (root-owned homes
+ * such as /root are not traversable by `postgres`). */
+static int reachable_by(uid_t uid, gid_t gid, const char *dir) {
+    char *argv[] = {"/usr/bin/test", "-w", (char *)dir, NULL};
+    return run_as(uid, gid, argv, NULL) == 0;
+}
+
+static int abspath(const char *in, char *out, size_t n) {
+    if (in[0] == '/') { snprintf(out, n, "%s", in); return 0; }
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) return -1;
+    snprintf(out, n, "%s/%s", cwd, in);
+    return 0;
+}
+
+int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
+    char bindir[PATH_MAX], uname[64], absdir[PATH_MAX];
+    uid_t uid; gid_t gid;
+    if (find_bindir(bindir, sizeof bindir, err, errlen) < 0) return -1;
+    if (cluster_user(&uid, &gid, uname, sizeof uname, err, errlen) < 0) return -1;
+    if (abspath(data_dir, absdir, sizeof absdir) < 0 || mkdir_p(absdir, 0755) < 0) {
+        snprintf(err, errlen, "cannot create data directory %s: %s", data_dir, strerror(errno));
+        return -1;
+    }
+    snprintf(out->dir, sizeof out->dir, "%s/pg", absdir);
+    if (strlen(out->dir) > 90) {   /* the socket path must fit in sun_path (108 bytes) */
+        snprintf(err, errlen, "data directory path too long for a Unix socket: %s", absdir);
+        return -1;
+    }
+    char pgver[PATH_MAX + 16], logpath[PATH_MAX + 16];
+    snprintf(pgver, sizeof pgver, "%s/PG_VERSION", out->dir);
+    snprintf(logpath, sizeof logpath, "%s/../postgres.log", out->dir);
+    struct stat st;
+    if (stat(pgver, &st) < 0) {
+        if (mkdir(out->dir, 0700) < 0 && errno != EEXIST) {
+            snprintf(err, errlen, "cannot create %s: %s", out->dir, strerror(errno));
+            return -1;
+        }
+        if (geteuid() == 0 && chown(out->dir, uid, gid) < 0) {
+            snprintf(err, errlen, "chown %s: %s", out->dir, strerror(errno));
+            return -1;
+        }
+        if (geteuid() == 0 && !reachable_by(uid, gid, out->dir)) {
+            snprintf(err, errlen, "running as root: user %s cannot reach %s (a parent directory is "
+                     "private, e.g. /root); choose --data-dir under /var/lib or /tmp", uname, out->dir);
+            return -1;
+        }
+        if (geteuid() == 0) {   /* the log file sits beside the cluster and must be writable */
+            FILE *f = fopen(logpath, "a");
+            if (f) { fclose(f); if (chown(logpath, uid, gid) < 0) {} }
+        }
+        char initdb[PATH_MAX + 16];
+        snprintf(initdb, sizeof initdb, "%s/initdb", bindir);
+        char *argv[] = {initdb, "-D", out->dir, "-U", "loom", "--auth=trust", "-E", "UTF8",
+                        "--locale=C", "--no-instructions", NULL};
+        log_info("creating PostgreSQL cluster in %s (as user %s)", out->dir, uname);
+        if (run_as(uid, gid, argv, logpath) != 0) {
+            snprintf(err, errlen, "initdb failed; see %s", logpath);
+            return -1;
+        }
+        /* Private socket only, small footprint, fast shutdown of a test cluster. */
+        char conf[PATH_MAX + 32];
+        snprintf(conf, sizeof conf, "%s/postgresql.auto.conf", out->dir);
+        FILE *f = fopen(conf, "a");
+        if (!f) { snprintf(err, errlen, "cannot write %s", conf); return -1; }
+        fprintf(f, "listen_addresses = ''\nunix_socket_directories = '%s'\n"
+                   "max_connections = 200\nshared_buffers = '128MB'\nfsync = on\n", out->dir);
+        fclose(f);
+        if (geteuid() == 0 && chown(conf, uid, gid) < 0) {}
+    }
+    snprintf(out->conninfo, sizeof out->conninfo, "host=%s port=5432 dbname=loom user=loom", out->dir);
+    char pmpid[PATH_MAX + 16];
+    snprintf(pmpid, sizeof pmpid, "%s/postmaster.pid", out->dir);
+    char admin[800];
+    snprintf(admin, sizeof admin, "host=%s port=5432 dbname=postgres user=loom", out->dir);
+    PGconn *probe = NULL;
+    if (stat(pmpid, &st) == 0) probe = db_connect(admin, 0, err, errlen);
+    if (!probe) {
+        char pgctl[PATH_MAX + 16];
+        snprintf(pgctl, sizeof pgctl, "%s/pg_ctl", bindir);
+        char *argv[] = {pgctl, "-D", out->dir, "-l", logpath, "-w", "-t", "60", "start", NULL};
+        if (run_as(uid, gid, argv, NULL) != 0) {
+            snprintf(err, errlen, "pg_ctl start failed; see %s", logpath);
+            return -1;
+        }
+        probe = db_connect(admin, 10000, err, errlen);
+        if (!probe) return -1;
+    }
+    PGresult *r = db_query(probe, "SELECT 1 FROM pg_database WHERE datname = 'loom'", 0, NULL, err, errlen);
+    int have = r && PQntuples(r) > 0;
+    if (r) PQclear(r);
+    if (!have && db_exec(probe, "CREATE DATABASE loom", 0, NULL, err, errlen) < 0 &&
+        strcmp(db_last_sqlstate(), "42P04") != 0) {   /* 42P04: created meanwhile by another */
+        PQfinish(probe);
+        return -1;
+    }
+    PQfinish(probe);
+    return 0;
+}
+
+int pgc_stop(const char *data_dir, char *err, size_t errlen) {
+    char bindir[PATH_MAX], uname[64], absdir[PATH_MAX], dir[PATH_MAX + 8], pgctl[PATH_MAX + 16];
+    uid_t uid; gid_t gid;
+    if (find_bindir(bindir, sizeof bindir, err, errlen) < 0) return -1;
+    if (cluster_user(&uid, &gid, uname, sizeof uname, err, errlen) < 0) return -1;
+    if (abspath(data_dir, absdir, sizeof absdir) < 0) return -1;
+    snprintf(dir, sizeof dir, "%s/pg", absdir);
+    snprintf(pgctl, sizeof pgctl, "%s/pg_ctl", bindir);
+    char *argv[] = {pgctl, "-D", dir, "-m", "fast", "-w", "stop", NULL};
+    if (run_as(uid, gid, argv, "/dev/null") != 0) {
+        snprintf(err, errlen, "pg_ctl stop failed for %s (not running?)", dir);
+        return -1;
+    }
+    return 0;
+}
+
+int pgc_main(int argc, char **argv) {
+    const char *dir = NULL, *verb = argc > 1 ? argv[1] : NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) dir = argv[++i];
+    }
+    if (!verb || !dir || (strcmp(verb, "start") && strcmp(verb, "stop"))) {
+        fprintf(stderr, "usage: loom pg start|stop --data-dir DIR\n");
+        return 2;
+    }
+    char err[1024];
+    if (!strcmp(verb, "stop")) {
+        if (pgc_stop(dir, err, sizeof err) < 0) { fprintf(stderr, "loom pg: %s\n", err); return 1; }
+        return 0;
+    }
+    pgcluster c;
+    if (pgc_start(dir, &c, err, sizeof err) < 0) { fprintf(stderr, "loom pg: %s\n", err); return 1; }
+    printf("DATABASE_URL=%s\n", c.conninfo);
+    return 0;
+}

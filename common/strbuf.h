@@ -1,0 +1,29 @@
+/* strbuf.h: a growable, NUL-terminated byte buffer for building text (JSON payloads,
+ * messages) without a DOM. Allocation failure aborts: these buffers are small next to
+ * the request that caused them, and a process that cannot malloc cannot answer anyway. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char *data;   /* NUL-terminated; NULL until the first append */
+    size_t len;
+    size_t cap;
+} strbuf;
+
+void sb_init(strbuf *b, size_t reserve);
+void sb_free(strbuf *b);
+/* Hands the text to the caller (free() it); the buffer is empty afterwards. */
+char *sb_steal(strbuf *b, size_t *len);
+
+void sb_append(strbuf *b, const char *s, size_t n);
+void sb_puts(strbuf *b, const char *s);
+void sb_putc(strbuf *b, char c);
+void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_int(strbuf *b, int64_t v);
+/* Shortest text that reads back as the same float / double ("%.9g" / "%.17g"). The value
+ * must be finite (JSON has no inf/nan). */
+void sb_float(strbuf *b, float v);
+void sb_double(strbuf *b, double v);
+/* s as a JSON string literal, quotes included. */
+void sb_json_str(strbuf *b, const char *s);

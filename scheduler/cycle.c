@@ -1,0 +1,243 @@
+/* cycle.c: building one clock cycle for one executor (ARCHITECTURE "Clock cycle rules").
+ *
+ * Per model, operations run in seq_id order starting at models.next_seq; a gap stops
+ * the model (out-of-order arrivals wait). A model contributes a run: create_model (seq 0)
+ * first if pending, then forward/forward_backward operations, then at most one
+ * optim_step, after which the model's run ends (later work must see the new weights and
+ * waits for the next cycle). The token budget is shared between tenants round-robin:
+ * each round every tenant with work left may add operations up to an equal share, so a
+ * tenant with a huge backlog cannot starve a small one. A single operation larger than
+ * the budget still runs, alone. */
+#include "scheduler/sched.h"
+#include "scheduler/sched_sql.h"
+#include "common/db.h"
+#include "common/log.h"
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t id;
+    int seq;
+    char kind[32];
+    int tokens;
+} qop;
+
+typedef struct {
+    char id[256];
+    int64_t tenant;
+    int next_seq;      /* first seq not taken */
+    qop *ops;          /* eligible consecutive run, in order */
+    int nops, taken;
+    bool closed;       /* optim_step taken: nothing more this cycle */
+} qmodel;
+
+/* Length of the eligible run of a model's queued ops (sorted by seq). */
+static int eligible_run(qmodel *m) {
+    int n = 0, seq = m->next_seq;
+    bool seen_step = false;
+    for (int i = 0; i < m->nops && !seen_step; i++) {
+        if (m->ops[i].seq != seq) break;           /* gap: wait for the missing op */
+        const char *k = m->ops[i].kind;
+        if (!strcmp(k, "create_model")) {
+            if (i != 0) break;
+        } else if (!strcmp(k, "optim_step")) {
+            seen_step = true;
+        } else if (strcmp(k, "forward") && strcmp(k, "forward_backward")) {
+            /* checkpoint / sampler work: runs after the step, alone at the end of the run */
+            if (n > 0) { n++; break; }
+            seen_step = true;
+        }
+        n++;
+        seq++;
+    }
+    return n;
+}
+
+/* Writes a PostgreSQL array literal of ids into a growable buffer. Model ids are
+ * server-made (uuid:train:N) and carry no quotes or commas, but quote them anyway. */
+static char *array_literal_text(qmodel *ms, int n) {
+    size_t cap = 16;
+    for (int i = 0; i < n; i++) cap += strlen(ms[i].id) * 2 + 4;
+    char *s = malloc(cap), *p = s;
+    *p++ = '{';
+    for (int i = 0; i < n; i++) {
+        if (i) *p++ = ',';
+        *p++ = '"';
+        for (const char *c = ms[i].id; *c; c++) {
+            if (*c == '"' || *c == '\\') *p++ = '\\';
+            *p++ = *c;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = 0;
+    return s;
+}
+
+int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
+                      char *err, size_t errlen) {
+    char exe[24], lim[16];
+    snprintf(exe, sizeof exe, "%lld", (long long)executor_id);
+    snprintf(lim, sizeof lim, "%d", o->max_models);
+    *cycle_id = 0;
+    if (db_begin(c, err, errlen) < 0) return -1;
+    const char *p1[1] = {exe};
+    PGresult *re = db_query(c, SQL_LOCK_IDLE_EXECUTOR, 1, p1, err, errlen);
+    if (!re) goto fail;
+    if (PQntuples(re) == 0) { PQclear(re); db_rollback(c); return 0; }
+    char base[256];
+    snprintf(base, sizeof base, "%s", PQgetvalue(re, 0, 0));
+    int budget = (int)db_int(re, 0, 1);
+    PQclear(re);
+
+    const char *p2[3] = {base, exe, lim};
+    PGresult *rm = db_query(c, SQL_LOCK_READY_MODELS, 3, p2, err, errlen);
+    if (!rm) goto fail;
+    int nm = PQntuples(rm);
+    if (nm == 0) { PQclear(rm); db_rollback(c); return 0; }
+    qmodel *ms = calloc(nm, sizeof *ms);
+    for (int i = 0; i < nm; i++) {
+        snprintf(ms[i].id, sizeof ms[i].id, "%s", PQgetvalue(rm, i, 0));
+        ms[i].next_seq = (int)db_int(rm, i, 1);
+        ms[i].tenant = db_int(rm, i, 2);
+    }
+    PQclear(rm);
+
+    char *ids = array_literal_text(ms, nm);
+    const char *p3[1] = {ids};
+    PGresult *ro = db_query(c, SQL_LOCK_QUEUED_OPS, 1, p3, err, errlen);
+    free(ids);
+    if (!ro) { free(ms); goto fail; }
+    int no = PQntuples(ro);
+    qop *all = calloc(no ? no : 1, sizeof *all);
+    for (int i = 0, j = 0; i < nm; i++) {
+        /* rows are ordered by model id; find this model's slice */
+        ms[i].ops = all + j;
+        for (int r = 0; r < no; r++) {
+            if (strcmp(PQgetvalue(ro, r, 1), ms[i].id)) continue;
+            qop *q = &all[j++];
+            q->id = db_int(ro, r, 0);
+            q->seq = (int)db_int(ro, r, 2);
+            snprintf(q->kind, sizeof q->kind, "%s", PQgetvalue(ro, r, 3));
+            q->tokens = (int)db_int(ro, r, 4);
+            ms[i].nops++;
+        }
+        ms[i].nops = eligible_run(&ms[i]);
+    }
+    PQclear(ro);
+
+    /* Round-robin over tenants by equal token shares. */
+    int used = 0, nclaimed = 0;
+    int64_t *claimed = calloc(no ? no : 1, sizeof *claimed);
+    bool progress = true;
+    while (progress && used < budget) {
+        progress = false;
+        int64_t tenants_seen[256];
+        int nt = 0;
+        for (int i = 0; i < nm; i++) {
+            if (ms[i].taken >= ms[i].nops) continue;
+            bool seen = false;
+            for (int t = 0; t < nt; t++) seen |= tenants_seen[t] == ms[i].tenant;
+            if (!seen && nt < 256) tenants_seen[nt++] = ms[i].tenant;
+        }
+        if (nt == 0) break;
+        int share = (budget - used) / nt;
+        if (share < 1) share = 1;
+        for (int t = 0; t < nt && used < budget; t++) {
+            int tused = 0;
+            for (int i = 0; i < nm; i++) {
+                qmodel *m = &ms[i];
+                if (m->tenant != tenants_seen[t]) continue;
+                while (m->taken < m->nops) {
+                    qop *q = &m->ops[m->taken];
+                    bool first_of_cycle = nclaimed == 0;
+                    if (!first_of_cycle && (tused + q->tokens > share || used + q->tokens > budget)) break;
+                    claimed[nclaimed++] = q->id;
+                    tused += q->tokens;
+                    used += q->tokens;
+                    m->taken++;
+                    progress = true;
+                }
+            }
+        }
+    }
+    free(all);
+    if (nclaimed == 0) { free(ms); free(claimed); db_rollback(c); return 0; }
+
+    char sops[16], stok[16], slease[16];
+    snprintf(sops, sizeof sops, "%d", nclaimed);
+    snprintf(stok, sizeof stok, "%d", used);
+    snprintf(slease, sizeof slease, "%d", o->lease_s);
+    const char *p4[4] = {exe, sops, stok, slease};
+    PGresult *rc = db_query(c, SQL_INSERT_CYCLE, 4, p4, err, errlen);
+    if (!rc) { free(ms); free(claimed); goto fail; }
+    *cycle_id = db_int(rc, 0, 0);
+    char cyc[24];
+    snprintf(cyc, sizeof cyc, "%s", PQgetvalue(rc, 0, 0));
+    PQclear(rc);
+
+    /* {id,id,...} literals for the claim and the model advance. */
+    size_t cap = 32 + (size_t)nclaimed * 22;
+    char *oplist = malloc(cap), *w = oplist;
+    w += sprintf(w, "{");
+    for (int i = 0; i < nclaimed; i++) w += sprintf(w, "%s%lld", i ? "," : "", (long long)claimed[i]);
+    sprintf(w, "}");
+    free(claimed);
+    int nadv = 0;
+    for (int i = 0; i < nm; i++) if (ms[i].taken) ms[nadv++] = ms[i];
+    char *mids = array_literal_text(ms, nadv);
+    char *seqs = malloc(16 + (size_t)nadv * 12), *s = seqs;
+    s += sprintf(s, "{");
+    for (int i = 0; i < nadv; i++) s += sprintf(s, "%s%d", i ? "," : "", ms[i].next_seq + ms[i].taken);
+    sprintf(s, "}");
+    free(ms);
+
+    const char *p5[2] = {cyc, oplist};
+    const char *p6[3] = {mids, seqs, exe};
+    const char *p7[1] = {exe};
+    const char *p8[1] = {exe};
+    int rc2 = db_exec(c, SQL_CLAIM_OPS, 2, p5, err, errlen);
+    if (!rc2) rc2 = db_exec(c, SQL_ADVANCE_MODELS, 3, p6, err, errlen);
+    if (!rc2) rc2 = db_exec(c, SQL_EXECUTOR_BUSY, 1, p7, err, errlen);
+    if (!rc2) rc2 = db_exec(c, SQL_NOTIFY_CYCLE, 1, p8, err, errlen);
+    free(oplist); free(mids); free(seqs);
+    if (rc2 < 0) goto fail;
+    if (db_commit(c, err, errlen) < 0) return -1;
+    log_debug("cycle %s: %d ops, %d tokens for executor %s", cyc, nclaimed, used, exe);
+    return nclaimed;
+fail:
+    db_rollback(c);
+    return -1;
+}
+
+int sched_reap(PGconn *c, char *err, size_t errlen) {
+    int changed = 0;
+    if (db_begin(c, err, errlen) < 0) return -1;
+    PGresult *r;
+    if (!(r = db_query(c, SQL_REAP_EXECUTORS, 0, NULL, err, errlen))) goto fail;
+    changed += atoi(PQcmdTuples(r));
+    PQclear(r);
+    if (!(r = db_query(c, SQL_REAP_CYCLES, 0, NULL, err, errlen))) goto fail;
+    int expired = PQntuples(r);
+    PQclear(r);
+    if (expired > 0) {
+        /* An executor whose lease ran out is not trusted with more work. */
+        if (db_exec(c, "UPDATE executors e SET state = 'gone' FROM cycles c"
+                       " WHERE c.executor_id = e.id AND c.state = 'expired'"
+                       " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'",
+                    0, NULL, err, errlen) < 0) goto fail;
+        log_warn("reaper: %d cycle(s) expired", expired);
+        changed += expired;
+    }
+    if (!(r = db_query(c, SQL_FAIL_ORPHANED_MODELS, 0, NULL, err, errlen))) goto fail;
+    if (PQntuples(r) > 0) log_warn("reaper: failed %d operation(s) of models on gone executors", PQntuples(r));
+    changed += PQntuples(r);
+    PQclear(r);
+    if (db_commit(c, err, errlen) < 0) return -1;
+    return changed;
+fail:
+    db_rollback(c);
+    return -1;
+}

@@ -1,0 +1,81 @@
+/* sched.c: `loom scheduler`, the loop. Wakes on NOTIFY (loom_op_queued, loom_executor_ready)
+ * or every poll interval, waits a short gather window so that a forward_backward and the
+ * optim_step the client sends right after it land in one cycle, reaps expired leases,
+ * then builds a cycle for every idle executor. */
+#include "scheduler/sched.h"
+#include "scheduler/sched_sql.h"
+#include "common/db.h"
+#include "common/log.h"
+#include "common/migrate.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int s) { g_stop = 1; }
+
+static void usage(void) {
+    fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n");
+}
+
+int sched_main(int argc, char **argv) {
+    const char *db = getenv("DATABASE_URL");
+    int gather_ms = 15, poll_ms = 500;
+    sched_opts o = {.lease_s = 300, .max_models = 256};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--db") && v) db = argv[++i];
+        else if (!strcmp(a, "--gather-ms") && v) gather_ms = atoi(argv[++i]);
+        else if (!strcmp(a, "--poll-ms") && v) poll_ms = atoi(argv[++i]);
+        else if (!strcmp(a, "--lease-s") && v) o.lease_s = atoi(argv[++i]);
+        else { usage(); return 2; }
+    }
+    if (!db) { usage(); return 2; }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    char err[1024];
+    PGconn *c = db_connect(db, 30000, err, sizeof err);
+    if (!c) { log_error("cannot connect: %s", err); return 1; }
+    if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); return 1; }
+    if (db_exec(c, "LISTEN loom_op_queued", 0, NULL, err, sizeof err) < 0 ||
+        db_exec(c, "LISTEN loom_executor_ready", 0, NULL, err, sizeof err) < 0) {
+        log_error("listen: %s", err);
+        return 1;
+    }
+    log_info("scheduler running (gather %d ms, lease %d s)", gather_ms, o.lease_s);
+    time_t last_reap = 0;
+    while (!g_stop) {
+        int w = db_wait_notify(c, poll_ms);
+        if (w < 0) {
+            log_warn("database connection lost; reconnecting");
+            PQfinish(c);
+            while (!g_stop && !(c = db_connect(db, 5000, err, sizeof err))) log_warn("reconnect: %s", err);
+            if (g_stop) break;
+            db_exec(c, "LISTEN loom_op_queued", 0, NULL, err, sizeof err);
+            db_exec(c, "LISTEN loom_executor_ready", 0, NULL, err, sizeof err);
+            continue;
+        }
+        if (w > 0 && gather_ms > 0) {
+            usleep(gather_ms * 1000);
+            db_wait_notify(c, 0);   /* drain what arrived while gathering */
+        }
+        if (time(NULL) - last_reap >= 2) {
+            if (sched_reap(c, err, sizeof err) < 0) log_warn("reap: %s", err);
+            last_reap = time(NULL);
+        }
+        PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
+        if (!r) { log_warn("executors: %s", err); continue; }
+        for (int i = 0; i < PQntuples(r); i++) {
+            int64_t cyc;
+            if (sched_build_cycle(c, db_int(r, i, 0), &o, &cyc, err, sizeof err) < 0)
+                log_warn("cycle for executor %s: %s", PQgetvalue(r, i, 0), err);
+        }
+        PQclear(r);
+    }
+    PQfinish(c);
+    log_info("scheduler stopped");
+    return 0;
+}

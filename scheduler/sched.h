@@ -1,0 +1,25 @@
+/* sched.h: the scheduler. Builds clock cycles for idle executors from queued
+ * operations and reaps expired leases. Several schedulers may run at once: every
+ * claim locks its executor, model and operation rows with FOR UPDATE SKIP LOCKED. */
+#pragma once
+#include <libpq-fe.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int lease_s;        /* a cycle's lease; the executor extends it while it works */
+    int max_models;     /* models considered per cycle */
+} sched_opts;
+
+/* Builds one cycle for an idle executor if there is eligible work. Returns the number
+ * of operations claimed (0 = none, executor left idle) or -1 with err. */
+int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
+                      char *err, size_t errlen);
+
+/* Expires cycles whose lease ran out (their operations go back to the queue with
+ * attempt + 1, or fail after too many attempts), marks silent executors gone and
+ * fails the queued work of models whose in-memory state was on a gone executor.
+ * Returns the number of rows changed or -1. */
+int sched_reap(PGconn *c, char *err, size_t errlen);
+
+int sched_main(int argc, char **argv);

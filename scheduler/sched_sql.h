@@ -1,0 +1,72 @@
+/* sched_sql.h: every SQL statement of the scheduler, named. Parameters are bound. */
+#pragma once
+
+/* $1 executor id. Locks the executor if idle; a second scheduler skips it. */
+#define SQL_LOCK_IDLE_EXECUTOR \
+    "SELECT base_model, token_budget FROM executors" \
+    " WHERE id = $1 AND state = 'idle' FOR UPDATE SKIP LOCKED"
+
+/* $1 base model, $2 executor id, $3 limit. Models with their next operation queued,
+ * pinned to this executor or to none; the least recently served first. */
+#define SQL_LOCK_READY_MODELS \
+    "SELECT m.id, m.next_seq, m.tenant_id FROM models m" \
+    " WHERE m.base_model = $1 AND m.status = 'active'" \
+    "   AND (m.executor_id IS NULL OR m.executor_id = $2)" \
+    "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
+    "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
+    " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
+
+/* $1 text[] of model ids. Queued operations of those models in seq order. */
+#define SQL_LOCK_QUEUED_OPS \
+    "SELECT id, model_id, seq_id, kind, n_tokens FROM operations" \
+    " WHERE model_id = ANY($1::text[]) AND state = 'queued'" \
+    " ORDER BY model_id, seq_id FOR UPDATE SKIP LOCKED"
+
+/* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds. */
+#define SQL_INSERT_CYCLE \
+    "INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
+    " VALUES ($1, $2, $3, now() + make_interval(secs => $4::int)) RETURNING id"
+
+/* $1 cycle, $2 bigint[] operation ids. */
+#define SQL_CLAIM_OPS \
+    "UPDATE operations SET state = 'claimed', cycle_id = $1, claimed_at = now()" \
+    " WHERE id = ANY($2::bigint[]) AND state = 'queued'"
+
+/* $1 text[] model ids, $2 int[] next seq, $3 executor. Pins models to the executor
+ * that now holds their adapter in memory. */
+#define SQL_ADVANCE_MODELS \
+    "UPDATE models m SET next_seq = v.next_seq, executor_id = $3, last_request_at = now()" \
+    " FROM unnest($1::text[], $2::int[]) AS v(id, next_seq) WHERE m.id = v.id"
+
+#define SQL_EXECUTOR_BUSY "UPDATE executors SET state = 'busy' WHERE id = $1"
+
+#define SQL_NOTIFY_CYCLE "SELECT pg_notify('loom_cycle', $1)"
+
+#define SQL_IDLE_EXECUTORS \
+    "SELECT id FROM executors WHERE state = 'idle' ORDER BY heartbeat_at DESC"
+
+/* Reaper, in one transaction. Executors silent for 30 s are gone. */
+#define SQL_REAP_EXECUTORS \
+    "UPDATE executors SET state = 'gone' WHERE state <> 'gone'" \
+    " AND heartbeat_at < now() - interval '30 seconds'"
+
+/* Cycles past their lease (or on a gone executor) expire. */
+#define SQL_REAP_CYCLES \
+    "UPDATE cycles c SET state = 'expired', finished_at = now(), error = 'lease expired'" \
+    " WHERE c.state IN ('assigned','running') AND (c.lease_expires_at < now()" \
+    "   OR EXISTS (SELECT 1 FROM executors e WHERE e.id = c.executor_id AND e.state = 'gone'))" \
+    " RETURNING id"
+
+/* The adapter of a model lived in its executor's memory: when that executor is gone
+ * the training state is gone too (until checkpoints can restore it), so the model
+ * fails, and every operation still pending on it fails with a message that says so.
+ * Acknowledged operations are never dropped silently. */
+#define SQL_FAIL_ORPHANED_MODELS \
+    "WITH dead AS (UPDATE models m SET status = 'failed' FROM executors e" \
+    "   WHERE m.executor_id = e.id AND e.state = 'gone' AND m.status = 'active' RETURNING m.id)," \
+    " ops AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'server'," \
+    "   error = 'the executor holding this model''s training state stopped; the state is lost." \
+    " Create a new model (or load a checkpoint) to continue'" \
+    "   FROM dead WHERE o.model_id = dead.id AND o.state IN ('queued','claimed')" \
+    "   RETURNING o.request_id)" \
+    " SELECT pg_notify('loom_op_done', request_id) FROM ops"

@@ -1,0 +1,137 @@
+"""A whole Loom on this machine for a test: `loom up` on a fresh data directory
+(its own PostgreSQL cluster, api, scheduler, CPU executor), real HTTP over loopback.
+
+    with Stack() as s:
+        s.post("/api/v1/create_session", {...}) -> (status, json)
+        s.psql("SELECT count(*) FROM operations") -> "3"
+"""
+import json, os, re, select, shutil, signal, subprocess, tempfile, time, urllib.request, urllib.error
+
+LOOM_BIN = os.environ.get("LOOM_BIN", "build/loom")
+
+
+class Stack:
+    def __init__(self, extra_args=(), env=None, start_timeout=120):
+        self.extra_args = list(extra_args)
+        self.env = dict(os.environ, **(env or {}))
+        self.start_timeout = start_timeout
+        self.url = self.key = self.db = None
+
+    def __enter__(self):
+        # Under /tmp so that an unprivileged cluster owner can reach it when we are root.
+        self.dir = tempfile.mkdtemp(prefix="loomt-", dir="/tmp")
+        os.chmod(self.dir, 0o755)
+        self.log = open(os.path.join(self.dir, "up.log"), "wb")
+        self.proc = subprocess.Popen(
+            [LOOM_BIN, "up", "--data-dir", self.dir, "--port", "0"] + self.extra_args,
+            stdout=subprocess.PIPE, stderr=self.log, env=self.env, start_new_session=True)
+        deadline = time.time() + self.start_timeout
+        buf = b""
+        while time.time() < deadline and (self.url is None or self.key is None):
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if r:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                for line in buf.decode(errors="replace").splitlines():
+                    if line.startswith("TINKER_BASE_URL="):
+                        self.url = line.split("=", 1)[1].strip()
+                    elif line.startswith("TINKER_API_KEY="):
+                        self.key = line.split("=", 1)[1].strip()
+                    elif line.startswith("DATABASE_URL="):
+                        self.db = line.split("=", 1)[1].strip()
+            if self.proc.poll() is not None:
+                break
+        if self.url is None or self.key is None:
+            self.__exit__(None, None, None)
+            raise RuntimeError("loom up did not become ready; log:\n" + self.read_log())
+        return self
+
+    def read_log(self):
+        try:
+            with open(os.path.join(self.dir, "up.log"), "rb") as f:
+                return f.read().decode(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+        if os.environ.get("LOOM_KEEP_TEST_DIR"):
+            print("kept", self.dir)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+    # ---- HTTP ----------------------------------------------------------------------
+    def request(self, method, path, body=None, key="default", headers=None, raw=None, timeout=60):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        h = {"Content-Type": "application/json"}
+        if key == "default":
+            key = self.key
+        if key is not None:
+            h["X-API-Key"] = key
+        h.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, _parse(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, _parse(e.read())
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body if body is not None else {}, **kw)
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def result(self, request_id, timeout=120):
+        """Polls retrieve_future the way the SDK does until the future is complete."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st, body = self.post("/api/v1/retrieve_future", {"request_id": request_id})
+            if st != 200:
+                raise RuntimeError(f"retrieve_future {st}: {body}")
+            if isinstance(body, dict) and body.get("type") == "try_again":
+                continue
+            return body
+        raise TimeoutError(request_id)
+
+    # ---- SQL -----------------------------------------------------------------------
+    def psql(self, sql):
+        out = subprocess.run(["psql", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", self.db, "-c", sql],
+                             check=True, capture_output=True, text=True)
+        return out.stdout.strip()
+
+
+def _parse(b):
+    try:
+        return json.loads(b)
+    except ValueError:
+        return b
+
+
+class Results:
+    """Counts checks and prints the closing line the CI reads: 'N passed, N failed'."""
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def check(self, cond, what):
+        if cond:
+            self.passed += 1
+            print("ok   ", what)
+        else:
+            self.failed += 1
+            print("FAIL ", what)
+        return cond
+
+    def finish(self):
+        print(f"{self.passed} passed, {self.failed} failed")
+        raise SystemExit(1 if self.failed or not self.passed else 0)

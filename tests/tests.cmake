@@ -1,0 +1,28 @@
+# Test registration. C tests: tests/test_*.c, one executable each, print "N passed, N failed".
+# Python tests: tests/*_test.py and tests/ref/run_ref.py, run with Debian's /usr/bin/python3
+# (it sees python3-torch/numpy), each starting its own PostgreSQL where it needs one.
+set(LOOM_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch and numpy for tests")
+
+file(GLOB LOOM_C_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/test_*.c)
+foreach(src ${LOOM_C_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE loom_service loom_scheduler loom_gpu loom_registry loom_common)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "LOOM_BIN=$<TARGET_FILE:loom>" TIMEOUT 600)
+endforeach()
+
+file(GLOB LOOM_PY_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*_test.py)
+foreach(src ${LOOM_PY_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME ${name} COMMAND ${LOOM_PYTHON} ${src})
+  set_tests_properties(${name} PROPERTIES
+    ENVIRONMENT "LOOM_BIN=$<TARGET_FILE:loom>;PYTHONUNBUFFERED=1" TIMEOUT 900)
+endforeach()
+
+if(EXISTS ${CMAKE_SOURCE_DIR}/tests/ref/run_ref.py)
+  add_test(NAME reference_torch COMMAND ${LOOM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/run_ref.py
+           --loom-bin $<TARGET_FILE:loom> --dump-bin $<TARGET_FILE:test_cpu_ref>
+           --work ${CMAKE_BINARY_DIR}/ref-work)
+  set_tests_properties(reference_torch PROPERTIES ENVIRONMENT "PYTHONUNBUFFERED=1" TIMEOUT 900)
+endif()
