@@ -1,0 +1,43 @@
+/* blobstore.h: content-addressed storage for adapter blobs. A blob's name is the
+ * sha256 of its bytes; writes are atomic (temp file + fsync + rename + fsync of the
+ * directory) and deduplicated; every read is verified against the digest, so a
+ * corrupted blob is reported, never silently used. The store sits behind a table of
+ * functions so an object store can be added beside the local directory. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#define BLOB_DIGEST_HEX 65   /* 64 hex characters + NUL */
+
+typedef struct blobstore blobstore;
+
+typedef struct {
+    const char *name;
+    /* Stores data; writes its digest. Storing an existing blob is a no-op. */
+    int (*put)(blobstore *s, const void *data, size_t n, char digest[BLOB_DIGEST_HEX], char *err, size_t errlen);
+    /* Reads and verifies; *data is malloc'd. */
+    int (*get)(blobstore *s, const char *digest, void **data, size_t *n, char *err, size_t errlen);
+    int (*exists)(blobstore *s, const char *digest);
+    int (*remove)(blobstore *s, const char *digest, char *err, size_t errlen);
+    void (*close)(blobstore *s);
+} blobstore_ops;
+
+struct blobstore {
+    const blobstore_ops *ops;
+};
+
+/* The local-directory store rooted at dir (created if absent). */
+blobstore *blob_open_dir(const char *dir, char *err, size_t errlen);
+
+/* True if s is 64 lower-case hex characters (also what keeps paths inside the store). */
+bool blob_digest_valid(const char *s);
+
+static inline int blob_put(blobstore *s, const void *d, size_t n, char dg[BLOB_DIGEST_HEX], char *e, size_t el) {
+    return s->ops->put(s, d, n, dg, e, el);
+}
+static inline int blob_get(blobstore *s, const char *dg, void **d, size_t *n, char *e, size_t el) {
+    return s->ops->get(s, dg, d, n, e, el);
+}
+static inline int blob_exists(blobstore *s, const char *dg) { return s->ops->exists(s, dg); }
+static inline int blob_remove(blobstore *s, const char *dg, char *e, size_t el) { return s->ops->remove(s, dg, e, el); }
+static inline void blob_close(blobstore *s) { s->ops->close(s); }

@@ -1,0 +1,154 @@
+/* blobstore_dir.c: the local-directory blob store. Layout: <root>/sha256/<2 hex>/<64 hex>,
+ * temporary files in <root>/tmp (same file system, so rename is atomic). */
+#include "registry/blobstore.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    blobstore base;
+    char root[PATH_MAX - 128];
+} dirstore;
+
+bool blob_digest_valid(const char *s) {
+    if (!s || strlen(s) != 64) return false;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
+static void blob_path(const dirstore *d, const char *digest, char *out, size_t n, bool dir_only) {
+    if (dir_only) snprintf(out, n, "%s/sha256/%.2s", d->root, digest);
+    else snprintf(out, n, "%s/sha256/%.2s/%s", d->root, digest, digest);
+}
+
+static void sha256_hex(const void *data, size_t n, char out[BLOB_DIGEST_HEX]) {
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, data, n);
+    sodium_bin2hex(out, BLOB_DIGEST_HEX, h, sizeof h);
+}
+
+static int fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static int dir_exists_blob(blobstore *s, const char *digest) {
+    char p[PATH_MAX];
+    if (!blob_digest_valid(digest)) return 0;
+    blob_path((dirstore *)s, digest, p, sizeof p, false);
+    return access(p, F_OK) == 0;
+}
+
+static int dir_put(blobstore *s, const void *data, size_t n, char digest[BLOB_DIGEST_HEX], char *err, size_t errlen) {
+    dirstore *d = (dirstore *)s;
+    sha256_hex(data, n, digest);
+    char final[PATH_MAX], dir[PATH_MAX], tmp[PATH_MAX];
+    blob_path(d, digest, final, sizeof final, false);
+    if (access(final, F_OK) == 0) return 0;   /* content-addressed: same bytes, same blob */
+    blob_path(d, digest, dir, sizeof dir, true);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        snprintf(err, errlen, "blob store: mkdir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s/tmp/%s.XXXXXX", d->root, digest);
+    int fd = mkstemp(tmp);
+    if (fd < 0) { snprintf(err, errlen, "blob store: %s: %s", tmp, strerror(errno)); return -1; }
+    const char *p = data;
+    size_t left = n;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) goto io_fail;
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fchmod(fd, 0644) < 0 || fsync(fd) < 0) goto io_fail;
+    close(fd);
+    if (rename(tmp, final) < 0) {
+        snprintf(err, errlen, "blob store: rename to %s: %s", final, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (fsync_dir(dir) < 0) { snprintf(err, errlen, "blob store: fsync %s: %s", dir, strerror(errno)); return -1; }
+    return 0;
+io_fail:
+    snprintf(err, errlen, "blob store: writing %s: %s", tmp, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+static int dir_get(blobstore *s, const char *digest, void **data, size_t *n, char *err, size_t errlen) {
+    dirstore *d = (dirstore *)s;
+    *data = NULL;
+    *n = 0;
+    if (!blob_digest_valid(digest)) { snprintf(err, errlen, "invalid blob digest"); return -1; }
+    char path[PATH_MAX];
+    blob_path(d, digest, path, sizeof path, false);
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "blob %s is missing from the store (%s)", digest, strerror(errno)); return -1; }
+    struct stat st;
+    if (fstat(fileno(f), &st) < 0) { fclose(f); snprintf(err, errlen, "stat %s failed", path); return -1; }
+    char *buf = malloc(st.st_size ? st.st_size : 1);
+    if (!buf || fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
+        fclose(f);
+        free(buf);
+        snprintf(err, errlen, "blob %s: read failed", digest);
+        return -1;
+    }
+    fclose(f);
+    char actual[BLOB_DIGEST_HEX];
+    sha256_hex(buf, st.st_size, actual);
+    if (strcmp(actual, digest) != 0) {
+        free(buf);
+        snprintf(err, errlen, "blob %s is corrupted: its content hashes to %s", digest, actual);
+        return -1;
+    }
+    *data = buf;
+    *n = st.st_size;
+    return 0;
+}
+
+static int dir_remove(blobstore *s, const char *digest, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    if (!blob_digest_valid(digest)) { snprintf(err, errlen, "invalid blob digest"); return -1; }
+    blob_path((dirstore *)s, digest, path, sizeof path, false);
+    if (unlink(path) < 0 && errno != ENOENT) {
+        snprintf(err, errlen, "blob store: unlink %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void dir_close(blobstore *s) { free(s); }
+
+static const blobstore_ops dir_ops = {"dir", dir_put, dir_get, dir_exists_blob, dir_remove, dir_close};
+
+blobstore *blob_open_dir(const char *root, char *err, size_t errlen) {
+    if (sodium_init() < 0) { snprintf(err, errlen, "libsodium init failed"); return NULL; }
+    dirstore *d = calloc(1, sizeof *d);
+    if (strlen(root) >= sizeof d->root) { free(d); snprintf(err, errlen, "blob store path too long"); return NULL; }
+    snprintf(d->root, sizeof d->root, "%s", root);
+    char p[PATH_MAX];
+    const char *subs[] = {"", "/sha256", "/tmp"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s%s", root, subs[i]);
+        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+            snprintf(err, errlen, "blob store: mkdir %s: %s", p, strerror(errno));
+            free(d);
+            return NULL;
+        }
+    }
+    d->base.ops = &dir_ops;
+    return &d->base;
+}
