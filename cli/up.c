@@ -188,6 +188,8 @@ int up_main(int argc, char **argv) {
 
     char mdir[PATH_MAX];
     if (!model_dir) {
+        snprintf(mdir, sizeof mdir, "%s/models", data_dir);
+        mkdir(mdir, 0755);
         snprintf(mdir, sizeof mdir, "%s/models/tiny-llama", data_dir);
         char cfg[PATH_MAX + 16];
         snprintf(cfg, sizeof cfg, "%s/config.json", mdir);

@@ -1,6 +1,7 @@
 /* strbuf.c: growable text buffer (see strbuf.h). */
 #include "common/strbuf.h"
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,16 +75,42 @@ void sb_int(strbuf *b, int64_t v) {
     sb_append(b, tmp, (size_t)n);
 }
 
+/* "%.<lo>g" when that reads back as the same value (short text for 0, 1, 0.5, 1e-4, ...),
+ * else "%.<hi>g", which always does. */
+static int round_trip(char *tmp, size_t n, double v, bool as_float, int lo, int hi) {
+    int len = snprintf(tmp, n, "%.*g", lo, v);
+    double back = strtod(tmp, NULL);
+    if (as_float ? (float)back == (float)v : back == v) return len;
+    return snprintf(tmp, n, "%.*g", hi, v);
+}
+
 void sb_float(strbuf *b, float v) {
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%.9g", (double)v);
+    char tmp[40];
+    int n = round_trip(tmp, sizeof tmp, (double)v, true, 6, 9);
     sb_append(b, tmp, (size_t)n);
 }
 
 void sb_double(strbuf *b, double v) {
     char tmp[40];
-    int n = snprintf(tmp, sizeof tmp, "%.17g", v);
+    int n = round_trip(tmp, sizeof tmp, v, false, 15, 17);
     sb_append(b, tmp, (size_t)n);
+}
+
+/* Length of the valid UTF-8 sequence starting at p (lead byte >= 0x80), or 0. */
+static size_t utf8_seq_len(const unsigned char *p) {
+    size_t n;
+    unsigned min;
+    unsigned cp;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) n = 2, cp = p[0] & 0x1f, min = 0x80;
+    else if (p[0] >= 0xe0 && p[0] <= 0xef) n = 3, cp = p[0] & 0x0f, min = 0x800;
+    else if (p[0] >= 0xf0 && p[0] <= 0xf4) n = 4, cp = p[0] & 0x07, min = 0x10000;
+    else return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return n;
 }
 
 void sb_json_str(strbuf *b, const char *s) {
@@ -101,8 +128,16 @@ void sb_json_str(strbuf *b, const char *s) {
             if (c < 0x20) {
                 char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
                 sb_append(b, u, 6);
-            } else {
+            } else if (c < 0x80) {
                 sb_putc(b, (char)c);
+            } else {
+                size_t n = utf8_seq_len(p);
+                if (n) {
+                    sb_append(b, (const char *)p, n);
+                    p += n - 1;
+                } else {
+                    sb_append(b, "\\ufffd", 6); /* keep the output valid UTF-8 */
+                }
             }
         }
     }

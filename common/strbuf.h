@@ -21,9 +21,10 @@ void sb_puts(strbuf *b, const char *s);
 void sb_putc(strbuf *b, char c);
 void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sb_int(strbuf *b, int64_t v);
-/* Shortest text that reads back as the same float / double ("%.9g" / "%.17g"). The value
- * must be finite (JSON has no inf/nan). */
+/* Text that reads back as exactly the same float / double (short when a short form
+ * does). The value must be finite (JSON has no inf/nan). */
 void sb_float(strbuf *b, float v);
 void sb_double(strbuf *b, double v);
-/* s as a JSON string literal, quotes included. */
+/* s as a JSON string literal, quotes included; bytes that are not valid UTF-8 become
+ * U+FFFD so the output is always valid JSON. */
 void sb_json_str(strbuf *b, const char *s);

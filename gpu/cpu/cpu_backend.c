@@ -1,0 +1,416 @@
+/* cpu_backend.c — the CPU executor backend (exe_backend_cpu): buffers, the packed
+ * forward/backward driver, the output head with the losses, and the AdamW step.
+ * Plain C + OpenBLAS; the reference that the CUDA backend is compared against.
+ *
+ * Threads: the context's pool owns the cores. OpenBLAS is set to one thread so that its
+ * own pool does not fight ours; cpu_sgemm splits big GEMMs across the pool instead.
+ * A context is used by one caller at a time.
+ */
+#include "gpu/adamw.h"
+#include "gpu/cpu/cpu_internal.h"
+#include "gpu/cpu/cpu_ops.h"
+#include "gpu/loss.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void cb_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Logits are produced for this many floats' worth of rows at a time (64 MB), never [T, V]. */
+#define CPU_HEAD_FLOATS (16L << 20)
+
+/* ---- buffers ------------------------------------------------------------------------- */
+
+static int cb_alloc(void *pp, size_t bytes)
+{
+    void **p = pp;
+    free(*p);
+    *p = NULL;
+    if (posix_memalign(p, 64, bytes ? bytes : 64) != 0) { *p = NULL; return -1; }
+    return 0;
+}
+
+static void cb_free_rows(cpu_ctx *c)
+{
+    float **fl[] = {&c->x, &c->xn1, &c->xn2, &c->xmid, &c->tmp, &c->q_pre, &c->q, &c->att, &c->datt, &c->dq,
+                    &c->k_pre, &c->k, &c->v, &c->dk, &c->dv, &c->g, &c->u, &c->h, &c->dg, &c->du, &c->dh,
+                    &c->dx, &c->dxn, &c->rstd1, &c->rstd2, &c->rstd_f, &c->rstd_q, &c->rstd_k, &c->lse,
+                    &c->saved, &c->z, &c->dz, &c->dlp};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) { free(*fl[i]); *fl[i] = NULL; }
+    free(c->tokens); free(c->targets); free(c->pos); free(c->row_seq);
+    c->tokens = c->targets = c->pos = NULL;
+    c->row_seq = NULL;
+}
+
+/* Makes every buffer large enough for T rows, sequences up to max_len, LoRA rank up to
+ * max_rank, and (need_saved) the per-layer inputs. Grows by 1.5× so that a slowly
+ * growing workload does not reallocate every call. */
+static int cb_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved)
+{
+    const model_config *mc = &c->m->cfg;
+    long H = mc->hidden_size, Im = mc->intermediate_size, qd = (long)mc->num_attention_heads * mc->head_dim,
+         kvd = (long)mc->num_key_value_heads * mc->head_dim, nq = mc->num_attention_heads,
+         nkv = mc->num_key_value_heads, L = mc->num_hidden_layers;
+    int rc = 0;
+    bool rows_grew = false;
+    if (T > c->cap_T) {
+        long cap = c->cap_T * 3 / 2 > T ? c->cap_T * 3 / 2 : T;
+        if (cap < 64) cap = 64;
+        cb_free_rows(c);
+        c->cap_T = cap;
+        c->cap_saved = false;
+        c->cap_rank = 0;
+        rows_grew = true;
+        size_t f = sizeof(float);
+        float **h_bufs[] = {&c->x, &c->xn1, &c->xn2, &c->xmid, &c->tmp, &c->dx, &c->dxn};
+        float **q_bufs[] = {&c->q_pre, &c->q, &c->att, &c->datt, &c->dq};
+        float **kv_bufs[] = {&c->k_pre, &c->k, &c->v, &c->dk, &c->dv};
+        float **i_bufs[] = {&c->g, &c->u, &c->h, &c->dg, &c->du, &c->dh};
+        for (int i = 0; i < 7; i++) rc |= cb_alloc(h_bufs[i], cap * H * f);
+        for (int i = 0; i < 5; i++) rc |= cb_alloc(q_bufs[i], cap * qd * f);
+        for (int i = 0; i < 5; i++) rc |= cb_alloc(kv_bufs[i], cap * kvd * f);
+        for (int i = 0; i < 6; i++) rc |= cb_alloc(i_bufs[i], cap * Im * f);
+        rc |= cb_alloc(&c->rstd1, cap * f) | cb_alloc(&c->rstd2, cap * f) | cb_alloc(&c->rstd_f, cap * f);
+        rc |= cb_alloc(&c->rstd_q, cap * nq * f) | cb_alloc(&c->rstd_k, cap * nkv * f) | cb_alloc(&c->lse, cap * nq * f);
+        rc |= cb_alloc(&c->dlp, cap * f);
+        rc |= cb_alloc(&c->tokens, cap * sizeof(int32_t)) | cb_alloc(&c->targets, cap * sizeof(int32_t));
+        rc |= cb_alloc(&c->pos, cap * sizeof(int32_t)) | cb_alloc(&c->row_seq, cap * sizeof(int));
+        if (rc) { cb_free_rows(c); c->cap_T = 0; return -1; }
+    }
+    if (need_saved && !c->cap_saved) {
+        if (cb_alloc(&c->saved, (size_t)L * c->cap_T * H * sizeof(float)) != 0) return -1;
+        c->cap_saved = true;
+    }
+    if (max_rank > c->cap_rank || rows_grew) {
+        int r = max_rank > c->cap_rank ? max_rank : c->cap_rank;
+        if (r < 1) r = 1;
+        if (cb_alloc(&c->z, (size_t)c->cap_T * r * sizeof(float)) | cb_alloc(&c->dz, (size_t)c->cap_T * r * sizeof(float))) {
+            c->cap_rank = 0;
+            return -1;
+        }
+        c->cap_rank = r;
+    }
+    if (max_len > c->cap_len) {
+        int cap = c->cap_len * 3 / 2 > max_len ? c->cap_len * 3 / 2 : max_len;
+        if (cap < 64) cap = 64;
+        int half = mc->head_dim / 2;
+        double *inv = malloc(half * sizeof *inv);
+        c->attn_per_thread = cpu_attention_scratch(cap);
+        if (!inv || cb_alloc(&c->rope_cos, (size_t)cap * half * sizeof(float)) ||
+            cb_alloc(&c->rope_sin, (size_t)cap * half * sizeof(float)) ||
+            cb_alloc(&c->attn_scratch, (size_t)cpu_pool_size(c->pool) * c->attn_per_thread * sizeof(float))) {
+            free(inv);
+            c->cap_len = 0;
+            return -1;
+        }
+        /* Angles in double: pos·θ reaches 10⁴–10⁵ rad, where fp32 would lose ~1e-3 rad. */
+        model_rope_inv_freq(mc, inv);
+        for (int pos = 0; pos < cap; pos++)
+            for (int i = 0; i < half; i++) {
+                double a = pos * inv[i];
+                c->rope_cos[(long)pos * half + i] = (float)cos(a);
+                c->rope_sin[(long)pos * half + i] = (float)sin(a);
+            }
+        free(inv);
+        c->cap_len = cap;
+    }
+    return 0;
+}
+
+static void *cpu_create(const base_model *m, int threads, char *err, size_t errlen)
+{
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    openblas_set_num_threads(1);
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) { cb_err(err, errlen, "cpu: out of memory"); return NULL; }
+    c->m = m;
+    c->pool = cpu_pool_create(threads);
+    long V = m->cfg.vocab_size;
+    c->head_rows = (int)(CPU_HEAD_FLOATS / V > 256 ? 256 : CPU_HEAD_FLOATS / V < 1 ? 1 : CPU_HEAD_FLOATS / V);
+    if (!c->pool || cb_alloc(&c->logits, (size_t)c->head_rows * V * sizeof(float))) {
+        cb_err(err, errlen, "cpu: out of memory");
+        cpu_pool_destroy(c->pool);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void cpu_destroy(void *ctx)
+{
+    cpu_ctx *c = ctx;
+    if (!c) return;
+    cb_free_rows(c);
+    free(c->rope_cos);
+    free(c->rope_sin);
+    free(c->attn_scratch);
+    free(c->logits);
+    free(c->seq_start);
+    free(c->seq_index);
+    free(c->segs);
+    cpu_pool_destroy(c->pool);
+    free(c);
+}
+
+/* ---- validation and packing ---------------------------------------------------------- */
+
+static int cb_validate(const cpu_ctx *c, const exe_seq *seqs, int nseq, char *err, size_t errlen)
+{
+    const model_config *mc = &c->m->cfg;
+    for (int i = 0; i < nseq; i++) {
+        const exe_seq *s = &seqs[i];
+        if (s->n < 0) { cb_err(err, errlen, "sequence %d: negative length", i); return -1; }
+        if (s->n == 0) continue;
+        if (!s->tokens || !s->targets) { cb_err(err, errlen, "sequence %d: missing tokens or targets", i); return -1; }
+        if (s->n > mc->max_position_embeddings) {
+            cb_err(err, errlen, "sequence %d: %d tokens exceed the model's context of %d", i, s->n,
+                   mc->max_position_embeddings);
+            return -1;
+        }
+        if ((unsigned)s->loss.kind > LOSS_DRO) { cb_err(err, errlen, "sequence %d: unknown loss", i); return -1; }
+        if (loss_needs_rl_inputs(s->loss.kind) && (!s->sampler_logprobs || !s->advantages)) {
+            cb_err(err, errlen, "sequence %d: loss %s needs logprobs and advantages", i, loss_kind_name(s->loss.kind));
+            return -1;
+        }
+        if ((s->loss.kind == LOSS_PPO || s->loss.kind == LOSS_CISPO) && !(s->loss.clip_low <= s->loss.clip_high)) {
+            cb_err(err, errlen, "sequence %d: clip_low %g > clip_high %g", i, s->loss.clip_low, s->loss.clip_high);
+            return -1;
+        }
+        if (s->ad && !adapter_matches(s->ad, c->m)) {
+            cb_err(err, errlen, "sequence %d: adapter was made for another base model", i);
+            return -1;
+        }
+        for (int t = 0; t < s->n; t++) {
+            if (s->tokens[t] < 0 || s->tokens[t] >= mc->vocab_size || s->targets[t] < 0 || s->targets[t] >= mc->vocab_size) {
+                cb_err(err, errlen, "sequence %d, position %d: token id outside [0, %d)", i, t, mc->vocab_size);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Packs the non-empty sequences back to back and builds the LoRA segments. */
+static int cb_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
+{
+    if (nseq + 1 > c->cap_seqs) {
+        int cap = nseq + 1 > 2 * c->cap_seqs ? nseq + 1 : 2 * c->cap_seqs;
+        free(c->seq_start); free(c->seq_index); free(c->segs);
+        c->seq_start = malloc(cap * sizeof *c->seq_start);
+        c->seq_index = malloc(cap * sizeof *c->seq_index);
+        c->segs = malloc(cap * sizeof *c->segs);
+        c->cap_seqs = (c->seq_start && c->seq_index && c->segs) ? cap : 0;
+        if (!c->cap_seqs) return -1;
+    }
+    int np = 0, row = 0;
+    c->nsegs = 0;
+    for (int i = 0; i < nseq; i++) {
+        const exe_seq *s = &seqs[i];
+        if (s->n == 0) continue;
+        c->seq_index[np] = i;
+        c->seq_start[np] = row;
+        for (int t = 0; t < s->n; t++) {
+            c->tokens[row + t] = s->tokens[t];
+            c->targets[row + t] = s->targets[t];
+            c->pos[row + t] = t;
+            c->row_seq[row + t] = i;
+        }
+        bool grad = any_grad && s->ad && !s->forward_only;
+        cpu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
+        if (s->ad && last && last->ad == s->ad && last->grad == grad && last->row_end == row) {
+            last->row_end = row + s->n;
+        } else if (s->ad) {
+            c->segs[c->nsegs++] = (cpu_segment){s->ad, row, row + s->n, grad};
+        }
+        row += s->n;
+        np++;
+    }
+    c->seq_start[np] = row;
+    c->nseq_packed = np;
+    return 0;
+}
+
+/* ---- output head and losses ---------------------------------------------------------- */
+
+typedef struct {
+    cpu_ctx *c;
+    exe_seq *seqs;
+    long c0;
+    bool any_grad;
+} cb_head_job;
+
+/* One row of logits → log-softmax → lp, loss, dℓ/dlp; when gradients are wanted the row is
+ * overwritten with dℓ/dlogits = dℓ/dlp · (onehot(target) − softmax). */
+static void cb_head_rows(void *va, long b, long e, int thread)
+{
+    (void)thread;
+    const cb_head_job *j = va;
+    cpu_ctx *c = j->c;
+    long V = c->m->cfg.vocab_size;
+    for (long i = b; i < e; i++) {
+        long t = j->c0 + i;
+        const exe_seq *s = &j->seqs[c->row_seq[t]];
+        int k = c->pos[t], tgt = c->targets[t];
+        float *z = c->logits + i * V;
+        float zt = z[tgt], mx = z[0];
+        for (long v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double sum = 0;
+        for (long v = 0; v < V; v++) { z[v] = expf(z[v] - mx); sum += z[v]; }
+        float lp = (float)((double)zt - ((double)mx + log(sum)));
+        float w = s->weights ? s->weights[k] : 1.0f;
+        float q = s->sampler_logprobs ? s->sampler_logprobs[k] : 0.0f, adv = s->advantages ? s->advantages[k] : 0.0f;
+        float loss, dlp;
+        loss_token(&s->loss, lp, w, q, adv, &loss, &dlp);
+        if (s->logprobs_out) s->logprobs_out[k] = lp;
+        if (s->loss_out) s->loss_out[k] = loss;
+        if (!j->any_grad) continue;
+        if (!s->ad || s->forward_only || dlp == 0.0f) {
+            memset(z, 0, V * sizeof(float));
+            continue;
+        }
+        float f = (float)(-dlp / sum);
+        for (long v = 0; v < V; v++) z[v] *= f;
+        z[tgt] += dlp;
+    }
+}
+
+/* Runs the head over all rows in chunks: xf [T, H] → outputs; with gradients, adds the
+ * head-LoRA gradients and (want_dxf) writes dL/dxf into dxf. */
+static void cb_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any_grad, float *dxf)
+{
+    const model_config *mc = &c->m->cfg;
+    int V = mc->vocab_size, H = mc->hidden_size;
+    for (long c0 = 0; c0 < T; c0 += c->head_rows) {
+        int n = (int)(T - c0 < c->head_rows ? T - c0 : c->head_rows);
+        cpu_sgemm(c->pool, false, true, n, V, H, 1.0f, xf + c0 * H, H, c->m->lm_head, H, 0.0f, c->logits, V);
+        for (int s = 0; s < c->nsegs; s++) {
+            const cpu_segment *sg = &c->segs[s];
+            const lora_pair *p = adapter_head(sg->ad);
+            long lo = sg->row_begin > c0 ? sg->row_begin : c0, hi = sg->row_end < c0 + n ? sg->row_end : c0 + n;
+            if (p && lo < hi) cpu_lora_fwd_rows(c, p, sg->ad->scale, xf + lo * H, c->logits + (lo - c0) * V, (int)(hi - lo));
+        }
+        cb_head_job j = {c, seqs, c0, any_grad};
+        cpu_pool_for(c->pool, n, 1, cb_head_rows, &j);
+        if (!any_grad) continue;
+        if (dxf) cpu_sgemm(c->pool, false, false, n, H, V, 1.0f, c->logits, V, c->m->lm_head, H, 0.0f, dxf + c0 * H, H);
+        for (int s = 0; s < c->nsegs; s++) {
+            const cpu_segment *sg = &c->segs[s];
+            const lora_pair *p = adapter_head(sg->ad);
+            long lo = sg->row_begin > c0 ? sg->row_begin : c0, hi = sg->row_end < c0 + n ? sg->row_end : c0 + n;
+            if (p && sg->grad && lo < hi)
+                cpu_lora_bwd_rows(c, p, sg->ad->scale, xf + lo * H, c->logits + (lo - c0) * V, dxf ? dxf + lo * H : NULL,
+                                  (int)(hi - lo));
+        }
+    }
+}
+
+/* ---- forward / backward -------------------------------------------------------------- */
+
+static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
+{
+    cpu_ctx *c = ctx;
+    const model_config *mc = &c->m->cfg;
+    if (nseq < 0 || (nseq > 0 && !seqs)) { cb_err(err, errlen, "bad batch"); return -1; }
+    if (cb_validate(c, seqs, nseq, err, errlen) != 0) return -1;
+    long T = 0;
+    int max_len = 0, max_rank = 0;
+    bool any_grad = false, layer_grad = false;
+    for (int i = 0; i < nseq; i++) {
+        const exe_seq *s = &seqs[i];
+        T += s->n;
+        if (s->n > max_len) max_len = s->n;
+        if (!s->ad || s->n == 0) continue;
+        if (s->ad->cfg.rank > max_rank) max_rank = s->ad->cfg.rank;
+        if (backward && !s->forward_only) {
+            any_grad = true;
+            /* Only the head adapted: no gradient needs to enter the layers. */
+            if (s->ad->cfg.train_attn || s->ad->cfg.train_mlp) layer_grad = true;
+        }
+    }
+    if (T == 0) return 0;
+    if (T > (1L << 30)) { cb_err(err, errlen, "batch of %ld tokens is too large", T); return -1; }
+    if (cb_reserve(c, T, max_len, max_rank, layer_grad) != 0 || cb_pack(c, seqs, nseq, any_grad) != 0) {
+        cb_err(err, errlen, "cpu: out of memory for a batch of %ld tokens", T);
+        return -1;
+    }
+    int L = mc->num_hidden_layers, H = mc->hidden_size;
+    cpu_embed(c->pool, c->x, c->m->embed, c->tokens, T, H);
+    for (int l = 0; l < L; l++) {
+        if (layer_grad) memcpy(c->saved + (long)l * T * H, c->x, (size_t)T * H * sizeof(float));
+        cpu_layer_forward(c, l, T, false);
+    }
+    /* xf lives in xn2 and dL/dxf in dxn: both are free until the layer backward. */
+    cpu_rmsnorm_fwd(c->pool, c->xn2, c->rstd_f, c->x, c->m->final_norm, T, H, mc->rms_norm_eps);
+    cb_head(c, seqs, T, c->xn2, any_grad, layer_grad ? c->dxn : NULL);
+    if (!layer_grad) return 0;
+    cpu_rmsnorm_bwd(c->pool, c->dx, c->dxn, c->x, c->rstd_f, c->m->final_norm, T, H, false);
+    for (int l = L - 1; l >= 0; l--) {
+        memcpy(c->x, c->saved + (long)l * T * H, (size_t)T * H * sizeof(float));
+        cpu_layer_forward(c, l, T, true);
+        cpu_layer_backward(c, l, T, l > 0);
+    }
+    return 0;
+}
+
+/* ---- optimizer ----------------------------------------------------------------------- */
+
+typedef struct {
+    adapter *a;
+    const adam_params *hp;
+    double coef;
+} cb_adam_job;
+
+static void cb_adam_range(void *va, long b, long e, int thread)
+{
+    (void)thread;
+    const cb_adam_job *j = va;
+    adapter *a = j->a;
+    adamw_update(a->params + b, a->grads + b, a->m + b, a->v + b, (size_t)(e - b), j->hp, a->step, j->coef);
+}
+
+static int cpu_optim_step(void *ctx, adapter *a, const adam_params *hp, double *grad_norm_out, char *err, size_t errlen)
+{
+    cpu_ctx *c = ctx;
+    if (!(hp->learning_rate >= 0 && hp->beta1 >= 0 && hp->beta1 < 1 && hp->beta2 >= 0 && hp->beta2 < 1 &&
+          hp->eps >= 0 && hp->weight_decay >= 0 && hp->grad_clip_norm >= 0 && isfinite(hp->learning_rate) &&
+          isfinite(hp->eps) && isfinite(hp->weight_decay) && isfinite(hp->grad_clip_norm))) {
+        cb_err(err, errlen, "bad adam_params (need lr, eps, weight_decay, grad_clip_norm ≥ 0 and betas in [0, 1))");
+        return -1;
+    }
+    double norm = adamw_grad_norm(a->grads, a->num_params);
+    if (grad_norm_out) *grad_norm_out = norm;
+    if (!isfinite(norm)) {
+        /* Stepping would poison parameters and moments for good: skip, drop the gradient. */
+        adapter_zero_grad(a);
+        cb_err(err, errlen, "non-finite gradient norm; optimizer step skipped and gradients cleared");
+        return -1;
+    }
+    a->step++;
+    cb_adam_job j = {a, hp, adamw_clip_coef(norm, hp->grad_clip_norm)};
+    cpu_pool_for(c->pool, (long)a->num_params, 1 << 16, cb_adam_range, &j);
+    adapter_zero_grad(a);
+    return 0;
+}
+
+const exe_backend exe_backend_cpu = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .forward_backward = cpu_forward_backward,
+    .optim_step = cpu_optim_step,
+};

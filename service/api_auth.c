@@ -1,0 +1,66 @@
+/* api_auth.c: API key authentication (see api_auth.h). */
+#include "service/api_auth.h"
+#include "common/db.h"
+#include "common/log.h"
+#include "service/api_sql.h"
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const char *key,
+                 int64_t *tenant_id, int64_t *key_id, char *err, size_t errlen) {
+    if (!key || !*key) {
+        snprintf(err, errlen, "missing API key: send it in the X-API-Key header "
+                              "(Loom keys start with tml-)");
+        return 1;
+    }
+    size_t n = strlen(key);
+    if (n < 4 + KEY_PREFIX_LEN || n >= KEY_MAX_LEN || strncmp(key, "tml-", 4) != 0) {
+        snprintf(err, errlen, "invalid API key: Loom keys look like tml-<43 characters>");
+        return 1;
+    }
+    char prefix[KEY_PREFIX_LEN + 1];
+    memcpy(prefix, key + 4, KEY_PREFIX_LEN);
+    prefix[KEY_PREFIX_LEN] = 0;
+
+    unsigned char h[KEY_HASH_BYTES];
+    char hex[2 * KEY_HASH_BYTES + 1];
+    keys_hash(secret, key, h);
+    sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+
+    const char *p[1] = {prefix};
+    PGresult *r = db_query(db, SQL_KEY_LOOKUP, 1, p, err, errlen);
+    if (!r) return -1;
+    int found = -1;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *stored = PQgetvalue(r, i, 2);
+        if (strlen(stored) == 2 * KEY_HASH_BYTES && sodium_memcmp(stored, hex, 2 * KEY_HASH_BYTES) == 0)
+            found = i;
+    }
+    if (found < 0) {
+        PQclear(r);
+        snprintf(err, errlen, "invalid API key (unknown key %.*s...)", 4 + KEY_PREFIX_LEN, key);
+        return 1;
+    }
+    int rc = 0;
+    if (db_bool(r, found, 3)) {
+        snprintf(err, errlen, "API key %s... has been revoked", prefix);
+        rc = 1;
+    } else if (db_bool(r, found, 4)) {
+        snprintf(err, errlen, "API key %s... has expired", prefix);
+        rc = 1;
+    }
+    *key_id = db_int(r, found, 0);
+    *tenant_id = db_int(r, found, 1);
+    bool touch = rc == 0 && db_bool(r, found, 5);
+    PQclear(r);
+    if (touch) {
+        char id[24], e2[256];
+        snprintf(id, sizeof id, "%lld", (long long)*key_id);
+        const char *tp[1] = {id};
+        /* Best effort: a failed bookkeeping update must not fail the request. */
+        if (db_exec(db, SQL_KEY_TOUCH, 1, tp, e2, sizeof e2) < 0)
+            log_warn("api key %s: last_used_at update failed: %s", prefix, e2);
+    }
+    return rc;
+}

@@ -1,0 +1,53 @@
+/* api_job.h: one HTTP request on its way from an event loop to a database worker and
+ * back. The loop copies what the worker needs (body, key, Accept) so the worker never
+ * touches h2o memory; the worker fills in the response; the job comes back to its loop
+ * through h2o_multithread. A retrieve_future that is not ready yet is "parked": the job
+ * stays in its loop and is sent to a worker again on a NOTIFY or after 1 s. */
+#pragma once
+#include "service/http_h2o.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct api_route api_route;
+typedef struct http_loop http_loop;
+typedef struct http_req_ref http_req_ref;
+
+#define API_REQUEST_ID_MAX 128
+
+enum { JOB_AT_WORKER, JOB_PARKED };
+
+typedef struct api_job {
+    h2o_multithread_message_t msg;   /* link in the loop's queue while coming back */
+    h2o_multithread_receiver_t *reply_to;
+    http_loop *loop;
+    const api_route *route;
+
+    /* request, copied out of h2o memory */
+    char *body;
+    size_t body_len;
+    char *api_key;      /* X-API-Key, or the token of "Authorization: Bearer"; NULL if none */
+    char *accept;       /* Accept header or NULL */
+    char *path_arg;     /* for routes ending in '*': the rest of the path; else NULL */
+
+    /* response, filled by the worker */
+    int status;
+    char *resp;         /* malloc'd body */
+    size_t resp_len;
+    const char *content_type;
+    bool park;          /* retrieve_future: not ready; resp holds the try_again answer */
+
+    /* retrieve_future long-poll state (set by the worker on the first pass) */
+    bool recheck;       /* skip auth and parsing: tenant_id and request_id are known */
+    int64_t tenant_id;
+    char request_id[API_REQUEST_ID_MAX];
+
+    /* loop-thread-only state */
+    http_req_ref *ref;  /* NULL once the client has gone away */
+    int where;
+    uint64_t deadline_ms;     /* loop clock: answer try_again after this */
+    uint64_t dispatched_ms;   /* loop clock when last sent to a worker */
+    h2o_timeout_entry_t timer;
+    h2o_linklist_t parked;
+} api_job;
+
+void api_job_free(api_job *job);

@@ -1,0 +1,157 @@
+/* api_json.c: tolerant field access on parsed request bodies (see api_json.h). */
+#include "service/api_json.h"
+#include "common/strbuf.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen) {
+    size_t i = 0;
+    while (i < len && (body[i] == ' ' || body[i] == '\n' || body[i] == '\r' || body[i] == '\t')) i++;
+    if (i == len) return json_object();
+    json_error_t je;
+    json_t *v = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+    if (!v) {
+        snprintf(err, errlen, "malformed JSON in request body at line %d, column %d: %s", je.line,
+                 je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(v)) {
+        snprintf(err, errlen, "request body must be a JSON object, got %s", jx_type_name(v));
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+const char *jx_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "a value";
+}
+
+static const char *dot(const char *where) { return where && *where ? "." : ""; }
+
+static int type_err(const char *where, const char *key, const char *want, const json_t *v,
+                    char *err, size_t errlen) {
+    snprintf(err, errlen, "%s%s%s: expected %s, got %s", where ? where : "", dot(where), key, want,
+             jx_type_name(v));
+    return -1;
+}
+
+bool jx_as_int(const json_t *v, int64_t *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && d >= -9.2e18 && d <= 9.2e18) {
+            *out = (int64_t)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+int jx_int(const json_t *obj, const char *where, const char *key, int64_t def, int64_t *out,
+           bool *present, char *err, size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (present) *present = false;
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!jx_as_int(v, out)) return type_err(where, key, "an integer", v, err, errlen);
+    if (present) *present = true;
+    return 0;
+}
+
+int jx_num(const json_t *obj, const char *where, const char *key, double def, double *out,
+           char *err, size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) return type_err(where, key, "a number", v, err, errlen);
+    *out = json_number_value(v);
+    if (!isfinite(*out)) {
+        snprintf(err, errlen, "%s%s%s: must be a finite number", where, dot(where), key);
+        return -1;
+    }
+    return 0;
+}
+
+int jx_bool(const json_t *obj, const char *where, const char *key, bool def, bool *out,
+            char *err, size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v)) return type_err(where, key, "true or false", v, err, errlen);
+    *out = json_is_true(v);
+    return 0;
+}
+
+int jx_str(const json_t *obj, const char *where, const char *key, const char **out, char *err,
+           size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return type_err(where, key, "a string", v, err, errlen);
+    if (strlen(json_string_value(v)) != json_string_length(v)) {
+        snprintf(err, errlen, "%s%s%s: must not contain NUL characters", where, dot(where), key);
+        return -1;
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+int jx_req_str(const json_t *obj, const char *where, const char *key, const char **out,
+               char *err, size_t errlen) {
+    if (jx_str(obj, where, key, out, err, errlen) < 0) return -1;
+    if (!*out || !**out) {
+        snprintf(err, errlen, "%s%s%s is required", where, dot(where), key);
+        return -1;
+    }
+    return 0;
+}
+
+int jx_obj(const json_t *obj, const char *where, const char *key, json_t **out, char *err,
+           size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return type_err(where, key, "an object", v, err, errlen);
+    *out = v;
+    return 0;
+}
+
+int jx_arr(const json_t *obj, const char *where, const char *key, json_t **out, char *err,
+           size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v)) return type_err(where, key, "an array", v, err, errlen);
+    *out = v;
+    return 0;
+}
+
+char *jx_detail(const char *msg, size_t *len) {
+    strbuf b;
+    sb_init(&b, strlen(msg) + 16);
+    sb_puts(&b, "{\"detail\": ");
+    sb_json_str(&b, msg);
+    sb_putc(&b, '}');
+    return sb_steal(&b, len);
+}

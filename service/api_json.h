@@ -1,0 +1,40 @@
+/* api_json.h: reading request bodies the way the spec asks (§1.2): absent or explicit
+ * null means "the default", unknown fields are ignored, a value of the wrong type is a
+ * 400 whose message names the field (`where.key`) and what was expected. */
+#pragma once
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses a request body. An empty body reads as {}. Anything but an object is an error;
+ * malformed JSON reports jansson's line and column. NULL on error, message in err. */
+json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen);
+
+/* "a string", "an integer", ... for messages. */
+const char *jx_type_name(const json_t *v);
+
+/* Field getters: return 0 (out set, default when absent/null) or -1 (err set).
+ * `where` is the path of obj in the request ("" for the top level). */
+int jx_int(const json_t *obj, const char *where, const char *key, int64_t def, int64_t *out,
+           bool *present, char *err, size_t errlen);
+int jx_num(const json_t *obj, const char *where, const char *key, double def, double *out,
+           char *err, size_t errlen);
+int jx_bool(const json_t *obj, const char *where, const char *key, bool def, bool *out,
+            char *err, size_t errlen);
+/* *out = NULL when absent/null. */
+int jx_str(const json_t *obj, const char *where, const char *key, const char **out, char *err,
+           size_t errlen);
+int jx_obj(const json_t *obj, const char *where, const char *key, json_t **out, char *err,
+           size_t errlen);
+int jx_arr(const json_t *obj, const char *where, const char *key, json_t **out, char *err,
+           size_t errlen);
+/* As jx_str, but absent/null/empty is an error "<where.key> is required". */
+int jx_req_str(const json_t *obj, const char *where, const char *key, const char **out,
+               char *err, size_t errlen);
+
+/* A JSON number as an exact int64 (integers, or reals with an integral value). */
+bool jx_as_int(const json_t *v, int64_t *out);
+
+/* {"detail": msg} as a malloc'd string. */
+char *jx_detail(const char *msg, size_t *len);

@@ -1,0 +1,92 @@
+/* api_listen.c: the LISTEN thread (see api_listen.h). */
+#include "service/api_listen.h"
+#include "common/db.h"
+#include "common/log.h"
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    char *conninfo;
+    char *channel;
+    api_listen_cb cb;
+    void *arg;
+} listener;
+
+static PGconn *listen_connect(listener *l) {
+    char err[512], sql[160];
+    PGconn *c = db_connect(l->conninfo, 0, err, sizeof err);
+    if (!c) {
+        log_warn("listen: cannot connect: %s", err);
+        return NULL;
+    }
+    snprintf(sql, sizeof sql, "LISTEN %s", l->channel); /* channel is a constant of ours */
+    if (db_exec(c, sql, 0, NULL, err, sizeof err) < 0) {
+        log_warn("listen: %s failed: %s", sql, err);
+        PQfinish(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void *listen_main(void *arg) {
+    listener *l = arg;
+    PGconn *c = NULL;
+    int backoff_ms = 100;
+    for (;;) {
+        if (!c) {
+            c = listen_connect(l);
+            if (!c) {
+                usleep((useconds_t)backoff_ms * 1000);
+                if (backoff_ms < 5000) backoff_ms *= 2;
+                continue;
+            }
+            backoff_ms = 100;
+            l->cb(NULL, l->arg); /* anything sent while we were away is re-checked */
+        }
+        struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
+        int rc = poll(&p, 1, 1000);
+        if (rc < 0 && errno != EINTR) {
+            log_warn("listen: poll: %s", strerror(errno));
+            continue;
+        }
+        if (rc > 0 && !PQconsumeInput(c)) {
+            log_warn("listen: connection lost: %s", PQerrorMessage(c));
+            PQfinish(c);
+            c = NULL;
+            continue;
+        }
+        if (rc == 0 && PQstatus(c) != CONNECTION_OK) {
+            PQfinish(c);
+            c = NULL;
+            continue;
+        }
+        PGnotify *n;
+        while ((n = PQnotifies(c))) {
+            l->cb(n->extra, l->arg);
+            PQfreemem(n);
+        }
+    }
+    return NULL;
+}
+
+int api_listen_start(const char *conninfo, const char *channel, api_listen_cb cb, void *arg,
+                     char *err, size_t errlen) {
+    listener *l = calloc(1, sizeof *l);
+    if (!l) abort();
+    l->conninfo = strdup(conninfo);
+    l->channel = strdup(channel);
+    l->cb = cb;
+    l->arg = arg;
+    pthread_t tid;
+    if (pthread_create(&tid, NULL, listen_main, l) != 0) {
+        snprintf(err, errlen, "cannot start the LISTEN thread");
+        return -1;
+    }
+    pthread_detach(tid);
+    return 0;
+}

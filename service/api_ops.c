@@ -1,0 +1,107 @@
+/* api_ops.c: operation submission (see api_ops.h). */
+#include "service/api_ops.h"
+#include "common/db.h"
+#include "service/api_sql.h"
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+void op_new_request_id(char out[API_REQUEST_ID_MAX]) {
+    unsigned char raw[16];
+    randombytes_buf(raw, sizeof raw);
+    memcpy(out, "req-", 4);
+    sodium_bin2hex(out + 4, API_REQUEST_ID_MAX - 4, raw, sizeof raw);
+}
+
+int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
+                   char *err, size_t errlen) {
+    char tid[24];
+    snprintf(tid, sizeof tid, "%lld", (long long)tenant_id);
+    const char *p[2] = {model_id, tid};
+    PGresult *r = db_query(db, SQL_MODEL_FOR_OP, 2, p, err, errlen);
+    if (!r) return -1;
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        snprintf(err, errlen, "model %.200s not found (create it with create_model first)",
+                 model_id);
+        return 404;
+    }
+    const char *status = PQgetvalue(r, 0, 0);
+    if (strcmp(status, "active") != 0) {
+        snprintf(err, errlen, "model %.200s is %s and takes no more operations", model_id, status);
+        PQclear(r);
+        return 400;
+    }
+    out->vocab_size = db_int(r, 0, 1);
+    out->max_context = db_int(r, 0, 2);
+    PQclear(r);
+    return 0;
+}
+
+/* Inside the transaction: the request_id already stored for (model, seq). 1 found, 0 none. */
+static int existing_op(PGconn *db, const char *model_id, const char *seq, const char *kind,
+                       char request_id[API_REQUEST_ID_MAX], int *kind_conflict, char *err,
+                       size_t errlen) {
+    const char *p[2] = {model_id, seq};
+    PGresult *r = db_query(db, SQL_OP_EXISTING, 2, p, err, errlen);
+    if (!r) return -1;
+    int found = PQntuples(r) > 0;
+    if (found) {
+        snprintf(request_id, API_REQUEST_ID_MAX, "%s", PQgetvalue(r, 0, 0));
+        *kind_conflict = strcmp(PQgetvalue(r, 0, 1), kind) != 0;
+        if (*kind_conflict)
+            snprintf(err, errlen, "seq_id %s of model %.200s was already used by a %s request; "
+                                  "each operation of a model needs its own seq_id", seq, model_id,
+                     PQgetvalue(r, 0, 1));
+    }
+    PQclear(r);
+    return found;
+}
+
+int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID_MAX], char *err,
+              size_t errlen) {
+    char tid[24], seq[24], ntok[24], fresh[API_REQUEST_ID_MAX];
+    snprintf(tid, sizeof tid, "%lld", (long long)q->tenant_id);
+    snprintf(ntok, sizeof ntok, "%lld", (long long)q->n_tokens);
+    op_new_request_id(fresh);
+    if (db_begin(db, err, errlen) < 0) return -1;
+    const char *mp[1] = {q->model_id};
+    if (!q->has_seq_id && db_exec(db, SQL_MODEL_LOCK, 1, mp, err, errlen) < 0) goto fail;
+    /* With an allocated seq_id, a conflict can only come from a client that mixes explicit
+     * and absent seq_ids; take the next one then. */
+    for (int attempt = 0; attempt < 100; attempt++) {
+        if (q->has_seq_id) {
+            snprintf(seq, sizeof seq, "%lld", (long long)q->seq_id);
+        } else {
+            PGresult *r = db_query(db, SQL_MODEL_NEXT_SEQ, 1, mp, err, errlen);
+            if (!r) goto fail;
+            snprintf(seq, sizeof seq, "%lld", (long long)db_int(r, 0, 0) + attempt);
+            PQclear(r);
+        }
+        const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
+        PGresult *r = db_query(db, SQL_OP_INSERT, 7, p, err, errlen);
+        if (!r) goto fail;
+        int inserted = PQntuples(r) > 0;
+        PQclear(r);
+        if (inserted) {
+            if (db_exec(db, SQL_MODEL_TOUCH, 1, mp, err, errlen) < 0 ||
+                db_exec(db, SQL_OP_NOTIFY_QUEUED, 0, NULL, err, errlen) < 0 ||
+                db_commit(db, err, errlen) < 0)
+                goto fail;
+            snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
+            return 0;
+        }
+        int conflict = 0;
+        int found = existing_op(db, q->model_id, seq, q->kind, request_id, &conflict, err, errlen);
+        if (found < 0) goto fail;
+        if (found && q->has_seq_id) {
+            if (db_commit(db, err, errlen) < 0) goto fail;
+            return conflict ? 400 : 0;
+        }
+        /* allocated seq_id taken meanwhile (or the row vanished): try the next one */
+    }
+    snprintf(err, errlen, "could not allocate a seq_id for model %.200s", q->model_id);
+fail:
+    db_rollback(db);
+    return -1;
+}

@@ -1,0 +1,37 @@
+/* api_ops.h: submitting an operation (a future) for a model: the model check, then one
+ * transaction that inserts the operations row (state queued) and NOTIFYs the scheduler.
+ * (model_id, seq_id) is the idempotency key: a resubmission returns the first request_id. */
+#pragma once
+#include "service/api_job.h"
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t vocab_size;
+    int64_t max_context;
+} op_model_info;
+
+/* Finds the tenant's model and checks that it can take work. Returns 0, or an HTTP status
+ * (404 unknown / other tenant, 400 not active) with err, or -1 on a database error. */
+int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
+                   char *err, size_t errlen);
+
+typedef struct {
+    int64_t tenant_id;
+    const char *model_id;
+    const char *kind;        /* operations.kind */
+    bool has_seq_id;         /* false: the next free seq_id is allocated under a row lock */
+    int64_t seq_id;
+    const char *payload;     /* JSON text */
+    int64_t n_tokens;
+} op_submit_req;
+
+/* Returns 0 with request_id, an HTTP status (400) with err for a conflicting reuse of a
+ * seq_id, or -1 on a database error. */
+int op_submit(PGconn *db, const op_submit_req *r, char request_id[API_REQUEST_ID_MAX], char *err,
+              size_t errlen);
+
+/* "req-" + 32 hex characters of fresh randomness. */
+void op_new_request_id(char out[API_REQUEST_ID_MAX]);

@@ -1,0 +1,143 @@
+/* api_pool.c: database worker threads (see api_pool.h). */
+#include "service/api_pool.h"
+#include "common/db.h"
+#include "common/log.h"
+#include "service/api_auth.h"
+#include "service/api_call.h"
+#include "service/api_json.h"
+#include "service/api_routes.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct worker {
+    api_pool *pool;
+    int index;
+    PGconn *db;
+    pthread_t tid;
+} worker;
+
+struct api_pool {
+    api_pool_conf conf;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    h2o_linklist_t queue;  /* api_job.msg.link */
+    int queued;
+    worker *workers;
+};
+
+static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size_t errlen) {
+    PGconn *c = db_connect(conninfo, wait_ms, err, errlen);
+    if (!c) return NULL;
+    /* A stuck lock must not hold a worker forever; the client retries a 503. */
+    if (db_exec(c, "SET statement_timeout = '30s'", 0, NULL, err, errlen) < 0 ||
+        db_exec(c, "SET application_name = 'loom-api'", 0, NULL, err, errlen) < 0) {
+        PQfinish(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Makes sure the worker has a usable connection; reconnects after a failure. */
+static bool ensure_db(worker *w) {
+    if (w->db && PQstatus(w->db) == CONNECTION_OK) return true;
+    char err[512];
+    if (w->db) PQfinish(w->db);
+    w->db = connect_worker(w->pool->conf.conninfo, 0, err, sizeof err);
+    if (!w->db) log_warn("worker %d: reconnect failed: %s", w->index, err);
+    return w->db != NULL;
+}
+
+static void run_job(worker *w, api_job *job) {
+    api_call c;
+    memset(&c, 0, sizeof c);
+    c.job = job;
+    const api_route *r = job->route;
+    if (!ensure_db(w)) {
+        api_error(&c, 503, "database unavailable; retry shortly");
+        return;
+    }
+    c.db = w->db;
+    if (!(r->flags & ROUTE_NO_AUTH) && !job->recheck) {
+        int rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
+                              c.err, sizeof c.err);
+        if (rc < 0) {
+            api_db_error(&c, "authentication", c.err);
+            return;
+        }
+        if (rc > 0) {
+            api_error(&c, 401, "%s", c.err);
+            return;
+        }
+    }
+    if (!(r->flags & ROUTE_RAW_BODY) && !job->recheck) {
+        c.body = jx_parse_body(job->body, job->body_len, c.err, sizeof c.err);
+        if (!c.body) {
+            api_error(&c, 400, "%s", c.err);
+            return;
+        }
+    }
+    r->run(&c);
+    json_decref(c.body);
+    if (PQtransactionStatus(w->db) != PQTRANS_IDLE) {
+        log_error("%s left a transaction open; rolled back", r->path);
+        db_rollback(w->db);
+    }
+    if (!job->status) api_error(&c, 500, "internal error: %s produced no response", r->path);
+}
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    api_pool *p = w->pool;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (h2o_linklist_is_empty(&p->queue)) pthread_cond_wait(&p->cv, &p->mu);
+        api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, msg.link, p->queue.next);
+        h2o_linklist_unlink(&job->msg.link);
+        p->queued--;
+        pthread_mutex_unlock(&p->mu);
+
+        run_job(w, job);
+        h2o_multithread_send_message(job->reply_to, &job->msg);
+    }
+    return NULL;
+}
+
+api_pool *api_pool_start(const api_pool_conf *conf, int connect_wait_ms, char *err, size_t errlen) {
+    api_pool *p = calloc(1, sizeof *p);
+    if (!p) abort();
+    p->conf = *conf;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    h2o_linklist_init_anchor(&p->queue);
+    p->workers = calloc((size_t)conf->nworkers, sizeof *p->workers);
+    if (!p->workers) abort();
+    for (int i = 0; i < conf->nworkers; i++) {
+        worker *w = &p->workers[i];
+        w->pool = p;
+        w->index = i;
+        w->db = connect_worker(conf->conninfo, i == 0 ? connect_wait_ms : 5000, err, errlen);
+        if (!w->db) return NULL;
+    }
+    for (int i = 0; i < conf->nworkers; i++) {
+        if (pthread_create(&p->workers[i].tid, NULL, worker_main, &p->workers[i]) != 0) {
+            snprintf(err, errlen, "cannot start worker thread");
+            return NULL;
+        }
+    }
+    return p;
+}
+
+int api_pool_submit(api_pool *p, api_job *job) {
+    pthread_mutex_lock(&p->mu);
+    if (p->queued >= p->conf.max_queue) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
+    }
+    h2o_linklist_insert(&p->queue, &job->msg.link);
+    p->queued++;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}

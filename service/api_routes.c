@@ -1,0 +1,90 @@
+/* api_routes.c: every path of the Tinker spec, with how Loom answers it today. Paths not
+ * in this table are 404; paths here flagged ROUTE_TODO answer 501 until implemented. */
+#include "service/api_routes.h"
+#include <string.h>
+
+#define V1 "/api/v1"
+#define TODO(m, p) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_TODO, NULL, NULL}
+
+static const api_route routes[] = {
+    /* bootstrap (§2): static answers, no key needed */
+    {"GET", V1 "/healthz", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, "{\"status\": \"ok\"}"},
+    {"POST", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
+     "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}"},
+    {"GET", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
+     "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}"},
+    {"POST", V1 "/client/dynamic_config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
+     "{\"refresh_interval_sec\": 300}"},
+    {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
+    {"POST", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
+    /* telemetry (§13): always accepted, even without a valid key or body */
+    {"POST", V1 "/telemetry", ROUTE_NO_AUTH | ROUTE_RAW_BODY, api_h_telemetry, NULL},
+
+    /* sessions (§3) */
+    {"POST", V1 "/create_session", 0, api_h_create_session, NULL},
+    {"POST", V1 "/session_heartbeat", 0, api_h_session_heartbeat, NULL},
+
+    /* futures (§4) */
+    {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL, api_h_retrieve_future, NULL},
+
+    /* training (§7) */
+    {"POST", V1 "/create_model", 0, api_h_create_model, NULL},
+    {"POST", V1 "/get_info", 0, api_h_get_info, NULL},
+    {"POST", V1 "/forward_backward", 0, api_h_forward_backward, NULL},
+    {"POST", V1 "/forward", 0, api_h_forward, NULL},
+    {"POST", V1 "/optim_step", 0, api_h_optim_step, NULL},
+
+    /* not implemented yet */
+    TODO("POST", "/auth/token"),
+    TODO("POST", "/create_sampling_session"),
+    TODO("GET", "/samplers/*"),
+    TODO("POST", "/save_weights"),
+    TODO("POST", "/save_weights_for_sampler"),
+    TODO("POST", "/load_weights"),
+    TODO("POST", "/unload_model"),
+    TODO("POST", "/asample"),
+    TODO("POST", "/sample"),
+    TODO("POST", "/weights_info"),
+    TODO("GET", "/training_runs"),
+    TODO("GET", "/training_runs/*"),
+    TODO("POST", "/training_runs/*"),
+    TODO("PUT", "/training_runs/*"),
+    TODO("DELETE", "/training_runs/*"),
+    TODO("GET", "/checkpoints"),
+    TODO("GET", "/sessions"),
+    TODO("GET", "/sessions/*"),
+    TODO("PUT", "/sessions/*"),
+    TODO("GET", "/models/*"),
+};
+
+/* 0: no match; 1: match (suffix offset in *arg_off for wildcards). */
+static int path_matches(const char *pattern, const char *path, size_t plen, size_t *arg_off) {
+    size_t n = strlen(pattern);
+    if (n >= 2 && pattern[n - 2] == '/' && pattern[n - 1] == '*') {
+        size_t base = n - 1; /* includes the '/' */
+        if (plen <= base || memcmp(pattern, path, base) != 0) return 0;
+        *arg_off = base;
+        return 1;
+    }
+    *arg_off = 0;
+    return plen == n && memcmp(pattern, path, n) == 0;
+}
+
+const api_route *api_route_find(const char *method, size_t mlen, const char *path, size_t plen,
+                                int *status, size_t *arg_off) {
+    bool path_known = false;
+    /* HEAD is answered like GET (h2o drops the body). */
+    if (mlen == 4 && !memcmp(method, "HEAD", 4)) method = "GET", mlen = 3;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const api_route *r = &routes[i];
+        size_t off;
+        if (!path_matches(r->path, path, plen, &off)) continue;
+        path_known = true;
+        if (strlen(r->method) == mlen && !memcmp(r->method, method, mlen)) {
+            *arg_off = off;
+            return r;
+        }
+    }
+    *status = path_known ? 405 : 404;
+    return NULL;
+}

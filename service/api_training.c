@@ -1,0 +1,308 @@
+/* api_training.c: training routes (§7.1–7.5). Submits validate fully, then write one
+ * operations row (see api_ops.c) and answer {"request_id", "model_id"}; get_info answers
+ * directly from the models row. */
+#include "common/db.h"
+#include "common/log.h"
+#include "common/strbuf.h"
+#include "service/api_call.h"
+#include "service/api_json.h"
+#include "service/api_ops.h"
+#include "service/api_sql.h"
+#include "service/fwdbwd.h"
+#include <math.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_ID_MAX 400
+
+static int reply_future(api_call *c, const char *request_id, const char *model_id) {
+    return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id",
+                                            model_id));
+}
+
+static void fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
+
+/* ---- create_model (§7.1) ------------------------------------------------------------ */
+
+typedef struct {
+    const char *session_id;
+    bool has_model_seq_id;
+    int64_t model_seq_id;
+    const char *base_model;
+    int64_t rank, seed;
+    bool train_attn, train_mlp, train_unembed;
+    json_t *user_metadata;
+} create_model_req;
+
+static int decode_create_model(const json_t *b, create_model_req *q, char *err, size_t errlen) {
+    json_t *lc;
+    bool has_seed;
+    if (jx_req_str(b, "", "session_id", &q->session_id, err, errlen) < 0 ||
+        jx_int(b, "", "model_seq_id", 0, &q->model_seq_id, &q->has_model_seq_id, err, errlen) < 0 ||
+        jx_req_str(b, "", "base_model", &q->base_model, err, errlen) < 0 ||
+        jx_obj(b, "", "lora_config", &lc, err, errlen) < 0 ||
+        jx_obj(b, "", "user_metadata", &q->user_metadata, err, errlen) < 0)
+        return -1;
+    json_t *empty = lc ? NULL : json_object();
+    const json_t *l = lc ? lc : empty;
+    int rc = -1;
+    if (jx_int(l, "lora_config", "rank", 32, &q->rank, NULL, err, errlen) < 0 ||
+        jx_int(l, "lora_config", "seed", 0, &q->seed, &has_seed, err, errlen) < 0 ||
+        jx_bool(l, "lora_config", "train_attn", true, &q->train_attn, err, errlen) < 0 ||
+        jx_bool(l, "lora_config", "train_mlp", true, &q->train_mlp, err, errlen) < 0 ||
+        jx_bool(l, "lora_config", "train_unembed", true, &q->train_unembed, err, errlen) < 0)
+        goto out;
+    if (q->has_model_seq_id && (q->model_seq_id < 0 || q->model_seq_id > INT32_MAX)) {
+        snprintf(err, errlen, "model_seq_id must be between 0 and %d", INT32_MAX);
+        goto out;
+    }
+    if (q->rank < 1 || q->rank > 512) {
+        snprintf(err, errlen, "lora_config.rank must be between 1 and 512, got %lld",
+                 (long long)q->rank);
+        goto out;
+    }
+    if (!q->train_attn && !q->train_mlp && !q->train_unembed) {
+        snprintf(err, errlen, "lora_config: at least one of train_attn, train_mlp, train_unembed "
+                              "must be true");
+        goto out;
+    }
+    if (!has_seed) {
+        uint64_t s;
+        randombytes_buf(&s, sizeof s);
+        q->seed = (int64_t)(s & ((UINT64_C(1) << 62) - 1));
+    }
+    rc = 0;
+out:
+    json_decref(empty);
+    return rc;
+}
+
+static int base_model_unknown(api_call *c, const char *name) {
+    PGresult *r = db_query(c->db, SQL_BASE_MODEL_NAMES, 0, NULL, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "create_model", c->err);
+    const char *names = PQgetvalue(r, 0, 0);
+    api_error(c, 400, "unknown base_model \"%.200s\"; this server has: %s", name,
+              *names ? names : "(no base models registered)");
+    PQclear(r);
+    return 0;
+}
+
+int api_h_create_model(api_call *c) {
+    create_model_req q;
+    memset(&q, 0, sizeof q);
+    if (decode_create_model(c->body, &q, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+
+    const char *bp[1] = {q.base_model};
+    PGresult *r = db_query(c->db, SQL_BASE_MODEL_GET, 1, bp, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "create_model", c->err);
+    int known = PQntuples(r) > 0;
+    PQclear(r);
+    if (!known) return base_model_unknown(c, q.base_model);
+
+    char tid[24], mseq[24], rank[24], seed[24], model_id[MODEL_ID_MAX], request_id[API_REQUEST_ID_MAX];
+    fmt_i64(tid, c->tenant_id);
+    fmt_i64(rank, q.rank);
+    fmt_i64(seed, q.seed);
+    if (db_begin(c->db, c->err, sizeof c->err) < 0) return api_db_error(c, "create_model", c->err);
+    /* The session row lock also serialises model_seq_id allocation within the session. */
+    const char *sp[2] = {q.session_id, tid};
+    r = db_query(c->db, SQL_SESSION_LOCK, 2, sp, c->err, sizeof c->err);
+    if (!r) goto dberr;
+    int have_session = PQntuples(r) > 0;
+    PQclear(r);
+    if (!have_session) {
+        db_rollback(c->db);
+        return api_error(c, 404, "session %.200s not found (call create_session first)",
+                         q.session_id);
+    }
+    if (!q.has_model_seq_id) {
+        const char *p1[1] = {q.session_id};
+        r = db_query(c->db, SQL_SESSION_NEXT_MODEL_SEQ, 1, p1, c->err, sizeof c->err);
+        if (!r) goto dberr;
+        q.model_seq_id = db_int(r, 0, 0);
+        PQclear(r);
+    }
+    fmt_i64(mseq, q.model_seq_id);
+    if (snprintf(model_id, sizeof model_id, "%s:train:%s", q.session_id, mseq) >= (int)sizeof model_id) {
+        db_rollback(c->db);
+        return api_error(c, 400, "session_id is too long");
+    }
+    char *meta = q.user_metadata ? json_dumps(q.user_metadata, JSON_COMPACT) : NULL;
+    const char *mp[11] = {model_id, tid, q.session_id, mseq, q.base_model, rank, seed,
+                          q.train_attn ? "t" : "f", q.train_mlp ? "t" : "f",
+                          q.train_unembed ? "t" : "f", meta};
+    r = db_query(c->db, SQL_MODEL_INSERT, 11, mp, c->err, sizeof c->err);
+    free(meta);
+    if (!r) goto dberr;
+    int inserted = PQntuples(r) > 0;
+    PQclear(r);
+    if (inserted) {
+        strbuf pl;
+        sb_init(&pl, 256);
+        sb_puts(&pl, "{\"base_model\": ");
+        sb_json_str(&pl, q.base_model);
+        sb_printf(&pl, ", \"lora_config\": {\"rank\": %lld, \"seed\": %lld, \"train_attn\": %s, "
+                       "\"train_mlp\": %s, \"train_unembed\": %s}}",
+                  (long long)q.rank, (long long)q.seed, q.train_attn ? "true" : "false",
+                  q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false");
+        op_new_request_id(request_id);
+        const char *op[7] = {request_id, tid, model_id, "0", "create_model", pl.data, "0"};
+        r = db_query(c->db, SQL_OP_INSERT, 7, op, c->err, sizeof c->err);
+        sb_free(&pl);
+        if (!r) goto dberr;
+        PQclear(r);
+        if (db_exec(c->db, SQL_OP_NOTIFY_QUEUED, 0, NULL, c->err, sizeof c->err) < 0) goto dberr;
+    } else {
+        /* A retry of (session_id, model_seq_id): answer with the first future. */
+        const char *ep[2] = {model_id, "0"};
+        r = db_query(c->db, SQL_OP_EXISTING, 2, ep, c->err, sizeof c->err);
+        if (!r) goto dberr;
+        if (PQntuples(r) == 0) {
+            PQclear(r);
+            db_rollback(c->db);
+            return api_error(c, 400, "model %.200s exists but has no create_model operation",
+                             model_id);
+        }
+        snprintf(request_id, sizeof request_id, "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+    }
+    if (db_commit(c->db, c->err, sizeof c->err) < 0) goto dberr;
+    return reply_future(c, request_id, model_id);
+dberr:
+    db_rollback(c->db);
+    return api_db_error(c, "create_model", c->err);
+}
+
+/* ---- get_info (§7.2) ------------------------------------------------------------------ */
+
+int api_h_get_info(api_call *c) {
+    const char *model_id;
+    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    char tid[24];
+    fmt_i64(tid, c->tenant_id);
+    const char *p[2] = {model_id, tid};
+    PGresult *r = db_query(c->db, SQL_MODEL_INFO, 2, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "get_info", c->err);
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        return api_error(c, 404, "model %.200s not found", model_id);
+    }
+    const char *tok = PQgetvalue(r, 0, 4);
+    json_t *resp = json_pack("{s:s, s:s, s:b, s:I, s:s, s:{s:s, s:s, s:s}}", "type", "get_info",
+                             "model_id", PQgetvalue(r, 0, 0), "is_lora", 1, "lora_rank",
+                             (json_int_t)db_int(r, 0, 1), "model_name", PQgetvalue(r, 0, 2),
+                             "model_data", "arch", PQgetvalue(r, 0, 3), "model_name",
+                             PQgetvalue(r, 0, 2), "tokenizer_id", tok);
+    PQclear(r);
+    return api_reply_json(c, 200, resp);
+}
+
+/* ---- forward / forward_backward (§7.3, §7.4) ---------------------------------------- */
+
+static int submit_fwd(api_call *c, bool forward_only) {
+    const char *route = forward_only ? "forward" : "forward_backward";
+    fb_request q;
+    if (fb_decode_json(c->body, forward_only, &q, c->err, sizeof c->err) < 0) {
+        fb_request_free(&q);
+        return api_error(c, 400, "%s", c->err);
+    }
+    op_model_info m;
+    int st = op_model_check(c->db, c->tenant_id, q.model_id, &m, c->err, sizeof c->err);
+    if (st == 0 && fb_validate(&q, m.vocab_size, m.max_context, c->err, sizeof c->err) < 0) st = 400;
+    if (st != 0) {
+        fb_request_free(&q);
+        return st < 0 ? api_db_error(c, route, c->err) : api_error(c, st, "%s", c->err);
+    }
+    size_t plen;
+    char *payload = fb_payload_json(&q, &plen);
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = q.model_id, .kind = route,
+                       .has_seq_id = q.has_seq_id, .seq_id = q.seq_id, .payload = payload,
+                       .n_tokens = fb_total_tokens(&q)};
+    char request_id[API_REQUEST_ID_MAX];
+    st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
+    free(payload);
+    if (st == 0) reply_future(c, request_id, q.model_id);
+    else if (st < 0) api_db_error(c, route, c->err);
+    else api_error(c, st, "%s", c->err);
+    fb_request_free(&q);
+    return 0;
+}
+
+int api_h_forward_backward(api_call *c) { return submit_fwd(c, false); }
+int api_h_forward(api_call *c) { return submit_fwd(c, true); }
+
+/* ---- optim_step (§7.5) ---------------------------------------------------------------- */
+
+typedef struct {
+    const char *key;
+    double def;
+    double lo;       /* value must be >= lo (> lo if lo_open) */
+    bool lo_open;
+    double hi;       /* value must be < hi (NAN: no upper bound) */
+    const char *rule;
+} adam_field;
+
+static const adam_field adam_fields[] = {
+    {"learning_rate", 1e-4, 0, false, NAN, "must be >= 0"},
+    {"beta1", 0.9, 0, false, 1, "must be in [0, 1)"},
+    {"beta2", 0.95, 0, false, 1, "must be in [0, 1)"},
+    {"eps", 1e-12, 0, true, NAN, "must be > 0"},
+    {"weight_decay", 0.0, 0, false, NAN, "must be >= 0"},
+    {"grad_clip_norm", 0.0, 0, false, NAN, "must be >= 0 (0 = no clipping)"},
+};
+#define N_ADAM (sizeof adam_fields / sizeof adam_fields[0])
+
+int api_h_optim_step(api_call *c) {
+    const char *model_id;
+    int64_t seq_id;
+    bool has_seq;
+    json_t *ap;
+    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
+        jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
+        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
+                                 "from 1 (0 is its create_model)", (long long)seq_id);
+    double v[N_ADAM];
+    json_t *empty = ap ? NULL : json_object();
+    for (size_t i = 0; i < N_ADAM; i++) {
+        const adam_field *f = &adam_fields[i];
+        if (jx_num(ap ? ap : empty, "adam_params", f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
+            json_decref(empty);
+            return api_error(c, 400, "%s", c->err);
+        }
+        bool ok = f->lo_open ? v[i] > f->lo : v[i] >= f->lo;
+        if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
+        if (!ok) {
+            json_decref(empty);
+            return api_error(c, 400, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
+        }
+    }
+    json_decref(empty);
+    op_model_info m;
+    int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "optim_step", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+
+    strbuf pl;
+    sb_init(&pl, 256);
+    sb_puts(&pl, "{\"adam_params\": {");
+    for (size_t i = 0; i < N_ADAM; i++) {
+        sb_printf(&pl, "%s\"%s\": ", i ? ", " : "", adam_fields[i].key);
+        sb_double(&pl, v[i]);
+    }
+    sb_puts(&pl, "}}");
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "optim_step",
+                       .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data, .n_tokens = 0};
+    char request_id[API_REQUEST_ID_MAX];
+    st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
+    sb_free(&pl);
+    if (st < 0) return api_db_error(c, "optim_step", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    return reply_future(c, request_id, model_id);
+}

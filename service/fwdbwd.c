@@ -1,0 +1,419 @@
+/* fwdbwd.c: forward / forward_backward requests: JSON decoding, validation, payload
+ * (see fwdbwd.h). Messages name the datum and field so a user can fix the call. */
+#include "service/fwdbwd.h"
+#include "common/strbuf.h"
+#include "service/api_json.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const fb_input_names[FB_N_INPUTS] = {"target_tokens", "weights", "logprobs",
+                                                 "advantages"};
+const char *const fb_loss_names[FB_N_LOSSES] = {"cross_entropy", "importance_sampling", "ppo",
+                                                "cispo", "dro"};
+
+#define BIT(i) (1u << (i))
+#define RL_INPUTS (BIT(FB_TARGET_TOKENS) | BIT(FB_LOGPROBS) | BIT(FB_ADVANTAGES))
+
+int fb_loss_from_name(const char *name) {
+    for (int i = 0; i < FB_N_LOSSES; i++)
+        if (!strcmp(name, fb_loss_names[i])) return i;
+    return -1;
+}
+
+unsigned fb_loss_required(fb_loss loss) {
+    return loss == FB_LOSS_CROSS_ENTROPY ? BIT(FB_TARGET_TOKENS) : RL_INPUTS;
+}
+
+unsigned fb_loss_accepted(fb_loss loss) {
+    return loss == FB_LOSS_CROSS_ENTROPY ? BIT(FB_TARGET_TOKENS) | BIT(FB_WEIGHTS) : RL_INPUTS;
+}
+
+/* loss_fn_config defaults written into the payload when the user sent none (spec §8). */
+typedef struct {
+    fb_loss loss;
+    const char *key;
+    double value;
+} config_default;
+static const config_default config_defaults[] = {
+    {FB_LOSS_PPO, "clip_low_threshold", 0.8},   {FB_LOSS_PPO, "clip_high_threshold", 1.2},
+    {FB_LOSS_CISPO, "clip_low_threshold", 0.8}, {FB_LOSS_CISPO, "clip_high_threshold", 1.2},
+    {FB_LOSS_DRO, "beta", 0.05},
+};
+
+static void *xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) abort();
+    return p;
+}
+
+static char *xstrdup(const char *s) {
+    char *p = strdup(s);
+    if (!p) abort();
+    return p;
+}
+
+static int two_d(const char *where, const char *name, char *err, size_t errlen) {
+    snprintf(err, errlen, "%s.%s: 2-D loss inputs not supported yet (send one value per token)",
+             where, name);
+    return -1;
+}
+
+/* A TensorData ({"data", "dtype", "shape"}) or a bare list, as a 1-D int or float array. */
+static int decode_tensor(const json_t *v, const char *where, const char *name, bool is_int,
+                         fb_tensor *out, char *err, size_t errlen) {
+    const json_t *arr = v;
+    if (json_is_object(v)) {
+        const json_t *crow = json_object_get(v, "sparse_crow_indices");
+        const json_t *col = json_object_get(v, "sparse_col_indices");
+        if ((crow && !json_is_null(crow)) || (col && !json_is_null(col)))
+            return two_d(where, name, err, errlen);
+        arr = json_object_get(v, "data");
+        if (!arr || !json_is_array(arr)) {
+            snprintf(err, errlen, "%s.%s.data: expected an array of numbers, got %s", where, name,
+                     arr ? jx_type_name(arr) : "nothing");
+            return -1;
+        }
+        const json_t *shape = json_object_get(v, "shape");
+        if (shape && !json_is_null(shape)) {
+            if (!json_is_array(shape)) {
+                snprintf(err, errlen, "%s.%s.shape: expected an array of integers, got %s", where,
+                         name, jx_type_name(shape));
+                return -1;
+            }
+            if (json_array_size(shape) >= 2) return two_d(where, name, err, errlen);
+            int64_t dim;
+            if (json_array_size(shape) != 1 || !jx_as_int(json_array_get(shape, 0), &dim) ||
+                dim != (int64_t)json_array_size(arr)) {
+                snprintf(err, errlen, "%s.%s.shape does not match its data (%zu values): "
+                                      "expected [%zu]", where, name, json_array_size(arr),
+                         json_array_size(arr));
+                return -1;
+            }
+        }
+    } else if (!json_is_array(v)) {
+        snprintf(err, errlen, "%s.%s: expected a TensorData object {\"data\": [...], \"dtype\", "
+                              "\"shape\"}, got %s", where, name, jx_type_name(v));
+        return -1;
+    }
+    size_t n = json_array_size(arr);
+    out->present = true;
+    out->n = n;
+    if (is_int) out->i = xcalloc(n, sizeof *out->i);
+    else out->f = xcalloc(n, sizeof *out->f);
+    for (size_t k = 0; k < n; k++) {
+        const json_t *e = json_array_get(arr, k);
+        if (json_is_array(e)) return two_d(where, name, err, errlen);
+        if (is_int) {
+            if (!jx_as_int(e, &out->i[k])) {
+                snprintf(err, errlen, "%s.%s.data[%zu]: expected an integer token id, got %s",
+                         where, name, k, jx_type_name(e));
+                return -1;
+            }
+        } else {
+            if (!json_is_number(e)) {
+                snprintf(err, errlen, "%s.%s.data[%zu]: expected a number, got %s", where, name, k,
+                         jx_type_name(e));
+                return -1;
+            }
+            float f = (float)json_number_value(e);
+            if (!isfinite(f)) {
+                snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32", where, name,
+                         k, json_number_value(e));
+                return -1;
+            }
+            out->f[k] = f;
+        }
+    }
+    return 0;
+}
+
+static int decode_model_input(const json_t *d, const char *where, fb_datum *out, char *err,
+                              size_t errlen) {
+    json_t *mi, *chunks;
+    char w[160];
+    if (jx_obj(d, where, "model_input", &mi, err, errlen) < 0) return -1;
+    if (!mi) {
+        snprintf(err, errlen, "%s.model_input is required", where);
+        return -1;
+    }
+    snprintf(w, sizeof w, "%s.model_input", where);
+    if (jx_arr(mi, w, "chunks", &chunks, err, errlen) < 0) return -1;
+    if (!chunks) {
+        snprintf(err, errlen, "%s.chunks is required", w);
+        return -1;
+    }
+    size_t total = 0;
+    for (size_t c = 0; c < json_array_size(chunks); c++) {
+        const json_t *ch = json_array_get(chunks, c);
+        if (!json_is_object(ch)) {
+            snprintf(err, errlen, "%s.chunks[%zu]: expected an object, got %s", w, c,
+                     jx_type_name(ch));
+            return -1;
+        }
+        const json_t *type = json_object_get(ch, "type");
+        if (type && !json_is_null(type) &&
+            !(json_is_string(type) && !strcmp(json_string_value(type), "encoded_text"))) {
+            snprintf(err, errlen, "%s.chunks[%zu]: only text chunks supported (type "
+                                  "\"encoded_text\"), got type %s%s%s", w, c,
+                     json_is_string(type) ? "\"" : "",
+                     json_is_string(type) ? json_string_value(type) : jx_type_name(type),
+                     json_is_string(type) ? "\"" : "");
+            return -1;
+        }
+        const json_t *toks = json_object_get(ch, "tokens");
+        if (!toks || !json_is_array(toks)) {
+            snprintf(err, errlen, "%s.chunks[%zu].tokens: expected an array of token ids, got %s",
+                     w, c, toks ? jx_type_name(toks) : "nothing");
+            return -1;
+        }
+        total += json_array_size(toks);
+    }
+    out->tokens = xcalloc(total, sizeof *out->tokens);
+    out->n_tokens = total;
+    size_t pos = 0;
+    for (size_t c = 0; c < json_array_size(chunks); c++) {
+        const json_t *toks = json_object_get(json_array_get(chunks, c), "tokens");
+        for (size_t k = 0; k < json_array_size(toks); k++) {
+            const json_t *e = json_array_get(toks, k);
+            if (!jx_as_int(e, &out->tokens[pos++])) {
+                snprintf(err, errlen, "%s.chunks[%zu].tokens[%zu]: expected an integer token id, "
+                                      "got %s", w, c, k, jx_type_name(e));
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int decode_datum(const json_t *d, const char *where, fb_loss loss, fb_datum *out,
+                        char *err, size_t errlen) {
+    if (!json_is_object(d)) {
+        snprintf(err, errlen, "%s: expected a Datum object {\"model_input\", \"loss_fn_inputs\"}, "
+                              "got %s", where, jx_type_name(d));
+        return -1;
+    }
+    if (decode_model_input(d, where, out, err, errlen) < 0) return -1;
+    json_t *lfi;
+    if (jx_obj(d, where, "loss_fn_inputs", &lfi, err, errlen) < 0) return -1;
+    if (!lfi) return 0;
+    char w[160];
+    snprintf(w, sizeof w, "%s.loss_fn_inputs", where);
+    unsigned accepted = fb_loss_accepted(loss);
+    for (int k = 0; k < FB_N_INPUTS; k++) {
+        if (!(accepted & BIT(k))) continue;  /* inputs this loss does not use are ignored */
+        const json_t *v = json_object_get(lfi, fb_input_names[k]);
+        if (!v || json_is_null(v)) continue;
+        if (decode_tensor(v, w, fb_input_names[k], k == FB_TARGET_TOKENS, &out->in[k], err,
+                          errlen) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char *err,
+                   size_t errlen) {
+    memset(out, 0, sizeof *out);
+    out->forward_only = forward_only;
+    const char *in_key = forward_only ? "forward_input" : "forward_backward_input";
+    const char *model_id, *loss_name;
+    json_t *input, *config, *data;
+    if (jx_req_str(body, "", "model_id", &model_id, err, errlen) < 0) return -1;
+    out->model_id = xstrdup(model_id);
+    if (jx_int(body, "", "seq_id", 0, &out->seq_id, &out->has_seq_id, err, errlen) < 0) return -1;
+    if (jx_obj(body, "", in_key, &input, err, errlen) < 0) return -1;
+    if (!input) {
+        snprintf(err, errlen, "%s is required (an object with \"data\" and \"loss_fn\")", in_key);
+        return -1;
+    }
+    if (jx_str(input, in_key, "loss_fn", &loss_name, err, errlen) < 0) return -1;
+    if (!loss_name && forward_only) loss_name = "cross_entropy";
+    if (!loss_name) {
+        snprintf(err, errlen, "%s.loss_fn is required (one of cross_entropy, importance_sampling, "
+                              "ppo, cispo, dro)", in_key);
+        return -1;
+    }
+    int loss = fb_loss_from_name(loss_name);
+    if (loss < 0) {
+        snprintf(err, errlen, "%s.loss_fn: unknown loss function \"%.64s\"; use one of "
+                              "cross_entropy, importance_sampling, ppo, cispo, dro", in_key,
+                 loss_name);
+        return -1;
+    }
+    out->loss = (fb_loss)loss;
+
+    if (jx_obj(input, in_key, "loss_fn_config", &config, err, errlen) < 0) return -1;
+    if (config) {
+        out->config = xcalloc(json_object_size(config), sizeof *out->config);
+        const char *key;
+        json_t *v;
+        json_object_foreach(config, key, v) {
+            if (json_is_null(v)) continue;
+            if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+                snprintf(err, errlen, "%s.loss_fn_config.%.64s: expected a number, got %s", in_key,
+                         key, jx_type_name(v));
+                return -1;
+            }
+            out->config[out->n_config].key = xstrdup(key);
+            out->config[out->n_config++].value = json_number_value(v);
+        }
+    }
+
+    if (jx_arr(input, in_key, "data", &data, err, errlen) < 0) return -1;
+    if (!data) {
+        snprintf(err, errlen, "%s.data is required (a list of Datum)", in_key);
+        return -1;
+    }
+    out->data = xcalloc(json_array_size(data), sizeof *out->data);
+    out->n_data = json_array_size(data);
+    for (size_t i = 0; i < out->n_data; i++) {
+        char where[96];
+        snprintf(where, sizeof where, "%s.data[%zu]", in_key, i);
+        if (decode_datum(json_array_get(data, i), where, out->loss, &out->data[i], err, errlen) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
+                size_t errlen) {
+    const char *in_key = r->forward_only ? "forward_input" : "forward_backward_input";
+    const char *loss = fb_loss_names[r->loss];
+    if (r->has_seq_id && (r->seq_id < 1 || r->seq_id > INT32_MAX)) {
+        snprintf(err, errlen, "seq_id %lld is out of range: operations of a model are numbered "
+                              "from 1 (0 is its create_model)", (long long)r->seq_id);
+        return -1;
+    }
+    if (r->n_data == 0) {
+        snprintf(err, errlen, "%s.data is empty: send at least one datum", in_key);
+        return -1;
+    }
+    unsigned required = fb_loss_required(r->loss);
+    for (size_t i = 0; i < r->n_data; i++) {
+        const fb_datum *d = &r->data[i];
+        if (d->n_tokens == 0) {
+            snprintf(err, errlen, "%s.data[%zu].model_input has no tokens", in_key, i);
+            return -1;
+        }
+        if ((int64_t)d->n_tokens > max_context) {
+            snprintf(err, errlen, "%s.data[%zu]: model input has %zu tokens, more than the base "
+                                  "model's context length %lld", in_key, i, d->n_tokens,
+                     (long long)max_context);
+            return -1;
+        }
+        for (size_t k = 0; k < d->n_tokens; k++) {
+            if (d->tokens[k] < 0 || d->tokens[k] >= vocab_size) {
+                snprintf(err, errlen, "%s.data[%zu].model_input: token id %lld at position %zu is "
+                                      "outside the vocabulary [0, %lld)", in_key, i,
+                         (long long)d->tokens[k], k, (long long)vocab_size);
+                return -1;
+            }
+        }
+        for (int k = 0; k < FB_N_INPUTS; k++) {
+            const fb_tensor *t = &d->in[k];
+            if (!t->present) {
+                if (required & BIT(k)) {
+                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s is required by loss_fn "
+                                          "\"%s\"", in_key, i, fb_input_names[k], loss);
+                    return -1;
+                }
+                continue;
+            }
+            if (t->n != d->n_tokens) {
+                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the model "
+                                      "input has %zu tokens (one value per input token)", in_key,
+                         i, fb_input_names[k], t->n, d->n_tokens);
+                return -1;
+            }
+            if (k == FB_TARGET_TOKENS) {
+                for (size_t p = 0; p < t->n; p++) {
+                    if (t->i[p] < 0 || t->i[p] >= vocab_size) {
+                        snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.target_tokens: token id "
+                                              "%lld at position %zu is outside the vocabulary "
+                                              "[0, %lld)", in_key, i, (long long)t->i[p], p,
+                                 (long long)vocab_size);
+                        return -1;
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int64_t fb_total_tokens(const fb_request *r) {
+    int64_t n = 0;
+    for (size_t i = 0; i < r->n_data; i++) n += (int64_t)r->data[i].n_tokens;
+    return n;
+}
+
+char *fb_payload_json(const fb_request *r, size_t *len) {
+    strbuf b;
+    /* ~8 bytes per number is a fair first guess; the buffer grows as needed. */
+    sb_init(&b, 256 + 8 * (size_t)fb_total_tokens(r) * 3);
+    sb_puts(&b, "{\"loss_fn\": ");
+    sb_json_str(&b, fb_loss_names[r->loss]);
+    sb_puts(&b, ", \"loss_fn_config\": {");
+    bool first = true;
+    for (size_t i = 0; i < r->n_config; i++) {
+        if (!first) sb_puts(&b, ", ");
+        first = false;
+        sb_json_str(&b, r->config[i].key);
+        sb_puts(&b, ": ");
+        sb_double(&b, r->config[i].value);
+    }
+    for (size_t k = 0; k < sizeof config_defaults / sizeof config_defaults[0]; k++) {
+        const config_default *cd = &config_defaults[k];
+        if (cd->loss != r->loss) continue;
+        bool given = false;
+        for (size_t i = 0; i < r->n_config; i++) given |= !strcmp(r->config[i].key, cd->key);
+        if (given) continue;
+        if (!first) sb_puts(&b, ", ");
+        first = false;
+        sb_json_str(&b, cd->key);
+        sb_puts(&b, ": ");
+        sb_double(&b, cd->value);
+    }
+    sb_puts(&b, "}, \"data\": [");
+    for (size_t i = 0; i < r->n_data; i++) {
+        const fb_datum *d = &r->data[i];
+        sb_puts(&b, i ? ", {\"tokens\": [" : "{\"tokens\": [");
+        for (size_t k = 0; k < d->n_tokens; k++) {
+            if (k) sb_putc(&b, ',');
+            sb_int(&b, d->tokens[k]);
+        }
+        sb_putc(&b, ']');
+        for (int k = 0; k < FB_N_INPUTS; k++) {
+            const fb_tensor *t = &d->in[k];
+            if (!t->present) continue;
+            sb_puts(&b, ", ");
+            sb_json_str(&b, fb_input_names[k]);
+            sb_puts(&b, ": [");
+            for (size_t p = 0; p < t->n; p++) {
+                if (p) sb_putc(&b, ',');
+                if (t->i) sb_int(&b, t->i[p]);
+                else sb_float(&b, t->f[p]);
+            }
+            sb_putc(&b, ']');
+        }
+        sb_putc(&b, '}');
+    }
+    sb_puts(&b, "]}");
+    return sb_steal(&b, len);
+}
+
+void fb_request_free(fb_request *r) {
+    free(r->model_id);
+    for (size_t i = 0; i < r->n_config; i++) free(r->config[i].key);
+    free(r->config);
+    for (size_t i = 0; i < r->n_data; i++) {
+        free(r->data[i].tokens);
+        for (int k = 0; k < FB_N_INPUTS; k++) {
+            free(r->data[i].in[k].i);
+            free(r->data[i].in[k].f);
+        }
+    }
+    free(r->data);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,76 @@
+/* fwdbwd.h: a forward / forward_backward request as one plain struct. The JSON decoder
+ * here (and the protobuf decoder to come, spec §14) fill it; fb_validate checks it
+ * against the model's base model; fb_payload_json writes operations.payload, the exact
+ * contract the executor reads:
+ *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
+ *    "target_tokens": [...], "weights": [...], "logprobs": [...], "advantages": [...]}]}
+ * Chunks are concatenated into "tokens"; only the inputs the loss uses are written. */
+#pragma once
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { FB_TARGET_TOKENS, FB_WEIGHTS, FB_LOGPROBS, FB_ADVANTAGES, FB_N_INPUTS } fb_input;
+
+typedef enum {
+    FB_LOSS_CROSS_ENTROPY,
+    FB_LOSS_IMPORTANCE_SAMPLING,
+    FB_LOSS_PPO,
+    FB_LOSS_CISPO,
+    FB_LOSS_DRO,
+    FB_N_LOSSES
+} fb_loss;
+
+typedef struct {
+    bool present;
+    size_t n;
+    int64_t *i;   /* FB_TARGET_TOKENS */
+    float *f;     /* the float inputs */
+} fb_tensor;
+
+typedef struct {
+    int64_t *tokens;        /* model input: text chunks concatenated */
+    size_t n_tokens;
+    fb_tensor in[FB_N_INPUTS];
+} fb_datum;
+
+typedef struct {
+    char *key;
+    double value;
+} fb_kv;
+
+typedef struct {
+    char *model_id;
+    bool has_seq_id;
+    int64_t seq_id;
+    bool forward_only;
+    fb_loss loss;
+    fb_kv *config;          /* loss_fn_config as sent */
+    size_t n_config;
+    fb_datum *data;
+    size_t n_data;
+} fb_request;
+
+extern const char *const fb_input_names[FB_N_INPUTS];
+extern const char *const fb_loss_names[FB_N_LOSSES];
+
+/* Looks up a loss name; -1 if unknown. */
+int fb_loss_from_name(const char *name);
+/* Bit mask (1 << fb_input) of the inputs a loss requires / may take. */
+unsigned fb_loss_required(fb_loss loss);
+unsigned fb_loss_accepted(fb_loss loss);
+
+/* Decodes the JSON body of /forward_backward (forward_only false) or /forward (true).
+ * Structural errors (types, shapes, chunk kinds) -> -1 with a message naming the datum
+ * and field. *out is always safe to fb_request_free. */
+int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char *err,
+                   size_t errlen);
+/* Semantic checks against the base model: required inputs, lengths, token ranges,
+ * context length. 0 or -1 with err. */
+int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
+                size_t errlen);
+/* The operations.payload JSON (malloc'd), loss_fn_config defaults filled in. */
+char *fb_payload_json(const fb_request *r, size_t *len);
+int64_t fb_total_tokens(const fb_request *r);
+void fb_request_free(fb_request *r);

@@ -1,0 +1,518 @@
+/* http_server.c: h2o event loops for the api process (see http_server.h).
+ *
+ * Threads: each loop owns its listener socket, its h2o context and a multithread queue
+ * with two receivers: finished jobs from the workers, and request ids from the LISTEN
+ * thread. Nothing here blocks: the database is only reached through api_pool.
+ *
+ * Client gone: every job hands its request a small ref object allocated with
+ * h2o_mem_alloc_shared in req->pool; when h2o frees the request, the ref's dispose
+ * callback detaches the job (or frees it if parked), so a worker's late answer is dropped. */
+#include "service/http_server.h"
+#include "common/log.h"
+#include "common/strbuf.h"
+#include "service/api_json.h"
+#include "service/api_routes.h"
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#define LONG_POLL_MS 25000  /* answer try_again after this (the SDK's timeout is 45 s) */
+#define RECHECK_MS 1000     /* parked futures look at the database at least this often */
+#define RECENT_NOTIFY 128   /* notifications remembered per loop to close the park race */
+
+struct http_req_ref {
+    api_job *job;           /* NULL once answered */
+    h2o_req_t *req;
+};
+
+typedef struct {
+    h2o_multithread_message_t super;
+    bool all;
+    char id[API_REQUEST_ID_MAX];
+} notify_msg;
+
+struct http_loop {
+    int index;
+    int fd;
+    pthread_t tid;
+    h2o_evloop_t *evloop;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept_ctx;
+    h2o_multithread_queue_t *queue;
+    h2o_multithread_receiver_t job_receiver;
+    h2o_multithread_receiver_t notify_receiver;
+    h2o_timeout_t recheck_timeout;
+    h2o_linklist_t parked;  /* api_job.parked */
+    struct {
+        char id[API_REQUEST_ID_MAX];
+        uint64_t at;
+    } recent[RECENT_NOTIFY];
+    int recent_next;
+};
+
+static struct {
+    http_conf conf;
+    char prefix[256];
+    size_t prefix_len;
+    api_pool *pool;
+    h2o_globalconf_t globalconf;
+    SSL_CTX *ssl_ctx;
+    http_loop *loops;
+    int nloops;
+    h2o_barrier_t ready;
+} g;
+
+/* ---- responses -------------------------------------------------------------------- */
+
+static const char *reason_phrase(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return status < 400 ? "OK" : "Error";
+    }
+}
+
+static void send_response(h2o_req_t *req, int status, const char *body, size_t len) {
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("application/json"));
+    /* 501 is >= 500, which the SDK would retry for minutes; tell it not to. */
+    if (status == 501)
+        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-should-retry"), 0, NULL,
+                              H2O_STRLIT("false"));
+    req->res.content_length = len;
+    h2o_send_inline(req, body, len); /* copies body into req->pool */
+}
+
+static void send_error(h2o_req_t *req, int status, const char *msg) {
+    size_t len;
+    char *body = jx_detail(msg, &len);
+    send_response(req, status, body, len);
+    free(body);
+}
+
+/* Printable ASCII copy of a client-supplied string, for messages and logs. */
+static void safe_copy(char *out, size_t n, const char *s, size_t len) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 1 < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        out[o++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    out[o] = 0;
+}
+
+/* ---- h2o's own errors as JSON (413 above all) -------------------------------------- */
+
+/* h2o answers some errors itself (413 entity too large, 400 bad request line...) with a
+ * text/plain body. This output filter replaces such bodies with {"detail": "..."}. */
+typedef struct {
+    h2o_ostream_t super;
+    h2o_iovec_t json;
+} json_error_ostream;
+
+static void json_error_do_send(h2o_ostream_t *_self, h2o_req_t *req, h2o_iovec_t *bufs,
+                               size_t bufcnt, h2o_send_state_t state) {
+    json_error_ostream *self = (json_error_ostream *)_self;
+    if (h2o_send_state_is_in_progress(state)) {
+        h2o_ostream_send_next(&self->super, req, NULL, 0, state);
+        return;
+    }
+    h2o_ostream_send_next(&self->super, req, &self->json, 1, state);
+}
+
+static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot) {
+    ssize_t ct = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    bool plain = ct >= 0 && req->res.headers.entries[ct].value.len >= 10 &&
+                 !memcmp(req->res.headers.entries[ct].value.base, "text/plain", 10);
+    if (req->res.status >= 400 && plain) {
+        char msg[256];
+        if (req->res.status == 413)
+            snprintf(msg, sizeof msg, "request body is larger than this server's limit of %zu MiB "
+                                      "(loom api --max-body-mb)", g.conf.max_body >> 20);
+        else
+            snprintf(msg, sizeof msg, "%s", req->res.reason ? req->res.reason : "request failed");
+        size_t len;
+        char *body = jx_detail(msg, &len);
+        json_error_ostream *o = (json_error_ostream *)h2o_add_ostream(req, sizeof *o, slot);
+        o->super.do_send = json_error_do_send;
+        o->json = h2o_strdup(&req->pool, body, len);
+        free(body);
+        h2o_set_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE,
+                       H2O_STRLIT("application/json"), 1);
+        req->res.content_length = o->json.len;
+        slot = &o->super.next;
+    }
+    h2o_setup_next_ostream(req, slot);
+}
+
+/* ---- jobs --------------------------------------------------------------------------- */
+
+void api_job_free(api_job *job) {
+    free(job->body);
+    free(job->api_key);
+    free(job->accept);
+    free(job->path_arg);
+    free(job->resp);
+    free(job);
+}
+
+static void unpark(api_job *job) {
+    if (h2o_timeout_is_linked(&job->timer)) h2o_timeout_unlink(&job->timer);
+    if (h2o_linklist_is_linked(&job->parked)) h2o_linklist_unlink(&job->parked);
+}
+
+static void on_ref_dispose(void *p) {
+    http_req_ref *ref = p;
+    api_job *job = ref->job;
+    if (!job) return;
+    job->ref = NULL;
+    log_debug("%s: client went away before the answer", job->route->path);
+    if (job->where == JOB_PARKED) {
+        unpark(job);
+        api_job_free(job);
+    }
+    /* at a worker: freed when it comes back */
+}
+
+static void finish_job(api_job *job) {
+    http_req_ref *ref = job->ref;
+    ref->job = NULL;
+    job->ref = NULL;
+    if (job->status >= 500) log_warn("%s -> %d: %.300s", job->route->path, job->status, job->resp);
+    else log_debug("%s -> %d", job->route->path, job->status);
+    send_response(ref->req, job->status, job->resp ? job->resp : "{}", job->resp ? job->resp_len : 2);
+    api_job_free(job);
+}
+
+static void dispatch(http_loop *L, api_job *job) {
+    job->where = JOB_AT_WORKER;
+    job->dispatched_ms = h2o_now(L->evloop);
+    job->status = 0;
+    job->park = false;
+    if (api_pool_submit(g.pool, job) < 0) {
+        free(job->resp);
+        job->status = 503;
+        job->resp = jx_detail("server busy: too many requests waiting for the database; retry "
+                              "shortly", &job->resp_len);
+        finish_job(job);
+    }
+}
+
+static void on_recheck_timer(h2o_timeout_entry_t *entry) {
+    api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, timer, entry);
+    unpark(job);
+    dispatch(job->loop, job);
+}
+
+static bool notified_since(http_loop *L, const char *id, uint64_t since) {
+    for (int i = 0; i < RECENT_NOTIFY; i++)
+        if (L->recent[i].at >= since && L->recent[i].id[0] && !strcmp(L->recent[i].id, id))
+            return true;
+    return false;
+}
+
+static void park(http_loop *L, api_job *job) {
+    job->recheck = true;
+    if (notified_since(L, job->request_id, job->dispatched_ms)) {
+        dispatch(L, job); /* finished while the worker was looking */
+        return;
+    }
+    job->where = JOB_PARKED;
+    h2o_linklist_insert(&L->parked, &job->parked);
+    job->timer.cb = on_recheck_timer;
+    h2o_timeout_link(L->evloop, &L->recheck_timeout, &job->timer);
+}
+
+static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
+    http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, job_receiver, receiver);
+    uint64_t now = h2o_now(L->evloop);
+    while (!h2o_linklist_is_empty(messages)) {
+        api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, msg.link, messages->next);
+        h2o_linklist_unlink(&job->msg.link);
+        if (!job->ref) {
+            api_job_free(job); /* the client went away meanwhile */
+            continue;
+        }
+        if (job->park) {
+            if (!job->deadline_ms) job->deadline_ms = now + LONG_POLL_MS;
+            if (now < job->deadline_ms) {
+                park(L, job);
+                continue;
+            }
+        }
+        finish_job(job);
+    }
+}
+
+static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
+    http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, notify_receiver, receiver);
+    uint64_t now = h2o_now(L->evloop);
+    while (!h2o_linklist_is_empty(messages)) {
+        notify_msg *m = H2O_STRUCT_FROM_MEMBER(notify_msg, super.link, messages->next);
+        h2o_linklist_unlink(&m->super.link);
+        if (!m->all) {
+            snprintf(L->recent[L->recent_next].id, API_REQUEST_ID_MAX, "%s", m->id);
+            L->recent[L->recent_next].at = now;
+            L->recent_next = (L->recent_next + 1) % RECENT_NOTIFY;
+        }
+        h2o_linklist_t *n = L->parked.next;
+        while (n != &L->parked) {
+            h2o_linklist_t *next = n->next;
+            api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, parked, n);
+            if (m->all || !strcmp(job->request_id, m->id)) {
+                unpark(job);
+                dispatch(L, job);
+            }
+            n = next;
+        }
+        free(m);
+    }
+}
+
+void http_server_notify(const char *request_id, void *unused) {
+    (void)unused;
+    if (request_id && strlen(request_id) >= API_REQUEST_ID_MAX) return;
+    for (int i = 0; i < g.nloops; i++) {
+        notify_msg *m = calloc(1, sizeof *m);
+        if (!m) abort();
+        m->all = request_id == NULL;
+        if (request_id) snprintf(m->id, sizeof m->id, "%s", request_id);
+        h2o_multithread_send_message(&g.loops[i].notify_receiver, &m->super);
+    }
+}
+
+/* ---- request handler ----------------------------------------------------------------- */
+
+static char *header_dup(h2o_req_t *req, const h2o_token_t *token, const char *name) {
+    ssize_t i = token ? h2o_find_header(&req->headers, token, -1)
+                      : h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
+    if (i < 0) return NULL;
+    h2o_iovec_t v = req->headers.entries[i].value;
+    return strndup(v.base, v.len);
+}
+
+static char *api_key_of(h2o_req_t *req) {
+    char *key = header_dup(req, NULL, "x-api-key");
+    if (key) return key;
+    char *auth = header_dup(req, H2O_TOKEN_AUTHORIZATION, NULL);
+    if (auth && !strncasecmp(auth, "Bearer ", 7)) {
+        char *k = strdup(auth + 7 + strspn(auth + 7, " "));
+        free(auth);
+        return k;
+    }
+    free(auth);
+    return NULL;
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req) {
+    http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, ctx, req->conn->ctx);
+    const char *path = req->path_normalized.base;
+    size_t plen = req->path_normalized.len;
+    if (g.prefix_len && plen >= g.prefix_len && !memcmp(path, g.prefix, g.prefix_len) &&
+        (plen == g.prefix_len || path[g.prefix_len] == '/')) {
+        path += g.prefix_len;
+        plen -= g.prefix_len;
+    }
+    int status = 404;
+    size_t arg_off = 0;
+    const api_route *r = api_route_find(req->method.base, req->method.len, path, plen, &status,
+                                        &arg_off);
+    char method[16], spath[256], msg[600];
+    safe_copy(method, sizeof method, req->method.base, req->method.len);
+    safe_copy(spath, sizeof spath, req->path_normalized.base, req->path_normalized.len);
+    if (!r) {
+        if (status == 405)
+            snprintf(msg, sizeof msg, "method %s is not allowed on %s", method, spath);
+        else
+            snprintf(msg, sizeof msg, "no such route: %s %s (the Tinker API is under %s/api/v1/)",
+                     method, spath, g.prefix);
+        send_error(req, status, msg);
+        return 0;
+    }
+    if (r->flags & ROUTE_TODO) {
+        snprintf(msg, sizeof msg, "not implemented yet in Loom: %s %s", r->method, r->path);
+        send_error(req, 501, msg);
+        return 0;
+    }
+    if (r->flags & ROUTE_INLINE) {
+        send_response(req, 200, r->inline_body, strlen(r->inline_body));
+        return 0;
+    }
+    api_job *job = calloc(1, sizeof *job);
+    if (!job) abort();
+    job->loop = L;
+    job->reply_to = &L->job_receiver;
+    job->route = r;
+    job->body_len = req->entity.base ? req->entity.len : 0;
+    job->body = malloc(job->body_len + 1);
+    if (!job->body) abort();
+    if (job->body_len) memcpy(job->body, req->entity.base, job->body_len);
+    job->body[job->body_len] = 0;
+    job->api_key = api_key_of(req);
+    job->accept = header_dup(req, H2O_TOKEN_ACCEPT, NULL);
+    if (arg_off) job->path_arg = strndup(path + arg_off, plen - arg_off);
+    http_req_ref *ref = h2o_mem_alloc_shared(&req->pool, sizeof *ref, on_ref_dispose);
+    ref->job = job;
+    ref->req = req;
+    job->ref = ref;
+    dispatch(L, job);
+    return 0;
+}
+
+/* ---- loops and listeners ----------------------------------------------------------- */
+
+static void on_accept(h2o_socket_t *listener, const char *err) {
+    http_loop *L = listener->data;
+    if (err) return;
+    for (int i = 0; i < 32; i++) {
+        h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+        if (!sock) break;
+        h2o_accept(&L->accept_ctx, sock);
+    }
+}
+
+static void *loop_main(void *arg) {
+    http_loop *L = arg;
+    L->evloop = h2o_evloop_create();
+    h2o_context_init(&L->ctx, L->evloop, &g.globalconf);
+    L->accept_ctx.ctx = &L->ctx;
+    L->accept_ctx.hosts = g.globalconf.hosts;
+    L->accept_ctx.ssl_ctx = g.ssl_ctx;
+    L->queue = h2o_multithread_create_queue(L->evloop);
+    h2o_multithread_register_receiver(L->queue, &L->job_receiver, on_jobs_back);
+    h2o_multithread_register_receiver(L->queue, &L->notify_receiver, on_notify);
+    h2o_timeout_init(L->evloop, &L->recheck_timeout, RECHECK_MS);
+    h2o_linklist_init_anchor(&L->parked);
+    h2o_socket_t *sock = h2o_evloop_socket_create(L->evloop, L->fd, H2O_SOCKET_FLAG_DONT_READ);
+    sock->data = L;
+    h2o_socket_read_start(sock, on_accept);
+    h2o_barrier_wait(&g.ready);
+    while (h2o_evloop_run(L->evloop, INT32_MAX) == 0)
+        ;
+    log_error("event loop %d stopped", L->index);
+    return NULL;
+}
+
+static int open_listener(const char *host, int port, int *bound, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    int rc = getaddrinfo(host, ports, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve --host %s: %s", host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
+        bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    return fd;
+}
+
+static int setup_tls(const http_conf *conf, char *err, size_t errlen) {
+    if (!conf->tls_cert && !conf->tls_key) return 0;
+    if (!conf->tls_cert || !conf->tls_key) {
+        snprintf(err, errlen, "--tls-cert and --tls-key go together");
+        return -1;
+    }
+    g.ssl_ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_set_min_proto_version(g.ssl_ctx, TLS1_2_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(g.ssl_ctx, conf->tls_cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(g.ssl_ctx, conf->tls_key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(g.ssl_ctx) != 1) {
+        char e[256];
+        ERR_error_string_n(ERR_get_error(), e, sizeof e);
+        snprintf(err, errlen, "TLS certificate/key (%s, %s): %s", conf->tls_cert, conf->tls_key, e);
+        return -1;
+    }
+    h2o_ssl_register_alpn_protocols(g.ssl_ctx, h2o_http2_alpn_protocols);
+    return 0;
+}
+
+int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char *err,
+                      size_t errlen) {
+    g.conf = *conf;
+    g.pool = pool;
+    /* prefix: "/x/y" (leading slash, no trailing one), or empty */
+    const char *p = conf->prefix ? conf->prefix : "";
+    while (*p == '/') p++;
+    snprintf(g.prefix, sizeof g.prefix, "%s%s", *p ? "/" : "", p);
+    g.prefix_len = strlen(g.prefix);
+    while (g.prefix_len && g.prefix[g.prefix_len - 1] == '/') g.prefix[--g.prefix_len] = 0;
+    if (setup_tls(conf, err, errlen) < 0) return -1;
+
+    h2o_config_init(&g.globalconf);
+    g.globalconf.server_name = h2o_iovec_init(H2O_STRLIT("loom"));
+    g.globalconf.max_request_entity_size = conf->max_body;
+    g.globalconf.http1.req_timeout = 60000;
+    g.globalconf.http2.idle_timeout = 60000;
+    h2o_hostconf_t *host = h2o_config_register_host(&g.globalconf,
+                                                    h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    h2o_handler_t *h = h2o_create_handler(path, sizeof *h);
+    h->on_req = on_req;
+    h2o_filter_t *f = h2o_create_filter(path, sizeof *f);
+    f->on_setup_ostream = json_error_setup;
+    f = h2o_create_filter(&host->fallback_path, sizeof *f);
+    f->on_setup_ostream = json_error_setup;
+
+    g.nloops = conf->nthreads;
+    g.loops = calloc((size_t)g.nloops, sizeof *g.loops);
+    if (!g.loops) abort();
+    int port = conf->port;
+    for (int i = 0; i < g.nloops; i++) {
+        int bound = 0;
+        g.loops[i].index = i;
+        g.loops[i].fd = open_listener(conf->host, port, &bound, err, errlen);
+        if (g.loops[i].fd < 0) return -1;
+        port = bound; /* --port 0: the others join the port the first one got */
+    }
+    *port_out = port;
+    h2o_barrier_init(&g.ready, (size_t)g.nloops + 1);
+    for (int i = 0; i < g.nloops; i++) {
+        if (pthread_create(&g.loops[i].tid, NULL, loop_main, &g.loops[i]) != 0) {
+            snprintf(err, errlen, "cannot start event loop thread");
+            return -1;
+        }
+    }
+    h2o_barrier_wait(&g.ready);
+    return 0;
+}
+
+void http_server_join(void) {
+    for (int i = 0; i < g.nloops; i++) pthread_join(g.loops[i].tid, NULL);
+}

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""api_errors_test.py: the api's error contract, end to end over HTTP against `loom up`.
+
+Every error is a JSON {"detail": ...} with a 4xx status and a message naming the problem;
+another tenant's objects are 404; resubmitting (model_id, seq_id) is idempotent, also
+under concurrency; oversized bodies get 413 JSON; the process survives all of it.
+A second `loom api` on the same database checks --path-prefix and --max-body-mb.
+Prints "N passed, N failed" last; exits non-zero on failure.
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from stack import LOOM_BIN, Results, Stack  # noqa: E402
+
+R = Results()
+
+
+def is_detail(resp, code, *words):
+    """resp = (status, body): status == code and body is {"detail": str} containing words."""
+    st, body = resp
+    ok = st == code and isinstance(body, dict) and isinstance(body.get("detail"), str)
+    if ok:
+        d = body["detail"].lower()
+        ok = all(w.lower() in d for w in words)
+    if not ok:
+        print("      got", st, str(body)[:300])
+    return ok
+
+
+def datum(tokens, targets=None, weights=None, **more):
+    lfi = {}
+    if targets is not None:
+        lfi["target_tokens"] = {"data": targets, "dtype": "int64", "shape": [len(targets)]}
+    if weights is not None:
+        lfi["weights"] = {"data": weights, "dtype": "float32", "shape": [len(weights)]}
+    lfi.update(more)
+    return {"model_input": {"chunks": [{"tokens": tokens, "type": "encoded_text"}]},
+            "loss_fn_inputs": lfi}
+
+
+def fwdbwd(model_id, seq_id, data, loss_fn="cross_entropy", **more):
+    body = {"model_id": model_id, "forward_backward_input": {"loss_fn": loss_fn, "data": data},
+            "type": "forward_backward"}
+    if seq_id is not None:
+        body["seq_id"] = seq_id
+    body["forward_backward_input"].update(more)
+    return body
+
+
+def raw_http(url, request_bytes, timeout=30):
+    """Sends raw bytes, returns (status, parsed JSON body or text) read until close."""
+    u = urllib.parse.urlparse(url)
+    with socket.create_connection((u.hostname, u.port), timeout=timeout) as sock:
+        sock.sendall(request_bytes)
+        buf = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1]) if lines and lines[0].startswith(b"HTTP/") else 0
+    headers = {l.split(b":", 1)[0].strip().lower(): l.split(b":", 1)[1].strip()
+               for l in lines[1:] if b":" in l}
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        out, rest = b"", body
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            n = int(size_line.split(b";")[0], 16) if size_line.strip() else 0
+            if n == 0:
+                break
+            out, rest = out + rest[:n], rest[n + 2:]
+        body = out
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+def oversized_request(path, key, length):
+    """Headers announcing a body of `length` bytes; only a little of it is sent."""
+    return (f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"X-API-Key: {key}\r\nContent-Length: {length}\r\n\r\n").encode() + b"{\"a\": \"" + b"x" * 1000
+
+
+def loom_cli(s, *args):
+    env = dict(os.environ, DATABASE_URL=s.db)
+    return subprocess.run([LOOM_BIN] + list(args), env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def start_second_api(s, *args):
+    """Another `loom api` on the same database; returns (process, base url)."""
+    p = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1",
+                          "--secret-file", os.path.join(s.dir, "secret.key")] + list(args),
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    line = p.stdout.readline().decode()
+    if not line.startswith("LOOM_API_LISTENING port="):
+        p.kill()
+        raise RuntimeError("second api did not start: " + line)
+    return p, "http://127.0.0.1:" + line.split("=", 1)[1].strip()
+
+
+def main():
+    with Stack() as s:
+        secret = os.path.join(s.dir, "secret.key")
+        other_key = loom_cli(s, "key", "create", "--tenant", "other-tenant", "--secret-file", secret)
+
+        # ---- no key needed ------------------------------------------------------------
+        st, body = s.get("/api/v1/healthz", key=None)
+        R.check(st == 200 and body == {"status": "ok"}, "healthz without a key")
+        st, body = s.post("/api/v1/client/config", {"sdk_version": "0.24.1"}, key=None)
+        R.check(st == 200 and body.get("use_pyqwest_transport") is False
+                and body.get("pjwt_auth_enabled") is False, "client/config")
+        st, body = s.request("POST", "/api/v1/telemetry", raw=b"{not json", key=None)
+        R.check(st == 200 and body == {"status": "accepted"}, "telemetry accepts even garbage")
+
+        # ---- authentication -------------------------------------------------------------
+        R.check(is_detail(s.get("/api/v1/get_server_capabilities", key=None), 401, "api key"),
+                "missing key -> 401 JSON")
+        R.check(is_detail(s.get("/api/v1/get_server_capabilities", key="tml-" + "A" * 43), 401,
+                          "invalid"), "unknown tml- key -> 401 JSON")
+        R.check(is_detail(s.get("/api/v1/get_server_capabilities", key="not-a-key"), 401),
+                "malformed key -> 401 JSON")
+        st, caps = s.get("/api/v1/get_server_capabilities", key=None,
+                         headers={"Authorization": "Bearer " + s.key})
+        R.check(st == 200 and caps["supported_models"], "Authorization: Bearer accepted")
+        base_model = caps["supported_models"][0]["model_name"]
+        vocab, max_ctx = (int(x) for x in s.psql(
+            f"SELECT vocab_size, max_context FROM base_models WHERE name = '{base_model}'").split("|"))
+        revoked = loom_cli(s, "key", "create", "--tenant", "other-tenant", "--secret-file", secret)
+        s.psql(f"UPDATE api_keys SET revoked_at = now() WHERE prefix = '{revoked[4:12]}'")
+        R.check(is_detail(s.post("/api/v1/create_session", {}, key=revoked), 401, "revoked"),
+                "revoked key -> 401 JSON")
+
+        # ---- malformed bodies -------------------------------------------------------------
+        resp = s.request("POST", "/api/v1/create_session", raw=b'{"tags": ["a",')
+        R.check(is_detail(resp, 400, "malformed json", "line", "column"),
+                "malformed JSON -> 400 saying where")
+        R.check(is_detail(s.request("POST", "/api/v1/create_session", raw=b"[1, 2]"), 400, "object"),
+                "non-object body -> 400")
+        R.check(is_detail(s.post("/api/v1/create_session", {"tags": "a,b"}), 400, "tags"),
+                "tags of the wrong type -> 400 naming tags")
+
+        # ---- routes -------------------------------------------------------------------------
+        R.check(is_detail(s.post("/api/v1/no_such_thing", {}), 404, "no such route"),
+                "unknown route -> 404 JSON")
+        R.check(is_detail(s.get("/api/v1/create_session"), 405, "GET"), "wrong method -> 405 JSON")
+        R.check(is_detail(s.post("/api/v1/asample", {}), 501, "not implemented"),
+                "spec route not implemented yet -> 501 JSON")
+
+        # ---- sessions and models --------------------------------------------------------------
+        st, sess = s.post("/api/v1/create_session",
+                          {"tags": ["t"], "user_metadata": None, "sdk_version": "0.24.1",
+                           "type": "create_session", "unknown_field": 1})
+        R.check(st == 200 and isinstance(sess.get("session_id"), str), "create_session (tolerant)")
+        sid = sess["session_id"]
+        R.check(not any(c in sid for c in "/?#: "), "session id is URL safe")
+        R.check(is_detail(s.post("/api/v1/session_heartbeat", {"session_id": sid}, key=other_key),
+                          404), "other tenant's session heartbeat -> 404")
+        R.check(is_detail(s.post("/api/v1/session_heartbeat", {"session_id": "nope"}), 404),
+                "unknown session heartbeat -> 404")
+
+        cm = {"session_id": sid, "model_seq_id": 0, "base_model": base_model,
+              "lora_config": {"rank": 8, "seed": 1}}
+        R.check(is_detail(s.post("/api/v1/create_model", dict(cm, base_model="no/such-model")), 400,
+                          "no/such-model", base_model), "unknown base_model -> 400 listing models")
+        R.check(is_detail(s.post("/api/v1/create_model", dict(cm, lora_config={"rank": 0})), 400,
+                          "rank"), "rank 0 -> 400")
+        R.check(is_detail(s.post("/api/v1/create_model", dict(cm, lora_config={"rank": "8"})), 400,
+                          "lora_config.rank", "integer"), "rank as a string -> 400")
+        R.check(is_detail(s.post("/api/v1/create_model", dict(cm, lora_config={
+            "train_attn": False, "train_mlp": False, "train_unembed": False})), 400, "at least one"),
+            "nothing to train -> 400")
+        R.check(is_detail(s.post("/api/v1/create_model", cm, key=other_key), 404, "session"),
+                "create_model in another tenant's session -> 404")
+        st, m1 = s.post("/api/v1/create_model", cm)
+        st2, m2 = s.post("/api/v1/create_model", cm)
+        R.check(st == 200 and st2 == 200 and m1["request_id"] == m2["request_id"]
+                and m1["model_id"] == f"{sid}:train:0", "create_model idempotent on model_seq_id")
+        mid = m1["model_id"]
+        R.check(s.psql(f"SELECT count(*) FROM models WHERE session_id = '{sid}'") == "1",
+                "one models row after a repeated create_model")
+        R.check(is_detail(s.post("/api/v1/get_info", {"model_id": mid}, key=other_key), 404),
+                "other tenant's get_info -> 404")
+        st, info = s.post("/api/v1/get_info", {"model_id": mid})
+        R.check(st == 200 and info["model_id"] == mid and "model_data" in info, "get_info")
+
+        # ---- forward_backward validation --------------------------------------------------------
+        good = datum([1, 2, 3], [2, 3, 4], [1.0, 1.0, 0.5])
+        fb = lambda data, **kw: s.post("/api/v1/forward_backward", fwdbwd(mid, 5, data, **kw))
+        R.check(is_detail(fb([datum(["a", 2, 3], [2, 3, 4])]), 400, "data[0]", "tokens[0]", "integer"),
+                "token of the wrong type -> 400 naming it")
+        R.check(is_detail(fb([good, datum([1, vocab, 3], [2, 3, 4])]), 400, "data[1]", "vocabulary",
+                          str(vocab)), "out-of-range token -> 400")
+        R.check(is_detail(fb([datum([1, 2, 3], [2, -1, 4])]), 400, "target_tokens", "vocabulary"),
+                "out-of-range target -> 400")
+        R.check(is_detail(fb([datum([1, 2, 3], [2, 3, 4], [1.0, 1.0])]), 400, "weights", "2 values",
+                          "3 tokens"), "weights length mismatch -> 400")
+        R.check(is_detail(fb([datum([1, 2, 3], [2, 3])]), 400, "target_tokens"),
+                "target length mismatch -> 400")
+        R.check(is_detail(fb([good], loss_fn="mse"), 400, "unknown loss", "mse"),
+                "unknown loss_fn -> 400")
+        R.check(is_detail(fb([good], loss_fn="ppo"), 400, "logprobs", "ppo"),
+                "ppo without logprobs -> 400")
+        R.check(is_detail(fb([datum([1, 2, 3], [2, 3, 4], logprobs=[0.0, 0.0, 0.0])],
+                             loss_fn="importance_sampling"), 400, "advantages"),
+                "importance_sampling without advantages -> 400")
+        img = {"model_input": {"chunks": [{"type": "image", "data": "AAAA", "format": "png"}]},
+               "loss_fn_inputs": {}}
+        R.check(is_detail(fb([img]), 400, "only text chunks"), "image chunk -> 400")
+        R.check(is_detail(fb([datum([1, 2], [2, 3], target_tokens={
+            "data": [1, 2, 3, 4], "dtype": "int64", "shape": [2, 2]})]), 400, "2-d"),
+            "2-D loss input -> 400")
+        R.check(is_detail(fb([datum(list(range(1, max_ctx + 2)), list(range(1, max_ctx + 2)))]), 400,
+                          "context"), "longer than the context -> 400")
+        R.check(is_detail(fb([datum([1, 2, 3], [2, 3, 4], [1.0, 1e39, 1.0])]), 400, "finite"),
+                "float32 overflow -> 400")
+        R.check(is_detail(fb([]), 400, "at least one datum"), "empty data -> 400")
+        R.check(is_detail(s.post("/api/v1/forward_backward", fwdbwd(mid, 0, [good])), 400, "seq_id"),
+                "seq_id 0 -> 400")
+        R.check(is_detail(s.post("/api/v1/forward_backward", fwdbwd(mid, 5, [good]), key=other_key),
+                          404), "other tenant's model -> 404")
+        R.check(is_detail(s.post("/api/v1/forward_backward", fwdbwd(mid + "x", 5, [good])), 404),
+                "unknown model -> 404")
+        R.check(is_detail(s.post("/api/v1/forward", {"model_id": mid, "seq_id": 5}), 400,
+                          "forward_input"), "forward without forward_input -> 400")
+
+        # ---- optim_step validation ------------------------------------------------------------
+        opt = lambda ap: s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": 6, "adam_params": ap})
+        R.check(is_detail(opt({"learning_rate": -1}), 400, "learning_rate"), "negative lr -> 400")
+        R.check(is_detail(opt({"beta1": 1.0}), 400, "beta1"), "beta1 = 1 -> 400")
+        R.check(is_detail(opt({"eps": 0}), 400, "eps"), "eps = 0 -> 400")
+        R.check(is_detail(opt({"learning_rate": "fast"}), 400, "learning_rate", "number"),
+                "lr as a string -> 400")
+
+        # ---- a valid submission, idempotency ------------------------------------------------
+        body = fwdbwd(mid, 1, [good])
+        st, f1 = s.post("/api/v1/forward_backward", body)
+        st2, f2 = s.post("/api/v1/forward_backward", body)
+        R.check(st == 200 and st2 == 200 and f1["request_id"] == f2["request_id"],
+                "forward_backward resubmission returns the same request_id")
+        R.check(s.psql(f"SELECT count(*) FROM operations WHERE model_id = '{mid}' AND seq_id = 1") == "1",
+                "one operations row for a resubmitted seq_id")
+        R.check(is_detail(s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": 1}), 400,
+                          "seq_id 1", "already used"), "seq_id reused by another kind -> 400")
+
+        # the same (model_id, seq_id) from 8 threads at once
+        ids, barrier = [], threading.Barrier(8)
+
+        def submit():
+            barrier.wait()
+            ids.append(s.post("/api/v1/forward_backward", fwdbwd(mid, 40, [good])))
+        threads = [threading.Thread(target=submit) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        R.check(len(ids) == 8 and all(st == 200 for st, _ in ids)
+                and len({b["request_id"] for _, b in ids}) == 1,
+                "concurrent resubmission: one request_id")
+        R.check(s.psql(f"SELECT count(*) FROM operations WHERE model_id = '{mid}' AND seq_id = 40") == "1",
+                "concurrent resubmission: exactly one row")
+
+        # ---- futures ---------------------------------------------------------------------------
+        R.check(is_detail(s.post("/api/v1/retrieve_future", {"request_id": f1["request_id"]},
+                                 key=other_key), 404), "another tenant's future -> 404")
+        R.check(is_detail(s.post("/api/v1/retrieve_future", {"request_id": "req-nope"}), 404),
+                "unknown future -> 404")
+        R.check(is_detail(s.post("/api/v1/retrieve_future", {}), 400, "request_id"),
+                "retrieve_future without request_id -> 400")
+        # seq 40 waits for 2..39 forever: its future stays pending
+        pending = ids[0][1]["request_id"]
+        t0 = time.time()
+        st, body = s.post("/api/v1/retrieve_future", {"request_id": pending})
+        took = time.time() - t0
+        R.check(st == 200 and body.get("type") == "try_again" and body.get("request_id") == pending
+                and 20 <= took <= 30, f"pending future long-polls, then try_again ({took:.1f} s)")
+        # a client that gives up in the middle of a long poll
+        u = urllib.parse.urlparse(s.url)
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        c.request("POST", "/api/v1/retrieve_future", json.dumps({"request_id": pending}),
+                  {"X-API-Key": s.key, "Content-Type": "application/json"})
+        time.sleep(0.5)
+        c.close()
+        time.sleep(1.5)  # past the next recheck of the abandoned request
+        R.check(s.get("/api/v1/healthz", key=None)[0] == 200, "alive after an abandoned long poll")
+
+        # ---- body limits --------------------------------------------------------------------------
+        st, body = raw_http(s.url, oversized_request("/api/v1/forward_backward", s.key, 65 << 20))
+        R.check(st == 413 and isinstance(body, dict) and "detail" in body, "65 MiB body -> 413 JSON")
+
+        api2, url2 = start_second_api(s, "--path-prefix", "/x/y/", "--max-body-mb", "1")
+        try:
+            st, body = raw_http(url2, b"GET /x/y/api/v1/healthz HTTP/1.1\r\nHost: t\r\n"
+                                      b"Connection: close\r\n\r\n")
+            R.check(st == 200 and body == {"status": "ok"}, "--path-prefix: healthz under /x/y")
+            st, body = raw_http(url2, oversized_request("/x/y/api/v1/create_session", s.key, 2 << 20))
+            R.check(st == 413 and "1 MiB" in body.get("detail", ""), "--max-body-mb 1: 2 MiB -> 413 JSON")
+            ok = json.dumps(fwdbwd(mid, 7, [good])).encode()
+            st, body = raw_http(url2, (f"POST /x/y/api/v1/forward_backward HTTP/1.1\r\nHost: t\r\n"
+                                       f"X-API-Key: {s.key}\r\nContent-Length: {len(ok)}\r\n"
+                                       f"Connection: close\r\n\r\n").encode() + ok)
+            R.check(st == 200 and "request_id" in body, "--path-prefix: submit under /x/y")
+        finally:
+            api2.terminate()
+            api2.wait()
+
+        st, body = s.get("/api/v1/healthz", key=None)
+        R.check(st == 200 and body == {"status": "ok"}, "healthz still answers after all of it")
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()

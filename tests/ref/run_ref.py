@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Drives the PyTorch reference comparison of the CPU backend (ctest: reference_torch).
+
+For each case: write a tiny random model (`loom mkmodel`, or the dump tool's own copy of
+it), let the C dump tool (tests/test_cpu_ref.c, `dump` mode) run the scenario — packed
+batch over three adapters, all five losses, two forward_backward + AdamW steps, each
+adapter alone — then recompute everything with torch_ref.py and compare.
+
+    /usr/bin/python3 tests/ref/run_ref.py --dump-bin build/test_cpu_ref [--loom-bin build/loom] --work DIR
+
+Prints the worst relative error per quantity and case, then `N passed, N failed`.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_ref  # noqa: E402
+
+# name, mkmodel arguments
+CASES = [
+    ("llama", ["--arch", "llama"]),                       # untied head
+    ("qwen3", ["--arch", "qwen3"]),                       # tied head, q/k norm, head_dim != H/heads
+    ("qwen2", ["--arch", "qwen2"]),                       # q/k/v biases
+    ("llama_rope3_bf16", ["--arch", "llama", "--rope-scaling", "llama3", "--max-pos", "128",
+                          "--dtype", "bf16", "--kv-heads", "1"]),  # llama3 RoPE, bf16 file, MQA
+]
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump-bin", required=True, help="built tests/test_cpu_ref")
+    ap.add_argument("--loom-bin", help="built loom (for `loom mkmodel`); else the dump tool's mkmodel")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--cases", default="", help="comma-separated subset")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    mk = [args.loom_bin, "mkmodel"] if args.loom_bin and os.path.exists(args.loom_bin) else [args.dump_bin, "mkmodel"]
+    passed = failed = 0
+    only = set(filter(None, args.cases.split(",")))
+    for name, mkargs in CASES:
+        if only and name not in only:
+            continue
+        case_dir = os.path.join(args.work, name)
+        shutil.rmtree(case_dir, ignore_errors=True)
+        model_dir, dump_dir = os.path.join(case_dir, "model"), os.path.join(case_dir, "dump")
+        os.makedirs(dump_dir)
+        try:
+            run(mk + mkargs + ["--out", model_dir, "--seed", "7", "--init-std", "0.1"])
+            run([args.dump_bin, "dump", "--model", model_dir, "--out", dump_dir, "--threads", args.threads])
+            rep = torch_ref.check_dump(model_dir, dump_dir, name)
+        except Exception as e:  # a crash of either side is a failure of this case, not of the run
+            print(f"FAIL {name}: {e}")
+            failed += 1
+            continue
+        print(f"== {name}")
+        for q, (worst, ok) in rep.worst.items():
+            print(f"  {q:20s} worst rel err {worst:9.2e}  {'ok' if ok else 'FAIL'}")
+            if ok:
+                passed += 1
+            else:
+                failed += 1
+        for f in rep.failures[:20]:
+            print(f"  FAIL {f}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

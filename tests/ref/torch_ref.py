@@ -1,0 +1,314 @@
+"""Independent PyTorch reference for Loom's CPU backend.
+
+Written from the Hugging Face architecture definitions (LlamaForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM) and PEFT's LoRA convention; shares no code with the C
+side. Reads safetensors with a tiny parser (json + numpy), runs every sequence on its own
+(no packing), in float64 by default so that the comparison measures the C backend's fp32
+error rather than the reference's, gets gradients from autograd and steps with
+torch.optim.AdamW + torch.nn.utils.clip_grad_norm_.
+
+    check_dump(model_dir, dump_dir) -> list of (quantity, worst_rel, ok)
+"""
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+
+LORA_ALPHA = 32.0
+
+# ---- safetensors ------------------------------------------------------------------------
+
+_NP = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I32": np.int32,
+       "I64": np.int64, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def read_safetensors(path):
+    """name -> numpy array (BF16 widened to float32)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (hlen,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + hlen])
+    base = 8 + hlen
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = data[base + b:base + e]
+        if info["dtype"] == "BF16":
+            arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(raw, _NP[info["dtype"]])
+        out[name] = arr.reshape(info["shape"])
+    return out
+
+
+def read_model_weights(model_dir):
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for fn in files:
+        out.update(read_safetensors(os.path.join(model_dir, fn)))
+    return out
+
+
+# ---- model ------------------------------------------------------------------------------
+
+class RefModel:
+    def __init__(self, model_dir, dtype=torch.float64):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        self.cfg = cfg
+        self.dtype = dtype
+        self.arch = cfg["architectures"][0]
+        assert self.arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"), self.arch
+        self.H = cfg["hidden_size"]
+        self.nq = cfg["num_attention_heads"]
+        self.nkv = cfg.get("num_key_value_heads") or self.nq
+        self.d = cfg.get("head_dim") or self.H // self.nq
+        self.L = cfg["num_hidden_layers"]
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        self.tie = cfg.get("tie_word_embeddings", False)
+        self.qk_norm = self.arch == "Qwen3ForCausalLM"
+        self.qkv_bias = self.arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
+        self.o_bias = self.arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
+        w = read_model_weights(model_dir)
+        self.W = {k: torch.tensor(v.astype(np.float64), dtype=dtype) for k, v in w.items()}
+        self.head = self.W["model.embed_tokens.weight"] if self.tie else self.W["lm_head.weight"]
+        self.inv_freq = self._inv_freq()
+
+    def _inv_freq(self):
+        # transformers' _compute_default_rope_parameters / _compute_llama3_parameters
+        base = self.cfg.get("rope_theta", 10000.0)
+        d = self.d
+        inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        rs = self.cfg.get("rope_scaling")
+        if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+            factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old = rs["original_max_position_embeddings"]
+            low_wl, high_wl = old / lo, old / hi
+            wl = 2 * math.pi / inv
+            inv_l = torch.where(wl > low_wl, inv / factor, inv)
+            smooth = (old / wl - lo) / (hi - lo)
+            smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+            medium = ~(wl < high_wl) & ~(wl > low_wl)
+            inv = torch.where(medium, smoothed, inv_l)
+        return inv.to(self.dtype)
+
+    def rmsnorm(self, x, w):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(var + self.eps))
+
+    def linear(self, x, module, lora):
+        y = x @ self.W[module + ".weight"].T
+        b = self.W.get(module + ".bias")
+        if b is not None:
+            y = y + b
+        if lora is not None and module in lora["mods"]:
+            A, B = lora["mods"][module]
+            y = y + lora["scale"] * ((x @ A.T) @ B.T)
+        return y
+
+    @staticmethod
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    def forward(self, tokens, lora=None):
+        """tokens: LongTensor [n] -> logits [n, V]. lora: {"scale", "mods": {module: (A, B)}}."""
+        n = tokens.shape[0]
+        x = self.W["model.embed_tokens.weight"][tokens]
+        pos = torch.arange(n, dtype=self.dtype)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        mask = torch.full((n, n), float("-inf"), dtype=self.dtype).triu(1)
+        rep = self.nq // self.nkv
+        for i in range(self.L):
+            p = f"model.layers.{i}."
+            res = x
+            h = self.rmsnorm(x, self.W[p + "input_layernorm.weight"])
+            q = self.linear(h, p + "self_attn.q_proj", lora).view(n, self.nq, self.d)
+            k = self.linear(h, p + "self_attn.k_proj", lora).view(n, self.nkv, self.d)
+            v = self.linear(h, p + "self_attn.v_proj", lora).view(n, self.nkv, self.d)
+            if self.qk_norm:
+                q = self.rmsnorm(q, self.W[p + "self_attn.q_norm.weight"])
+                k = self.rmsnorm(k, self.W[p + "self_attn.k_norm.weight"])
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, n, d]
+            q = q * cos + self.rotate_half(q) * sin
+            k = k * cos + self.rotate_half(k) * sin
+            k = k.repeat_interleave(rep, dim=0)  # HF repeat_kv: kv head g serves q heads g*rep..
+            v = v.repeat_interleave(rep, dim=0)
+            s = (q @ k.transpose(1, 2)) / math.sqrt(self.d) + mask
+            a = torch.softmax(s, dim=-1) @ v  # [nq, n, d]
+            a = a.transpose(0, 1).reshape(n, self.nq * self.d)
+            x = res + self.linear(a, p + "self_attn.o_proj", lora)
+            res = x
+            h = self.rmsnorm(x, self.W[p + "post_attention_layernorm.weight"])
+            g = self.linear(h, p + "mlp.gate_proj", lora)
+            u = self.linear(h, p + "mlp.up_proj", lora)
+            x = res + self.linear(torch.nn.functional.silu(g) * u, p + "mlp.down_proj", lora)
+        x = self.rmsnorm(x, self.W["model.norm.weight"])
+        logits = x @ self.head.T
+        if lora is not None and "model.unembed_tokens" in lora["mods"]:
+            A, B = lora["mods"]["model.unembed_tokens"]
+            logits = logits + lora["scale"] * ((x @ A.T) @ B.T)
+        return logits
+
+
+# ---- losses (spec §8) -------------------------------------------------------------------
+
+def token_losses(kind, lp, weights, q, adv, clip_low, clip_high, beta):
+    if kind == "cross_entropy":
+        return -lp * weights
+    live = adv != 0
+    # Positions with A == 0 are padding: q there may be -1000 (ratio inf). Give them a
+    # harmless q so that no inf reaches autograd, then zero their loss.
+    q_safe = torch.where(live, q, lp.detach())
+    ratio = torch.exp(lp - q_safe)
+    if kind == "importance_sampling":
+        loss = -(ratio * adv)
+    elif kind == "ppo":
+        loss = -torch.minimum(ratio * adv, torch.clamp(ratio, clip_low, clip_high) * adv)
+    elif kind == "cispo":
+        loss = -(torch.clamp(ratio, clip_low, clip_high).detach() * lp * adv)
+    elif kind == "dro":
+        loss = -(lp * adv - 0.5 * beta * (lp - q_safe) ** 2)
+    else:
+        raise ValueError(kind)
+    return torch.where(live, loss, torch.zeros_like(loss))
+
+
+# ---- comparison -------------------------------------------------------------------------
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class Report:
+    def __init__(self, label):
+        self.label = label
+        self.worst = {}   # quantity -> (worst scaled rel error, ok)
+        self.failures = []
+
+    def compare(self, quantity, name, got, ref, rtol=RTOL, atol=ATOL):
+        """|got - ref| <= rtol*|ref| + atol*max|ref| elementwise; tracks the worst
+        relative error |got - ref| / max(|ref|, 0.1*max|ref|) per quantity."""
+        got = np.asarray(got, dtype=np.float64).reshape(-1)
+        ref = np.asarray(ref, dtype=np.float64).reshape(-1)
+        if got.shape != ref.shape:
+            self.failures.append(f"{quantity} {name}: shape {got.shape} vs {ref.shape}")
+            self.worst[quantity] = (float("inf"), False)
+            return
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        diff = np.abs(got - ref)
+        ok = bool(np.all(np.isfinite(got))) and bool(np.all(diff <= rtol * np.abs(ref) + atol * scale))
+        rel = float(np.max(diff / np.maximum(np.abs(ref), max(0.1 * scale, 1e-30)))) if ref.size else 0.0
+        if not np.all(np.isfinite(got)):
+            rel = float("inf")
+        prev = self.worst.get(quantity, (0.0, True))
+        self.worst[quantity] = (max(prev[0], rel), prev[1] and ok)
+        if not ok:
+            i = int(np.argmax(diff - rtol * np.abs(ref)))
+            self.failures.append(f"{quantity} {name}: worst at {i}: got {got[i]:.9g} ref {ref[i]:.9g} "
+                                 f"(max|ref| {scale:.3g})")
+
+
+def _seq_inputs(D, i):
+    g = lambda k: D[f"in.seq{i}.{k}"]
+    return (torch.tensor(g("tokens").astype(np.int64)), torch.tensor(g("targets").astype(np.int64)),
+            torch.tensor(g("weights").astype(np.float64)), torch.tensor(g("sampler_logprobs").astype(np.float64)),
+            torch.tensor(g("advantages").astype(np.float64)))
+
+
+def check_dump(model_dir, dump_dir, label, dtype=torch.float64):
+    with open(os.path.join(dump_dir, "case.json")) as f:
+        case = json.load(f)
+    D = read_safetensors(os.path.join(dump_dir, "dump.safetensors"))
+    model = RefModel(model_dir, dtype)
+    rep = Report(label)
+    nad = len(case["adapters"])
+
+    # adapters: PEFT names -> leaf tensors
+    params, loras = [], []
+    for a, ad in enumerate(case["adapters"]):
+        prefix = f"init.ad{a}.param."
+        names = sorted(k[len(prefix):] for k in D if k.startswith(prefix))
+        P = {n: torch.tensor(D[prefix + n].astype(np.float64), dtype=dtype, requires_grad=True) for n in names}
+        mods = {}
+        for n in names:
+            if n.endswith(".lora_A.weight"):
+                mod = n[len("base_model.model."):-len(".lora_A.weight")]
+                mods[mod] = (P[n], P[n.replace("lora_A", "lora_B")])
+        params.append(P)
+        loras.append({"scale": LORA_ALPHA / ad["rank"], "mods": mods})
+    opts = [torch.optim.AdamW(list(params[a].values()), lr=case["adam"][a]["lr"],
+                              betas=(case["adam"][a]["beta1"], case["adam"][a]["beta2"]),
+                              eps=case["adam"][a]["eps"], weight_decay=case["adam"][a]["weight_decay"])
+            for a in range(nad)]
+
+    ref_step0_lp = {}
+    for step in range(case["steps"]):
+        for P in params:
+            for t in P.values():
+                t.grad = None
+        total = torch.zeros((), dtype=dtype)
+        for i, s in enumerate(case["seqs"]):
+            tok, tgt, w, q, adv = _seq_inputs(D, i)
+            lora = loras[s["adapter"]] if s["adapter"] >= 0 else None
+            logits = model.forward(tok, lora)
+            lp = torch.log_softmax(logits, dim=-1).gather(1, tgt[:, None])[:, 0]
+            if not s["has_weights"]:
+                w = torch.ones_like(w)
+            loss = token_losses(s["loss"], lp, w, q, adv, s["clip_low"], s["clip_high"], s["beta"])
+            rep.compare("logprobs", f"step{step}.seq{i}", D[f"step{step}.seq{i}.logprobs"], lp.detach())
+            rep.compare("elementwise_loss", f"step{step}.seq{i}", D[f"step{step}.seq{i}.loss"], loss.detach())
+            if step == 0:
+                ref_step0_lp[i] = (lp.detach(), loss.detach())
+            if s["adapter"] >= 0 and not s["forward_only"]:
+                total = total + loss.sum()
+        got_sum = sum(float(np.sum(D[f"step{step}.seq{i}.loss"], dtype=np.float64))
+                      for i, s in enumerate(case["seqs"]) if s["adapter"] >= 0 and not s["forward_only"])
+        rep.compare("loss_sum", f"step{step}", [got_sum], [float(total)])
+        total.backward()
+        for a in range(nad):
+            for n, t in params[a].items():
+                rep.compare("grads", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.grad.{n}"], t.grad)
+        # optimizer, per adapter: clip to the same max norm the C side used, then AdamW
+        for a in range(nad):
+            before = {n: t.detach().clone() for n, t in params[a].items()}
+            clip = float(D[f"step{step}.ad{a}.grad_clip_norm"][0])
+            ps = list(params[a].values())
+            norm = math.sqrt(sum(float((t.grad.double() ** 2).sum()) for t in ps))
+            rep.compare("grad_norm", f"step{step}.ad{a}", D[f"step{step}.ad{a}.grad_norm"], [norm])
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(ps, clip)
+            for g in opts[a].param_groups:
+                g["lr"] = case["adam"][a]["lr"] * (case["lr_factor_step1"] if step == 1 else 1.0)
+            opts[a].step()
+            for n, t in params[a].items():
+                got = D[f"step{step}.ad{a}.param.{n}"]
+                prev = D[f"init.ad{a}.param.{n}"] if step == 0 else D[f"step{step - 1}.ad{a}.param.{n}"]
+                rep.compare("params_after_adamw", f"step{step}.ad{a}.{n}", got, t.detach())
+                # the update itself, to catch errors far below the parameters' magnitude
+                rep.compare("adamw_update", f"step{step}.ad{a}.{n}", got.astype(np.float64) - prev,
+                            (t.detach() - before[n]).numpy(), rtol=1e-3, atol=1e-3)
+
+    # each adapter alone (C) vs packed (C) and vs the reference: only the summation order
+    # of the GEMMs differs, so the reference tolerance applies
+    for i, s in enumerate(case["seqs"]):
+        if f"solo.seq{i}.logprobs" in D:
+            rep.compare("solo_vs_packed", f"seq{i}.logprobs", D[f"solo.seq{i}.logprobs"],
+                        D[f"step0.seq{i}.logprobs"])
+            rep.compare("solo_vs_ref", f"seq{i}.logprobs", D[f"solo.seq{i}.logprobs"], ref_step0_lp[i][0])
+    for a in range(nad):
+        for n in params[a]:
+            key = f"solo.ad{a}.grad.{n}"
+            if key in D:
+                rep.compare("solo_vs_packed", f"ad{a}.{n}", D[key], D[f"step0.ad{a}.grad.{n}"])
+    return rep
