@@ -8,15 +8,14 @@
  * back cannot write. A heartbeat thread keeps the executor row and the cycle's lease
  * fresh while the (possibly long) compute runs. */
 #include "gpu/executor.h"
-#include "gpu/backend.h"
-#include "gpu/lora.h"
-#include "gpu/model.h"
+#include "gpu/exe_internal.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
 #include <jansson.h>
 #include <math.h>
 #include <float.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,43 +24,17 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct {
-    char id[256];
-    adapter *ad;
-} model_slot;
-
-typedef struct {
-    const exe_backend *be;
-    void *ctx;
-    base_model *model;
-    int vocab;
-    model_slot *slots;
-    int nslots, cap;
-} exe_state;
-
-typedef struct {
-    int64_t id;
-    char request_id[80];
-    char model_id[256];
-    char kind[32];
-    json_t *payload;
-    lora_config lcfg;
-    /* outcome */
-    json_t *result;
-    char error[512];
-    const char *category;   /* NULL = success */
-} exe_op;
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 
-static adapter *slot_find(exe_state *st, const char *id) {
+adapter *exe_slot_find(exe_state *st, const char *id) {
     for (int i = 0; i < st->nslots; i++)
         if (!strcmp(st->slots[i].id, id)) return st->slots[i].ad;
     return NULL;
 }
 
-static void slot_put(exe_state *st, const char *id, adapter *ad) {
+void exe_slot_put(exe_state *st, const char *id, adapter *ad) {
     if (st->nslots == st->cap) {
         st->cap = st->cap ? 2 * st->cap : 16;
         st->slots = realloc(st->slots, st->cap * sizeof *st->slots);
@@ -70,202 +43,13 @@ static void slot_put(exe_state *st, const char *id, adapter *ad) {
     st->slots[st->nslots++].ad = ad;
 }
 
-static void op_fail(exe_op *op, const char *category, const char *fmt, ...) {
+void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(op->error, sizeof op->error, fmt, ap);
     va_end(ap);
     op->category = category;
     if (op->result) { json_decref(op->result); op->result = NULL; }
-}
-
-/* ---- forward / forward_backward ------------------------------------------------- */
-
-typedef struct {
-    exe_op *op;
-    int first_seq, nseq;     /* the op's datums in the packed batch */
-} fb_span;
-
-static bool parse_loss(const char *name, json_t *cfg, loss_spec *out) {
-    static const struct { const char *name; loss_kind kind; } names[] = {
-        {"cross_entropy", LOSS_CROSS_ENTROPY}, {"importance_sampling", LOSS_IMPORTANCE_SAMPLING},
-        {"ppo", LOSS_PPO}, {"cispo", LOSS_CISPO}, {"dro", LOSS_DRO}};
-    out->clip_low = 0.8; out->clip_high = 1.2; out->beta = 0.05;   /* spec §8 defaults */
-    bool found = false;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(name, names[i].name)) { out->kind = names[i].kind; found = true; }
-    json_t *v;
-    if ((v = json_object_get(cfg, "clip_low_threshold")) && json_is_number(v)) out->clip_low = json_number_value(v);
-    if ((v = json_object_get(cfg, "clip_high_threshold")) && json_is_number(v)) out->clip_high = json_number_value(v);
-    if ((v = json_object_get(cfg, "beta")) && json_is_number(v)) out->beta = json_number_value(v);
-    return found;
-}
-
-/* Copies a JSON number array of length n into a new buffer; NULL if absent. */
-static float *f32_array(json_t *a, int n) {
-    if (!json_is_array(a) || (int)json_array_size(a) != n) return NULL;
-    float *o = malloc((n ? n : 1) * sizeof *o);
-    for (int i = 0; i < n; i++) o[i] = (float)json_number_value(json_array_get(a, i));
-    return o;
-}
-
-static int32_t *i32_array(json_t *a, int n) {
-    if (!json_is_array(a) || (int)json_array_size(a) != n) return NULL;
-    int32_t *o = malloc((n ? n : 1) * sizeof *o);
-    for (int i = 0; i < n; i++) o[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return o;
-}
-
-static json_t *tensor_json(const float *x, int n) {
-    json_t *data = json_array();
-    for (int i = 0; i < n; i++) {
-        double v = x[i];
-        if (isnan(v)) v = 0;          /* guarded below: a NaN fails the op */
-        if (isinf(v)) v = v < 0 ? -FLT_MAX : FLT_MAX;
-        json_array_append_new(data, json_real(v));
-    }
-    return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
-}
-
-static void free_seq(exe_seq *s) {
-    free((void *)s->tokens); free((void *)s->targets); free((void *)s->weights);
-    free((void *)s->sampler_logprobs); free((void *)s->advantages);
-    free(s->logprobs_out); free(s->loss_out);
-}
-
-/* Packs every datum of the given ops into one batch, runs it, and writes results. */
-static void run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
-    if (nops == 0) return;
-    int cap = 0;
-    for (int i = 0; i < nops; i++) cap += (int)json_array_size(json_object_get(ops[i]->payload, "data"));
-    exe_seq *seqs = calloc(cap ? cap : 1, sizeof *seqs);
-    fb_span *spans = calloc(nops, sizeof *spans);
-    int ns = 0, nspan = 0;
-    for (int i = 0; i < nops; i++) {
-        exe_op *op = ops[i];
-        adapter *ad = slot_find(st, op->model_id);
-        if (!ad) {
-            op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                    "create a new model or load a checkpoint");
-            continue;
-        }
-        loss_spec ls;
-        json_t *p = op->payload;
-        const char *lname = json_string_value(json_object_get(p, "loss_fn"));
-        if (!lname || !parse_loss(lname, json_object_get(p, "loss_fn_config"), &ls)) {
-            op_fail(op, "user", "unknown loss_fn '%s'", lname ? lname : "(none)");
-            continue;
-        }
-        json_t *data = json_object_get(p, "data");
-        int start = ns;
-        bool bad = false;
-        for (size_t d = 0; d < json_array_size(data) && !bad; d++) {
-            json_t *dj = json_array_get(data, d);
-            int n = (int)json_array_size(json_object_get(dj, "tokens"));
-            exe_seq *s = &seqs[ns++];
-            s->ad = ad;
-            s->loss = ls;
-            s->n = n;
-            s->tokens = i32_array(json_object_get(dj, "tokens"), n);
-            s->targets = i32_array(json_object_get(dj, "target_tokens"), n);
-            s->weights = f32_array(json_object_get(dj, "weights"), n);
-            s->sampler_logprobs = f32_array(json_object_get(dj, "logprobs"), n);
-            s->advantages = f32_array(json_object_get(dj, "advantages"), n);
-            s->logprobs_out = calloc(n ? n : 1, sizeof(float));
-            s->loss_out = calloc(n ? n : 1, sizeof(float));
-            if (!s->tokens || !s->targets) bad = true;
-            if (ls.kind != LOSS_CROSS_ENTROPY && (!s->sampler_logprobs || !s->advantages)) bad = true;
-            for (int t = 0; t < n && !bad; t++)
-                if (s->tokens[t] < 0 || s->tokens[t] >= st->vocab || s->targets[t] < 0 || s->targets[t] >= st->vocab)
-                    bad = true;
-        }
-        if (bad) {
-            for (int k = start; k < ns; k++) free_seq(&seqs[k]);
-            memset(&seqs[start], 0, (ns - start) * sizeof *seqs);
-            ns = start;
-            op_fail(op, "user", "malformed datum: missing or out-of-range loss inputs for %s", lname);
-            continue;
-        }
-        spans[nspan++] = (fb_span){op, start, ns - start};
-    }
-    if (ns > 0) {
-        char err[512] = "";
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int rc = st->be->forward_backward(st->ctx, seqs, ns, backward, err, sizeof err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        long tokens = 0;
-        for (int k = 0; k < ns; k++) tokens += seqs[k].n;
-        double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        log_info("%s: %d sequences, %ld tokens in %.3f s (%.0f tok/s)", backward ? "forward_backward" : "forward",
-                 ns, tokens, secs, secs > 0 ? tokens / secs : 0.0);
-        for (int i = 0; i < nspan; i++) {
-            exe_op *op = spans[i].op;
-            if (rc < 0) { op_fail(op, "server", "backend error: %s", err); continue; }
-            json_t *outs = json_array();
-            double loss_sum = 0;
-            bool nonfinite = false;
-            for (int k = spans[i].first_seq; k < spans[i].first_seq + spans[i].nseq; k++) {
-                exe_seq *s = &seqs[k];
-                for (int t = 0; t < s->n; t++) {
-                    loss_sum += s->loss_out[t];
-                    if (isnan(s->loss_out[t]) || isnan(s->logprobs_out[t])) nonfinite = true;
-                }
-                json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n),
-                                                      "elementwise_loss", tensor_json(s->loss_out, s->n)));
-            }
-            if (nonfinite) {
-                json_decref(outs);
-                op_fail(op, "user", "the loss is not a number (NaN): check loss inputs (e.g. huge advantages or "
-                        "sampler logprobs far from the model's)");
-                continue;
-            }
-            op->result = json_pack("{s:s, s:o, s:{s:f}}", "loss_fn_output_type", "ArrayRecord",
-                                   "loss_fn_outputs", outs, "metrics", "loss:sum", loss_sum);
-        }
-    }
-    for (int k = 0; k < ns; k++) free_seq(&seqs[k]);
-    free(seqs);
-    free(spans);
-}
-
-/* ---- the cycle -------------------------------------------------------------------- */
-
-static void run_create(exe_state *st, exe_op *op) {
-    if (!slot_find(st, op->model_id)) {
-        char err[512] = "";
-        adapter *ad = adapter_create(st->model, &op->lcfg, err, sizeof err);
-        if (!ad) { op_fail(op, "user", "cannot create LoRA adapter: %s", err); return; }
-        slot_put(st, op->model_id, ad);
-    }
-    op->result = json_pack("{s:s, s:s}", "model_id", op->model_id, "type", "create_model");
-}
-
-static void run_optim(exe_state *st, exe_op *op) {
-    adapter *ad = slot_find(st, op->model_id);
-    if (!ad) {
-        op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                "create a new model or load a checkpoint");
-        return;
-    }
-    json_t *ap = json_object_get(op->payload, "adam_params");
-    adam_params p = {
-        .learning_rate = json_number_value(json_object_get(ap, "learning_rate")),
-        .beta1 = json_number_value(json_object_get(ap, "beta1")),
-        .beta2 = json_number_value(json_object_get(ap, "beta2")),
-        .eps = json_number_value(json_object_get(ap, "eps")),
-        .weight_decay = json_number_value(json_object_get(ap, "weight_decay")),
-        .grad_clip_norm = json_number_value(json_object_get(ap, "grad_clip_norm")),
-    };
-    double gnorm = 0;
-    char err[512] = "";
-    if (st->be->optim_step(st->ctx, ad, &p, &gnorm, err, sizeof err) < 0) {
-        op_fail(op, "server", "optimizer step failed: %s", err);
-        return;
-    }
-    op->result = json_pack("{s:{s:f, s:f, s:I}, s:s}", "metrics", "grad_norm:mean", isfinite(gnorm) ? gnorm : -1.0,
-                           "learning_rate:mean", p.learning_rate, "step:max", (json_int_t)adapter_step(ad),
-                           "type", "optim_step");
 }
 
 static int commit_cycle(PGconn *c, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
@@ -334,7 +118,7 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         op->lcfg = (lora_config){.rank = (int)db_int(r, i, 5), .seed = (uint64_t)db_int(r, i, 6),
                                  .train_attn = db_bool(r, i, 7), .train_mlp = db_bool(r, i, 8),
                                  .train_unembed = db_bool(r, i, 9)};
-        if (!op->payload) op_fail(op, "server", "stored payload is not JSON: %s", je.text);
+        if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
 
@@ -344,17 +128,17 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category) continue;
-        if (!strcmp(op->kind, "create_model")) run_create(st, op);
+        if (!strcmp(op->kind, "create_model")) exe_run_create(st, op);
         else if (!strcmp(op->kind, "forward_backward")) fb[nfb++] = op;
         else if (!strcmp(op->kind, "forward")) fwd[nfwd++] = op;
     }
-    run_fb_batch(st, fb, nfb, true);
-    run_fb_batch(st, fwd, nfwd, false);
+    exe_run_fb_batch(st, fb, nfb, true);
+    exe_run_fb_batch(st, fwd, nfwd, false);
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
-        if (!strcmp(op->kind, "optim_step")) run_optim(st, op);
-        else op_fail(op, "user", "operation '%s' is not implemented yet in this Loom version", op->kind);
+        if (!strcmp(op->kind, "optim_step")) exe_run_optim(st, op);
+        else exe_op_fail(op, "user", "operation '%s' is not implemented yet in this Loom version", op->kind);
     }
     free(fb);
     free(fwd);
