@@ -71,28 +71,29 @@ void sb_printf(strbuf *b, const char *fmt, ...) {
 
 void sb_int(strbuf *b, int64_t v) {
     char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)v);
-    sb_append(b, tmp, (size_t)n);
+    char *end = tmp + sizeof tmp, *p = end;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) *--p = '-';
+    sb_append(b, p, (size_t)(end - p));
 }
 
-/* "%.<lo>g" when that reads back as the same value (short text for 0, 1, 0.5, 1e-4, ...),
- * else "%.<hi>g", which always does. */
-static int round_trip(char *tmp, size_t n, double v, bool as_float, int lo, int hi) {
-    int len = snprintf(tmp, n, "%.*g", lo, v);
-    double back = strtod(tmp, NULL);
-    if (as_float ? (float)back == (float)v : back == v) return len;
-    return snprintf(tmp, n, "%.*g", hi, v);
-}
-
+/* The short form when it reads back as the same value (0, 1, 0.5, 0.1, 1e-4, ...), else
+ * the long one, which always does. Literal formats: glibc's "%.*g" takes a slow path. */
 void sb_float(strbuf *b, float v) {
     char tmp[40];
-    int n = round_trip(tmp, sizeof tmp, (double)v, true, 6, 9);
+    int n = snprintf(tmp, sizeof tmp, "%.6g", (double)v);
+    if ((float)strtod(tmp, NULL) != v) n = snprintf(tmp, sizeof tmp, "%.9g", (double)v);
     sb_append(b, tmp, (size_t)n);
 }
 
 void sb_double(strbuf *b, double v) {
     char tmp[40];
-    int n = round_trip(tmp, sizeof tmp, v, false, 15, 17);
+    int n = snprintf(tmp, sizeof tmp, "%.15g", v);
+    if (strtod(tmp, NULL) != v) n = snprintf(tmp, sizeof tmp, "%.17g", v);
     sb_append(b, tmp, (size_t)n);
 }
 

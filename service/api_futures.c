@@ -3,6 +3,7 @@
  * queued/claimed -> the job is parked by its event loop (http_server.c), which sends it
  * back here on a NOTIFY loom_op_done or after 1 s, and answers try_again after 25 s. */
 #include "common/db.h"
+#include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_call.h"
 #include "service/api_json.h"
@@ -15,6 +16,20 @@ static int reply_failed(api_call *c, const char *error, const char *category) {
                       strcmp(category, "unknown")))
         category = "server";
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "error", error, "category", category));
+}
+
+/* try_again is the answer the loop sends if the deadline passes while parked. */
+static int reply_pending(api_call *c) {
+    strbuf b;
+    sb_init(&b, 128);
+    sb_puts(&b, "{\"type\": \"try_again\", \"request_id\": ");
+    sb_json_str(&b, c->job->request_id);
+    sb_puts(&b, ", \"queue_state\": \"active\"}");
+    size_t len;
+    char *text = sb_steal(&b, &len);
+    api_reply_take(c, 200, text, len);
+    c->job->park = true;
+    return 0;
 }
 
 int api_h_retrieve_future(api_call *c) {
@@ -32,6 +47,11 @@ int api_h_retrieve_future(api_call *c) {
     snprintf(tid, sizeof tid, "%lld", (long long)job->tenant_id);
     const char *p[2] = {job->request_id, tid};
     PGresult *r = db_query(c->db, SQL_FUTURE_GET, 2, p, c->err, sizeof c->err);
+    if (!r && job->recheck) {
+        /* A long poll in progress outlives a database hiccup: keep waiting. */
+        log_warn("retrieve_future %s: database error, still waiting: %s", job->request_id, c->err);
+        return reply_pending(c);
+    }
     if (!r) return api_db_error(c, "retrieve_future", c->err);
     if (PQntuples(r) == 0) {
         PQclear(r);
@@ -47,16 +67,7 @@ int api_h_retrieve_future(api_call *c) {
         if (!error) error = !strcmp(state, "canceled") ? "operation was canceled" : "operation failed";
         reply_failed(c, error, cat);
     } else {
-        /* queued or claimed: the loop parks the request; resp is its answer at the deadline */
-        strbuf b;
-        sb_init(&b, 128);
-        sb_puts(&b, "{\"type\": \"try_again\", \"request_id\": ");
-        sb_json_str(&b, job->request_id);
-        sb_puts(&b, ", \"queue_state\": \"active\"}");
-        size_t len;
-        char *text = sb_steal(&b, &len);
-        api_reply_take(c, 200, text, len);
-        job->park = true;
+        reply_pending(c); /* queued or claimed: the loop parks the request */
     }
     PQclear(r);
     return 0;

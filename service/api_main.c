@@ -8,6 +8,7 @@
 #include "service/api_sql.h"
 #include "service/http_server.h"
 #include <getopt.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,8 @@ int api_main(int argc, char **argv) {
     hc.max_body = (size_t)max_body_mb << 20;
     if (!workers) workers = hc.nthreads * 2 < 4 ? 4 : hc.nthreads * 2;
 
+    /* jansson seeds its hash function on first use; do it before any thread exists. */
+    json_object_seed(0);
     /* A client that disconnects mid-write must not kill the process. */
     signal(SIGPIPE, SIG_IGN);
     char err[1024];

@@ -84,8 +84,9 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
         int inserted = PQntuples(r) > 0;
         PQclear(r);
         if (inserted) {
-            if (db_exec(db, SQL_MODEL_TOUCH, 1, mp, err, errlen) < 0 ||
-                db_exec(db, SQL_OP_NOTIFY_QUEUED, 0, NULL, err, errlen) < 0 ||
+            /* models.last_request_at is left alone: the scheduler orders models by it as
+             * "last served" and sets it itself. */
+            if (db_exec(db, SQL_OP_NOTIFY_QUEUED, 0, NULL, err, errlen) < 0 ||
                 db_commit(db, err, errlen) < 0)
                 goto fail;
             snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);

@@ -62,6 +62,13 @@ static void run_job(worker *w, api_job *job) {
     if (!(r->flags & ROUTE_NO_AUTH) && !job->recheck) {
         int rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
                               c.err, sizeof c.err);
+        /* The first statement on a connection the server dropped (restart, idle timeout)
+         * fails; auth only reads, so reconnect and try once more. */
+        if (rc < 0 && PQstatus(w->db) == CONNECTION_BAD && ensure_db(w)) {
+            c.db = w->db;
+            rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
+                              c.err, sizeof c.err);
+        }
         if (rc < 0) {
             api_db_error(&c, "authentication", c.err);
             return;
@@ -73,6 +80,8 @@ static void run_job(worker *w, api_job *job) {
     }
     if (!(r->flags & ROUTE_RAW_BODY) && !job->recheck) {
         c.body = jx_parse_body(job->body, job->body_len, c.err, sizeof c.err);
+        free(job->body); /* parsed: the text is not needed again (bodies reach 64 MiB) */
+        job->body = NULL;
         if (!c.body) {
             api_error(&c, 400, "%s", c.err);
             return;
@@ -80,7 +89,8 @@ static void run_job(worker *w, api_job *job) {
     }
     r->run(&c);
     json_decref(c.body);
-    if (PQtransactionStatus(w->db) != PQTRANS_IDLE) {
+    PGTransactionStatusType ts = PQtransactionStatus(w->db);
+    if (ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR) {
         log_error("%s left a transaction open; rolled back", r->path);
         db_rollback(w->db);
     }

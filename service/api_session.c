@@ -35,7 +35,7 @@ int api_h_create_session(api_call *c) {
     char id[37], tid[24];
     new_session_id(id);
     snprintf(tid, sizeof tid, "%lld", (long long)c->tenant_id);
-    char *tags_json = json_dumps(tags ? tags : json_array(), JSON_COMPACT);
+    char *tags_json = tags ? json_dumps(tags, JSON_COMPACT) : strdup("[]");
     char *meta_json = meta ? json_dumps(meta, JSON_COMPACT) : NULL;
     const char *p[6] = {id, tid, tags_json, meta_json, sdk, project};
     int rc = db_exec(c->db, SQL_SESSION_CREATE, 6, p, c->err, sizeof c->err);

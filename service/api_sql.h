@@ -55,7 +55,6 @@
 #define SQL_MODEL_LOCK "SELECT 1 FROM models WHERE id = $1 FOR UPDATE"
 #define SQL_MODEL_NEXT_SEQ                                                                  \
     "SELECT COALESCE(max(seq_id), 0) + 1 FROM operations WHERE model_id = $1"
-#define SQL_MODEL_TOUCH "UPDATE models SET last_request_at = now() WHERE id = $1"
 
 /* ---- operations (queue + futures) ---------------------------------------------------- */
 /* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 payload, $7 n_tokens */

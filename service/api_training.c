@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MODEL_ID_MAX 400
 
@@ -23,6 +24,12 @@ static int reply_future(api_call *c, const char *request_id, const char *model_i
 }
 
 static void fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* ---- create_model (§7.1) ------------------------------------------------------------ */
 
@@ -206,7 +213,12 @@ int api_h_get_info(api_call *c) {
 static int submit_fwd(api_call *c, bool forward_only) {
     const char *route = forward_only ? "forward" : "forward_backward";
     fb_request q;
-    if (fb_decode_json(c->body, forward_only, &q, c->err, sizeof c->err) < 0) {
+    double t0 = now_s();
+    int rc = fb_decode_json(c->body, forward_only, &q, c->err, sizeof c->err);
+    /* q owns copies of everything; drop the JSON tree now, it is the largest thing held */
+    json_decref(c->body);
+    c->body = NULL;
+    if (rc < 0) {
         fb_request_free(&q);
         return api_error(c, 400, "%s", c->err);
     }
@@ -217,14 +229,19 @@ static int submit_fwd(api_call *c, bool forward_only) {
         fb_request_free(&q);
         return st < 0 ? api_db_error(c, route, c->err) : api_error(c, st, "%s", c->err);
     }
+    double t1 = now_s();
     size_t plen;
     char *payload = fb_payload_json(&q, &plen);
+    double t2 = now_s();
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = q.model_id, .kind = route,
                        .has_seq_id = q.has_seq_id, .seq_id = q.seq_id, .payload = payload,
                        .n_tokens = fb_total_tokens(&q)};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     free(payload);
+    log_debug("%s: %zu datums, %lld tokens, %zu bytes in, payload %zu bytes: decode+validate "
+              "%.3f s, payload %.3f s, insert %.3f s", route, q.n_data, (long long)s.n_tokens,
+              c->job->body_len, plen, t1 - t0, t2 - t1, now_s() - t2);
     if (st == 0) reply_future(c, request_id, q.model_id);
     else if (st < 0) api_db_error(c, route, c->err);
     else api_error(c, st, "%s", c->err);
@@ -247,12 +264,12 @@ typedef struct {
 } adam_field;
 
 static const adam_field adam_fields[] = {
-    {"learning_rate", 1e-4, 0, false, NAN, "must be >= 0"},
+    {"learning_rate", 1e-4, 0, false, NAN, "must be >= 0 and < 1e18"},
     {"beta1", 0.9, 0, false, 1, "must be in [0, 1)"},
     {"beta2", 0.95, 0, false, 1, "must be in [0, 1)"},
-    {"eps", 1e-12, 0, true, NAN, "must be > 0"},
-    {"weight_decay", 0.0, 0, false, NAN, "must be >= 0"},
-    {"grad_clip_norm", 0.0, 0, false, NAN, "must be >= 0 (0 = no clipping)"},
+    {"eps", 1e-12, 0, true, NAN, "must be > 0 and < 1e18"},
+    {"weight_decay", 0.0, 0, false, NAN, "must be >= 0 and < 1e18"},
+    {"grad_clip_norm", 0.0, 0, false, NAN, "must be >= 0 and < 1e18 (0 = no clipping)"},
 };
 #define N_ADAM (sizeof adam_fields / sizeof adam_fields[0])
 
@@ -276,7 +293,7 @@ int api_h_optim_step(api_call *c) {
             json_decref(empty);
             return api_error(c, 400, "%s", c->err);
         }
-        bool ok = f->lo_open ? v[i] > f->lo : v[i] >= f->lo;
+        bool ok = (f->lo_open ? v[i] > f->lo : v[i] >= f->lo) && v[i] < 1e18;
         if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
         if (!ok) {
             json_decref(empty);

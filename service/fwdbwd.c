@@ -14,6 +14,9 @@ const char *const fb_loss_names[FB_N_LOSSES] = {"cross_entropy", "importance_sam
                                                 "cispo", "dro"};
 
 #define BIT(i) (1u << (i))
+/* Numbers written to the payload stay below 1e18 in magnitude: jsonb prints large
+ * integral values as plain digits, which must still read back (int64) in the executor. */
+#define FB_MAX_ABS 1e18
 #define RL_INPUTS (BIT(FB_TARGET_TOKENS) | BIT(FB_LOGPROBS) | BIT(FB_ADVANTAGES))
 
 int fb_loss_from_name(const char *name) {
@@ -118,9 +121,9 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
                 return -1;
             }
             float f = (float)json_number_value(e);
-            if (!isfinite(f)) {
-                snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32", where, name,
-                         k, json_number_value(e));
+            if (!isfinite(f) || fabsf(f) >= FB_MAX_ABS) {
+                snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32 below 1e18 in "
+                                      "magnitude", where, name, k, json_number_value(e));
                 return -1;
             }
             out->f[k] = f;
@@ -250,9 +253,14 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
         json_t *v;
         json_object_foreach(config, key, v) {
             if (json_is_null(v)) continue;
-            if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+            if (!json_is_number(v)) {
                 snprintf(err, errlen, "%s.loss_fn_config.%.64s: expected a number, got %s", in_key,
                          key, jx_type_name(v));
+                return -1;
+            }
+            if (!(fabs(json_number_value(v)) < FB_MAX_ABS)) {
+                snprintf(err, errlen, "%s.loss_fn_config.%.64s: %g is out of range (|x| < 1e18)",
+                         in_key, key, json_number_value(v));
                 return -1;
             }
             out->config[out->n_config].key = xstrdup(key);
