@@ -206,8 +206,10 @@ int up_main(int argc, char **argv) {
         model_name = slash && slash[1] ? slash + 1 : model_dir;
     }
 
+    char blob_dir[PATH_MAX];
+    snprintf(blob_dir, sizeof blob_dir, "%s/blobs", data_dir);
     char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
-                        (char *)model_name, "--threads", (char *)threads, NULL};
+                        (char *)model_name, "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
     char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, NULL};
     char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
                         "--threads", (char *)api_threads, "--secret-file", secret_path, NULL};

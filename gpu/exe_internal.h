@@ -9,22 +9,25 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <libpq-fe.h>
 
 typedef struct {
     char id[256];
     adapter *ad;
 } model_slot;
 
-typedef struct {
+typedef struct exe_state_ {
     const exe_backend *be;
     void *ctx;
     base_model *model;
     int vocab;
     model_slot *slots;
     int nslots, cap;
+    struct blobstore *blobs;   /* registry blob store (checkpoints), NULL if not configured */
+    int64_t executor_id;
 } exe_state;
 
-typedef struct {
+typedef struct exe_op_ {
     int64_t id;
     char request_id[80];
     char model_id[256];
@@ -35,11 +38,29 @@ typedef struct {
     json_t *result;
     char error[512];
     const char *category;   /* NULL = success */
+    int64_t seq_id;
+    char sampling_session_id[256];  /* sample ops */
+    /* Optional: runs inside the cycle's commit transaction, before the op's row is
+     * updated (e.g. inserting the adapter_versions row of a checkpoint). A failure fails
+     * the op (message in err, category server) without losing the rest of the cycle. */
+    int (*commit_hook)(PGconn *c, struct exe_state_ *st, struct exe_op_ *op, char *err, size_t errlen);
+    void *hook_data;                /* freed with free() after the commit */
 } exe_op;
 
 adapter *exe_slot_find(exe_state *st, const char *model_id);
 void exe_slot_put(exe_state *st, const char *model_id, adapter *ad);
 void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Handlers for the kinds that run after the cycle's training work (one op at a time,
+ * in seq order per model). Each sets op->result or fails the op. */
+typedef void (*exe_op_handler)(exe_state *st, exe_op *op);
+typedef struct {
+    const char *kind;
+    exe_op_handler run;
+} exe_handler_entry;
+/* Defined by each op family file; executor.c looks kinds up in these tables. */
+extern const exe_handler_entry exe_ckpt_handlers[];   /* exe_ckpt.c: ends with {NULL, NULL} */
+extern const exe_handler_entry exe_sample_handlers[];  /* exe_sample.c: ends with {NULL, NULL} */
 
 /* exe_train.c */
 void exe_run_create(exe_state *st, exe_op *op);

@@ -9,6 +9,7 @@
  * fresh while the (possibly long) compute runs. */
 #include "gpu/executor.h"
 #include "gpu/exe_internal.h"
+#include "registry/blobstore.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
@@ -52,7 +53,7 @@ void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
     if (op->result) { json_decref(op->result); op->result = NULL; }
 }
 
-static int commit_cycle(PGconn *c, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
+static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
     char cyc[24];
     snprintf(cyc, sizeof cyc, "%lld", (long long)cycle);
     if (db_begin(c, err, errlen) < 0) return -1;
@@ -60,6 +61,17 @@ static int commit_cycle(PGconn *c, int64_t cycle, exe_op *ops, int n, char *err,
         exe_op *op = &ops[i];
         char id[24];
         snprintf(id, sizeof id, "%lld", (long long)op->id);
+        if (!op->category && op->commit_hook) {
+            /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
+            char herr[512] = "";
+            if (db_exec(c, "SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) goto fail;
+            if (op->commit_hook(c, st, op, herr, sizeof herr) < 0) {
+                if (db_exec(c, "ROLLBACK TO SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) goto fail;
+                exe_op_fail(op, "server", "%s", herr);
+            } else if (db_exec(c, "RELEASE SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) {
+                goto fail;
+            }
+        }
         char *res = op->category ? NULL : json_dumps(op->result, JSON_COMPACT | JSON_REAL_PRECISION(9));
         const char *p[6] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
                             op->category, cyc};
@@ -90,6 +102,14 @@ fail:
     return -1;
 }
 
+static exe_op_handler find_handler(const char *kind) {
+    const exe_handler_entry *tables[] = {exe_ckpt_handlers, exe_sample_handlers};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (const exe_handler_entry *e = tables[t]; e->kind; e++)
+            if (!strcmp(e->kind, kind)) return e->run;
+    return NULL;
+}
+
 static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     char err[1024], cyc[24];
     snprintf(cyc, sizeof cyc, "%lld", (long long)cycle);
@@ -99,10 +119,13 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         log_error("cycle %s: %s", cyc, err);
         return -1;
     }
-    PGresult *r = db_query(c, "SELECT o.id, o.request_id, o.model_id, o.kind, o.payload::text,"
-                              " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed"
-                              " FROM operations o JOIN models m ON m.id = o.model_id"
-                              " WHERE o.cycle_id = $1 AND o.state = 'claimed' ORDER BY o.model_id, o.seq_id",
+    /* Sample operations have no model (LEFT JOIN); they come after the model ops. */
+    PGresult *r = db_query(c, "SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"
+                              " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"
+                              " o.seq_id, coalesce(o.sampling_session_id, '')"
+                              " FROM operations o LEFT JOIN models m ON m.id = o.model_id"
+                              " WHERE o.cycle_id = $1 AND o.state = 'claimed'"
+                              " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id",
                            1, p, err, sizeof err);
     if (!r) { log_error("cycle %s: %s", cyc, err); return -1; }
     int n = PQntuples(r);
@@ -118,6 +141,8 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         op->lcfg = (lora_config){.rank = (int)db_int(r, i, 5), .seed = (uint64_t)db_int(r, i, 6),
                                  .train_attn = db_bool(r, i, 7), .train_mlp = db_bool(r, i, 8),
                                  .train_unembed = db_bool(r, i, 9)};
+        op->seq_id = db_int(r, i, 10);
+        snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
@@ -137,16 +162,22 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
-        if (!strcmp(op->kind, "optim_step")) exe_run_optim(st, op);
+        if (!strcmp(op->kind, "optim_step")) { exe_run_optim(st, op); continue; }
+        exe_op_handler h = find_handler(op->kind);
+        if (h) h(st, op);
         else exe_op_fail(op, "user", "operation '%s' is not implemented yet in this Loom version", op->kind);
     }
     free(fb);
     free(fwd);
 
-    int rc = commit_cycle(c, cycle, ops, n, err, sizeof err);
+    int rc = commit_cycle(c, st, cycle, ops, n, err, sizeof err);
     if (rc < 0) log_error("cycle %s: commit failed: %s", cyc, err);
     else log_info("cycle %s done: %d operation(s)", cyc, n);
-    for (int i = 0; i < n; i++) { json_decref(ops[i].payload); json_decref(ops[i].result); }
+    for (int i = 0; i < n; i++) {
+        json_decref(ops[i].payload);
+        json_decref(ops[i].result);
+        free(ops[i].hook_data);
+    }
     free(ops);
     return rc;
 }
@@ -222,12 +253,13 @@ static int register_base_model(PGconn *c, const char *name, const char *dir, int
 
 static void usage(void) {
     fprintf(stderr, "usage: loom executor --db CONNINFO --model-dir DIR --model-name NAME\n"
-                    "                     [--backend cpu] [--threads N] [--token-budget N] [--name NAME]\n");
+                    "                     [--backend cpu] [--threads N] [--token-budget N] [--name NAME]\n"
+                    "                     [--blob-dir DIR]   (registry blob store for checkpoints)\n");
 }
 
 int exe_main(int argc, char **argv) {
     const char *db = getenv("DATABASE_URL"), *model_dir = NULL, *model_name = NULL, *backend = "cpu";
-    const char *name = "executor";
+    const char *name = "executor", *blob_dir = NULL;
     int threads = 0, budget = 32768;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -239,6 +271,7 @@ int exe_main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--token-budget")) budget = atoi(argv[++i]);
         else if (!strcmp(a, "--name")) name = argv[++i];
+        else if (!strcmp(a, "--blob-dir")) blob_dir = argv[++i];
         else { usage(); return 2; }
     }
     if (!db || !model_dir || !model_name) { usage(); return 2; }
@@ -260,6 +293,10 @@ int exe_main(int argc, char **argv) {
         log_error("backend %s: %s", st.be->name, err);
         return 1;
     }
+    if (blob_dir && !(st.blobs = blob_open_dir(blob_dir, err, sizeof err))) {
+        log_error("blob store %s: %s", blob_dir, err);
+        return 1;
+    }
     PGconn *c = db_connect(db, 30000, err, sizeof err);
     if (!c) { log_error("cannot connect: %s", err); return 1; }
     if (migrate_run(c, err, sizeof err) < 0 || register_base_model(c, model_name, model_dir, &st.vocab, err, sizeof err) < 0) {
@@ -276,6 +313,7 @@ int exe_main(int argc, char **argv) {
                               " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id", 7, p, err, sizeof err);
     if (!r) { log_error("register: %s", err); return 1; }
     int64_t exe_id = db_int(r, 0, 0);
+    st.executor_id = exe_id;
     char sid[24];
     snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -312,6 +350,7 @@ int exe_main(int argc, char **argv) {
     for (int i = 0; i < st.nslots; i++) adapter_free(st.slots[i].ad);
     free(st.slots);
     st.be->destroy(st.ctx);
+    if (st.blobs) blob_close(st.blobs);
     model_free(st.model);
     log_info("executor stopped");
     return 0;

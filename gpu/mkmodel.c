@@ -202,7 +202,7 @@ static int mk_write_config(const mkmodel_opts *o, const char *path, char *err, s
     json_object_set_new(c, "eos_token_id", json_integer(o->eos));
     json_object_set_new(c, "torch_dtype", json_string(o->bf16 ? "bfloat16" : "float32"));
     json_object_set_new(c, "initializer_range", json_real(o->init_std));
-    int rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(c);
     if (rc != 0) { mk_err(err, errlen, "mkmodel: cannot write %s", path); return -1; }
     return 0;

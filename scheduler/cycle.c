@@ -4,7 +4,8 @@
  * the model (out-of-order arrivals wait). A model contributes a run: create_model (seq 0)
  * first if pending, then forward/forward_backward operations, then at most one
  * optim_step, after which the model's run ends (later work must see the new weights and
- * waits for the next cycle). The token budget is shared between tenants round-robin:
+ * waits for the next cycle). A run that ends in a forward_backward younger than
+ * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token budget is shared between tenants round-robin:
  * each round every tenant with work left may add operations up to an equal share, so a
  * tenant with a huge backlog cannot starve a small one. A single operation larger than
  * the budget still runs, alone. */
@@ -22,6 +23,7 @@ typedef struct {
     int seq;
     char kind[32];
     int tokens;
+    int age_ms;
 } qop;
 
 typedef struct {
@@ -77,7 +79,7 @@ static char *array_literal_text(qmodel *ms, int n) {
 }
 
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
-                      char *err, size_t errlen) {
+                      int *held, char *err, size_t errlen) {
     char exe[24], lim[16];
     snprintf(exe, sizeof exe, "%lld", (long long)executor_id);
     snprintf(lim, sizeof lim, "%d", o->max_models);
@@ -122,9 +124,19 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
             q->seq = (int)db_int(ro, r, 2);
             snprintf(q->kind, sizeof q->kind, "%s", PQgetvalue(ro, r, 3));
             q->tokens = (int)db_int(ro, r, 4);
+            q->age_ms = (int)db_int(ro, r, 5);
             ms[i].nops++;
         }
         ms[i].nops = eligible_run(&ms[i]);
+        /* Rule 5: a run that ends in a fresh forward_backward is probably about to be
+         * followed by its optim_step; hold the model briefly so both share a cycle. */
+        if (ms[i].nops > 0 && o->pair_hold_ms > 0) {
+            qop *last = &ms[i].ops[ms[i].nops - 1];
+            if (!strcmp(last->kind, "forward_backward") && last->age_ms < o->pair_hold_ms) {
+                ms[i].nops = 0;
+                if (held) (*held)++;
+            }
+        }
     }
     PQclear(ro);
 

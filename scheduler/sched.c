@@ -18,19 +18,21 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 
 static void usage(void) {
-    fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n");
+    fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n"
+                    "                      [--pair-hold-ms 100]\n");
 }
 
 int sched_main(int argc, char **argv) {
     const char *db = getenv("DATABASE_URL");
     int gather_ms = 15, poll_ms = 500;
-    sched_opts o = {.lease_s = 300, .max_models = 256};
+    sched_opts o = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--db") && v) db = argv[++i];
         else if (!strcmp(a, "--gather-ms") && v) gather_ms = atoi(argv[++i]);
         else if (!strcmp(a, "--poll-ms") && v) poll_ms = atoi(argv[++i]);
         else if (!strcmp(a, "--lease-s") && v) o.lease_s = atoi(argv[++i]);
+        else if (!strcmp(a, "--pair-hold-ms") && v) o.pair_hold_ms = atoi(argv[++i]);
         else { usage(); return 2; }
     }
     if (!db) { usage(); return 2; }
@@ -47,8 +49,10 @@ int sched_main(int argc, char **argv) {
     }
     log_info("scheduler running (gather %d ms, lease %d s)", gather_ms, o.lease_s);
     time_t last_reap = 0;
+    int held = 0;
     while (!g_stop) {
-        int w = db_wait_notify(c, poll_ms);
+        /* While a model is held for its optim_step, look again soon. */
+        int w = db_wait_notify(c, held ? 10 : poll_ms);
         if (w < 0) {
             log_warn("database connection lost; reconnecting");
             PQfinish(c);
@@ -68,9 +72,10 @@ int sched_main(int argc, char **argv) {
         }
         PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
         if (!r) { log_warn("executors: %s", err); continue; }
+        held = 0;
         for (int i = 0; i < PQntuples(r); i++) {
             int64_t cyc;
-            if (sched_build_cycle(c, db_int(r, i, 0), &o, &cyc, err, sizeof err) < 0)
+            if (sched_build_cycle(c, db_int(r, i, 0), &o, &cyc, &held, err, sizeof err) < 0)
                 log_warn("cycle for executor %s: %s", PQgetvalue(r, i, 0), err);
         }
         PQclear(r);

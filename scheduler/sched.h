@@ -9,12 +9,15 @@
 typedef struct {
     int lease_s;        /* a cycle's lease; the executor extends it while it works */
     int max_models;     /* models considered per cycle */
+    int pair_hold_ms;   /* a run ending in a forward_backward younger than this waits for
+                           the optim_step the client usually sends right after it (rule 5) */
 } sched_opts;
 
 /* Builds one cycle for an idle executor if there is eligible work. Returns the number
- * of operations claimed (0 = none, executor left idle) or -1 with err. */
+ * of operations claimed (0 = none, executor left idle) or -1 with err. *held (may be
+ * NULL) counts models held back by pair_hold_ms: the caller should look again soon. */
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
-                      char *err, size_t errlen);
+                      int *held, char *err, size_t errlen);
 
 /* Expires cycles whose lease ran out (their operations go back to the queue with
  * attempt + 1, or fail after too many attempts), marks silent executors gone and

@@ -18,7 +18,8 @@
 
 /* $1 text[] of model ids. Queued operations of those models in seq order. */
 #define SQL_LOCK_QUEUED_OPS \
-    "SELECT id, model_id, seq_id, kind, n_tokens FROM operations" \
+    "SELECT id, model_id, seq_id, kind, n_tokens," \
+    " (extract(epoch FROM clock_timestamp() - created_at) * 1000)::int AS age_ms FROM operations" \
     " WHERE model_id = ANY($1::text[]) AND state = 'queued'" \
     " ORDER BY model_id, seq_id FOR UPDATE SKIP LOCKED"
 

@@ -41,22 +41,24 @@ typedef struct { int rank; bool attn, mlp, unembed; uint64_t seed; } tr_ad_def;
 static const tr_ad_def TR_ADS[] = {{4, true, true, true, 11}, {8, true, false, true, 22}, {2, false, true, false, 33}};
 #define TR_NAD 3
 
-typedef struct { int ad; loss_kind kind; double lo, hi, beta; int n; bool weights, fwd_only; } tr_seq_def;
+typedef struct { int ad; loss_kind kind; double lo, hi, beta; int n; bool weights, fwd_only; int k; } tr_seq_def;
 static const tr_seq_def TR_SEQS[] = {
-    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 7, true, false},
-    {1, LOSS_IMPORTANCE_SAMPLING, 0, 0, 0, 13, false, false},
-    {0, LOSS_PPO, 0.8, 1.2, 0, 1, false, false},
-    {2, LOSS_CISPO, 0.9, 1.1, 0, 20, false, false},
-    {1, LOSS_DRO, 0, 0, 0.1, 5, false, false},
-    {-1, LOSS_CROSS_ENTROPY, 0, 0, 0, 9, true, false},
-    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 70, false, false}, /* > one attention block */
-    {2, LOSS_PPO, 0.9, 1.1, 0, 11, false, false},
-    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 6, true, true},
-    {1, LOSS_CROSS_ENTROPY, 0, 0, 0, 3, true, false},
-    {0, LOSS_CISPO, 0.8, 1.2, 0, 17, false, false},
-    {2, LOSS_IMPORTANCE_SAMPLING, 0, 0, 0, 8, false, false},
-    {0, LOSS_DRO, 0, 0, 0.05, 12, false, false},
+    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 7, true, false, 0},
+    {1, LOSS_IMPORTANCE_SAMPLING, 0, 0, 0, 13, false, false, 0},
+    {0, LOSS_PPO, 0.8, 1.2, 0, 1, false, false, 0},
+    {2, LOSS_CISPO, 0.9, 1.1, 0, 20, false, false, 0},
+    {1, LOSS_DRO, 0, 0, 0.1, 5, false, false, 0},
+    {-1, LOSS_CROSS_ENTROPY, 0, 0, 0, 9, true, false, 0},
+    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 70, false, false, 0}, /* > one attention block */
+    {2, LOSS_PPO, 0.9, 1.1, 0, 11, false, false, 0},
+    {0, LOSS_CROSS_ENTROPY, 0, 0, 0, 6, true, true, 0},
+    {1, LOSS_CROSS_ENTROPY, 0, 0, 0, 3, true, false, 0},
+    {0, LOSS_CISPO, 0.8, 1.2, 0, 17, false, false, 0},
+    {2, LOSS_IMPORTANCE_SAMPLING, 0, 0, 0, 8, false, false, 0},
+    {0, LOSS_DRO, 0, 0, 0.05, 12, false, false, 0},
+    {1, LOSS_CROSS_ENTROPY, 0, 0, 0, 9, true, false, 3}, /* 2-D targets (top-k distillation) */
 };
+#define TR_K(i) (TR_SEQS[i].k > 1 ? TR_SEQS[i].k : 1)
 #define TR_NSEQ ((int)(sizeof TR_SEQS / sizeof TR_SEQS[0]))
 
 typedef struct {
@@ -103,16 +105,16 @@ static void tr_make_batch(const base_model *m, adapter **ads, tr_batch *b, int o
     int V = m->cfg.vocab_size;
     for (int i = 0; i < TR_NSEQ; i++) {
         const tr_seq_def *d = &TR_SEQS[i];
-        int n = d->n;
+        int n = d->n, K = TR_K(i);
         b->tok[i] = malloc(n * sizeof(int32_t));
-        b->tgt[i] = malloc(n * sizeof(int32_t));
-        b->w[i] = malloc(n * sizeof(float));
+        b->tgt[i] = malloc(n * K * sizeof(int32_t));
+        b->w[i] = malloc(n * K * sizeof(float));
         b->q[i] = calloc(n, sizeof(float));
         b->adv[i] = calloc(n, sizeof(float));
-        b->lp[i] = calloc(n, sizeof(float));
+        b->lp[i] = calloc(n * K, sizeof(float));
         b->loss[i] = calloc(n, sizeof(float));
-        for (int t = 0; t < n; t++) {
-            b->tok[i][t] = (int32_t)(rng_next(&r) % V);
+        for (int t = 0; t < n; t++) b->tok[i][t] = (int32_t)(rng_next(&r) % V);
+        for (int t = 0; t < n * K; t++) {
             b->tgt[i][t] = (int32_t)(rng_next(&r) % V);
             double u = rng_uniform(&r);
             b->w[i][t] = u < 0.15 ? 0.0f : (float)rng_normal(&r); /* zero and negative weights */
@@ -134,6 +136,7 @@ static void tr_make_batch(const base_model *m, adapter **ads, tr_batch *b, int o
         s->logprobs_out = b->lp[i];
         s->loss_out = b->loss[i];
         s->forward_only = d->fwd_only;
+        s->k = d->k;
     }
 }
 
@@ -216,7 +219,7 @@ static void tr_put_outputs(tr_dump *du, const char *prefix, const tr_batch *b)
     for (int k = 0; k < b->nseq; k++) {
         int i = b->ad_of[k];
         snprintf(name, sizeof name, "%s.seq%d.logprobs", prefix, i);
-        tr_put(du, name, ST_F32, b->seqs[k].n, 0, b->seqs[k].logprobs_out);
+        tr_put(du, name, ST_F32, b->seqs[k].n * TR_K(i), 0, b->seqs[k].logprobs_out);
         snprintf(name, sizeof name, "%s.seq%d.loss", prefix, i);
         tr_put(du, name, ST_F32, b->seqs[k].n, 0, b->seqs[k].loss_out);
     }
@@ -270,15 +273,15 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
         const tr_seq_def *d = &TR_SEQS[i];
         const exe_seq *s = &b.seqs[i];
         fprintf(cj, "%s\n  {\"adapter\": %d, \"loss\": \"%s\", \"clip_low\": %.17g, \"clip_high\": %.17g, "
-                    "\"beta\": %.17g, \"n\": %d, \"has_weights\": %s, \"forward_only\": %s}",
+                    "\"beta\": %.17g, \"n\": %d, \"k\": %d, \"has_weights\": %s, \"forward_only\": %s}",
                 i ? "," : "", d->ad, loss_kind_name(d->kind), s->loss.clip_low, s->loss.clip_high, s->loss.beta, d->n,
-                d->weights ? "true" : "false", d->fwd_only ? "true" : "false");
+                TR_K(i), d->weights ? "true" : "false", d->fwd_only ? "true" : "false");
         const char *fields[] = {"tokens", "targets", "weights", "sampler_logprobs", "advantages"};
         const void *src[] = {b.tok[i], b.tgt[i], b.w[i], b.q[i], b.adv[i]};
         for (int f = 0; f < 5; f++) {
             char name[64];
             snprintf(name, sizeof name, "in.seq%d.%s", i, fields[f]);
-            tr_put(&du, name, f < 2 ? ST_I32 : ST_F32, d->n, 0, src[f]);
+            tr_put(&du, name, f < 2 ? ST_I32 : ST_F32, d->n * (f == 1 || f == 2 ? TR_K(i) : 1), 0, src[f]);
         }
     }
     fprintf(cj, "],\n \"adam\": [");
@@ -558,6 +561,41 @@ static void test_models(void)
               strstr(err, "GPT2LMHeadModel"), "unknown architecture: %s", err);
     CHECK(model_config_parse("{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10}", &c, err, sizeof err) == -1,
           "missing fields accepted");
+    /* real configs as published on the Hub */
+    const char *llama32 =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+        "\"bos_token_id\": 128000, \"eos_token_id\": [128001, 128008, 128009], \"head_dim\": 64, \"hidden_act\": \"silu\", "
+        "\"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 8192, \"max_position_embeddings\": 131072, "
+        "\"mlp_bias\": false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 16, "
+        "\"num_key_value_heads\": 8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 32.0, "
+        "\"high_freq_factor\": 4.0, \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \"rope_type\": "
+        "\"llama3\"}, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", "
+        "\"use_cache\": true, \"vocab_size\": 128256}";
+    CHECK(model_config_parse(llama32, &c, err, sizeof err) == 0 && c.arch == MODEL_ARCH_LLAMA && c.head_dim == 64 &&
+              c.num_key_value_heads == 8 && c.rope_factor == 32.0 && c.rope_original_max_pos == 8192 && c.n_eos == 3 &&
+              c.eos_token_ids[2] == 128009 && c.bos_token_id == 128000 && c.tie_word_embeddings && !c.attention_bias &&
+              c.rms_norm_eps == 1e-5 && c.rope_theta == 500000.0 && !strcmp(c.torch_dtype, "bfloat16"),
+          "Llama-3.2-1B config: %s", err);
+    const char *qwen3 =
+        "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0, "
+        "\"bos_token_id\": 151643, \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024, "
+        "\"initializer_range\": 0.02, \"intermediate_size\": 3072, \"max_position_embeddings\": 40960, \"max_window_layers\": 28, "
+        "\"model_type\": \"qwen3\", \"num_attention_heads\": 16, \"num_hidden_layers\": 28, \"num_key_value_heads\": 8, "
+        "\"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null, "
+        "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"use_sliding_window\": false, "
+        "\"vocab_size\": 151936}";
+    CHECK(model_config_parse(qwen3, &c, err, sizeof err) == 0 && c.arch == MODEL_ARCH_QWEN3 && c.head_dim == 128 &&
+              c.qk_norm && c.rope_factor == 0 && c.rope_theta == 1e6 && c.vocab_size == 151936 && c.n_eos == 1,
+          "Qwen3-0.6B config: %s", err);
+    /* a Llama config without head_dim: hidden / heads */
+    CHECK(model_config_parse("{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":64,"
+                             "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":4}", &c, err, sizeof err) == 0 &&
+              c.head_dim == 16 && c.num_key_value_heads == 4 && c.bos_token_id == -1,
+          "defaults: %s", err);
+    CHECK(model_config_parse("{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":64,"
+                             "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                             "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}", &c, err, sizeof err) == -1 &&
+              strstr(err, "yarn"), "yarn rope scaling accepted: %s", err);
     /* bf16 model: loads, equals the f32 model rounded to bf16 (same seed) */
     if (tr_make_model("qwen3", "q3f32", false, dir, sizeof dir) || tr_make_model("qwen3", "q3bf16", true, dir2, sizeof dir2)) {
         CHECK(0, "mkmodel");
@@ -590,6 +628,174 @@ static void test_models(void)
     }
 }
 
+/* ---- sampling ------------------------------------------------------------------------ */
+
+typedef struct {
+    exe_sample_req r;
+    int32_t prompt[4096], tok[64 * 16];
+    float lp[64 * 16];
+    int n[16];
+    bool stopped[16];
+} tr_sreq;
+
+static void tr_sreq_init(tr_sreq *q, adapter *ad, int n_prompt, int ns, int max_tokens, double temp, uint64_t seed, int V)
+{
+    memset(q, 0, sizeof *q);
+    rng_state r;
+    rng_seed(&r, seed * 31 + n_prompt);
+    for (int i = 0; i < n_prompt; i++) q->prompt[i] = (int32_t)(rng_next(&r) % V);
+    q->r = (exe_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = max_tokens,
+                            .temperature = temp, .top_k = -1, .top_p = 1.0, .seed = seed, .tokens_out = q->tok,
+                            .logprobs_out = q->lp, .n_out = q->n, .stopped_out = q->stopped};
+}
+
+/* Sampler log-probs (temperature 1) must equal forward log-probs of prompt + completion. */
+static double tr_sample_vs_forward(const exe_backend *be, void *ctx, const tr_sreq *q)
+{
+    const exe_sample_req *r = &q->r;
+    double worst = 0;
+    for (int i = 0; i < r->num_samples; i++) {
+        int n = r->n_prompt + r->n_out[i];
+        int32_t *seq = malloc(n * sizeof(int32_t));
+        float *lp = malloc(n * sizeof(float)), *loss = malloc(n * sizeof(float));
+        memcpy(seq, r->prompt, r->n_prompt * sizeof(int32_t));
+        memcpy(seq + r->n_prompt, r->tokens_out + i * r->max_tokens, r->n_out[i] * sizeof(int32_t));
+        exe_seq s = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = seq,
+                     .targets = seq + 1, .logprobs_out = lp, .loss_out = loss};
+        char err[256];
+        if (be->forward_backward(ctx, &s, 1, false, err, sizeof err) != 0) { free(seq); free(lp); free(loss); return 1e9; }
+        for (int t = 0; t < r->n_out[i]; t++)
+            worst = fmax(worst, fabs(lp[r->n_prompt - 1 + t] - r->logprobs_out[i * r->max_tokens + t]));
+        free(seq); free(lp); free(loss);
+    }
+    return worst;
+}
+
+static int tr_cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Temperature / top-k / top-p against the distribution computed here from the full
+ * next-token log-probs (a forward with all V tokens as 2-D targets of the last position):
+ * every sampled token must lie in the kept set and carry log p of the renormalised
+ * distribution; frequencies must be plausible. */
+static void test_sample_dist(const exe_backend *be, void *ctx, const base_model *m, adapter *ad, const char *arch)
+{
+    int V = m->cfg.vocab_size, N = 400;
+    double T = 0.7, top_p = 0.8;
+    int top_k = 50;
+    static tr_sreq q;
+    tr_sreq_init(&q, ad, 6, 1, 1, T, 8, V);
+    int32_t *tok = malloc(N * sizeof(int32_t)), *targets = malloc((size_t)6 * V * sizeof(int32_t));
+    float *lps = malloc(N * sizeof(float)), *lp = malloc((size_t)6 * V * sizeof(float)), loss[6];
+    int *n = malloc(N * sizeof(int));
+    bool *stopped = malloc(N * sizeof(bool));
+    q.r = (exe_sample_req){.ad = ad, .n_prompt = 6, .prompt = q.prompt, .num_samples = N, .max_tokens = 1, .temperature = T,
+                           .top_k = top_k, .top_p = top_p, .seed = 17, .tokens_out = tok, .logprobs_out = lps, .n_out = n,
+                           .stopped_out = stopped};
+    char err[256];
+    CHECK(be->sample(ctx, &q.r, 1, err, sizeof err) == 0, "dist sample: %s", err);
+    for (long i = 0; i < (long)6 * V; i++) targets[i] = (int32_t)(i % V);
+    exe_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = 6, .tokens = q.prompt, .targets = targets,
+                 .logprobs_out = lp, .loss_out = loss, .k = V};
+    CHECK(be->forward_backward(ctx, &s, 1, false, err, sizeof err) == 0, "full-vocabulary forward: %s", err);
+    const float *last = lp + (long)5 * V;
+    double *w = malloc(V * sizeof(double)), *sorted = malloc(V * sizeof(double));
+    for (int v = 0; v < V; v++) w[v] = exp(last[v] / T);
+    memcpy(sorted, w, V * sizeof(double));
+    qsort(sorted, V, sizeof(double), tr_cmp_desc);
+    double thr_k = sorted[top_k - 1], sum_k = 0, cum = 0, thr_p = 0;
+    for (int i = 0; i < top_k; i++) sum_k += sorted[i];
+    for (int i = 0; i < top_k; i++) { cum += sorted[i]; thr_p = sorted[i]; if (cum >= top_p * sum_k) break; }
+    double worst = 0;
+    bool inside = true;
+    int count_top = 0;
+    for (int i = 0; i < N; i++) {
+        double wi = w[tok[i]];
+        inside &= wi >= thr_k && wi >= thr_p;
+        worst = fmax(worst, fabs(lps[i] - log(wi / cum)));
+        count_top += wi == sorted[0];
+    }
+    double p0 = sorted[0] / cum, sigma = sqrt(p0 * (1 - p0) / N);
+    CHECK(inside, "%s: a sampled token lies outside the top-k / top-p set", arch);
+    CHECK(worst <= 1e-4, "%s: sampler log-prob vs renormalised distribution: %g", arch, worst);
+    CHECK(fabs((double)count_top / N - p0) <= 5 * sigma + 1e-9, "%s: top token frequency %g vs p %g", arch,
+          (double)count_top / N, p0);
+    printf("  %s top-k/top-p/temperature: logprob diff %.2e, top token %.3f vs p %.3f\n", arch, worst, (double)count_top / N, p0);
+    free(tok); free(targets); free(lps); free(lp); free(n); free(stopped); free(w); free(sorted);
+}
+
+static void test_sample(const char *arch)
+{
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", tr_tmp, arch); /* written by test_arch */
+    base_model *m;
+    if (model_load(dir, &m, err, sizeof err) != 0) { CHECK(0, "load: %s", err); return; }
+    const exe_backend *be = &exe_backend_cpu;
+    void *ctx = be->create(m, 2, err, sizeof err);
+    adapter *ads[TR_NAD];
+    tr_make_adapters(m, ads);
+    int V = m->cfg.vocab_size;
+    static tr_sreq q[4], again[4];
+    tr_sreq_init(&q[0], ads[0], 5, 3, 12, 1.0, 1, V);
+    tr_sreq_init(&q[1], NULL, 9, 2, 7, 1.0, 2, V);
+    tr_sreq_init(&q[2], ads[1], 3, 1, 10, 0.0, 3, V); /* greedy */
+    tr_sreq_init(&q[3], ads[2], 70, 2, 20, 0.7, 4, V);
+    q[3].r.top_p = 0.5;
+    q[3].r.top_k = 20;
+    exe_sample_req rs[4];
+    for (int i = 0; i < 4; i++) rs[i] = q[i].r;
+    CHECK(be->sample(ctx, rs, 4, err, sizeof err) == 0, "%s: sample: %s", arch, err);
+    for (int i = 0; i < 4; i++) q[i].r = rs[i];
+    bool lengths = true, finite = true;
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < q[i].r.num_samples; k++) {
+            lengths &= q[i].n[k] == q[i].r.max_tokens && !q[i].stopped[k];
+            for (int t = 0; t < q[i].n[k]; t++) finite &= isfinite(q[i].lp[k * q[i].r.max_tokens + t]) && q[i].lp[k * q[i].r.max_tokens + t] <= 0;
+        }
+    CHECK(lengths, "%s: samples without stop tokens must run to max_tokens", arch);
+    CHECK(finite, "%s: sampler logprobs not finite / positive", arch);
+    double w0 = tr_sample_vs_forward(be, ctx, &q[0]), w1 = tr_sample_vs_forward(be, ctx, &q[1]), w2 = tr_sample_vs_forward(be, ctx, &q[2]);
+    CHECK(w0 <= 2e-5 && w1 <= 2e-5 && w2 <= 2e-5, "%s: sampler vs forward logprobs differ by %g / %g / %g", arch, w0, w1, w2);
+    printf("  %s sampler vs forward logprobs: max diff %.2e (LoRA), %.2e (base), %.2e (greedy)\n", arch, w0, w1, w2);
+    CHECK(memcmp(q[0].tok, q[0].tok + 12, 12 * sizeof(int32_t)) != 0, "%s: two samples of one prompt are identical", arch);
+
+    /* same seeds → same samples, alone or in a batch */
+    tr_sreq_init(&again[0], ads[0], 5, 3, 12, 1.0, 1, V);
+    CHECK(be->sample(ctx, &again[0].r, 1, err, sizeof err) == 0 && !memcmp(again[0].tok, q[0].tok, sizeof q[0].tok),
+          "%s: sampling is not reproducible / depends on the batch", arch);
+    /* top_k = 1 at temperature 1 picks what greedy picks */
+    tr_sreq_init(&again[1], ads[1], 3, 1, 10, 1.0, 3, V); /* q[2]'s prompt, another sampling seed */
+    again[1].r.seed = 99;
+    again[1].r.top_k = 1;
+    CHECK(be->sample(ctx, &again[1].r, 1, err, sizeof err) == 0 && !memcmp(again[1].tok, q[2].tok, 10 * sizeof(int32_t)),
+          "%s: top_k 1 differs from greedy", arch);
+    /* a stop token ends the sample, kept as its last token */
+    tr_sreq_init(&again[2], ads[0], 5, 3, 12, 1.0, 1, V);
+    int32_t stop = q[0].tok[4];
+    again[2].r.stop_tokens = &stop;
+    again[2].r.n_stop = 1;
+    CHECK(be->sample(ctx, &again[2].r, 1, err, sizeof err) == 0, "stop run");
+    int first = 0;
+    while (q[0].tok[first] != stop) first++;
+    CHECK(again[2].n[0] == first + 1 && again[2].stopped[0] && again[2].tok[first] == stop &&
+              !memcmp(again[2].tok, q[0].tok, (first + 1) * sizeof(int32_t)),
+          "%s: stop token: n %d (expected %d), stopped %d", arch, again[2].n[0], first + 1, again[2].stopped[0]);
+    /* context limit: a prompt 2 short of the context gets 3 tokens (the last one unfed) */
+    int P = m->cfg.max_position_embeddings;
+    tr_sreq_init(&again[3], NULL, P - 2, 1, 10, 1.0, 5, V);
+    CHECK(be->sample(ctx, &again[3].r, 1, err, sizeof err) == 0 && again[3].n[0] == 3 && !again[3].stopped[0],
+          "%s: context limit: %d tokens", arch, again[3].n[0]);
+    tr_sreq_init(&again[3], NULL, P + 1, 1, 10, 1.0, 5, V);
+    CHECK(be->sample(ctx, &again[3].r, 1, err, sizeof err) == -1 && strstr(err, "context"), "prompt over the context accepted");
+    test_sample_dist(be, ctx, m, ads[0], arch);
+    for (int a = 0; a < TR_NAD; a++) adapter_free(ads[a]);
+    be->destroy(ctx);
+    model_free(m);
+}
+
 static void tr_rmtree(const char *d)
 {
     char cmd[600];
@@ -619,6 +825,9 @@ int main(int argc, char **argv)
     test_arch("llama");
     test_arch("qwen3");
     test_arch("qwen2");
+    test_sample("llama");
+    test_sample("qwen3");
+    test_sample("qwen2");
     tr_rmtree(tr_tmp);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

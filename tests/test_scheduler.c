@@ -62,8 +62,8 @@ static void op(const char *model, int seq, const char *kind, int tokens) {
 
 static int build(int64_t exe, int64_t *cycle) {
     char err[512];
-    sched_opts o = {.lease_s = 60, .max_models = 64};
-    int n = sched_build_cycle(C, exe, &o, cycle, err, sizeof err);
+    sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
+    int n = sched_build_cycle(C, exe, &o, cycle, NULL, err, sizeof err);
     if (n < 0) fprintf(stderr, "build: %s\n", err);
     return n;
 }
@@ -133,10 +133,10 @@ static void *racer(void *p) {
     race_arg *a = p;
     char err[512];
     PGconn *c = db_connect(conninfo, 5000, err, sizeof err);
-    sched_opts o = {.lease_s = 60, .max_models = 64};
+    sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
     for (int i = 0; i < 50; i++) {
         int64_t cyc;
-        int n = sched_build_cycle(c, a->exe, &o, &cyc, err, sizeof err);
+        int n = sched_build_cycle(c, a->exe, &o, &cyc, NULL, err, sizeof err);
         if (n > 0) {
             a->claimed += n;
             char q[256];
@@ -177,6 +177,28 @@ static void test_race(void) {
     CHECK(order == 0, "per model, cycles follow seq order");
 }
 
+static void test_pair_hold(void) {
+    reset();
+    model("a1", 1);
+    sql("UPDATE models SET next_seq = 1");
+    op("a1", 1, "forward_backward", 10);
+    sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 400};
+    int64_t cyc;
+    int held = 0;
+    char err[512];
+    int n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+    CHECK(n == 0 && held == 1, "a fresh trailing forward_backward is held for its optim_step (%d claimed, %d held)", n, held);
+    op("a1", 2, "optim_step", 0);
+    held = 0;
+    n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+    CHECK(n == 2 && held == 0, "once the optim_step arrives both run in one cycle (%d)", n);
+    finish_cycle(cyc);
+    op("a1", 3, "forward_backward", 10);
+    usleep(450 * 1000);
+    n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+    CHECK(n == 1, "after the hold a lone forward_backward runs (gradient accumulation) (%d)", n);
+}
+
 static void test_reaper(void) {
     reset();
     model("a1", 1);
@@ -210,6 +232,7 @@ int main(void) {
     test_order_and_steps();
     test_fairness();
     test_race();
+    test_pair_hold();
     test_reaper();
     PQfinish(C);
     pgc_stop(dir, err, sizeof err);

@@ -6,7 +6,6 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 long cpu_attention_scratch(int max_len) { return 2L * CPU_ATTN_BLOCK * (max_len > 0 ? max_len : 1); }
@@ -17,8 +16,16 @@ typedef struct {
     float *o, *lse_out, *dq, *dk, *dv;
     float *scratch;
     long per_thread;
-    int *blk_start; /* [nseq + 1] cumulative block counts (forward) */
 } cpu_attn_job;
+
+void cpu_attention_blocks(int nseq, const int *seq_start, int *blk_start)
+{
+    blk_start[0] = 0;
+    for (int i = 0; i < nseq; i++) {
+        int n = seq_start[i + 1] - seq_start[i];
+        blk_start[i + 1] = blk_start[i] + (n + CPU_ATTN_BLOCK - 1) / CPU_ATTN_BLOCK;
+    }
+}
 
 /* Which sequence a forward task belongs to: binary search in the cumulative counts. */
 static int cpu_attn_find_seq(const int *cum, int nseq, int blk)
@@ -63,9 +70,9 @@ static void cpu_attn_fwd_task(void *va, int task, int thread)
     const cpu_attn_job *j = va;
     const cpu_attn_shape *s = j->s;
     int blk = task / s->nq, h = task % s->nq;
-    int sq = cpu_attn_find_seq(j->blk_start, s->nseq, blk);
+    int sq = cpu_attn_find_seq(s->blk_start, s->nseq, blk);
     int s0 = s->seq_start[sq], n = s->seq_start[sq + 1] - s0;
-    int i0 = (blk - j->blk_start[sq]) * CPU_ATTN_BLOCK, i1 = i0 + CPU_ATTN_BLOCK < n ? i0 + CPU_ATTN_BLOCK : n;
+    int i0 = (blk - s->blk_start[sq]) * CPU_ATTN_BLOCK, i1 = i0 + CPU_ATTN_BLOCK < n ? i0 + CPU_ATTN_BLOCK : n;
     int rows = i1 - i0, ctx = i1, g = h / (s->nq / s->nkv), qd = s->nq * s->d, kvd = s->nkv * s->d;
     float *S = j->scratch + (long)thread * j->per_thread;
     const float *Q = j->q + (long)(s0 + i0) * qd + h * s->d;
@@ -78,17 +85,9 @@ static void cpu_attn_fwd_task(void *va, int task, int thread)
 void cpu_attention_fwd(cpu_pool *p, const cpu_attn_shape *s, const float *q, const float *k, const float *v,
                        float *out, float *lse, float *scratch, long scratch_per_thread)
 {
-    int *cum = malloc((s->nseq + 1) * sizeof *cum);
-    if (!cum) abort(); /* a few bytes; the executor may abort on allocation failure */
-    cum[0] = 0;
-    for (int i = 0; i < s->nseq; i++) {
-        int n = s->seq_start[i + 1] - s->seq_start[i];
-        cum[i + 1] = cum[i] + (n + CPU_ATTN_BLOCK - 1) / CPU_ATTN_BLOCK;
-    }
     cpu_attn_job j = {.s = s, .q = q, .k = k, .v = v, .o = out, .lse_out = lse, .scratch = scratch,
-                      .per_thread = scratch_per_thread, .blk_start = cum};
-    cpu_pool_run(p, cum[s->nseq] * s->nq, cpu_attn_fwd_task, &j);
-    free(cum);
+                      .per_thread = scratch_per_thread};
+    cpu_pool_run(p, s->blk_start[s->nseq] * s->nq, cpu_attn_fwd_task, &j);
 }
 
 /* Backward for one (sequence, kv head) pair, over the query heads of its group:

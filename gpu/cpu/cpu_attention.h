@@ -13,9 +13,13 @@
 typedef struct {
     int nseq;
     const int *seq_start; /* [nseq + 1] row offsets in the packed batch */
+    const int *blk_start; /* [nseq + 1] cumulative counts of CPU_ATTN_BLOCK-row blocks */
     int nq, nkv, d;       /* query heads, kv heads, head dim */
     float scale;          /* 1/sqrt(d) */
 } cpu_attn_shape;
+
+/* Fills blk_start[0..nseq] from seq_start (the caller owns both arrays). */
+void cpu_attention_blocks(int nseq, const int *seq_start, int *blk_start);
 
 /* Floats of scratch each thread needs for sequences up to max_len tokens. */
 long cpu_attention_scratch(int max_len);

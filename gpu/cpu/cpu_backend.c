@@ -47,17 +47,17 @@ static void cb_free_rows(cpu_ctx *c)
     float **fl[] = {&c->x, &c->xn1, &c->xn2, &c->xmid, &c->tmp, &c->q_pre, &c->q, &c->att, &c->datt, &c->dq,
                     &c->k_pre, &c->k, &c->v, &c->dk, &c->dv, &c->g, &c->u, &c->h, &c->dg, &c->du, &c->dh,
                     &c->dx, &c->dxn, &c->rstd1, &c->rstd2, &c->rstd_f, &c->rstd_q, &c->rstd_k, &c->lse,
-                    &c->saved, &c->z, &c->dz, &c->dlp};
+                    &c->saved, &c->z, &c->dz};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) { free(*fl[i]); *fl[i] = NULL; }
-    free(c->tokens); free(c->targets); free(c->pos); free(c->row_seq);
-    c->tokens = c->targets = c->pos = NULL;
+    free(c->tokens); free(c->pos); free(c->row_seq);
+    c->tokens = c->pos = NULL;
     c->row_seq = NULL;
 }
 
 /* Makes every buffer large enough for T rows, sequences up to max_len, LoRA rank up to
  * max_rank, and (need_saved) the per-layer inputs. Grows by 1.5× so that a slowly
  * growing workload does not reallocate every call. */
-static int cb_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved)
+int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved)
 {
     const model_config *mc = &c->m->cfg;
     long H = mc->hidden_size, Im = mc->intermediate_size, qd = (long)mc->num_attention_heads * mc->head_dim,
@@ -84,8 +84,7 @@ static int cb_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_s
         for (int i = 0; i < 6; i++) rc |= cb_alloc(i_bufs[i], cap * Im * f);
         rc |= cb_alloc(&c->rstd1, cap * f) | cb_alloc(&c->rstd2, cap * f) | cb_alloc(&c->rstd_f, cap * f);
         rc |= cb_alloc(&c->rstd_q, cap * nq * f) | cb_alloc(&c->rstd_k, cap * nkv * f) | cb_alloc(&c->lse, cap * nq * f);
-        rc |= cb_alloc(&c->dlp, cap * f);
-        rc |= cb_alloc(&c->tokens, cap * sizeof(int32_t)) | cb_alloc(&c->targets, cap * sizeof(int32_t));
+        rc |= cb_alloc(&c->tokens, cap * sizeof(int32_t));
         rc |= cb_alloc(&c->pos, cap * sizeof(int32_t)) | cb_alloc(&c->row_seq, cap * sizeof(int));
         if (rc) { cb_free_rows(c); c->cap_T = 0; return -1; }
     }
@@ -160,7 +159,12 @@ static void cpu_destroy(void *ctx)
     free(c->rope_sin);
     free(c->attn_scratch);
     free(c->logits);
+    free(c->kv_mem);
+    free(c->kv_stream0);
+    free(c->kv_nstream);
+    free(c->sample_scratch);
     free(c->seq_start);
+    free(c->blk_start);
     free(c->seq_index);
     free(c->segs);
     cpu_pool_destroy(c->pool);
@@ -171,52 +175,36 @@ static void cpu_destroy(void *ctx)
 
 static int cb_validate(const cpu_ctx *c, const exe_seq *seqs, int nseq, char *err, size_t errlen)
 {
-    const model_config *mc = &c->m->cfg;
-    for (int i = 0; i < nseq; i++) {
-        const exe_seq *s = &seqs[i];
-        if (s->n < 0) { cb_err(err, errlen, "sequence %d: negative length", i); return -1; }
-        if (s->n == 0) continue;
-        if (!s->tokens || !s->targets) { cb_err(err, errlen, "sequence %d: missing tokens or targets", i); return -1; }
-        if (s->n > mc->max_position_embeddings) {
-            cb_err(err, errlen, "sequence %d: %d tokens exceed the model's context of %d", i, s->n,
-                   mc->max_position_embeddings);
+    char why[256];
+    for (int i = 0; i < nseq; i++)
+        if (exe_seq_check(c->m, &seqs[i], why, sizeof why) != 0) {
+            cb_err(err, errlen, "sequence %d: %s", i, why);
             return -1;
         }
-        if ((unsigned)s->loss.kind > LOSS_DRO) { cb_err(err, errlen, "sequence %d: unknown loss", i); return -1; }
-        if (loss_needs_rl_inputs(s->loss.kind) && (!s->sampler_logprobs || !s->advantages)) {
-            cb_err(err, errlen, "sequence %d: loss %s needs logprobs and advantages", i, loss_kind_name(s->loss.kind));
-            return -1;
-        }
-        if ((s->loss.kind == LOSS_PPO || s->loss.kind == LOSS_CISPO) && !(s->loss.clip_low <= s->loss.clip_high)) {
-            cb_err(err, errlen, "sequence %d: clip_low %g > clip_high %g", i, s->loss.clip_low, s->loss.clip_high);
-            return -1;
-        }
-        if (s->ad && !adapter_matches(s->ad, c->m)) {
-            cb_err(err, errlen, "sequence %d: adapter was made for another base model", i);
-            return -1;
-        }
-        for (int t = 0; t < s->n; t++) {
-            if (s->tokens[t] < 0 || s->tokens[t] >= mc->vocab_size || s->targets[t] < 0 || s->targets[t] >= mc->vocab_size) {
-                cb_err(err, errlen, "sequence %d, position %d: token id outside [0, %d)", i, t, mc->vocab_size);
-                return -1;
-            }
-        }
+    return 0;
+}
+
+/* Per-sequence bookkeeping arrays for nseq sequences (grown, never shrunk). */
+int cpu_reserve_seqs(cpu_ctx *c, int nseq)
+{
+    if (nseq + 1 > c->cap_seqs) {
+        int cap = nseq + 1 > 2 * c->cap_seqs ? nseq + 1 : 2 * c->cap_seqs;
+        free(c->seq_start); free(c->blk_start); free(c->seq_index); free(c->segs);
+        c->seq_start = malloc(cap * sizeof *c->seq_start);
+        c->blk_start = malloc(cap * sizeof *c->blk_start);
+        c->seq_index = malloc(cap * sizeof *c->seq_index);
+        c->segs = malloc(cap * sizeof *c->segs);
+        c->cap_seqs = (c->seq_start && c->blk_start && c->seq_index && c->segs) ? cap : 0;
+        if (!c->cap_seqs) return -1;
     }
     return 0;
 }
 
-/* Packs the non-empty sequences back to back and builds the LoRA segments. */
-static int cb_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
+/* Packs the non-empty sequences back to back (tokens, positions, row → sequence) and
+ * builds the LoRA segments: runs of consecutive sequences with one adapter. */
+int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
 {
-    if (nseq + 1 > c->cap_seqs) {
-        int cap = nseq + 1 > 2 * c->cap_seqs ? nseq + 1 : 2 * c->cap_seqs;
-        free(c->seq_start); free(c->seq_index); free(c->segs);
-        c->seq_start = malloc(cap * sizeof *c->seq_start);
-        c->seq_index = malloc(cap * sizeof *c->seq_index);
-        c->segs = malloc(cap * sizeof *c->segs);
-        c->cap_seqs = (c->seq_start && c->seq_index && c->segs) ? cap : 0;
-        if (!c->cap_seqs) return -1;
-    }
+    if (cpu_reserve_seqs(c, nseq) != 0) return -1;
     int np = 0, row = 0;
     c->nsegs = 0;
     for (int i = 0; i < nseq; i++) {
@@ -226,7 +214,6 @@ static int cb_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
         c->seq_start[np] = row;
         for (int t = 0; t < s->n; t++) {
             c->tokens[row + t] = s->tokens[t];
-            c->targets[row + t] = s->targets[t];
             c->pos[row + t] = t;
             c->row_seq[row + t] = i;
         }
@@ -242,6 +229,7 @@ static int cb_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
     }
     c->seq_start[np] = row;
     c->nseq_packed = np;
+    cpu_attention_blocks(np, c->seq_start, c->blk_start);
     return 0;
 }
 
@@ -254,8 +242,9 @@ typedef struct {
     bool any_grad;
 } cb_head_job;
 
-/* One row of logits → log-softmax → lp, loss, dℓ/dlp; when gradients are wanted the row is
- * overwritten with dℓ/dlogits = dℓ/dlp · (onehot(target) − softmax). */
+/* One row of logits → log-softmax → lp, loss, dℓ/dlp for each of the row's targets; when
+ * gradients are wanted the row is overwritten with
+ *   dℓ/dlogits = Σ_j dℓ/dlp_j · (onehot(t_j) − softmax). */
 static void cb_head_rows(void *va, long b, long e, int thread)
 {
     (void)thread;
@@ -265,27 +254,40 @@ static void cb_head_rows(void *va, long b, long e, int thread)
     for (long i = b; i < e; i++) {
         long t = j->c0 + i;
         const exe_seq *s = &j->seqs[c->row_seq[t]];
-        int k = c->pos[t], tgt = c->targets[t];
+        int pos = c->pos[t], K = s->k > 1 ? s->k : 1;
+        const int32_t *tg = s->targets + (long)pos * K;
         float *z = c->logits + i * V;
-        float zt = z[tgt], mx = z[0];
+        float mx = z[0];
         for (long v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         double sum = 0;
-        for (long v = 0; v < V; v++) { z[v] = expf(z[v] - mx); sum += z[v]; }
-        float lp = (float)((double)zt - ((double)mx + log(sum)));
-        float w = s->weights ? s->weights[k] : 1.0f;
-        float q = s->sampler_logprobs ? s->sampler_logprobs[k] : 0.0f, adv = s->advantages ? s->advantages[k] : 0.0f;
-        float loss, dlp;
-        loss_token(&s->loss, lp, w, q, adv, &loss, &dlp);
-        if (s->logprobs_out) s->logprobs_out[k] = lp;
-        if (s->loss_out) s->loss_out[k] = loss;
+        for (long v = 0; v < V; v++) sum += expf(z[v] - mx);
+        double lse = (double)mx + log(sum), loss = 0, dsum = 0;
+        float dlp0 = 0;
+        for (int k = 0; k < K; k++) {
+            long q = (long)pos * K + k;
+            float lp = (float)((double)z[tg[k]] - lse);
+            float w = s->weights ? s->weights[q] : 1.0f;
+            float sq = s->sampler_logprobs ? s->sampler_logprobs[pos] : 0.0f, adv = s->advantages ? s->advantages[pos] : 0.0f;
+            float l, dlp;
+            loss_token(&s->loss, lp, w, sq, adv, &l, &dlp);
+            if (s->logprobs_out) s->logprobs_out[q] = lp;
+            loss += l;
+            dsum += dlp;
+            if (k == 0) dlp0 = dlp;
+        }
+        if (s->loss_out) s->loss_out[pos] = (float)loss;
         if (!j->any_grad) continue;
-        if (!s->ad || s->forward_only || dlp == 0.0f) {
+        if (!s->ad || s->forward_only || (K == 1 && dlp0 == 0.0f)) { /* zero rows keep the GEMMs exact */
             memset(z, 0, V * sizeof(float));
             continue;
         }
-        float f = (float)(-dlp / sum);
-        for (long v = 0; v < V; v++) z[v] *= f;
-        z[tgt] += dlp;
+        float f = (float)(-dsum / sum);
+        for (long v = 0; v < V; v++) z[v] = f * expf(z[v] - mx);
+        if (K == 1) {
+            z[tg[0]] += dlp0;
+        } else { /* K > 1 is cross_entropy only: dℓ/dlp_j = −w_j */
+            for (int k = 0; k < K; k++) z[tg[k]] -= s->weights ? s->weights[(long)pos * K + k] : 1.0f;
+        }
     }
 }
 
@@ -344,7 +346,7 @@ static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
     }
     if (T == 0) return 0;
     if (T > (1L << 30)) { cb_err(err, errlen, "batch of %ld tokens is too large", T); return -1; }
-    if (cb_reserve(c, T, max_len, max_rank, layer_grad) != 0 || cb_pack(c, seqs, nseq, any_grad) != 0) {
+    if (cpu_reserve(c, T, max_len, max_rank, layer_grad) != 0 || cpu_pack(c, seqs, nseq, any_grad) != 0) {
         cb_err(err, errlen, "cpu: out of memory for a batch of %ld tokens", T);
         return -1;
     }
@@ -407,10 +409,13 @@ static int cpu_optim_step(void *ctx, adapter *a, const adam_params *hp, double *
     return 0;
 }
 
+int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen); /* cpu_sample.c */
+
 const exe_backend exe_backend_cpu = {
     .name = "cpu",
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward_backward = cpu_forward_backward,
     .optim_step = cpu_optim_step,
+    .sample = cpu_sample,
 };

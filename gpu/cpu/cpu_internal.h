@@ -1,5 +1,6 @@
 /* cpu_internal.h — the CPU backend's context, shared by cpu_backend.c (entry points,
- * buffers, loss head, optimizer) and cpu_layer.c (decoder layer forward/backward, LoRA).
+ * buffers, loss head, optimizer), cpu_layer.c (decoder layer forward/backward, LoRA) and
+ * cpu_sample.c (KV-cache sampling, which reuses the layer forward).
  *
  * Activation memory: a pass over T packed tokens keeps one layer's intermediates
  * ([T, dim] buffers below), plus, when gradients are wanted, each layer's input x_l
@@ -50,14 +51,36 @@ typedef struct {
     int head_rows;
 
     /* per call */
-    int32_t *tokens, *targets, *pos; /* [T] */
+    int32_t *tokens, *pos;           /* [T] */
     int *row_seq;                    /* [T] → index into seqs */
-    float *dlp;                      /* [T] dℓ/dlp */
     int *seq_start;                  /* [nseq + 1] over the packed (non-empty) sequences */
+    int *blk_start;                  /* [nseq + 1] attention blocks, see cpu_attention_blocks */
     int *seq_index;                  /* packed index → caller's index */
     cpu_segment *segs;
     int nsegs, nseq_packed, cap_seqs;
+
+    /* sampling (cpu_sample.c): a KV cache per stream, [2][L][kv_cap][nkv·d] floats each.
+     * Rows of a pass map to streams through row_seq: row t writes its K/V into streams
+     * kv_stream0[row_seq[t]] .. + kv_nstream[row_seq[t]] at position pos[t]. */
+    int kv_mode;                     /* CPU_KV_NONE / PREFILL / DECODE */
+    float *kv_mem;
+    size_t kv_mem_floats;
+    int kv_cap;
+    int *kv_stream0, *kv_nstream;
+    int cap_kv_map;
+    void *sample_scratch;            /* per thread: V floats + V uint64 (top-k / top-p) */
 } cpu_ctx;
+
+enum { CPU_KV_NONE, CPU_KV_PREFILL, CPU_KV_DECODE };
+
+/* cpu_backend.c */
+int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved);
+int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
+int cpu_reserve_seqs(cpu_ctx *c, int nseq); /* seq_start, blk_start, seq_index, segs for nseq */
+
+/* cpu_sample.c: the KV-cache side of cpu_layer_forward in sampling passes. */
+void cpu_kv_store(cpu_ctx *c, int l, long T);
+void cpu_kv_attention(cpu_ctx *c, int l, long T);
 
 /* cpu_layer.c */
 void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute);

@@ -72,7 +72,7 @@ static void cpu_linear(cpu_ctx *c, int l, lora_module mod, const float *x, int i
 static cpu_attn_shape cpu_shape(const cpu_ctx *c)
 {
     const model_config *mc = &c->m->cfg;
-    cpu_attn_shape s = {c->nseq_packed, c->seq_start, mc->num_attention_heads, mc->num_key_value_heads,
+    cpu_attn_shape s = {c->nseq_packed, c->seq_start, c->blk_start, mc->num_attention_heads, mc->num_key_value_heads,
                         mc->head_dim, (float)(1.0 / sqrt((double)mc->head_dim))};
     return s;
 }
@@ -99,8 +99,13 @@ void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute)
     }
     cpu_rope(p, c->q, T, nq, d, c->pos, c->rope_cos, c->rope_sin, false);
     cpu_rope(p, c->k, T, nkv, d, c->pos, c->rope_cos, c->rope_sin, false);
-    cpu_attn_shape sh = cpu_shape(c);
-    cpu_attention_fwd(p, &sh, c->q, c->k, c->v, c->att, c->lse, c->attn_scratch, c->attn_per_thread);
+    if (c->kv_mode != CPU_KV_NONE) cpu_kv_store(c, l, T);
+    if (c->kv_mode == CPU_KV_DECODE) { /* one new token per stream, attending to its cache */
+        cpu_kv_attention(c, l, T);
+    } else {
+        cpu_attn_shape sh = cpu_shape(c);
+        cpu_attention_fwd(p, &sh, c->q, c->k, c->v, c->att, c->lse, c->attn_scratch, c->attn_per_thread);
+    }
     cpu_linear(c, l, LORA_O, c->att, qd, w->wo, w->bo, H, c->tmp, T);
     for (long i = 0; i < T * H; i++) c->xmid[i] = c->x[i] + c->tmp[i];
 

@@ -262,10 +262,17 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64):
             tok, tgt, w, q, adv = _seq_inputs(D, i)
             lora = loras[s["adapter"]] if s["adapter"] >= 0 else None
             logits = model.forward(tok, lora)
-            lp = torch.log_softmax(logits, dim=-1).gather(1, tgt[:, None])[:, 0]
+            K = s.get("k", 1)
+            # 2-D cross_entropy (spec §8): targets/weights [n, K], loss[i] = -sum_j w[i,j] lp[i,j]
+            lp = torch.log_softmax(logits, dim=-1).gather(1, tgt.view(-1, K))
             if not s["has_weights"]:
                 w = torch.ones_like(w)
-            loss = token_losses(s["loss"], lp, w, q, adv, s["clip_low"], s["clip_high"], s["beta"])
+            if K > 1:
+                loss = -(lp * w.view(-1, K)).sum(-1)
+                lp = lp.reshape(-1)
+            else:
+                lp = lp[:, 0]
+                loss = token_losses(s["loss"], lp, w, q, adv, s["clip_low"], s["clip_high"], s["beta"])
             rep.compare("logprobs", f"step{step}.seq{i}", D[f"step{step}.seq{i}.logprobs"], lp.detach())
             rep.compare("elementwise_loss", f"step{step}.seq{i}", D[f"step{step}.seq{i}.loss"], loss.detach())
             if step == 0:
