@@ -62,6 +62,14 @@ typedef struct {
 extern const exe_handler_entry exe_ckpt_handlers[];   /* exe_ckpt.c: ends with {NULL, NULL} */
 extern const exe_handler_entry exe_sample_handlers[];  /* exe_sample.c: ends with {NULL, NULL} */
 
+/* exe_sample.c: every 'sample' op of the cycle, run together through backend->sample
+ * (and a forward pass for prompt_logprobs), and the unnamed save_weights_for_sampler
+ * (payload has "sampling_session_id"): an in-memory snapshot of the model's adapter,
+ * keyed by the sampling session id; its commit hook sets sampling_sessions.executor_id
+ * so the scheduler sends that session's samples here. */
+void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops);
+void exe_run_snapshot(exe_state *st, exe_op *op);
+
 /* exe_train.c */
 void exe_run_create(exe_state *st, exe_op *op);
 /* Packs every datum of ops into one batch (backward or forward only) and sets results. */

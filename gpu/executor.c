@@ -3,7 +3,8 @@
  *
  * One cycle: create_model ops make adapters; every forward_backward of the cycle runs
  * as ONE packed batch across adapters (and every forward as another, without
- * gradients); then each model's optim_step; then all results are committed in one
+ * gradients); then each model's optim_step and checkpoint work (handler tables of the
+ * op family files); then all sampling requests together; then all results are committed in one
  * transaction guarded by "still claimed by this cycle", so a cycle the reaper took
  * back cannot write. A heartbeat thread keeps the executor row and the cycle's lease
  * fresh while the (possibly long) compute runs. */
@@ -159,14 +160,24 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     }
     exe_run_fb_batch(st, fb, nfb, true);
     exe_run_fb_batch(st, fwd, nfwd, false);
+    exe_op **samples = calloc(n ? n : 1, sizeof *samples);
+    int nsamples = 0;
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
         if (!strcmp(op->kind, "optim_step")) { exe_run_optim(st, op); continue; }
+        if (!strcmp(op->kind, "sample")) { samples[nsamples++] = op; continue; }
+        if (!strcmp(op->kind, "save_weights_for_sampler") && json_object_get(op->payload, "sampling_session_id")) {
+            exe_run_snapshot(st, op);
+            continue;
+        }
         exe_op_handler h = find_handler(op->kind);
         if (h) h(st, op);
         else exe_op_fail(op, "user", "operation '%s' is not implemented yet in this Loom version", op->kind);
     }
+    /* 4. sampling last: it sees every weight update of this cycle. */
+    exe_run_sample_batch(st, samples, nsamples);
+    free(samples);
     free(fb);
     free(fwd);
 
