@@ -33,6 +33,7 @@ typedef struct {
     qop *ops;          /* eligible consecutive run, in order */
     int nops, taken;
     bool closed;       /* optim_step taken: nothing more this cycle */
+    bool is_sample;    /* a single sample op: no model, no seq order */
 } qmodel;
 
 /* Length of the eligible run of a model's queued ops (sorted by seq). */
@@ -98,8 +99,12 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     PGresult *rm = db_query(c, SQL_LOCK_READY_MODELS, 3, p2, err, errlen);
     if (!rm) goto fail;
     int nm = PQntuples(rm);
-    if (nm == 0) { PQclear(rm); db_rollback(c); return 0; }
-    qmodel *ms = calloc(nm, sizeof *ms);
+    PGresult *rs = db_query(c, SQL_LOCK_QUEUED_SAMPLES, 3, p2, err, errlen);
+    if (!rs) { PQclear(rm); goto fail; }
+    int nsamp = PQntuples(rs);
+    if (nm == 0 && nsamp == 0) { PQclear(rm); PQclear(rs); db_rollback(c); return 0; }
+    /* Runs: one per model, then one per sample op (samples have no order between them). */
+    qmodel *ms = calloc(nm + nsamp, sizeof *ms);
     for (int i = 0; i < nm; i++) {
         snprintf(ms[i].id, sizeof ms[i].id, "%s", PQgetvalue(rm, i, 0));
         ms[i].next_seq = (int)db_int(rm, i, 1);
@@ -107,14 +112,19 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     }
     PQclear(rm);
 
-    char *ids = array_literal_text(ms, nm);
-    const char *p3[1] = {ids};
-    PGresult *ro = db_query(c, SQL_LOCK_QUEUED_OPS, 1, p3, err, errlen);
-    free(ids);
-    if (!ro) { free(ms); goto fail; }
-    int no = PQntuples(ro);
-    qop *all = calloc(no ? no : 1, sizeof *all);
-    for (int i = 0, j = 0; i < nm; i++) {
+    PGresult *ro = NULL;
+    int no = 0;
+    if (nm > 0) {
+        char *ids = array_literal_text(ms, nm);
+        const char *p3[1] = {ids};
+        ro = db_query(c, SQL_LOCK_QUEUED_OPS, 1, p3, err, errlen);
+        free(ids);
+        if (!ro) { free(ms); PQclear(rs); goto fail; }
+        no = PQntuples(ro);
+    }
+    qop *all = calloc(no + nsamp + 1, sizeof *all);
+    int j = 0;
+    for (int i = 0; i < nm; i++) {
         /* rows are ordered by model id; find this model's slice */
         ms[i].ops = all + j;
         for (int r = 0; r < no; r++) {
@@ -138,7 +148,20 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
             }
         }
     }
-    PQclear(ro);
+    if (ro) PQclear(ro);
+    for (int k = 0; k < nsamp; k++) {
+        qmodel *m = &ms[nm + k];
+        m->is_sample = true;
+        m->tenant = db_int(rs, k, 2);
+        m->ops = &all[j++];
+        m->ops->id = db_int(rs, k, 0);
+        m->ops->tokens = (int)db_int(rs, k, 1);
+        snprintf(m->ops->kind, sizeof m->ops->kind, "sample");
+        m->nops = 1;
+    }
+    PQclear(rs);
+    no += nsamp;
+    nm += nsamp;
 
     /* Round-robin over tenants by equal token shares. */
     int used = 0, nclaimed = 0;
@@ -198,7 +221,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     sprintf(w, "}");
     free(claimed);
     int nadv = 0;
-    for (int i = 0; i < nm; i++) if (ms[i].taken) ms[nadv++] = ms[i];
+    for (int i = 0; i < nm; i++) if (ms[i].taken && !ms[i].is_sample) ms[nadv++] = ms[i];
     char *mids = array_literal_text(ms, nadv);
     char *seqs = malloc(16 + (size_t)nadv * 12), *s = seqs;
     s += sprintf(s, "{");
@@ -243,6 +266,12 @@ int sched_reap(PGconn *c, char *err, size_t errlen) {
         log_warn("reaper: %d cycle(s) expired", expired);
         changed += expired;
     }
+    if (!(r = db_query(c, SQL_REQUEUE_SAMPLES, 0, NULL, err, errlen))) goto fail;
+    changed += PQntuples(r);
+    PQclear(r);
+    if (!(r = db_query(c, SQL_FAIL_ORPHANED_SAMPLES, 0, NULL, err, errlen))) goto fail;
+    changed += PQntuples(r);
+    PQclear(r);
     if (!(r = db_query(c, SQL_FAIL_ORPHANED_MODELS, 0, NULL, err, errlen))) goto fail;
     if (PQntuples(r) > 0) log_warn("reaper: failed %d operation(s) of models on gone executors", PQntuples(r));
     changed += PQntuples(r);

@@ -23,6 +23,16 @@
     " WHERE model_id = ANY($1::text[]) AND state = 'queued'" \
     " ORDER BY model_id, seq_id FOR UPDATE SKIP LOCKED"
 
+/* $1 base model, $2 executor id, $3 limit. Queued sample ops this executor can run:
+ * from the base model or a checkpoint (any executor of the base model), or from a
+ * live-weights snapshot held in this executor's memory. Oldest first. */
+#define SQL_LOCK_QUEUED_SAMPLES \
+    "SELECT o.id, o.n_tokens, o.tenant_id FROM operations o" \
+    " JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
+    " WHERE o.state = 'queued' AND o.kind = 'sample' AND s.base_model = $1" \
+    "   AND (s.source_model_id IS NULL OR s.executor_id = $2)" \
+    " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
+
 /* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds. */
 #define SQL_INSERT_CYCLE \
     "INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
@@ -57,6 +67,31 @@
     " WHERE c.state IN ('assigned','running') AND (c.lease_expires_at < now()" \
     "   OR EXISTS (SELECT 1 FROM executors e WHERE e.id = c.executor_id AND e.state = 'gone'))" \
     " RETURNING id"
+
+/* Sample ops of expired cycles that need no in-memory state (base model or checkpoint)
+ * go back to the queue; after 3 attempts they fail. */
+#define SQL_REQUEUE_SAMPLES \
+    "WITH r AS (UPDATE operations o SET" \
+    "   state = CASE WHEN o.attempt >= 2 THEN 'failed' ELSE 'queued' END," \
+    "   attempt = o.attempt + 1, cycle_id = CASE WHEN o.attempt >= 2 THEN o.cycle_id END," \
+    "   error = CASE WHEN o.attempt >= 2 THEN 'sampling failed on 3 executors in a row' END," \
+    "   error_category = CASE WHEN o.attempt >= 2 THEN 'server' END," \
+    "   finished_at = CASE WHEN o.attempt >= 2 THEN now() END" \
+    " FROM cycles c, sampling_sessions s" \
+    " WHERE o.cycle_id = c.id AND c.state = 'expired' AND o.state = 'claimed' AND o.kind = 'sample'" \
+    "   AND s.id = o.sampling_session_id AND s.source_model_id IS NULL" \
+    " RETURNING o.request_id, o.state)" \
+    " SELECT pg_notify(CASE WHEN state = 'failed' THEN 'loom_op_done' ELSE 'loom_op_queued' END," \
+    "   request_id) FROM r"
+
+/* Samples from a snapshot that lived on a gone executor cannot run anywhere. */
+#define SQL_FAIL_ORPHANED_SAMPLES \
+    "WITH f AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'server'," \
+    "   error = 'the executor holding this sampler''s weights stopped; save weights for the sampler again'" \
+    " FROM sampling_sessions s JOIN executors e ON e.id = s.executor_id" \
+    " WHERE o.sampling_session_id = s.id AND e.state = 'gone' AND o.state IN ('queued','claimed')" \
+    " RETURNING o.request_id)" \
+    " SELECT pg_notify('loom_op_done', request_id) FROM f"
 
 /* The adapter of a model lived in its executor's memory: when that executor is gone
  * the training state is gone too (until checkpoints can restore it), so the model

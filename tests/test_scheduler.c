@@ -199,6 +199,43 @@ static void test_pair_hold(void) {
     CHECK(n == 1, "after the hold a lone forward_backward runs (gradient accumulation) (%d)", n);
 }
 
+static void sample_op(const char *ss, int seq, int tokens) {
+    char q[512];
+    snprintf(q, sizeof q, "INSERT INTO operations (request_id, tenant_id, sampling_session_id, seq_id, kind, payload, n_tokens)"
+             " VALUES ('%s-s%d', 1, '%s', %d, 'sample', '{}', %d)", ss, seq, ss, seq, tokens);
+    sql(q);
+}
+
+static void test_samples(void) {
+    reset();
+    model("a1", 1);
+    sql("INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model)"
+        " VALUES ('sa:sample:0', 1, 'sa', 0, 'm')");
+    sql("INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model, source_model_id, source_seq_id)"
+        " VALUES ('sa:sample:1', 1, 'sa', 1, 'm', 'a1', 3)");
+    sample_op("sa:sample:0", 0, 10);
+    sample_op("sa:sample:0", 1, 10);
+    sample_op("sa:sample:1", 0, 10);
+    int64_t cyc;
+    int n = build(2, &cyc);
+    CHECK(n == 2, "base-model samples run on any executor; the snapshot's wait for it to exist (%d)", n);
+    finish_cycle(cyc);
+    sql("UPDATE sampling_sessions SET executor_id = 1 WHERE id = 'sa:sample:1'");
+    n = build(2, &cyc);
+    CHECK(n == 0, "a snapshot's samples never go to another executor (%d)", n);
+    n = build(1, &cyc);
+    CHECK(n == 1, "they go to the executor holding the snapshot (%d)", n);
+    finish_cycle(cyc);
+    sample_op("sa:sample:0", 2, 10);
+    n = build(2, &cyc);
+    sql("UPDATE cycles SET lease_expires_at = now() - interval '1 second' WHERE state = 'assigned'");
+    char err[512];
+    sched_reap(C, err, sizeof err);
+    CHECK(n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'sa:sample:0-s2'"
+                           " AND state = 'queued' AND attempt = 1 AND cycle_id IS NULL") == 1,
+          "a sample of an expired cycle goes back to the queue (attempt 1)");
+}
+
 static void test_reaper(void) {
     reset();
     model("a1", 1);
@@ -233,6 +270,7 @@ int main(void) {
     test_fairness();
     test_race();
     test_pair_hold();
+    test_samples();
     test_reaper();
     PQfinish(C);
     pgc_stop(dir, err, sizeof err);
