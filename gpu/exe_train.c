@@ -2,6 +2,7 @@
  * forward / forward_backward (one packed batch across adapters and losses) and
  * optim_step (AdamW on one adapter). */
 #include "gpu/exe_internal.h"
+#include "gpu/loss.h"
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,19 +19,16 @@ typedef struct {
     int first_seq, nseq;     /* the op's datums in the packed batch */
 } fb_span;
 
+/* The loss of an op: its name and the overrides of loss_fn_config (gpu/loss.h defaults). */
 static bool parse_loss(const char *name, json_t *cfg, loss_spec *out) {
-    static const struct { const char *name; loss_kind kind; } names[] = {
-        {"cross_entropy", LOSS_CROSS_ENTROPY}, {"importance_sampling", LOSS_IMPORTANCE_SAMPLING},
-        {"ppo", LOSS_PPO}, {"cispo", LOSS_CISPO}, {"dro", LOSS_DRO}};
-    out->clip_low = 0.8; out->clip_high = 1.2; out->beta = 0.05;   /* spec §8 defaults */
-    bool found = false;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(name, names[i].name)) { out->kind = names[i].kind; found = true; }
+    loss_kind kind;
+    if (loss_kind_parse(name, &kind) != 0) return false;
+    *out = loss_spec_default(kind);
     json_t *v;
     if ((v = json_object_get(cfg, "clip_low_threshold")) && json_is_number(v)) out->clip_low = json_number_value(v);
     if ((v = json_object_get(cfg, "clip_high_threshold")) && json_is_number(v)) out->clip_high = json_number_value(v);
     if ((v = json_object_get(cfg, "beta")) && json_is_number(v)) out->beta = json_number_value(v);
-    return found;
+    return true;
 }
 
 /* Copies a JSON number array of length n into a new buffer; NULL if absent. */
