@@ -5,6 +5,7 @@
 #include "gpu/mkmodel.h"
 #include "scheduler/sched.h"
 #include "service/api.h"
+#include "cli/adapter.h"
 #include "cli/admin.h"
 #include "cli/up.h"
 #include <stdio.h>
@@ -24,6 +25,7 @@ static const subcommand commands[] = {
     {"migrate", admin_migrate_main, "apply database migrations"},
     {"tenant", admin_tenant_main, "tenant create|list"},
     {"key", admin_key_main, "API key create|list|revoke"},
+    {"adapter", adapter_cli_main, "checkpoints: list|show|lineage|export|import|share|publish|delete|gc"},
     {"mkmodel", mkmodel_main, "write a random model in Hugging Face layout"},
     {"pg", pgc_main, "start|stop a private PostgreSQL cluster under a data directory"},
 };

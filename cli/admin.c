@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *opt(int argc, char **argv, const char *name) {
     for (int i = 1; i + 1 < argc; i++)
@@ -76,13 +77,67 @@ int admin_tenant_main(int argc, char **argv) {
     return 2;
 }
 
+#define KEY_CREATE_USAGE                                                                    \
+    "usage: loom key create --tenant NAME [--name N] [--scopes train,sample,read]\n"        \
+    "                       [--expires-in-days D] [--secret-file F] [--db CONNINFO]\n"      \
+    "  scopes: train (training submits), sample (sampling), read (reads only; a key with\n" \
+    "  only 'read' is read-only). Default: all three. Default expiry: never.\n"
+
+/* "train,read" -> "{train,read}" (a text[] literal). Unknown or repeated names: -1. */
+static int parse_scopes(const char *list, char *out, size_t outlen) {
+    static const char *const known[] = {"train", "sample", "read"};
+    int seen[3] = {0, 0, 0}, n = 0;
+    const char *p = list;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        int k = -1;
+        for (int i = 0; i < 3; i++)
+            if (len == strlen(known[i]) && !strncmp(p, known[i], len)) k = i;
+        if (k < 0 || seen[k]) {
+            fprintf(stderr, "loom key: --scopes takes a comma-separated list of train, sample, "
+                            "read (each once), got '%s'\n", list);
+            return -1;
+        }
+        seen[k] = 1;
+        n++;
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (!n) {
+        fprintf(stderr, "loom key: --scopes needs at least one of train, sample, read\n");
+        return -1;
+    }
+    snprintf(out, outlen, "{");
+    for (int i = 0; i < 3; i++)
+        if (seen[i]) snprintf(out + strlen(out), outlen - strlen(out), "%s%s", strlen(out) > 1 ? "," : "", known[i]);
+    snprintf(out + strlen(out), outlen - strlen(out), "}");
+    return 0;
+}
+
 int admin_key_main(int argc, char **argv) {
     const char *verb = argc > 1 ? argv[1] : "";
     char err[1024];
     if (!strcmp(verb, "create")) {
         const char *tenant = opt(argc, argv, "--tenant");
         const char *secret_file = opt(argc, argv, "--secret-file");
-        if (!tenant) { fprintf(stderr, "usage: loom key create --tenant NAME [--name N] [--secret-file F]\n"); return 2; }
+        const char *scopes_arg = opt(argc, argv, "--scopes");
+        const char *days_arg = opt(argc, argv, "--expires-in-days");
+        if (!tenant) { fprintf(stderr, KEY_CREATE_USAGE); return 2; }
+        char scopes[64], expires[40];
+        if (scopes_arg && parse_scopes(scopes_arg, scopes, sizeof scopes) < 0) return 2;
+        if (days_arg) {
+            char *end;
+            long days = strtol(days_arg, &end, 10);
+            if (!*days_arg || *end || days < 1 || days > 36500) {
+                fprintf(stderr, "loom key: --expires-in-days must be a whole number of days between 1 "
+                                "and 36500, got '%s'\n", days_arg);
+                return 2;
+            }
+            time_t at = time(NULL) + (time_t)days * 86400;
+            struct tm tm;
+            gmtime_r(&at, &tm);
+            strftime(expires, sizeof expires, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        }
         unsigned char secret[KEY_SECRET_BYTES];
         if (keys_init() < 0 || keys_load_secret(secret_file, false, secret, err, sizeof err) < 0) {
             fprintf(stderr, "loom key: %s\n", err);
@@ -92,7 +147,8 @@ int admin_key_main(int argc, char **argv) {
         int64_t tid;
         char key[KEY_MAX_LEN];
         if (keys_tenant_ensure(c, tenant, &tid, err, sizeof err) < 0 ||
-            keys_create(c, secret, tid, opt(argc, argv, "--name"), NULL, NULL, key, err, sizeof err) < 0) {
+            keys_create(c, secret, tid, opt(argc, argv, "--name"), scopes_arg ? scopes : NULL,
+                        days_arg ? expires : NULL, key, err, sizeof err) < 0) {
             fprintf(stderr, "loom key: %s\n", err);
             PQfinish(c);
             return 1;
@@ -104,16 +160,25 @@ int admin_key_main(int argc, char **argv) {
     }
     if (!strcmp(verb, "list")) {
         PGconn *c = connect_or_die(argc, argv);
-        PGresult *r = db_query(c, "SELECT k.id, t.name, 'tml-' || k.prefix || '...', coalesce(k.name,''),"
-                                  " array_to_string(k.scopes, ','), k.created_at, coalesce(k.last_used_at::text,'never'),"
-                                  " CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked' ELSE 'active' END"
-                                  " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id ORDER BY k.id",
-                               0, NULL, err, sizeof err);
+        const char *tenant = opt(argc, argv, "--tenant");
+        const char *p[1] = {tenant};
+        PGresult *r = db_query(c, "SELECT k.id, t.name, 'tml-' || k.prefix || '...', coalesce(nullif(k.name, ''), '-'),"
+                                  " array_to_string(k.scopes, ','),"
+                                  " to_char(k.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'),"
+                                  " coalesce(to_char(k.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"
+                                  " coalesce(to_char(k.last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"
+                                  " CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked'"
+                                  "      WHEN k.expires_at <= now() THEN 'expired' ELSE 'active' END"
+                                  " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id"
+                                  " WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.id",
+                               1, p, err, sizeof err);
         if (!r) { fprintf(stderr, "loom key: %s\n", err); PQfinish(c); return 1; }
+        printf("%-5s %-16s %-16s %-12s %-18s %-16s %-16s %-16s %s\n", "id", "tenant", "key", "name", "scopes",
+               "created (UTC)", "expires (UTC)", "last used (UTC)", "state");
         for (int i = 0; i < PQntuples(r); i++)
-            printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1), PQgetvalue(r, i, 2),
-                   PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
-                   PQgetvalue(r, i, 7));
+            printf("%-5s %-16s %-16s %-12s %-18s %-16s %-16s %-16s %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+                   PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), PQgetvalue(r, i, 5),
+                   PQgetvalue(r, i, 6), PQgetvalue(r, i, 7), PQgetvalue(r, i, 8));
         PQclear(r);
         PQfinish(c);
         return 0;
@@ -134,6 +199,6 @@ int admin_key_main(int argc, char **argv) {
         printf("revoked key %s\n", argv[2]);
         return 0;
     }
-    fprintf(stderr, "usage: loom key create --tenant NAME [--name N] | list | revoke ID   [--db CONNINFO]\n");
+    fprintf(stderr, KEY_CREATE_USAGE "       loom key list [--tenant NAME] | revoke ID   [--db CONNINFO]\n");
     return 2;
 }

@@ -212,7 +212,7 @@ int up_main(int argc, char **argv) {
                         (char *)model_name, "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
     char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, NULL};
     char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
-                        "--threads", (char *)api_threads, "--secret-file", secret_path, NULL};
+                        "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};
     int api_out = -1;
     cs[0].pid = spawn(exe_argv, NULL);
     cs[1].pid = spawn(sch_argv, NULL);

@@ -97,6 +97,12 @@ void sb_double(strbuf *b, double v) {
     sb_append(b, tmp, (size_t)n);
 }
 
+void sb_real(strbuf *b, double v) {
+    size_t at = b->len;
+    sb_double(b, v);
+    if (!strpbrk(b->data + at, ".eEni")) sb_puts(b, ".0");
+}
+
 /* Length of the valid UTF-8 sequence starting at p (lead byte >= 0x80), or 0. */
 static size_t utf8_seq_len(const unsigned char *p) {
     size_t n;

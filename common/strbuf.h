@@ -25,6 +25,9 @@ void sb_int(strbuf *b, int64_t v);
  * does). The value must be finite (JSON has no inf/nan). */
 void sb_float(strbuf *b, float v);
 void sb_double(strbuf *b, double v);
+/* As sb_double, but always in a form JSON readers take as a real ("1.0", not "1"), for
+ * payload fields whose readers ask for a real. */
+void sb_real(strbuf *b, double v);
 /* s as a JSON string literal, quotes included; bytes that are not valid UTF-8 become
  * U+FFFD so the output is always valid JSON. */
 void sb_json_str(strbuf *b, const char *s);

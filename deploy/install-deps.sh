@@ -14,6 +14,7 @@ PKGS=(
   libopenblas-dev                   # CPU backend GEMMs
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
+  python3-zstandard                 # tests: zstd-compressed protobuf request bodies
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -38,6 +38,10 @@ int exe_seq_check(const base_model *m, const exe_seq *s, char *err, size_t errle
         be_err(err, errlen, "clip_low_threshold %g > clip_high_threshold %g", s->loss.clip_low, s->loss.clip_high);
         return -1;
     }
+    if (s->topk < 0 || s->topk > EXE_MAX_TOPK || s->topk > mc->vocab_size || (s->topk > 0 && (!s->topk_ids_out || !s->topk_lp_out))) {
+        be_err(err, errlen, "topk %d outside 0..%d or without output buffers", s->topk, EXE_MAX_TOPK);
+        return -1;
+    }
     if (s->ad && !adapter_matches(s->ad, m)) { be_err(err, errlen, "adapter was made for another base model"); return -1; }
     for (int t = 0; t < s->n; t++)
         if (s->tokens[t] < 0 || s->tokens[t] >= mc->vocab_size) {

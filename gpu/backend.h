@@ -39,7 +39,16 @@ typedef struct {
     int k;                        /* extension: targets per position for 2-D cross_entropy
                                      (spec §8, top-k distillation): loss_out[i] =
                                      −Σ_j w[i,j]·log p(t[i,j]); 0 or 1 = the usual 1-D case */
+    int topk;                     /* extension (sampling's topk_prompt_logprobs, spec §11.2):
+                                     when > 0, the topk most likely tokens of each position's
+                                     distribution p(· | x[..i]), best first (ties: lower id
+                                     first), into topk_ids_out / topk_lp_out [n, topk];
+                                     0 ≤ topk ≤ min(vocab, EXE_MAX_TOPK) */
+    int32_t *topk_ids_out;
+    float *topk_lp_out;
 } exe_seq;
+
+#define EXE_MAX_TOPK 1024
 
 typedef struct {
     double learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm;
@@ -53,7 +62,7 @@ typedef struct {
  * log-probs. At temperature 1 without filtering they equal forward_backward's logprobs
  * for the same tokens (spec §9.1). Samples are reproducible per (seed, sample index),
  * independently of what else is in the batch. */
-typedef struct {
+typedef struct exe_sample_req {
     adapter *ad;                  /* NULL = base model */
     int n_prompt;                 /* ≥ 1 */
     const int32_t *prompt;
@@ -65,6 +74,13 @@ typedef struct {
     uint64_t seed;
     const int32_t *stop_tokens;
     int n_stop;
+    /* Optional (NULL = none): asked after each generated token that is not a stop token,
+     * with the sample's tokens so far; true ends the sample there like a stop token (the
+     * executor's stop strings). May be called from several threads at once. A backend
+     * may ignore it (it then only costs decode steps: the executor cuts the sequence at
+     * the stop string itself), so it must be a pure function of its arguments. */
+    bool (*stop_check)(const struct exe_sample_req *r, int sample, const int32_t *tokens, int n);
+    void *stop_user;              /* for stop_check */
     /* outputs, caller-allocated */
     int32_t *tokens_out;          /* [num_samples, max_tokens] */
     float *logprobs_out;          /* [num_samples, max_tokens] */

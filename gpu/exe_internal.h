@@ -60,6 +60,13 @@ typedef struct {
 } exe_handler_entry;
 /* Defined by each op family file; executor.c looks kinds up in these tables. */
 extern const exe_handler_entry exe_ckpt_handlers[];   /* exe_ckpt.c: ends with {NULL, NULL} */
+/* exe_ckpt.c: a registry blob (sampler or training checkpoint, by sha256 digest) as an
+ * inference adapter for this executor's base model. The blob is read verified (a
+ * corrupted one is an error saying so). *out stays owned by a small cache keyed by
+ * digest and is pinned: it stays valid until the matching exe_release_sampler_adapter
+ * (call it once per successful load, e.g. when the sample batch is done). */
+int exe_load_sampler_adapter(exe_state *st, const char *digest, adapter **out, char *err, size_t errlen);
+void exe_release_sampler_adapter(exe_state *st, adapter *ad);
 extern const exe_handler_entry exe_sample_handlers[];  /* exe_sample.c: ends with {NULL, NULL} */
 
 /* exe_sample.c: every 'sample' op of the cycle, run together through backend->sample

@@ -147,6 +147,50 @@ oom:
     return NULL;
 }
 
+adapter *adapter_clone_weights(const adapter *a, char *err, size_t errlen)
+{
+    int L = a->num_layers, maxt = 2 * (L * LORA_NUM_MODULES + 1);
+    adapter *b = calloc(1, sizeof *b);
+    if (!b) goto oom;
+    *b = *a;
+    b->mem = NULL; /* nothing of a's may be freed with b on the error path */
+    b->mods = NULL;
+    b->tensors = NULL;
+    b->names = NULL;
+    b->mods = calloc((size_t)L * LORA_NUM_MODULES, sizeof *b->mods);
+    b->tensors = calloc(maxt, sizeof *b->tensors);
+    b->names = malloc((size_t)maxt * 96);
+    if (!b->mods || !b->tensors || !b->names) goto oom;
+    if (posix_memalign((void **)&b->mem, 64, (a->num_params + 16) * sizeof(float)) != 0) { b->mem = NULL; goto oom; }
+    memcpy(b->mem, a->params, a->num_params * sizeof(float));
+    memcpy(b->names, a->names, (size_t)maxt * 96);
+    b->params = b->mem;
+    b->grads = b->m = b->v = NULL;
+    /* Every view is re-pointed by its offset into the source's params / names. */
+#define REPOINT(p) ((p) ? b->params + ((p) - a->params) : NULL)
+    for (int i = 0; i < a->num_tensors; i++) {
+        b->tensors[i] = a->tensors[i];
+        b->tensors[i].name = b->names + (a->tensors[i].name - a->names);
+        b->tensors[i].param = REPOINT(a->tensors[i].param);
+        b->tensors[i].grad = b->tensors[i].m = b->tensors[i].v = NULL;
+    }
+    for (int i = 0; i < L * LORA_NUM_MODULES; i++) {
+        b->mods[i] = a->mods[i];
+        b->mods[i].A = REPOINT(a->mods[i].A);
+        b->mods[i].B = REPOINT(a->mods[i].B);
+        b->mods[i].gA = b->mods[i].gB = NULL;
+    }
+    b->head.A = REPOINT(a->head.A);
+    b->head.B = REPOINT(a->head.B);
+    b->head.gA = b->head.gB = NULL;
+#undef REPOINT
+    return b;
+oom:
+    lo_err(err, errlen, "lora: out of memory");
+    adapter_free(b);
+    return NULL;
+}
+
 void adapter_free(adapter *a)
 {
     if (!a) return;

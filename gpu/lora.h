@@ -61,6 +61,10 @@ typedef struct adapter {
 
 adapter *adapter_create(const base_model *m, const lora_config *c, char *err, size_t errlen); /* rank 1..512 */
 void adapter_free(adapter *a);
+/* An inference-only copy of a's parameters (a sampler snapshot): same config, tensors and
+ * names, params copied; grads, m and v are NULL (one allocation of num_params floats), so
+ * it must never be given to a backward pass or an optimizer step. NULL on out of memory. */
+adapter *adapter_clone_weights(const adapter *a, char *err, size_t errlen);
 size_t adapter_num_params(const adapter *a);
 
 /* Named tensors, in a fixed order: layer by layer q,k,v,o,gate,up,down (lora_A then

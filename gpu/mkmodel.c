@@ -230,6 +230,12 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
     if (mk_build_list(&l) != 0) { mk_err(err, errlen, "mkmodel: out of memory"); goto out; }
     snprintf(path, pl, "%s/model.safetensors", o->out_dir);
     rc = st_write_stream(path, l.d, l.n, NULL, mk_fill, &l, err, errlen);
+    if (rc == 0) {
+        snprintf(path, pl, "%s/tokenizer.json", o->out_dir);
+        char terr[256];
+        int trc = mkmodel_write_tokenizer(path, o->arch, o->vocab, o->bos, o->eos, terr, sizeof terr);
+        if (trc < 0) { mk_err(err, errlen, "%s", terr); rc = -1; }
+    }
 out:
     for (int i = 0; i < l.n; i++) free(l.names[i]);
     free(l.names);

@@ -32,8 +32,15 @@ typedef struct {
  * "qwen3-0.6b"; NULL = tiny). 0 ok, -1 with err. out_dir is left NULL. */
 int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen);
 
-/* Write o->out_dir/config.json and o->out_dir/model.safetensors. 0 ok, -1 with err. */
+/* Write o->out_dir/config.json, o->out_dir/model.safetensors and (when the vocabulary
+ * is large enough) o->out_dir/tokenizer.json. 0 ok, -1 with err. */
 int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen);
+
+/* A byte-level BPE tokenizer.json for a generated model (mkmodel_tokenizer.c): byte
+ * tokens, merges and the special tokens <|begin_of_text|> (bos) and <|endoftext|> (eos)
+ * at the config's ids, all below vocab. arch "llama" or "qwen…" picks the split pattern.
+ * 0 ok, 1 when vocab is too small (nothing written, err says why), -1 with err. */
+int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int bos, int eos, char *err, size_t errlen);
 
 /* CLI: loom mkmodel --arch llama|qwen2|qwen3 --out DIR [--preset tiny|qwen3-0.6b]
  *   [--layers N --hidden H --inter I --heads N --kv-heads N --head-dim D --vocab V

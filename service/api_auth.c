@@ -2,13 +2,15 @@
 #include "service/api_auth.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "service/api_call.h"
 #include "service/api_sql.h"
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
 int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const char *key,
-                 int64_t *tenant_id, int64_t *key_id, char *err, size_t errlen) {
+                 int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *err,
+                 size_t errlen) {
     if (!key || !*key) {
         snprintf(err, errlen, "missing API key: send it in the X-API-Key header "
                               "(Loom keys start with tml-)");
@@ -52,6 +54,8 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
     }
     *key_id = db_int(r, found, 0);
     *tenant_id = db_int(r, found, 1);
+    *scopes = (db_bool(r, found, 6) ? SCOPE_TRAIN : 0) | (db_bool(r, found, 7) ? SCOPE_SAMPLE : 0) |
+              (db_bool(r, found, 8) ? SCOPE_READ : 0);
     bool touch = rc == 0 && db_bool(r, found, 5);
     PQclear(r);
     if (touch) {

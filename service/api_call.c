@@ -13,9 +13,17 @@ int api_reply_take(api_call *c, int status, char *json, size_t len) {
     j->status = status;
     j->resp = json;
     j->resp_len = len;
-    j->content_type = "application/json";
+    j->resp_type = "application/json";
     return 0;
 }
+
+int api_reply_bytes(api_call *c, int status, const char *content_type, void *data, size_t len) {
+    api_reply_take(c, status, data, len);
+    c->job->resp_type = content_type;
+    return 0;
+}
+
+void api_fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
 
 int api_reply_text(api_call *c, int status, const char *json) {
     size_t n = strlen(json);
@@ -47,4 +55,52 @@ int api_error(api_call *c, int status, const char *fmt, ...) {
 int api_db_error(api_call *c, const char *what, const char *err) {
     log_error("%s: database error: %s", what, err);
     return api_error(c, 503, "database error during %s; retry shortly", what);
+}
+
+static int hexval(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+           : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* %XX (never %00) in place; '+' is a space only in query strings. */
+static size_t url_decode(char *s, bool plus_is_space) {
+    char *o = s;
+    for (const char *i = s; *i; i++) {
+        int hi, lo;
+        if (*i == '%' && (hi = hexval(i[1])) >= 0 && (lo = hexval(i[2])) >= 0 && (hi || lo)) {
+            *o++ = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            *o++ = plus_is_space && *i == '+' ? ' ' : *i;
+        }
+    }
+    *o = 0;
+    return (size_t)(o - s);
+}
+
+size_t api_url_decode(char *s) { return url_decode(s, true); }
+
+const char *api_path_id(api_call *c) {
+    if (!c->job->path_arg) return "";
+    url_decode(c->job->path_arg, false);
+    return c->job->path_arg;
+}
+
+int api_query_param(api_call *c, const char *name, char *out, size_t outlen) {
+    const char *q = c->job->query;
+    size_t nlen = strlen(name);
+    while (q && *q) {
+        const char *end = strchr(q, '&');
+        size_t len = end ? (size_t)(end - q) : strlen(q);
+        if (len > nlen && q[nlen] == '=' && !memcmp(q, name, nlen)) {
+            size_t vlen = len - nlen - 1;
+            if (vlen >= outlen) vlen = outlen - 1;
+            memcpy(out, q + nlen + 1, vlen);
+            out[vlen] = 0;
+            api_url_decode(out);
+            return 1;
+        }
+        q = end ? end + 1 : NULL;
+    }
+    return 0;
 }

@@ -6,14 +6,29 @@
 #include "service/api_job.h"
 #include <jansson.h>
 #include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+/* Process-wide settings the handlers read (from `loom api` flags). */
+typedef struct {
+    int64_t max_queued_samples;  /* asample answers 429 above this many queued per tenant */
+    size_t max_body;             /* bytes; also the cap on a decompressed body */
+} api_settings;
+
+/* API key scopes (api_keys.scopes). */
+enum { SCOPE_TRAIN = 1, SCOPE_SAMPLE = 2, SCOPE_READ = 4 };
 
 typedef struct api_call {
     api_job *job;
     PGconn *db;
+    const api_settings *settings;
     int64_t tenant_id;     /* 0 on routes without auth */
     int64_t key_id;
-    json_t *body;          /* parsed request object; NULL on ROUTE_RAW_BODY routes */
+    unsigned scopes;       /* SCOPE_* of the key */
+    json_t *body;          /* parsed request object; NULL on ROUTE_RAW_BODY routes and on
+                            * protobuf bodies (job->body holds the decoded bytes then) */
+    bool proto_body;       /* the body is application/x-protobuf (ROUTE_PROTO_BODY routes) */
     char err[1024];        /* scratch for messages */
 } api_call;
 
@@ -22,11 +37,23 @@ typedef struct api_call {
 int api_reply_json(api_call *c, int status, json_t *v);          /* steals v */
 int api_reply_text(api_call *c, int status, const char *json);   /* copies */
 int api_reply_take(api_call *c, int status, char *json, size_t len); /* takes malloc'd */
+/* A binary body (takes malloc'd bytes) with its Content-Type (a static string). */
+int api_reply_bytes(api_call *c, int status, const char *content_type, void *data, size_t len);
 int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A database failure: logged with `what`, answered 503 (the SDK retries 5xx). */
 int api_db_error(api_call *c, const char *what, const char *err);
 
-/* Route handlers (api_session.c, api_training.c, api_futures.c). */
+/* "%lld" of v, for bound parameters. */
+void api_fmt_i64(char out[24], int64_t v);
+/* The path suffix of a wildcard route (an id), percent-decoded in place; "" if none. */
+const char *api_path_id(api_call *c);
+/* Query parameter `name` (decoded) into out; 1 if present, 0 if not. */
+int api_query_param(api_call *c, const char *name, char *out, size_t outlen);
+/* Decodes %XX and '+' in place; returns the new length. */
+size_t api_url_decode(char *s);
+
+/* Route handlers (api_session.c, api_training.c, api_futures.c, api_sampling.c,
+ * api_rest.c). */
 int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
 int api_h_capabilities(api_call *c);
@@ -37,3 +64,12 @@ int api_h_forward_backward(api_call *c);
 int api_h_forward(api_call *c);
 int api_h_optim_step(api_call *c);
 int api_h_retrieve_future(api_call *c);
+int api_h_create_sampling_session(api_call *c);
+int api_h_get_sampler(api_call *c);
+int api_h_save_weights_for_sampler(api_call *c);
+int api_h_asample(api_call *c);
+int api_h_unload_model(api_call *c);
+int api_h_list_sessions(api_call *c);
+int api_h_get_session(api_call *c);
+int api_h_list_training_runs(api_call *c);
+int api_h_get_training_run(api_call *c);

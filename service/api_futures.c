@@ -7,6 +7,7 @@
 #include "common/strbuf.h"
 #include "service/api_call.h"
 #include "service/api_json.h"
+#include "service/api_proto.h"
 #include "service/api_sql.h"
 #include <stdio.h>
 #include <string.h>
@@ -30,6 +31,22 @@ static int reply_pending(api_call *c) {
     api_reply_take(c, 200, text, len);
     c->job->park = true;
     return 0;
+}
+
+/* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
+ * (§4.2, §14; SDK 0.25 accepts nothing else for them), else the stored JSON. */
+static int reply_result(api_call *c, const char *kind, const char *json) {
+    bool fwd = !strcmp(kind, "forward_backward") || !strcmp(kind, "forward");
+    bool sample = !strcmp(kind, "sample");
+    if ((fwd || sample) && proto_accepted(c->job->accept)) {
+        uint8_t *buf;
+        size_t len;
+        int rc = fwd ? proto_encode_fwdbwd_output(json, &buf, &len, c->err, sizeof c->err)
+                     : proto_encode_sample_response(json, &buf, &len, c->err, sizeof c->err);
+        if (rc == 0) return api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
+        log_warn("retrieve_future %s: %s; answering JSON", c->job->request_id, c->err);
+    }
+    return api_reply_text(c, 200, json);
 }
 
 int api_h_retrieve_future(api_call *c) {
@@ -60,7 +77,7 @@ int api_h_retrieve_future(api_call *c) {
     const char *state = PQgetvalue(r, 0, 0);
     if (!strcmp(state, "done")) {
         if (PQgetisnull(r, 0, 1)) reply_failed(c, "operation finished without a result", "server");
-        else api_reply_text(c, 200, PQgetvalue(r, 0, 1));
+        else reply_result(c, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 1));
     } else if (!strcmp(state, "failed") || !strcmp(state, "canceled")) {
         const char *error = PQgetisnull(r, 0, 2) ? NULL : PQgetvalue(r, 0, 2);
         const char *cat = PQgetisnull(r, 0, 3) ? NULL : PQgetvalue(r, 0, 3);

@@ -27,13 +27,20 @@ typedef struct api_job {
     size_t body_len;
     char *api_key;      /* X-API-Key, or the token of "Authorization: Bearer"; NULL if none */
     char *accept;       /* Accept header or NULL */
-    char *path_arg;     /* for routes ending in '*': the rest of the path; else NULL */
+    char *content_type; /* Content-Type header or NULL */
+    char *content_encoding; /* Content-Encoding header or NULL */
+    char *path_arg;     /* for wildcard routes: the rest of the path; else NULL */
+    char *query;        /* the query string after '?', or NULL */
+    char *base_url;     /* "<scheme>://<host><prefix>" as the client reached us (absolute links) */
 
     /* response, filled by the worker */
     int status;
     char *resp;         /* malloc'd body */
     size_t resp_len;
-    const char *content_type;
+    const char *resp_type;   /* Content-Type of resp (static string) */
+    int retry_after;         /* > 0: send Retry-After with this many seconds */
+    char *location;          /* malloc'd Location header (redirects) or NULL */
+    char *expires;           /* malloc'd Expires header or NULL */
     bool park;          /* retrieve_future: not ready; resp holds the try_again answer */
 
     /* retrieve_future long-poll state (set by the worker on the first pass) */

@@ -34,6 +34,8 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
     }
     out->vocab_size = db_int(r, 0, 1);
     out->max_context = db_int(r, 0, 2);
+    snprintf(out->session_id, sizeof out->session_id, "%s", PQgetvalue(r, 0, 3));
+    snprintf(out->base_model, sizeof out->base_model, "%s", PQgetvalue(r, 0, 4));
     PQclear(r);
     return 0;
 }
@@ -84,6 +86,14 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
         int inserted = PQntuples(r) > 0;
         PQclear(r);
         if (inserted) {
+            if (q->in_tx) {
+                int st = q->in_tx(db, q->in_tx_arg, seq, err, errlen);
+                if (st < 0) goto fail;
+                if (st > 0) {
+                    db_rollback(db);
+                    return st;
+                }
+            }
             /* models.last_request_at is left alone: the scheduler orders models by it as
              * "last served" and sets it itself. */
             if (db_exec(db, SQL_OP_NOTIFY_QUEUED, 0, NULL, err, errlen) < 0 ||

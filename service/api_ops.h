@@ -8,9 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define OP_NAME_MAX 512
+
 typedef struct {
     int64_t vocab_size;
     int64_t max_context;
+    char session_id[OP_NAME_MAX];
+    char base_model[OP_NAME_MAX];
 } op_model_info;
 
 /* Finds the tenant's model and checks that it can take work. Returns 0, or an HTTP status
@@ -26,10 +30,15 @@ typedef struct {
     int64_t seq_id;
     const char *payload;     /* JSON text */
     int64_t n_tokens;
+    /* Optional: more writes in the same transaction, after the row is inserted (not on a
+     * resubmission). Returns 0, -1 (database error in err) or an HTTP status with err;
+     * anything but 0 rolls the whole submission back. seq is the op's seq_id. */
+    int (*in_tx)(PGconn *db, void *arg, const char *seq, char *err, size_t errlen);
+    void *in_tx_arg;
 } op_submit_req;
 
-/* Returns 0 with request_id, an HTTP status (400) with err for a conflicting reuse of a
- * seq_id, or -1 on a database error. */
+/* Returns 0 with request_id, an HTTP status (400, or in_tx's) with err for a conflicting
+ * reuse of a seq_id, or -1 on a database error. */
 int op_submit(PGconn *db, const op_submit_req *r, char request_id[API_REQUEST_ID_MAX], char *err,
               size_t errlen);
 

@@ -3,10 +3,12 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "service/api_auth.h"
+#include "service/api_body.h"
 #include "service/api_call.h"
 #include "service/api_json.h"
 #include "service/api_routes.h"
 #include <pthread.h>
+#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +51,72 @@ static bool ensure_db(worker *w) {
     return w->db != NULL;
 }
 
+/* The scope a route needs (see ROUTE_READ in api_routes.h); 0 = any key. */
+static unsigned route_scope(const api_route *r) {
+    if (r->flags & ROUTE_SAMPLE) return SCOPE_SAMPLE;
+    if ((r->flags & ROUTE_READ) || !strcmp(r->method, "GET")) return 0;
+    return SCOPE_TRAIN;
+}
+
+static const char *scope_name(unsigned s) {
+    return s == SCOPE_TRAIN ? "train" : s == SCOPE_SAMPLE ? "sample" : "read";
+}
+
+/* 0, or the 403 is answered. */
+static int check_scope(api_call *c, const api_route *r) {
+    unsigned need = route_scope(r);
+    if (!need || (c->scopes & need)) return 0;
+    if (!(c->scopes & (SCOPE_TRAIN | SCOPE_SAMPLE))) {
+        api_error(c, 403, "this API key is read-only");
+        return -1;
+    }
+    char have[32] = "";
+    for (unsigned s = SCOPE_TRAIN; s <= SCOPE_READ; s <<= 1)
+        if (c->scopes & s) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s",
+                                    *have ? "," : "", scope_name(s));
+    api_error(c, 403, "this API key lacks the '%s' scope (it has: %s); create a key with "
+                      "`loom key create --scopes %s,...`", scope_name(need), have, scope_name(need));
+    return -1;
+}
+
+static bool is_proto(const char *content_type) {
+    return content_type && !strncasecmp(content_type, "application/x-protobuf", 22);
+}
+
+/* Decodes Content-Encoding, then parses JSON unless the route takes a protobuf body and
+ * got one. 0, or the 4xx is answered. */
+static int read_body(api_call *c, const api_route *r) {
+    api_job *job = c->job;
+    if (r->flags & ROUTE_RAW_BODY) return 0;
+    int st = api_body_decode(job, c->settings->max_body, c->err, sizeof c->err);
+    if (st) {
+        api_error(c, st, "%s", c->err);
+        return -1;
+    }
+    if (is_proto(job->content_type)) {
+        if (!(r->flags & ROUTE_PROTO_BODY)) {
+            api_error(c, 415, "%s takes a JSON body (Content-Type: application/json); only "
+                              "forward_backward also takes application/x-protobuf", r->path);
+            return -1;
+        }
+        c->proto_body = true;
+        return 0;
+    }
+    c->body = jx_parse_body(job->body, job->body_len, c->err, sizeof c->err);
+    free(job->body); /* parsed: the text is not needed again (bodies reach 64 MiB) */
+    job->body = NULL;
+    if (!c->body) {
+        api_error(c, 400, "%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
 static void run_job(worker *w, api_job *job) {
     api_call c;
     memset(&c, 0, sizeof c);
     c.job = job;
+    c.settings = &w->pool->conf.settings;
     const api_route *r = job->route;
     if (!ensure_db(w)) {
         api_error(&c, 503, "database unavailable; retry shortly");
@@ -61,13 +125,13 @@ static void run_job(worker *w, api_job *job) {
     c.db = w->db;
     if (!(r->flags & ROUTE_NO_AUTH) && !job->recheck) {
         int rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
-                              c.err, sizeof c.err);
+                              &c.scopes, c.err, sizeof c.err);
         /* The first statement on a connection the server dropped (restart, idle timeout)
          * fails; auth only reads, so reconnect and try once more. */
         if (rc < 0 && PQstatus(w->db) == CONNECTION_BAD && ensure_db(w)) {
             c.db = w->db;
             rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
-                              c.err, sizeof c.err);
+                              &c.scopes, c.err, sizeof c.err);
         }
         if (rc < 0) {
             api_db_error(&c, "authentication", c.err);
@@ -77,16 +141,9 @@ static void run_job(worker *w, api_job *job) {
             api_error(&c, 401, "%s", c.err);
             return;
         }
+        if (check_scope(&c, r) < 0) return;
     }
-    if (!(r->flags & ROUTE_RAW_BODY) && !job->recheck) {
-        c.body = jx_parse_body(job->body, job->body_len, c.err, sizeof c.err);
-        free(job->body); /* parsed: the text is not needed again (bodies reach 64 MiB) */
-        job->body = NULL;
-        if (!c.body) {
-            api_error(&c, 400, "%s", c.err);
-            return;
-        }
-    }
+    if (!job->recheck && read_body(&c, r) < 0) return;
     r->run(&c);
     json_decref(c.body);
     PGTransactionStatusType ts = PQtransactionStatus(w->db);

@@ -3,6 +3,7 @@
  * then sends the job back to its event loop through h2o_multithread. */
 #pragma once
 #include "common/keys.h"
+#include "service/api_call.h"
 #include "service/api_job.h"
 #include <stddef.h>
 
@@ -13,6 +14,7 @@ typedef struct {
     int nworkers;
     int max_queue;      /* jobs waiting beyond this are refused (503) */
     unsigned char secret[KEY_SECRET_BYTES];
+    api_settings settings;
 } api_pool_conf;
 
 /* Connects every worker (waiting up to connect_wait_ms for the database) and starts them. */

@@ -1,7 +1,11 @@
 /* api_routes.c: every path of the Tinker spec, with how Loom answers it today. Paths not
  * in this table are 404; paths here flagged ROUTE_TODO answer 501 until implemented. */
 #include "service/api_routes.h"
+#include "service/api_weights.h"
 #include <string.h>
+
+/* client/config (§2.1); api_main.c rewrites it for --proto before any loop starts. */
+char api_client_config[256] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}";
 
 #define V1 "/api/v1"
 #define TODO(m, p) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_TODO, NULL, NULL}
@@ -9,60 +13,68 @@
 static const api_route routes[] = {
     /* bootstrap (§2): static answers, no key needed */
     {"GET", V1 "/healthz", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, "{\"status\": \"ok\"}"},
-    {"POST", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
-     "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}"},
-    {"GET", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
-     "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}"},
+    {"POST", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
+    {"GET", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
     {"POST", V1 "/client/dynamic_config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
      "{\"refresh_interval_sec\": 300}"},
     {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
-    {"POST", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
+    {"POST", V1 "/get_server_capabilities", ROUTE_READ, api_h_capabilities, NULL},
     /* telemetry (§13): always accepted, even without a valid key or body */
     {"POST", V1 "/telemetry", ROUTE_NO_AUTH | ROUTE_RAW_BODY, api_h_telemetry, NULL},
 
     /* sessions (§3) */
-    {"POST", V1 "/create_session", 0, api_h_create_session, NULL},
-    {"POST", V1 "/session_heartbeat", 0, api_h_session_heartbeat, NULL},
+    {"POST", V1 "/create_session", ROUTE_READ, api_h_create_session, NULL},
+    {"POST", V1 "/session_heartbeat", ROUTE_READ, api_h_session_heartbeat, NULL},
+    {"POST", V1 "/create_sampling_session", ROUTE_SAMPLE, api_h_create_sampling_session, NULL},
+    {"GET", V1 "/samplers/+", 0, api_h_get_sampler, NULL},
 
     /* futures (§4) */
-    {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL, api_h_retrieve_future, NULL},
+    {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_future, NULL},
 
     /* training (§7) */
     {"POST", V1 "/create_model", 0, api_h_create_model, NULL},
-    {"POST", V1 "/get_info", 0, api_h_get_info, NULL},
-    {"POST", V1 "/forward_backward", 0, api_h_forward_backward, NULL},
+    {"POST", V1 "/get_info", ROUTE_READ, api_h_get_info, NULL},
+    {"POST", V1 "/forward_backward", ROUTE_PROTO_BODY, api_h_forward_backward, NULL},
     {"POST", V1 "/forward", 0, api_h_forward, NULL},
     {"POST", V1 "/optim_step", 0, api_h_optim_step, NULL},
+    /* the unnamed form (no path) is ours; the named form goes to api_weights.c */
+    {"POST", V1 "/save_weights_for_sampler", 0, api_h_save_weights_for_sampler, NULL},
+    {"POST", V1 "/unload_model", 0, api_h_unload_model, NULL},
+
+    /* sampling (§11) */
+    {"POST", V1 "/asample", ROUTE_SAMPLE, api_h_asample, NULL},
+    {"POST", V1 "/sample", ROUTE_SAMPLE, api_h_asample, NULL},
+
+    /* REST reads (§12.2) other than checkpoints */
+    {"GET", V1 "/sessions", 0, api_h_list_sessions, NULL},
+    {"GET", V1 "/sessions/+", 0, api_h_get_session, NULL},
+    {"GET", V1 "/training_runs", 0, api_h_list_training_runs, NULL},
+    {"GET", V1 "/training_runs/+", 0, api_h_get_training_run, NULL},
+
+    /* checkpoints and the registry (§7.6, §7.7, §12.2, §17): api_weights.c */
+    {"POST", V1 "/save_weights", 0, api_h_save_weights, NULL},
+    {"POST", V1 "/load_weights", 0, api_h_load_weights, NULL},
+    {"POST", V1 "/weights_info", ROUTE_READ, api_h_weights_info, NULL},
+    {"GET", V1 "/checkpoints", 0, api_h_list_checkpoints, NULL},
+    {"GET", V1 "/training_runs/*", 0, api_h_run_checkpoints_get, NULL},
+    {"POST", V1 "/training_runs/*", 0, api_h_run_checkpoints_post, NULL},
+    {"PUT", V1 "/training_runs/*", 0, api_h_run_checkpoints_put, NULL},
+    {"DELETE", V1 "/training_runs/*", 0, api_h_run_checkpoints_delete, NULL},
+    {"GET", V1 "/models/*", 0, api_h_models_checkpoints, NULL},
+    {"GET", V1 "/checkpoint_archives/*", ROUTE_NO_AUTH, api_h_checkpoint_download, NULL},
 
     /* not implemented yet */
     TODO("POST", "/auth/token"),
-    TODO("POST", "/create_sampling_session"),
-    TODO("GET", "/samplers/*"),
-    TODO("POST", "/save_weights"),
-    TODO("POST", "/save_weights_for_sampler"),
-    TODO("POST", "/load_weights"),
-    TODO("POST", "/unload_model"),
-    TODO("POST", "/asample"),
-    TODO("POST", "/sample"),
-    TODO("POST", "/weights_info"),
-    TODO("GET", "/training_runs"),
-    TODO("GET", "/training_runs/*"),
-    TODO("POST", "/training_runs/*"),
-    TODO("PUT", "/training_runs/*"),
-    TODO("DELETE", "/training_runs/*"),
-    TODO("GET", "/checkpoints"),
-    TODO("GET", "/sessions"),
-    TODO("GET", "/sessions/*"),
     TODO("PUT", "/sessions/*"),
-    TODO("GET", "/models/*"),
 };
 
 /* 0: no match; 1: match (suffix offset in *arg_off for wildcards). */
 static int path_matches(const char *pattern, const char *path, size_t plen, size_t *arg_off) {
     size_t n = strlen(pattern);
-    if (n >= 2 && pattern[n - 2] == '/' && pattern[n - 1] == '*') {
+    if (n >= 2 && pattern[n - 2] == '/' && (pattern[n - 1] == '*' || pattern[n - 1] == '+')) {
         size_t base = n - 1; /* includes the '/' */
         if (plen <= base || memcmp(pattern, path, base) != 0) return 0;
+        if (pattern[n - 1] == '+' && memchr(path + base, '/', plen - base)) return 0;
         *arg_off = base;
         return 1;
     }

@@ -11,15 +11,25 @@ enum {
     ROUTE_TODO = 4,       /* in the spec, not implemented yet: 501 */
     ROUTE_RAW_BODY = 8,   /* handler reads job->body itself (no JSON parse / 400) */
     ROUTE_LONG_POLL = 16, /* may park (retrieve_future) */
+    /* Key scopes. GET routes and ROUTE_READ routes take any key; ROUTE_SAMPLE routes need
+     * the 'sample' scope; every other authenticated route (the submits and mutations)
+     * needs 'train'. A key without the scope gets 403. */
+    ROUTE_READ = 32,
+    ROUTE_SAMPLE = 64,
+    ROUTE_PROTO_BODY = 128, /* also takes application/x-protobuf bodies (kept as bytes) */
 };
 
 struct api_route {
     const char *method;      /* "GET", "POST", ... */
-    const char *path;        /* "/api/v1/create_model"; ending in slash-star: any suffix */
+    const char *path;        /* "/api/v1/create_model"; ending in slash-star: any suffix;
+                              * ending in slash-plus: exactly one more path segment */
     unsigned flags;
     int (*run)(api_call *c);
     const char *inline_body; /* for ROUTE_INLINE */
 };
+
+/* The client/config answer (a NUL-terminated JSON object). */
+extern char api_client_config[256];
 
 /* Finds the route for method + path (path already without the prefix and query).
  * Returns NULL with *status = 404 (no such path) or 405 (path exists, other method).

@@ -4,11 +4,12 @@
 #pragma once
 
 /* ---- API keys ---------------------------------------------------------------------- */
-/* $1 prefix -> id, tenant_id, hash (hex), revoked, expired, touch_due */
+/* $1 prefix -> id, tenant_id, hash (hex), revoked, expired, touch_due, train, sample, read */
 #define SQL_KEY_LOOKUP                                                                      \
     "SELECT id, tenant_id, encode(hash, 'hex'), revoked_at IS NOT NULL,"                    \
     " expires_at IS NOT NULL AND expires_at <= now(),"                                      \
-    " last_used_at IS NULL OR last_used_at < now() - interval '1 minute'"                   \
+    " last_used_at IS NULL OR last_used_at < now() - interval '1 minute',"                  \
+    " 'train' = ANY(scopes), 'sample' = ANY(scopes), 'read' = ANY(scopes)"                  \
     " FROM api_keys WHERE prefix = $1"
 /* $1 key id. At most once a minute per key, also across api processes. */
 #define SQL_KEY_TOUCH                                                                       \
@@ -43,9 +44,9 @@
     " lora_seed, train_attn, train_mlp, train_unembed, user_metadata)"                      \
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)"                         \
     " ON CONFLICT DO NOTHING RETURNING id"
-/* $1 model, $2 tenant -> status, vocab_size, max_context */
+/* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model */
 #define SQL_MODEL_FOR_OP                                                                    \
-    "SELECT m.status, b.vocab_size, b.max_context FROM models m"                            \
+    "SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model FROM models m" \
     " JOIN base_models b ON b.name = m.base_model WHERE m.id = $1 AND m.tenant_id = $2"
 /* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id */
 #define SQL_MODEL_INFO                                                                      \
@@ -65,9 +66,133 @@
 /* $1 model, $2 seq_id -> request_id, kind */
 #define SQL_OP_EXISTING "SELECT request_id, kind FROM operations WHERE model_id = $1 AND seq_id = $2"
 #define SQL_OP_NOTIFY_QUEUED "NOTIFY loom_op_queued"
-/* $1 request_id, $2 tenant -> state, result text, error, error_category */
+/* $1 request_id, $2 tenant -> state, result text, error, error_category, kind */
 #define SQL_FUTURE_GET                                                                      \
-    "SELECT state, result::text, error, error_category FROM operations"                     \
+    "SELECT state, result::text, error, error_category, kind FROM operations"               \
     " WHERE request_id = $1 AND tenant_id = $2"
+
+/* ---- sampling sessions (§3.3, §3.4, §7.6 unnamed form) ------------------------------- */
+/* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
+ * A checkpoint the tenant may read: its own, public, or granted; live and unexpired. */
+#define SQL_CHECKPOINT_READABLE                                                             \
+    "SELECT av.id, av.base_model, av.blob_digest, b.name IS NOT NULL"                       \
+    " FROM adapter_versions av JOIN adapters a ON a.id = av.adapter_id"                     \
+    " LEFT JOIN base_models b ON b.name = av.base_model"                                    \
+    " WHERE av.tinker_path = $1 AND av.deleted_at IS NULL"                                  \
+    " AND (av.expires_at IS NULL OR av.expires_at > now())"                                 \
+    " AND (a.tenant_id = $2 OR av.visibility = 'public' OR EXISTS (SELECT 1"                \
+    "      FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = $2))"          \
+    " ORDER BY av.id DESC LIMIT 1"
+/* $1 session -> next free sampling_session_seq_id */
+#define SQL_SESSION_NEXT_SAMPLING_SEQ                                                       \
+    "SELECT COALESCE(max(seq_id) + 1, 0) FROM sampling_sessions WHERE session_id = $1"
+/* $1 id, $2 tenant, $3 session, $4 seq, $5 base_model, $6 model_path, $7 source_model_id,
+ * $8 source_seq_id, $9 adapter_version_id; no row back when (session, seq) is taken */
+#define SQL_SAMPLING_SESSION_INSERT                                                         \
+    "INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model,"         \
+    " model_path, source_model_id, source_seq_id, adapter_version_id)"                      \
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING RETURNING id"
+/* $1 id, $2 tenant -> id, base_model, model_path, source_model_id, adapter_version_id */
+#define SQL_SAMPLING_SESSION_GET                                                            \
+    "SELECT id, base_model, model_path, source_model_id, adapter_version_id"                \
+    " FROM sampling_sessions WHERE id = $1 AND tenant_id = $2"
+/* $1 id, $2 tenant -> vocab_size, max_context, source, blob_digest, checkpoint gone,
+ * model_path */
+#define SQL_SAMPLER_FOR_OP                                                                  \
+    "SELECT b.vocab_size, b.max_context,"                                                   \
+    " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
+    "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
+    " av.blob_digest,"                                                                      \
+    " COALESCE(av.deleted_at IS NOT NULL OR av.expires_at <= now(), false), s.model_path"  \
+    " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
+    " LEFT JOIN adapter_versions av ON av.id = s.adapter_version_id"                        \
+    " WHERE s.id = $1 AND s.tenant_id = $2"
+
+/* ---- sample operations (§11) ------------------------------------------------------- */
+/* $1 sampling_session_id, $2 seq_id -> request_id */
+#define SQL_SAMPLE_EXISTING                                                                 \
+    "SELECT request_id FROM operations WHERE sampling_session_id = $1 AND seq_id = $2"
+/* $1 tenant, $2 limit -> min(queued sample ops of the tenant, limit) */
+#define SQL_TENANT_QUEUED_SAMPLES                                                           \
+    "SELECT count(*) FROM (SELECT 1 FROM operations WHERE tenant_id = $1"                   \
+    " AND kind = 'sample' AND state = 'queued' LIMIT $2) q"
+/* $1 request_id, $2 tenant, $3 sampling_session_id, $4 seq_id (NULL: no de-duplication),
+ * $5 payload, $6 n_tokens -> request_id when inserted; wakes the scheduler with it. */
+#define SQL_SAMPLE_INSERT                                                                   \
+    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"      \
+    " seq_id, kind, payload, n_tokens) VALUES ($1, $2, $3, $4, 'sample', $5::jsonb, $6)"    \
+    " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
+    " DO NOTHING RETURNING request_id)"                                                     \
+    " SELECT request_id, pg_notify('loom_op_queued', '') FROM ins"
+
+/* ---- unload_model (§7.8) ------------------------------------------------------------- */
+/* $1 model, $2 tenant -> status, request_id of an earlier unload_model or NULL; locks it */
+#define SQL_MODEL_FOR_UNLOAD                                                                \
+    "SELECT m.status, (SELECT o.request_id FROM operations o WHERE o.model_id = m.id"       \
+    " AND o.kind = 'unload_model' ORDER BY o.id LIMIT 1)"                                   \
+    " FROM models m WHERE m.id = $1 AND m.tenant_id = $2 FOR UPDATE OF m"
+/* $1 request_id, $2 tenant, $3 model, $4 result: a future that is done at once */
+#define SQL_UNLOAD_OP_INSERT                                                                \
+    "INSERT INTO operations (request_id, tenant_id, model_id, kind, payload, state, result," \
+    " finished_at) VALUES ($1, $2, $3, 'unload_model', '{}', 'done', $4::jsonb, now())"
+#define SQL_MODEL_SET_UNLOADED "UPDATE models SET status = 'unloaded' WHERE id = $1"
+/* $1 model: operations still queued will never run; their futures fail now. */
+#define SQL_MODEL_CANCEL_QUEUED                                                             \
+    "WITH c AS (UPDATE operations SET state = 'canceled', finished_at = now(),"             \
+    " error_category = 'user', error = 'model ' || model_id || ' was unloaded before this"  \
+    " operation ran; create a new model (or load a checkpoint) to continue'"                \
+    " WHERE model_id = $1 AND state = 'queued' RETURNING request_id)"                       \
+    " SELECT pg_notify('" API_CHANNEL_OP_DONE "', request_id) FROM c"
+
+/* ---- REST reads (§12.1, §12.2) ------------------------------------------------------- */
+#define SQL_ISO_TIME(x) "to_char((" x ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+/* A Checkpoint object of adapter_versions row av. */
+#define SQL_CHECKPOINT_JSON                                                                 \
+    "json_build_object('checkpoint_id', CASE av.kind WHEN 'training' THEN 'weights/'"       \
+    " ELSE 'sampler_weights/' END || av.name, 'checkpoint_type', av.kind,"                  \
+    " 'time', " SQL_ISO_TIME("av.created_at") ", 'tinker_path', av.tinker_path,"            \
+    " 'size_bytes', av.size_bytes, 'public', av.visibility = 'public',"                     \
+    " 'expires_at', " SQL_ISO_TIME("av.expires_at") ")"
+/* The newest live Checkpoint of kind k of model m, or NULL. */
+#define SQL_LAST_CHECKPOINT(k)                                                              \
+    "(SELECT " SQL_CHECKPOINT_JSON " FROM adapter_versions av"                              \
+    " JOIN adapters a ON a.id = av.adapter_id WHERE a.model_id = m.id AND av.kind = '" k "'" \
+    " AND av.deleted_at IS NULL AND (av.expires_at IS NULL OR av.expires_at > now())"      \
+    " ORDER BY av.created_at DESC, av.id DESC LIMIT 1)"
+/* A TrainingRun object of models row m (owner: tenants row t). */
+#define SQL_TRAINING_RUN_JSON                                                               \
+    "json_build_object('training_run_id', m.id, 'base_model', m.base_model,"                \
+    " 'model_owner', t.name, 'is_lora', true, 'corrupted', m.status = 'failed',"            \
+    " 'lora_rank', m.lora_rank, 'last_request_time', " SQL_ISO_TIME("m.last_request_at") "," \
+    " 'last_checkpoint', " SQL_LAST_CHECKPOINT("training") ","                              \
+    " 'last_sampler_checkpoint', " SQL_LAST_CHECKPOINT("sampler") ","                       \
+    " 'user_metadata', m.user_metadata, 'status', m.status)"
+/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first) */
+#define SQL_TRAINING_RUNS_LIST                                                              \
+    "SELECT json_build_object('training_runs', COALESCE((SELECT json_agg(r.j ORDER BY"      \
+    " r.created_at DESC, r.id) FROM (SELECT m.id, m.created_at, " SQL_TRAINING_RUN_JSON     \
+    " AS j FROM models m JOIN tenants t ON t.id = m.tenant_id WHERE m.tenant_id = $1"       \
+    " ORDER BY m.created_at DESC, m.id LIMIT $2::bigint OFFSET $3::bigint) r), '[]'),"      \
+    " 'cursor', json_build_object('offset', $3::bigint, 'limit', $2::bigint,"               \
+    " 'total_count', (SELECT count(*) FROM models WHERE tenant_id = $1)))::text"
+/* $1 model, $2 tenant -> TrainingRun */
+#define SQL_TRAINING_RUN_GET                                                                \
+    "SELECT " SQL_TRAINING_RUN_JSON "::text FROM models m JOIN tenants t"                   \
+    " ON t.id = m.tenant_id WHERE m.id = $1 AND m.tenant_id = $2"
+/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first) */
+#define SQL_SESSIONS_LIST                                                                   \
+    "SELECT json_build_object('sessions', COALESCE((SELECT json_agg(s.id ORDER BY"          \
+    " s.created_at DESC, s.id) FROM (SELECT id, created_at FROM sessions"                   \
+    " WHERE tenant_id = $1 ORDER BY created_at DESC, id LIMIT $2::bigint"                   \
+    " OFFSET $3::bigint) s), '[]'), 'cursor', json_build_object('offset', $3::bigint,"      \
+    " 'limit', $2::bigint, 'total_count',"                                                  \
+    " (SELECT count(*) FROM sessions WHERE tenant_id = $1)))::text"
+/* $1 session, $2 tenant -> {"training_run_ids", "sampler_ids"} */
+#define SQL_SESSION_GET                                                                     \
+    "SELECT json_build_object('session_id', s.id, 'training_run_ids', COALESCE((SELECT"     \
+    " json_agg(m.id ORDER BY m.model_seq_id) FROM models m WHERE m.session_id = s.id), '[]')," \
+    " 'sampler_ids', COALESCE((SELECT json_agg(x.id ORDER BY x.seq_id) FROM"                \
+    " sampling_sessions x WHERE x.session_id = s.id), '[]'))::text"                         \
+    " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
 
 #define API_CHANNEL_OP_DONE "loom_op_done"

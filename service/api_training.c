@@ -7,6 +7,7 @@
 #include "service/api_call.h"
 #include "service/api_json.h"
 #include "service/api_ops.h"
+#include "service/api_proto.h"
 #include "service/api_sql.h"
 #include "service/fwdbwd.h"
 #include <math.h>
@@ -210,14 +211,24 @@ int api_h_get_info(api_call *c) {
 
 /* ---- forward / forward_backward (§7.3, §7.4) ---------------------------------------- */
 
+/* JSON bodies of /forward and /forward_backward, and protobuf ForwardBackwardRequest
+ * bodies (§14; forward_only = true makes it a forward) end in the same fb_request. */
 static int submit_fwd(api_call *c, bool forward_only) {
-    const char *route = forward_only ? "forward" : "forward_backward";
     fb_request q;
     double t0 = now_s();
-    int rc = fb_decode_json(c->body, forward_only, &q, c->err, sizeof c->err);
-    /* q owns copies of everything; drop the JSON tree now, it is the largest thing held */
-    json_decref(c->body);
-    c->body = NULL;
+    int rc;
+    if (c->proto_body) {
+        rc = proto_decode_fwdbwd((const uint8_t *)c->job->body, c->job->body_len, &q, c->err,
+                                 sizeof c->err);
+        free(c->job->body);
+        c->job->body = NULL;
+    } else {
+        rc = fb_decode_json(c->body, forward_only, &q, c->err, sizeof c->err);
+        /* q owns copies of everything; drop the JSON tree now, it is the largest thing held */
+        json_decref(c->body);
+        c->body = NULL;
+    }
+    const char *route = q.forward_only ? "forward" : "forward_backward";
     if (rc < 0) {
         fb_request_free(&q);
         return api_error(c, 400, "%s", c->err);

@@ -57,10 +57,49 @@ static char *xstrdup(const char *s) {
     return p;
 }
 
-static int two_d(const char *where, const char *name, char *err, size_t errlen) {
+int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen) {
     snprintf(err, errlen, "%s.%s: 2-D loss inputs not supported yet (send one value per token)",
              where, name);
     return -1;
+}
+#define two_d fb_err_two_d
+
+int fb_check_float(float f, const char *where, const char *name, size_t k, char *err,
+                   size_t errlen) {
+    if (isfinite(f) && fabsf(f) < FB_MAX_ABS) return 0;
+    snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32 below 1e18 in magnitude",
+             where, name, k, (double)f);
+    return -1;
+}
+
+int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, size_t errlen) {
+    if (!name && r->forward_only) name = "cross_entropy";
+    if (!name) {
+        snprintf(err, errlen, "%s.loss_fn is required (one of cross_entropy, importance_sampling, "
+                              "ppo, cispo, dro)", in_key);
+        return -1;
+    }
+    int loss = fb_loss_from_name(name);
+    if (loss < 0) {
+        snprintf(err, errlen, "%s.loss_fn: unknown loss function \"%.64s\"; use one of "
+                              "cross_entropy, importance_sampling, ppo, cispo, dro", in_key, name);
+        return -1;
+    }
+    r->loss = (fb_loss)loss;
+    return 0;
+}
+
+int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key, double v,
+                  char *err, size_t errlen) {
+    if (!(fabs(v) < FB_MAX_ABS)) {
+        snprintf(err, errlen, "%s.loss_fn_config.%.64s: %g is out of range (|x| < 1e18)", in_key,
+                 key, v);
+        return -1;
+    }
+    if (!r->config) r->config = xcalloc(cap, sizeof *r->config);
+    r->config[r->n_config].key = xstrdup(key);
+    r->config[r->n_config++].value = v;
+    return 0;
 }
 
 /* A TensorData ({"data", "dtype", "shape"}) or a bare list, as a 1-D int or float array. */
@@ -121,27 +160,24 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
                 return -1;
             }
             float f = (float)json_number_value(e);
-            if (!isfinite(f) || fabsf(f) >= FB_MAX_ABS) {
-                snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32 below 1e18 in "
-                                      "magnitude", where, name, k, json_number_value(e));
-                return -1;
-            }
+            if (fb_check_float(f, where, name, k, err, errlen) < 0) return -1;
             out->f[k] = f;
         }
     }
     return 0;
 }
 
-static int decode_model_input(const json_t *d, const char *where, fb_datum *out, char *err,
-                              size_t errlen) {
-    json_t *mi, *chunks;
-    char w[160];
-    if (jx_obj(d, where, "model_input", &mi, err, errlen) < 0) return -1;
-    if (!mi) {
-        snprintf(err, errlen, "%s.model_input is required", where);
-        return -1;
-    }
-    snprintf(w, sizeof w, "%s.model_input", where);
+int fb_err_chunk_type(const char *where, size_t c, const char *type, char *err, size_t errlen) {
+    snprintf(err, errlen, "%s.chunks[%zu]: only text chunks supported (type \"encoded_text\"), "
+                          "got type %s", where, c, type);
+    return -1;
+}
+
+int fb_decode_model_input(const json_t *mi, const char *w, int64_t **tokens, size_t *n_tokens,
+                          char *err, size_t errlen) {
+    json_t *chunks;
+    *tokens = NULL;
+    *n_tokens = 0;
     if (jx_arr(mi, w, "chunks", &chunks, err, errlen) < 0) return -1;
     if (!chunks) {
         snprintf(err, errlen, "%s.chunks is required", w);
@@ -158,12 +194,10 @@ static int decode_model_input(const json_t *d, const char *where, fb_datum *out,
         const json_t *type = json_object_get(ch, "type");
         if (type && !json_is_null(type) &&
             !(json_is_string(type) && !strcmp(json_string_value(type), "encoded_text"))) {
-            snprintf(err, errlen, "%s.chunks[%zu]: only text chunks supported (type "
-                                  "\"encoded_text\"), got type %s%s%s", w, c,
-                     json_is_string(type) ? "\"" : "",
-                     json_is_string(type) ? json_string_value(type) : jx_type_name(type),
-                     json_is_string(type) ? "\"" : "");
-            return -1;
+            char t[80];
+            if (json_is_string(type)) snprintf(t, sizeof t, "\"%.64s\"", json_string_value(type));
+            else snprintf(t, sizeof t, "%s", jx_type_name(type));
+            return fb_err_chunk_type(w, c, t, err, errlen);
         }
         const json_t *toks = json_object_get(ch, "tokens");
         if (!toks || !json_is_array(toks)) {
@@ -173,14 +207,14 @@ static int decode_model_input(const json_t *d, const char *where, fb_datum *out,
         }
         total += json_array_size(toks);
     }
-    out->tokens = xcalloc(total, sizeof *out->tokens);
-    out->n_tokens = total;
+    *tokens = xcalloc(total, sizeof **tokens);
+    *n_tokens = total;
     size_t pos = 0;
     for (size_t c = 0; c < json_array_size(chunks); c++) {
         const json_t *toks = json_object_get(json_array_get(chunks, c), "tokens");
         for (size_t k = 0; k < json_array_size(toks); k++) {
             const json_t *e = json_array_get(toks, k);
-            if (!jx_as_int(e, &out->tokens[pos++])) {
+            if (!jx_as_int(e, &(*tokens)[pos++])) {
                 snprintf(err, errlen, "%s.chunks[%zu].tokens[%zu]: expected an integer token id, "
                                       "got %s", w, c, k, jx_type_name(e));
                 return -1;
@@ -188,6 +222,19 @@ static int decode_model_input(const json_t *d, const char *where, fb_datum *out,
         }
     }
     return 0;
+}
+
+static int decode_model_input(const json_t *d, const char *where, fb_datum *out, char *err,
+                              size_t errlen) {
+    json_t *mi;
+    char w[160];
+    if (jx_obj(d, where, "model_input", &mi, err, errlen) < 0) return -1;
+    if (!mi) {
+        snprintf(err, errlen, "%s.model_input is required", where);
+        return -1;
+    }
+    snprintf(w, sizeof w, "%s.model_input", where);
+    return fb_decode_model_input(mi, w, &out->tokens, &out->n_tokens, err, errlen);
 }
 
 static int decode_datum(const json_t *d, const char *where, fb_loss loss, fb_datum *out,
@@ -230,25 +277,12 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
         snprintf(err, errlen, "%s is required (an object with \"data\" and \"loss_fn\")", in_key);
         return -1;
     }
-    if (jx_str(input, in_key, "loss_fn", &loss_name, err, errlen) < 0) return -1;
-    if (!loss_name && forward_only) loss_name = "cross_entropy";
-    if (!loss_name) {
-        snprintf(err, errlen, "%s.loss_fn is required (one of cross_entropy, importance_sampling, "
-                              "ppo, cispo, dro)", in_key);
+    if (jx_str(input, in_key, "loss_fn", &loss_name, err, errlen) < 0 ||
+        fb_set_loss(out, in_key, loss_name, err, errlen) < 0)
         return -1;
-    }
-    int loss = fb_loss_from_name(loss_name);
-    if (loss < 0) {
-        snprintf(err, errlen, "%s.loss_fn: unknown loss function \"%.64s\"; use one of "
-                              "cross_entropy, importance_sampling, ppo, cispo, dro", in_key,
-                 loss_name);
-        return -1;
-    }
-    out->loss = (fb_loss)loss;
 
     if (jx_obj(input, in_key, "loss_fn_config", &config, err, errlen) < 0) return -1;
     if (config) {
-        out->config = xcalloc(json_object_size(config), sizeof *out->config);
         const char *key;
         json_t *v;
         json_object_foreach(config, key, v) {
@@ -258,13 +292,9 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
                          key, jx_type_name(v));
                 return -1;
             }
-            if (!(fabs(json_number_value(v)) < FB_MAX_ABS)) {
-                snprintf(err, errlen, "%s.loss_fn_config.%.64s: %g is out of range (|x| < 1e18)",
-                         in_key, key, json_number_value(v));
+            if (fb_add_config(out, json_object_size(config), in_key, key, json_number_value(v), err,
+                              errlen) < 0)
                 return -1;
-            }
-            out->config[out->n_config].key = xstrdup(key);
-            out->config[out->n_config++].value = json_number_value(v);
         }
     }
 

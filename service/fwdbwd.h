@@ -1,5 +1,5 @@
 /* fwdbwd.h: a forward / forward_backward request as one plain struct. The JSON decoder
- * here (and the protobuf decoder to come, spec §14) fill it; fb_validate checks it
+ * here and the protobuf decoder (api_proto.c, spec §14) fill it; fb_validate checks it
  * against the model's base model; fb_payload_json writes operations.payload, the exact
  * contract the executor reads:
  *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
@@ -66,6 +66,25 @@ unsigned fb_loss_accepted(fb_loss loss);
  * and field. *out is always safe to fb_request_free. */
 int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char *err,
                    size_t errlen);
+/* Pieces the JSON and protobuf decoders share, so that both say the same things.
+ * fb_set_loss: r->loss from a name (NULL = cross_entropy for forward-only requests);
+ * fb_add_config: appends a loss_fn_config entry (cap = the most entries there will be);
+ * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
+ * fb_err_two_d / fb_err_chunk_type: the messages for 2-D inputs and non-text chunks.
+ * All return 0 or -1 with err. `in_key`/`where` name the place in the request. */
+int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, size_t errlen);
+int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key, double v,
+                  char *err, size_t errlen);
+int fb_check_float(float f, const char *where, const char *name, size_t k, char *err,
+                   size_t errlen);
+int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen);
+int fb_err_chunk_type(const char *where, size_t chunk, const char *type, char *err, size_t errlen);
+
+/* A ModelInput object ({"chunks": [...]}, text chunks only) as one token array (malloc'd,
+ * also on error: free *tokens). `where` names mi in messages ("prompt"). 0 or -1. */
+int fb_decode_model_input(const json_t *mi, const char *where, int64_t **tokens,
+                          size_t *n_tokens, char *err, size_t errlen);
+
 /* Semantic checks against the base model: required inputs, lengths, token ranges,
  * context length. 0 or -1 with err. */
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,

@@ -83,6 +83,8 @@ static const char *reason_phrase(int status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
@@ -90,17 +92,28 @@ static const char *reason_phrase(int status) {
     }
 }
 
-static void send_response(h2o_req_t *req, int status, const char *body, size_t len) {
+static void send_typed(h2o_req_t *req, int status, const char *content_type, int retry_after,
+                       const char *body, size_t len) {
     req->res.status = status;
-    req->res.reason = reason_phrase(status);
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
-                   H2O_STRLIT("application/json"));
+    req->res.reason = status == 302 ? "Found" : reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    if (retry_after > 0) {
+        char ra[16];
+        int n = snprintf(ra, sizeof ra, "%d", retry_after);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL,
+                       h2o_strdup(&req->pool, ra, (size_t)n).base, (size_t)n);
+    }
     /* 501 is >= 500, which the SDK would retry for minutes; tell it not to. */
     if (status == 501)
         h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-should-retry"), 0, NULL,
                               H2O_STRLIT("false"));
     req->res.content_length = len;
     h2o_send_inline(req, body, len); /* copies body into req->pool */
+}
+
+static void send_response(h2o_req_t *req, int status, const char *body, size_t len) {
+    send_typed(req, status, "application/json", 0, body, len);
 }
 
 static void send_error(h2o_req_t *req, int status, const char *msg) {
@@ -170,7 +183,13 @@ void api_job_free(api_job *job) {
     free(job->body);
     free(job->api_key);
     free(job->accept);
+    free(job->content_type);
+    free(job->content_encoding);
     free(job->path_arg);
+    free(job->query);
+    free(job->base_url);
+    free(job->location);
+    free(job->expires);
     free(job->resp);
     free(job);
 }
@@ -199,7 +218,15 @@ static void finish_job(api_job *job) {
     job->ref = NULL;
     if (job->status >= 500) log_warn("%s -> %d: %.300s", job->route->path, job->status, job->resp);
     else log_debug("%s -> %d", job->route->path, job->status);
-    send_response(ref->req, job->status, job->resp ? job->resp : "{}", job->resp ? job->resp_len : 2);
+    h2o_req_t *req = ref->req;
+    if (job->location)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_LOCATION, NULL,
+                       h2o_strdup(&req->pool, job->location, SIZE_MAX).base, strlen(job->location));
+    if (job->expires)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_EXPIRES, NULL,
+                       h2o_strdup(&req->pool, job->expires, SIZE_MAX).base, strlen(job->expires));
+    send_typed(req, job->status, job->resp_type ? job->resp_type : "application/json",
+               job->retry_after, job->resp ? job->resp : "{}", job->resp ? job->resp_len : 2);
     api_job_free(job);
 }
 
@@ -208,6 +235,8 @@ static void dispatch(http_loop *L, api_job *job) {
     job->dispatched_ms = h2o_now(L->evloop);
     job->status = 0;
     job->park = false;
+    job->retry_after = 0;
+    job->resp_type = NULL;
     if (api_pool_submit(g.pool, job) < 0) {
         free(job->resp);
         job->status = 503;
@@ -323,6 +352,22 @@ static char *api_key_of(h2o_req_t *req) {
     return NULL;
 }
 
+/* "<scheme>://<host><prefix>" as the client addressed us: X-Forwarded-Proto/-Host from a
+ * proxy in front, else the connection's scheme and the Host header. */
+static char *base_url_of(h2o_req_t *req) {
+    char *proto = header_dup(req, NULL, "x-forwarded-proto"), *host = header_dup(req, NULL, "x-forwarded-host");
+    const char *scheme = proto ? proto : req->scheme == &H2O_URL_SCHEME_HTTPS ? "https" : "http";
+    strbuf b;
+    sb_init(&b, 128);
+    sb_printf(&b, "%s://", scheme);
+    if (host) sb_puts(&b, host);
+    else sb_append(&b, req->authority.base, req->authority.len);
+    sb_puts(&b, g.prefix);
+    free(proto);
+    free(host);
+    return sb_steal(&b, NULL);
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, ctx, req->conn->ctx);
     const char *path = req->path_normalized.base;
@@ -369,7 +414,12 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     job->body[job->body_len] = 0;
     job->api_key = api_key_of(req);
     job->accept = header_dup(req, H2O_TOKEN_ACCEPT, NULL);
+    job->content_type = header_dup(req, H2O_TOKEN_CONTENT_TYPE, NULL);
+    job->content_encoding = header_dup(req, H2O_TOKEN_CONTENT_ENCODING, NULL);
     if (arg_off) job->path_arg = strndup(path + arg_off, plen - arg_off);
+    if (req->query_at != SIZE_MAX && req->query_at + 1 <= req->path.len)
+        job->query = strndup(req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    job->base_url = base_url_of(req);
     http_req_ref *ref = h2o_mem_alloc_shared(&req->pool, sizeof *ref, on_ref_dispose);
     ref->job = job;
     ref->req = req;

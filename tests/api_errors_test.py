@@ -11,28 +11,16 @@ import http.client
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from stack import LOOM_BIN, Results, Stack  # noqa: E402
+from apitest import is_detail, loom_cli, start_second_api  # noqa: E402
+from stack import Results, Stack  # noqa: E402
 
 R = Results()
-
-
-def is_detail(resp, code, *words):
-    """resp = (status, body): status == code and body is {"detail": str} containing words."""
-    st, body = resp
-    ok = st == code and isinstance(body, dict) and isinstance(body.get("detail"), str)
-    if ok:
-        d = body["detail"].lower()
-        ok = all(w.lower() in d for w in words)
-    if not ok:
-        print("      got", st, str(body)[:300])
-    return ok
 
 
 def datum(tokens, targets=None, weights=None, **more):
@@ -95,24 +83,6 @@ def oversized_request(path, key, length):
             f"X-API-Key: {key}\r\nContent-Length: {length}\r\n\r\n").encode() + b"{\"a\": \"" + b"x" * 1000
 
 
-def loom_cli(s, *args):
-    env = dict(os.environ, DATABASE_URL=s.db)
-    return subprocess.run([LOOM_BIN] + list(args), env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def start_second_api(s, *args):
-    """Another `loom api` on the same database; returns (process, base url)."""
-    p = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1",
-                          "--secret-file", os.path.join(s.dir, "secret.key")] + list(args),
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    line = p.stdout.readline().decode()
-    if not line.startswith("LOOM_API_LISTENING port="):
-        p.kill()
-        raise RuntimeError("second api did not start: " + line)
-    return p, "http://127.0.0.1:" + line.split("=", 1)[1].strip()
-
-
 def main():
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
@@ -158,7 +128,7 @@ def main():
         R.check(is_detail(s.post("/api/v1/no_such_thing", {}), 404, "no such route"),
                 "unknown route -> 404 JSON")
         R.check(is_detail(s.get("/api/v1/create_session"), 405, "GET"), "wrong method -> 405 JSON")
-        R.check(is_detail(s.post("/api/v1/asample", {}), 501, "not implemented"),
+        R.check(is_detail(s.post("/api/v1/auth/token", {}), 501, "not implemented"),
                 "spec route not implemented yet -> 501 JSON")
 
         # ---- sessions and models --------------------------------------------------------------
@@ -245,6 +215,124 @@ def main():
         R.check(is_detail(opt({"eps": 0}), 400, "eps"), "eps = 0 -> 400")
         R.check(is_detail(opt({"learning_rate": "fast"}), 400, "learning_rate", "number"),
                 "lr as a string -> 400")
+
+        # ---- sampling sessions ------------------------------------------------------------------
+        css = lambda body, **kw: s.post("/api/v1/create_sampling_session", body, **kw)
+        R.check(is_detail(css({"session_id": "nope", "base_model": base_model}), 404, "session nope"),
+                "create_sampling_session in an unknown session -> 404")
+        R.check(is_detail(css({"session_id": sid}), 400, "base_model", "model_path"),
+                "create_sampling_session without a source -> 400 naming both fields")
+        R.check(is_detail(css({"session_id": sid, "base_model": "no/such"}), 400, "no/such", base_model),
+                "create_sampling_session with an unknown base_model -> 400 listing models")
+        R.check(is_detail(css({"session_id": sid, "model_path": "s3://x/y"}), 400, "tinker://"),
+                "model_path that is not tinker:// -> 400")
+        R.check(is_detail(css({"session_id": sid, "model_path": "tinker://x:train:0/sampler_weights/1"}), 404,
+                          "not found"), "model_path of an unknown checkpoint -> 404")
+        R.check(is_detail(css({"session_id": sid, "sampling_session_seq_id": -1, "base_model": base_model}),
+                          400, "sampling_session_seq_id"), "negative sampling_session_seq_id -> 400")
+        R.check(is_detail(css({"session_id": sid, "sampling_session_seq_id": "0", "base_model": base_model}),
+                          400, "sampling_session_seq_id", "integer"), "sampling_session_seq_id as a string -> 400")
+        st, ss = css({"session_id": sid, "sampling_session_seq_id": 0, "base_model": base_model})
+        R.check(st == 200, "create_sampling_session")
+        ssid = ss["sampling_session_id"]
+        R.check(is_detail(css({"session_id": sid, "sampling_session_seq_id": 0,
+                               "model_path": "tinker://x:train:0/weights/1"}), 404),
+                "a taken seq with an unknown model_path -> 404 (the path is checked first)")
+        R.check(is_detail(s.get("/api/v1/samplers/nope:sample:0"), 404, "not found"), "unknown sampler -> 404")
+        R.check(is_detail(s.get(f"/api/v1/samplers/{ssid}", key=other_key), 404),
+                "another tenant's sampler -> 404")
+
+        # ---- asample validation ---------------------------------------------------------------
+        def smp(params=None, **top):
+            body = {"sampling_session_id": ssid, "seq_id": 3, "num_samples": 1,
+                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+                    "sampling_params": params if params is not None else {"max_tokens": 4}}
+            body.update(top)
+            return s.post("/api/v1/asample", body)
+        R.check(is_detail(s.post("/api/v1/asample", {"base_model": base_model, "prompt": {"chunks": []}}), 400,
+                          "create a sampling session", "create_sampling_session"),
+                "legacy asample with base_model -> 400 saying to create a sampling session")
+        R.check(is_detail(s.post("/api/v1/asample", {"model_path": "tinker://a/sampler_weights/b"}), 400,
+                          "sampling session"), "legacy asample with model_path -> 400")
+        R.check(is_detail(s.post("/api/v1/asample", {}), 400, "sampling_session_id is required"),
+                "asample without a sampling session -> 400")
+        R.check(is_detail(smp(sampling_session_id="nope:sample:0"), 404, "sampling session"),
+                "unknown sampling session -> 404")
+        R.check(is_detail(smp(num_samples=0), 400, "num_samples", "128"), "num_samples 0 -> 400")
+        R.check(is_detail(smp(num_samples=129), 400, "num_samples"), "num_samples 129 -> 400")
+        R.check(is_detail(smp(prompt=None), 400, "prompt is required"), "no prompt -> 400")
+        R.check(is_detail(smp(prompt={"chunks": []}), 400, "prompt has no tokens"), "empty prompt -> 400")
+        R.check(is_detail(smp(prompt={"chunks": [{"tokens": [1, vocab]}]}), 400, "prompt", "vocabulary"),
+                "prompt token outside the vocabulary -> 400")
+        R.check(is_detail(smp(prompt={"chunks": [{"tokens": ["a"]}]}), 400, "prompt.chunks[0].tokens[0]"),
+                "prompt token of the wrong type -> 400 naming it")
+        R.check(is_detail(smp(prompt={"chunks": [{"type": "image", "data": "AA", "format": "png"}]}), 400,
+                          "only text chunks"), "image prompt -> 400")
+        R.check(is_detail(smp({"max_tokens": max_ctx}), 400, "max_tokens", "context"),
+                "prompt + max_tokens over the context -> 400")
+        R.check(is_detail(smp(prompt={"chunks": [{"tokens": [1] * max_ctx}]}, sampling_params={}), 400,
+                          "no room"), "prompt filling the whole context -> 400")
+        R.check(is_detail(smp({"max_tokens": 0}), 400, "max_tokens"), "max_tokens 0 -> 400")
+        R.check(is_detail(smp({"temperature": -0.1}), 400, "temperature"), "negative temperature -> 400")
+        R.check(is_detail(smp({"temperature": "hot"}), 400, "temperature", "number"), "temperature string -> 400")
+        R.check(is_detail(smp({"top_p": 0}), 400, "top_p", "(0, 1]"), "top_p 0 -> 400")
+        R.check(is_detail(smp({"top_p": 1.5}), 400, "top_p"), "top_p 1.5 -> 400")
+        R.check(is_detail(smp({"top_k": 0}), 400, "top_k", "-1"), "top_k 0 -> 400")
+        R.check(is_detail(smp({"seed": -5}), 400, "seed"), "negative seed -> 400")
+        R.check(is_detail(smp(topk_prompt_logprobs=21), 400, "topk_prompt_logprobs", "20"),
+                "topk_prompt_logprobs 21 -> 400")
+        R.check(is_detail(smp(prompt_logprobs="yes"), 400, "prompt_logprobs"), "prompt_logprobs string -> 400")
+        R.check(is_detail(smp({"stop": ["\n", 13]}), 400, "mixes strings and token ids"),
+                "mixed stop list -> 400")
+        R.check(is_detail(smp({"stop": [13, vocab]}), 400, "stop[1]", "vocabulary"),
+                "stop token outside the vocabulary -> 400")
+        R.check(is_detail(smp({"stop": {"a": 1}}), 400, "stop"), "stop of the wrong type -> 400")
+        R.check(is_detail(smp({"stop": [""]}), 400, "non-empty"), "empty stop string -> 400")
+        R.check(is_detail(smp(seq_id=-1), 400, "seq_id"), "negative seq_id -> 400")
+        R.check(s.psql(f"SELECT count(*) FROM operations WHERE sampling_session_id = '{ssid}'") == "0",
+                "no sample operation written by any rejected request")
+
+        # ---- save_weights_for_sampler / unload_model validation ---------------------------------
+        swfs = lambda body, **kw: s.post("/api/v1/save_weights_for_sampler", body, **kw)
+        R.check(is_detail(swfs({"seq_id": 3}), 400, "model_id is required"), "save_weights_for_sampler without model_id")
+        R.check(is_detail(swfs({"model_id": mid + "x", "seq_id": 3}), 404), "save_weights_for_sampler unknown model")
+        R.check(is_detail(swfs({"model_id": mid, "seq_id": 0}), 400, "seq_id"), "save_weights_for_sampler seq_id 0")
+        R.check(is_detail(swfs({"model_id": mid, "seq_id": 3, "sampling_session_seq_id": -2}), 400,
+                          "sampling_session_seq_id"), "negative sampling_session_seq_id -> 400")
+        R.check(is_detail(swfs({"model_id": mid, "seq_id": 3, "sampling_session_seq_id": 0}), 400,
+                          "already used"), "sampling_session_seq_id already used -> 400")
+        R.check(is_detail(s.post("/api/v1/unload_model", {}), 400, "model_id"), "unload_model without model_id")
+        R.check(is_detail(s.post("/api/v1/unload_model", {"model_id": "nope"}), 404), "unload_model unknown model")
+
+        # ---- REST query parameters --------------------------------------------------------------
+        R.check(is_detail(s.get("/api/v1/training_runs?limit=0"), 400, "limit"), "limit=0 -> 400")
+        R.check(is_detail(s.get("/api/v1/sessions?limit=abc"), 400, "limit"), "limit=abc -> 400")
+        R.check(is_detail(s.get("/api/v1/sessions?offset=-1"), 400, "offset"), "offset=-1 -> 400")
+        R.check(is_detail(s.get("/api/v1/training_runs?access_scope=everything"), 400, "access_scope"),
+                "unknown access_scope -> 400")
+        R.check(is_detail(s.get("/api/v1/sessions/nope"), 404, "session nope"), "unknown session -> 404")
+        R.check(is_detail(s.get(f"/api/v1/sessions/{sid}", key=other_key), 404), "another tenant's session -> 404")
+
+        # ---- bodies: encodings and content types ------------------------------------------------
+        R.check(is_detail(s.request("POST", "/api/v1/create_session", raw=b"{}",
+                                    headers={"Content-Encoding": "gzip"}), 415, "content-encoding"),
+                "Content-Encoding gzip -> 415 JSON")
+        R.check(is_detail(s.request("POST", "/api/v1/create_session", raw=b"{}",
+                                    headers={"Content-Encoding": "zstd"}), 400, "zstd"),
+                "Content-Encoding zstd with a body that is not zstd -> 400 JSON")
+        R.check(is_detail(s.request("POST", "/api/v1/optim_step", raw=b"\x0a\x01x",
+                                    headers={"Content-Type": "application/x-protobuf"}), 415, "json"),
+                "protobuf body on a JSON-only route -> 415 JSON")
+        st, body = s.request("POST", "/api/v1/create_session", raw=b"{}", headers={"Content-Encoding": "identity"})
+        R.check(st == 200, "Content-Encoding identity accepted")
+
+        # ---- key scopes -------------------------------------------------------------------------
+        ro_key = loom_cli(s, "key", "create", "--tenant", "default", "--scopes", "read", "--secret-file", secret)
+        R.check(s.post("/api/v1/forward_backward", fwdbwd(mid, 3, [datum([1, 2], [2, 3])]), key=ro_key)
+                == (403, {"detail": "this API key is read-only"}), "read-only key: submit -> 403 JSON")
+        R.check(s.post("/api/v1/asample", {"sampling_session_id": ssid}, key=ro_key)
+                == (403, {"detail": "this API key is read-only"}), "read-only key: asample -> 403 JSON")
+        R.check(s.get("/api/v1/get_server_capabilities", key=ro_key)[0] == 200, "read-only key: reads work")
 
         # ---- a valid submission, idempotency ------------------------------------------------
         body = fwdbwd(mid, 1, [good])

@@ -242,6 +242,20 @@ typedef struct {
     bool any_grad;
 } cb_head_job;
 
+/* The k largest logits of z, best first (ties: lower id first), as log-probs z − lse:
+ * insertion into a sorted list of k, which most logits fail to enter after the first few. */
+static void cb_topk(const float *z, long V, int k, double lse, int32_t *ids, float *lp)
+{
+    int n = 0;
+    for (long v = 0; v < V; v++) {
+        if (n == k && z[v] <= z[ids[k - 1]]) continue;
+        int i = n < k ? n++ : k - 1;
+        while (i > 0 && z[ids[i - 1]] < z[v]) { ids[i] = ids[i - 1]; i--; }
+        ids[i] = (int32_t)v;
+    }
+    for (int i = 0; i < k; i++) lp[i] = (float)((double)z[ids[i]] - lse);
+}
+
 /* One row of logits → log-softmax → lp, loss, dℓ/dlp for each of the row's targets; when
  * gradients are wanted the row is overwritten with
  *   dℓ/dlogits = Σ_j dℓ/dlp_j · (onehot(t_j) − softmax). */
@@ -276,6 +290,7 @@ static void cb_head_rows(void *va, long b, long e, int thread)
             if (k == 0) dlp0 = dlp;
         }
         if (s->loss_out) s->loss_out[pos] = (float)loss;
+        if (s->topk > 0) cb_topk(z, V, s->topk, lse, s->topk_ids_out + (long)pos * s->topk, s->topk_lp_out + (long)pos * s->topk);
         if (!j->any_grad) continue;
         if (!s->ad || s->forward_only || (K == 1 && dlp0 == 0.0f)) { /* zero rows keep the GEMMs exact */
             memset(z, 0, V * sizeof(float));

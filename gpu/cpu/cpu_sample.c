@@ -192,6 +192,8 @@ static void cs_record(cs_stream *s, int32_t tok, float lp, int max_pos)
     s->last = tok;
     bool stop = false;
     for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_tokens[i] == tok;
+    if (!stop && r->stop_check)
+        stop = r->stop_check(r, s->index, r->tokens_out + (long)s->index * r->max_tokens, s->n_gen);
     /* the next pass would feed `tok` at position n_prompt + n_gen − 1 */
     s->done = stop || s->n_gen >= r->max_tokens || r->n_prompt + s->n_gen > max_pos;
     r->n_out[s->index] = s->n_gen;

@@ -1,0 +1,125 @@
+/* reg_sql.h: every SQL statement of the registry, by name. Parameters are always bound. */
+#pragma once
+
+/* A version is live while it is neither deleted nor past its TTL. */
+#define REG_LIVE "v.deleted_at IS NULL AND (v.expires_at IS NULL OR v.expires_at > now())"
+/* $2 = the reading tenant */
+#define REG_READABLE                                                                          \
+    "(a.tenant_id = $2 OR v.visibility = 'public' OR EXISTS (SELECT 1 FROM adapter_grants g"  \
+    " WHERE g.adapter_id = a.id AND g.tenant_id = $2))"
+
+/* Columns read into a reg_version (registry.c: version_of_row), in this order. */
+#define REG_VERSION_COLS                                                                      \
+    "v.id, v.adapter_id, a.tenant_id, v.tinker_path, v.kind, v.base_model, v.blob_digest,"    \
+    " v.size_bytes, v.step, COALESCE((v.lora_config->>'rank')::int, 0),"                      \
+    " COALESCE((v.lora_config->>'train_attn')::boolean, true),"                               \
+    " COALESCE((v.lora_config->>'train_mlp')::boolean, true),"                                \
+    " COALESCE((v.lora_config->>'train_unembed')::boolean, true),"                            \
+    " v.visibility = 'public',"                                                               \
+    " to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"         \
+    " COALESCE(to_char(v.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), ''),"\
+    " extract(epoch FROM v.created_at)::bigint"
+#define REG_FROM " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id"
+
+/* $1 path, $2 tenant */
+#define SQL_REG_FIND_READABLE                                                                 \
+    "SELECT " REG_VERSION_COLS REG_FROM " WHERE v.tinker_path = $1 AND " REG_LIVE " AND " REG_READABLE
+/* $1 path */
+#define SQL_REG_FIND_LIVE "SELECT " REG_VERSION_COLS REG_FROM " WHERE v.tinker_path = $1 AND " REG_LIVE
+
+/* ---- saving a version (inside the executor's commit transaction) ----------------------- */
+/* $1 model -> tenant_id */
+#define SQL_REG_MODEL_TENANT "SELECT tenant_id FROM models WHERE id = $1"
+/* $1 tenant, $2 model id (= adapter name) -> adapter id */
+#define SQL_REG_ADAPTER_UPSERT                                                                \
+    "INSERT INTO adapters (tenant_id, model_id, name) VALUES ($1, $2, $2)"                    \
+    " ON CONFLICT (tenant_id, name) DO UPDATE SET model_id = EXCLUDED.model_id RETURNING id"
+/* $1 path -> id, expired */
+#define SQL_REG_PATH_LIVE_ROW                                                                 \
+    "SELECT id, expires_at IS NOT NULL AND expires_at <= now() FROM adapter_versions"         \
+    " WHERE tinker_path = $1 AND deleted_at IS NULL FOR UPDATE"
+/* $1 id */
+#define SQL_REG_MARK_DELETED "UPDATE adapter_versions SET deleted_at = now() WHERE id = $1"
+/* $1 adapter -> id, seq_id of its newest version */
+#define SQL_REG_LAST_VERSION                                                                  \
+    "SELECT id, COALESCE(seq_id, 0) FROM adapter_versions WHERE adapter_id = $1"              \
+    " ORDER BY id DESC LIMIT 1"
+/* $1 model, $2 seq -> seq_id, version_id of the newest completed load_weights before seq */
+#define SQL_REG_LAST_LOAD                                                                     \
+    "SELECT seq_id, COALESCE(payload->>'version_id', '') FROM operations"                     \
+    " WHERE model_id = $1 AND kind = 'load_weights' AND state = 'done' AND seq_id < $2"       \
+    " ORDER BY seq_id DESC LIMIT 1"
+/* $1 model, $2 seq_from, $3 save seq, $4 adapter, $5 kind, $6 name, $7 path, $8 step,
+ * $9 parent id or NULL, $10 digest, $11 size, $12 key id or NULL, $13 ttl seconds (< 0
+ * never) -> id. Provenance: the completed operations in [seq_from, save seq). */
+#define SQL_REG_VERSION_INSERT                                                                \
+    "WITH ops AS (SELECT kind, seq_id, n_tokens, payload, result FROM operations"             \
+    "  WHERE model_id = $1 AND seq_id >= $2 AND seq_id < $3 AND state = 'done'),"            \
+    " fb AS (SELECT * FROM ops WHERE kind = 'forward_backward'),"                             \
+    " agg AS (SELECT"                                                                          \
+    "  (SELECT count(*) FROM fb) AS n_fb,"                                                    \
+    "  (SELECT COALESCE(sum(n_tokens), 0) FROM fb) AS tokens,"                                \
+    "  (SELECT count(*) FROM ops WHERE kind = 'optim_step') AS n_steps,"                      \
+    "  (SELECT count(*) FROM ops WHERE kind = 'forward') AS n_fwd,"                           \
+    "  (SELECT COALESCE(jsonb_agg(DISTINCT payload->'adam_params'), '[]') FROM ops"           \
+    "    WHERE kind = 'optim_step') AS hp,"                                                    \
+    "  (SELECT COALESCE(jsonb_agg(DISTINCT payload->>'loss_fn'), '[]') FROM fb) AS loss_fns," \
+    "  (SELECT jsonb_build_object('sum', sum(l), 'first', (array_agg(l ORDER BY seq_id))[1],"  \
+    "     'last', (array_agg(l ORDER BY seq_id DESC))[1], 'min', min(l), 'max', max(l))"       \
+    "   FROM (SELECT seq_id, (result->'metrics'->>'loss:sum')::float8 AS l FROM fb) x) AS loss,"\
+    "  (SELECT encode(sha256(convert_to(COALESCE(string_agg((payload->'data')::text, E'\\n'"  \
+    "     ORDER BY seq_id), ''), 'UTF8')), 'hex') FROM fb) AS data_digest)"                   \
+    " INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, parent_id,"     \
+    "  base_model, lora_config, blob_digest, size_bytes, provenance, created_by_key,"          \
+    "  expires_at, seq_id)"                                                                    \
+    " SELECT $4, $5, $6, $7, $8, $9::bigint, m.base_model,"                                    \
+    "  jsonb_build_object('rank', m.lora_rank, 'seed', m.lora_seed, 'lora_alpha', 32,"        \
+    "   'train_attn', m.train_attn, 'train_mlp', m.train_mlp, 'train_unembed', m.train_unembed),"\
+    "  $10, $11,"                                                                              \
+    "  jsonb_build_object('model_id', $1::text, 'seq_from', $2::int, 'seq_to', $3::int - 1,"  \
+    "   'save_seq', $3::int, 'parent_id', $9::bigint, 'forward_backward_ops', agg.n_fb,"       \
+    "   'forward_ops', agg.n_fwd, 'tokens', agg.tokens, 'optim_steps', agg.n_steps,"           \
+    "   'hyperparameters', agg.hp, 'loss_fns', agg.loss_fns, 'loss', agg.loss,"                \
+    "   'data_digest', agg.data_digest, 'created_by_key',"                                     \
+    "   (SELECT 'tml-' || k.prefix || '...' FROM api_keys k WHERE k.id = $12::bigint)),"       \
+    "  $12::bigint,"                                                                           \
+    "  CASE WHEN $13::bigint < 0 THEN NULL ELSE now() + make_interval(secs => $13::float8) END,"\
+    "  $3::int"                                                                                \
+    " FROM models m, agg WHERE m.id = $1 RETURNING id"
+
+/* ---- locks ------------------------------------------------------------------------------- */
+/* Class 0x4c6f6f6d ("Loom"), object = the digest's first 32 bits. */
+#define SQL_REG_BLOB_LOCK_SHARED                                                              \
+    "SELECT pg_advisory_xact_lock_shared(1282371437, ('x' || substr($1, 1, 8))::bit(32)::int)"
+#define SQL_REG_BLOB_LOCK                                                                     \
+    "SELECT pg_advisory_xact_lock(1282371437, ('x' || substr($1, 1, 8))::bit(32)::int)"
+
+/* ---- GC ---------------------------------------------------------------------------------- */
+/* -> id, tenant, path of live versions past their TTL; $1 run or NULL */
+#define SQL_REG_GC_EXPIRE                                                                     \
+    "UPDATE adapter_versions v SET deleted_at = now() FROM adapters a"                        \
+    " WHERE a.id = v.adapter_id AND v.deleted_at IS NULL AND v.expires_at <= now()"           \
+    " AND ($1::text IS NULL OR a.name = $1) RETURNING v.id, a.tenant_id, v.tinker_path"
+/* $1 keep, $2 run or NULL -> live versions beyond the newest $1 per adapter and kind */
+#define SQL_REG_GC_PRUNE_LIST                                                                 \
+    "SELECT id, tenant_id, tinker_path FROM (SELECT v.id, a.tenant_id, v.tinker_path,"        \
+    "  row_number() OVER (PARTITION BY v.adapter_id, v.kind ORDER BY v.created_at DESC, v.id DESC) AS rn" \
+    "  FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id"                        \
+    "  WHERE " REG_LIVE " AND ($2::text IS NULL OR a.name = $2)) x WHERE rn > $1::int ORDER BY id"
+/* -> distinct digests of dead versions whose blob was not removed yet */
+#define SQL_REG_GC_CANDIDATES                                                                 \
+    "SELECT DISTINCT v.blob_digest FROM adapter_versions v"                                   \
+    " WHERE v.blob_removed_at IS NULL AND NOT (" REG_LIVE ") ORDER BY 1"
+/* $1 digest -> live versions using it */
+#define SQL_REG_GC_LIVE_REFS                                                                  \
+    "SELECT count(*) FROM adapter_versions v WHERE v.blob_digest = $1 AND " REG_LIVE
+/* $1 digest -> total size of the dead versions' blob (one blob, same size) */
+#define SQL_REG_GC_MARK_REMOVED                                                               \
+    "UPDATE adapter_versions v SET blob_removed_at = now() WHERE v.blob_digest = $1"          \
+    " AND v.blob_removed_at IS NULL AND NOT (" REG_LIVE ") RETURNING v.size_bytes"
+
+/* ---- audit ------------------------------------------------------------------------------- */
+/* $1 tenant or NULL, $2 actor, $3 action, $4 object, $5 details (JSON or NULL) */
+#define SQL_REG_AUDIT                                                                         \
+    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                       \
+    " VALUES ($1::bigint, $2, $3, $4, COALESCE($5::jsonb, '{}'))"

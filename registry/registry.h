@@ -1,0 +1,150 @@
+/* registry.h: the adapter registry: tinker:// checkpoint paths, checkpoint versions and
+ * their provenance, access rules between tenants, the blob locks that keep GC from
+ * removing a blob a concurrent save is about to reference, GC itself, signed download
+ * tokens and the tar writer of checkpoint archives.
+ *
+ * Access rule (one place: reg_find_readable): a tenant may read a live version (not
+ * deleted, not past its TTL) of its own adapters, any public version, and every version
+ * of an adapter granted to it. Only the owner may modify (delete, publish, ttl, grant).
+ * Everything else reads as "not found". */
+#pragma once
+#include "registry/blobstore.h"
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REG_NAME_MAX 128     /* checkpoint name */
+#define REG_RUN_MAX 400      /* training run id (= model id, or an imported adapter's name) */
+#define REG_PATH_MAX 600
+
+/* ---- paths (spec §6) ------------------------------------------------------------------ */
+
+typedef struct {
+    char run[REG_RUN_MAX];
+    char dir[16];                /* "weights" | "sampler_weights" */
+    char name[REG_NAME_MAX + 1];
+} reg_path;
+
+/* Parses "tinker://<run>/<weights|sampler_weights>/<name>". 0, or -1 with err. */
+int reg_path_parse(const char *s, reg_path *out, char *err, size_t errlen);
+/* Parses a REST checkpoint id "<weights|sampler_weights>/<name>" for run. */
+int reg_ckpt_id_parse(const char *run, const char *ckpt_id, reg_path *out, char *err, size_t errlen);
+/* A checkpoint name: 1..128 printable ASCII characters, none of / ? # % \ or space. */
+bool reg_name_valid(const char *name, char *err, size_t errlen);
+/* "tinker://run/dir/name" */
+void reg_path_format(const reg_path *p, char *out, size_t n);
+/* "training" for weights/, "sampler" for sampler_weights/ (and back). */
+const char *reg_kind_of_dir(const char *dir);
+const char *reg_dir_of_kind(const char *kind);
+
+/* ---- versions --------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t id, adapter_id, tenant_id;  /* tenant_id: the owner */
+    char tinker_path[REG_PATH_MAX];
+    reg_path path;
+    char kind[16];                      /* "training" | "sampler" */
+    char base_model[256];
+    char digest[BLOB_DIGEST_HEX];
+    int64_t size_bytes, step;
+    int rank;
+    bool train_attn, train_mlp, train_unembed;
+    bool is_public;
+    char time[40];                      /* created_at, ISO 8601 UTC */
+    char expires_at[40];                /* "" = never */
+    int64_t created_epoch;              /* unix seconds */
+} reg_version;
+
+/* The Checkpoint JSON of spec §12.1. */
+json_t *reg_checkpoint_json(const reg_version *v);
+/* Row i of a result whose columns are REG_VERSION_COLS (reg_sql.h). */
+void reg_version_of_row(const PGresult *r, int i, reg_version *v);
+
+/* Live version at tinker_path that tenant may read (own, public or granted). 0 found,
+ * 404 (err says so) when absent, dead or not readable, -1 database error. */
+int reg_find_readable(PGconn *c, int64_t tenant, const char *tinker_path, reg_version *out, char *err,
+                      size_t errlen);
+/* Same for modifications: the tenant must own it. */
+int reg_find_owned(PGconn *c, int64_t tenant, const char *tinker_path, reg_version *out, char *err, size_t errlen);
+/* Same without any tenant check (operators, the download route after its token check). */
+int reg_find_live(PGconn *c, const char *tinker_path, reg_version *out, char *err, size_t errlen);
+
+/* A new checkpoint version, written inside the executor's commit transaction. */
+typedef struct {
+    const char *model_id;
+    int64_t seq_id;            /* the save operation's seq_id */
+    const char *kind;          /* "training" | "sampler" */
+    const char *name;
+    const char *digest;
+    int64_t size_bytes, step;
+    int64_t ttl_seconds;       /* < 0: never expires */
+    bool overwrite;
+    int64_t key_id;            /* creating API key, 0 if unknown */
+} reg_new_version;
+
+/* Creates the model's adapter row if needed, marks a previous live version at the same
+ * path deleted (overwrite, or when it has expired), computes the provenance (op range
+ * since the parent version, hyper-parameters, loss summary, data digest) and inserts
+ * the version. 0 with *version_id; 1 when the name exists and overwrite is false (err
+ * says so, nothing written); -1 database error. */
+int reg_version_insert(PGconn *c, const reg_new_version *v, int64_t *version_id, char *err, size_t errlen);
+
+/* ---- blob locks and GC ---------------------------------------------------------------- */
+
+/* Transaction-scoped advisory locks on one digest: a save takes it shared before it
+ * checks the blob and inserts its row; GC takes it exclusive around "no live version
+ * references it → remove". So GC never removes a blob a committed or committing version
+ * references, and a save that lost its blob to GC notices and stores it again. */
+int reg_blob_lock_shared(PGconn *c, const char *digest, char *err, size_t errlen);
+int reg_blob_lock(PGconn *c, const char *digest, char *err, size_t errlen);
+
+typedef struct {
+    int keep_last;      /* > 0: per run and kind, delete all but the newest keep_last live versions */
+    const char *run;    /* NULL: every run */
+    bool dry_run;       /* report only */
+} reg_gc_opts;
+
+typedef struct {
+    int expired;        /* versions past their TTL, now marked deleted */
+    int pruned;         /* versions deleted by keep_last */
+    int blobs_removed;
+    int blobs_kept;     /* dead versions whose blob a live version still uses */
+    int64_t bytes_freed;
+} reg_gc_stats;
+
+/* One GC pass (no transaction open on c). 0, or -1 with err. */
+int reg_gc(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err, size_t errlen);
+
+/* ---- audit -------------------------------------------------------------------------------- */
+
+/* Appends one audit_log row; details is a JSON object text or NULL. */
+int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, const char *object,
+              const char *details, char *err, size_t errlen);
+
+/* ---- signed download URLs (spec §17.7) ------------------------------------------------ */
+
+#define REG_TOKEN_HEX 65
+/* HMAC (crypto_auth, key derived from the server secret) over run, checkpoint id,
+ * format and expiry (unix seconds). */
+void reg_download_sign(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
+                       int64_t expires, char out[REG_TOKEN_HEX]);
+bool reg_download_verify(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
+                         int64_t expires, const char *token);
+
+/* ---- tar (ustar) ------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;          /* < 100 ASCII characters, no '/' */
+    const uint8_t *data;
+    size_t len;
+} reg_tar_member;
+
+/* A plain tar of regular files at the root: mode 0644, uid/gid 0, the given mtime.
+ * *out is malloc'd. 0, or -1 with err. */
+int reg_tar_build(const reg_tar_member *m, int n, int64_t mtime, uint8_t **out, size_t *outlen, char *err,
+                  size_t errlen);
+/* The bytes of regular file `name` in a ustar archive (a leading "./" is ignored);
+ * 0, or -1 when absent or the archive is malformed. *data points into tar. */
+int reg_tar_get(const uint8_t *tar, size_t len, const char *name, const uint8_t **data, size_t *dlen);

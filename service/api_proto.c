@@ -1,0 +1,463 @@
+/* api_proto.c: protobuf request decoding and result encoding (see api_proto.h).
+ * Arrays on this wire are raw little-endian bytes; they are read and written byte by
+ * byte so the code does not depend on the host's byte order. */
+#include "service/api_proto.h"
+#include "service/proto/tinker_public.pb-c.h"
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static void *xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) abort();
+    return p;
+}
+
+/* ---- little-endian arrays ------------------------------------------------------------ */
+
+static uint64_t get_le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
+}
+
+static float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static bool utf8_ok(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2
+                : (*p & 0xf8) == 0xf0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
+        p++;
+        for (int i = 0; i < n; i++, p++)
+            if ((*p & 0xc0) != 0x80) return false;
+    }
+    return true;
+}
+
+/* ---- ForwardBackwardRequest -> fb_request --------------------------------------------- */
+
+static int decode_text_chunks(const TinkerPublic__Datum *d, const char *where, fb_datum *out,
+                              char *err, size_t errlen) {
+    size_t total = 0;
+    for (size_t c = 0; c < d->n_model_input; c++) {
+        const TinkerPublic__Chunk *ch = d->model_input[c];
+        if (ch->chunk_case != TINKER_PUBLIC__CHUNK__CHUNK_ENCODED_TEXT) {
+            const char *t = ch->chunk_case == TINKER_PUBLIC__CHUNK__CHUNK_IMAGE ? "\"image\""
+                            : ch->chunk_case == TINKER_PUBLIC__CHUNK__CHUNK_DMEL ? "\"dmel\""
+                                                                                 : "(none)";
+            return fb_err_chunk_type(where, c, t, err, errlen);
+        }
+        size_t n = ch->encoded_text->tokens.len;
+        if (n % 4) {
+            snprintf(err, errlen, "%s.chunks[%zu].tokens: %zu bytes is not a whole number of int32 "
+                                  "token ids", where, c, n);
+            return -1;
+        }
+        total += n / 4;
+    }
+    out->tokens = xcalloc(total, sizeof *out->tokens);
+    out->n_tokens = total;
+    size_t pos = 0;
+    for (size_t c = 0; c < d->n_model_input; c++) {
+        const ProtobufCBinaryData *b = &d->model_input[c]->encoded_text->tokens;
+        for (size_t k = 0; k + 4 <= b->len; k += 4)
+            out->tokens[pos++] = (int32_t)(uint32_t)get_le(b->data + k, 4);
+    }
+    return 0;
+}
+
+static const char *dtype_name(TinkerPublic__DType t) {
+    switch (t) {
+    case TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32: return "float32";
+    case TINKER_PUBLIC__DTYPE__DTYPE_INT64: return "int64";
+    case TINKER_PUBLIC__DTYPE__DTYPE_INT32: return "int32";
+    case TINKER_PUBLIC__DTYPE__DTYPE_BFLOAT16: return "bfloat16";
+    default: return "unspecified";
+    }
+}
+
+static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const char *name,
+                         bool is_int, fb_tensor *out, char *err, size_t errlen) {
+    if (t->encoding_case == TINKER_PUBLIC__TENSOR__ENCODING_SPARSE_CSR || t->n_shape >= 2)
+        return fb_err_two_d(where, name, err, errlen);
+    TinkerPublic__DType dt = t->dtype;
+    if (dt == TINKER_PUBLIC__DTYPE__DTYPE_UNSPECIFIED)
+        dt = is_int ? TINKER_PUBLIC__DTYPE__DTYPE_INT64 : TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
+    int size = dt == TINKER_PUBLIC__DTYPE__DTYPE_INT64 ? 8
+               : dt == TINKER_PUBLIC__DTYPE__DTYPE_INT32 || dt == TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32 ? 4
+                                                                                              : 0;
+    bool float_data = dt == TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
+    if (!size || (is_int && float_data)) {
+        snprintf(err, errlen, "%s.%s: dtype %s is not accepted here (send %s)", where, name,
+                 dtype_name(t->dtype), is_int ? "int64 token ids" : "float32 values");
+        return -1;
+    }
+    const ProtobufCBinaryData *b = &t->dense;
+    if (t->encoding_case != TINKER_PUBLIC__TENSOR__ENCODING_DENSE) b = NULL;
+    size_t bytes = b ? b->len : 0;
+    if (bytes % (size_t)size) {
+        snprintf(err, errlen, "%s.%s: %zu bytes is not a whole number of %s values", where, name,
+                 bytes, dtype_name(dt));
+        return -1;
+    }
+    size_t n = bytes / (size_t)size;
+    if (t->n_shape == 1 && t->shape[0] != (int64_t)n) {
+        snprintf(err, errlen, "%s.%s.shape does not match its data (%zu values): expected [%zu]",
+                 where, name, n, n);
+        return -1;
+    }
+    out->present = true;
+    out->n = n;
+    if (is_int) out->i = xcalloc(n, sizeof *out->i);
+    else out->f = xcalloc(n, sizeof *out->f);
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = b->data + k * (size_t)size;
+        if (is_int) {
+            out->i[k] = size == 8 ? (int64_t)get_le(p, 8) : (int32_t)(uint32_t)get_le(p, 4);
+            continue;
+        }
+        float f = float_data ? f32_from_bits((uint32_t)get_le(p, 4))
+                  : size == 8 ? (float)(int64_t)get_le(p, 8)
+                              : (float)(int32_t)(uint32_t)get_le(p, 4);
+        if (fb_check_float(f, where, name, k, err, errlen) < 0) return -1;
+        out->f[k] = f;
+    }
+    return 0;
+}
+
+static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, fb_datum *out,
+                        char *err, size_t errlen) {
+    char where[96];
+    snprintf(where, sizeof where, "data[%zu].model_input", i);
+    if (decode_text_chunks(d, where, out, err, errlen) < 0) return -1;
+    snprintf(where, sizeof where, "data[%zu].loss_fn_inputs", i);
+    unsigned accepted = fb_loss_accepted(loss);
+    for (size_t e = 0; e < d->n_loss_fn_inputs; e++) {
+        const TinkerPublic__Datum__LossFnInputsEntry *in = d->loss_fn_inputs[e];
+        for (int k = 0; k < FB_N_INPUTS; k++) {
+            /* inputs this loss does not use are ignored, as on the JSON path */
+            if (!(accepted & (1u << k)) || strcmp(in->key, fb_input_names[k]) != 0 || !in->value)
+                continue;
+            if (out->in[k].present) {
+                snprintf(err, errlen, "%s.%s is given twice", where, fb_input_names[k]);
+                return -1;
+            }
+            if (decode_tensor(in->value, where, fb_input_names[k], k == FB_TARGET_TOKENS,
+                              &out->in[k], err, errlen) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *err,
+                        size_t errlen) {
+    memset(out, 0, sizeof *out);
+    TinkerPublic__ForwardBackwardRequest *m =
+        tinker_public__forward_backward_request__unpack(NULL, len, buf);
+    if (!m) {
+        snprintf(err, errlen, "request body is not a valid ForwardBackwardRequest protobuf "
+                              "message (%zu bytes; Content-Type: application/x-protobuf)", len);
+        return -1;
+    }
+    int rc = -1;
+    out->forward_only = m->forward_only;
+    const char *in_key = "forward_backward_request";
+    if (!m->model_id || !*m->model_id) {
+        snprintf(err, errlen, "model_id is required");
+        goto out;
+    }
+    if (!utf8_ok(m->model_id) || (m->loss_fn && !utf8_ok(m->loss_fn))) {
+        snprintf(err, errlen, "model_id and loss_fn must be valid UTF-8");
+        goto out;
+    }
+    out->model_id = strdup(m->model_id);
+    if (!out->model_id) abort();
+    out->has_seq_id = m->seq_id != 0; /* 0 = unset (§14) */
+    out->seq_id = m->seq_id;
+    if (fb_set_loss(out, in_key, m->loss_fn && *m->loss_fn ? m->loss_fn : NULL, err, errlen) < 0)
+        goto out;
+    for (size_t i = 0; i < m->n_loss_fn_config; i++) {
+        const char *key = m->loss_fn_config[i]->key;
+        if (!utf8_ok(key)) {
+            snprintf(err, errlen, "loss_fn_config keys must be valid UTF-8");
+            goto out;
+        }
+        if (fb_add_config(out, m->n_loss_fn_config, in_key, key, m->loss_fn_config[i]->value, err,
+                          errlen) < 0)
+            goto out;
+    }
+    out->data = xcalloc(m->n_data, sizeof *out->data);
+    out->n_data = m->n_data;
+    for (size_t i = 0; i < m->n_data; i++)
+        if (decode_datum(m->data[i], i, out->loss, &out->data[i], err, errlen) < 0) goto out;
+    rc = 0;
+out:
+    tinker_public__forward_backward_request__free_unpacked(m, NULL);
+    return rc;
+}
+
+/* ---- results -------------------------------------------------------------------------- */
+
+int proto_accepted(const char *accept) {
+    return accept && strcasestr(accept, "application/x-protobuf") != NULL;
+}
+
+static int shape_err(char *err, size_t errlen, const char *what) {
+    snprintf(err, errlen, "stored result cannot be encoded as protobuf: %s", what);
+    return -1;
+}
+
+/* The values of a TensorData object ({"data", "dtype", "shape"}) or of a bare list. */
+static const json_t *tensor_values(const json_t *t) {
+    return json_is_object(t) ? json_object_get(t, "data") : t;
+}
+
+static bool tensor_is_int(const json_t *t) {
+    const char *dt = json_is_object(t) ? json_string_value(json_object_get(t, "dtype")) : NULL;
+    return dt && (!strcmp(dt, "int64") || !strcmp(dt, "int32"));
+}
+
+/* shape[1:] of a TensorData as a malloc'd array; *n = its length. */
+static int64_t *trailing_shape(const json_t *t, size_t *n) {
+    const json_t *shape = json_is_object(t) ? json_object_get(t, "shape") : NULL;
+    size_t dims = json_is_array(shape) ? json_array_size(shape) : 0;
+    *n = dims > 1 ? dims - 1 : 0;
+    int64_t *out = xcalloc(*n, sizeof *out);
+    for (size_t i = 0; i < *n; i++) out[i] = json_integer_value(json_array_get(shape, i + 1));
+    return out;
+}
+
+typedef struct {
+    TinkerPublic__ArrayRecord__FieldsEntry entry;
+    TinkerPublic__BatchedTensor tensor;
+} batched_field;
+
+static void free_fields(batched_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(f[i].tensor.data.data);
+        free(f[i].tensor.offsets.data);
+        free(f[i].tensor.trailing_shape);
+    }
+    free(f);
+}
+
+/* One field of every datum, concatenated, with int64 byte offsets. */
+static int batch_field(const json_t *outputs, const char *key, batched_field *f, char *err,
+                       size_t errlen) {
+    size_t nd = json_array_size(outputs);
+    const json_t *first = json_object_get(json_array_get(outputs, 0), key);
+    bool is_int = tensor_is_int(first);
+    int size = is_int ? 8 : 4;
+    size_t total = 0;
+    for (size_t d = 0; d < nd; d++) {
+        const json_t *v = tensor_values(json_object_get(json_array_get(outputs, d), key));
+        if (!json_is_array(v)) return shape_err(err, errlen, "a datum lacks an output field");
+        total += json_array_size(v);
+    }
+    tinker_public__batched_tensor__init(&f->tensor);
+    tinker_public__array_record__fields_entry__init(&f->entry);
+    f->entry.key = (char *)key;
+    f->entry.value = &f->tensor;
+    f->tensor.dtype = is_int ? TINKER_PUBLIC__DTYPE__DTYPE_INT64 : TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
+    f->tensor.trailing_shape = trailing_shape(first, &f->tensor.n_trailing_shape);
+    f->tensor.data.data = xcalloc(total, (size_t)size);
+    f->tensor.data.len = total * (size_t)size;
+    f->tensor.offsets.data = xcalloc(nd + 1, 8);
+    f->tensor.offsets.len = (nd + 1) * 8;
+    size_t pos = 0;
+    for (size_t d = 0; d < nd; d++) {
+        const json_t *t = json_object_get(json_array_get(outputs, d), key);
+        if (tensor_is_int(t) != is_int) return shape_err(err, errlen, "mixed dtypes in a field");
+        const json_t *v = tensor_values(t);
+        put_le(f->tensor.offsets.data + 8 * d, (uint64_t)(pos * (size_t)size), 8);
+        for (size_t k = 0; k < json_array_size(v); k++, pos++) {
+            const json_t *e = json_array_get(v, k);
+            uint8_t *p = f->tensor.data.data + pos * (size_t)size;
+            if (is_int) put_le(p, (uint64_t)json_integer_value(e), 8);
+            else put_le(p, f32_bits(json_is_number(e) ? (float)json_number_value(e) : NAN), 4);
+        }
+    }
+    put_le(f->tensor.offsets.data + 8 * nd, (uint64_t)(pos * (size_t)size), 8);
+    return 0;
+}
+
+static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    *out = malloc(n ? n : 1);
+    if (!*out) abort();
+    *len = protobuf_c_message_pack(m, *out);
+    return 0;
+}
+
+int proto_encode_fwdbwd_output(const char *json, uint8_t **out, size_t *len, char *err,
+                               size_t errlen) {
+    json_t *r = json_loads(json, 0, NULL);
+    const json_t *outputs = json_object_get(r, "loss_fn_outputs");
+    const json_t *metrics = json_object_get(r, "metrics");
+    if (!json_is_object(r) || !json_is_array(outputs)) {
+        json_decref(r);
+        return shape_err(err, errlen, "no loss_fn_outputs list");
+    }
+    size_t nd = json_array_size(outputs);
+    const json_t *d0 = json_array_get(outputs, 0);
+    size_t nf = nd ? json_object_size(d0) : 0;
+    batched_field *fields = xcalloc(nf, sizeof *fields);
+    TinkerPublic__ArrayRecord__FieldsEntry **fp = xcalloc(nf, sizeof *fp);
+    size_t nm = json_object_size(metrics);
+    TinkerPublic__ForwardBackwardOutput__MetricsEntry *me = xcalloc(nm, sizeof *me), **mp =
+        xcalloc(nm, sizeof *mp);
+    int rc = -1;
+    size_t i = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)d0, key, v) {
+        if (batch_field(outputs, key, &fields[i], err, errlen) < 0) {
+            nf = i + 1;
+            goto out;
+        }
+        fp[i] = &fields[i].entry;
+        i++;
+    }
+    size_t m = 0;
+    json_object_foreach((json_t *)metrics, key, v) {
+        if (!json_is_number(v)) continue;
+        tinker_public__forward_backward_output__metrics_entry__init(&me[m]);
+        me[m].key = (char *)key;
+        me[m].value = json_number_value(v);
+        mp[m] = &me[m];
+        m++;
+    }
+    TinkerPublic__ArrayRecord rec = TINKER_PUBLIC__ARRAY_RECORD__INIT;
+    TinkerPublic__ArrayRecord *recp = &rec;
+    rec.n_fields = nf;
+    rec.fields = fp;
+    rec.num_datums = (int64_t)nd;
+    TinkerPublic__ForwardBackwardOutput o = TINKER_PUBLIC__FORWARD_BACKWARD_OUTPUT__INIT;
+    const char *type = json_string_value(json_object_get(r, "loss_fn_output_type"));
+    o.loss_fn_output_type = (char *)(type ? type : "ArrayRecord");
+    o.n_loss_fn_outputs = nd ? 1 : 0;
+    o.loss_fn_outputs = &recp;
+    o.n_metrics = m;
+    o.metrics = mp;
+    rc = pack(&o.base, out, len);
+out:
+    free_fields(fields, nf);
+    free(fp);
+    free(me);
+    free(mp);
+    json_decref(r);
+    return rc;
+}
+
+/* A list of numbers (null -> NaN) as float32 LE bytes. */
+static void f32_bytes(const json_t *list, ProtobufCBinaryData *b) {
+    size_t n = json_array_size(list);
+    b->data = xcalloc(n, 4);
+    b->len = 4 * n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(list, i);
+        put_le(b->data + 4 * i, f32_bits(json_is_number(e) ? (float)json_number_value(e) : NAN), 4);
+    }
+}
+
+int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, char *err,
+                                 size_t errlen) {
+    json_t *r = json_loads(json, 0, NULL);
+    const json_t *seqs = json_object_get(r, "sequences");
+    if (!json_is_object(r) || !json_is_array(seqs)) {
+        json_decref(r);
+        return shape_err(err, errlen, "no sequences list");
+    }
+    size_t ns = json_array_size(seqs);
+    TinkerPublic__SampledSequence *ss = xcalloc(ns, sizeof *ss), **sp = xcalloc(ns, sizeof *sp);
+    for (size_t i = 0; i < ns; i++) {
+        const json_t *s = json_array_get(seqs, i);
+        const json_t *toks = json_object_get(s, "tokens");
+        const json_t *lps = json_object_get(s, "logprobs");
+        const char *stop = json_string_value(json_object_get(s, "stop_reason"));
+        tinker_public__sampled_sequence__init(&ss[i]);
+        sp[i] = &ss[i];
+        ss[i].stop_reason = stop && !strcmp(stop, "length") ? TINKER_PUBLIC__STOP_REASON__STOP_REASON_LENGTH
+                                                            : TINKER_PUBLIC__STOP_REASON__STOP_REASON_STOP;
+        size_t nt = json_array_size(toks);
+        ss[i].tokens.data = xcalloc(nt, 4);
+        ss[i].tokens.len = 4 * nt;
+        for (size_t k = 0; k < nt; k++)
+            put_le(ss[i].tokens.data + 4 * k, (uint32_t)json_integer_value(json_array_get(toks, k)), 4);
+        if (json_is_array(lps)) {
+            ss[i]._logprobs_case = TINKER_PUBLIC__SAMPLED_SEQUENCE___LOGPROBS_LOGPROBS;
+            f32_bytes(lps, &ss[i].logprobs);
+        }
+    }
+    TinkerPublic__SampleResponse o = TINKER_PUBLIC__SAMPLE_RESPONSE__INIT;
+    o.n_sequences = ns;
+    o.sequences = sp;
+    o.prompt_cache_hit_tokens = (int32_t)json_integer_value(json_object_get(r, "prompt_cache_hit_tokens"));
+    const json_t *plp = json_object_get(r, "prompt_logprobs");
+    if (json_is_array(plp)) {
+        o._prompt_logprobs_case = TINKER_PUBLIC__SAMPLE_RESPONSE___PROMPT_LOGPROBS_PROMPT_LOGPROBS;
+        f32_bytes(plp, &o.prompt_logprobs); /* null at position 0 -> NaN */
+    }
+    /* top-k: prompt_length x k slots, row-major; an empty slot is (0, -99999.0), and a row
+     * whose first slot is empty reads back as null. */
+    TinkerPublic__TopkPromptLogprobs topk = TINKER_PUBLIC__TOPK_PROMPT_LOGPROBS__INIT;
+    const json_t *tk = json_object_get(r, "topk_prompt_logprobs");
+    if (json_is_array(tk)) {
+        size_t rows = json_array_size(tk), k = 1;
+        for (size_t p = 0; p < rows; p++)
+            if (json_array_size(json_array_get(tk, p)) > k) k = json_array_size(json_array_get(tk, p));
+        topk.k = (uint32_t)k;
+        topk.prompt_length = (uint32_t)rows;
+        topk.token_ids.data = xcalloc(rows * k, 4);
+        topk.token_ids.len = 4 * rows * k;
+        topk.logprobs.data = xcalloc(rows * k, 4);
+        topk.logprobs.len = 4 * rows * k;
+        for (size_t p = 0; p < rows; p++) {
+            const json_t *row = json_array_get(tk, p);
+            for (size_t j = 0; j < k; j++) {
+                const json_t *pair = json_array_get(row, j); /* NULL past the end / null row */
+                size_t at = 4 * (p * k + j);
+                bool have = json_is_array(pair) && json_array_size(pair) == 2;
+                put_le(topk.token_ids.data + at,
+                       have ? (uint32_t)json_integer_value(json_array_get(pair, 0)) : 0, 4);
+                put_le(topk.logprobs.data + at,
+                       f32_bits(have ? (float)json_number_value(json_array_get(pair, 1)) : -99999.0f), 4);
+            }
+        }
+        o.topk_prompt_logprobs = &topk;
+    }
+    pack(&o.base, out, len);
+    for (size_t i = 0; i < ns; i++) {
+        free(ss[i].tokens.data);
+        free(ss[i].logprobs.data);
+    }
+    free(ss);
+    free(sp);
+    free(o.prompt_logprobs.data);
+    free(topk.token_ids.data);
+    free(topk.logprobs.data);
+    json_decref(r);
+    (void)err;
+    (void)errlen;
+    return 0;
+}

@@ -1,0 +1,25 @@
+/* api_proto.h: the protobuf side of the wire (spec §1.6, §14), generated from
+ * service/proto/tinker_public.proto by protoc-c. A ForwardBackwardRequest body decodes
+ * into the same fb_request as the JSON body (then the same fb_validate and payload);
+ * stored JSON results of forward/forward_backward and sample operations encode as
+ * ForwardBackwardOutput and SampleResponse for clients that Accept protobuf. */
+#pragma once
+#include "service/fwdbwd.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* Structural decode of a ForwardBackwardRequest (forward_only comes from the message).
+ * 0 or -1 with a message naming the datum and field. *out is always safe to free. */
+int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *err,
+                        size_t errlen);
+
+/* A stored result (JSON text) as a serialized ForwardBackwardOutput / SampleResponse in
+ * malloc'd *out. -1 with err when the JSON does not have the expected shape (the caller
+ * then answers the JSON itself). */
+int proto_encode_fwdbwd_output(const char *json, uint8_t **out, size_t *len, char *err,
+                               size_t errlen);
+int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, char *err,
+                                 size_t errlen);
+
+/* Whether an Accept header asks for protobuf results. */
+int proto_accepted(const char *accept);

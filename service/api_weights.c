@@ -1,0 +1,582 @@
+/* api_weights.c: checkpoint routes (see api_weights.h). Submits validate and write one
+ * operations row (api_ops.c); the executor does the work (gpu/exe_ckpt.c) and the
+ * registry (registry/) holds the rules: paths, access between tenants, tokens, tar. */
+#include "service/api_weights.h"
+#include "common/db.h"
+#include "common/log.h"
+#include "common/strbuf.h"
+#include "gpu/adapter_io.h"
+#include "registry/blobstore.h"
+#include "registry/registry.h"
+#include "registry/reg_sql.h"
+#include "service/api_json.h"
+#include "service/api_ops.h"
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define DOWNLOAD_TTL_S (2 * 3600)   /* signed archive URLs stay valid this long (≥ 1 h, §17.7) */
+#define TTL_MAX_S (100LL * 365 * 86400)
+
+static unsigned char g_secret[32];
+static bool g_have_secret;
+static blobstore *g_blobs;
+
+int api_weights_init(const unsigned char secret[32], const char *blob_dir, char *err, size_t errlen) {
+    memcpy(g_secret, secret, sizeof g_secret);
+    g_have_secret = true;
+    if (blob_dir && !(g_blobs = blob_open_dir(blob_dir, err, errlen))) return -1;
+    return 0;
+}
+
+static int reply_future(api_call *c, const char *request_id, const char *model_id) {
+    return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id", model_id));
+}
+
+/* An audit row with the calling key as actor ('key:<prefix>'). */
+#define SQL_AUDIT_BY_KEY                                                                       \
+    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                        \
+    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys WHERE id = $2::bigint), 'api')," \
+    " $3, $4, COALESCE($5::jsonb, '{}'))"
+
+static int audit(api_call *c, int64_t tenant, const char *action, const char *object, json_t *details) {
+    char t[24], k[24];
+    api_fmt_i64(t, tenant);
+    api_fmt_i64(k, c->key_id);
+    char *d = details ? json_dumps(details, JSON_COMPACT) : NULL;
+    json_decref(details);
+    const char *p[5] = {tenant > 0 ? t : NULL, k, action, object, d};
+    char err[512];
+    int rc = db_exec(c->db, SQL_AUDIT_BY_KEY, 5, p, err, sizeof err);
+    free(d);
+    if (rc < 0) log_error("audit %s %s: %s", action, object, err);
+    return rc;
+}
+
+/* ---- query strings ------------------------------------------------------------------ */
+
+static int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* Value of key in the request's query string (percent-decoded); false if absent. */
+static bool query_get(api_call *c, const char *key, char *out, size_t n) {
+    const char *q = c->job->query;
+    size_t kl = strlen(key);
+    while (q && *q) {
+        const char *amp = strchr(q, '&'), *end = amp ? amp : q + strlen(q);
+        if ((size_t)(end - q) >= kl && !strncmp(q, key, kl) && (q[kl] == '=' || q + kl == end)) {
+            const char *v = q[kl] == '=' ? q + kl + 1 : end;
+            size_t o = 0;
+            while (v < end && o + 1 < n) {
+                if (*v == '%' && end - v >= 3 && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
+                    out[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
+                    v += 3;
+                } else {
+                    out[o++] = *v == '+' ? ' ' : *v;
+                    v++;
+                }
+            }
+            out[o] = 0;
+            return true;
+        }
+        q = amp ? amp + 1 : NULL;
+    }
+    return false;
+}
+
+/* limit/offset query parameters; 0 or the 400 is answered. */
+static int page_args(api_call *c, int64_t def_limit, int64_t *limit, int64_t *offset) {
+    char v[32];
+    *limit = def_limit;
+    *offset = 0;
+    if (query_get(c, "limit", v, sizeof v)) {
+        char *e;
+        long long x = strtoll(v, &e, 10);
+        if (!*v || *e || x < 1 || x > 10000) return api_error(c, 400, "limit must be an integer in 1..10000"), -1;
+        *limit = x;
+    }
+    if (query_get(c, "offset", v, sizeof v)) {
+        char *e;
+        long long x = strtoll(v, &e, 10);
+        if (!*v || *e || x < 0) return api_error(c, 400, "offset must be a non-negative integer"), -1;
+        *offset = x;
+    }
+    return 0;
+}
+
+/* ---- save_weights / named save_weights_for_sampler (§7.6) ----------------------------- */
+
+/* ttl_seconds: absent/null = never; else an integer >= 1. */
+static int decode_ttl(const json_t *b, int64_t *ttl, char *err, size_t errlen) {
+    json_t *v = json_object_get(b, "ttl_seconds");
+    *ttl = -1;
+    if (!v || json_is_null(v)) return 0;
+    if (!jx_as_int(v, ttl) || *ttl < 1 || *ttl > TTL_MAX_S) {
+        snprintf(err, errlen, "ttl_seconds must be a positive integer number of seconds (or null = never "
+                 "expires), got %s", json_is_number(v) ? "a value out of range" : jx_type_name(v));
+        return -1;
+    }
+    return 0;
+}
+
+static int submit_save(api_call *c, const char *kind) {
+    const char *model_id, *name;
+    int64_t seq_id, ttl;
+    bool has_seq, overwrite;
+    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
+        jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
+        jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
+        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
+        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
+                         (long long)seq_id);
+    /* Some clients pass a whole tinker:// path of their own model: take its name. */
+    reg_path rp;
+    if (!strncmp(name, "tinker://", 9)) {
+        if (reg_path_parse(name, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "path: %s", c->err);
+        if (strcmp(rp.run, model_id) || strcmp(reg_kind_of_dir(rp.dir), kind))
+            return api_error(c, 400, "path %.300s does not name a %s checkpoint of model %.200s", name,
+                             reg_dir_of_kind(kind), model_id);
+        name = rp.name;
+    } else if (!reg_name_valid(name, c->err, sizeof c->err)) {
+        return api_error(c, 400, "path: %s", c->err);
+    }
+    op_model_info m;
+    int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, kind, c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+
+    strbuf pl;
+    sb_init(&pl, 256);
+    sb_puts(&pl, "{\"path\": ");
+    sb_json_str(&pl, name);
+    sb_puts(&pl, ", \"ttl_seconds\": ");
+    if (ttl < 0) sb_puts(&pl, "null");
+    else sb_int(&pl, ttl);
+    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld}", overwrite ? "true" : "false", (long long)c->key_id);
+    const char *op_kind = strcmp(kind, "training") ? "save_weights_for_sampler" : "save_weights";
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = op_kind,
+                       .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
+    char request_id[API_REQUEST_ID_MAX];
+    st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
+    sb_free(&pl);
+    if (st < 0) return api_db_error(c, op_kind, c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    return reply_future(c, request_id, model_id);
+}
+
+int api_h_save_weights(api_call *c) { return submit_save(c, "training"); }
+int api_weights_save_for_sampler_named(api_call *c) { return submit_save(c, "sampler"); }
+
+/* ---- load_weights (§7.7) ------------------------------------------------------------- */
+
+#define SQL_MODEL_LORA                                                                         \
+    "SELECT base_model, lora_rank, train_attn, train_mlp, train_unembed FROM models"           \
+    " WHERE id = $1 AND tenant_id = $2"
+
+int api_h_load_weights(api_call *c) {
+    const char *model_id, *path;
+    int64_t seq_id;
+    bool has_seq, optimizer;
+    if (json_object_get(c->body, "session_id") && !json_object_get(c->body, "model_id"))
+        return api_error(c, 400, "load_weights without model_id (create_model_via_load_weights) is not "
+                                 "offered by this server: call create_model, then load_weights");
+    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
+        jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
+        jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
+        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
+                         (long long)seq_id);
+    reg_path rp;
+    if (reg_path_parse(path, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "path: %s", c->err);
+    if (strcmp(rp.dir, "weights"))
+        return api_error(c, 400, "load_weights needs a training-state checkpoint (tinker://<run>/weights/<name>); "
+                                 "%.300s holds sampler weights only", path);
+    op_model_info m;
+    int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "load_weights", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    reg_version v;
+    st = reg_find_readable(c->db, c->tenant_id, path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "load_weights", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *mp[2] = {model_id, tid};
+    PGresult *r = db_query(c->db, SQL_MODEL_LORA, 2, mp, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "load_weights", c->err);
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        return api_error(c, 404, "model %.200s not found", model_id);
+    }
+    char base[256];
+    snprintf(base, sizeof base, "%s", PQgetvalue(r, 0, 0));
+    int rank = (int)db_int(r, 0, 1);
+    bool ta = db_bool(r, 0, 2), tm = db_bool(r, 0, 3), tu = db_bool(r, 0, 4);
+    PQclear(r);
+    if (strcmp(base, v.base_model))
+        return api_error(c, 400, "checkpoint %.300s was trained on base model %s, model %.200s uses %s", path,
+                         v.base_model, model_id, base);
+    if (rank != v.rank || ta != v.train_attn || tm != v.train_mlp || tu != v.train_unembed)
+        return api_error(c, 400, "checkpoint %.300s has LoRA rank %d (train_attn %s, train_mlp %s, train_unembed %s) "
+                                 "but model %.200s has rank %d (%s, %s, %s); create the model with the "
+                                 "checkpoint's lora_config (see weights_info)", path, v.rank,
+                         v.train_attn ? "true" : "false", v.train_mlp ? "true" : "false",
+                         v.train_unembed ? "true" : "false", model_id, rank, ta ? "true" : "false",
+                         tm ? "true" : "false", tu ? "true" : "false");
+
+    strbuf pl;
+    sb_init(&pl, 256);
+    sb_puts(&pl, "{\"path\": ");
+    sb_json_str(&pl, v.tinker_path);
+    sb_printf(&pl, ", \"optimizer\": %s, \"blob_digest\": \"%s\", \"version_id\": %lld}",
+              optimizer ? "true" : "false", v.digest, (long long)v.id);
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "load_weights",
+                       .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
+    char request_id[API_REQUEST_ID_MAX];
+    st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
+    sb_free(&pl);
+    if (st < 0) return api_db_error(c, "load_weights", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (v.tenant_id != c->tenant_id)
+        audit(c, v.tenant_id, "checkpoint.load_shared", v.tinker_path,
+              json_pack("{s:I, s:s}", "by_tenant", (json_int_t)c->tenant_id, "into_model", model_id));
+    return reply_future(c, request_id, model_id);
+}
+
+/* ---- weights_info (§12.2) --------------------------------------------------------------- */
+
+int api_h_weights_info(api_call *c) {
+    const char *path;
+    if (jx_req_str(c->body, "", "tinker_path", &path, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    reg_path rp;
+    if (reg_path_parse(path, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "tinker_path: %s", c->err);
+    reg_version v;
+    int st = reg_find_readable(c->db, c->tenant_id, path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "weights_info", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    return api_reply_json(c, 200, json_pack("{s:s, s:b, s:i, s:b, s:b, s:b}", "base_model", v.base_model,
+                                            "is_lora", 1, "lora_rank", v.rank, "train_unembed", v.train_unembed,
+                                            "train_mlp", v.train_mlp, "train_attn", v.train_attn));
+}
+
+/* ---- listings (§12.2) ------------------------------------------------------------------- */
+
+#define SQL_RUN_CHECKPOINTS                                                                    \
+    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
+    " WHERE a.name = $1 AND " REG_LIVE " AND " REG_READABLE                                     \
+    " ORDER BY v.created_at, v.id LIMIT $3 OFFSET $4"
+#define SQL_RUN_OWNED "SELECT 1 FROM models WHERE id = $1 AND tenant_id = $2"
+#define SQL_TENANT_CHECKPOINTS                                                                 \
+    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
+    " WHERE a.tenant_id = $1 AND " REG_LIVE " ORDER BY v.created_at DESC, v.id DESC LIMIT $2 OFFSET $3"
+#define SQL_TENANT_CHECKPOINT_COUNT                                                            \
+    "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
+
+static json_t *cursor(int64_t offset, int64_t limit, int64_t total) {
+    return json_pack("{s:I, s:I, s:I}", "offset", (json_int_t)offset, "limit", (json_int_t)limit, "total_count",
+                     (json_int_t)total);
+}
+
+static int list_run(api_call *c, const char *run) {
+    int64_t limit, offset;
+    if (page_args(c, 1000, &limit, &offset) < 0) return 0;
+    char tid[24], lim[24], off[24];
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(lim, limit);
+    api_fmt_i64(off, offset);
+    const char *p[4] = {run, tid, lim, off};
+    PGresult *r = db_query(c->db, SQL_RUN_CHECKPOINTS, 4, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "list checkpoints", c->err);
+    int n = PQntuples(r);
+    int64_t total = n ? db_int(r, 0, 17) : 0;
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+        reg_version v;
+        reg_version_of_row(r, i, &v);
+        json_array_append_new(arr, reg_checkpoint_json(&v));
+    }
+    PQclear(r);
+    if (n == 0) {
+        const char *po[2] = {run, tid};
+        r = db_query(c->db, SQL_RUN_OWNED, 2, po, c->err, sizeof c->err);
+        if (!r) { json_decref(arr); return api_db_error(c, "list checkpoints", c->err); }
+        int own = PQntuples(r);
+        PQclear(r);
+        if (!own && offset == 0) {
+            json_decref(arr);
+            return api_error(c, 404, "training run %.300s not found", run);
+        }
+    }
+    return api_reply_json(c, 200, json_pack("{s:o, s:o}", "checkpoints", arr, "cursor", cursor(offset, limit, total)));
+}
+
+int api_h_list_checkpoints(api_call *c) {
+    int64_t limit, offset;
+    if (page_args(c, 100, &limit, &offset) < 0) return 0;
+    char tid[24], lim[24], off[24];
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(lim, limit);
+    api_fmt_i64(off, offset);
+    const char *p[3] = {tid, lim, off};
+    PGresult *r = db_query(c->db, SQL_TENANT_CHECKPOINTS, 3, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "list checkpoints", c->err);
+    int n = PQntuples(r);
+    int64_t total = n ? db_int(r, 0, 17) : 0;
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+        reg_version v;
+        reg_version_of_row(r, i, &v);
+        json_array_append_new(arr, reg_checkpoint_json(&v));
+    }
+    PQclear(r);
+    if (n == 0 && offset > 0) {
+        r = db_query(c->db, SQL_TENANT_CHECKPOINT_COUNT, 1, p, c->err, sizeof c->err);
+        if (!r) { json_decref(arr); return api_db_error(c, "list checkpoints", c->err); }
+        total = db_int(r, 0, 0);
+        PQclear(r);
+    }
+    return api_reply_json(c, 200, json_pack("{s:o, s:o}", "checkpoints", arr, "cursor", cursor(offset, limit, total)));
+}
+
+/* ---- /training_runs/{run}/checkpoints/... ----------------------------------------------- */
+
+typedef struct {
+    char run[REG_RUN_MAX];
+    bool has_ckpt;            /* {kind}/{name} present */
+    reg_path path;
+    char tinker_path[REG_PATH_MAX];
+    char action[16];          /* "", "publish", "ttl", "archive" */
+} ckpt_route;
+
+/* Splits "{run}/checkpoints[/{kind}/{name}[/{action}]]"; 0 or the 4xx is answered. */
+static int parse_route(api_call *c, const char *arg, ckpt_route *o) {
+    memset(o, 0, sizeof *o);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", arg ? arg : "");
+    char *seg[6];
+    int n = 0;
+    for (char *s = buf, *save = NULL, *t; n < 6 && (t = strtok_r(s, "/", &save)); s = NULL) seg[n++] = t;
+    if (n < 2 || strcmp(seg[1], "checkpoints") || n == 3 || n > 5)
+        return api_error(c, 404, "no such route: %.300s (expected training_runs/{run}/checkpoints"
+                                 "[/{weights|sampler_weights}/{name}[/publish|/ttl|/archive]])", arg ? arg : ""), -1;
+    snprintf(o->run, sizeof o->run, "%s", seg[0]);
+    if (n >= 4) {
+        char id[512];
+        snprintf(id, sizeof id, "%s/%s", seg[2], seg[3]);
+        if (reg_ckpt_id_parse(seg[0], id, &o->path, c->err, sizeof c->err) < 0)
+            return api_error(c, 400, "%s", c->err), -1;
+        o->has_ckpt = true;
+        reg_path_format(&o->path, o->tinker_path, sizeof o->tinker_path);
+    }
+    if (n == 5) {
+        if (strcmp(seg[4], "publish") && strcmp(seg[4], "ttl") && strcmp(seg[4], "archive"))
+            return api_error(c, 404, "no such checkpoint action: %.100s (publish, ttl, archive)", seg[4]), -1;
+        snprintf(o->action, sizeof o->action, "%s", seg[4]);
+    }
+    return 0;
+}
+
+static void rfc1123(time_t t, char *out, size_t n) {
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+}
+
+static void iso8601(time_t t, char *out, size_t n) {
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* GET .../archive: a 302 to a signed, self-authorising download URL. */
+static int archive_url(api_call *c, const ckpt_route *rt) {
+    char fmt[32] = "tinker", unembed[8] = "";
+    if (query_get(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
+        return api_error(c, 400, "format must be tinker (default) or peft, got \"%.30s\"", fmt);
+    if (query_get(c, "unembed", unembed, sizeof unembed) && !strcmp(unembed, "0")) {
+        if (strcmp(fmt, "peft")) return api_error(c, 400, "unembed=0 goes with format=peft");
+        snprintf(fmt, sizeof fmt, "peft-nohead");
+    }
+    reg_version v;
+    int st = reg_find_readable(c->db, c->tenant_id, rt->tinker_path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "archive", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (!g_have_secret || !g_blobs)
+        return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
+    time_t expires = time(NULL) + DOWNLOAD_TTL_S;
+    char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
+    snprintf(id, sizeof id, "%s/%s", v.path.dir, v.path.name);
+    reg_download_sign(g_secret, v.path.run, id, fmt, (int64_t)expires, token);
+    strbuf url;
+    sb_init(&url, 256);
+    sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%s/%s", c->job->base_url ? c->job->base_url : "",
+              (long long)expires, fmt, token, v.path.run, id);
+    char exp_http[64], exp_iso[32];
+    rfc1123(expires, exp_http, sizeof exp_http);
+    iso8601(expires, exp_iso, sizeof exp_iso);
+    audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
+          json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", fmt, "expires", exp_iso));
+    api_reply_json(c, 302, json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso));
+    free(c->job->location);
+    free(c->job->expires);
+    c->job->location = sb_steal(&url, NULL);
+    c->job->expires = strdup(exp_http);
+    return 0;
+}
+
+int api_h_run_checkpoints_get(api_call *c) {
+    ckpt_route rt;
+    if (parse_route(c, c->job->path_arg, &rt) < 0) return 0;
+    if (!rt.has_ckpt) return list_run(c, rt.run);
+    if (!strcmp(rt.action, "archive")) return archive_url(c, &rt);
+    if (rt.action[0]) return api_error(c, 405, "use POST/DELETE for publish and PUT for ttl");
+    reg_version v;
+    int st = reg_find_readable(c->db, c->tenant_id, rt.tinker_path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "checkpoint", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    return api_reply_json(c, 200, reg_checkpoint_json(&v));
+}
+
+int api_h_models_checkpoints(api_call *c) { return api_h_run_checkpoints_get(c); }
+
+#define SQL_SET_VISIBILITY "UPDATE adapter_versions SET visibility = $2 WHERE id = $1::bigint"
+#define SQL_SET_TTL                                                                            \
+    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"              \
+    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
+
+/* The owned checkpoint of a mutation route; 0 or the 4xx is answered. */
+static int owned(api_call *c, const ckpt_route *rt, reg_version *v, const char *what) {
+    if (!rt->has_ckpt) return api_error(c, 405, "%s needs a checkpoint: training_runs/{run}/checkpoints/{kind}/{name}",
+                                        what), -1;
+    int st = reg_find_owned(c->db, c->tenant_id, rt->tinker_path, v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, what, c->err), -1;
+    if (st > 0) return api_error(c, st, "%s", c->err), -1;
+    return 0;
+}
+
+static int set_visibility(api_call *c, const ckpt_route *rt, bool pub) {
+    reg_version v;
+    if (owned(c, rt, &v, pub ? "publish" : "unpublish") < 0) return 0;
+    char id[24];
+    api_fmt_i64(id, v.id);
+    const char *p[2] = {id, pub ? "public" : "private"};
+    if (db_exec(c->db, SQL_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0)
+        return api_db_error(c, "publish", c->err);
+    audit(c, v.tenant_id, pub ? "checkpoint.publish" : "checkpoint.unpublish", v.tinker_path, NULL);
+    return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "public", pub));
+}
+
+int api_h_run_checkpoints_post(api_call *c) {
+    ckpt_route rt;
+    if (parse_route(c, c->job->path_arg, &rt) < 0) return 0;
+    if (strcmp(rt.action, "publish")) return api_error(c, 405, "POST is for .../publish");
+    return set_visibility(c, &rt, true);
+}
+
+int api_h_run_checkpoints_put(api_call *c) {
+    ckpt_route rt;
+    if (parse_route(c, c->job->path_arg, &rt) < 0) return 0;
+    if (strcmp(rt.action, "ttl")) return api_error(c, 405, "PUT is for .../ttl");
+    int64_t ttl;
+    if (decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0) return api_error(c, 400, "%s", c->err);
+    reg_version v;
+    if (owned(c, &rt, &v, "ttl") < 0) return 0;
+    char id[24], t[24];
+    api_fmt_i64(id, v.id);
+    api_fmt_i64(t, ttl);
+    const char *p[2] = {id, t};
+    if (db_exec(c->db, SQL_SET_TTL, 2, p, c->err, sizeof c->err) < 0) return api_db_error(c, "ttl", c->err);
+    reg_find_live(c->db, v.tinker_path, &v, c->err, sizeof c->err);
+    return api_reply_json(c, 200, reg_checkpoint_json(&v));
+}
+
+int api_h_run_checkpoints_delete(api_call *c) {
+    ckpt_route rt;
+    if (parse_route(c, c->job->path_arg, &rt) < 0) return 0;
+    if (!strcmp(rt.action, "publish")) return set_visibility(c, &rt, false);
+    if (rt.action[0]) return api_error(c, 405, "DELETE is for a checkpoint or its .../publish");
+    reg_version v;
+    if (owned(c, &rt, &v, "delete") < 0) return 0;
+    char id[24];
+    api_fmt_i64(id, v.id);
+    const char *p[1] = {id};
+    if (db_exec(c->db, "UPDATE adapter_versions SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL", 1, p,
+                c->err, sizeof c->err) < 0)
+        return api_db_error(c, "delete", c->err);
+    audit(c, v.tenant_id, "checkpoint.delete", v.tinker_path, json_pack("{s:s}", "blob_digest", v.digest));
+    return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "deleted", 1));
+}
+
+/* ---- the signed download (§17.7) ------------------------------------------------------- */
+
+/* "<expires>/<format>/<token>/<run>/<kind>/<name>" */
+int api_h_checkpoint_download(api_call *c) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", c->job->path_arg ? c->job->path_arg : "");
+    char *seg[7];
+    int n = 0;
+    for (char *s = buf, *save = NULL, *t; n < 7 && (t = strtok_r(s, "/", &save)); s = NULL) seg[n++] = t;
+    if (n != 6) return api_error(c, 404, "no such download");
+    char *end;
+    long long expires = strtoll(seg[0], &end, 10);
+    const char *fmt = seg[1], *token = seg[2];
+    char id[512];
+    snprintf(id, sizeof id, "%s/%s", seg[4], seg[5]);
+    if (*end || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead")))
+        return api_error(c, 403, "invalid download link");
+    if (!g_have_secret || !reg_download_verify(g_secret, seg[3], id, fmt, expires, token))
+        return api_error(c, 403, "invalid download link (bad signature)");
+    if (expires < (long long)time(NULL))
+        return api_error(c, 403, "this download link has expired; request a new one (GET .../archive)");
+    reg_path rp;
+    if (reg_ckpt_id_parse(seg[3], id, &rp, c->err, sizeof c->err) < 0) return api_error(c, 404, "%s", c->err);
+    char path[REG_PATH_MAX];
+    reg_path_format(&rp, path, sizeof path);
+    reg_version v;
+    int st = reg_find_live(c->db, path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "download", c->err);
+    if (st > 0) return api_error(c, 404, "checkpoint %.300s no longer exists (deleted or expired)", path);
+    if (!g_blobs) return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
+    void *blob;
+    size_t blen;
+    if (blob_get(g_blobs, v.digest, &blob, &blen, c->err, sizeof c->err) < 0) {
+        log_error("download %s: %s", path, c->err);
+        return api_error(c, 500, "checkpoint %.300s cannot be read: %s", path, c->err);
+    }
+    adapter_export ex;
+    int rc = adapter_io_export(blob, blen, strcmp(fmt, "tinker") ? ADAPTER_EXPORT_PEFT : ADAPTER_EXPORT_TINKER,
+                               v.base_model, strcmp(fmt, "peft-nohead") != 0, &ex, c->err, sizeof c->err);
+    free(blob);
+    if (rc < 0) return api_error(c, 500, "checkpoint %.300s: %s", path, c->err);
+    reg_tar_member m[5];
+    for (int i = 0; i < ex.n; i++) m[i] = (reg_tar_member){ex.files[i].name, ex.files[i].data, ex.files[i].len};
+    uint8_t *tar;
+    size_t tlen;
+    rc = reg_tar_build(m, ex.n, v.created_epoch, &tar, &tlen, c->err, sizeof c->err);
+    adapter_export_free(&ex);
+    if (rc < 0) return api_error(c, 500, "%s", c->err);
+    char t[24];
+    api_fmt_i64(t, v.tenant_id);
+    const char *ap[5] = {t, "download-link", "checkpoint.download", path, NULL};
+    json_t *d = json_pack("{s:s, s:I}", "format", fmt, "bytes", (json_int_t)tlen);
+    char *ds = json_dumps(d, JSON_COMPACT);
+    json_decref(d);
+    ap[4] = ds;
+    if (db_exec(c->db, SQL_REG_AUDIT, 5, ap, c->err, sizeof c->err) < 0) log_error("audit download: %s", c->err);
+    free(ds);
+    return api_reply_bytes(c, 200, "application/x-tar", tar, tlen);
+}

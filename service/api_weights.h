@@ -1,0 +1,29 @@
+/* api_weights.h: checkpoint routes — save_weights, the named save_weights_for_sampler,
+ * load_weights, weights_info (§7.6, §7.7, §12.2), the checkpoint REST routes of §12.2
+ * (list, delete, publish, ttl, archive) and the signed archive download (§12.3, §17.7).
+ *
+ * Routing: api_routes.c registers these handlers. POST /save_weights_for_sampler belongs
+ * to the sampling routes; their handler calls api_weights_save_for_sampler_named when
+ * the body has a "path" (the named form saves a registry checkpoint). */
+#pragma once
+#include "service/api_call.h"
+#include <stdint.h>
+
+/* Called once by `loom api` before serving: the server secret signs download URLs;
+ * blob_dir (may be NULL: archives then answer 503) is the registry blob store. 0 or -1. */
+int api_weights_init(const unsigned char secret[32], const char *blob_dir, char *err, size_t errlen);
+
+/* POST /api/v1/save_weights_for_sampler with "path" (named form). */
+int api_weights_save_for_sampler_named(api_call *c);
+
+int api_h_save_weights(api_call *c);                /* POST /save_weights */
+int api_h_load_weights(api_call *c);                /* POST /load_weights */
+int api_h_weights_info(api_call *c);                /* POST /weights_info */
+int api_h_list_checkpoints(api_call *c);            /* GET /checkpoints */
+/* /training_runs/{run}/checkpoints[/{kind}/{name}[/publish|/ttl|/archive]] */
+int api_h_run_checkpoints_get(api_call *c);         /* GET: list, archive */
+int api_h_run_checkpoints_post(api_call *c);        /* POST .../publish */
+int api_h_run_checkpoints_put(api_call *c);         /* PUT .../ttl */
+int api_h_run_checkpoints_delete(api_call *c);      /* DELETE checkpoint, DELETE .../publish */
+int api_h_models_checkpoints(api_call *c);          /* GET /models/{run}/checkpoints (old SDKs) */
+int api_h_checkpoint_download(api_call *c);         /* GET|HEAD /checkpoint_archives/... (no key) */

@@ -1,0 +1,54 @@
+/* sample_req.h: an asample request (spec §11.1) as one plain struct: decoded from JSON,
+ * validated against the sampling session's base model, and written as
+ * operations.payload, the exact contract the executor reads:
+ *   {"prompt": [int...], "num_samples": 1, "max_tokens": 16, "temperature": 1.0,
+ *    "top_k": -1, "top_p": 1.0, "seed": 123, "stop_tokens": [int...] | "stop_strings":
+ *    [str...] (only the one the client gave), "prompt_logprobs": false,
+ *    "topk_prompt_logprobs": 0, "source": "base"|"snapshot"|"checkpoint",
+ *    "blob_digest": "<sha256>" (checkpoint only)}
+ * Defaults are filled in here: seed (random when absent) and max_tokens (when absent,
+ * min(256, context - prompt length)), so the payload is complete and reproducible. */
+#pragma once
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAMPLE_MAX_NUM_SAMPLES 128
+#define SAMPLE_MAX_TOPK 20
+#define SAMPLE_DEFAULT_MAX_TOKENS 256
+
+typedef struct {
+    const char *sampling_session_id;  /* points into the request JSON */
+    bool has_seq_id;
+    int64_t seq_id;
+    int64_t *prompt;
+    size_t n_prompt;
+    int64_t num_samples;
+    bool has_max_tokens;
+    int64_t max_tokens;
+    double temperature, top_p;
+    int64_t top_k;
+    bool has_seed;
+    int64_t seed;
+    int64_t *stop_tokens;
+    size_t n_stop_tokens;
+    const char **stop_strings;        /* point into the request JSON */
+    size_t n_stop_strings;
+    bool prompt_logprobs;
+    int64_t topk_prompt_logprobs;
+} sample_req;
+
+/* Structural decode (types, ranges that need no model). The legacy form without a
+ * sampling session (base_model / model_path given directly) is refused with a message
+ * that says what to do instead. 0 or -1 with err; *out is always safe to free. */
+int sample_decode_json(const json_t *body, sample_req *out, char *err, size_t errlen);
+/* Checks against the base model (vocabulary, context) and fills the defaults. */
+int sample_validate(sample_req *r, int64_t vocab_size, int64_t max_context, char *err,
+                    size_t errlen);
+/* The payload (malloc'd). blob_digest only for source "checkpoint". */
+char *sample_payload_json(const sample_req *r, const char *source, const char *blob_digest,
+                          size_t *len);
+/* Tokens the operation occupies: num_samples x (prompt + max_tokens). */
+int64_t sample_n_tokens(const sample_req *r);
+void sample_req_free(sample_req *r);
