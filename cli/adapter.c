@@ -404,7 +404,7 @@ static int cmd_publish(int argc, char **argv) {
     snprintf(id, sizeof id, "%lld", (long long)v.id);
     const char *p[2] = {id, undo ? "private" : "public"};
     if (db_begin(c, err, sizeof err) < 0 ||
-        db_exec(c, "UPDATE adapter_versions SET visibility = $2 WHERE id = $1", 2, p, err, sizeof err) < 0 ||
+        db_exec(c, SQL_REG_SET_VISIBILITY, 2, p, err, sizeof err) < 0 ||
         reg_audit(c, v.tenant_id, "cli", undo ? "checkpoint.unpublish" : "checkpoint.publish", path, NULL, err,
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {

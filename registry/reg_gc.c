@@ -27,9 +27,7 @@ static int mark_dead(PGconn *c, const reg_gc_opts *o, reg_gc_stats *st, char *er
     const char *p1[1] = {o->run};
     if (o->dry_run) {
         /* count what would expire without changing anything */
-        PGresult *r = db_query(c, "SELECT count(*) FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id"
-                                  " WHERE v.deleted_at IS NULL AND v.expires_at <= now()"
-                                  " AND ($1::text IS NULL OR a.name = $1)", 1, p1, err, errlen);
+        PGresult *r = db_query(c, SQL_REG_GC_EXPIRE_COUNT, 1, p1, err, errlen);
         if (!r) return -1;
         st->expired = (int)db_int(r, 0, 0);
         PQclear(r);

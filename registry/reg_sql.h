@@ -100,6 +100,12 @@
     "UPDATE adapter_versions v SET deleted_at = now() FROM adapters a"                        \
     " WHERE a.id = v.adapter_id AND v.deleted_at IS NULL AND v.expires_at <= now()"           \
     " AND ($1::text IS NULL OR a.name = $1) RETURNING v.id, a.tenant_id, v.tinker_path"
+/* $1 run or NULL -> how many live versions are past their TTL (dry run) */
+#define SQL_REG_GC_EXPIRE_COUNT                                                               \
+    "SELECT count(*) FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id"          \
+    " WHERE v.deleted_at IS NULL AND v.expires_at <= now() AND ($1::text IS NULL OR a.name = $1)"
+/* $1 version id, $2 'public' | 'private' */
+#define SQL_REG_SET_VISIBILITY "UPDATE adapter_versions SET visibility = $2 WHERE id = $1::bigint"
 /* $1 keep, $2 run or NULL -> live versions beyond the newest $1 per adapter and kind */
 #define SQL_REG_GC_PRUNE_LIST                                                                 \
     "SELECT id, tenant_id, tinker_path FROM (SELECT v.id, a.tenant_id, v.tinker_path,"        \

@@ -453,7 +453,6 @@ int api_h_run_checkpoints_get(api_call *c) {
 
 int api_h_models_checkpoints(api_call *c) { return api_h_run_checkpoints_get(c); }
 
-#define SQL_SET_VISIBILITY "UPDATE adapter_versions SET visibility = $2 WHERE id = $1::bigint"
 #define SQL_SET_TTL                                                                            \
     "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"              \
     " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
@@ -474,7 +473,7 @@ static int set_visibility(api_call *c, const ckpt_route *rt, bool pub) {
     char id[24];
     api_fmt_i64(id, v.id);
     const char *p[2] = {id, pub ? "public" : "private"};
-    if (db_exec(c->db, SQL_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0)
+    if (db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0)
         return api_db_error(c, "publish", c->err);
     audit(c, v.tenant_id, pub ? "checkpoint.publish" : "checkpoint.unpublish", v.tinker_path, NULL);
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "public", pub));
@@ -514,8 +513,7 @@ int api_h_run_checkpoints_delete(api_call *c) {
     char id[24];
     api_fmt_i64(id, v.id);
     const char *p[1] = {id};
-    if (db_exec(c->db, "UPDATE adapter_versions SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL", 1, p,
-                c->err, sizeof c->err) < 0)
+    if (db_exec(c->db, SQL_REG_MARK_DELETED, 1, p, c->err, sizeof c->err) < 0)
         return api_db_error(c, "delete", c->err);
     audit(c, v.tenant_id, "checkpoint.delete", v.tinker_path, json_pack("{s:s}", "blob_digest", v.digest));
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "deleted", 1));
