@@ -5,7 +5,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git openssl
   libh2o-evloop-dev libuv1-dev      # HTTP front end (h2o's own event loop); h2o's headers include uv.h
   libssl-dev                        # TLS for h2o
   libpq-dev postgresql postgresql-client   # queue + system of record; initdb/pg_ctl for `loom up`

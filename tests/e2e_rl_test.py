@@ -12,41 +12,13 @@ the same weights, spec §9.1); the mean reward rises clearly; every op is a row.
 Reward: the fraction of generated tokens whose id is below 64 (a quarter of the tiny
 model's vocabulary, so a random model starts near 0.25).
 """
-import json, os, sys, urllib.request, urllib.error
+import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
-import tinker_proto as tp
+from wire import result, forward_backward, fb_result, sample_result
 
-PROTO = "application/x-protobuf"
 STEPS, GROUP, MAX_TOKENS = 16, 8, 8
 PROMPT = [5, 17, 33, 2]
-
-
-def post_raw(s, path, body, ctype, accept):
-    req = urllib.request.Request(s.url + path, data=body, method="POST",
-                                 headers={"Content-Type": ctype, "Accept": accept, "X-API-Key": s.key})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read()
-
-
-def result(s, request_id, proto):
-    """retrieve_future until done; decodes protobuf results when asked for them."""
-    accept = f"{PROTO}, application/json" if proto else "application/json"
-    body = json.dumps({"request_id": request_id}).encode()
-    for _ in range(200):
-        st, ct, raw = post_raw(s, "/api/v1/retrieve_future", body, "application/json", accept)
-        if st != 200:
-            raise RuntimeError(f"retrieve_future {st}: {raw[:300]}")
-        if PROTO in ct:
-            return ("proto", raw)
-        j = json.loads(raw)
-        if j.get("type") == "try_again":
-            continue
-        return ("json", j)
-    raise TimeoutError(request_id)
 
 
 def run(s, R, proto):
@@ -71,9 +43,7 @@ def run(s, R, proto):
                                              "num_samples": GROUP, "prompt": {"chunks": [{"tokens": PROMPT}]},
                                              "sampling_params": {"max_tokens": MAX_TOKENS, "temperature": 1.0,
                                                                  "seed": 1000 + step}})
-        kind, res = result(s, fut["request_id"], proto)
-        if kind == "proto":
-            res = tp.decode_sample_response(res)
+        res = sample_result(s, fut["request_id"], proto)
         if "sequences" not in res or len(res["sequences"]) != GROUP:
             R.check(False, f"{tag} step {step}: sample {res}")
             return
@@ -81,36 +51,23 @@ def run(s, R, proto):
         r = [sum(t < 64 for t in toks) / max(1, len(toks)) for toks, _ in group]
         mean = sum(r) / len(r)
         rewards.append(mean)
-        data_json, data_proto = [], []
+        data = []
         for (toks, lps), ri in zip(group, r):
             full = PROMPT + toks
             x, t = full[:-1], full[1:]
             npad = len(PROMPT) - 1
             q = [0.0] * npad + list(lps)
             adv = [0.0] * npad + [ri - mean] * len(toks)
-            data_json.append({"model_input": {"chunks": [{"tokens": x, "type": "encoded_text"}]},
-                              "loss_fn_inputs": {"target_tokens": {"data": t, "dtype": "int64"},
-                                                 "logprobs": {"data": q, "dtype": "float32"},
-                                                 "advantages": {"data": adv, "dtype": "float32"}}})
-            data_proto.append((x, {"target_tokens": ("int64", t), "logprobs": ("float32", q),
-                                   "advantages": ("float32", adv)}))
-        if proto:
-            body = tp.fwdbwd_request(model_id, seq, data_proto, "importance_sampling")
-            st, ct, raw = post_raw(s, "/api/v1/forward_backward", body, PROTO, "application/json")
-            fb = json.loads(raw)
-        else:
-            st, fb = s.post("/api/v1/forward_backward", {"model_id": model_id, "seq_id": seq,
-                                                         "forward_backward_input": {"data": data_json,
-                                                                                    "loss_fn": "importance_sampling"}})
+            data.append((x, {"target_tokens": ("int64", t), "logprobs": ("float32", q),
+                              "advantages": ("float32", adv)}))
+        st, fb = forward_backward(s, model_id, seq, data, "importance_sampling", proto)
         st2, op = s.post("/api/v1/optim_step", {"model_id": model_id, "seq_id": seq + 1,
                                                 "adam_params": {"learning_rate": 3e-2}})
         seq += 2
         if st != 200 or st2 != 200:
             R.check(False, f"{tag} step {step}: submit {st} {fb} {st2} {op}")
             return
-        kind, out = result(s, fb["request_id"], proto)
-        if kind == "proto":
-            out = tp.decode_fwdbwd_output(out)
+        out = fb_result(s, fb["request_id"], proto)
         result(s, op["request_id"], False)
         if step == 0:
             # Same weights: learner logprobs of the generated tokens equal the sampler's.

@@ -1,4 +1,5 @@
-"""End-to-end: a supervised fine-tuning loop over real HTTP through every part of Loom.
+"""End-to-end: a supervised fine-tuning loop over real HTTP through every part of Loom,
+once in JSON and once with protobuf forward_backward bodies and results (SDK 0.25).
 
 `loom up` on a fresh data directory (own PostgreSQL, api, scheduler, CPU executor),
 then the SDK's wire protocol by hand: client/config, create_session, create_model,
@@ -10,6 +11,7 @@ optim_step must have run in the same clock cycle.
 import math, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
+from wire import forward_backward, fb_result
 
 STEPS = 30
 # A few fixed sequences over the tiny model's vocabulary (256 tokens).
@@ -18,14 +20,19 @@ SEQS = [[(7 * i + 3 * j) % 251 + 1 for j in range(24)] for i in range(4)]
 
 def datum(seq):
     x, t = seq[:-1], seq[1:]
-    return {"model_input": {"chunks": [{"tokens": x, "type": "encoded_text"}]},
-            "loss_fn_inputs": {"target_tokens": {"data": t, "dtype": "int64", "shape": [len(t)]},
-                               "weights": {"data": [1.0] * len(t), "dtype": "float32", "shape": [len(t)]}}}
+    return (x, {"target_tokens": ("int64", t), "weights": ("float32", [1.0] * len(t))})
 
 
 def main():
     R = Results()
     with Stack() as s:
+        for proto in (False, True):
+            run(s, R, proto)
+    R.finish()
+
+
+def run(s, R, proto):
+        tag = "proto" if proto else "json"
         st, cfg = s.post("/api/v1/client/config", {"sdk_version": "0.24.1"})
         R.check(st == 200 and cfg.get("use_pyqwest_transport") is False, "client/config")
         st, caps = s.get("/api/v1/get_server_capabilities")
@@ -51,9 +58,7 @@ def main():
         seq = 1
         losses, fb_ids, step_ids = [], [], []
         for step in range(STEPS):
-            st, fb = s.post("/api/v1/forward_backward", {
-                "forward_backward_input": {"data": data, "loss_fn": "cross_entropy"},
-                "model_id": model_id, "seq_id": seq})
+            st, fb = forward_backward(s, model_id, seq, data, "cross_entropy", proto)
             st2, op = s.post("/api/v1/optim_step", {
                 "adam_params": {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
                 "model_id": model_id, "seq_id": seq + 1, "type": "optim_step"})
@@ -61,7 +66,7 @@ def main():
             if st != 200 or st2 != 200:
                 R.check(False, f"step {step} submit: {st} {fb} / {st2} {op}")
                 break
-            fb_res = s.result(fb["request_id"])
+            fb_res = fb_result(s, fb["request_id"], proto)
             op_res = s.result(op["request_id"])
             if "error" in fb_res or "error" in op_res:
                 R.check(False, f"step {step}: {fb_res} {op_res}")
@@ -70,7 +75,7 @@ def main():
             losses.append(nll)
             fb_ids.append(fb["request_id"])
             step_ids.append(op["request_id"])
-            print(f"step {step:2d}  mean NLL {nll:.4f}  loss:sum {fb_res['metrics']['loss:sum']:.3f}  "
+            print(f"{tag} step {step:2d}  mean NLL {nll:.4f}  loss:sum {fb_res['metrics']['loss:sum']:.3f}  "
                   f"grad_norm {op_res['metrics'].get('grad_norm:mean', float('nan')):.4f}")
         R.check(len(losses) == STEPS, f"{STEPS} steps completed")
         if losses:
@@ -94,8 +99,7 @@ def main():
         stored = s.psql(f"SELECT result->'metrics'->>'loss:sum' FROM operations WHERE request_id = '{fb_ids[-1]}'")
         R.check(stored and math.isfinite(float(stored)), f"stored result has loss:sum {stored}")
         st, h = s.get("/api/v1/healthz")
-        R.check(st == 200 and h == {"status": "ok"}, "healthz after the run")
-    R.finish()
+        R.check(st == 200 and h == {"status": "ok"}, f"{tag}: healthz after the run")
 
 
 if __name__ == "__main__":
