@@ -1,9 +1,12 @@
 /* bench_cpu.c — CPU backend throughput on a Qwen3-0.6B-shaped model (fewer layers with
- * --layers): forward, forward_backward and optim_step, in tokens/s and GFLOP/s, next to
- * the machine's own single-GEMM rate as the anchor. Prints figures; never pass/fail.
+ * --layers): forward, forward_backward, optim_step and sampling (prefill and decode
+ * separately), in tokens/s and GFLOP/s next to the machine's own single-GEMM rate, and
+ * for decode the weight bytes streamed per second next to the machine's memory read rate
+ * (decode reads every weight once per step). Prints figures; never pass/fail.
  *
  *   bench_cpu [--model DIR] [--layers N] [--tokens T] [--seqs S] [--threads N] [--rank R] [--iters K]
- *             [--gen G]   (sampling: S prompts of 128 tokens, G new tokens each)
+ *             [--gen G] [--samples K]   (sampling: S prompts of ≤128 tokens, K samples each, G new tokens)
+ *   bench_cpu --help
  *
  * FLOPs counted are model FLOPs: 2·T·(linear + head weights) + causal attention for the
  * forward; the backward adds input gradients of the same GEMMs and twice the attention
@@ -67,10 +70,46 @@ static double gemm_rate(int threads)
     return 2.0 * M * N * K / dt / 1e9;
 }
 
+/* Anchor for decode: the best of a few sequential reads of a buffer far larger than cache. */
+static double read_rate(void)
+{
+    size_t n = (size_t)64 << 20; /* 256 MB of floats */
+    float *a = malloc(n * sizeof *a);
+    if (!a) return 0;
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double best = 1e30, sink = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now(), acc = 0;
+        for (size_t i = 0; i < n; i += 4) acc += a[i] + a[i + 1] + a[i + 2] + a[i + 3];
+        double dt = now() - t0;
+        sink += acc;
+        best = dt < best ? dt : best;
+    }
+    free(a);
+    return sink == -1 ? 0 : n * sizeof(float) / best / 1e9;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_cpu [--model DIR] [--layers N] [--tokens T] [--seqs S] [--threads N] [--rank R]\n"
+               "                 [--iters K] [--gen G] [--samples K]\n"
+               "  --model DIR   an HF model directory (default: a generated Qwen3-0.6B shape, --layers layers)\n"
+               "  --layers N    layers of the generated model (default 4)\n"
+               "  --tokens T    tokens of the training batch (default 1024), in --seqs S sequences (default 4)\n"
+               "  --threads N   worker threads (default: all CPUs)\n"
+               "  --rank R      LoRA rank, all modules + head (default 32)\n"
+               "  --iters K     timed repetitions, best kept (default 3)\n"
+               "  --gen G       new tokens per sample (default 32)\n"
+               "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n");
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
-    int layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32;
+    int layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+    if (argc % 2 == 0) { usage(stderr); return 2; }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
@@ -80,10 +119,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--rank")) rank = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gen")) gen = atoi(argv[i + 1]);
-        else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+        else if (!strcmp(argv[i], "--samples")) nsamples = atoi(argv[i + 1]);
+        else { fprintf(stderr, "unknown option %s\n", argv[i]); usage(stderr); return 2; }
     }
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nseqs < 1 || tokens < nseqs) { fprintf(stderr, "need tokens >= seqs >= 1\n"); return 2; }
+    if (gen < 2 || nsamples < 1) { fprintf(stderr, "need --gen >= 2 and --samples >= 1\n"); return 2; }
     char err[512], tmpdir[64] = "";
     if (!model_dir) {
         mkmodel_opts o;
@@ -146,21 +187,37 @@ int main(int argc, char **argv)
         dt = now() - t0;
         best_opt = dt < best_opt ? dt : best_opt;
     }
-    /* sampling: nseqs prompts of 128 tokens (or fewer), gen new tokens each, one sample */
-    int plen = tokens / nseqs < 128 ? tokens / nseqs : 128;
+    /* sampling: nseqs prompts of 128 tokens (or fewer), nsamples samples of gen new tokens
+     * each, no stop tokens; first with max_tokens 1 (prefill + one pick), then in full: the
+     * difference is the decode of gen − 1 tokens per sample. */
+    int plen = tokens / nseqs < 128 ? tokens / nseqs : 128, S = nseqs * nsamples;
     exe_sample_req *rq = calloc(nseqs, sizeof *rq);
-    int32_t *stok = malloc((size_t)nseqs * (gen > 0 ? gen : 1) * 4);
-    float *slp = malloc((size_t)nseqs * (gen > 0 ? gen : 1) * 4);
-    int *sn = calloc(nseqs, sizeof *sn);
-    bool *sstop = calloc(nseqs, sizeof *sstop);
-    for (int s = 0; s < nseqs; s++)
-        rq[s] = (exe_sample_req){.ad = ad, .n_prompt = plen, .prompt = tok + s * n, .num_samples = 1, .max_tokens = gen,
-                                 .temperature = 1.0, .top_k = -1, .top_p = 1.0, .seed = (uint64_t)s,
-                                 .tokens_out = stok + (long)s * gen, .logprobs_out = slp + (long)s * gen, .n_out = sn + s,
-                                 .stopped_out = sstop + s};
-    t0 = now();
-    if (be->sample(ctx, rq, nseqs, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
-    double t_sample = now() - t0;
+    int32_t *stok = malloc((size_t)S * gen * 4);
+    float *slp = malloc((size_t)S * gen * 4);
+    int *sn = calloc(S, sizeof *sn);
+    bool *sstop = calloc(S, sizeof *sstop);
+    double t_prefill = 1e30, t_sample = 1e30;
+    for (int it = 0; it < iters; it++)
+        for (int full = 0; full < 2; full++) {
+            for (int s = 0; s < nseqs; s++)
+                rq[s] = (exe_sample_req){.ad = ad, .n_prompt = plen, .prompt = tok + s * n, .num_samples = nsamples,
+                                         .max_tokens = full ? gen : 1, .temperature = 1.0, .top_k = -1, .top_p = 1.0,
+                                         .seed = (uint64_t)s, .tokens_out = stok + (long)s * nsamples * gen,
+                                         .logprobs_out = slp + (long)s * nsamples * gen, .n_out = sn + s * nsamples,
+                                         .stopped_out = sstop + s * nsamples};
+            t0 = now();
+            if (be->sample(ctx, rq, nseqs, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+            double dt = now() - t0;
+            if (full) t_sample = dt < t_sample ? dt : t_sample;
+            else t_prefill = dt < t_prefill ? dt : t_prefill;
+        }
+    long new_tok = 0;
+    for (int k = 0; k < S; k++) new_tok += sn[k];
+    double t_decode = t_sample - t_prefill, dec_tok = (double)new_tok - S;  /* tokens after the first of each sample */
+    /* per decode step: every weight once (+ the adapter), attention over the cache */
+    double wbytes = 4.0 * (L * (H * qd * 2 + H * kvd * 2 + 3 * H * Im) + V * H) + 4.0 * adapter_num_params(ad);
+    double steps = gen - 1, ctx_avg = plen + gen / 2.0;
+    double f_dec = dec_tok * (2 * lin + L * 4 * qd * ctx_avg);
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
     double anchor = gemm_rate(threads);
@@ -175,8 +232,16 @@ int main(int argc, char **argv)
     printf("forward_backward %8.3f s  %9.1f tok/s  %7.1f GFLOP/s  (%.0f%% of anchor; model FLOPs, recompute not counted)\n",
            best_fb, T / best_fb, f_fb / best_fb / 1e9, 100 * f_fb / best_fb / 1e9 / anchor);
     printf("optim_step       %8.4f s  (%zu params)\n", best_opt, adapter_num_params(ad));
-    printf("sample           %8.3f s  %9.1f new tok/s  (%d prompts of %d tokens, %d new tokens each, KV cache)\n",
-           t_sample, nseqs * (double)gen / t_sample, nseqs, plen, gen);
+    double bw = read_rate();
+    printf("sample           %8.3f s  %9.1f new tok/s  (%d prompts of %d tokens x %d samples, %d new tokens each, KV cache)\n",
+           t_sample, new_tok / t_sample, nseqs, plen, nsamples, gen);
+    printf("  prefill        %8.3f s  %9.1f prompt tok/s  (+ the first token of each sample)\n", t_prefill,
+           nseqs * (double)plen / t_prefill);
+    printf("  decode         %8.3f s  %9.1f tok/s  %.1f steps/s x %d streams  %7.1f GFLOP/s  (%.0f%% of anchor)\n",
+           t_decode, dec_tok / t_decode, steps / t_decode, S, f_dec / t_decode / 1e9,
+           100 * f_dec / t_decode / 1e9 / anchor);
+    printf("  decode weights %8.1f GB/s streamed (%.0f MB per step)  vs memory read %.1f GB/s (%.0f%%)\n",
+           steps * wbytes / t_decode / 1e9, wbytes / 1e6, bw, bw > 0 ? 100 * steps * wbytes / t_decode / 1e9 / bw : 0);
     free(rq); free(stok); free(slp); free(sn); free(sstop);
     adapter_free(ad);
     be->destroy(ctx);

@@ -24,6 +24,7 @@ typedef struct exe_state_ {
     model_slot *slots;
     int nslots, cap;
     struct blobstore *blobs;   /* registry blob store (checkpoints), NULL if not configured */
+    const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
     int64_t executor_id;
 } exe_state;
 

@@ -131,35 +131,17 @@ void exe_run_snapshot(exe_state *st, exe_op *op) {
 
 /* ---- the model's tokenizer (stop strings) ---------------------------------------------- */
 
-/* The executor's --model-dir, read back from the command line: exe_state does not carry
- * it (yet). */
-static bool model_dir_of_process(char *out, size_t cap) {
-    FILE *f = fopen("/proc/self/cmdline", "rb");
-    if (!f) return false;
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
-        if (!strcmp(buf + i, "--model-dir") && i + 12 < n) {
-            snprintf(out, cap, "%s", buf + i + 12);
-            return true;
-        }
-    return false;
-}
-
 static tokenizer *g_tok;
 static bool g_tok_tried;
 static char g_tok_err[512];
 
 static const tokenizer *sampler_tokenizer(exe_state *st) {
-    (void)st;
     if (g_tok_tried) return g_tok;
     g_tok_tried = true;
-    char dir[4096], path[4200];
+    char path[4200];
     const char *env = getenv("LOOM_TOKENIZER");   /* a tokenizer.json path (tests, odd layouts) */
     if (env && *env) snprintf(path, sizeof path, "%s", env);
-    else if (model_dir_of_process(dir, sizeof dir)) snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    else if (st->model_dir) snprintf(path, sizeof path, "%s/tokenizer.json", st->model_dir);
     else {
         snprintf(g_tok_err, sizeof g_tok_err, "the executor's model directory is unknown");
         return NULL;

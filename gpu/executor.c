@@ -295,7 +295,7 @@ int exe_main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
 
     char err[1024];
-    exe_state st = {.be = &exe_backend_cpu};
+    exe_state st = {.be = &exe_backend_cpu, .model_dir = model_dir};
     if (model_load(model_dir, &st.model, err, sizeof err) < 0) {
         log_error("cannot load model %s: %s", model_dir, err);
         return 1;

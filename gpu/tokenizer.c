@@ -39,6 +39,7 @@ struct tokenizer {
     int32_t byte_id[256];  /* the token of each single byte, -1 if the vocabulary lacks it */
     int32_t *added;        /* added token ids, longest content first */
     int n_added;
+    uint8_t added_first[32]; /* bit set of the first bytes of added tokens */
     pre_kind pre;
     bool exact, add_prefix_space, ignore_merges;
 };
@@ -461,6 +462,10 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
     }
     json_object_foreach(vocab, key, v) if (tk_set_token(t, (int32_t)json_integer_value(v), key, true) < 0) goto oom;
     qsort_r(t->added, t->n_added, sizeof *t->added, tk_cmp_len_desc, t);
+    for (int a = 0; a < t->n_added; a++) {
+        uint8_t b = (uint8_t)t->dec.p[t->dec_off[t->added[a]]];
+        t->added_first[b >> 3] |= (uint8_t)(1u << (b & 7));
+    }
     size_t count = json_object_size(vocab) + json_array_size(added);
     for (t->map_cap = 16; t->map_cap < 2 * count;) t->map_cap *= 2;
     if (!(t->map = malloc(t->map_cap * sizeof *t->map))) goto oom;
@@ -726,6 +731,8 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
     size_t start = 0;
     for (size_t i = 0; i < len;) {
         int32_t hit = -1;
+        uint8_t b = (uint8_t)text[i];
+        if (!(t->added_first[b >> 3] & (1u << (b & 7)))) { i++; continue; }
         for (int a = 0; a < t->n_added; a++) {
             int32_t id = t->added[a];
             size_t l = t->dec_len[id];

@@ -108,7 +108,7 @@ int main(void)
     o.init_std = 0.08; /* peakier distributions than 0.02: greedy and stops get exercised */
     if (mkmodel_write(&o, err, sizeof err) != 0) { printf("mkmodel: %s\n", err); return 1; }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    setenv("LOOM_TOKENIZER", path, 1);
+    st.model_dir = dir;   /* stop strings find <model_dir>/tokenizer.json, as in the executor */
     tok = tok_load(path, err, sizeof err);
     CHECK(tok != NULL, "mkmodel wrote a loadable tokenizer.json: %s", err);
     if (model_load(dir, &st.model, err, sizeof err) != 0) { printf("load: %s\n", err); return 1; }

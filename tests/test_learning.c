@@ -1,0 +1,193 @@
+/* test_learning.c — does training actually learn? Two loops on the tiny Llama through the
+ * CPU backend table, as a Tinker client would drive them:
+ *
+ *   SFT: 8 random sequences of 16 tokens, cross_entropy + AdamW; the mean NLL must fall by
+ *        more than 90% (memorisation) and greedy sampling must then reproduce them.
+ *   RL:  importance-sampling policy gradient on a toy reward (1 when the 12-token
+ *        completion contains token X): sample 32 completions with backend->sample, reward,
+ *        advantages = reward − mean, forward_backward(importance_sampling) with the
+ *        sampler's log-probs, AdamW. The mean reward must rise clearly within 40 steps.
+ *        On-policy, the learner's log-probs must equal the sampler's (ratio 1, spec §9.1).
+ *        (At lr 2e-2 this loop drives the residual stream to ~5e3 with cancellations, and
+ *        fp32 then differs by up to 1e-3 between any two summation orders — the packed
+ *        forward itself changes with the sequence length; 1e-2 stays well conditioned.)
+ * Prints the curves and "N passed, N failed". */
+#include "gpu/backend.h"
+#include "gpu/loss.h"
+#include "gpu/mkmodel.h"
+#include "gpu/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int n_pass, n_fail;
+
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (cond) { n_pass++; printf("ok    "); printf(__VA_ARGS__); printf("\n"); }                        \
+        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
+    } while (0)
+
+static const exe_backend *be = &exe_backend_cpu;
+static void *ctx;
+static base_model *model;
+
+static adapter *new_adapter(int rank, uint64_t seed)
+{
+    char err[256];
+    lora_config c = {.rank = rank, .seed = seed, .train_attn = true, .train_mlp = true, .train_unembed = true};
+    adapter *a = adapter_create(model, &c, err, sizeof err);
+    if (!a) { printf("adapter: %s\n", err); exit(1); }
+    return a;
+}
+
+static void step(adapter *a, double lr)
+{
+    adam_params p = {.learning_rate = lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0, .grad_clip_norm = 0};
+    char err[256];
+    if (be->optim_step(ctx, a, &p, NULL, err, sizeof err) != 0) printf("optim_step: %s\n", err);
+}
+
+/* ---- SFT ------------------------------------------------------------------------------- */
+
+enum { SFT_N = 8, SFT_LEN = 16, SFT_STEPS = 60 };
+
+static void test_sft(void)
+{
+    rng_state r;
+    rng_seed(&r, 2024);
+    int32_t seq[SFT_N][SFT_LEN];
+    for (int i = 0; i < SFT_N; i++) {
+        seq[i][0] = 1; /* BOS */
+        for (int t = 1; t < SFT_LEN; t++) seq[i][t] = 3 + (int32_t)(rng_next(&r) % 250);
+    }
+    adapter *a = new_adapter(8, 7);
+    float lp[SFT_N][SFT_LEN], loss[SFT_N][SFT_LEN];
+    exe_seq s[SFT_N];
+    for (int i = 0; i < SFT_N; i++)
+        s[i] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
+                         .targets = seq[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
+    double first = 0, last = 0;
+    char err[256];
+    printf("SFT: %d sequences of %d tokens, LoRA rank 8, AdamW lr 1e-2\n", SFT_N, SFT_LEN);
+    for (int k = 0; k < SFT_STEPS; k++) {
+        if (be->forward_backward(ctx, s, SFT_N, true, err, sizeof err) != 0) { printf("fb: %s\n", err); break; }
+        double nll = 0;
+        for (int i = 0; i < SFT_N; i++) for (int t = 0; t < SFT_LEN - 1; t++) nll -= lp[i][t];
+        nll /= SFT_N * (SFT_LEN - 1);
+        if (k == 0) first = nll;
+        last = nll;
+        if (k % 10 == 0 || k == SFT_STEPS - 1) printf("  step %2d  mean NLL %.4f\n", k, nll);
+        step(a, 1e-2);
+    }
+    CHECK(last < 0.1 * first, "SFT memorises: mean NLL %.3f -> %.3f (-%.1f%%) in %d steps", first, last,
+          100 * (1 - last / first), SFT_STEPS);
+    /* greedy continuation of each sequence's first 4 tokens */
+    exe_sample_req q[SFT_N];
+    int32_t out[SFT_N][SFT_LEN];
+    float olp[SFT_N][SFT_LEN];
+    int n_out[SFT_N];
+    bool stopped[SFT_N];
+    for (int i = 0; i < SFT_N; i++)
+        q[i] = (exe_sample_req){.ad = a, .n_prompt = 4, .prompt = seq[i], .num_samples = 1, .max_tokens = SFT_LEN - 4,
+                                .temperature = 0, .top_p = 1, .tokens_out = out[i], .logprobs_out = olp[i],
+                                .n_out = &n_out[i], .stopped_out = &stopped[i]};
+    int right = 0, total = 0;
+    if (be->sample(ctx, q, SFT_N, err, sizeof err) != 0) printf("sample: %s\n", err);
+    for (int i = 0; i < SFT_N; i++)
+        for (int t = 0; t < n_out[i]; t++, total++) right += out[i][t] == seq[i][4 + t];
+    CHECK(right >= 0.9 * SFT_N * (SFT_LEN - 4), "greedy sampling reproduces %d/%d memorised tokens", right,
+          SFT_N * (SFT_LEN - 4));
+    adapter_free(a);
+}
+
+/* ---- RL -------------------------------------------------------------------------------- */
+
+enum { RL_SAMPLES = 32, RL_GEN = 12, RL_STEPS = 40, RL_X = 42 };
+
+static void test_rl(void)
+{
+    adapter *a = new_adapter(8, 11);
+    const int32_t prompt[] = {1, 10, 20, 30};
+    const int np = 4, n = np + RL_GEN - 1;
+    int32_t toks[RL_SAMPLES][RL_GEN];
+    float slp[RL_SAMPLES][RL_GEN];
+    int n_out[RL_SAMPLES];
+    bool stopped[RL_SAMPLES];
+    int32_t x[RL_SAMPLES][np + RL_GEN], tg[RL_SAMPLES][np + RL_GEN];
+    float q[RL_SAMPLES][np + RL_GEN], adv[RL_SAMPLES][np + RL_GEN], lp[RL_SAMPLES][np + RL_GEN],
+          loss[RL_SAMPLES][np + RL_GEN];
+    exe_seq s[RL_SAMPLES];
+    char err[256];
+    double early = 0, late = 0, worst_ratio = 0;
+    printf("RL: importance_sampling, reward 1 when the %d-token completion contains token %d; %d samples/step, "
+           "AdamW lr 1e-2\n", RL_GEN, RL_X, RL_SAMPLES);
+    for (int k = 0; k < RL_STEPS; k++) {
+        exe_sample_req req = {.ad = a, .n_prompt = np, .prompt = prompt, .num_samples = RL_SAMPLES,
+                              .max_tokens = RL_GEN, .temperature = 1, .top_p = 1, .seed = 1000 + k,
+                              .tokens_out = &toks[0][0], .logprobs_out = &slp[0][0], .n_out = n_out,
+                              .stopped_out = stopped};
+        if (be->sample(ctx, &req, 1, err, sizeof err) != 0) { printf("sample: %s\n", err); break; }
+        double reward[RL_SAMPLES], mean = 0;
+        for (int i = 0; i < RL_SAMPLES; i++) {
+            reward[i] = 0;
+            for (int t = 0; t < n_out[i]; t++) reward[i] = toks[i][t] == RL_X ? 1 : reward[i];
+            mean += reward[i] / RL_SAMPLES;
+        }
+        if (k < 5) early += mean / 5;
+        if (k >= RL_STEPS - 5) late += mean / 5;
+        if (k % 5 == 0 || k == RL_STEPS - 1) printf("  step %2d  mean reward %.3f\n", k, mean);
+        /* one datum per sample: input prompt + completion[:-1], targets shifted by one;
+         * the prompt's positions carry advantage 0 (masked) */
+        int ns = 0;
+        for (int i = 0; i < RL_SAMPLES; i++) {
+            int m = np + n_out[i] - 1;
+            if (n_out[i] == 0) continue;
+            for (int t = 0; t < m; t++) {
+                x[i][t] = t < np ? prompt[t] : toks[i][t - np];
+                tg[i][t] = t + 1 < np ? prompt[t + 1] : toks[i][t + 1 - np];
+                bool gen = t + 1 >= np;
+                q[i][t] = gen ? slp[i][t + 1 - np] : 0;
+                adv[i][t] = gen ? (float)(reward[i] - mean) : 0;
+            }
+            s[ns++] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_IMPORTANCE_SAMPLING), .n = m, .tokens = x[i],
+                                .targets = tg[i], .sampler_logprobs = q[i], .advantages = adv[i],
+                                .logprobs_out = lp[i], .loss_out = loss[i]};
+        }
+        if (be->forward_backward(ctx, s, ns, true, err, sizeof err) != 0) { printf("fb: %s\n", err); break; }
+        for (int i = 0; i < ns; i++)
+            for (int t = np - 1; t < s[i].n; t++) worst_ratio = fmax(worst_ratio, fabs(lp[i][t] - q[i][t]));
+        step(a, 1e-2);
+    }
+    (void)n;
+    CHECK(worst_ratio < 1e-4, "on-policy importance ratios are 1: max |learner lp - sampler lp| = %.2e", worst_ratio);
+    CHECK(late > early + 0.3 && late > 0.5, "RL raises the mean reward: %.3f (first 5 steps) -> %.3f (last 5)", early,
+          late);
+    adapter_free(a);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/loom-learn-XXXXXX", err[512];
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    mkmodel_opts o;
+    mkmodel_defaults(&o, "llama", "tiny", err, sizeof err);
+    o.out_dir = dir;
+    if (mkmodel_write(&o, err, sizeof err) != 0 || model_load(dir, &model, err, sizeof err) != 0) {
+        printf("model: %s\n", err);
+        return 1;
+    }
+    if (!(ctx = be->create(model, 2, err, sizeof err))) { printf("backend: %s\n", err); return 1; }
+    test_sft();
+    test_rl();
+    be->destroy(ctx);
+    model_free(model);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) {}
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
