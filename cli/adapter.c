@@ -31,7 +31,11 @@
     "  share RUN --tenant NAME [--revoke]             grant (or revoke) read access to a run's checkpoints\n" \
     "  publish PATH [--undo]                          make a checkpoint public (or private again)\n" \
     "  delete PATH                                    delete a checkpoint (its blob goes at the next gc)\n" \
-    "  gc [--keep-last K] [--run RUN] [--dry-run]     expire, prune, and remove unreferenced blobs\n"
+    "  gc [--keep-last K] [--run RUN] [--dry-run] [--orphan-grace-s S] [--every S]\n"                \
+    "                                                 expire, prune, remove unreferenced blobs, and\n" \
+    "                                                 orphan blobs and temp files older than S seconds\n" \
+    "                                                 (default 3600; orphans only without --run);\n"   \
+    "                                                 --every S: a pass every S seconds until killed\n"
 
 static const char *opt(int argc, char **argv, const char *name) {
     for (int i = 1; i + 1 < argc; i++)
@@ -48,7 +52,8 @@ static bool flag(int argc, char **argv, const char *name) {
 /* The first argument after the verb that is not an option or an option's value. */
 static const char *positional(int argc, char **argv) {
     static const char *const with_value[] = {"--db", "--blob-dir", "--data-dir", "--tenant", "--run", "--out",
-                                             "--format", "--base-model", "--name", "--keep-last", NULL};
+                                             "--format", "--base-model", "--name", "--keep-last",
+                                             "--orphan-grace-s", "--every", NULL};
     for (int i = 2; i < argc; i++) {
         bool takes = false;
         for (int k = 0; with_value[k]; k++) takes = takes || !strcmp(argv[i], with_value[k]);
@@ -436,26 +441,67 @@ static int cmd_delete(int argc, char **argv) {
     return 0;
 }
 
-static int cmd_gc(int argc, char **argv) {
-    const char *keep = opt(argc, argv, "--keep-last");
-    reg_gc_opts o = {.run = opt(argc, argv, "--run"), .dry_run = flag(argc, argv, "--dry-run")};
-    if (keep) {
-        char *end;
-        long k = strtol(keep, &end, 10);
-        if (!*keep || *end || k < 1 || k > 1000000) { fprintf(stderr, "--keep-last must be a positive integer\n"); return 2; }
-        o.keep_last = (int)k;
-    }
-    PGconn *c = connect_db(argc, argv);
-    blobstore *bs = open_blobs(argc, argv);
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v = s && *s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static int gc_pass(PGconn *c, blobstore *bs, const reg_gc_opts *o) {
     char err[512];
     reg_gc_stats st;
-    if (reg_gc(c, bs, &o, &st, err, sizeof err) < 0) return fail(c, "gc", err);
-    printf("%sexpired %d, pruned %d, blobs removed %d (%lld bytes), blobs kept for live versions %d\n",
-           o.dry_run ? "(dry run) " : "", st.expired, st.pruned, st.blobs_removed, (long long)st.bytes_freed,
-           st.blobs_kept);
-    blob_close(bs);
-    PQfinish(c);
+    if (reg_gc(c, bs, o, &st, err, sizeof err) < 0) {
+        fprintf(stderr, "loom adapter gc: %s\n", err);
+        return -1;
+    }
+    printf("%sexpired %d, pruned %d, blobs removed %d (%lld bytes; %d orphans), blobs kept for live versions %d, "
+           "young orphans kept %d, stale temp files removed %d\n",
+           o->dry_run ? "(dry run) " : "", st.expired, st.pruned, st.blobs_removed, (long long)st.bytes_freed,
+           st.orphans_removed, st.blobs_kept, st.orphans_young, st.tmp_removed);
+    fflush(stdout);
     return 0;
+}
+
+static int cmd_gc(int argc, char **argv) {
+    const char *keep = opt(argc, argv, "--keep-last"), *grace = opt(argc, argv, "--orphan-grace-s"),
+               *every = opt(argc, argv, "--every");
+    reg_gc_opts o = {.run = opt(argc, argv, "--run"), .dry_run = flag(argc, argv, "--dry-run"), .orphan_grace_s = 3600};
+    long v;
+    if (keep) {
+        if (!parse_long(keep, 1, 1000000, &v)) { fprintf(stderr, "--keep-last must be a positive integer\n"); return 2; }
+        o.keep_last = (int)v;
+    }
+    if (grace) {
+        if (!parse_long(grace, 0, 100L * 365 * 86400, &v)) { fprintf(stderr, "--orphan-grace-s must be >= 0\n"); return 2; }
+        o.orphan_grace_s = v;
+    }
+    long period = 0;
+    if (every && !parse_long(every, 1, 365L * 86400, &period)) { fprintf(stderr, "--every must be >= 1 seconds\n"); return 2; }
+    /* Orphans belong to no run, so a pass limited to one run leaves them alone. */
+    o.sweep_orphans = !o.run;
+    blobstore *bs = open_blobs(argc, argv);
+    if (!period) {
+        PGconn *c = connect_db(argc, argv);
+        int rc = gc_pass(c, bs, &o);
+        blob_close(bs);
+        PQfinish(c);
+        return rc < 0 ? 1 : 0;
+    }
+    /* Periodic: a fresh connection per pass, so a database restart costs one pass. */
+    const char *ci = admin_conninfo(argc, argv);
+    if (!ci) { fprintf(stderr, "loom adapter: set DATABASE_URL or pass --db CONNINFO\n"); return 2; }
+    for (;;) {
+        char err[512];
+        PGconn *c = db_connect(ci, 5000, err, sizeof err);
+        if (!c) fprintf(stderr, "loom adapter gc: cannot connect to database: %s\n", err);
+        else {
+            gc_pass(c, bs, &o);
+            PQfinish(c);
+        }
+        sleep((unsigned)period);
+    }
 }
 
 int adapter_cli_main(int argc, char **argv) {

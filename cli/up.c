@@ -172,7 +172,7 @@ int up_main(int argc, char **argv) {
         own_cluster = true;
     }
     int rc = 1;
-    child cs[3] = {{"executor", 0}, {"scheduler", 0}, {"api", 0}};
+    child cs[4] = {{"executor", 0}, {"scheduler", 0}, {"api", 0}, {"adapter gc", 0}};
     PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
     if (!c) { log_error("database: %s", err); goto out; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); goto out; }
@@ -237,6 +237,11 @@ int up_main(int argc, char **argv) {
     }
     if (!ready) { log_error("the executor did not become ready (see messages above)"); goto out; }
 
+    /* Registry GC, hourly (expired versions, unreferenced and orphan blobs); optional:
+     * Loom keeps running without it. */
+    char *gc_argv[] = {"loom", "adapter", "gc", "--db", conninfo, "--blob-dir", blob_dir, "--every", "3600", NULL};
+    if ((cs[3].pid = spawn(gc_argv, NULL)) < 0) { cs[3].pid = 0; log_warn("adapter gc: fork: %s", strerror(errno)); }
+
     printf("DATABASE_URL=%s\n", conninfo);
     printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
     printf("TINKER_API_KEY=%s\n", key);
@@ -250,6 +255,12 @@ int up_main(int argc, char **argv) {
         int st;
         pid_t pid = waitpid(-1, &st, 0);
         if (pid < 0) { if (errno == EINTR) continue; break; }
+        if (cs[3].pid == pid) {
+            cs[3].pid = 0;
+            log_warn("adapter gc exited (status %d); blobs are not collected until `loom adapter gc` runs",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            continue;
+        }
         for (int i = 0; i < 3; i++) {
             if (cs[i].pid == pid) {
                 cs[i].pid = 0;
@@ -261,7 +272,7 @@ int up_main(int argc, char **argv) {
         }
     }
 out:
-    stop_children(cs, 3);
+    stop_children(cs, 4);
     if (c) PQfinish(c);
     if (own_cluster && pgc_stop(data_dir, err, sizeof err) < 0) log_warn("%s", err);
     log_info("stopped");

@@ -6,19 +6,36 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define BLOB_DIGEST_HEX 65   /* 64 hex characters + NUL */
 
 typedef struct blobstore blobstore;
 
+/* One stored blob as listed by the store (GC's orphan sweep ages blobs by mtime). */
+typedef struct {
+    char digest[BLOB_DIGEST_HEX];
+    int64_t size;
+    int64_t mtime;       /* unix seconds: when it was stored, or last stored again */
+} blob_info;
+
 typedef struct {
     const char *name;
-    /* Stores data; writes its digest. Storing an existing blob is a no-op. */
+    /* Stores data; writes its digest. Storing an existing blob only refreshes its mtime
+     * (so a blob a new save reuses looks young to the orphan sweep). */
     int (*put)(blobstore *s, const void *data, size_t n, char digest[BLOB_DIGEST_HEX], char *err, size_t errlen);
     /* Reads and verifies; *data is malloc'd. */
     int (*get)(blobstore *s, const char *digest, void **data, size_t *n, char *err, size_t errlen);
     int (*exists)(blobstore *s, const char *digest);
     int (*remove)(blobstore *s, const char *digest, char *err, size_t errlen);
+    /* Every blob in the store, in no particular order; *out is malloc'd (NULL when empty).
+     * Files that are not blobs (bad names) are skipped. */
+    int (*list)(blobstore *s, blob_info **out, size_t *n, char *err, size_t errlen);
+    /* One blob's size and mtime: 0 found, 1 absent, -1 error. */
+    int (*stat)(blobstore *s, const char *digest, blob_info *out, char *err, size_t errlen);
+    /* Removes temporary files of interrupted puts last modified before `before` (unix
+     * seconds); *removed counts them (dry_run: counts only). */
+    int (*clean_tmp)(blobstore *s, int64_t before, bool dry_run, int *removed, char *err, size_t errlen);
     void (*close)(blobstore *s);
 } blobstore_ops;
 
@@ -40,4 +57,13 @@ static inline int blob_get(blobstore *s, const char *dg, void **d, size_t *n, ch
 }
 static inline int blob_exists(blobstore *s, const char *dg) { return s->ops->exists(s, dg); }
 static inline int blob_remove(blobstore *s, const char *dg, char *e, size_t el) { return s->ops->remove(s, dg, e, el); }
+static inline int blob_list(blobstore *s, blob_info **out, size_t *n, char *e, size_t el) {
+    return s->ops->list(s, out, n, e, el);
+}
+static inline int blob_stat(blobstore *s, const char *dg, blob_info *out, char *e, size_t el) {
+    return s->ops->stat(s, dg, out, e, el);
+}
+static inline int blob_clean_tmp(blobstore *s, int64_t before, bool dry, int *removed, char *e, size_t el) {
+    return s->ops->clean_tmp(s, before, dry, removed, e, el);
+}
 static inline void blob_close(blobstore *s) { s->ops->close(s); }

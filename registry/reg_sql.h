@@ -123,6 +123,12 @@
 #define SQL_REG_GC_MARK_REMOVED                                                               \
     "UPDATE adapter_versions v SET blob_removed_at = now() WHERE v.blob_digest = $1"          \
     " AND v.blob_removed_at IS NULL AND NOT (" REG_LIVE ") RETURNING v.size_bytes"
+/* $1 text[] of digests -> the ones no version row still counts on (no row whose blob was
+ * not collected yet): orphans of failed saves, crashes between put and commit, and
+ * blobs stored again after GC took them; their 1-based positions in $1 */
+#define SQL_REG_GC_ORPHANS                                                                    \
+    "SELECT u.i FROM unnest($1::text[]) WITH ORDINALITY AS u(d, i) WHERE NOT EXISTS"          \
+    " (SELECT 1 FROM adapter_versions v WHERE v.blob_digest = u.d AND v.blob_removed_at IS NULL)"
 
 /* ---- audit ------------------------------------------------------------------------------- */
 /* $1 tenant or NULL, $2 actor, $3 action, $4 object, $5 details (JSON or NULL) */

@@ -104,6 +104,10 @@ typedef struct {
     int keep_last;      /* > 0: per run and kind, delete all but the newest keep_last live versions */
     const char *run;    /* NULL: every run */
     bool dry_run;       /* report only */
+    /* Also remove orphan blobs (no version row counts on them) and temporary files
+     * whose mtime is older than orphan_grace_s, each blob under its exclusive lock. */
+    bool sweep_orphans;
+    int64_t orphan_grace_s;
 } reg_gc_opts;
 
 typedef struct {
@@ -112,9 +116,13 @@ typedef struct {
     int blobs_removed;
     int blobs_kept;     /* dead versions whose blob a live version still uses */
     int64_t bytes_freed;
+    int orphans_removed;   /* orphan blobs removed (also counted in blobs_removed, bytes_freed) */
+    int orphans_young;     /* orphan blobs left alone, younger than the grace period */
+    int tmp_removed;       /* stale temporary files removed */
 } reg_gc_stats;
 
-/* One GC pass (no transaction open on c). 0, or -1 with err. */
+/* One GC pass (no transaction open on c). 0, or -1 with err. The orphan sweep runs
+ * after the collection of dead versions' blobs. */
 int reg_gc(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err, size_t errlen);
 
 /* ---- audit -------------------------------------------------------------------------------- */

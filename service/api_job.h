@@ -32,6 +32,7 @@ typedef struct api_job {
     char *path_arg;     /* for wildcard routes: the rest of the path; else NULL */
     char *query;        /* the query string after '?', or NULL */
     char *base_url;     /* "<scheme>://<host><prefix>" as the client reached us (absolute links) */
+    char *range;        /* Range header or NULL (archive downloads) */
 
     /* response, filled by the worker */
     int status;
@@ -41,6 +42,7 @@ typedef struct api_job {
     int retry_after;         /* > 0: send Retry-After with this many seconds */
     char *location;          /* malloc'd Location header (redirects) or NULL */
     char *expires;           /* malloc'd Expires header or NULL */
+    char *resp_headers;      /* malloc'd further headers, "name: value\n" each, or NULL */
     bool park;          /* retrieve_future: not ready; resp holds the try_again answer */
 
     /* retrieve_future long-poll state (set by the worker on the first pass) */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <limits.h>
 #include <time.h>
 
 #define DOWNLOAD_TTL_S (2 * 3600)   /* signed archive URLs stay valid this long (≥ 1 h, §17.7) */
@@ -521,7 +522,48 @@ int api_h_run_checkpoints_delete(api_call *c) {
 
 /* ---- the signed download (§17.7) ------------------------------------------------------- */
 
-/* "<expires>/<format>/<token>/<run>/<kind>/<name>" */
+/* The archive is rebuilt on every request (blob → export → tar) and is byte-identical
+ * each time: the export depends only on the blob, the format and the base model, and the
+ * tar writer only on its members and the version's created_at as mtime. So ranges of
+ * different requests fit together, with no cache to keep or collect. */
+
+/* One "bytes=" range of a total-byte body: 0 none, or one to ignore (several ranges,
+ * another unit, bad syntax: RFC 9110 then serves the whole body); 1 the inclusive range
+ * [*a, *b]; -1 unsatisfiable (416). */
+static int parse_range(const char *h, size_t total, size_t *a, size_t *b) {
+    if (!h) return 0;
+    h += strspn(h, " ");
+    if (strncasecmp(h, "bytes=", 6)) return 0;
+    h += 6;
+    if (strchr(h, ',')) return 0;
+    h += strspn(h, " ");
+    char *end;
+    if (*h == '-') {   /* the last n bytes */
+        if (h[1] < '0' || h[1] > '9') return 0;
+        unsigned long long n = strtoull(h + 1, &end, 10);
+        if (*(end + strspn(end, " "))) return 0;
+        if (n == 0 || total == 0) return -1;
+        *a = n >= total ? 0 : total - (size_t)n;
+        *b = total - 1;
+        return 1;
+    }
+    if (*h < '0' || *h > '9') return 0;
+    unsigned long long from = strtoull(h, &end, 10), to = ULLONG_MAX;
+    if (*end != '-') return 0;
+    h = end + 1;
+    if (*h >= '0' && *h <= '9') {
+        to = strtoull(h, &end, 10);
+        h = end;
+    }
+    if (*(h + strspn(h, " ")) || to < from) return 0;
+    if (from >= total) return -1;
+    *a = (size_t)from;
+    *b = to >= total ? total - 1 : (size_t)to;
+    return 1;
+}
+
+/* "<expires>/<format>/<token>/<run>/<kind>/<name>"; honours Range (one range per
+ * request) and answers HEAD with the headers of the same request as a GET. */
 int api_h_checkpoint_download(api_call *c) {
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", c->job->path_arg ? c->job->path_arg : "");
@@ -567,14 +609,40 @@ int api_h_checkpoint_download(api_call *c) {
     rc = reg_tar_build(m, ex.n, v.created_epoch, &tar, &tlen, c->err, sizeof c->err);
     adapter_export_free(&ex);
     if (rc < 0) return api_error(c, 500, "%s", c->err);
-    char t[24];
-    api_fmt_i64(t, v.tenant_id);
-    const char *ap[5] = {t, "download-link", "checkpoint.download", path, NULL};
-    json_t *d = json_pack("{s:s, s:I}", "format", fmt, "bytes", (json_int_t)tlen);
-    char *ds = json_dumps(d, JSON_COMPACT);
-    json_decref(d);
-    ap[4] = ds;
-    if (db_exec(c->db, SQL_REG_AUDIT, 5, ap, c->err, sizeof c->err) < 0) log_error("audit download: %s", c->err);
-    free(ds);
-    return api_reply_bytes(c, 200, "application/x-tar", tar, tlen);
+
+    size_t a = 0, b = tlen ? tlen - 1 : 0;
+    int ranged = parse_range(c->job->range, tlen, &a, &b);
+    strbuf hdr;
+    sb_init(&hdr, 256);
+    sb_printf(&hdr, "Accept-Ranges: bytes\nContent-Disposition: attachment; filename=\"%s-%s%s.tar\"\n", v.path.run,
+              v.path.name, strcmp(fmt, "tinker") ? "-peft" : "");
+    if (ranged < 0) {
+        free(tar);
+        api_error(c, 416, "range %.100s is outside the archive's %zu bytes", c->job->range, tlen);
+        sb_printf(&hdr, "Content-Range: bytes */%zu\n", tlen);
+        free(c->job->resp_headers);
+        c->job->resp_headers = sb_steal(&hdr, NULL);
+        return 0;
+    }
+    /* one audit row per download, not per range: ranges that start after byte 0 are the
+     * rest of a download already recorded */
+    if (a == 0) {
+        char t[24];
+        api_fmt_i64(t, v.tenant_id);
+        const char *ap[5] = {t, "download-link", "checkpoint.download", path, NULL};
+        json_t *d = json_pack("{s:s, s:I}", "format", fmt, "bytes", (json_int_t)tlen);
+        char *ds = json_dumps(d, JSON_COMPACT);
+        json_decref(d);
+        ap[4] = ds;
+        if (db_exec(c->db, SQL_REG_AUDIT, 5, ap, c->err, sizeof c->err) < 0) log_error("audit download: %s", c->err);
+        free(ds);
+    }
+    if (ranged > 0) {
+        sb_printf(&hdr, "Content-Range: bytes %zu-%zu/%zu\n", a, b, tlen);
+        if (a > 0) memmove(tar, tar + a, b - a + 1);
+        tlen = b - a + 1;
+    }
+    free(c->job->resp_headers);
+    c->job->resp_headers = sb_steal(&hdr, NULL);
+    return api_reply_bytes(c, ranged > 0 ? 206 : 200, "application/x-tar", tar, tlen);
 }

@@ -77,6 +77,7 @@ static struct {
 static const char *reason_phrase(int status) {
     switch (status) {
     case 200: return "OK";
+    case 206: return "Partial Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -84,6 +85,7 @@ static const char *reason_phrase(int status) {
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
     case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
@@ -190,6 +192,8 @@ void api_job_free(api_job *job) {
     free(job->base_url);
     free(job->location);
     free(job->expires);
+    free(job->range);
+    free(job->resp_headers);
     free(job->resp);
     free(job);
 }
@@ -212,6 +216,43 @@ static void on_ref_dispose(void *p) {
     /* at a worker: freed when it comes back */
 }
 
+/* Large bodies (archive downloads) go out in chunks as the connection asks for more
+ * (the generator's proceed), from the worker's buffer, not copied into req->pool. */
+#define STREAM_MIN (256 * 1024)
+#define STREAM_CHUNK (256 * 1024)
+typedef struct {
+    h2o_generator_t super;
+    char *buf;
+    size_t len, off;
+} body_stream;
+
+static void body_stream_proceed(h2o_generator_t *self, h2o_req_t *req) {
+    body_stream *b = (body_stream *)self;
+    size_t n = b->len - b->off < STREAM_CHUNK ? b->len - b->off : STREAM_CHUNK;
+    h2o_iovec_t v = h2o_iovec_init(b->buf + b->off, n);
+    b->off += n;
+    h2o_send(req, &v, 1, b->off == b->len ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
+}
+
+static void body_stream_stop(h2o_generator_t *self, h2o_req_t *req) { (void)self, (void)req; }
+
+static void body_stream_dispose(void *p) { free(((body_stream *)p)->buf); }
+
+/* "name: value\n" lines of a worker's extra response headers. */
+static void add_resp_headers(h2o_req_t *req, const char *lines) {
+    for (const char *l = lines; l && *l;) {
+        const char *nl = strchr(l, '\n'), *end = nl ? nl : l + strlen(l), *colon = memchr(l, ':', end - l);
+        if (colon && colon > l) {
+            const char *v = colon + 1;
+            while (v < end && *v == ' ') v++;
+            h2o_iovec_t name = h2o_strdup(&req->pool, l, colon - l), val = h2o_strdup(&req->pool, v, end - v);
+            h2o_strtolower(name.base, name.len);   /* HTTP/2 wants lower-case names; h2o's tokens are */
+            h2o_add_header_by_str(&req->pool, &req->res.headers, name.base, name.len, 1, NULL, val.base, val.len);
+        }
+        l = nl ? nl + 1 : end;
+    }
+}
+
 static void finish_job(api_job *job) {
     http_req_ref *ref = job->ref;
     ref->job = NULL;
@@ -225,6 +266,21 @@ static void finish_job(api_job *job) {
     if (job->expires)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_EXPIRES, NULL,
                        h2o_strdup(&req->pool, job->expires, SIZE_MAX).base, strlen(job->expires));
+    add_resp_headers(req, job->resp_headers);
+    if (job->resp && job->resp_len >= STREAM_MIN) {
+        body_stream *b = h2o_mem_alloc_shared(&req->pool, sizeof *b, body_stream_dispose);
+        *b = (body_stream){.super = {body_stream_proceed, body_stream_stop}, .buf = job->resp, .len = job->resp_len};
+        job->resp = NULL;
+        req->res.status = job->status;
+        req->res.reason = reason_phrase(job->status);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, job->resp_type ? job->resp_type
+                       : "application/json", strlen(job->resp_type ? job->resp_type : "application/json"));
+        req->res.content_length = b->len;
+        api_job_free(job);
+        h2o_start_response(req, &b->super);
+        body_stream_proceed(&b->super, req);
+        return;
+    }
     send_typed(req, job->status, job->resp_type ? job->resp_type : "application/json",
                job->retry_after, job->resp ? job->resp : "{}", job->resp ? job->resp_len : 2);
     api_job_free(job);
@@ -420,6 +476,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     if (req->query_at != SIZE_MAX && req->query_at + 1 <= req->path.len)
         job->query = strndup(req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
     job->base_url = base_url_of(req);
+    job->range = header_dup(req, H2O_TOKEN_RANGE, NULL);
     http_req_ref *ref = h2o_mem_alloc_shared(&req->pool, sizeof *ref, on_ref_dispose);
     ref->job = job;
     ref->req = req;

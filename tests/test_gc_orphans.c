@@ -1,0 +1,337 @@
+/* test_gc_orphans.c: the orphan sweep of registry GC against a real PostgreSQL cluster
+ * started for this test: the blob store's listing, stat and temp-file cleanup; orphan
+ * blobs (no version row counts on them) removed once older than the grace period, young
+ * ones and every blob a live version uses kept; a blob stored again gets a fresh mtime;
+ * the `loom adapter gc --orphan-grace-s` command; and saves racing the sweep, each save
+ * stalling between blob_put and its commit as long as the grace period (its blob's mtime
+ * is set back), some refused because the name exists: no committed live version may lose
+ * its blob, and at the end the store holds exactly the live versions' blobs. */
+#include "common/db.h"
+#include "common/migrate.h"
+#include "common/pgcluster.h"
+#include "registry/registry.h"
+#include "registry/reg_sql.h"
+#include <fcntl.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int passed, failed;
+#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
+    printf(__VA_ARGS__); printf("\n"); } while (0)
+
+static char conninfo[1024], bdir[700];
+static PGconn *C;
+static blobstore *B;
+
+static void sql(const char *q) {
+    char err[512];
+    if (db_exec(C, q, 0, NULL, err, sizeof err) < 0) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
+}
+
+static void put(const char *bytes, char digest[BLOB_DIGEST_HEX]) {
+    char err[256];
+    if (blob_put(B, bytes, strlen(bytes), digest, err, sizeof err) < 0) { fprintf(stderr, "%s\n", err); exit(2); }
+}
+
+/* Sets a blob's (or any file's) mtime `age` seconds back. Quietly does nothing when the
+ * file is gone (in the race, GC may have taken the blob already). */
+static void age_file(const char *path, int age) {
+    struct timespec ts[2] = {{.tv_sec = time(NULL) - age}, {.tv_sec = time(NULL) - age}};
+    if (utimensat(AT_FDCWD, path, ts, 0) < 0) {}
+}
+
+static void age_blob(const char *digest, int age) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/sha256/%.2s/%s", bdir, digest, digest);
+    age_file(p, age);
+}
+
+static int save(PGconn *c, const char *name, const char *digest, int64_t *vid, char *err, size_t errlen) {
+    static atomic_int seq = 1;
+    reg_new_version v = {.model_id = "sa:train:0", .seq_id = atomic_fetch_add(&seq, 1), .kind = "sampler",
+                         .name = name, .digest = digest, .size_bytes = 10, .ttl_seconds = -1};
+    if (db_begin(c, err, errlen) < 0) return -1;
+    int rc = reg_blob_lock_shared(c, digest, err, errlen) < 0 ? -1 : reg_version_insert(c, &v, vid, err, errlen);
+    if (rc != 0) { db_rollback(c); return rc; }
+    return db_commit(c, err, errlen) < 0 ? -1 : 0;
+}
+
+static void setup(void) {
+    sql("INSERT INTO tenants (name) VALUES ('a')");
+    sql("INSERT INTO base_models (name, path, arch, max_context, vocab_size, config)"
+        " VALUES ('m', '/x', 'LlamaForCausalLM', 128, 256, '{}')");
+    sql("INSERT INTO sessions (id, tenant_id) VALUES ('sa', 1)");
+    sql("INSERT INTO models (id, tenant_id, session_id, model_seq_id, base_model, lora_rank, lora_seed, train_attn,"
+        " train_mlp, train_unembed) VALUES ('sa:train:0', 1, 'sa', 0, 'm', 8, 1, true, true, true)");
+}
+
+static bool listed(const blob_info *all, size_t n, const char *dg, int64_t size) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(all[i].digest, dg)) return all[i].size == size;
+    return false;
+}
+
+static void test_store(void) {
+    char err[512], d1[BLOB_DIGEST_HEX], d2[BLOB_DIGEST_HEX], p[1024];
+    put("list one", d1);
+    put("list two!", d2);
+    /* something that is no blob: skipped by the listing */
+    snprintf(p, sizeof p, "%s/sha256/%.2s/not-a-blob", bdir, d1);
+    FILE *f = fopen(p, "w");
+    if (f) fclose(f);
+    blob_info *all;
+    size_t n;
+    CHECK(blob_list(B, &all, &n, err, sizeof err) == 0 && n == 2 && listed(all, n, d1, 8) && listed(all, n, d2, 9),
+          "blob_list walks sha256/xx/: %zu blobs with their sizes, stray files skipped", n);
+    free(all);
+    unlink(p);
+    blob_info bi;
+    age_blob(d1, 500);
+    CHECK(blob_stat(B, d1, &bi, err, sizeof err) == 0 && bi.size == 8 && bi.mtime <= time(NULL) - 499,
+          "blob_stat reports size and mtime");
+    char zero[BLOB_DIGEST_HEX];
+    memset(zero, '0', 64);
+    zero[64] = 0;
+    CHECK(blob_stat(B, zero, &bi, err, sizeof err) == 1, "blob_stat of an absent blob says so");
+    put("list one", d1);
+    CHECK(blob_stat(B, d1, &bi, err, sizeof err) == 0 && bi.mtime >= time(NULL) - 5,
+          "storing an existing blob again refreshes its mtime");
+    blob_remove(B, d1, err, sizeof err);
+    blob_remove(B, d2, err, sizeof err);
+
+    snprintf(p, sizeof p, "%s/tmp/old.XXXXXX", bdir);
+    int fd = mkstemp(p);
+    if (fd >= 0) close(fd);
+    age_file(p, 7200);
+    char young[1024];
+    snprintf(young, sizeof young, "%s/tmp/young.XXXXXX", bdir);
+    fd = mkstemp(young);
+    if (fd >= 0) close(fd);
+    int removed = -1;
+    CHECK(blob_clean_tmp(B, time(NULL) - 3600, true, &removed, err, sizeof err) == 0 && removed == 1 &&
+              access(p, F_OK) == 0,
+          "clean_tmp dry run counts the stale temp file (%d) and removes nothing", removed);
+    CHECK(blob_clean_tmp(B, time(NULL) - 3600, false, &removed, err, sizeof err) == 0 && removed == 1 &&
+              access(p, F_OK) != 0 && access(young, F_OK) == 0,
+          "clean_tmp removes the temp file older than the grace and keeps the young one");
+    unlink(young);
+}
+
+static void test_sweep(void) {
+    char err[512], live[BLOB_DIGEST_HEX], old[BLOB_DIGEST_HEX], young[BLOB_DIGEST_HEX], dead[BLOB_DIGEST_HEX],
+        again[BLOB_DIGEST_HEX], refused[BLOB_DIGEST_HEX];
+    int64_t id;
+    put("orphan live", live);
+    save(C, "o-live", live, &id, err, sizeof err);
+    put("orphan old", old);
+    put("orphan young", young);
+    put("orphan dead", dead);
+    save(C, "o-dead", dead, &id, err, sizeof err);
+    put("orphan again", again);
+    save(C, "o-again", again, &id, err, sizeof err);
+    sql("UPDATE adapter_versions SET deleted_at = now() WHERE name IN ('o-dead', 'o-again')");
+    /* a save refused because the name is taken leaves its blob behind */
+    put("orphan refused", refused);
+    CHECK(save(C, "o-live", refused, &id, err, sizeof err) == 1, "a save under a taken name is refused");
+    for (const char *d[] = {live, old, dead, again, refused}, **q = d; q < d + 5; q++) age_blob(*q, 7200);
+
+    reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 3600, .dry_run = true};
+    err[0] = 0;
+    reg_gc_stats st;
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && st.orphans_removed == 2 && st.orphans_young == 1 &&
+              st.blobs_removed == 4 && blob_exists(B, old) && blob_exists(B, refused) && blob_exists(B, dead),
+          "dry run: 2 dead versions' blobs + 2 old orphans would go, 1 young orphan stays (%d, %d, %d): %s",
+          st.blobs_removed, st.orphans_removed, st.orphans_young, err);
+
+    /* GC took the again blob; then a save stored it again and was refused: an orphan whose
+     * only rows are marked blob_removed_at */
+    o.dry_run = false;
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0, "gc pass with orphan sweep: %s", err);
+    CHECK(!blob_exists(B, old) && !blob_exists(B, refused) && !blob_exists(B, dead) && !blob_exists(B, again) &&
+              blob_exists(B, young) && blob_exists(B, live),
+          "old orphans and dead blobs removed; the young orphan and the live version's (old) blob kept");
+    CHECK(st.orphans_removed == 2 && st.orphans_young == 1 && st.bytes_freed > 0,
+          "stats: %d orphans removed, %d young kept, %lld bytes freed", st.orphans_removed, st.orphans_young,
+          (long long)st.bytes_freed);
+    put("orphan again", again);
+    age_blob(again, 7200);
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && !blob_exists(B, again) && st.orphans_removed == 1,
+          "a blob stored again after GC took it, with only collected rows, is an orphan too");
+    put("orphan old", old);
+    age_blob(old, 7200);
+    put("orphan old", old);   /* a new save reusing it refreshes the mtime */
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && blob_exists(B, old) && st.orphans_young == 2,
+          "an old orphan that a new save stores again is young again and kept");
+
+    o.orphan_grace_s = 0;
+    o.sweep_orphans = false;
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && blob_exists(B, old) && st.orphans_removed == 0,
+          "without sweep_orphans no orphan is touched");
+
+    /* the command: default grace keeps young ones, --orphan-grace-s 0 sweeps them */
+    const char *bin = getenv("LOOM_BIN");
+    if (bin) {
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "%s adapter gc --db '%s' --blob-dir %s > %s/gc.out 2>&1", bin, conninfo, bdir, bdir);
+        int rc1 = system(cmd);
+        bool kept = blob_exists(B, old) && blob_exists(B, young);
+        sleep(1);   /* mtimes are whole seconds: let "now" pass the young blobs' */
+        snprintf(cmd, sizeof cmd, "%s adapter gc --db '%s' --blob-dir %s --orphan-grace-s 0 > %s/gc.out 2>&1", bin,
+                 conninfo, bdir, bdir);
+        int rc2 = system(cmd);
+        CHECK(rc1 == 0 && kept && rc2 == 0 && !blob_exists(B, old) && !blob_exists(B, young) && blob_exists(B, live),
+              "loom adapter gc: default grace keeps young orphans, --orphan-grace-s 0 removes them (rc %d, %d)", rc1,
+              rc2);
+    } else {
+        printf("skip  loom adapter gc command (LOOM_BIN not set)\n");
+    }
+}
+
+/* ---- saves racing the sweep -------------------------------------------------------------- */
+
+#define SAVERS 3
+#define ROUNDS 50
+static atomic_int saver_errors, saves_done, refused_saves, lost_blobs, orphans_removed, stop_gc;
+
+static void *saver(void *arg) {
+    int t = (int)(intptr_t)arg;
+    char err[512];
+    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
+    for (int i = 0; i < ROUNDS; i++) {
+        char bytes[48], dg[BLOB_DIGEST_HEX], name[32];
+        snprintf(bytes, sizeof bytes, "race %d %d", t, i % 7);   /* some contents recur */
+        if (blob_put(B, bytes, strlen(bytes), dg, err, sizeof err) < 0) { saver_errors++; continue; }
+        /* the save stalls as long as the grace period between put and commit */
+        age_blob(dg, 7200);
+        usleep(500 + rand() % 3000);
+        /* every fifth save reuses a taken name and is refused, leaving an orphan */
+        if (i % 5 == 4) snprintf(name, sizeof name, "race-%d-%d", t, i - 1);
+        else snprintf(name, sizeof name, "race-%d-%d", t, i);
+        reg_new_version v = {.model_id = "sa:train:0", .seq_id = 10000 + t * 1000 + i, .kind = "sampler",
+                             .name = name, .digest = dg, .size_bytes = (int64_t)strlen(bytes), .ttl_seconds = -1};
+        int64_t vid;
+        if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, dg, err, sizeof err) < 0) {
+            saver_errors++;
+            db_rollback(c);
+            continue;
+        }
+        if (!blob_exists(B, dg) && blob_put(B, bytes, strlen(bytes), dg, err, sizeof err) < 0) {
+            saver_errors++;
+            db_rollback(c);
+            continue;
+        }
+        int rc = reg_version_insert(c, &v, &vid, err, sizeof err);
+        if (rc == 1) { refused_saves++; db_rollback(c); continue; }
+        if (rc != 0 || db_commit(c, err, sizeof err) < 0) {
+            fprintf(stderr, "saver: %s\n", err);
+            saver_errors++;
+            db_rollback(c);
+            continue;
+        }
+        saves_done++;
+        char q[160];
+        snprintf(q, sizeof q, "SELECT count(*) FROM adapter_versions v WHERE id = %lld AND " REG_LIVE, (long long)vid);
+        if (db_begin(c, err, sizeof err) == 0 && reg_blob_lock_shared(c, dg, err, sizeof err) == 0) {
+            PGresult *r = db_query(c, q, 0, NULL, err, sizeof err);
+            if (r && db_int(r, 0, 0) == 1 && !blob_exists(B, dg)) lost_blobs++;
+            if (r) PQclear(r);
+        }
+        db_rollback(c);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+static void *collector(void *arg) {
+    (void)arg;
+    char err[512];
+    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
+    while (!stop_gc) {
+        db_exec(c, "UPDATE adapter_versions SET deleted_at = now() WHERE name LIKE 'race-%' AND deleted_at IS NULL"
+                   " AND random() < 0.3", 0, NULL, err, sizeof err);
+        reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 3600};
+        reg_gc_stats st;
+        if (reg_gc(c, B, &o, &st, err, sizeof err) < 0) fprintf(stderr, "gc: %s\n", err);
+        else orphans_removed += st.orphans_removed;
+        usleep(rand() % 1000);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+static void test_race(void) {
+    pthread_t s[SAVERS], g;
+    pthread_create(&g, NULL, collector, NULL);
+    for (int i = 0; i < SAVERS; i++) pthread_create(&s[i], NULL, saver, (void *)(intptr_t)i);
+    for (int i = 0; i < SAVERS; i++) pthread_join(s[i], NULL);
+    stop_gc = 1;
+    pthread_join(g, NULL);
+    CHECK(saver_errors == 0 && saves_done + refused_saves == SAVERS * ROUNDS && refused_saves > 0,
+          "%d concurrent saves committed, %d refused (name taken)", (int)saves_done, (int)refused_saves);
+    CHECK(lost_blobs == 0, "no committed live version ever lost its blob to the sweep (%d did)", (int)lost_blobs);
+    CHECK(orphans_removed > 0, "the sweep removed orphans %d times meanwhile (the race was exercised)",
+          (int)orphans_removed);
+
+    /* a last pass: the store holds exactly the live versions' blobs, all intact */
+    char err[512];
+    reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 3600};
+    reg_gc_stats st;
+    blob_info *all;
+    size_t n;
+    sql("UPDATE adapter_versions SET deleted_at = now() WHERE name = 'o-live'");
+    int rc = reg_gc(C, B, &o, &st, err, sizeof err);
+    /* the young orphans of test_sweep are gone already (grace 0 there); age what is left */
+    if (blob_list(B, &all, &n, err, sizeof err) == 0) {
+        for (size_t i = 0; i < n; i++) age_blob(all[i].digest, 7200);
+        free(all);
+    }
+    rc = rc || reg_gc(C, B, &o, &st, err, sizeof err);
+    PGresult *r = db_query(C, "SELECT DISTINCT blob_digest FROM adapter_versions v WHERE " REG_LIVE, 0, NULL, err,
+                           sizeof err);
+    int missing = 0, nlive = r ? PQntuples(r) : -1;
+    for (int i = 0; r && i < PQntuples(r); i++) {
+        void *data;
+        size_t dn;
+        if (blob_get(B, PQgetvalue(r, i, 0), &data, &dn, err, sizeof err) < 0) missing++;
+        else free(data);
+    }
+    if (r) PQclear(r);
+    bool listed_ok = blob_list(B, &all, &n, err, sizeof err) == 0;
+    if (listed_ok) free(all);
+    CHECK(rc == 0 && nlive > 0 && missing == 0 && listed_ok && (int)n == nlive,
+          "after a final pass the store holds exactly the %d live blobs (%zu stored, %d missing)", nlive, n, missing);
+}
+
+int main(void) {
+    char dir[] = "/tmp/loom-gcorph-XXXXXX", err[1024];
+    if (!mkdtemp(dir)) return 2;
+    chmod(dir, 0755);
+    if (sodium_init() < 0) return 2;
+    srand((unsigned)time(NULL));
+    pgcluster pc;
+    if (pgc_start(dir, &pc, err, sizeof err) < 0) { fprintf(stderr, "cluster: %s\n", err); return 2; }
+    snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
+    C = db_connect(conninfo, 10000, err, sizeof err);
+    if (!C || migrate_run(C, err, sizeof err) < 0) { fprintf(stderr, "db: %s\n", err); return 2; }
+    snprintf(bdir, sizeof bdir, "%s/blobs", dir);
+    if (!(B = blob_open_dir(bdir, err, sizeof err))) { fprintf(stderr, "blobs: %s\n", err); return 2; }
+    setup();
+    test_store();
+    test_sweep();
+    test_race();
+    PQfinish(C);
+    blob_close(B);
+    pgc_stop(dir, err, sizeof err);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) {}
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
