@@ -201,9 +201,12 @@ int api_h_load_weights(api_call *c) {
                          (long long)seq_id);
     reg_path rp;
     if (reg_path_parse(path, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "path: %s", c->err);
-    if (strcmp(rp.dir, "weights"))
-        return api_error(c, 400, "load_weights needs a training-state checkpoint (tinker://<run>/weights/<name>); "
-                                 "%.300s holds sampler weights only", path);
+    /* A sampler checkpoint (e.g. an imported PEFT adapter) holds weights only: it can start
+     * training with fresh Adam state, but has no optimizer state to restore. */
+    if (strcmp(rp.dir, "weights") && optimizer)
+        return api_error(c, 400, "%.300s holds sampler weights only, without optimizer state: load it with "
+                                 "\"optimizer\": false, or use a training-state checkpoint "
+                                 "(tinker://<run>/weights/<name>) to restore Adam moments", path);
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "load_weights", c->err);

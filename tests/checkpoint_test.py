@@ -224,8 +224,9 @@ def main():
         st, body = a.post("/api/v1/save_weights", {"model_id": u, "path": "a/b", "seq_id": 9999})
         R.check(st == 400 and "path" in body.get("detail", ""), f"a name with '/' is a 400: {body}")
         st, body = a.post("/api/v1/load_weights", {"model_id": u, "path": f"tinker://{u}/sampler_weights/final",
-                                                   "seq_id": 9999})
-        R.check(st == 400 and "weights/" in body.get("detail", ""), f"load_weights of a sampler path is a 400")
+                                                   "optimizer": True, "seq_id": 9999})
+        R.check(st == 400 and "optimizer" in body.get("detail", ""),
+                f"load_weights of a sampler path with optimizer=true is a 400 (no optimizer state): {body}")
         st, body = a.post("/api/v1/load_weights", {"model_id": u, "path": "tinker://nope/weights/x", "seq_id": 9999})
         R.check(st == 404, f"load_weights of an unknown checkpoint is a 404: {body}")
         r8 = a.create(base, rank=8)

@@ -162,6 +162,36 @@ def check_config(R, label, s, base, rank, flags, seqs, steps):
         st_, info = s.post("/api/v1/weights_info", {"tinker_path": f"tinker://{run}/sampler_weights/peft"})
         R.check(st_ == 200 and info["lora_rank"] == rank and info["train_unembed"] == flags["train_unembed"],
                 f"{label}: the imported adapter is a checkpoint of the tenant: {info}")
+        # Continue training from the imported adapter: a new model, load_weights (weights
+        # only), the same logprobs as the model it was exported from, then a training step.
+        ipath = f"tinker://{run}/sampler_weights/peft"
+        st_, bad = s.post("/api/v1/load_weights", {"model_id": mid, "seq_id": seq + 1, "path": ipath,
+                                                   "optimizer": True})
+        R.check(st_ == 400 and "optimizer" in bad.get("detail", ""),
+                f"{label}: a sampler checkpoint has no optimizer state to load: {st_} {bad}")
+        sid2 = s.post("/api/v1/create_session", {"tags": []})[1]["session_id"]
+        m2 = s.result(s.post("/api/v1/create_model", {"session_id": sid2, "model_seq_id": 0, "base_model": base,
+                                                      "lora_config": dict(rank=rank, seed=99, **flags)})[1]
+                      ["request_id"])["model_id"]
+        lw = s.result(s.post("/api/v1/load_weights", {"model_id": m2, "seq_id": 1, "path": ipath,
+                                                       "optimizer": False})[1]["request_id"])
+        R.check(lw.get("type") == "load_weights" and "error" not in lw, f"{label}: load_weights of the import: {lw}")
+        f2 = s.result(s.post("/api/v1/forward", {"forward_input": {"data": data, "loss_fn": "cross_entropy"},
+                                                 "model_id": m2, "seq_id": 2})[1]["request_id"])
+        lp2 = [o["logprobs"]["data"] for o in f2["loss_fn_outputs"]]
+        w3 = max(max(abs(x - y) / max(abs(y), 1e-3) for x, y in zip(a, b)) for a, b in zip(lp2, loom_lp))
+        R.check(w3 <= RTOL, f"{label}: a model loaded from the imported adapter gives the original's logprobs "
+                            f"(worst rel {w3:.2e})")
+        fb = s.result(s.post("/api/v1/forward_backward", {"forward_backward_input": {"data": data,
+                                                          "loss_fn": "cross_entropy"}, "model_id": m2,
+                                                          "seq_id": 3})[1]["request_id"])
+        op = s.result(s.post("/api/v1/optim_step", {"adam_params": {"learning_rate": 0.05}, "model_id": m2,
+                                                    "seq_id": 4})[1]["request_id"])
+        f3 = s.result(s.post("/api/v1/forward", {"forward_input": {"data": data, "loss_fn": "cross_entropy"},
+                                                 "model_id": m2, "seq_id": 5})[1]["request_id"])
+        nll = lambda out: -sum(sum(o["logprobs"]["data"]) for o in out["loss_fn_outputs"])
+        R.check("error" not in fb and op.get("metrics", {}).get("step:max") == 1 and nll(f3) < nll(f2),
+                f"{label}: training continues from the import (fresh Adam, step 1; NLL {nll(f2):.3f} -> {nll(f3):.3f})")
 
 
 def main():
