@@ -14,6 +14,9 @@
 
 /* ---- forward / forward_backward ------------------------------------------------- */
 
+/* The most targets per position of 2-D cross_entropy (the api's FB_MAX_K). */
+#define EXE_MAX_K 1024
+
 typedef struct {
     exe_op *op;
     int first_seq, nseq;     /* the op's datums in the packed batch */
@@ -46,14 +49,17 @@ static int32_t *i32_array(json_t *a, int n) {
     return o;
 }
 
-static json_t *tensor_json(const float *x, int n) {
+/* A float32 TensorData of shape [n] (k <= 1) or [n, k] (k > 1, x row-major). */
+static json_t *tensor_json(const float *x, int n, int k) {
     json_t *data = json_array();
-    for (int i = 0; i < n; i++) {
+    long total = (long)n * (k > 1 ? k : 1);
+    for (long i = 0; i < total; i++) {
         double v = x[i];
         if (isnan(v)) v = 0;          /* guarded below: a NaN fails the op */
         if (isinf(v)) v = v < 0 ? -FLT_MAX : FLT_MAX;
         json_array_append_new(data, json_real(v));
     }
+    if (k > 1) return json_pack("{s:o, s:s, s:[i, i]}", "data", data, "dtype", "float32", "shape", n, k);
     return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
 }
 
@@ -92,22 +98,32 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
         for (size_t d = 0; d < json_array_size(data) && !bad; d++) {
             json_t *dj = json_array_get(data, d);
             int n = (int)json_array_size(json_object_get(dj, "tokens"));
+            /* 2-D cross_entropy (spec §8): "k" targets per position, [n, k] row-major */
+            json_t *kj = json_object_get(dj, "k");
+            json_int_t k = kj ? (json_is_integer(kj) ? json_integer_value(kj) : -1) : 1;
+            if (k < 1 || k > EXE_MAX_K || (k > 1 && ls.kind != LOSS_CROSS_ENTROPY)) {
+                bad = true;
+                k = 1;
+            }
+            int nk = n * (int)k;
             exe_seq *s = &seqs[ns++];
             s->ad = ad;
             s->loss = ls;
             s->n = n;
+            s->k = (int)k;
             s->tokens = i32_array(json_object_get(dj, "tokens"), n);
-            s->targets = i32_array(json_object_get(dj, "target_tokens"), n);
-            s->weights = f32_array(json_object_get(dj, "weights"), n);
+            s->targets = i32_array(json_object_get(dj, "target_tokens"), nk);
+            s->weights = f32_array(json_object_get(dj, "weights"), nk);
             s->sampler_logprobs = f32_array(json_object_get(dj, "logprobs"), n);
             s->advantages = f32_array(json_object_get(dj, "advantages"), n);
-            s->logprobs_out = calloc(n ? n : 1, sizeof(float));
-            s->loss_out = calloc(n ? n : 1, sizeof(float));
+            s->logprobs_out = calloc(nk ? nk : 1, sizeof(float)); /* [n, k] */
+            s->loss_out = calloc(n ? n : 1, sizeof(float));       /* [n] */
             if (!s->tokens || !s->targets) bad = true;
             if (ls.kind != LOSS_CROSS_ENTROPY && (!s->sampler_logprobs || !s->advantages)) bad = true;
             for (int t = 0; t < n && !bad; t++)
-                if (s->tokens[t] < 0 || s->tokens[t] >= st->vocab || s->targets[t] < 0 || s->targets[t] >= st->vocab)
-                    bad = true;
+                if (s->tokens[t] < 0 || s->tokens[t] >= st->vocab) bad = true;
+            for (int t = 0; t < nk && !bad; t++)
+                if (s->targets[t] < 0 || s->targets[t] >= st->vocab) bad = true;
         }
         if (bad) {
             for (int k = start; k < ns; k++) free_seq(&seqs[k]);
@@ -137,12 +153,15 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
             bool nonfinite = false;
             for (int k = spans[i].first_seq; k < spans[i].first_seq + spans[i].nseq; k++) {
                 exe_seq *s = &seqs[k];
+                int K = s->k > 1 ? s->k : 1;
                 for (int t = 0; t < s->n; t++) {
                     loss_sum += s->loss_out[t];
-                    if (isnan(s->loss_out[t]) || isnan(s->logprobs_out[t])) nonfinite = true;
+                    if (isnan(s->loss_out[t])) nonfinite = true;
                 }
-                json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n),
-                                                      "elementwise_loss", tensor_json(s->loss_out, s->n)));
+                for (long t = 0; t < (long)s->n * K; t++)
+                    if (isnan(s->logprobs_out[t])) nonfinite = true;
+                json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n, K),
+                                                      "elementwise_loss", tensor_json(s->loss_out, s->n, 1)));
             }
             if (nonfinite) {
                 json_decref(outs);

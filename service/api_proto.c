@@ -95,10 +95,38 @@ static const char *dtype_name(TinkerPublic__DType t) {
     }
 }
 
+/* An int64 LE byte array (CSR indices) as a malloc'd array. */
+static int int64_bytes(const ProtobufCBinaryData *b, const char *where, const char *name,
+                       const char *field, int64_t **out, size_t *n, char *err, size_t errlen) {
+    *out = NULL;
+    *n = 0;
+    if (b->len % 8) {
+        snprintf(err, errlen, "%s.%s (2-D sparse CSR): %s has %zu bytes, not a whole number of "
+                              "int64 values", where, name, field, b->len);
+        return -1;
+    }
+    *n = b->len / 8;
+    *out = xcalloc(*n, sizeof **out);
+    for (size_t k = 0; k < *n; k++) (*out)[k] = (int64_t)get_le(b->data + 8 * k, 8);
+    return 0;
+}
+
+/* A Tensor as an int or float array: 1-D [N], or with allow_2d also [N, K] (dense
+ * row-major or sparse CSR, densified), the same as the JSON TensorData (fwdbwd.c). */
 static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const char *name,
-                         bool is_int, fb_tensor *out, char *err, size_t errlen) {
-    if (t->encoding_case == TINKER_PUBLIC__TENSOR__ENCODING_SPARSE_CSR || t->n_shape >= 2)
-        return fb_err_two_d(where, name, err, errlen);
+                         bool is_int, bool allow_2d, fb_tensor *out, char *err, size_t errlen) {
+    bool sparse = t->encoding_case == TINKER_PUBLIC__TENSOR__ENCODING_SPARSE_CSR;
+    if ((sparse || t->n_shape >= 2) && !allow_2d) return fb_err_two_d(where, name, err, errlen);
+    if (t->n_shape > 2) {
+        snprintf(err, errlen, "%s.%s.shape: %zu dimensions; loss inputs are 1-D [N] or 2-D [N, K]",
+                 where, name, t->n_shape);
+        return -1;
+    }
+    if (sparse && t->n_shape != 2) {
+        snprintf(err, errlen, "%s.%s (2-D sparse CSR): shape [rows, cols] is required with "
+                              "sparse_csr", where, name);
+        return -1;
+    }
     TinkerPublic__DType dt = t->dtype;
     if (dt == TINKER_PUBLIC__DTYPE__DTYPE_UNSPECIFIED)
         dt = is_int ? TINKER_PUBLIC__DTYPE__DTYPE_INT64 : TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
@@ -111,8 +139,9 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
                  dtype_name(t->dtype), is_int ? "int64 token ids" : "float32 values");
         return -1;
     }
-    const ProtobufCBinaryData *b = &t->dense;
-    if (t->encoding_case != TINKER_PUBLIC__TENSOR__ENCODING_DENSE) b = NULL;
+    const ProtobufCBinaryData *b = NULL;
+    if (t->encoding_case == TINKER_PUBLIC__TENSOR__ENCODING_DENSE) b = &t->dense;
+    else if (sparse && t->sparse_csr) b = &t->sparse_csr->values;
     size_t bytes = b ? b->len : 0;
     if (bytes % (size_t)size) {
         snprintf(err, errlen, "%s.%s: %zu bytes is not a whole number of %s values", where, name,
@@ -127,6 +156,8 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
     }
     out->present = true;
     out->n = n;
+    out->k = 1;
+    out->dims = 1;
     if (is_int) out->i = xcalloc(n, sizeof *out->i);
     else out->f = xcalloc(n, sizeof *out->f);
     for (size_t k = 0; k < n; k++) {
@@ -141,6 +172,25 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
         if (fb_check_float(f, where, name, k, err, errlen) < 0) return -1;
         out->f[k] = f;
     }
+    if (sparse) {
+        static const ProtobufCBinaryData none = {0, NULL};
+        const TinkerPublic__SparseCsr *c = t->sparse_csr;
+        int64_t *crow = NULL, *col = NULL;
+        size_t n_crow = 0, n_col = 0;
+        int rc = int64_bytes(c ? &c->crow_indices : &none, where, name, "crow_indices", &crow,
+                             &n_crow, err, errlen);
+        if (rc == 0)
+            rc = int64_bytes(c ? &c->col_indices : &none, where, name, "col_indices", &col, &n_col,
+                             err, errlen);
+        if (rc == 0)
+            rc = fb_tensor_csr(out, where, name, t->shape[0], t->shape[1], crow, n_crow, col, n_col,
+                               err, errlen);
+        free(crow);
+        free(col);
+        return rc;
+    }
+    if (t->n_shape == 2)
+        return fb_tensor_dense2(out, where, name, t->shape[0], t->shape[1], err, errlen);
     return 0;
 }
 
@@ -162,7 +212,7 @@ static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, fb
                 return -1;
             }
             if (decode_tensor(in->value, where, fb_input_names[k], k == FB_TARGET_TOKENS,
-                              &out->in[k], err, errlen) < 0)
+                              fb_two_d_ok(loss, (fb_input)k), &out->in[k], err, errlen) < 0)
                 return -1;
         }
     }
@@ -261,21 +311,20 @@ static void free_fields(batched_field *f, size_t n) {
     free(f);
 }
 
-/* One field of every datum, concatenated, with int64 byte offsets. */
-static int batch_field(const json_t *outputs, const char *key, batched_field *f, char *err,
-                       size_t errlen) {
-    size_t nd = json_array_size(outputs);
-    const json_t *first = json_object_get(json_array_get(outputs, 0), key);
+/* One field of datums [from, from + nd), concatenated, with int64 byte offsets. */
+static int batch_field(const json_t *outputs, size_t from, size_t nd, const char *key,
+                       batched_field *f, char *err, size_t errlen) {
+    const json_t *first = json_object_get(json_array_get(outputs, from), key);
     bool is_int = tensor_is_int(first);
     int size = is_int ? 8 : 4;
     size_t total = 0;
-    for (size_t d = 0; d < nd; d++) {
+    tinker_public__batched_tensor__init(&f->tensor);
+    tinker_public__array_record__fields_entry__init(&f->entry);
+    for (size_t d = from; d < from + nd; d++) {
         const json_t *v = tensor_values(json_object_get(json_array_get(outputs, d), key));
         if (!json_is_array(v)) return shape_err(err, errlen, "a datum lacks an output field");
         total += json_array_size(v);
     }
-    tinker_public__batched_tensor__init(&f->tensor);
-    tinker_public__array_record__fields_entry__init(&f->entry);
     f->entry.key = (char *)key;
     f->entry.value = &f->tensor;
     f->tensor.dtype = is_int ? TINKER_PUBLIC__DTYPE__DTYPE_INT64 : TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
@@ -286,7 +335,7 @@ static int batch_field(const json_t *outputs, const char *key, batched_field *f,
     f->tensor.offsets.len = (nd + 1) * 8;
     size_t pos = 0;
     for (size_t d = 0; d < nd; d++) {
-        const json_t *t = json_object_get(json_array_get(outputs, d), key);
+        const json_t *t = json_object_get(json_array_get(outputs, from + d), key);
         if (tensor_is_int(t) != is_int) return shape_err(err, errlen, "mixed dtypes in a field");
         const json_t *v = tensor_values(t);
         put_le(f->tensor.offsets.data + 8 * d, (uint64_t)(pos * (size_t)size), 8);
@@ -299,6 +348,34 @@ static int batch_field(const json_t *outputs, const char *key, batched_field *f,
     }
     put_le(f->tensor.offsets.data + 8 * nd, (uint64_t)(pos * (size_t)size), 8);
     return 0;
+}
+
+/* Whether two TensorData have the same shape after the first dimension. */
+static bool same_trailing(const json_t *a, const json_t *b) {
+    size_t na, nb;
+    int64_t *ta = trailing_shape(a, &na), *tb = trailing_shape(b, &nb);
+    bool same = na == nb && (na == 0 || !memcmp(ta, tb, na * sizeof *ta));
+    free(ta);
+    free(tb);
+    return same;
+}
+
+/* A run of datums sharing every field's trailing shape, as one ArrayRecord (the SDK
+ * rebuilds each datum's shape from its BatchedTensor's trailing_shape, so datums of a
+ * different K — 2-D cross_entropy logprobs [N, K] — go to a record of their own). */
+typedef struct {
+    TinkerPublic__ArrayRecord rec;
+    batched_field *fields;
+    TinkerPublic__ArrayRecord__FieldsEntry **fp;
+    size_t nf;
+} record_run;
+
+static void free_runs(record_run *r, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free_fields(r[i].fields, r[i].nf);
+        free(r[i].fp);
+    }
+    free(r);
 }
 
 static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
@@ -321,22 +398,43 @@ int proto_encode_fwdbwd_output(const char *json, uint8_t **out, size_t *len, cha
     size_t nd = json_array_size(outputs);
     const json_t *d0 = json_array_get(outputs, 0);
     size_t nf = nd ? json_object_size(d0) : 0;
-    batched_field *fields = xcalloc(nf, sizeof *fields);
-    TinkerPublic__ArrayRecord__FieldsEntry **fp = xcalloc(nf, sizeof *fp);
+    record_run *runs = xcalloc(nd, sizeof *runs);
+    TinkerPublic__ArrayRecord **rp = xcalloc(nd, sizeof *rp);
+    size_t nr = 0;
     size_t nm = json_object_size(metrics);
     TinkerPublic__ForwardBackwardOutput__MetricsEntry *me = xcalloc(nm, sizeof *me), **mp =
         xcalloc(nm, sizeof *mp);
     int rc = -1;
-    size_t i = 0;
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)d0, key, v) {
-        if (batch_field(outputs, key, &fields[i], err, errlen) < 0) {
-            nf = i + 1;
-            goto out;
+    for (size_t from = 0; from < nd;) {
+        const json_t *df = json_array_get(outputs, from);
+        size_t to = from + 1;
+        for (; to < nd; to++) {
+            const json_t *dt = json_array_get(outputs, to);
+            bool same = true;
+            json_object_foreach((json_t *)d0, key, v)
+                same = same && same_trailing(json_object_get(df, key), json_object_get(dt, key));
+            if (!same) break;
         }
-        fp[i] = &fields[i].entry;
-        i++;
+        record_run *run = &runs[nr++];
+        run->fields = xcalloc(nf, sizeof *run->fields);
+        run->fp = xcalloc(nf, sizeof *run->fp);
+        size_t i = 0;
+        json_object_foreach((json_t *)d0, key, v) {
+            run->nf = i + 1;
+            if (batch_field(outputs, from, to - from, key, &run->fields[i], err, errlen) < 0)
+                goto out;
+            run->fp[i] = &run->fields[i].entry;
+            i++;
+        }
+        run->nf = i;
+        tinker_public__array_record__init(&run->rec);
+        run->rec.n_fields = i;
+        run->rec.fields = run->fp;
+        run->rec.num_datums = (int64_t)(to - from);
+        rp[nr - 1] = &run->rec;
+        from = to;
     }
     size_t m = 0;
     json_object_foreach((json_t *)metrics, key, v) {
@@ -347,22 +445,17 @@ int proto_encode_fwdbwd_output(const char *json, uint8_t **out, size_t *len, cha
         mp[m] = &me[m];
         m++;
     }
-    TinkerPublic__ArrayRecord rec = TINKER_PUBLIC__ARRAY_RECORD__INIT;
-    TinkerPublic__ArrayRecord *recp = &rec;
-    rec.n_fields = nf;
-    rec.fields = fp;
-    rec.num_datums = (int64_t)nd;
     TinkerPublic__ForwardBackwardOutput o = TINKER_PUBLIC__FORWARD_BACKWARD_OUTPUT__INIT;
     const char *type = json_string_value(json_object_get(r, "loss_fn_output_type"));
     o.loss_fn_output_type = (char *)(type ? type : "ArrayRecord");
-    o.n_loss_fn_outputs = nd ? 1 : 0;
-    o.loss_fn_outputs = &recp;
+    o.n_loss_fn_outputs = nr;
+    o.loss_fn_outputs = rp;
     o.n_metrics = m;
     o.metrics = mp;
     rc = pack(&o.base, out, len);
 out:
-    free_fields(fields, nf);
-    free(fp);
+    free_runs(runs, nr);
+    free(rp);
     free(me);
     free(mp);
     json_decref(r);

@@ -2,7 +2,11 @@
  * service/proto/tinker_public.proto by protoc-c. A ForwardBackwardRequest body decodes
  * into the same fb_request as the JSON body (then the same fb_validate and payload);
  * stored JSON results of forward/forward_backward and sample operations encode as
- * ForwardBackwardOutput and SampleResponse for clients that Accept protobuf. */
+ * ForwardBackwardOutput and SampleResponse for clients that Accept protobuf.
+ * Tensors may be 2-D ([N, K] dense or sparse_csr, for cross_entropy target_tokens and
+ * weights; densified into the same fb_tensor as JSON). In a ForwardBackwardOutput each
+ * BatchedTensor carries trailing_shape ([K] for 2-D logprobs, [] for 1-D outputs); datums
+ * whose shapes differ go to separate ArrayRecords (num_datums set on each). */
 #pragma once
 #include "service/fwdbwd.h"
 #include <stddef.h>

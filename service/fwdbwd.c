@@ -58,10 +58,120 @@ static char *xstrdup(const char *s) {
 }
 
 int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen) {
-    snprintf(err, errlen, "%s.%s: 2-D loss inputs not supported yet (send one value per token)",
-             where, name);
+    snprintf(err, errlen, "%s.%s: 2-D loss inputs are supported only for target_tokens and "
+                          "weights with loss_fn cross_entropy (send one value per token)", where,
+             name);
     return -1;
 }
+
+bool fb_two_d_ok(fb_loss loss, fb_input input) {
+    return loss == FB_LOSS_CROSS_ENTROPY && (input == FB_TARGET_TOKENS || input == FB_WEIGHTS);
+}
+
+/* rows >= 0 and 1 <= cols <= FB_MAX_K; rows is bounded by the data it must describe. */
+static int check_shape2(const char *where, const char *name, int64_t rows, int64_t cols,
+                        char *err, size_t errlen) {
+    if (rows < 0 || rows > INT32_MAX || cols < 1 || cols > FB_MAX_K) {
+        snprintf(err, errlen, "%s.%s.shape [%lld, %lld]: a 2-D loss input has shape [N, K] with N "
+                              "the number of input tokens and 1 <= K <= %d", where, name,
+                 (long long)rows, (long long)cols, FB_MAX_K);
+        return -1;
+    }
+    return 0;
+}
+
+int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
+                     char *err, size_t errlen) {
+    if (check_shape2(where, name, rows, cols, err, errlen) < 0) return -1;
+    if ((uint64_t)rows * (uint64_t)cols != t->n) {
+        snprintf(err, errlen, "%s.%s.shape [%lld, %lld] needs %llu values (row-major), data has "
+                              "%zu", where, name, (long long)rows, (long long)cols,
+                 (unsigned long long)((uint64_t)rows * (uint64_t)cols), t->n);
+        return -1;
+    }
+    t->n = (size_t)rows;
+    t->k = (size_t)cols;
+    t->dims = 2;
+    return 0;
+}
+
+int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
+                  const int64_t *crow, size_t n_crow, const int64_t *col, size_t n_col, char *err,
+                  size_t errlen) {
+    if (check_shape2(where, name, rows, cols, err, errlen) < 0) return -1;
+    size_t nnz = t->n;
+    if (n_crow != (size_t)rows + 1) {
+        snprintf(err, errlen, "%s.%s (2-D sparse CSR): crow_indices has %zu entries, expected "
+                              "rows + 1 = %lld", where, name, n_crow, (long long)rows + 1);
+        return -1;
+    }
+    if (n_col != nnz) {
+        snprintf(err, errlen, "%s.%s (2-D sparse CSR): col_indices has %zu entries but there are "
+                              "%zu values", where, name, n_col, nnz);
+        return -1;
+    }
+    if (crow[0] != 0 || crow[rows] != (int64_t)nnz) {
+        snprintf(err, errlen, "%s.%s (2-D sparse CSR): crow_indices must start at 0 and end at "
+                              "the number of values %zu (got %lld .. %lld)", where, name, nnz,
+                 (long long)crow[0], (long long)crow[rows]);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        if (crow[r + 1] < crow[r]) {
+            snprintf(err, errlen, "%s.%s (2-D sparse CSR): crow_indices must not decrease "
+                                  "(entry %lld is %lld, entry %lld is %lld)", where, name,
+                     (long long)r, (long long)crow[r], (long long)r + 1, (long long)crow[r + 1]);
+            return -1;
+        }
+    }
+    size_t dense = (size_t)rows * (size_t)cols;
+    int64_t *di = t->i ? xcalloc(dense, sizeof *di) : NULL;
+    float *df = t->f ? xcalloc(dense, sizeof *df) : NULL;
+    bool *seen = xcalloc((size_t)cols, sizeof *seen);
+    int rc = 0;
+    for (int64_t r = 0; r < rows && rc == 0; r++) {
+        memset(seen, 0, (size_t)cols * sizeof *seen);
+        for (int64_t q = crow[r]; q < crow[r + 1]; q++) {
+            int64_t c = col[q];
+            if (c < 0 || c >= cols) {
+                snprintf(err, errlen, "%s.%s (2-D sparse CSR): col_indices[%lld] = %lld is outside "
+                                      "[0, %lld)", where, name, (long long)q, (long long)c,
+                         (long long)cols);
+                rc = -1;
+                break;
+            }
+            if (seen[c]) {
+                snprintf(err, errlen, "%s.%s (2-D sparse CSR): column %lld appears twice in row "
+                                      "%lld", where, name, (long long)c, (long long)r);
+                rc = -1;
+                break;
+            }
+            seen[c] = true;
+            size_t at = (size_t)r * (size_t)cols + (size_t)c;
+            if (di) di[at] = t->i[q];
+            if (df) df[at] = t->f[q];
+        }
+    }
+    free(seen);
+    if (rc < 0) {
+        free(di);
+        free(df);
+        return -1;
+    }
+    if (di) {
+        free(t->i);
+        t->i = di;
+    }
+    if (df) {
+        free(t->f);
+        t->f = df;
+    }
+    t->n = (size_t)rows;
+    t->k = (size_t)cols;
+    t->dims = 2;
+    return 0;
+}
+
 #define two_d fb_err_two_d
 
 int fb_check_float(float f, const char *where, const char *name, size_t k, char *err,
@@ -102,15 +212,45 @@ int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key
     return 0;
 }
 
-/* A TensorData ({"data", "dtype", "shape"}) or a bare list, as a 1-D int or float array. */
+/* A JSON list of integers as a malloc'd int64 array (for CSR indices). */
+static int int_list(const json_t *v, const char *where, const char *name, const char *field,
+                    int64_t **out, size_t *n, char *err, size_t errlen) {
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(v)) {
+        snprintf(err, errlen, "%s.%s.%s: expected an array of integers, got %s", where, name, field,
+                 v ? jx_type_name(v) : "nothing");
+        return -1;
+    }
+    *n = json_array_size(v);
+    *out = xcalloc(*n, sizeof **out);
+    for (size_t k = 0; k < *n; k++) {
+        if (!jx_as_int(json_array_get(v, k), &(*out)[k])) {
+            snprintf(err, errlen, "%s.%s.%s[%zu]: expected an integer, got %s", where, name, field,
+                     k, jx_type_name(json_array_get(v, k)));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A TensorData ({"data", "dtype", "shape"}, optionally sparse CSR) or a bare list, as an
+ * int or float array: 1-D [N], or with allow_2d also [N, K] (dense row-major or CSR,
+ * densified). */
 static int decode_tensor(const json_t *v, const char *where, const char *name, bool is_int,
-                         fb_tensor *out, char *err, size_t errlen) {
+                         bool allow_2d, fb_tensor *out, char *err, size_t errlen) {
     const json_t *arr = v;
+    bool sparse = false;
+    int64_t dims[2] = {0, 0};
+    size_t n_dims = 0; /* 0 = no shape given */
+    const json_t *crow = NULL, *col = NULL;
     if (json_is_object(v)) {
-        const json_t *crow = json_object_get(v, "sparse_crow_indices");
-        const json_t *col = json_object_get(v, "sparse_col_indices");
-        if ((crow && !json_is_null(crow)) || (col && !json_is_null(col)))
-            return two_d(where, name, err, errlen);
+        crow = json_object_get(v, "sparse_crow_indices");
+        col = json_object_get(v, "sparse_col_indices");
+        if (crow && json_is_null(crow)) crow = NULL;
+        if (col && json_is_null(col)) col = NULL;
+        sparse = crow || col;
+        if (sparse && !allow_2d) return two_d(where, name, err, errlen);
         arr = json_object_get(v, "data");
         if (!arr || !json_is_array(arr)) {
             snprintf(err, errlen, "%s.%s.data: expected an array of numbers, got %s", where, name,
@@ -124,15 +264,31 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
                          name, jx_type_name(shape));
                 return -1;
             }
-            if (json_array_size(shape) >= 2) return two_d(where, name, err, errlen);
-            int64_t dim;
-            if (json_array_size(shape) != 1 || !jx_as_int(json_array_get(shape, 0), &dim) ||
-                dim != (int64_t)json_array_size(arr)) {
+            n_dims = json_array_size(shape);
+            if (n_dims >= 2 && !allow_2d) return two_d(where, name, err, errlen);
+            if (n_dims > 2) {
+                snprintf(err, errlen, "%s.%s.shape: %zu dimensions; loss inputs are 1-D [N] or "
+                                      "2-D [N, K]", where, name, n_dims);
+                return -1;
+            }
+            for (size_t d = 0; d < n_dims; d++) {
+                if (!jx_as_int(json_array_get(shape, d), &dims[d])) {
+                    snprintf(err, errlen, "%s.%s.shape[%zu]: expected an integer, got %s", where,
+                             name, d, jx_type_name(json_array_get(shape, d)));
+                    return -1;
+                }
+            }
+            if (n_dims == 0 || (n_dims == 1 && !sparse && dims[0] != (int64_t)json_array_size(arr))) {
                 snprintf(err, errlen, "%s.%s.shape does not match its data (%zu values): "
                                       "expected [%zu]", where, name, json_array_size(arr),
                          json_array_size(arr));
                 return -1;
             }
+        }
+        if (sparse && n_dims != 2) {
+            snprintf(err, errlen, "%s.%s (2-D sparse CSR): shape [rows, cols] is required with "
+                                  "sparse_crow_indices / sparse_col_indices", where, name);
+            return -1;
         }
     } else if (!json_is_array(v)) {
         snprintf(err, errlen, "%s.%s: expected a TensorData object {\"data\": [...], \"dtype\", "
@@ -142,11 +298,18 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
     size_t n = json_array_size(arr);
     out->present = true;
     out->n = n;
+    out->k = 1;
+    out->dims = 1;
     if (is_int) out->i = xcalloc(n, sizeof *out->i);
     else out->f = xcalloc(n, sizeof *out->f);
     for (size_t k = 0; k < n; k++) {
         const json_t *e = json_array_get(arr, k);
-        if (json_is_array(e)) return two_d(where, name, err, errlen);
+        if (json_is_array(e)) {
+            if (!allow_2d) return two_d(where, name, err, errlen);
+            snprintf(err, errlen, "%s.%s.data[%zu]: expected a number; send 2-D inputs as a flat "
+                                  "row-major list with \"shape\": [N, K]", where, name, k);
+            return -1;
+        }
         if (is_int) {
             if (!jx_as_int(e, &out->i[k])) {
                 snprintf(err, errlen, "%s.%s.data[%zu]: expected an integer token id, got %s",
@@ -164,6 +327,18 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
             out->f[k] = f;
         }
     }
+    if (sparse) {
+        int64_t *ci = NULL, *cc = NULL;
+        size_t nci = 0, ncc = 0;
+        int rc = int_list(crow, where, name, "sparse_crow_indices", &ci, &nci, err, errlen);
+        if (rc == 0) rc = int_list(col, where, name, "sparse_col_indices", &cc, &ncc, err, errlen);
+        if (rc == 0)
+            rc = fb_tensor_csr(out, where, name, dims[0], dims[1], ci, nci, cc, ncc, err, errlen);
+        free(ci);
+        free(cc);
+        return rc;
+    }
+    if (n_dims == 2) return fb_tensor_dense2(out, where, name, dims[0], dims[1], err, errlen);
     return 0;
 }
 
@@ -255,8 +430,8 @@ static int decode_datum(const json_t *d, const char *where, fb_loss loss, fb_dat
         if (!(accepted & BIT(k))) continue;  /* inputs this loss does not use are ignored */
         const json_t *v = json_object_get(lfi, fb_input_names[k]);
         if (!v || json_is_null(v)) continue;
-        if (decode_tensor(v, w, fb_input_names[k], k == FB_TARGET_TOKENS, &out->in[k], err,
-                          errlen) < 0)
+        if (decode_tensor(v, w, fb_input_names[k], k == FB_TARGET_TOKENS,
+                          fb_two_d_ok(loss, (fb_input)k), &out->in[k], err, errlen) < 0)
             return -1;
     }
     return 0;
@@ -359,22 +534,47 @@ int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, ch
                 continue;
             }
             if (t->n != d->n_tokens) {
-                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the model "
-                                      "input has %zu tokens (one value per input token)", in_key,
-                         i, fb_input_names[k], t->n, d->n_tokens);
+                if (t->dims == 2)
+                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has shape [%zu, %zu] but "
+                                          "the model input has %zu tokens (shape [N, K] with N the "
+                                          "number of input tokens)", in_key, i, fb_input_names[k],
+                             t->n, t->k, d->n_tokens);
+                else
+                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the "
+                                          "model input has %zu tokens (one value per input token)",
+                             in_key, i, fb_input_names[k], t->n, d->n_tokens);
                 return -1;
             }
             if (k == FB_TARGET_TOKENS) {
-                for (size_t p = 0; p < t->n; p++) {
+                for (size_t p = 0; p < t->n * t->k; p++) {
                     if (t->i[p] < 0 || t->i[p] >= vocab_size) {
+                        char at[64];
+                        if (t->dims == 2) snprintf(at, sizeof at, "[%zu, %zu]", p / t->k, p % t->k);
+                        else snprintf(at, sizeof at, "position %zu", p);
                         snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.target_tokens: token id "
-                                              "%lld at position %zu is outside the vocabulary "
-                                              "[0, %lld)", in_key, i, (long long)t->i[p], p,
-                                 (long long)vocab_size);
+                                              "%lld at %s is outside the vocabulary [0, %lld)",
+                                 in_key, i, (long long)t->i[p], at, (long long)vocab_size);
                         return -1;
                     }
                 }
             }
+        }
+        /* 2-D cross_entropy: weights [N, K] go with target_tokens [N, K] */
+        const fb_tensor *tt = &d->in[FB_TARGET_TOKENS], *w = &d->in[FB_WEIGHTS];
+        if (tt->present && w->present && tt->k != w->k) {
+            if (w->dims == 1)
+                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights is 1-D but target_tokens "
+                                      "has shape [%zu, %zu]: send weights with the same shape "
+                                      "[%zu, %zu]", in_key, i, tt->n, tt->k, tt->n, tt->k);
+            else if (tt->dims == 1)
+                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights has shape [%zu, %zu] but "
+                                      "target_tokens is 1-D: weights must have target_tokens' shape",
+                         in_key, i, w->n, w->k);
+            else
+                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights has K = %zu columns but "
+                                      "target_tokens has K = %zu: they must have the same shape "
+                                      "[N, K]", in_key, i, w->k, tt->k);
+            return -1;
         }
     }
     return 0;
@@ -422,13 +622,18 @@ char *fb_payload_json(const fb_request *r, size_t *len) {
             sb_int(&b, d->tokens[k]);
         }
         sb_putc(&b, ']');
+        size_t K = d->in[FB_TARGET_TOKENS].present ? d->in[FB_TARGET_TOKENS].k : 1;
+        if (K > 1) {
+            sb_puts(&b, ", \"k\": ");
+            sb_int(&b, (int64_t)K);
+        }
         for (int k = 0; k < FB_N_INPUTS; k++) {
             const fb_tensor *t = &d->in[k];
             if (!t->present) continue;
             sb_puts(&b, ", ");
             sb_json_str(&b, fb_input_names[k]);
             sb_puts(&b, ": [");
-            for (size_t p = 0; p < t->n; p++) {
+            for (size_t p = 0; p < t->n * (t->k ? t->k : 1); p++) {
                 if (p) sb_putc(&b, ',');
                 if (t->i) sb_int(&b, t->i[p]);
                 else sb_float(&b, t->f[p]);

@@ -4,7 +4,11 @@
  * contract the executor reads:
  *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
  *    "target_tokens": [...], "weights": [...], "logprobs": [...], "advantages": [...]}]}
- * Chunks are concatenated into "tokens"; only the inputs the loss uses are written. */
+ * Chunks are concatenated into "tokens"; only the inputs the loss uses are written.
+ * 2-D cross_entropy (spec §8, top-k distillation): target_tokens / weights of shape [N, K]
+ * (dense or sparse CSR on the wire, densified here) are written flattened row-major
+ * (N·K values) with "k": K in the datum; "k" is written only when K > 1, so an [N, 1]
+ * input gives the same payload as its 1-D twin. */
 #pragma once
 #include <jansson.h>
 #include <stdbool.h>
@@ -22,11 +26,16 @@ typedef enum {
     FB_N_LOSSES
 } fb_loss;
 
+/* The most columns a 2-D loss input may have. */
+#define FB_MAX_K 1024
+
 typedef struct {
     bool present;
-    size_t n;
-    int64_t *i;   /* FB_TARGET_TOKENS */
-    float *f;     /* the float inputs */
+    size_t n;     /* rows (the leading dimension: one per model input token) */
+    size_t k;     /* columns: 1 for a 1-D input, K for shape [N, K] */
+    int dims;     /* 1 or 2, as sent */
+    int64_t *i;   /* FB_TARGET_TOKENS; n·k values, row-major */
+    float *f;     /* the float inputs; n·k values, row-major */
 } fb_tensor;
 
 typedef struct {
@@ -70,7 +79,13 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_set_loss: r->loss from a name (NULL = cross_entropy for forward-only requests);
  * fb_add_config: appends a loss_fn_config entry (cap = the most entries there will be);
  * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
- * fb_err_two_d / fb_err_chunk_type: the messages for 2-D inputs and non-text chunks.
+ * fb_err_two_d / fb_err_chunk_type: the messages for 2-D inputs where only 1-D ones are
+ * accepted (fb_two_d_ok says where 2-D is fine) and for non-text chunks.
+ * fb_tensor_dense2: a decoded tensor of n values (t->n, flat) becomes shape [rows, cols];
+ * fb_tensor_csr: a decoded tensor holding the nnz values of a sparse CSR tensor becomes
+ * the dense [rows, cols] tensor (missing entries 0), after checking crow (rows+1 entries,
+ * from 0, non-decreasing, ending at nnz), col (nnz entries in [0, cols), no repeats in a
+ * row). Both check 1 <= cols <= FB_MAX_K.
  * All return 0 or -1 with err. `in_key`/`where` name the place in the request. */
 int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, size_t errlen);
 int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key, double v,
@@ -79,14 +94,20 @@ int fb_check_float(float f, const char *where, const char *name, size_t k, char 
                    size_t errlen);
 int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen);
 int fb_err_chunk_type(const char *where, size_t chunk, const char *type, char *err, size_t errlen);
+bool fb_two_d_ok(fb_loss loss, fb_input input);
+int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
+                     char *err, size_t errlen);
+int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
+                  const int64_t *crow, size_t n_crow, const int64_t *col, size_t n_col, char *err,
+                  size_t errlen);
 
 /* A ModelInput object ({"chunks": [...]}, text chunks only) as one token array (malloc'd,
  * also on error: free *tokens). `where` names mi in messages ("prompt"). 0 or -1. */
 int fb_decode_model_input(const json_t *mi, const char *where, int64_t **tokens,
                           size_t *n_tokens, char *err, size_t errlen);
 
-/* Semantic checks against the base model: required inputs, lengths, token ranges,
- * context length. 0 or -1 with err. */
+/* Semantic checks against the base model: required inputs, lengths (rows), token ranges,
+ * context length, matching K of 2-D target_tokens and weights. 0 or -1 with err. */
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen);
 /* The operations.payload JSON (malloc'd), loss_fn_config defaults filled in. */

@@ -34,6 +34,12 @@ def datum(tokens, targets=None, weights=None, **more):
             "loss_fn_inputs": lfi}
 
 
+def with_weights(d, weights):
+    """A datum with loss_fn_inputs.weights set to a TensorData as given."""
+    d["loss_fn_inputs"]["weights"] = weights
+    return d
+
+
 def fwdbwd(model_id, seq_id, data, loss_fn="cross_entropy", **more):
     body = {"model_id": model_id, "forward_backward_input": {"loss_fn": loss_fn, "data": data},
             "type": "forward_backward"}
@@ -191,9 +197,66 @@ def main():
         img = {"model_input": {"chunks": [{"type": "image", "data": "AAAA", "format": "png"}]},
                "loss_fn_inputs": {}}
         R.check(is_detail(fb([img]), 400, "only text chunks"), "image chunk -> 400")
-        R.check(is_detail(fb([datum([1, 2], [2, 3], target_tokens={
-            "data": [1, 2, 3, 4], "dtype": "int64", "shape": [2, 2]})]), 400, "2-d"),
-            "2-D loss input -> 400")
+        # 2-D loss inputs: cross_entropy target_tokens / weights [N, K] only (spec §8)
+        t2 = {"data": [1, 2, 3, 4], "dtype": "int64", "shape": [2, 2]}
+        w2 = {"data": [1.0, 0.5, 1.0, 0.5], "dtype": "float32", "shape": [2, 2]}
+        rl2 = {"data": [0.0, 0.0, 0.0, 0.0], "dtype": "float32", "shape": [2, 2]}
+        R.check(is_detail(fb([datum([1, 2], [2, 3], None, logprobs=rl2, advantages=[1.0, 1.0])],
+                             loss_fn="ppo"), 400, "logprobs", "2-d",
+                          "cross_entropy"), "2-D logprobs for ppo -> 400 (2-D only for cross_entropy)")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=t2, logprobs=[0.0, 0.0],
+                                    advantages=[1.0, 1.0])], loss_fn="importance_sampling"), 400,
+                          "target_tokens", "2-d", "cross_entropy"),
+                "2-D target_tokens for importance_sampling -> 400")
+        R.check(is_detail(fb([datum([1, 2], [2, 3], None, logprobs=[0.0, 0.0],
+                                    advantages=dict(rl2, sparse_crow_indices=[0, 0, 0],
+                                                    sparse_col_indices=[], data=[]))],
+                             loss_fn="cispo"), 400, "2-d", "cross_entropy"),
+                "sparse CSR advantages for cispo -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, [1.0, 1.0], target_tokens=t2)]), 400, "weights",
+                          "1-D", "[2, 2]"), "2-D targets with 1-D weights -> 400 saying so")
+        R.check(is_detail(fb([with_weights(datum([1, 2], None, None, target_tokens=t2), {
+            "data": [1.0] * 6, "dtype": "float32", "shape": [2, 3]})]), 400, "weights", "K = 3", "K = 2"),
+            "2-D weights with another K than target_tokens -> 400")
+        R.check(is_detail(fb([with_weights(datum([1, 2], [2, 3]), w2)]), 400, "weights", "1-D"),
+                "2-D weights with 1-D targets -> 400")
+        R.check(is_detail(fb([with_weights(datum([1, 2, 3], None, None, target_tokens=t2), w2)]), 400,
+                          "target_tokens", "[2, 2]", "3 tokens"), "2-D rows != input tokens -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=dict(t2, shape=[2, 3]))]), 400,
+                          "shape [2, 3]", "6 values"), "2-D shape that does not match the data -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens={
+            "data": [1] * 2050, "dtype": "int64", "shape": [2, 1025]})]), 400, "1024"),
+            "K = 1025 -> 400 (K <= 1024)")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=dict(t2, data=[1, 2, vocab, 4]))]),
+                          400, "target_tokens", "vocabulary", "[1, 0]"), "2-D target outside the vocabulary -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=dict(t2, shape=[1, 2, 2]))]), 400,
+                          "dimensions"), "3-D loss input -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens={"data": [[1, 2], [3, 4]],
+                                                                        "dtype": "int64", "shape": [2, 2]})]),
+                          400, "flat", "row-major"), "nested lists -> 400 (2-D is flat with a shape)")
+        csr = lambda **kw: dict({"data": [5, 6, 7], "dtype": "int64", "shape": [2, 3],
+                                 "sparse_crow_indices": [0, 2, 3], "sparse_col_indices": [0, 2, 1]}, **kw)
+        bad_csr = [
+            (csr(sparse_crow_indices=[0, 3]), "crow_indices has 2 entries", "crow of the wrong length"),
+            (csr(sparse_crow_indices=[0, 1, 2]), "end at the number of values 3", "crow ending short"),
+            (csr(sparse_crow_indices=[1, 2, 3]), "start at 0", "crow not starting at 0"),
+            (csr(sparse_col_indices=[0, 3, 1]), "outside [0, 3)", "col out of range"),
+            (csr(sparse_col_indices=[0, -1, 1]), "outside [0, 3)", "negative col"),
+            (csr(sparse_col_indices=[0, 0, 1]), "twice", "repeated col in a row"),
+            (csr(sparse_col_indices=[0, 2]), "col_indices has 2 entries", "col shorter than the values"),
+            (csr(shape=None), "shape", "CSR without a shape"),
+            (csr(shape=[6]), "shape", "CSR with a 1-D shape"),
+            (csr(sparse_col_indices=None), "sparse_col_indices", "CSR without col indices"),
+            (csr(sparse_crow_indices=[0, "a", 3]), "sparse_crow_indices[1]", "CSR index of the wrong type"),
+        ]
+        for t, word, what in bad_csr:
+            R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=t)]), 400, "target_tokens", word),
+                    f"bad sparse CSR ({what}) -> 400")
+        dec = csr(sparse_crow_indices=[0, 2, 1, 3], shape=[3, 3], sparse_col_indices=[0, 2, 1])
+        R.check(is_detail(fb([datum([1, 2, 3], None, None, target_tokens=dec)]), 400, "must not decrease"),
+                "bad sparse CSR (decreasing crow) -> 400")
+        R.check(is_detail(fb([datum([1, 2], None, None, target_tokens=csr(data=[5, 6, vocab]))]), 400,
+                          "vocabulary", "[1, 1]"), "CSR target outside the vocabulary -> 400")
         R.check(is_detail(fb([datum(list(range(1, max_ctx + 2)), list(range(1, max_ctx + 2)))]), 400,
                           "context"), "longer than the context -> 400")
         R.check(is_detail(fb([datum([1, 2, 3], [2, 3, 4], [1.0, 1e39, 1.0])]), 400, "finite"),

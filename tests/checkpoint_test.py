@@ -56,7 +56,7 @@ class Client:
         st, fut = self.post(path, body)
         if st != 200:
             return {"error": f"HTTP {st}: {fut}", "status": st}
-        return self.s.result_as(fut["request_id"], self.key)
+        return self.s.result(fut["request_id"], key=self.key)
 
     def create(self, base, rank=4, seed=5, **flags):
         lc = {"rank": rank, "seed": seed}
@@ -83,25 +83,12 @@ class Client:
         st1, f1 = self.post("/api/v1/forward_backward", fb_body)
         st2, f2 = self.post("/api/v1/optim_step", op_body)
         assert st1 == 200 and st2 == 200, (f1, f2)
-        r1 = self.s.result_as(f1["request_id"], self.key)
-        r2 = self.s.result_as(f2["request_id"], self.key)
+        r1 = self.s.result(f1["request_id"], key=self.key)
+        r2 = self.s.result(f2["request_id"], key=self.key)
         assert "error" not in r1 and "error" not in r2, (r1, r2)
         return [o["logprobs"]["data"] for o in r1["loss_fn_outputs"]]
 
 
-def result_as(self, request_id, key, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        st, body = self.post("/api/v1/retrieve_future", {"request_id": request_id}, key=key)
-        if st != 200:
-            raise RuntimeError(f"retrieve_future {st}: {body}")
-        if isinstance(body, dict) and body.get("type") == "try_again":
-            continue
-        return body
-    raise TimeoutError(request_id)
-
-
-Stack.result_as = result_as
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):

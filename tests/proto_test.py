@@ -255,7 +255,7 @@ def main():
                 "protobuf image chunk -> 400")
         sparse = [([1, 2], {"target_tokens": tp.tensor("int64", [1, 2], shape=[1, 2], sparse=True)})]
         R.check(detail(fb(tp.fwdbwd_request(mid, 6, sparse, "cross_entropy")), 400, "2-d"),
-                "protobuf sparse tensor -> 400 (2-D not supported yet)")
+                "protobuf sparse tensor without its CSR indices -> 400")
         nan = [([1, 2], {"target_tokens": ("int64", [1, 2]), "weights": ("float32", [1.0, float("nan")])})]
         R.check(detail(fb(tp.fwdbwd_request(mid, 6, nan, "cross_entropy")), 400, "weights", "finite"),
                 "protobuf NaN weight -> 400")

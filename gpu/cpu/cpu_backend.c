@@ -306,6 +306,20 @@ static void cb_head_rows(void *va, long b, long e, int thread)
     }
 }
 
+/* c->logits[0..n) = the output head (base weights + each segment's head LoRA) of rows
+ * c0..c0+n of xf [*, H]; shared by training (cb_head) and sampling (cs_head_pick). */
+void cpu_head_logits_chunk(cpu_ctx *c, const float *xf, long c0, int n)
+{
+    int V = c->m->cfg.vocab_size, H = c->m->cfg.hidden_size;
+    cpu_sgemm(c->pool, false, true, n, V, H, 1.0f, xf + c0 * H, H, c->m->lm_head, H, 0.0f, c->logits, V);
+    for (int s = 0; s < c->nsegs; s++) {
+        const cpu_segment *sg = &c->segs[s];
+        const lora_pair *p = adapter_head(sg->ad);
+        long lo = sg->row_begin > c0 ? sg->row_begin : c0, hi = sg->row_end < c0 + n ? sg->row_end : c0 + n;
+        if (p && lo < hi) cpu_lora_fwd_rows(c, p, sg->ad->scale, xf + lo * H, c->logits + (lo - c0) * V, (int)(hi - lo));
+    }
+}
+
 /* Runs the head over all rows in chunks: xf [T, H] → outputs; with gradients, adds the
  * head-LoRA gradients and (want_dxf) writes dL/dxf into dxf. */
 static void cb_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any_grad, float *dxf)
@@ -314,13 +328,7 @@ static void cb_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any
     int V = mc->vocab_size, H = mc->hidden_size;
     for (long c0 = 0; c0 < T; c0 += c->head_rows) {
         int n = (int)(T - c0 < c->head_rows ? T - c0 : c->head_rows);
-        cpu_sgemm(c->pool, false, true, n, V, H, 1.0f, xf + c0 * H, H, c->m->lm_head, H, 0.0f, c->logits, V);
-        for (int s = 0; s < c->nsegs; s++) {
-            const cpu_segment *sg = &c->segs[s];
-            const lora_pair *p = adapter_head(sg->ad);
-            long lo = sg->row_begin > c0 ? sg->row_begin : c0, hi = sg->row_end < c0 + n ? sg->row_end : c0 + n;
-            if (p && lo < hi) cpu_lora_fwd_rows(c, p, sg->ad->scale, xf + lo * H, c->logits + (lo - c0) * V, (int)(hi - lo));
-        }
+        cpu_head_logits_chunk(c, xf, c0, n);
         cb_head_job j = {c, seqs, c0, any_grad};
         cpu_pool_for(c->pool, n, 1, cb_head_rows, &j);
         if (!any_grad) continue;

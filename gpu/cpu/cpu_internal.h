@@ -91,4 +91,7 @@ void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float 
 void cpu_lora_bwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, const float *dy, float *dx,
                        int rows);
 
+/* c->logits[0..n) = output head (+ head LoRA per segment) of rows c0..c0+n of xf. */
+void cpu_head_logits_chunk(cpu_ctx *c, const float *xf, long c0, int n);
+
 #endif

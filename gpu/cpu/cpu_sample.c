@@ -227,17 +227,9 @@ static void cs_pick_rows(void *va, long b, long e, int thread)
  * stream of each row. */
 static void cs_head_pick(cpu_ctx *c, const float *xf, long R, cs_stream *st)
 {
-    const model_config *mc = &c->m->cfg;
-    int V = mc->vocab_size, H = mc->hidden_size;
     for (long c0 = 0; c0 < R; c0 += c->head_rows) {
         int n = (int)(R - c0 < c->head_rows ? R - c0 : c->head_rows);
-        cpu_sgemm(c->pool, false, true, n, V, H, 1.0f, xf + c0 * H, H, c->m->lm_head, H, 0.0f, c->logits, V);
-        for (int s = 0; s < c->nsegs; s++) {
-            const cpu_segment *sg = &c->segs[s];
-            const lora_pair *p = adapter_head(sg->ad);
-            long lo = sg->row_begin > c0 ? sg->row_begin : c0, hi = sg->row_end < c0 + n ? sg->row_end : c0 + n;
-            if (p && lo < hi) cpu_lora_fwd_rows(c, p, sg->ad->scale, xf + lo * H, c->logits + (lo - c0) * V, (int)(hi - lo));
-        }
+        cpu_head_logits_chunk(c, xf, c0, n);
         cs_pick_job j = {c, st, c0};
         cpu_pool_for(c->pool, n, 1, cs_pick_rows, &j);
     }

@@ -92,11 +92,11 @@ class Stack:
     def get(self, path, **kw):
         return self.request("GET", path, **kw)
 
-    def result(self, request_id, timeout=120):
+    def result(self, request_id, timeout=120, key="default"):
         """Polls retrieve_future the way the SDK does until the future is complete."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            st, body = self.post("/api/v1/retrieve_future", {"request_id": request_id})
+            st, body = self.post("/api/v1/retrieve_future", {"request_id": request_id}, key=key)
             if st != 200:
                 raise RuntimeError(f"retrieve_future {st}: {body}")
             if isinstance(body, dict) and body.get("type") == "try_again":

@@ -46,17 +46,40 @@ def packed_varints(field, values):
     return f_bytes(field, b"".join(varint(v) for v in values))
 
 
-def tensor(dtype, values, shape=None, sparse=False):
+def tensor(dtype, values, shape=None, sparse=False, crow=None, col=None):
+    """A Tensor: dense values (shape defaults to [len(values)]; pass [N, K] for 2-D,
+    row-major), or with sparse=True a SparseCsr holding the nnz values and, when given,
+    crow (N + 1 entries) / col (nnz entries) as int64 LE."""
     if dtype == "int64":
         raw = struct.pack(f"<{len(values)}q", *values)
     elif dtype == "int32":
         raw = struct.pack(f"<{len(values)}i", *values)
     else:
         raw = struct.pack(f"<{len(values)}f", *values)
-    body = f_bytes(2, f_bytes(1, raw)) if sparse else f_bytes(1, raw)
+    if sparse:
+        csr = f_bytes(1, raw)
+        if crow is not None:
+            csr += f_bytes(2, struct.pack(f"<{len(crow)}q", *crow))
+        if col is not None:
+            csr += f_bytes(3, struct.pack(f"<{len(col)}q", *col))
+        body = f_bytes(2, csr)
+    else:
+        body = f_bytes(1, raw)
     body += f_varint(3, DTYPE[dtype])
     body += packed_varints(4, shape if shape is not None else [len(values)])
     return body
+
+
+def to_csr(dense):
+    """A 2-D list (rows of K) as (values, crow, col): the non-zero entries, row-major."""
+    values, crow, col = [], [0], []
+    for row in dense:
+        for j, x in enumerate(row):
+            if x != 0:
+                values.append(x)
+                col.append(j)
+        crow.append(len(values))
+    return values, crow, col
 
 
 def datum(tokens, inputs, chunk_kind="text"):
