@@ -3,7 +3,9 @@
  * API key, generates a small default model if none is given, starts api, scheduler and
  * one CPU executor as child processes, prints TINKER_BASE_URL / TINKER_API_KEY once all
  * are ready, and on Ctrl-C / SIGTERM stops the children and the cluster it started.
- * If a child dies, everything is stopped: a half-running stack is worse than none. */
+ * If a child dies it is restarted, at most 5 times a minute (an executor's in-memory
+ * training state dies with it: the scheduler's reaper fails that work with a message);
+ * past that, everything is stopped, since a half-running stack is worse than none. */
 #include "cli/up.h"
 #include "common/db.h"
 #include "common/keys.h"
@@ -28,6 +30,8 @@
 typedef struct {
     const char *role;
     pid_t pid;
+    char **argv;             /* to restart it */
+    time_t restarts[5];      /* times of the last restarts: at most 5 a minute */
 } child;
 
 static volatile sig_atomic_t g_stop;
@@ -48,6 +52,28 @@ static pid_t spawn(char *const argv[], int *stdout_pipe) {
     }
     if (stdout_pipe) { close(fds[1]); *stdout_pipe = fds[0]; }
     return pid;
+}
+
+static int read_port(int fd, int timeout_ms);
+
+/* Restarts a child unless it was restarted 5 times in the last minute. */
+static int restart_child(child *ch) {
+    time_t now = time(NULL);
+    int recent = 0;
+    for (int i = 0; i < 5; i++) recent += ch->restarts[i] && now - ch->restarts[i] < 60;
+    if (recent >= 5 || !ch->argv) return -1;
+    memmove(ch->restarts + 1, ch->restarts, 4 * sizeof ch->restarts[0]);
+    ch->restarts[0] = now;
+    int out = -1;
+    bool is_api = !strcmp(ch->role, "api");
+    ch->pid = spawn(ch->argv, is_api ? &out : NULL);
+    if (ch->pid < 0) { ch->pid = 0; return -1; }
+    if (is_api) {
+        int port = read_port(out, 30000);
+        close(out);
+        if (port <= 0) return -1;
+    }
+    return 0;
 }
 
 static void stop_children(child *cs, int n) {
@@ -172,7 +198,7 @@ int up_main(int argc, char **argv) {
         own_cluster = true;
     }
     int rc = 1;
-    child cs[4] = {{"executor", 0}, {"scheduler", 0}, {"api", 0}, {"adapter gc", 0}};
+    child cs[4] = {{.role = "executor"}, {.role = "scheduler"}, {.role = "api"}, {.role = "adapter gc"}};
     PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
     if (!c) { log_error("database: %s", err); goto out; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); goto out; }
@@ -218,8 +244,15 @@ int up_main(int argc, char **argv) {
     cs[1].pid = spawn(sch_argv, NULL);
     cs[2].pid = spawn(api_argv, &api_out);
     if (cs[0].pid < 0 || cs[1].pid < 0 || cs[2].pid < 0) { log_error("fork: %s", strerror(errno)); goto out; }
+    cs[0].argv = exe_argv;
+    cs[1].argv = sch_argv;
+    cs[2].argv = api_argv;
     int api_port = read_port(api_out, 30000);
     if (api_port <= 0) { log_error("the api did not start (see messages above)"); goto out; }
+    /* A restarted api must come back on the same port (the printed URL stays valid). */
+    char api_port_s[16];
+    snprintf(api_port_s, sizeof api_port_s, "%d", api_port);
+    api_argv[7] = api_port_s;
 
     /* Ready = the executor registered for this model and is idle. */
     char epid[16];
@@ -262,12 +295,17 @@ int up_main(int argc, char **argv) {
             continue;
         }
         for (int i = 0; i < 3; i++) {
-            if (cs[i].pid == pid) {
-                cs[i].pid = 0;
-                log_error("%s exited unexpectedly (status %d); stopping Loom", cs[i].role,
-                          WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            if (cs[i].pid != pid) continue;
+            cs[i].pid = 0;
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (g_stop) break;
+            if (restart_child(&cs[i]) < 0) {
+                log_error("%s exited unexpectedly (status %d) and keeps failing; stopping Loom", cs[i].role, code);
                 rc = 1;
                 g_stop = 1;
+            } else {
+                log_warn("%s exited unexpectedly (status %d); restarted it (pid %d)", cs[i].role, code,
+                         (int)cs[i].pid);
             }
         }
     }

@@ -181,9 +181,24 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     free(fb);
     free(fwd);
 
-    int rc = commit_cycle(c, st, cycle, ops, n, err, sizeof err);
-    if (rc < 0) log_error("cycle %s: commit failed: %s", cyc, err);
-    else log_info("cycle %s done: %d operation(s)", cyc, n);
+    /* A transient database error gets a few tries (on a fresh connection if it broke).
+     * If the results still cannot be committed, this executor must not keep heartbeating
+     * a lease it cannot honour: it exits, the lease lapses, and the reaper fails the
+     * cycle's operations with a message instead of leaving them pending forever. */
+    int rc = -1;
+    for (int attempt = 0; attempt < 3 && rc < 0; attempt++) {
+        if (attempt) {
+            sleep(1);
+            if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+        }
+        rc = commit_cycle(c, st, cycle, ops, n, err, sizeof err);
+        if (rc < 0) log_error("cycle %s: commit failed (try %d of 3): %s", cyc, attempt + 1, err);
+    }
+    if (rc < 0) {
+        log_error("cycle %s could not be committed; exiting so that the reaper recovers its operations", cyc);
+        exit(1);
+    }
+    log_info("cycle %s done: %d operation(s)", cyc, n);
     for (int i = 0; i < n; i++) {
         json_decref(ops[i].payload);
         json_decref(ops[i].result);
