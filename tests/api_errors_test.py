@@ -469,6 +469,19 @@ def main():
             api2.terminate()
             api2.wait()
 
+        # Bad UTF-8 inside a JSON string: a 400 that says so, not a crash or a stored row.
+        st, body = s.request("POST", "/api/v1/create_session", raw=b'{"tags": ["ok", "\xff\xfe bad"]}')
+        R.check(st == 400 and isinstance(body, dict) and "detail" in body, f"invalid UTF-8 in a body -> 400 JSON: {body}")
+        st, body = s.post("/api/v1/client/dynamic_config", {"sdk_version": "0.25.0"}, key=None)
+        R.check(st == 200 and body.get("refresh_interval_sec") == 300, f"client/dynamic_config: {body}")
+        # Nothing half-written after the whole bad-input suite: every model has its
+        # create_model operation, every operation belongs to a live model or sampler,
+        # and no submit left a row without its payload.
+        orphans = s.psql("SELECT (SELECT count(*) FROM models m WHERE NOT EXISTS (SELECT 1 FROM operations o"
+                         "  WHERE o.model_id = m.id AND o.seq_id = 0 AND o.kind = 'create_model'))"
+                         " + (SELECT count(*) FROM operations WHERE model_id IS NULL AND sampling_session_id IS NULL)"
+                         " + (SELECT count(*) FROM operations WHERE payload IS NULL OR payload = 'null'::jsonb)")
+        R.check(orphans == "0", f"no half-written rows after the bad-input suite ({orphans})")
         st, body = s.get("/api/v1/healthz", key=None)
         R.check(st == 200 and body == {"status": "ok"}, "healthz still answers after all of it")
     R.finish()
