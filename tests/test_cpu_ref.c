@@ -225,17 +225,19 @@ static void tr_put_outputs(tr_dump *du, const char *prefix, const tr_batch *b)
     }
 }
 
-/* kind: 0 param, 1 grad */
+/* kind: 0 param, 1 grad, 2 Adam first moment, 3 Adam second moment */
 static void tr_put_adapter(tr_dump *du, const char *prefix, int a, const adapter *ad, int kind)
 {
+    static const char *kinds[] = {"param", "grad", "exp_avg", "exp_avg_sq"};
     char name[320];
     for (int t = 0; t < adapter_num_tensors(ad); t++) {
         const char *tn;
         int rows, cols;
-        float *p, *g;
-        adapter_tensor(ad, t, &tn, &rows, &cols, &p, &g, NULL, NULL);
-        snprintf(name, sizeof name, "%s.ad%d.%s.%s", prefix, a, kind ? "grad" : "param", tn);
-        tr_put(du, name, ST_F32, rows, cols, kind ? g : p);
+        float *p, *g, *m, *v;
+        adapter_tensor(ad, t, &tn, &rows, &cols, &p, &g, &m, &v);
+        float *x[] = {p, g, m, v};
+        snprintf(name, sizeof name, "%s.ad%d.%s.%s", prefix, a, kinds[kind], tn);
+        tr_put(du, name, ST_F32, rows, cols, x[kind]);
     }
 }
 
@@ -313,6 +315,8 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
             snprintf(name, sizeof name, "%s.ad%d.grad_clip_norm", prefix, a);
             tr_put(&du, name, ST_F64, 1, 0, &hp.grad_clip_norm);
             tr_put_adapter(&du, prefix, a, ads[a], 0);
+            tr_put_adapter(&du, prefix, a, ads[a], 2);
+            tr_put_adapter(&du, prefix, a, ads[a], 3);
         }
     }
     /* Each adapter alone, from the initial state: must match the packed step 0. */

@@ -65,7 +65,10 @@ def main():
             continue
         print(f"== {name}")
         for q, (worst, ok) in rep.worst.items():
-            print(f"  {q:20s} worst rel err {worst:9.2e}  {'ok' if ok else 'FAIL'}")
+            nworst, nok = rep.worst_norm.get(q, (0.0, True))
+            ok = ok and nok
+            print(f"  {q:20s} worst rel err {worst:9.2e}   per-tensor ||d||/||ref|| {nworst:9.2e}  "
+                  f"{'ok' if ok else 'FAIL'}")
             if ok:
                 passed += 1
             else:

@@ -188,15 +188,20 @@ def token_losses(kind, lp, weights, q, adv, clip_low, clip_high, beta):
 # ---- comparison -------------------------------------------------------------------------
 
 RTOL, ATOL = 1e-4, 1e-5
+# Issue 4's bar: every tensor within 1e-5 relative, measured per tensor as
+# ||got - ref||_2 / ||ref||_2 (fp32 against an fp64 reference; element-wise relative
+# error of near-zero entries is dominated by fp32 rounding and is bounded by RTOL/ATOL).
+NORM_RTOL = 1e-5
 
 
 class Report:
     def __init__(self, label):
         self.label = label
         self.worst = {}   # quantity -> (worst scaled rel error, ok)
+        self.worst_norm = {}  # quantity -> (worst ||got-ref|| / ||ref|| over its tensors, ok)
         self.failures = []
 
-    def compare(self, quantity, name, got, ref, rtol=RTOL, atol=ATOL):
+    def compare(self, quantity, name, got, ref, rtol=RTOL, atol=ATOL, norm_rtol=NORM_RTOL):
         """|got - ref| <= rtol*|ref| + atol*max|ref| elementwise; tracks the worst
         relative error |got - ref| / max(|ref|, 0.1*max|ref|) per quantity."""
         got = np.asarray(got, dtype=np.float64).reshape(-1)
@@ -213,6 +218,15 @@ class Report:
             rel = float("inf")
         prev = self.worst.get(quantity, (0.0, True))
         self.worst[quantity] = (max(prev[0], rel), prev[1] and ok)
+        ref_norm = float(np.linalg.norm(ref))
+        nrel = float(np.linalg.norm(got - ref)) / ref_norm if ref_norm > 0 else float(np.linalg.norm(got))
+        if not np.all(np.isfinite(got)):
+            nrel = float("inf")
+        nok = norm_rtol is None or nrel <= norm_rtol
+        prevn = self.worst_norm.get(quantity, (0.0, True))
+        self.worst_norm[quantity] = (max(prevn[0], nrel), prevn[1] and nok)
+        if not nok:
+            self.failures.append(f"{quantity} {name}: ||got-ref||/||ref|| = {nrel:.3g} > {norm_rtol:g}")
         if not ok:
             i = int(np.argmax(diff - rtol * np.abs(ref)))
             self.failures.append(f"{quantity} {name}: worst at {i}: got {got[i]:.9g} ref {ref[i]:.9g} "
@@ -302,9 +316,17 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64):
                 got = D[f"step{step}.ad{a}.param.{n}"]
                 prev = D[f"init.ad{a}.param.{n}"] if step == 0 else D[f"step{step - 1}.ad{a}.param.{n}"]
                 rep.compare("params_after_adamw", f"step{step}.ad{a}.{n}", got, t.detach())
-                # the update itself, to catch errors far below the parameters' magnitude
+                # The AdamW state the update is computed from, against torch.optim.AdamW's.
+                st = opts[a].state[t]
+                rep.compare("adam_exp_avg", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.exp_avg.{n}"],
+                            st["exp_avg"])
+                rep.compare("adam_exp_avg_sq", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.exp_avg_sq.{n}"],
+                            st["exp_avg_sq"])
+                # The update itself, to catch errors far below the parameters' magnitude. It is
+                # the difference of two fp32 parameter tensors, so fp32 rounding of the
+                # parameters bounds its precision near 1e-5: element-wise 1e-3, no norm bar.
                 rep.compare("adamw_update", f"step{step}.ad{a}.{n}", got.astype(np.float64) - prev,
-                            (t.detach() - before[n]).numpy(), rtol=1e-3, atol=1e-3)
+                            (t.detach() - before[n]).numpy(), rtol=1e-3, atol=1e-3, norm_rtol=None)
 
     # each adapter alone (C) vs packed (C) and vs the reference: only the summation order
     # of the GEMMs differs, so the reference tolerance applies
