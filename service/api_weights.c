@@ -93,6 +93,21 @@ static bool query_get(api_call *c, const char *key, char *out, size_t n) {
 }
 
 /* limit/offset query parameters; 0 or the 400 is answered. */
+/* The Checkpoint objects of a listing's rows (reg_version columns, then the total count
+ * in column 17); frees the result. */
+static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
+    int n = PQntuples(r);
+    *total = n ? db_int(r, 0, 17) : 0;
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+        reg_version v;
+        reg_version_of_row(r, i, &v);
+        json_array_append_new(arr, reg_checkpoint_json(&v));
+    }
+    PQclear(r);
+    return arr;
+}
+
 static int page_args(api_call *c, int64_t def_limit, int64_t *limit, int64_t *offset) {
     char v[32];
     *limit = def_limit;
@@ -306,14 +321,8 @@ static int list_run(api_call *c, const char *run) {
     PGresult *r = db_query(c->db, SQL_RUN_CHECKPOINTS, 4, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "list checkpoints", c->err);
     int n = PQntuples(r);
-    int64_t total = n ? db_int(r, 0, 17) : 0;
-    json_t *arr = json_array();
-    for (int i = 0; i < n; i++) {
-        reg_version v;
-        reg_version_of_row(r, i, &v);
-        json_array_append_new(arr, reg_checkpoint_json(&v));
-    }
-    PQclear(r);
+    int64_t total;
+    json_t *arr = checkpoint_rows_json(r, &total);
     if (n == 0) {
         const char *po[2] = {run, tid};
         r = db_query(c->db, SQL_RUN_OWNED, 2, po, c->err, sizeof c->err);
@@ -339,14 +348,8 @@ int api_h_list_checkpoints(api_call *c) {
     PGresult *r = db_query(c->db, SQL_TENANT_CHECKPOINTS, 3, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "list checkpoints", c->err);
     int n = PQntuples(r);
-    int64_t total = n ? db_int(r, 0, 17) : 0;
-    json_t *arr = json_array();
-    for (int i = 0; i < n; i++) {
-        reg_version v;
-        reg_version_of_row(r, i, &v);
-        json_array_append_new(arr, reg_checkpoint_json(&v));
-    }
-    PQclear(r);
+    int64_t total;
+    json_t *arr = checkpoint_rows_json(r, &total);
     if (n == 0 && offset > 0) {
         r = db_query(c->db, SQL_TENANT_CHECKPOINT_COUNT, 1, p, c->err, sizeof c->err);
         if (!r) { json_decref(arr); return api_db_error(c, "list checkpoints", c->err); }
