@@ -12,12 +12,12 @@
  * forward; the backward adds input gradients of the same GEMMs and twice the attention
  * (LoRA terms and the backward's layer recompute are not counted).
  */
-#include "gpu/backend.h"
-#include "gpu/cpu/cpu_ops.h"
-#include "gpu/cpu/cpu_pool.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_pool.h"
+#include "backend/loss.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
 
 #include <cblas.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
 #include "common/log.h"
 #include "common/migrate.h"
 #include "common/pgcluster.h"
-#include "gpu/mkmodel.h"
+#include "model/mkmodel.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

@@ -12,14 +12,14 @@
  * for one adapter); each adapter's sequences also run alone. B starts random, not zero,
  * so that A receives gradients.
  */
-#include "gpu/adamw.h"
-#include "gpu/backend.h"
-#include "gpu/lora.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
-#include "gpu/rng.h"
-#include "gpu/safetensors.h"
+#include "backend/adamw.h"
+#include "backend/backend.h"
+#include "model/lora.h"
+#include "backend/loss.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "model/rng.h"
+#include "model/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>

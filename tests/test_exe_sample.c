@@ -1,4 +1,4 @@
-/* test_exe_sample.c — the executor's sampling code (gpu/exe_sample.c) without a database:
+/* test_exe_sample.c — the executor's sampling code (executor/exe_sample.c) without a database:
  * operations built in memory as the executor loop builds them from rows, run through
  * exe_run_snapshot / exe_run_sample_batch on the tiny Llama with the CPU backend.
  *
@@ -8,12 +8,12 @@
  * others; temperature 0 is the argmax; stop tokens, EOS and stop strings end a sample
  * and are kept; a snapshot keeps the weights it was taken with while training goes on;
  * eviction, unknown snapshots, bad payloads and unsupported sources fail cleanly. */
-#include "gpu/backend.h"
-#include "gpu/exe_internal.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/rng.h"
-#include "gpu/tokenizer.h"
+#include "backend/backend.h"
+#include "executor/exe_internal.h"
+#include "backend/loss.h"
+#include "model/mkmodel.h"
+#include "model/rng.h"
+#include "model/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -12,10 +12,10 @@
  *        fp32 then differs by up to 1e-3 between any two summation orders — the packed
  *        forward itself changes with the sequence length; 1e-2 stays well conditioned.)
  * Prints the curves and "N passed, N failed". */
-#include "gpu/backend.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/rng.h"
+#include "backend/backend.h"
+#include "backend/loss.h"
+#include "model/mkmodel.h"
+#include "model/rng.h"
 
 #include <math.h>
 #include <stdio.h>

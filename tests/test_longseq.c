@@ -4,10 +4,10 @@
  * process's peak resident memory must stay far below that. The first positions'
  * logprobs must equal those of a separate short run (causal attention: a prefix does
  * not see what follows), and gradients must be finite. */
-#include "gpu/backend.h"
-#include "gpu/lora.h"
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
+#include "backend/backend.h"
+#include "model/lora.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

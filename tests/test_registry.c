@@ -2,9 +2,9 @@
  * bytes (round trip bit for bit, determinism, clear errors on mismatches), archive
  * files (Tinker and PEFT key names, configs, optimizer files), PEFT import, the tar
  * writer (read back with Python's tarfile), tinker:// paths and download tokens. */
-#include "gpu/adapter_io.h"
-#include "gpu/exe_internal.h"
-#include "gpu/safetensors.h"
+#include "model/adapter_io.h"
+#include "executor/exe_internal.h"
+#include "model/safetensors.h"
 #include "registry/registry.h"
 #include <jansson.h>
 #include <sodium.h>

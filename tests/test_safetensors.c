@@ -1,9 +1,9 @@
 /* test_safetensors.c — safetensors reader/writer: round trips, dtype conversions, sharded
  * sets (and a sharded model load), and rejection of corrupt files without crashing. */
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
-#include "gpu/rng.h"
-#include "gpu/safetensors.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "model/rng.h"
+#include "model/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
