@@ -1,6 +1,7 @@
 /* adamw.h — AdamW exactly as torch.optim.AdamW (decoupled weight decay, bias correction,
  * eps added to the bias-corrected sqrt(v)), plus torch's clip_grad_norm_ rule. Plain loops
- * over flat arrays: a backend with host-resident adapters can call these directly.
+ * over flat arrays: the CPU backend calls these directly; a device backend has them as the
+ * reference its kernels must match.
  * defines: adamw_grad_norm, adamw_clip_coef, adamw_update */
 #ifndef LOOM_BACKEND_ADAMW_H
 #define LOOM_BACKEND_ADAMW_H
@@ -8,7 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/backend.h"
+/* Hyperparameters of one step (the api's AdamParams; torch.optim.AdamW's names). */
+typedef struct {
+    double learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm;
+} adam_params;
 
 /* Global L2 norm of g[0..n), accumulated in double. */
 double adamw_grad_norm(const float *g, size_t n);

@@ -15,7 +15,15 @@
 
 #include <math.h>
 
-#include "backend/backend.h"
+/* Losses of spec §8. */
+typedef enum { LOSS_CROSS_ENTROPY, LOSS_IMPORTANCE_SAMPLING, LOSS_PPO, LOSS_CISPO, LOSS_DRO } loss_kind;
+
+/* clip_low/clip_high: ratio bounds for ppo and cispo (default 0.8 / 1.2); beta: dro
+ * (default 0.05). loss_spec_default() fills them. */
+typedef struct {
+    loss_kind kind;
+    double clip_low, clip_high, beta;
+} loss_spec;
 
 loss_spec loss_spec_default(loss_kind kind);
 /* "cross_entropy", "importance_sampling", "ppo", "cispo", "dro" → kind; -1 if unknown. */

@@ -1,14 +1,15 @@
 /* exe_ckpt.c: checkpoint operations against the registry: save_weights (weights + Adam
  * state), the named save_weights_for_sampler (weights only), load_weights, and the
- * loader of sampler adapters for the sampling code.
+ * loader of sampler adapters for the sampling code. Adapters cross between the backend
+ * and the blobs only as host states (adapter_download / adapter_upload, model/lora.h).
  *
- * A save serialises the adapter (model/adapter_io.c) and stores the blob before the cycle
+ * A save downloads the adapter, serialises it (model/adapter_io.c) and stores the blob before the cycle
  * commits; its commit hook then, inside the cycle's transaction, takes the digest's
  * shared lock (registry GC takes it exclusive), stores the blob again if GC removed it
  * meanwhile, and writes the adapter_versions row with its provenance. A name that
  * exists (overwrite false) fails the op with category user and writes nothing. */
 #include "model/adapter_io.h"
-#include "executor/exe_internal.h"
+#include "executor/exe_ops.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "common/log.h"
@@ -49,14 +50,6 @@ static int save_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t err
     return 0;
 }
 
-static adapter *model_adapter(exe_state *st, exe_op *op) {
-    adapter *ad = exe_slot_find(st, op->model_id);
-    if (!ad)
-        exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                    "load a checkpoint into a new model");
-    return ad;
-}
-
 static void run_save(exe_state *st, exe_op *op, const char *kind) {
     json_t *p = op->payload;
     const char *name = json_string_value(json_object_get(p, "path"));
@@ -69,12 +62,20 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
         exe_op_fail(op, "server", "this executor has no registry blob store (start it with --blob-dir)");
         return;
     }
-    adapter *ad = model_adapter(st, op);
+    exe_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
     bool training = !strcmp(kind, "training");
     uint8_t *bytes;
     size_t len;
-    if (adapter_io_encode(ad, training, &bytes, &len, err, sizeof err) < 0) {
+    adapter_state host;
+    if (exe_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | (training ? ADAPTER_OPTIM : 0), &host, err,
+                             sizeof err) < 0) {
+        exe_op_fail(op, "server", "reading the adapter from the device failed: %s", err);
+        return;
+    }
+    int rc = adapter_io_encode(&host, training, &bytes, &len, err, sizeof err);
+    adapter_state_free(&host);
+    if (rc < 0) {
         exe_op_fail(op, "server", "serialising the adapter failed: %s", err);
         return;
     }
@@ -93,7 +94,7 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
     }
     snprintf(h->kind, sizeof h->kind, "%s", kind);
     snprintf(h->name, sizeof h->name, "%s", name);
-    h->step = adapter_step(ad);
+    h->step = ad->step;
     json_t *ttl = json_object_get(p, "ttl_seconds");
     h->ttl_seconds = json_is_integer(ttl) ? json_integer_value(ttl) : -1;
     h->key_id = json_integer_value(json_object_get(p, "key_id"));
@@ -131,27 +132,42 @@ static void run_load_weights(exe_state *st, exe_op *op) {
         exe_op_fail(op, "server", "checkpoint %s cannot be loaded: %s", path, err);
         return;
     }
-    /* A model whose state this executor lost (restart) is rebuilt from the checkpoint. */
-    adapter *ad = exe_slot_find(st, op->model_id);
-    bool fresh = false;
-    if (!ad) {
-        if (!(ad = adapter_create(st->model, &op->lcfg, err, sizeof err))) {
-            free(buf);
-            exe_op_fail(op, "server", "cannot create the model's adapter: %s", err);
-            return;
-        }
-        fresh = true;
+    /* The checkpoint is checked against the model's layout on the host first, so that a
+     * bad one leaves the slot as it was. A model whose state this executor lost (restart)
+     * is rebuilt from the checkpoint. */
+    exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
+    lora_layout layout;
+    adapter_state host = {0};
+    int rc = lora_layout_init(&layout, &st->model, &op->lcfg, err, sizeof err);
+    if (rc == 0) {
+        rc = adapter_state_alloc(&host, &layout, ADAPTER_PARAMS | (optimizer ? ADAPTER_OPTIM : 0), err, sizeof err);
+        lora_layout_free(&layout);
     }
-    if (adapter_io_restore(ad, buf, len, optimizer, err, sizeof err) < 0) {
+    if (rc < 0) {
         free(buf);
-        if (fresh) adapter_free(ad);
+        exe_op_fail(op, "server", "cannot hold the checkpoint: %s", err);
+        return;
+    }
+    rc = adapter_io_restore(&host, buf, len, optimizer, err, sizeof err);
+    free(buf);
+    if (rc < 0) {
+        adapter_state_free(&host);
         exe_op_fail(op, "user", "checkpoint %s does not fit model %s: %s", path, op->model_id, err);
         return;
     }
-    free(buf);
-    if (fresh) exe_slot_put(st, op->model_id, ad);
+    /* Weights, and Adam state (zeros when the optimizer is not loaded); gradients zero. */
+    if (ad) rc = st->be->adapter_upload(st->ctx, ad, &host, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM, err,
+                                        sizeof err);
+    else if (!(ad = exe_adapter_from_state(st->be, st->ctx, &host, true, err, sizeof err)) ||
+             exe_store_put(&st->store, STORE_TRAINING, op->model_id, ad, false, err, sizeof err) < 0)
+        rc = -1;
+    adapter_state_free(&host);
+    if (rc < 0) {
+        exe_op_fail(op, "server", "cannot load the checkpoint into the model's adapter: %s", err);
+        return;
+    }
     log_info("load_weights %s into %s (optimizer %s, step %lld)", path, op->model_id, optimizer ? "yes" : "no",
-             (long long)adapter_step(ad));
+             (long long)ad->step);
     op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", "load_weights");
 }
 
@@ -164,72 +180,19 @@ const exe_handler_entry exe_ckpt_handlers[] = {
 
 /* ---- sampler adapters from the registry ---------------------------------------------- */
 
-#define SAMPLER_CACHE_KEEP 8    /* unpinned adapters kept for reuse */
-
-typedef struct {
-    char digest[BLOB_DIGEST_HEX];
-    adapter *ad;
-    int pins;
-    uint64_t last_use;
-} cache_entry;
-
-static cache_entry *g_cache;
-static int g_ncache, g_capcache;
-static uint64_t g_clock;
-
-static void cache_trim(void) {
-    for (;;) {
-        int unpinned = 0, lru = -1;
-        for (int i = 0; i < g_ncache; i++) {
-            if (g_cache[i].pins) continue;
-            unpinned++;
-            if (lru < 0 || g_cache[i].last_use < g_cache[lru].last_use) lru = i;
-        }
-        if (unpinned <= SAMPLER_CACHE_KEEP) return;
-        adapter_free(g_cache[lru].ad);
-        g_cache[lru] = g_cache[--g_ncache];
-    }
-}
-
-int exe_load_sampler_adapter(exe_state *st, const char *digest, adapter **out, char *err, size_t errlen) {
-    *out = NULL;
-    for (int i = 0; i < g_ncache; i++) {
-        if (strcmp(g_cache[i].digest, digest)) continue;
-        g_cache[i].pins++;
-        g_cache[i].last_use = ++g_clock;
-        *out = g_cache[i].ad;
-        return 0;
-    }
+int exe_load_sampler_adapter(exe_state *st, const char *digest, exe_adapter **out, char *err, size_t errlen) {
+    if ((*out = exe_store_acquire(&st->store, STORE_CHECKPOINT, digest))) return 0;
     if (!st->blobs) { snprintf(err, errlen, "this executor has no registry blob store (--blob-dir)"); return -1; }
     void *buf;
     size_t len;
     if (blob_get(st->blobs, digest, &buf, &len, err, errlen) < 0) return -1;
-    adapter *ad = adapter_io_decode(st->model, buf, len, err, errlen);
+    adapter_state host;
+    int rc = adapter_io_decode(&st->model, buf, len, &host, err, errlen);
     free(buf);
-    if (!ad) return -1;
-    if (g_ncache == g_capcache) {
-        int cap = g_capcache ? 2 * g_capcache : 16;
-        cache_entry *n = realloc(g_cache, cap * sizeof *n);
-        if (!n) { adapter_free(ad); snprintf(err, errlen, "out of memory"); return -1; }
-        g_cache = n;
-        g_capcache = cap;
-    }
-    cache_entry *e = &g_cache[g_ncache++];
-    snprintf(e->digest, sizeof e->digest, "%s", digest);
-    e->ad = ad;
-    e->pins = 1;
-    e->last_use = ++g_clock;
+    if (rc < 0) return -1;
+    exe_adapter *ad = exe_adapter_from_state(st->be, st->ctx, &host, false, err, errlen);
+    adapter_state_free(&host);
+    if (!ad || exe_store_put(&st->store, STORE_CHECKPOINT, digest, ad, true, err, errlen) < 0) return -1;
     *out = ad;
-    cache_trim();
     return 0;
-}
-
-void exe_release_sampler_adapter(exe_state *st, adapter *ad) {
-    (void)st;
-    for (int i = 0; i < g_ncache; i++)
-        if (g_cache[i].ad == ad && g_cache[i].pins > 0) {
-            g_cache[i].pins--;
-            break;
-        }
-    cache_trim();
 }

@@ -1,10 +1,11 @@
 /* exe_sample.c: sampling (spec §11) and the unnamed save_weights_for_sampler (§7.6).
  *
  * Snapshots: an unnamed save_weights_for_sampler copies the model's current LoRA
- * parameters into an inference-only adapter kept here, keyed by its sampling session id
- * (at most SNAP_MAX of them and SNAP_MAX_BYTES in all, least recently used evicted). Its
- * commit hook records this executor on the sampling session, so the scheduler sends that
- * session's samples here. A sample from an evicted snapshot fails (category server).
+ * parameters, on the device, into an inference-only adapter of the store (exe_store.h),
+ * keyed by its sampling session id and evicted least recently used first when the store
+ * needs room. Its commit hook records this executor on the sampling session, so the
+ * scheduler sends that session's samples here. A sample from an evicted snapshot fails
+ * (category server).
  *
  * Samples: every 'sample' op of the cycle runs in ONE backend->sample call (prompts
  * packed, then one decode pass per step for all live samples); prompt_logprobs and
@@ -18,7 +19,7 @@
  * bytes complete the string, that token included. The decoded text of the generated
  * tokens only (not the prompt) is searched.
  */
-#include "executor/exe_internal.h"
+#include "executor/exe_ops.h"
 #include "backend/loss.h"
 #include "model/tokenizer.h"
 #include "common/db.h"
@@ -38,60 +39,6 @@ const exe_handler_entry exe_sample_handlers[] = {{NULL, NULL}};
 
 /* ---- snapshots ------------------------------------------------------------------------- */
 
-#define SNAP_MAX 64
-#define SNAP_MAX_BYTES ((size_t)8 << 30)
-
-typedef struct {
-    char id[256];
-    adapter *ad;
-    uint64_t last_use;
-} snap_entry;
-
-static snap_entry g_snap[SNAP_MAX];
-static int g_nsnap;
-static uint64_t g_snap_clock;
-
-static adapter *snap_get(const char *id) {
-    for (int i = 0; i < g_nsnap; i++)
-        if (!strcmp(g_snap[i].id, id)) {
-            g_snap[i].last_use = ++g_snap_clock;
-            return g_snap[i].ad;
-        }
-    return NULL;
-}
-
-static void snap_evict_lru(int keep) {
-    int lru = -1;
-    for (int i = 0; i < g_nsnap; i++)
-        if (i != keep && (lru < 0 || g_snap[i].last_use < g_snap[lru].last_use)) lru = i;
-    if (lru < 0) return;
-    log_info("sampler snapshot %s evicted (least recently used)", g_snap[lru].id);
-    adapter_free(g_snap[lru].ad);
-    g_snap[lru] = g_snap[--g_nsnap];
-}
-
-static void snap_put(const char *id, adapter *ad) {
-    int slot = -1;
-    for (int i = 0; i < g_nsnap; i++)
-        if (!strcmp(g_snap[i].id, id)) slot = i;
-    if (slot >= 0) {
-        adapter_free(g_snap[slot].ad);   /* the same session snapshotted again (a retried op) */
-    } else {
-        if (g_nsnap == SNAP_MAX) snap_evict_lru(-1);
-        slot = g_nsnap++;
-        snprintf(g_snap[slot].id, sizeof g_snap[slot].id, "%s", id);
-    }
-    g_snap[slot].ad = ad;
-    g_snap[slot].last_use = ++g_snap_clock;
-    for (;;) {
-        size_t bytes = 0;
-        for (int i = 0; i < g_nsnap; i++) bytes += g_snap[i].ad->num_params * sizeof(float);
-        if (bytes <= SNAP_MAX_BYTES || g_nsnap <= 1) break;
-        for (int i = 0; i < g_nsnap; i++) if (!strcmp(g_snap[i].id, id)) slot = i;
-        snap_evict_lru(slot);
-    }
-}
-
 static int snapshot_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t errlen) {
     char eid[24];
     snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
@@ -109,48 +56,47 @@ static int snapshot_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t
 
 void exe_run_snapshot(exe_state *st, exe_op *op) {
     const char *sid = json_string_value(json_object_get(op->payload, "sampling_session_id"));
-    if (!sid || !*sid || strlen(sid) >= sizeof g_snap[0].id) {
+    if (!sid || !*sid || strlen(sid) >= sizeof st->store.e[0].key) {
         exe_op_fail(op, "server", "save_weights_for_sampler payload lacks a valid sampling_session_id");
         return;
     }
-    adapter *ad = exe_slot_find(st, op->model_id);
-    if (!ad) {
-        exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                    "load a checkpoint into a new model");
+    exe_adapter *ad = exe_op_training_slot(st, op);
+    if (!ad) return;
+    char err[256];
+    exe_adapter *copy = st->be->adapter_alloc(st->ctx, &ad->layout.cfg, false, err, sizeof err);
+    if (!copy || st->be->adapter_copy(st->ctx, copy, ad, ADAPTER_PARAMS, err, sizeof err) < 0) {
+        if (copy) st->be->adapter_free(st->ctx, copy);
+        exe_op_fail(op, "server", "cannot snapshot the weights: %s", err);
         return;
     }
-    char err[256];
-    adapter *copy = adapter_clone_weights(ad, err, sizeof err);
-    if (!copy) { exe_op_fail(op, "server", "cannot snapshot the weights: %s", err); return; }
-    snap_put(sid, copy);
-    log_info("sampler snapshot %s of %s at step %lld (%zu parameters)", sid, op->model_id,
-             (long long)adapter_step(ad), ad->num_params);
+    if (exe_store_put(&st->store, STORE_SNAPSHOT, sid, copy, false, err, sizeof err) < 0) {
+        exe_op_fail(op, "server", "cannot keep the snapshot: %s", err);
+        return;
+    }
+    log_info("sampler snapshot %s of %s at step %lld (%zu parameters)", sid, op->model_id, (long long)ad->step,
+             ad->layout.num_params);
     op->result = json_pack("{s:s, s:s}", "sampling_session_id", sid, "type", "save_weights_for_sampler");
     op->commit_hook = snapshot_hook;
 }
 
 /* ---- the model's tokenizer (stop strings) ---------------------------------------------- */
 
-static tokenizer *g_tok;
-static bool g_tok_tried;
-static char g_tok_err[512];
-
 static const tokenizer *sampler_tokenizer(exe_state *st) {
-    if (g_tok_tried) return g_tok;
-    g_tok_tried = true;
+    if (st->tok_tried) return st->tok;
+    st->tok_tried = true;
     char path[4200];
     const char *env = getenv("LOOM_TOKENIZER");   /* a tokenizer.json path (tests, odd layouts) */
     if (env && *env) snprintf(path, sizeof path, "%s", env);
     else if (st->model_dir) snprintf(path, sizeof path, "%s/tokenizer.json", st->model_dir);
     else {
-        snprintf(g_tok_err, sizeof g_tok_err, "the executor's model directory is unknown");
+        snprintf(st->tok_err, sizeof st->tok_err, "the executor's model directory is unknown");
         return NULL;
     }
-    g_tok = tok_load(path, g_tok_err, sizeof g_tok_err);
-    if (g_tok) log_info("tokenizer %s: %d tokens%s", path, tok_vocab_size(g_tok),
-                        tok_exact(g_tok) ? "" : " (unknown split pattern: approximated)");
-    else log_warn("no tokenizer for stop strings: %s", g_tok_err);
-    return g_tok;
+    st->tok = tok_load(path, st->tok_err, sizeof st->tok_err);
+    if (st->tok) log_info("tokenizer %s: %d tokens%s", path, tok_vocab_size(st->tok),
+                        tok_exact(st->tok) ? "" : " (unknown split pattern: approximated)");
+    else log_warn("no tokenizer for stop strings: %s", st->tok_err);
+    return st->tok;
 }
 
 /* ---- stop strings ------------------------------------------------------------------------ */
@@ -213,8 +159,8 @@ typedef struct {
     int n_stop;
     stop_strings ss;
     bool prompt_logprobs;
-    adapter *ad;
-    bool pinned;                 /* ad came from exe_load_sampler_adapter */
+    exe_adapter *ad;
+    bool pinned;                 /* ad is pinned in the store until job_free */
     /* outputs */
     int32_t *tokens;
     float *logprobs;
@@ -225,7 +171,7 @@ typedef struct {
 } sample_job;
 
 static void job_free(exe_state *st, sample_job *j) {
-    if (j->pinned) exe_release_sampler_adapter(st, j->ad);
+    if (j->pinned) exe_store_release(&st->store, j->ad);
     free(j->prompt); free(j->stop_tokens); free(j->ss.s); free(j->ss.len);
     free(j->tokens); free(j->logprobs); free(j->n_out); free(j->stopped);
     free(j->plp); free(j->ploss); free(j->tk_lp); free(j->tk_ids);
@@ -250,7 +196,7 @@ static bool get_real(json_t *p, const char *key, double dflt, double *out) {
 /* Reads the payload into j and resolves the sampler. false: op failed. */
 static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     json_t *p = op->payload;
-    const model_config *mc = model_get_config(st->model);
+    const model_config *mc = &st->model;
     j->op = op;
     json_t *prompt = json_object_get(p, "prompt");
     int np = (int)json_array_size(prompt);
@@ -306,7 +252,7 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
         const tokenizer *tok = sampler_tokenizer(st);
         if (!tok) {
             exe_op_fail(op, "user", "stop strings need the base model's tokenizer.json, which this executor cannot "
-                        "load (%s); pass stop token ids instead", g_tok_err);
+                        "load (%s); pass stop token ids instead", st->tok_err);
             return false;
         }
         size_t n = json_array_size(strs);
@@ -326,17 +272,19 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     /* the sampler */
     const char *source = json_string_value(json_object_get(p, "source"));
     const char *digest = json_string_value(json_object_get(p, "blob_digest"));
-    if (!source) source = op->sampling_session_id[0] && snap_get(op->sampling_session_id) ? "snapshot"
-                          : digest ? "checkpoint" : "base";
+    if (!source) source = op->sampling_session_id[0] && exe_store_get(&st->store, STORE_SNAPSHOT, op->sampling_session_id)
+                          ? "snapshot" : digest ? "checkpoint" : "base";
     if (!strcmp(source, "base")) {
         j->ad = NULL;
     } else if (!strcmp(source, "snapshot")) {
-        if (!(j->ad = snap_get(op->sampling_session_id))) {
+        /* pinned: a checkpoint loaded for a later job of this batch must not evict it */
+        if (!(j->ad = exe_store_acquire(&st->store, STORE_SNAPSHOT, op->sampling_session_id))) {
             exe_op_fail(op, "server", "the weights of sampler %s are no longer in this executor's memory (evicted or "
                         "the executor restarted); save weights for the sampler again",
                         op->sampling_session_id[0] ? op->sampling_session_id : "(none)");
             return false;
         }
+        j->pinned = true;
     } else if (!strcmp(source, "checkpoint")) {
         char err[512];
         if (!digest) { exe_op_fail(op, "server", "sample payload lacks the checkpoint's blob_digest"); return false; }

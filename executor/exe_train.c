@@ -1,21 +1,60 @@
 /* exe_train.c: the training operations of a cycle: create_model (a new LoRA adapter),
  * forward / forward_backward (one packed batch across adapters and losses) and
  * optim_step (AdamW on one adapter). */
-#include "executor/exe_internal.h"
+#include "executor/exe_ops.h"
 #include "backend/loss.h"
+#include "common/err.h"
+#include "common/log.h"
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "common/log.h"
+
+/* ---- the one validation of a sequence -------------------------------------------- */
+
+int exe_seq_check(const model_config *mc, const exe_seq *s, char *err, size_t errlen)
+{
+    if (s->n < 0) { err_set(err, errlen, "negative length"); return -1; }
+    if (s->n == 0) return 0;
+    if (!s->tokens || !s->targets) { err_set(err, errlen, "missing tokens or target_tokens"); return -1; }
+    if (s->n > mc->max_position_embeddings) {
+        err_set(err, errlen, "%d tokens exceed the model's context of %d", s->n, mc->max_position_embeddings);
+        return -1;
+    }
+    if ((unsigned)s->loss.kind > LOSS_DRO) { err_set(err, errlen, "unknown loss"); return -1; }
+    int K = s->k > 1 ? s->k : 1;
+    if (s->k < 0 || s->k > EXE_MAX_K || (K > 1 && s->loss.kind != LOSS_CROSS_ENTROPY)) {
+        err_set(err, errlen, "2-D target_tokens (k = %d) need cross_entropy and k <= %d", s->k, EXE_MAX_K);
+        return -1;
+    }
+    if (loss_needs_rl_inputs(s->loss.kind) && (!s->sampler_logprobs || !s->advantages)) {
+        err_set(err, errlen, "loss %s needs logprobs and advantages", loss_kind_name(s->loss.kind));
+        return -1;
+    }
+    if ((s->loss.kind == LOSS_PPO || s->loss.kind == LOSS_CISPO) && !(s->loss.clip_low <= s->loss.clip_high)) {
+        err_set(err, errlen, "clip_low_threshold %g > clip_high_threshold %g", s->loss.clip_low, s->loss.clip_high);
+        return -1;
+    }
+    if (s->topk < 0 || s->topk > EXE_MAX_TOPK || s->topk > mc->vocab_size || (s->topk > 0 && (!s->topk_ids_out || !s->topk_lp_out))) {
+        err_set(err, errlen, "topk %d outside 0..%d or without output buffers", s->topk, EXE_MAX_TOPK);
+        return -1;
+    }
+    for (int t = 0; t < s->n; t++)
+        if (s->tokens[t] < 0 || s->tokens[t] >= mc->vocab_size) {
+            err_set(err, errlen, "position %d: token id outside [0, %d)", t, mc->vocab_size);
+            return -1;
+        }
+    for (long t = 0; t < (long)s->n * K; t++)
+        if (s->targets[t] < 0 || s->targets[t] >= mc->vocab_size) {
+            err_set(err, errlen, "target %ld: token id outside [0, %d)", t, mc->vocab_size);
+            return -1;
+        }
+    return 0;
+}
 
 /* ---- forward / forward_backward ------------------------------------------------- */
-
-/* The most targets per position of 2-D cross_entropy (the api's FB_MAX_K). */
-#define EXE_MAX_K 1024
 
 typedef struct {
     exe_op *op;
@@ -79,12 +118,8 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
     int ns = 0, nspan = 0;
     for (int i = 0; i < nops; i++) {
         exe_op *op = ops[i];
-        adapter *ad = exe_slot_find(st, op->model_id);
-        if (!ad) {
-            exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                    "create a new model or load a checkpoint");
-            continue;
-        }
+        exe_adapter *ad = exe_op_training_slot(st, op);
+        if (!ad) continue;
         loss_spec ls;
         json_t *p = op->payload;
         const char *lname = json_string_value(json_object_get(p, "loss_fn"));
@@ -94,16 +129,16 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
         }
         json_t *data = json_object_get(p, "data");
         int start = ns;
-        bool bad = false;
-        for (size_t d = 0; d < json_array_size(data) && !bad; d++) {
+        char why[256] = "";
+        for (size_t d = 0; d < json_array_size(data) && !why[0]; d++) {
             json_t *dj = json_array_get(data, d);
             int n = (int)json_array_size(json_object_get(dj, "tokens"));
             /* 2-D cross_entropy (spec §8): "k" targets per position, [n, k] row-major */
             json_t *kj = json_object_get(dj, "k");
             json_int_t k = kj ? (json_is_integer(kj) ? json_integer_value(kj) : -1) : 1;
-            if (k < 1 || k > EXE_MAX_K || (k > 1 && ls.kind != LOSS_CROSS_ENTROPY)) {
-                bad = true;
-                k = 1;
+            if (k < 1 || k > EXE_MAX_K) {
+                snprintf(why, sizeof why, "data[%zu]: k = %lld outside 1..%d", d, (long long)k, EXE_MAX_K);
+                break;
             }
             int nk = n * (int)k;
             exe_seq *s = &seqs[ns++];
@@ -118,18 +153,14 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
             s->advantages = f32_array(json_object_get(dj, "advantages"), n);
             s->logprobs_out = calloc(nk ? nk : 1, sizeof(float)); /* [n, k] */
             s->loss_out = calloc(n ? n : 1, sizeof(float));       /* [n] */
-            if (!s->tokens || !s->targets) bad = true;
-            if (ls.kind != LOSS_CROSS_ENTROPY && (!s->sampler_logprobs || !s->advantages)) bad = true;
-            for (int t = 0; t < n && !bad; t++)
-                if (s->tokens[t] < 0 || s->tokens[t] >= st->vocab) bad = true;
-            for (int t = 0; t < nk && !bad; t++)
-                if (s->targets[t] < 0 || s->targets[t] >= st->vocab) bad = true;
+            char e[200];
+            if (exe_seq_check(&st->model, s, e, sizeof e) < 0) snprintf(why, sizeof why, "data[%zu]: %s", d, e);
         }
-        if (bad) {
+        if (why[0]) {
             for (int k = start; k < ns; k++) free_seq(&seqs[k]);
             memset(&seqs[start], 0, (ns - start) * sizeof *seqs);
             ns = start;
-            exe_op_fail(op, "user", "malformed datum: missing or out-of-range loss inputs for %s", lname);
+            exe_op_fail(op, "user", "malformed datum for %s: %s", lname, why);
             continue;
         }
         spans[nspan++] = (fb_span){op, start, ns - start};
@@ -181,22 +212,20 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
 /* ---- the cycle -------------------------------------------------------------------- */
 
 void exe_run_create(exe_state *st, exe_op *op) {
-    if (!exe_slot_find(st, op->model_id)) {
+    if (!exe_store_get(&st->store, STORE_TRAINING, op->model_id)) {
         char err[512] = "";
-        adapter *ad = adapter_create(st->model, &op->lcfg, err, sizeof err);
-        if (!ad) { exe_op_fail(op, "user", "cannot create LoRA adapter: %s", err); return; }
-        exe_slot_put(st, op->model_id, ad);
+        exe_adapter *ad = exe_adapter_new(st->be, st->ctx, &op->lcfg, true, err, sizeof err);
+        if (!ad || exe_store_put(&st->store, STORE_TRAINING, op->model_id, ad, false, err, sizeof err) < 0) {
+            exe_op_fail(op, "user", "cannot create LoRA adapter: %s", err);
+            return;
+        }
     }
     op->result = json_pack("{s:s, s:s}", "model_id", op->model_id, "type", "create_model");
 }
 
 void exe_run_optim(exe_state *st, exe_op *op) {
-    adapter *ad = exe_slot_find(st, op->model_id);
-    if (!ad) {
-        exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
-                "create a new model or load a checkpoint");
-        return;
-    }
+    exe_adapter *ad = exe_op_training_slot(st, op);
+    if (!ad) return;
     json_t *ap = json_object_get(op->payload, "adam_params");
     adam_params p = {
         .learning_rate = json_number_value(json_object_get(ap, "learning_rate")),
@@ -213,6 +242,6 @@ void exe_run_optim(exe_state *st, exe_op *op) {
         return;
     }
     op->result = json_pack("{s:{s:f, s:f, s:I}, s:s}", "metrics", "grad_norm:mean", isfinite(gnorm) ? gnorm : -1.0,
-                           "learning_rate:mean", p.learning_rate, "step:max", (json_int_t)adapter_step(ad),
+                           "learning_rate:mean", p.learning_rate, "step:max", (json_int_t)ad->step,
                            "type", "optim_step");
 }

@@ -1,85 +1,92 @@
 /* executor.c: the executor's loop and the translation between operation rows (the
  * normalised payload JSON written by the api) and the backend's packed batch.
  *
- * One cycle: create_model ops make adapters; every forward_backward of the cycle runs
- * as ONE packed batch across adapters (and every forward as another, without
- * gradients); then each model's optim_step and checkpoint work (handler tables of the
- * op family files); then all sampling requests together; then all results are committed in one
- * transaction guarded by "still claimed by this cycle", so a cycle the reaper took
- * back cannot write. A heartbeat thread keeps the executor row and the cycle's lease
- * fresh while the (possibly long) compute runs. */
+ * One cycle (docs/architecture.md, "Clock cycles"): create_model ops make adapters;
+ * every forward_backward of the cycle runs as ONE packed batch across adapters (and every
+ * forward as another, without gradients); then each model's optim_step and checkpoint
+ * work (handler tables of the op family files); then all sampling requests together; then
+ * all results are committed in one transaction guarded by "still claimed by this cycle",
+ * so a cycle the reaper took back cannot write. A heartbeat thread keeps the executor row
+ * and the cycle's lease fresh while the (possibly long) compute runs; once the reaper has
+ * written this executor off as gone, the heartbeat fences it: it touches no cycle again
+ * and exits, so that a supervisor starts a new registration.
+ *
+ * Database errors in a cycle: marking it running and reading its operations is one
+ * statement, so an error there leaves the cycle assigned and the next poll (on a fresh
+ * connection if it broke) takes it again; the commit gets three tries. An executor that
+ * cannot do either exits rather than hold a lease it cannot honour: the lease lapses and
+ * the reaper recovers the operations. */
 #include "executor/executor.h"
-#include "executor/exe_internal.h"
+#include "executor/exe_ops.h"
+#include "executor/exe_sql.h"
 #include "registry/blobstore.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
 #include <jansson.h>
-#include <math.h>
-#include <float.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
+/* Set by the heartbeat thread when the executor row says 'gone'. */
+static atomic_bool g_fenced;
 
-adapter *exe_slot_find(exe_state *st, const char *id) {
-    for (int i = 0; i < st->nslots; i++)
-        if (!strcmp(st->slots[i].id, id)) return st->slots[i].ad;
-    return NULL;
+/* Exit status of an executor that was written off as gone (a supervisor restarts it). */
+#define EXE_EXIT_FENCED 3
+
+static void exit_if_fenced(const char *when) {
+    if (!atomic_load(&g_fenced)) return;
+    log_error("this executor was written off as gone (no heartbeat for 30 s, e.g. paused); exiting %s so that a new "
+              "registration replaces it", when);
+    exit(EXE_EXIT_FENCED);
 }
 
-void exe_slot_put(exe_state *st, const char *id, adapter *ad) {
-    if (st->nslots == st->cap) {
-        st->cap = st->cap ? 2 * st->cap : 16;
-        st->slots = realloc(st->slots, st->cap * sizeof *st->slots);
-    }
-    snprintf(st->slots[st->nslots].id, sizeof st->slots[0].id, "%s", id);
-    st->slots[st->nslots++].ad = ad;
-}
+static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (long long)v); }
 
-void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(op->error, sizeof op->error, fmt, ap);
-    va_end(ap);
-    op->category = category;
-    if (op->result) { json_decref(op->result); op->result = NULL; }
+/* The store's figures as the parameters $2.. of SQL_EXE_IDLE / SQL_EXE_CAPACITY. */
+typedef struct {
+    char used[24], training[16], snapshots[16], cached[16];
+} capacity_params;
+
+static void capacity_of(const exe_state *st, capacity_params *cp) {
+    exe_store_stats s;
+    exe_store_get_stats(&st->store, &s);
+    snprintf(cp->used, sizeof cp->used, "%zu", s.used);
+    snprintf(cp->training, sizeof cp->training, "%d", s.count[STORE_TRAINING]);
+    snprintf(cp->snapshots, sizeof cp->snapshots, "%d", s.count[STORE_SNAPSHOT]);
+    snprintf(cp->cached, sizeof cp->cached, "%d", s.count[STORE_CHECKPOINT]);
 }
 
 static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
-    char cyc[24];
-    snprintf(cyc, sizeof cyc, "%lld", (long long)cycle);
+    char cyc[24], eid[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    fmt_i64(eid, sizeof eid, st->executor_id);
     if (db_begin(c, err, errlen) < 0) return -1;
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         char id[24];
-        snprintf(id, sizeof id, "%lld", (long long)op->id);
+        fmt_i64(id, sizeof id, op->id);
         if (!op->category && op->commit_hook) {
             /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
             char herr[512] = "";
-            if (db_exec(c, "SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) goto fail;
+            if (db_exec(c, SQL_EXE_HOOK_SAVEPOINT, 0, NULL, err, errlen) < 0) goto fail;
             if (op->commit_hook(c, st, op, herr, sizeof herr) < 0) {
-                if (db_exec(c, "ROLLBACK TO SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) goto fail;
+                if (db_exec(c, SQL_EXE_HOOK_ROLLBACK, 0, NULL, err, errlen) < 0) goto fail;
                 exe_op_fail(op, "server", "%s", herr);
-            } else if (db_exec(c, "RELEASE SAVEPOINT op_hook", 0, NULL, err, errlen) < 0) {
+            } else if (db_exec(c, SQL_EXE_HOOK_RELEASE, 0, NULL, err, errlen) < 0) {
                 goto fail;
             }
         }
         char *res = op->category ? NULL : json_dumps(op->result, JSON_COMPACT | JSON_REAL_PRECISION(9));
         const char *p[6] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
                             op->category, cyc};
-        PGresult *r = db_query(c, "UPDATE operations SET state = $2, result = $3::jsonb, error = $4,"
-                                  " error_category = $5, finished_at = now()"
-                                  " WHERE id = $1 AND cycle_id = $6 AND state = 'claimed'",
-                               6, p, err, errlen);
+        PGresult *r = db_query(c, SQL_EXE_FINISH_OP, 6, p, err, errlen);
         free(res);
         if (!r) goto fail;
         int changed = atoi(PQcmdTuples(r));
@@ -89,13 +96,11 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
             goto fail;
         }
     }
-    const char *pc[1] = {cyc};
-    if (db_exec(c, "UPDATE cycles SET state = 'done', finished_at = now() WHERE id = $1", 1, pc, err, errlen) < 0 ||
-        db_exec(c, "UPDATE executors SET state = 'idle', heartbeat_at = now()"
-                   " WHERE id = (SELECT executor_id FROM cycles WHERE id = $1)", 1, pc, err, errlen) < 0 ||
-        db_exec(c, "SELECT pg_notify('loom_op_done', request_id) FROM operations WHERE cycle_id = $1", 1, pc, err,
-                errlen) < 0 ||
-        db_exec(c, "NOTIFY loom_executor_ready", 0, NULL, err, errlen) < 0)
+    capacity_params cp;
+    capacity_of(st, &cp);
+    const char *pc[1] = {cyc}, *pi[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    if (db_exec(c, SQL_EXE_FINISH_CYCLE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_IDLE, 5, pi, err, errlen) < 0 ||
+        db_exec(c, SQL_EXE_NOTIFY_DONE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, errlen) < 0)
         goto fail;
     return db_commit(c, err, errlen);
 fail:
@@ -111,28 +116,23 @@ static exe_op_handler find_handler(const char *kind) {
     return NULL;
 }
 
-static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
-    char err[1024], cyc[24];
-    snprintf(cyc, sizeof cyc, "%lld", (long long)cycle);
-    const char *p[1] = {cyc};
-    if (db_exec(c, "UPDATE cycles SET state = 'running', started_at = now() WHERE id = $1 AND state = 'assigned'",
-                1, p, err, sizeof err) < 0) {
-        log_error("cycle %s: %s", cyc, err);
-        return -1;
-    }
-    /* Sample operations have no model (LEFT JOIN); they come after the model ops. */
-    PGresult *r = db_query(c, "SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"
-                              " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"
-                              " o.seq_id, coalesce(o.sampling_session_id, '')"
-                              " FROM operations o LEFT JOIN models m ON m.id = o.model_id"
-                              " WHERE o.cycle_id = $1 AND o.state = 'claimed'"
-                              " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id",
-                           1, p, err, sizeof err);
-    if (!r) { log_error("cycle %s: %s", cyc, err); return -1; }
-    int n = PQntuples(r);
-    exe_op *ops = calloc(n ? n : 1, sizeof *ops);
-    for (int i = 0; i < n; i++) {
-        exe_op *op = &ops[i];
+/* Marks the cycle running and reads its operations (SQL_EXE_START_CYCLE). 1 with *ops, *n
+ * (free with free_ops); 0 when the cycle is no longer this executor's; -1 on a database
+ * error, the cycle left as it was. */
+static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, int *n, char *err, size_t errlen) {
+    char cyc[24], eid[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *p[2] = {cyc, eid};
+    PGresult *r = db_query(c, SQL_EXE_START_CYCLE, 2, p, err, errlen);
+    if (!r) return -1;
+    int rows = PQntuples(r);
+    if (rows == 0) { PQclear(r); return 0; }
+    *ops = calloc(rows, sizeof **ops);
+    *n = 0;
+    for (int i = 0; i < rows; i++) {
+        if (PQgetisnull(r, i, 0)) continue;   /* the cycle has no claimed operation left */
+        exe_op *op = &(*ops)[(*n)++];
         op->id = db_int(r, i, 0);
         snprintf(op->request_id, sizeof op->request_id, "%s", PQgetvalue(r, i, 1));
         snprintf(op->model_id, sizeof op->model_id, "%s", PQgetvalue(r, i, 2));
@@ -147,7 +147,20 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
+    return 1;
+}
 
+static void free_ops(exe_op *ops, int n) {
+    for (int i = 0; i < n; i++) {
+        json_decref(ops[i].payload);
+        json_decref(ops[i].result);
+        free(ops[i].hook_data);
+    }
+    free(ops);
+}
+
+/* The compute of a cycle: every op ends with a result or an error. */
+static void run_ops(exe_state *st, exe_op *ops, int n) {
     /* 1. new adapters; 2. packed forward_backward, then packed forward; 3. optimizer steps. */
     exe_op **fb = calloc(n ? n : 1, sizeof *fb), **fwd = calloc(n ? n : 1, sizeof *fwd);
     int nfb = 0, nfwd = 0;
@@ -180,6 +193,26 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     free(samples);
     free(fb);
     free(fwd);
+}
+
+/* Runs one cycle. -1 when it could not be started (database error: the caller polls
+ * again, reconnecting if needed); 0 otherwise. A cycle whose results cannot be committed
+ * ends the process. */
+static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
+    char err[1024], cyc[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    exe_op *ops = NULL;
+    int n = 0, started = start_cycle(c, st, cycle, &ops, &n, err, sizeof err);
+    if (started < 0) {
+        log_error("cycle %s: starting it failed (it stays assigned and is tried again): %s", cyc, err);
+        return -1;
+    }
+    if (started == 0) {
+        log_warn("cycle %s is no longer this executor's (the reaper took it back); skipped", cyc);
+        return 0;
+    }
+    run_ops(st, ops, n);
+    exit_if_fenced("before committing a cycle");
 
     /* A transient database error gets a few tries (on a fresh connection if it broke).
      * If the results still cannot be committed, this executor must not keep heartbeating
@@ -199,13 +232,36 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         exit(1);
     }
     log_info("cycle %s done: %d operation(s)", cyc, n);
-    for (int i = 0; i < n; i++) {
-        json_decref(ops[i].payload);
-        json_decref(ops[i].result);
-        free(ops[i].hook_data);
-    }
-    free(ops);
-    return rc;
+    free_ops(ops, n);
+    return 0;
+}
+
+/* ---- between cycles ------------------------------------------------------------------ */
+
+/* Frees the training slots of models that were unloaded (or failed) since the last look,
+ * and records the store's figures when that changed them. */
+static void free_inactive_slots(exe_state *st, PGconn *c) {
+    const char *keys[4096];
+    int n = exe_store_keys(&st->store, STORE_TRAINING, keys, 4096);
+    if (n == 0) return;
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
+    char *text = json_dumps(ids, JSON_COMPACT), err[512];
+    json_decref(ids);
+    const char *p[1] = {text};
+    PGresult *r = db_query(c, SQL_EXE_INACTIVE_MODELS, 1, p, err, sizeof err);
+    free(text);
+    if (!r) { log_warn("unloaded models: %s", err); return; }
+    for (int i = 0; i < PQntuples(r); i++) exe_store_drop(&st->store, STORE_TRAINING, PQgetvalue(r, i, 0));
+    int freed = PQntuples(r);
+    PQclear(r);
+    if (!freed) return;
+    capacity_params cp;
+    capacity_of(st, &cp);
+    char eid[24];
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *pc[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    if (db_exec(c, SQL_EXE_CAPACITY, 5, pc, err, sizeof err) < 0) log_warn("capacity: %s", err);
 }
 
 /* ---- heartbeat -------------------------------------------------------------------- */
@@ -218,19 +274,24 @@ typedef struct {
 static void *heartbeat_thread(void *arg) {
     hb_args *a = arg;
     char err[512], id[24];
-    snprintf(id, sizeof id, "%lld", (long long)a->executor_id);
+    fmt_i64(id, sizeof id, a->executor_id);
     const char *p[1] = {id};
     PGconn *c = NULL;
-    while (!g_stop) {
+    while (!g_stop && !atomic_load(&g_fenced)) {
         if (!c && !(c = db_connect(a->db, 2000, err, sizeof err))) { sleep(1); continue; }
-        if (db_exec(c, "UPDATE executors SET heartbeat_at = now() WHERE id = $1", 1, p, err, sizeof err) < 0 ||
-            db_exec(c, "UPDATE cycles SET lease_expires_at = greatest(lease_expires_at, now() + interval '60 seconds')"
-                       " WHERE executor_id = $1 AND state IN ('assigned','running')", 1, p, err, sizeof err) < 0) {
+        PGresult *r = db_query(c, SQL_EXE_HEARTBEAT, 1, p, err, sizeof err);
+        if (!r) {
             log_warn("heartbeat: %s", err);
             PQfinish(c);
             c = NULL;
+        } else {
+            if (db_int(r, 0, 0) == 0) {
+                log_error("heartbeat: this executor is marked gone; fencing it (no cycle is touched again)");
+                atomic_store(&g_fenced, true);
+            }
+            PQclear(r);
         }
-        for (int i = 0; i < 30 && !g_stop; i++) usleep(100 * 1000);
+        for (int i = 0; i < 30 && !g_stop && !atomic_load(&g_fenced); i++) usleep(100 * 1000);
     }
     if (c) PQfinish(c);
     return NULL;
@@ -252,7 +313,7 @@ static char *read_file(const char *path) {
 }
 
 /* Records the base model this executor serves, so the api can validate requests. */
-static int register_base_model(PGconn *c, const char *name, const char *dir, int *vocab, char *err, size_t errlen) {
+static int register_base_model(PGconn *c, const char *name, const char *dir, char *err, size_t errlen) {
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = read_file(path);
@@ -261,32 +322,55 @@ static int register_base_model(PGconn *c, const char *name, const char *dir, int
     json_t *cfg = json_loads(text, 0, &je);
     if (!cfg) { snprintf(err, errlen, "%s: %s", path, je.text); free(text); return -1; }
     const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
-    *vocab = (int)json_integer_value(json_object_get(cfg, "vocab_size"));
+    int vocab = (int)json_integer_value(json_object_get(cfg, "vocab_size"));
     int maxpos = (int)json_integer_value(json_object_get(cfg, "max_position_embeddings"));
     char svocab[16], smax[16];
-    snprintf(svocab, sizeof svocab, "%d", *vocab);
+    snprintf(svocab, sizeof svocab, "%d", vocab);
     snprintf(smax, sizeof smax, "%d", maxpos > 0 ? maxpos : 4096);
     const char *p[6] = {name, dir, arch ? arch : "unknown", smax, svocab, text};
-    int rc = db_exec(c, "INSERT INTO base_models (name, path, arch, max_context, vocab_size, config)"
-                        " VALUES ($1, $2, $3, $4, $5, $6::jsonb) ON CONFLICT (name) DO UPDATE SET"
-                        " path = EXCLUDED.path, arch = EXCLUDED.arch, max_context = EXCLUDED.max_context,"
-                        " vocab_size = EXCLUDED.vocab_size, config = EXCLUDED.config",
-                     6, p, err, errlen);
+    int rc = db_exec(c, SQL_EXE_BASE_MODEL, 6, p, err, errlen);
     json_decref(cfg);
     free(text);
     return rc;
 }
 
+/* "8G", "512M", "1048576": bytes (K, M, G, T are powers of 1024). 0 if not a size. */
+static size_t parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    const char *units = "KMGT", *u = *end ? strchr(units, *end) : NULL;
+    if (end == s || v <= 0 || (*end && (!u || end[1]))) return 0;
+    for (const char *k = units; u && k <= u; k++) v *= 1024;
+    return (size_t)v;
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: loom executor --db CONNINFO --model-dir DIR --model-name NAME\n"
-                    "                     [--backend cpu] [--threads N] [--token-budget N] [--name NAME]\n"
-                    "                     [--blob-dir DIR]   (registry blob store for checkpoints)\n");
+                    "                     [--backend %s] [--device N] [--threads N] [--memory-budget BYTES]\n"
+                    "                     [--token-budget N] [--name NAME]\n"
+                    "                     [--blob-dir DIR]   (registry blob store for checkpoints)\n",
+            exe_backend_names());
+}
+
+/* Connects the loop's connection: named in pg_stat_activity, listening for cycles. */
+static PGconn *connect_loop(const char *db, int64_t exe_id, int wait_ms, char *err, size_t errlen) {
+    PGconn *c = db_connect(db, wait_ms, err, errlen);
+    if (!c) return NULL;
+    char app[64];
+    snprintf(app, sizeof app, "loom executor %lld", (long long)exe_id);
+    const char *p[1] = {app};
+    if ((exe_id && db_exec(c, SQL_EXE_APP_NAME, 1, p, err, errlen) < 0) ||
+        db_exec(c, SQL_EXE_LISTEN, 0, NULL, err, errlen) < 0) {
+        PQfinish(c);
+        return NULL;
+    }
+    return c;
 }
 
 int exe_main(int argc, char **argv) {
     const char *db = getenv("DATABASE_URL"), *model_dir = NULL, *model_name = NULL, *backend = "cpu";
-    const char *name = "executor", *blob_dir = NULL;
-    int threads = 0, budget = 32768;
+    const char *name = "executor", *blob_dir = NULL, *mem_budget = NULL;
+    int threads = 0, budget = 32768, device = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
@@ -294,90 +378,124 @@ int exe_main(int argc, char **argv) {
         else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
         else if (!strcmp(a, "--model-name")) model_name = argv[++i];
         else if (!strcmp(a, "--backend")) backend = argv[++i];
+        else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
         else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--memory-budget")) mem_budget = argv[++i];
         else if (!strcmp(a, "--token-budget")) budget = atoi(argv[++i]);
         else if (!strcmp(a, "--name")) name = argv[++i];
         else if (!strcmp(a, "--blob-dir")) blob_dir = argv[++i];
         else { usage(); return 2; }
     }
     if (!db || !model_dir || !model_name) { usage(); return 2; }
-    if (strcmp(backend, "cpu")) {
-        log_error("backend '%s' is not available in this build (available: cpu)", backend);
+    exe_state st = {.be = exe_backend_find(backend), .model_dir = model_dir};
+    if (!st.be) {
+        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
         return 2;
     }
-    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
+    if (mem_budget && !store_budget) {
+        log_error("--memory-budget '%s' is not a size in bytes (e.g. 8G, 512M)", mem_budget);
+        return 2;
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
     char err[1024];
-    exe_state st = {.be = &exe_backend_cpu, .model_dir = model_dir};
-    if (model_load(model_dir, &st.model, err, sizeof err) < 0) {
+    model_files *mf;
+    if (model_open(model_dir, &mf, err, sizeof err) < 0) {
         log_error("cannot load model %s: %s", model_dir, err);
         return 1;
     }
-    if (!(st.ctx = st.be->create(st.model, threads, err, sizeof err))) {
+    st.model = mf->cfg;
+    exe_backend_opts bo = {.device = device, .threads = threads};
+    st.ctx = st.be->create(mf, &bo, err, sizeof err);
+    model_close(mf);
+    if (!st.ctx) {
         log_error("backend %s: %s", st.be->name, err);
         return 1;
     }
+    exe_device_info dev;
+    st.be->device_info(st.ctx, &dev);
+    /* By default adapters may take half of what the device has left after the weights. */
+    if (!store_budget) store_budget = dev.memory_free / 2;
+    exe_store_init(&st.store, st.be, st.ctx, store_budget);
     if (blob_dir && !(st.blobs = blob_open_dir(blob_dir, err, sizeof err))) {
         log_error("blob store %s: %s", blob_dir, err);
         return 1;
     }
     PGconn *c = db_connect(db, 30000, err, sizeof err);
     if (!c) { log_error("cannot connect: %s", err); return 1; }
-    if (migrate_run(c, err, sizeof err) < 0 || register_base_model(c, model_name, model_dir, &st.vocab, err, sizeof err) < 0) {
+    if (migrate_run(c, err, sizeof err) < 0 || register_base_model(c, model_name, model_dir, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }
-    char host[256] = "localhost", pid[16], sbudget[16], device[64];
+    char host[256] = "localhost", pid[16], sbudget[16], sdev[16], smem[24], sstore[24];
     gethostname(host, sizeof host);
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     snprintf(sbudget, sizeof sbudget, "%d", budget);
-    snprintf(device, sizeof device, "cpu:%d-threads", threads);
-    const char *p[7] = {name, host, pid, st.be->name, device, model_name, sbudget};
-    PGresult *r = db_query(c, "INSERT INTO executors (name, hostname, pid, backend, device, base_model, token_budget)"
-                              " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id", 7, p, err, sizeof err);
+    snprintf(sdev, sizeof sdev, "%d", device);
+    snprintf(smem, sizeof smem, "%zu", dev.memory_total);
+    snprintf(sstore, sizeof sstore, "%zu", store_budget);
+    const char *p[10] = {name, host, pid, st.be->name, dev.device, model_name, sbudget, sdev, smem, sstore};
+    PGresult *r = db_query(c, SQL_EXE_REGISTER, 10, p, err, sizeof err);
     if (!r) { log_error("register: %s", err); return 1; }
-    int64_t exe_id = db_int(r, 0, 0);
-    st.executor_id = exe_id;
+    st.executor_id = db_int(r, 0, 0);
     char sid[24];
     snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    if (db_exec(c, "LISTEN loom_cycle", 0, NULL, err, sizeof err) < 0 ||
-        db_exec(c, "NOTIFY loom_executor_ready", 0, NULL, err, sizeof err) < 0) {
+    PQfinish(c);
+    if (!(c = connect_loop(db, st.executor_id, 30000, err, sizeof err)) ||
+        db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, sizeof err) < 0) {
         log_error("listen: %s", err);
         return 1;
     }
-    log_info("executor %s ready: model %s (%s), backend %s, %d threads, token budget %d", sid, model_name, model_dir,
-             st.be->name, threads, budget);
-    hb_args hb = {db, exe_id};
+    log_info("executor %s ready: model %s (%s), backend %s on %s, adapters up to %.1f GiB, token budget %d", sid,
+             model_name, model_dir, st.be->name, dev.device, store_budget / 1073741824.0, budget);
+    hb_args hb = {db, st.executor_id};
     pthread_t hbt;
     pthread_create(&hbt, NULL, heartbeat_thread, &hb);
 
     const char *pid1[1] = {sid};
+    int64_t failing = 0;   /* a cycle that could not be started, and how often in a row */
+    int fails = 0;
     while (!g_stop) {
-        r = db_query(c, "SELECT id FROM cycles WHERE executor_id = $1 AND state = 'assigned' ORDER BY id LIMIT 1",
-                     1, pid1, err, sizeof err);
+        exit_if_fenced("instead of polling for cycles");
+        if (!c || PQstatus(c) != CONNECTION_OK) {
+            if (c) PQfinish(c);
+            c = connect_loop(db, st.executor_id, 5000, err, sizeof err);
+            if (!c) { log_warn("reconnecting: %s", err); continue; }
+        }
+        r = db_query(c, SQL_EXE_NEXT_CYCLE, 1, pid1, err, sizeof err);
         if (!r) {
-            log_warn("poll: %s; reconnecting", err);
-            PQfinish(c);
-            while (!g_stop && !(c = db_connect(db, 5000, err, sizeof err))) {}
-            if (c) db_exec(c, "LISTEN loom_cycle", 0, NULL, err, sizeof err);
+            log_warn("poll: %s", err);
+            sleep(1);
             continue;
         }
         int64_t cycle = PQntuples(r) ? db_int(r, 0, 0) : 0;
         PQclear(r);
-        if (cycle) { run_cycle(&st, c, cycle); continue; }
-        db_wait_notify(c, 500);
+        if (cycle) {
+            if (run_cycle(&st, c, cycle) == 0) { fails = 0; continue; }
+            fails = cycle == failing ? fails + 1 : 1;
+            failing = cycle;
+            if (fails >= 3) {
+                log_error("cycle %lld could not be started 3 times; exiting so that the reaper recovers it",
+                          (long long)cycle);
+                exit(1);
+            }
+            sleep(1);
+            continue;
+        }
+        if (db_wait_notify(c, 500) >= 0) free_inactive_slots(&st, c);
     }
-    db_exec(c, "UPDATE executors SET state = 'gone' WHERE id = $1", 1, pid1, err, sizeof err);
-    PQfinish(c);
+    if (c) {
+        db_exec(c, SQL_EXE_GONE, 1, pid1, err, sizeof err);
+        PQfinish(c);
+    }
     pthread_join(hbt, NULL);
-    for (int i = 0; i < st.nslots; i++) adapter_free(st.slots[i].ad);
-    free(st.slots);
+    exe_store_free(&st.store);
     st.be->destroy(st.ctx);
     if (st.blobs) blob_close(st.blobs);
-    model_free(st.model);
+    if (st.tok) tok_free(st.tok);
     log_info("executor stopped");
     return 0;
 }

@@ -2,9 +2,9 @@
  * adapter_io.h). */
 #include "model/adapter_io.h"
 #include "model/safetensors.h"
+#include "common/err.h"
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,14 +14,6 @@
 #define HEAD_TINKER "base_model.model.model.unembed_tokens."
 #define HEAD_PEFT "base_model.model.lm_head."
 
-static void aio_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
@@ -29,48 +21,47 @@ static bool ends_with(const char *s, const char *suffix) {
 
 /* ---- encode ------------------------------------------------------------------------- */
 
-int adapter_io_encode(const adapter *a, bool with_optimizer, uint8_t **out, size_t *outlen, char *err,
+int adapter_io_encode(const adapter_state *a, bool with_optimizer, uint8_t **out, size_t *outlen, char *err,
                       size_t errlen) {
-    int nt = adapter_num_tensors(a), nd = with_optimizer ? 3 * nt : nt;
+    const lora_layout *l = &a->layout;
+    if (!a->params || (with_optimizer && (!a->m || !a->v))) {
+        err_set(err, errlen, "adapter_io: the adapter state lacks %s", a->params ? "its Adam moments" : "its weights");
+        return -1;
+    }
+    int nt = l->num_tensors, nd = with_optimizer ? 3 * nt : nt;
     st_write_desc *d = calloc(nd ? nd : 1, sizeof *d);
     char *names = NULL;
-    if (!d) { aio_err(err, errlen, "adapter_io: out of memory"); return -1; }
+    if (!d) { err_set(err, errlen, "adapter_io: out of memory"); return -1; }
     if (with_optimizer) {
         size_t total = 0;
-        for (int i = 0; i < nt; i++) {
-            const char *name;
-            adapter_tensor(a, i, &name, NULL, NULL, NULL, NULL, NULL, NULL);
-            total += 2 * (strlen(name) + sizeof OPT_V);
-        }
+        for (int i = 0; i < nt; i++) total += 2 * (strlen(l->tensors[i].name) + sizeof OPT_V);
         names = malloc(total ? total : 1);
-        if (!names) { free(d); aio_err(err, errlen, "adapter_io: out of memory"); return -1; }
+        if (!names) { free(d); err_set(err, errlen, "adapter_io: out of memory"); return -1; }
     }
     char *np = names;
     for (int i = 0; i < nt; i++) {
-        const char *name;
-        int rows, cols;
-        float *p, *m, *v;
-        adapter_tensor(a, i, &name, &rows, &cols, &p, NULL, &m, &v);
-        d[i] = (st_write_desc){.name = name, .dtype = ST_F32, .ndim = 2, .shape = {rows, cols}, .data = p};
+        const lora_tensor *t = &l->tensors[i];
+        d[i] = (st_write_desc){.name = t->name, .dtype = ST_F32, .ndim = 2, .shape = {t->rows, t->cols},
+                               .data = a->params + t->offset};
         if (!with_optimizer) continue;
         /* optimizer tensors after all parameters: the first part is a plain adapter file */
         st_write_desc *dm = &d[nt + 2 * i], *dv = &d[nt + 2 * i + 1];
         *dm = d[i];
         dm->name = np;
-        np += sprintf(np, "%s" OPT_M, name) + 1;
-        dm->data = m;
+        np += sprintf(np, "%s" OPT_M, t->name) + 1;
+        dm->data = a->m + t->offset;
         *dv = d[i];
         dv->name = np;
-        np += sprintf(np, "%s" OPT_V, name) + 1;
-        dv->data = v;
+        np += sprintf(np, "%s" OPT_V, t->name) + 1;
+        dv->data = a->v + t->offset;
     }
-    const lora_config *c = adapter_get_config(a);
+    const lora_config *c = &l->cfg;
     char rank[16], step[24], layers[16], hidden[16], vocab[16];
     snprintf(rank, sizeof rank, "%d", c->rank);
-    snprintf(step, sizeof step, "%lld", (long long)adapter_step(a));
-    snprintf(layers, sizeof layers, "%d", a->num_layers);
-    snprintf(hidden, sizeof hidden, "%d", a->hidden);
-    snprintf(vocab, sizeof vocab, "%d", a->vocab);
+    snprintf(step, sizeof step, "%lld", (long long)a->step);
+    snprintf(layers, sizeof layers, "%d", l->num_layers);
+    snprintf(hidden, sizeof hidden, "%d", l->hidden);
+    snprintf(vocab, sizeof vocab, "%d", l->vocab);
     const char *meta[] = {"loom.kind", with_optimizer ? "training" : "sampler",
                           "loom.lora_rank", rank,
                           "loom.lora_alpha", "32",
@@ -93,9 +84,9 @@ int adapter_io_encode(const adapter *a, bool with_optimizer, uint8_t **out, size
 static int meta_int(const st_file *f, const char *key, int64_t *out, char *err, size_t errlen) {
     const char *s = st_metadata(f, key);
     char *end;
-    if (!s || !*s) { aio_err(err, errlen, "not a Loom adapter: __metadata__ has no %s", key); return -1; }
+    if (!s || !*s) { err_set(err, errlen, "not a Loom adapter: __metadata__ has no %s", key); return -1; }
     long long v = strtoll(s, &end, 10);
-    if (*end) { aio_err(err, errlen, "adapter metadata %s is not an integer: '%s'", key, s); return -1; }
+    if (*end) { err_set(err, errlen, "adapter metadata %s is not an integer: '%s'", key, s); return -1; }
     *out = v;
     return 0;
 }
@@ -103,7 +94,7 @@ static int meta_int(const st_file *f, const char *key, int64_t *out, char *err, 
 static int meta_bool(const st_file *f, const char *key, bool *out, char *err, size_t errlen) {
     const char *s = st_metadata(f, key);
     if (!s || (strcmp(s, "true") && strcmp(s, "false"))) {
-        aio_err(err, errlen, "not a Loom adapter: __metadata__ %s is not true/false", key);
+        err_set(err, errlen, "not a Loom adapter: __metadata__ %s is not true/false", key);
         return -1;
     }
     *out = !strcmp(s, "true");
@@ -120,7 +111,7 @@ static int info_of(const st_file *f, adapter_io_info *info, char *err, size_t er
         meta_bool(f, "loom.train_mlp", &info->cfg.train_mlp, err, errlen) < 0 ||
         meta_bool(f, "loom.train_unembed", &info->cfg.train_unembed, err, errlen) < 0)
         return -1;
-    if (rank < 1 || rank > LORA_MAX_RANK) { aio_err(err, errlen, "adapter rank %lld outside 1..%d", (long long)rank, LORA_MAX_RANK); return -1; }
+    if (rank < 1 || rank > LORA_MAX_RANK) { err_set(err, errlen, "adapter rank %lld outside 1..%d", (long long)rank, LORA_MAX_RANK); return -1; }
     info->cfg.rank = (int)rank;
     info->step = step;
     info->num_layers = (int)layers;
@@ -137,7 +128,7 @@ int adapter_io_info_read(const void *buf, size_t len, adapter_io_info *info, cha
     st_file *f;
     char e2[256];
     if (st_open_mem(buf, len, &f, e2, sizeof e2) < 0) {
-        aio_err(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
+        err_set(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
         return -1;
     }
     int rc = info_of(f, info, err, errlen);
@@ -154,82 +145,84 @@ static const char *flag_list(const lora_config *c, char *buf, size_t n) {
 /* Checks one tensor of f against the expected name/shape; NULL + err if absent or wrong. */
 static const st_tensor *expect(const st_file *f, const char *name, int rows, int cols, char *err, size_t errlen) {
     const st_tensor *t = st_find(f, name);
-    if (!t) { aio_err(err, errlen, "checkpoint has no tensor %s", name); return NULL; }
+    if (!t) { err_set(err, errlen, "checkpoint has no tensor %s", name); return NULL; }
     if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        aio_err(err, errlen, "tensor %s has shape [%lld, %lld] in the checkpoint, the model needs [%d, %d]", name,
+        err_set(err, errlen, "tensor %s has shape [%lld, %lld] in the checkpoint, the model needs [%d, %d]", name,
                 t->ndim > 0 ? (long long)t->shape[0] : 0LL, t->ndim > 1 ? (long long)t->shape[1] : 0LL, rows, cols);
         return NULL;
     }
     if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
-        aio_err(err, errlen, "tensor %s has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
+        err_set(err, errlen, "tensor %s has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
         return NULL;
     }
     return t;
 }
 
-int adapter_io_restore(adapter *a, const void *buf, size_t len, bool optimizer, char *err, size_t errlen) {
+int adapter_io_restore(adapter_state *a, const void *buf, size_t len, bool optimizer, char *err, size_t errlen) {
+    const lora_layout *l = &a->layout;
+    if (!a->params || (optimizer && (!a->m || !a->v))) {
+        err_set(err, errlen, "adapter_io: the adapter state has no room for %s", a->params ? "Adam moments" : "weights");
+        return -1;
+    }
     st_file *f;
     char e2[256], fa[64], fb[64];
     if (st_open_mem(buf, len, &f, e2, sizeof e2) < 0) {
-        aio_err(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
+        err_set(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
         return -1;
     }
-    int rc = -1, nt = adapter_num_tensors(a);
+    int rc = -1, nt = l->num_tensors;
     const st_tensor **src = calloc(3 * (size_t)(nt ? nt : 1), sizeof *src);
     adapter_io_info info;
-    if (!src) { aio_err(err, errlen, "adapter_io: out of memory"); goto out; }
+    if (!src) { err_set(err, errlen, "adapter_io: out of memory"); goto out; }
     if (info_of(f, &info, err, errlen) < 0) goto out;
-    const lora_config *c = adapter_get_config(a);
+    const lora_config *c = &l->cfg;
     if (info.cfg.rank != c->rank) {
-        aio_err(err, errlen, "the checkpoint has LoRA rank %d, this model has rank %d", info.cfg.rank, c->rank);
+        err_set(err, errlen, "the checkpoint has LoRA rank %d, this model has rank %d", info.cfg.rank, c->rank);
         goto out;
     }
     if (info.cfg.train_attn != c->train_attn || info.cfg.train_mlp != c->train_mlp ||
         info.cfg.train_unembed != c->train_unembed) {
-        aio_err(err, errlen, "the checkpoint trains modules [%s ] but this model trains [%s ]",
+        err_set(err, errlen, "the checkpoint trains modules [%s ] but this model trains [%s ]",
                 flag_list(&info.cfg, fa, sizeof fa), flag_list(c, fb, sizeof fb));
         goto out;
     }
-    if (info.num_layers != a->num_layers || info.hidden != a->hidden || info.vocab != a->vocab) {
-        aio_err(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d; "
-                "this one has %d, %d, %d", info.num_layers, info.hidden, info.vocab, a->num_layers, a->hidden, a->vocab);
+    if (info.num_layers != l->num_layers || info.hidden != l->hidden || info.vocab != l->vocab) {
+        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d; "
+                "this one has %d, %d, %d", info.num_layers, info.hidden, info.vocab, l->num_layers, l->hidden, l->vocab);
         goto out;
     }
     if (optimizer && !info.has_optimizer) {
-        aio_err(err, errlen, "the checkpoint has no optimizer state (it is a sampler checkpoint)");
+        err_set(err, errlen, "the checkpoint has no optimizer state (it is a sampler checkpoint)");
         goto out;
     }
     int want = info.has_optimizer ? 3 * nt : nt;
     if (st_count(f) != want) {
-        aio_err(err, errlen, "the checkpoint holds %d tensors, %d expected for this model's adapter", st_count(f), want);
+        err_set(err, errlen, "the checkpoint holds %d tensors, %d expected for this model's adapter", st_count(f), want);
         goto out;
     }
     char name[512];
     for (int i = 0; i < nt; i++) {
-        const char *n;
-        int rows, cols;
-        adapter_tensor(a, i, &n, &rows, &cols, NULL, NULL, NULL, NULL);
-        if (!(src[3 * i] = expect(f, n, rows, cols, err, errlen))) goto out;
+        const lora_tensor *t = &l->tensors[i];
+        if (!(src[3 * i] = expect(f, t->name, t->rows, t->cols, err, errlen))) goto out;
         if (!optimizer) continue;
-        snprintf(name, sizeof name, "%s" OPT_M, n);
-        if (!(src[3 * i + 1] = expect(f, name, rows, cols, err, errlen))) goto out;
-        snprintf(name, sizeof name, "%s" OPT_V, n);
-        if (!(src[3 * i + 2] = expect(f, name, rows, cols, err, errlen))) goto out;
+        snprintf(name, sizeof name, "%s" OPT_M, t->name);
+        if (!(src[3 * i + 1] = expect(f, name, t->rows, t->cols, err, errlen))) goto out;
+        snprintf(name, sizeof name, "%s" OPT_V, t->name);
+        if (!(src[3 * i + 2] = expect(f, name, t->rows, t->cols, err, errlen))) goto out;
     }
-    /* Everything checked: now overwrite the adapter. */
+    /* Everything checked: now overwrite the state. */
     for (int i = 0; i < nt; i++) {
-        int rows, cols;
-        float *p, *m, *v;
-        adapter_tensor(a, i, NULL, &rows, &cols, &p, NULL, &m, &v);
-        size_t cnt = (size_t)rows * cols;
-        if (st_tensor_to_f32(src[3 * i], p, cnt, err, errlen) < 0) goto out;
-        if (optimizer && (st_tensor_to_f32(src[3 * i + 1], m, cnt, err, errlen) < 0 ||
-                          st_tensor_to_f32(src[3 * i + 2], v, cnt, err, errlen) < 0))
+        const lora_tensor *t = &l->tensors[i];
+        size_t cnt = (size_t)t->rows * t->cols;
+        if (st_tensor_to_f32(src[3 * i], a->params + t->offset, cnt, err, errlen) < 0) goto out;
+        if (optimizer && (st_tensor_to_f32(src[3 * i + 1], a->m + t->offset, cnt, err, errlen) < 0 ||
+                          st_tensor_to_f32(src[3 * i + 2], a->v + t->offset, cnt, err, errlen) < 0))
             goto out;
     }
-    if (optimizer) adapter_set_step(a, info.step);
-    else adapter_reset_optimizer(a);
-    adapter_zero_grad(a);
+    a->step = optimizer ? info.step : 0;
+    if (!optimizer && a->m) memset(a->m, 0, l->num_params * sizeof(float));
+    if (!optimizer && a->v) memset(a->v, 0, l->num_params * sizeof(float));
+    if (a->grads) memset(a->grads, 0, l->num_params * sizeof(float));
     rc = 0;
 out:
     free(src);
@@ -237,16 +230,26 @@ out:
     return rc;
 }
 
-adapter *adapter_io_decode(const base_model *m, const void *buf, size_t len, char *err, size_t errlen) {
+int adapter_io_decode(const model_config *mc, const void *buf, size_t len, adapter_state *out, char *err,
+                      size_t errlen) {
     adapter_io_info info;
-    if (adapter_io_info_read(buf, len, &info, err, errlen) < 0) return NULL;
-    adapter *a = adapter_create(m, &info.cfg, err, errlen);
-    if (!a) return NULL;
-    if (adapter_io_restore(a, buf, len, false, err, errlen) < 0) {
-        adapter_free(a);
-        return NULL;
+    lora_layout l;
+    if (adapter_io_info_read(buf, len, &info, err, errlen) < 0) return -1;
+    if (info.num_layers != mc->num_hidden_layers || info.hidden != mc->hidden_size || info.vocab != mc->vocab_size) {
+        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d; "
+                "this one has %d, %d, %d", info.num_layers, info.hidden, info.vocab, mc->num_hidden_layers,
+                mc->hidden_size, mc->vocab_size);
+        return -1;
     }
-    return a;
+    if (lora_layout_init(&l, mc, &info.cfg, err, errlen) < 0) return -1;
+    int rc = adapter_state_alloc(out, &l, ADAPTER_PARAMS, err, errlen);
+    lora_layout_free(&l);
+    if (rc < 0) return -1;
+    if (adapter_io_restore(out, buf, len, false, err, errlen) < 0) {
+        adapter_state_free(out);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- archive files -------------------------------------------------------------------- */
@@ -259,10 +262,10 @@ static int add_file(adapter_export *e, const char *name, uint8_t *data, size_t l
 static int add_json(adapter_export *e, const char *name, json_t *j, char *err, size_t errlen) {
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(j);
-    if (!s) { aio_err(err, errlen, "adapter_io: JSON encoding failed"); return -1; }
+    if (!s) { err_set(err, errlen, "adapter_io: JSON encoding failed"); return -1; }
     size_t n = strlen(s);
     char *t = realloc(s, n + 2);
-    if (!t) { free(s); aio_err(err, errlen, "adapter_io: out of memory"); return -1; }
+    if (!t) { free(s); err_set(err, errlen, "adapter_io: out of memory"); return -1; }
     t[n] = '\n';
     t[n + 1] = 0;
     return add_file(e, name, (uint8_t *)t, n + 1);
@@ -298,7 +301,7 @@ int adapter_io_export(const void *blob, size_t len, adapter_export_format fmt, c
     st_file *f;
     char e2[256];
     if (st_open_mem(blob, len, &f, e2, sizeof e2) < 0) {
-        aio_err(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
+        err_set(err, errlen, "checkpoint data is not a valid safetensors file: %s", e2);
         return -1;
     }
     adapter_io_info info;
@@ -308,7 +311,7 @@ int adapter_io_export(const void *blob, size_t len, adapter_export_format fmt, c
     char **leaves = calloc(n ? n : 1, sizeof *leaves);
     uint8_t *bytes = NULL;
     size_t blen = 0;
-    if (!pd || !od || !names || !leaves) { aio_err(err, errlen, "adapter_io: out of memory"); goto out; }
+    if (!pd || !od || !names || !leaves) { err_set(err, errlen, "adapter_io: out of memory"); goto out; }
     if (info_of(f, &info, err, errlen) < 0) goto out;
     /* st_get is in data-offset order, which is the order the tensors were written in. */
     for (int i = 0; i < n; i++) {
@@ -429,11 +432,11 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
                       uint8_t **out, size_t *outlen, adapter_io_info *info, char *err, size_t errlen) {
     json_error_t je;
     json_t *cfg = json_loads(config_json, 0, &je);
-    if (!cfg) { aio_err(err, errlen, "adapter_config.json: %s (line %d)", je.text, je.line); return -1; }
+    if (!cfg) { err_set(err, errlen, "adapter_config.json: %s (line %d)", je.text, je.line); return -1; }
     json_t *jr = json_object_get(cfg, "r"), *ja = json_object_get(cfg, "lora_alpha");
     if (!json_is_integer(jr) || !json_is_number(ja)) {
         json_decref(cfg);
-        aio_err(err, errlen, "adapter_config.json needs integer \"r\" and numeric \"lora_alpha\"");
+        err_set(err, errlen, "adapter_config.json needs integer \"r\" and numeric \"lora_alpha\"");
         return -1;
     }
     int r = (int)json_integer_value(jr);
@@ -441,14 +444,14 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
     bool rslora = json_is_true(json_object_get(cfg, "use_rslora"));
     bool dora = json_is_true(json_object_get(cfg, "use_dora"));
     json_decref(cfg);
-    if (dora) { aio_err(err, errlen, "DoRA adapters are not supported"); return -1; }
-    if (r < 1 || r > LORA_MAX_RANK) { aio_err(err, errlen, "rank r=%d outside 1..%d", r, LORA_MAX_RANK); return -1; }
+    if (dora) { err_set(err, errlen, "DoRA adapters are not supported"); return -1; }
+    if (r < 1 || r > LORA_MAX_RANK) { err_set(err, errlen, "rank r=%d outside 1..%d", r, LORA_MAX_RANK); return -1; }
     double scale_in = rslora ? alpha / sqrt((double)r) : alpha / r, fold = scale_in / (LORA_ALPHA / r);
 
     st_file *f;
     char e2[256];
     if (st_open_mem(st_bytes, st_len, &f, e2, sizeof e2) < 0) {
-        aio_err(err, errlen, "adapter_model.safetensors: %s", e2);
+        err_set(err, errlen, "adapter_model.safetensors: %s", e2);
         return -1;
     }
     lora_config lc = {.rank = r};
@@ -457,7 +460,7 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
     for (int i = 0; i < st_count(f); i++) {
         const st_tensor *t = st_get(f, i);
         if (import_key(t->name, module, sizeof module, &is_a) < 0) {
-            aio_err(err, errlen, "tensor %s is not a LoRA A/B weight Loom can use "
+            err_set(err, errlen, "tensor %s is not a LoRA A/B weight Loom can use "
                     "(embedding LoRA, biases and modules_to_save are not supported)", t->name);
             st_close(f);
             return -1;
@@ -469,51 +472,51 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
         for (size_t k = 0; k < 4; k++) if (!strcmp(leaf, attn_leaves[k])) { lc.train_attn = known = true; }
         for (size_t k = 0; k < 3; k++) if (!strcmp(leaf, mlp_leaves[k])) { lc.train_mlp = known = true; }
         if (!known) {
-            aio_err(err, errlen, "tensor %s adapts module %s, which Loom does not adapt", t->name, module);
+            err_set(err, errlen, "tensor %s adapts module %s, which Loom does not adapt", t->name, module);
             st_close(f);
             return -1;
         }
     }
     if (!lc.train_attn && !lc.train_mlp && !lc.train_unembed) {
-        aio_err(err, errlen, "adapter_model.safetensors holds no LoRA tensors");
+        err_set(err, errlen, "adapter_model.safetensors holds no LoRA tensors");
         st_close(f);
         return -1;
     }
-    base_model geom = {.cfg = *mc};
-    adapter *a = adapter_create(&geom, &lc, err, errlen);
-    if (!a) { st_close(f); return -1; }
+    lora_layout lay;
+    adapter_state a = {0};
+    if (lora_layout_init(&lay, mc, &lc, err, errlen) < 0) { st_close(f); return -1; }
     /* Modules the file leaves out stay zero (A and B), i.e. unadapted. */
-    memset(a->params, 0, a->num_params * sizeof(float));
-    int rc = -1, used = 0;
+    int rc = adapter_state_alloc(&a, &lay, ADAPTER_PARAMS, err, errlen);
+    lora_layout_free(&lay);
+    if (rc < 0) { st_close(f); return -1; }
+    rc = -1;
     for (int i = 0; i < st_count(f); i++) {
         const st_tensor *t = st_get(f, i);
         import_key(t->name, module, sizeof module, &is_a);
         char ours[600];
         snprintf(ours, sizeof ours, "base_model.model.%s.lora_%s.weight", module, is_a ? "A" : "B");
-        int ti = adapter_find_tensor(a, ours);
-        if (ti < 0) { aio_err(err, errlen, "tensor %s does not fit this base model", t->name); goto out; }
-        const char *nm;
-        int rows, cols;
-        float *p;
-        adapter_tensor(a, ti, &nm, &rows, &cols, &p, NULL, NULL, NULL);
-        if (!expect(f, t->name, rows, cols, err, errlen)) goto out;
-        if (st_tensor_to_f32(t, p, (size_t)rows * cols, err, errlen) < 0) goto out;
+        int ti = lora_find_tensor(&a.layout, ours);
+        if (ti < 0) { err_set(err, errlen, "tensor %s does not fit this base model", t->name); goto out; }
+        const lora_tensor *lt = &a.layout.tensors[ti];
+        float *p = a.params + lt->offset;
+        size_t cnt = (size_t)lt->rows * lt->cols;
+        if (!expect(f, t->name, lt->rows, lt->cols, err, errlen)) goto out;
+        if (st_tensor_to_f32(t, p, cnt, err, errlen) < 0) goto out;
         if (!is_a && fold != 1.0)
-            for (size_t k = 0; k < (size_t)rows * cols; k++) p[k] = (float)(p[k] * fold);
-        used++;
+            for (size_t k = 0; k < cnt; k++) p[k] = (float)(p[k] * fold);
     }
-    if (adapter_io_encode(a, false, out, outlen, err, errlen) < 0) goto out;
+    if (adapter_io_encode(&a, false, out, outlen, err, errlen) < 0) goto out;
     if (info) {
         memset(info, 0, sizeof *info);
         info->cfg = lc;
-        info->num_layers = a->num_layers;
-        info->hidden = a->hidden;
-        info->vocab = a->vocab;
+        info->num_layers = a.layout.num_layers;
+        info->hidden = a.layout.hidden;
+        info->vocab = a.layout.vocab;
         info->lora_alpha = LORA_ALPHA;
     }
     rc = 0;
 out:
-    adapter_free(a);
+    adapter_state_free(&a);
     st_close(f);
     return rc;
 }

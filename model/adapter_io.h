@@ -1,8 +1,9 @@
-/* adapter_io.h: a LoRA adapter as safetensors bytes and back, and the files of a
- * checkpoint archive (spec §17) made from those bytes.
+/* adapter_io.h: a LoRA adapter (its host form, adapter_state of model/lora.h) as
+ * safetensors bytes and back, and the files of a checkpoint archive (spec §17) made from
+ * those bytes.
  *
  * The registry blob of a checkpoint is ONE safetensors file:
- *   - every adapter tensor under its PEFT key (adapter_tensor order), F32, [rows, cols];
+ *   - every adapter tensor under its PEFT key (lora_layout order), F32, [rows, cols];
  *   - training state only: for every key K, "K.exp_avg" and "K.exp_avg_sq" (Adam m, v);
  *   - "__metadata__": format=pt, loom.kind=training|sampler, loom.step, loom.lora_rank,
  *     loom.lora_alpha, loom.train_attn/mlp/unembed, loom.num_layers/hidden/vocab.
@@ -29,19 +30,21 @@ typedef struct {
 
 /* Serialises a's parameters (and its Adam state and step when with_optimizer) into a
  * malloc'd buffer. 0, or -1 with err. */
-int adapter_io_encode(const adapter *a, bool with_optimizer, uint8_t **out, size_t *outlen, char *err,
+int adapter_io_encode(const adapter_state *a, bool with_optimizer, uint8_t **out, size_t *outlen, char *err,
                       size_t errlen);
 
 /* Reads the header of a blob. 0, or -1 with err (not safetensors, not a Loom adapter). */
 int adapter_io_info_read(const void *buf, size_t len, adapter_io_info *info, char *err, size_t errlen);
 
 /* Restores a's parameters from buf; with optimizer also Adam m, v and the step (the blob
- * must be a training checkpoint), else m = v = 0 and step = 0. Gradients are zeroed.
- * The blob must match a's rank, modules and shapes exactly; a is untouched on error. */
-int adapter_io_restore(adapter *a, const void *buf, size_t len, bool optimizer, char *err, size_t errlen);
+ * must be a training checkpoint, a must hold m and v), else step = 0 and m, v (where a
+ * holds them) zero. Gradients a holds are zeroed. The blob must match a's layout
+ * exactly (rank, modules, shapes); a is untouched on error. */
+int adapter_io_restore(adapter_state *a, const void *buf, size_t len, bool optimizer, char *err, size_t errlen);
 
-/* A new adapter for base model m holding the blob's weights (inference: no optimizer). */
-adapter *adapter_io_decode(const base_model *m, const void *buf, size_t len, char *err, size_t errlen);
+/* The blob's weights as a new state (parameters only) for base model mc. 0 or -1 + err. */
+int adapter_io_decode(const model_config *mc, const void *buf, size_t len, adapter_state *out, char *err,
+                      size_t errlen);
 
 /* ---- archive files (spec §17) ----------------------------------------------------- */
 

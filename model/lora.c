@@ -1,21 +1,12 @@
-/* lora.c — LoRA adapter allocation, naming (PEFT keys) and initialisation. */
+/* lora.c — LoRA layouts (PEFT names and shapes), host adapter states, PEFT initial values. */
 #include "model/lora.h"
+#include "common/err.h"
 #include "model/rng.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void lo_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *const lo_module_path[LORA_NUM_MODULES] = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -40,210 +31,140 @@ static void lo_dims(const model_config *mc, int mod, int *in, int *out)
     }
 }
 
-adapter *adapter_create(const base_model *m, const lora_config *c, char *err, size_t errlen)
-{
-    if (c->rank < 1 || c->rank > LORA_MAX_RANK) {
-        lo_err(err, errlen, "lora: rank %d outside 1..%d", c->rank, LORA_MAX_RANK);
-        return NULL;
-    }
-    const model_config *mc = &m->cfg;
-    int L = mc->num_hidden_layers, r = c->rank;
-    adapter *a = calloc(1, sizeof *a);
-    if (!a) goto oom;
-    a->cfg = *c;
-    a->scale = LORA_ALPHA / (float)r;
-    a->num_layers = L;
-    a->hidden = mc->hidden_size;
-    a->vocab = mc->vocab_size;
-    a->mods = calloc((size_t)L * LORA_NUM_MODULES, sizeof *a->mods);
-    int maxt = 2 * (L * LORA_NUM_MODULES + 1);
-    a->tensors = calloc(maxt, sizeof *a->tensors);
-    a->names = malloc((size_t)maxt * 96);
-    if (!a->mods || !a->tensors || !a->names) goto oom;
+/* Longest name: "base_model.model.model.layers.<int>.self_attn.q_proj.lora_A.weight". */
+#define LO_NAME_MAX 96
 
-    /* Pass 1: sizes and names; pass 2 (below) points the tensors into the allocation. */
-    size_t total = 0;
-    char *np = a->names;
-    int nt = 0;
-#define ADD_PAIR(prefix, in_, out_)                                                                 \
-    do {                                                                                           \
-        a->tensors[nt].rows = r;                                                                   \
-        a->tensors[nt].cols = (in_);                                                               \
-        a->tensors[nt].name = np;                                                                  \
-        np += sprintf(np, "base_model.model.%s.lora_A.weight", prefix) + 1;                        \
-        total += (size_t)r * (in_);                                                                \
-        nt++;                                                                                      \
-        a->tensors[nt].rows = (out_);                                                              \
-        a->tensors[nt].cols = r;                                                                   \
-        a->tensors[nt].name = np;                                                                  \
-        np += sprintf(np, "base_model.model.%s.lora_B.weight", prefix) + 1;                        \
-        total += (size_t)(out_) * r;                                                               \
-        nt++;                                                                                      \
-    } while (0)
-    char prefix[64];
-    for (int l = 0; l < L; l++)
+/* Appends the A and B tensors of one adapted linear. */
+static void lo_add_pair(lora_layout *l, char **np, const char *prefix, int layer, lora_module mod, int in, int out)
+{
+    int r = l->cfg.rank;
+    for (int b = 0; b < 2; b++) {
+        lora_tensor *t = &l->tensors[l->num_tensors++];
+        t->layer = layer;
+        t->module = mod;
+        t->is_b = b;
+        t->rows = b ? out : r;
+        t->cols = b ? r : in;
+        t->offset = l->num_params;
+        t->name = *np;
+        *np += sprintf(*np, "base_model.model.%s.lora_%c.weight", prefix, b ? 'B' : 'A') + 1;
+        l->num_params += (size_t)t->rows * t->cols;
+    }
+}
+
+int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *c, char *err, size_t errlen)
+{
+    memset(l, 0, sizeof *l);
+    if (c->rank < 1 || c->rank > LORA_MAX_RANK) {
+        err_set(err, errlen, "lora: rank %d outside 1..%d", c->rank, LORA_MAX_RANK);
+        return -1;
+    }
+    int L = mc->num_hidden_layers, maxt = 2 * (L * LORA_NUM_MODULES + 1);
+    l->cfg = *c;
+    l->scale = LORA_ALPHA / (float)c->rank;
+    l->num_layers = L;
+    l->hidden = mc->hidden_size;
+    l->vocab = mc->vocab_size;
+    l->tensors = calloc(maxt, sizeof *l->tensors);
+    l->names = malloc((size_t)maxt * LO_NAME_MAX);
+    if (!l->tensors || !l->names) {
+        lora_layout_free(l);
+        err_set(err, errlen, "lora: out of memory");
+        return -1;
+    }
+    char *np = l->names, prefix[64];
+    for (int layer = 0; layer < L; layer++)
         for (int mod = 0; mod < LORA_NUM_MODULES; mod++) {
             if (!lo_trained(c, mod)) continue;
             int in, out;
             lo_dims(mc, mod, &in, &out);
-            snprintf(prefix, sizeof prefix, "model.layers.%d.%s", l, lo_module_path[mod]);
-            ADD_PAIR(prefix, in, out);
+            snprintf(prefix, sizeof prefix, "model.layers.%d.%s", layer, lo_module_path[mod]);
+            lo_add_pair(l, &np, prefix, layer, (lora_module)mod, in, out);
         }
-    if (c->train_unembed) ADD_PAIR("model.unembed_tokens", mc->hidden_size, mc->vocab_size);
-#undef ADD_PAIR
-    a->num_tensors = nt;
-    a->num_params = total;
-    if (posix_memalign((void **)&a->mem, 64, (4 * total + 16) * sizeof(float)) != 0) { a->mem = NULL; goto oom; }
-    memset(a->mem, 0, (4 * total + 16) * sizeof(float));
-    a->params = a->mem;
-    a->grads = a->params + total;
-    a->m = a->grads + total;
-    a->v = a->m + total;
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) {
-        lora_tensor *t = &a->tensors[i];
-        t->param = a->params + off;
-        t->grad = a->grads + off;
-        t->m = a->m + off;
-        t->v = a->v + off;
-        off += (size_t)t->rows * t->cols;
-    }
-    /* Wire the per-module views, in the same order as the tensor list. */
-    int ti = 0;
-    for (int l = 0; l < L; l++)
-        for (int mod = 0; mod < LORA_NUM_MODULES; mod++) {
-            if (!lo_trained(c, mod)) continue;
-            lora_pair *p = &a->mods[l * LORA_NUM_MODULES + mod];
-            lo_dims(mc, mod, &p->in, &p->out);
-            p->rank = r;
-            p->A = a->tensors[ti].param;
-            p->gA = a->tensors[ti].grad;
-            p->B = a->tensors[ti + 1].param;
-            p->gB = a->tensors[ti + 1].grad;
-            ti += 2;
-        }
-    if (c->train_unembed) {
-        a->head.in = mc->hidden_size;
-        a->head.out = mc->vocab_size;
-        a->head.rank = r;
-        a->head.A = a->tensors[ti].param;
-        a->head.gA = a->tensors[ti].grad;
-        a->head.B = a->tensors[ti + 1].param;
-        a->head.gB = a->tensors[ti + 1].grad;
-    }
-    /* A ~ U(−1/√in, 1/√in): PEFT's kaiming_uniform_(a=√5); B stays zero. */
-    for (int i = 0; i < nt; i += 2) {
-        lora_tensor *t = &a->tensors[i];
-        rng_state rs;
-        rng_seed(&rs, c->seed ^ rng_hash_str(t->name));
-        double bound = 1.0 / sqrt((double)t->cols);
-        size_t n = (size_t)t->rows * t->cols;
-        for (size_t k = 0; k < n; k++) t->param[k] = (float)((2.0 * rng_uniform(&rs) - 1.0) * bound);
-    }
-    return a;
-oom:
-    lo_err(err, errlen, "lora: out of memory");
-    adapter_free(a);
-    return NULL;
+    if (c->train_unembed) lo_add_pair(l, &np, "model.unembed_tokens", -1, LORA_Q, mc->hidden_size, mc->vocab_size);
+    return 0;
 }
 
-adapter *adapter_clone_weights(const adapter *a, char *err, size_t errlen)
+int lora_layout_copy(lora_layout *dst, const lora_layout *src, char *err, size_t errlen)
 {
-    int L = a->num_layers, maxt = 2 * (L * LORA_NUM_MODULES + 1);
-    adapter *b = calloc(1, sizeof *b);
-    if (!b) goto oom;
-    *b = *a;
-    b->mem = NULL; /* nothing of a's may be freed with b on the error path */
-    b->mods = NULL;
-    b->tensors = NULL;
-    b->names = NULL;
-    b->mods = calloc((size_t)L * LORA_NUM_MODULES, sizeof *b->mods);
-    b->tensors = calloc(maxt, sizeof *b->tensors);
-    b->names = malloc((size_t)maxt * 96);
-    if (!b->mods || !b->tensors || !b->names) goto oom;
-    if (posix_memalign((void **)&b->mem, 64, (a->num_params + 16) * sizeof(float)) != 0) { b->mem = NULL; goto oom; }
-    memcpy(b->mem, a->params, a->num_params * sizeof(float));
-    memcpy(b->names, a->names, (size_t)maxt * 96);
-    b->params = b->mem;
-    b->grads = b->m = b->v = NULL;
-    /* Every view is re-pointed by its offset into the source's params / names. */
-#define REPOINT(p) ((p) ? b->params + ((p) - a->params) : NULL)
-    for (int i = 0; i < a->num_tensors; i++) {
-        b->tensors[i] = a->tensors[i];
-        b->tensors[i].name = b->names + (a->tensors[i].name - a->names);
-        b->tensors[i].param = REPOINT(a->tensors[i].param);
-        b->tensors[i].grad = b->tensors[i].m = b->tensors[i].v = NULL;
+    int maxt = 2 * (src->num_layers * LORA_NUM_MODULES + 1);
+    *dst = *src;
+    dst->tensors = malloc(maxt * sizeof *dst->tensors);
+    dst->names = malloc((size_t)maxt * LO_NAME_MAX);
+    if (!dst->tensors || !dst->names) {
+        lora_layout_free(dst);
+        err_set(err, errlen, "lora: out of memory");
+        return -1;
     }
-    for (int i = 0; i < L * LORA_NUM_MODULES; i++) {
-        b->mods[i] = a->mods[i];
-        b->mods[i].A = REPOINT(a->mods[i].A);
-        b->mods[i].B = REPOINT(a->mods[i].B);
-        b->mods[i].gA = b->mods[i].gB = NULL;
+    memcpy(dst->names, src->names, (size_t)maxt * LO_NAME_MAX);
+    for (int i = 0; i < src->num_tensors; i++) {
+        dst->tensors[i] = src->tensors[i];
+        dst->tensors[i].name = dst->names + (src->tensors[i].name - src->names);
     }
-    b->head.A = REPOINT(a->head.A);
-    b->head.B = REPOINT(a->head.B);
-    b->head.gA = b->head.gB = NULL;
-#undef REPOINT
-    return b;
-oom:
-    lo_err(err, errlen, "lora: out of memory");
-    adapter_free(b);
-    return NULL;
+    return 0;
 }
 
-void adapter_free(adapter *a)
+void lora_layout_free(lora_layout *l)
 {
-    if (!a) return;
-    free(a->mem);
-    free(a->mods);
-    free(a->tensors);
-    free(a->names);
-    free(a);
+    free(l->tensors);
+    free(l->names);
+    l->tensors = NULL;
+    l->names = NULL;
+    l->num_tensors = 0;
 }
 
-size_t adapter_num_params(const adapter *a) { return a->num_params; }
-int adapter_num_tensors(const adapter *a) { return a->num_tensors; }
-
-void adapter_tensor(const adapter *a, int i, const char **name, int *rows, int *cols, float **param, float **grad,
-                    float **m, float **v)
+int lora_find_tensor(const lora_layout *l, const char *name)
 {
-    const lora_tensor *t = &a->tensors[i];
-    if (name) *name = t->name;
-    if (rows) *rows = t->rows;
-    if (cols) *cols = t->cols;
-    if (param) *param = t->param;
-    if (grad) *grad = t->grad;
-    if (m) *m = t->m;
-    if (v) *v = t->v;
-}
-
-int adapter_find_tensor(const adapter *a, const char *name)
-{
-    for (int i = 0; i < a->num_tensors; i++) if (strcmp(a->tensors[i].name, name) == 0) return i;
+    for (int i = 0; i < l->num_tensors; i++) if (strcmp(l->tensors[i].name, name) == 0) return i;
     return -1;
 }
 
-int64_t adapter_step(const adapter *a) { return a->step; }
-void adapter_set_step(adapter *a, int64_t step) { a->step = step; }
-void adapter_zero_grad(adapter *a) { memset(a->grads, 0, a->num_params * sizeof(float)); }
-
-void adapter_reset_optimizer(adapter *a)
+bool lora_layout_same(const lora_layout *a, const lora_layout *b)
 {
-    memset(a->m, 0, 2 * a->num_params * sizeof(float)); /* m and v are adjacent */
-    a->step = 0;
+    return a->cfg.rank == b->cfg.rank && a->cfg.train_attn == b->cfg.train_attn && a->cfg.train_mlp == b->cfg.train_mlp &&
+           a->cfg.train_unembed == b->cfg.train_unembed && a->num_layers == b->num_layers && a->hidden == b->hidden &&
+           a->vocab == b->vocab && a->num_params == b->num_params;
 }
 
-const lora_config *adapter_get_config(const adapter *a) { return &a->cfg; }
-
-lora_pair *adapter_module(const adapter *a, int layer, lora_module mod)
+int adapter_state_alloc(adapter_state *s, const lora_layout *l, unsigned parts, char *err, size_t errlen)
 {
-    lora_pair *p = &a->mods[layer * LORA_NUM_MODULES + mod];
-    return p->A ? p : NULL;
+    memset(s, 0, sizeof *s);
+    if (lora_layout_copy(&s->layout, l, err, errlen) < 0) return -1;
+    size_t n = l->num_params ? l->num_params : 1;
+    bool ok = true;
+    if (parts & ADAPTER_PARAMS) ok &= (s->params = calloc(n, sizeof(float))) != NULL;
+    if (parts & ADAPTER_GRADS) ok &= (s->grads = calloc(n, sizeof(float))) != NULL;
+    if (parts & ADAPTER_OPTIM) ok &= (s->m = calloc(n, sizeof(float))) && (s->v = calloc(n, sizeof(float)));
+    if (!ok) {
+        adapter_state_free(s);
+        err_set(err, errlen, "lora: out of memory for an adapter of %zu parameters", l->num_params);
+        return -1;
+    }
+    return 0;
 }
 
-lora_pair *adapter_head(const adapter *a) { return a->head.A ? (lora_pair *)&a->head : NULL; }
-
-bool adapter_matches(const adapter *a, const base_model *m)
+void adapter_state_free(adapter_state *s)
 {
-    return a->num_layers == m->cfg.num_hidden_layers && a->hidden == m->cfg.hidden_size && a->vocab == m->cfg.vocab_size;
+    lora_layout_free(&s->layout);
+    free(s->params);
+    free(s->grads);
+    free(s->m);
+    free(s->v);
+    s->params = s->grads = s->m = s->v = NULL;
+}
+
+void adapter_state_init_peft(adapter_state *s)
+{
+    const lora_layout *l = &s->layout;
+    for (int i = 0; i < l->num_tensors; i++) {
+        const lora_tensor *t = &l->tensors[i];
+        float *p = s->params + t->offset;
+        size_t n = (size_t)t->rows * t->cols;
+        if (t->is_b) { memset(p, 0, n * sizeof *p); continue; }
+        /* A ~ U(−1/√in, 1/√in): PEFT's kaiming_uniform_(a=√5). */
+        rng_state rs;
+        rng_seed(&rs, l->cfg.seed ^ rng_hash_str(t->name));
+        double bound = 1.0 / sqrt((double)t->cols);
+        for (size_t k = 0; k < n; k++) p[k] = (float)((2.0 * rng_uniform(&rs) - 1.0) * bound);
+    }
 }

@@ -2,29 +2,20 @@
 #include "model/mkmodel.h"
 #include "model/rng.h"
 #include "model/safetensors.h"
+#include "common/err.h"
 
 #include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static void mk_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
     if (!arch || (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))) {
-        mk_err(err, errlen, "mkmodel: --arch must be llama, qwen2 or qwen3");
+        err_set(err, errlen, "mkmodel: --arch must be llama, qwen2 or qwen3");
         return -1;
     }
     snprintf(o->arch, sizeof o->arch, "%s", arch);
@@ -62,7 +53,7 @@ int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char
         o->bos = 151643;
         o->eos = 151645;
     } else {
-        mk_err(err, errlen, "mkmodel: unknown preset '%s' (tiny, qwen3-0.6b)", preset);
+        err_set(err, errlen, "mkmodel: unknown preset '%s' (tiny, qwen3-0.6b)", preset);
         return -1;
     }
     return 0;
@@ -204,37 +195,37 @@ static int mk_write_config(const mkmodel_opts *o, const char *path, char *err, s
     json_object_set_new(c, "initializer_range", json_real(o->init_std));
     int rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(c);
-    if (rc != 0) { mk_err(err, errlen, "mkmodel: cannot write %s", path); return -1; }
+    if (rc != 0) { err_set(err, errlen, "mkmodel: cannot write %s", path); return -1; }
     return 0;
 }
 
 int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
 {
-    if (!o->out_dir) { mk_err(err, errlen, "mkmodel: no output directory"); return -1; }
+    if (!o->out_dir) { err_set(err, errlen, "mkmodel: no output directory"); return -1; }
     if (o->vocab < 1 || o->hidden < 1 || o->inter < 1 || o->layers < 1 || o->heads < 1 || o->kv_heads < 1 ||
         o->head_dim < 2 || o->head_dim % 2 || o->heads % o->kv_heads || o->max_pos < 1) {
-        mk_err(err, errlen, "mkmodel: bad geometry (need positive sizes, even head_dim, heads %% kv_heads == 0)");
+        err_set(err, errlen, "mkmodel: bad geometry (need positive sizes, even head_dim, heads %% kv_heads == 0)");
         return -1;
     }
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
-        mk_err(err, errlen, "mkmodel: mkdir %s: %s", o->out_dir, strerror(errno));
+        err_set(err, errlen, "mkmodel: mkdir %s: %s", o->out_dir, strerror(errno));
         return -1;
     }
     size_t pl = strlen(o->out_dir) + 32;
     char *path = malloc(pl);
     mk_list l = {.o = o};
     int rc = -1;
-    if (!path) { mk_err(err, errlen, "mkmodel: out of memory"); return -1; }
+    if (!path) { err_set(err, errlen, "mkmodel: out of memory"); return -1; }
     snprintf(path, pl, "%s/config.json", o->out_dir);
     if (mk_write_config(o, path, err, errlen) != 0) goto out;
-    if (mk_build_list(&l) != 0) { mk_err(err, errlen, "mkmodel: out of memory"); goto out; }
+    if (mk_build_list(&l) != 0) { err_set(err, errlen, "mkmodel: out of memory"); goto out; }
     snprintf(path, pl, "%s/model.safetensors", o->out_dir);
     rc = st_write_stream(path, l.d, l.n, NULL, mk_fill, &l, err, errlen);
     if (rc == 0) {
         snprintf(path, pl, "%s/tokenizer.json", o->out_dir);
         char terr[256];
         int trc = mkmodel_write_tokenizer(path, o->arch, o->vocab, o->bos, o->eos, terr, sizeof terr);
-        if (trc < 0) { mk_err(err, errlen, "%s", terr); rc = -1; }
+        if (trc < 0) { err_set(err, errlen, "%s", terr); rc = -1; }
     }
 out:
     for (int i = 0; i < l.n; i++) free(l.names[i]);

@@ -15,7 +15,6 @@
 #include "model/tokenizer.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

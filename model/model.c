@@ -1,22 +1,13 @@
-/* model.c — HF config.json parsing and loading of frozen fp32 base weights. */
+/* model.c — HF config.json parsing and the stored weights of a model (model_open). */
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "common/err.h"
 
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void md_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Reads an integer field; absent → def (or error when def < 0 means "required"). */
 static int md_int(const json_t *o, const char *key, long long def, bool required, long long lo, long long hi,
@@ -24,12 +15,12 @@ static int md_int(const json_t *o, const char *key, long long def, bool required
 {
     const json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
-        if (required) { md_err(err, errlen, "config.json: missing \"%s\"", key); return -1; }
+        if (required) { err_set(err, errlen, "config.json: missing \"%s\"", key); return -1; }
         *out = (int)def;
         return 0;
     }
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        md_err(err, errlen, "config.json: \"%s\" must be an integer in [%lld, %lld]", key, lo, hi);
+        err_set(err, errlen, "config.json: \"%s\" must be an integer in [%lld, %lld]", key, lo, hi);
         return -1;
     }
     *out = (int)json_integer_value(v);
@@ -40,7 +31,7 @@ static int md_num(const json_t *o, const char *key, double def, double *out, cha
 {
     const json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_number(v)) { md_err(err, errlen, "config.json: \"%s\" must be a number", key); return -1; }
+    if (!json_is_number(v)) { err_set(err, errlen, "config.json: \"%s\" must be a number", key); return -1; }
     *out = json_number_value(v);
     return 0;
 }
@@ -55,12 +46,12 @@ static int md_rope_scaling(const json_t *root, model_config *c, char *err, size_
 {
     const json_t *rs = json_object_get(root, "rope_scaling");
     if (!rs || json_is_null(rs)) return 0;
-    if (!json_is_object(rs)) { md_err(err, errlen, "config.json: rope_scaling must be an object"); return -1; }
+    if (!json_is_object(rs)) { err_set(err, errlen, "config.json: rope_scaling must be an object"); return -1; }
     const char *type = json_string_value(json_object_get(rs, "rope_type"));
     if (!type) type = json_string_value(json_object_get(rs, "type"));
     if (type && strcmp(type, "default") == 0) return 0;
     if (!type || strcmp(type, "llama3") != 0) {
-        md_err(err, errlen, "config.json: unsupported rope_scaling type '%s' (only llama3)", type ? type : "?");
+        err_set(err, errlen, "config.json: unsupported rope_scaling type '%s' (only llama3)", type ? type : "?");
         return -1;
     }
     if (md_num(rs, "factor", 8.0, &c->rope_factor, err, errlen) || md_num(rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor, err, errlen) ||
@@ -68,7 +59,7 @@ static int md_rope_scaling(const json_t *root, model_config *c, char *err, size_
         md_int(rs, "original_max_position_embeddings", 8192, false, 1, 1 << 30, &c->rope_original_max_pos, err, errlen))
         return -1;
     if (c->rope_factor <= 0 || c->rope_high_freq_factor <= c->rope_low_freq_factor || c->rope_low_freq_factor <= 0) {
-        md_err(err, errlen, "config.json: bad llama3 rope_scaling factors");
+        err_set(err, errlen, "config.json: bad llama3 rope_scaling factors");
         return -1;
     }
     return 0;
@@ -77,16 +68,16 @@ static int md_rope_scaling(const json_t *root, model_config *c, char *err, size_
 static int md_parse_root(const json_t *root, model_config *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
-    if (!json_is_object(root)) { md_err(err, errlen, "config.json: not a JSON object"); return -1; }
+    if (!json_is_object(root)) { err_set(err, errlen, "config.json: not a JSON object"); return -1; }
     const json_t *archs = json_object_get(root, "architectures");
     const char *arch = json_string_value(json_array_get(archs, 0));
-    if (!arch) { md_err(err, errlen, "config.json: missing \"architectures\""); return -1; }
+    if (!arch) { err_set(err, errlen, "config.json: missing \"architectures\""); return -1; }
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
     if (strcmp(arch, "LlamaForCausalLM") == 0) c->arch = MODEL_ARCH_LLAMA;
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0) c->arch = MODEL_ARCH_QWEN2;
     else if (strcmp(arch, "Qwen3ForCausalLM") == 0) c->arch = MODEL_ARCH_QWEN3;
     else {
-        md_err(err, errlen, "config.json: unsupported architecture '%s' (supported: LlamaForCausalLM, "
+        err_set(err, errlen, "config.json: unsupported architecture '%s' (supported: LlamaForCausalLM, "
                "Qwen2ForCausalLM, Qwen3ForCausalLM)", arch);
         return -1;
     }
@@ -106,29 +97,29 @@ static int md_parse_root(const json_t *root, model_config *c, char *err, size_t 
     if (md_int(root, "head_dim", 0, false, 1, 100000, &c->head_dim, err, errlen)) return -1;
     if (c->head_dim == 0) {
         if (c->hidden_size % c->num_attention_heads) {
-            md_err(err, errlen, "config.json: hidden_size %d not divisible by %d heads", c->hidden_size, c->num_attention_heads);
+            err_set(err, errlen, "config.json: hidden_size %d not divisible by %d heads", c->hidden_size, c->num_attention_heads);
             return -1;
         }
         c->head_dim = c->hidden_size / c->num_attention_heads;
     }
-    if (c->head_dim % 2) { md_err(err, errlen, "config.json: head_dim %d must be even for RoPE", c->head_dim); return -1; }
+    if (c->head_dim % 2) { err_set(err, errlen, "config.json: head_dim %d must be even for RoPE", c->head_dim); return -1; }
     if (c->num_attention_heads % c->num_key_value_heads) {
-        md_err(err, errlen, "config.json: %d heads not a multiple of %d kv heads", c->num_attention_heads, c->num_key_value_heads);
+        err_set(err, errlen, "config.json: %d heads not a multiple of %d kv heads", c->num_attention_heads, c->num_key_value_heads);
         return -1;
     }
     if (md_num(root, "rms_norm_eps", 1e-6, &c->rms_norm_eps, err, errlen) ||
         md_num(root, "rope_theta", 10000.0, &c->rope_theta, err, errlen) || md_rope_scaling(root, c, err, errlen))
         return -1;
-    if (c->rope_theta <= 0 || c->rms_norm_eps < 0) { md_err(err, errlen, "config.json: bad rope_theta or rms_norm_eps"); return -1; }
+    if (c->rope_theta <= 0 || c->rms_norm_eps < 0) { err_set(err, errlen, "config.json: bad rope_theta or rms_norm_eps"); return -1; }
     c->tie_word_embeddings = md_bool(root, "tie_word_embeddings", false);
     c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
     if (c->arch == MODEL_ARCH_QWEN2) c->attention_bias = true;
     if (c->arch == MODEL_ARCH_LLAMA && md_bool(root, "attention_bias", false)) c->attention_bias = c->o_bias = true;
     if (c->arch == MODEL_ARCH_QWEN3 && md_bool(root, "attention_bias", false)) c->attention_bias = c->o_bias = true;
-    if (md_bool(root, "mlp_bias", false)) { md_err(err, errlen, "config.json: mlp_bias is not supported"); return -1; }
-    if (md_bool(root, "use_sliding_window", false)) { md_err(err, errlen, "config.json: sliding-window attention is not supported"); return -1; }
+    if (md_bool(root, "mlp_bias", false)) { err_set(err, errlen, "config.json: mlp_bias is not supported"); return -1; }
+    if (md_bool(root, "use_sliding_window", false)) { err_set(err, errlen, "config.json: sliding-window attention is not supported"); return -1; }
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
-    if (act && strcmp(act, "silu") != 0) { md_err(err, errlen, "config.json: hidden_act '%s' not supported (silu only)", act); return -1; }
+    if (act && strcmp(act, "silu") != 0) { err_set(err, errlen, "config.json: hidden_act '%s' not supported (silu only)", act); return -1; }
 
     const json_t *eos = json_object_get(root, "eos_token_id");
     if (json_is_integer(eos)) {
@@ -148,7 +139,7 @@ int model_config_parse(const char *text, model_config *cfg, char *err, size_t er
 {
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
-    if (!root) { md_err(err, errlen, "config.json: %s (line %d)", je.text, je.line); return -1; }
+    if (!root) { err_set(err, errlen, "config.json: %s (line %d)", je.text, je.line); return -1; }
     int rc = md_parse_root(root, cfg, err, errlen);
     json_decref(root);
     return rc;
@@ -160,7 +151,7 @@ int model_config_load(const char *dir, model_config *cfg, char *err, size_t errl
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
-    if (!root) { md_err(err, errlen, "%s: %s", path, je.text); return -1; }
+    if (!root) { err_set(err, errlen, "%s: %s", path, je.text); return -1; }
     int rc = md_parse_root(root, cfg, err, errlen);
     json_decref(root);
     return rc;
@@ -196,97 +187,101 @@ size_t model_num_params(const model_config *c)
     return V * H * (c->tie_word_embeddings ? 1 : 2) + H + layer * c->num_hidden_layers;
 }
 
-/* Copies one named tensor, checking its shape, into dst (fp32). */
-static int md_take(const st_set *s, const char *name, float *dst, int64_t rows, int64_t cols, char *err, size_t errlen)
+/* The tensor `name` of s, checked: rows (cols 0 = a vector) and a float dtype. */
+static const st_tensor *md_find(const st_set *s, const char *name, int64_t rows, int64_t cols, char *err, size_t errlen)
 {
     const st_tensor *t = st_set_find(s, name);
-    if (!t) { md_err(err, errlen, "model: tensor '%s' not found", name); return -1; }
+    if (!t) { err_set(err, errlen, "model: tensor '%s' not found", name); return NULL; }
     bool ok = cols ? (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) : (t->ndim == 1 && t->shape[0] == rows);
     if (!ok) {
-        md_err(err, errlen, "model: tensor '%s' has shape [%lld%s%lld], expected [%lld, %lld]", name,
-               (long long)t->shape[0], t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
-               (long long)rows, (long long)cols);
-        return -1;
+        err_set(err, errlen, "model: tensor '%s' has shape [%lld%s%lld], expected [%lld, %lld]", name,
+                (long long)t->shape[0], t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
+                (long long)rows, (long long)cols);
+        return NULL;
     }
-    return st_tensor_to_f32(t, dst, (size_t)(cols ? rows * cols : rows), err, errlen);
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
+        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
 }
 
-int model_load(const char *dir, base_model **out, char *err, size_t errlen)
+int model_open(const char *dir, model_files **out, char *err, size_t errlen)
 {
     *out = NULL;
-    base_model *m = calloc(1, sizeof *m);
-    if (!m) { md_err(err, errlen, "model: out of memory"); return -1; }
-    st_set *s = NULL;
-    if (model_config_load(dir, &m->cfg, err, errlen) != 0) goto fail;
+    model_files *m = calloc(1, sizeof *m);
+    if (!m) { err_set(err, errlen, "model: out of memory"); return -1; }
+    if (model_config_load(dir, &m->cfg, err, errlen) != 0 || st_set_open_dir(dir, &m->set, err, errlen) != 0) goto fail;
     const model_config *c = &m->cfg;
-    if (st_set_open_dir(dir, &s, err, errlen) != 0) goto fail;
-    m->num_floats = model_num_params(c);
     m->layers = calloc(c->num_hidden_layers, sizeof *m->layers);
-    if (posix_memalign((void **)&m->mem, 64, m->num_floats * sizeof(float)) != 0) m->mem = NULL;
-    if (!m->layers || !m->mem) { md_err(err, errlen, "model: out of memory (%zu floats)", m->num_floats); goto fail; }
-
+    if (!m->layers) { err_set(err, errlen, "model: out of memory"); goto fail; }
     int64_t H = c->hidden_size, I = c->intermediate_size, d = c->head_dim, nq = c->num_attention_heads,
             nkv = c->num_key_value_heads, V = c->vocab_size;
-    float *p = m->mem;
-#define TAKE(dst, name, r, cc)                                                        \
+#define FIND(dst, name, r, cc)                                                        \
     do {                                                                              \
-        (dst) = p;                                                                    \
-        p += (r) * ((cc) != 0 ? (cc) : 1);                                            \
-        if (md_take(s, (name), (dst), (r), (cc), err, errlen) != 0) goto fail;        \
+        if (!((dst) = md_find(m->set, (name), (r), (cc), err, errlen))) goto fail;   \
     } while (0)
-    TAKE(m->embed, "model.embed_tokens.weight", V, H);
-    TAKE(m->final_norm, "model.norm.weight", H, 0);
+    FIND(m->embed, "model.embed_tokens.weight", V, H);
+    FIND(m->final_norm, "model.norm.weight", H, 0);
     if (c->tie_word_embeddings) m->lm_head = m->embed;
-    else TAKE(m->lm_head, "lm_head.weight", V, H);
+    else FIND(m->lm_head, "lm_head.weight", V, H);
     char name[256];
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        model_layer *ly = &m->layers[l];
-#define LTAKE(dst, suffix, r, cc)                                                     \
+        model_layer_tensors *ly = &m->layers[l];
+#define LFIND(dst, suffix, r, cc)                                                     \
     do {                                                                              \
         snprintf(name, sizeof name, "model.layers.%d.%s", l, (suffix));               \
-        TAKE(dst, name, r, cc);                                                       \
+        FIND(dst, name, r, cc);                                                       \
     } while (0)
-        LTAKE(ly->attn_norm, "input_layernorm.weight", H, 0);
-        LTAKE(ly->wq, "self_attn.q_proj.weight", nq * d, H);
-        LTAKE(ly->wk, "self_attn.k_proj.weight", nkv * d, H);
-        LTAKE(ly->wv, "self_attn.v_proj.weight", nkv * d, H);
-        LTAKE(ly->wo, "self_attn.o_proj.weight", H, nq * d);
+        LFIND(ly->attn_norm, "input_layernorm.weight", H, 0);
+        LFIND(ly->wq, "self_attn.q_proj.weight", nq * d, H);
+        LFIND(ly->wk, "self_attn.k_proj.weight", nkv * d, H);
+        LFIND(ly->wv, "self_attn.v_proj.weight", nkv * d, H);
+        LFIND(ly->wo, "self_attn.o_proj.weight", H, nq * d);
         if (c->attention_bias) {
-            LTAKE(ly->bq, "self_attn.q_proj.bias", nq * d, 0);
-            LTAKE(ly->bk, "self_attn.k_proj.bias", nkv * d, 0);
-            LTAKE(ly->bv, "self_attn.v_proj.bias", nkv * d, 0);
+            LFIND(ly->bq, "self_attn.q_proj.bias", nq * d, 0);
+            LFIND(ly->bk, "self_attn.k_proj.bias", nkv * d, 0);
+            LFIND(ly->bv, "self_attn.v_proj.bias", nkv * d, 0);
         }
-        if (c->o_bias) LTAKE(ly->bo, "self_attn.o_proj.bias", H, 0);
+        if (c->o_bias) LFIND(ly->bo, "self_attn.o_proj.bias", H, 0);
         if (c->qk_norm) {
-            LTAKE(ly->q_norm, "self_attn.q_norm.weight", d, 0);
-            LTAKE(ly->k_norm, "self_attn.k_norm.weight", d, 0);
+            LFIND(ly->q_norm, "self_attn.q_norm.weight", d, 0);
+            LFIND(ly->k_norm, "self_attn.k_norm.weight", d, 0);
         }
-        LTAKE(ly->mlp_norm, "post_attention_layernorm.weight", H, 0);
-        LTAKE(ly->wgate, "mlp.gate_proj.weight", I, H);
-        LTAKE(ly->wup, "mlp.up_proj.weight", I, H);
-        LTAKE(ly->wdown, "mlp.down_proj.weight", H, I);
-#undef LTAKE
+        LFIND(ly->mlp_norm, "post_attention_layernorm.weight", H, 0);
+        LFIND(ly->wgate, "mlp.gate_proj.weight", I, H);
+        LFIND(ly->wup, "mlp.up_proj.weight", I, H);
+        LFIND(ly->wdown, "mlp.down_proj.weight", H, I);
+#undef LFIND
     }
-#undef TAKE
-    if ((size_t)(p - m->mem) != m->num_floats) {
-        md_err(err, errlen, "model: internal size mismatch (%zu vs %zu)", (size_t)(p - m->mem), m->num_floats);
-        goto fail;
-    }
-    st_set_close(s);
+#undef FIND
     *out = m;
     return 0;
 fail:
-    st_set_close(s);
-    model_free(m);
+    model_close(m);
     return -1;
 }
 
-void model_free(base_model *m)
+void model_close(model_files *m)
 {
     if (!m) return;
-    free(m->mem);
+    st_set_close(m->set);
     free(m->layers);
     free(m);
 }
 
-const model_config *model_get_config(const base_model *m) { return &m->cfg; }
+int model_tensor_list(const model_files *m, const st_tensor **out)
+{
+    int n = 0;
+    out[n++] = m->embed;
+    out[n++] = m->final_norm;
+    if (m->lm_head != m->embed) out[n++] = m->lm_head;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const model_layer_tensors *y = &m->layers[l];
+        const st_tensor *all[] = {y->attn_norm, y->wq, y->wk, y->wv, y->wo, y->bq, y->bk, y->bv, y->bo,
+                                  y->q_norm, y->k_norm, y->mlp_norm, y->wgate, y->wup, y->wdown};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]) out[n++] = all[i];
+    }
+    return n;
+}

@@ -1,11 +1,11 @@
 /* safetensors.c — safetensors reader (mmap, fully bounds-checked), streaming writer, and
  * sharded-model sets. See safetensors.h for the format and the conventions. */
 #include "model/safetensors.h"
+#include "common/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +15,6 @@
 
 /* The reference implementation refuses headers above 100 MB; so do we, before allocating. */
 #define ST_MAX_HEADER (100u * 1024u * 1024u)
-
-static void st_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *const st_names[ST_DTYPE_COUNT] = {
     "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"};
@@ -134,22 +125,22 @@ static bool st_json_u64(const json_t *j, uint64_t *out)
 
 static int st_parse(st_file *f, char *err, size_t errlen)
 {
-    if (f->len < 8) { st_err(err, errlen, "safetensors: file too short (%zu bytes)", f->len); return -1; }
+    if (f->len < 8) { err_set(err, errlen, "safetensors: file too short (%zu bytes)", f->len); return -1; }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->base[i];
     if (hlen > ST_MAX_HEADER || hlen > f->len - 8) {
-        st_err(err, errlen, "safetensors: header length %llu exceeds file size %zu",
+        err_set(err, errlen, "safetensors: header length %llu exceeds file size %zu",
                (unsigned long long)hlen, f->len);
         return -1;
     }
-    if (hlen < 2 || f->base[8] != '{') { st_err(err, errlen, "safetensors: header is not a JSON object"); return -1; }
+    if (hlen < 2 || f->base[8] != '{') { err_set(err, errlen, "safetensors: header is not a JSON object"); return -1; }
     const uint8_t *data = f->base + 8 + hlen;
     size_t dlen = f->len - 8 - (size_t)hlen;
 
     json_error_t je;
     json_t *root = json_loadb((const char *)f->base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) {
-        st_err(err, errlen, "safetensors: bad header JSON: %s", root ? "not an object" : je.text);
+        err_set(err, errlen, "safetensors: bad header JSON: %s", root ? "not an object" : je.text);
         json_decref(root);
         return -1;
     }
@@ -160,12 +151,12 @@ static int st_parse(st_file *f, char *err, size_t errlen)
     f->t = calloc(cap ? cap : 1, sizeof *f->t);
     f->by_name = calloc(cap ? cap : 1, sizeof *f->by_name);
     f->names = malloc(namebytes ? namebytes : 1);
-    if (!f->t || !f->by_name || !f->names) { st_err(err, errlen, "safetensors: out of memory"); json_decref(root); return -1; }
+    if (!f->t || !f->by_name || !f->names) { err_set(err, errlen, "safetensors: out of memory"); json_decref(root); return -1; }
     char *np = f->names;
     int rc = -1;
     json_object_foreach(root, key, val) {
         if (strcmp(key, "__metadata__") == 0) {
-            if (!json_is_object(val)) { st_err(err, errlen, "safetensors: __metadata__ is not an object"); goto out; }
+            if (!json_is_object(val)) { err_set(err, errlen, "safetensors: __metadata__ is not an object"); goto out; }
             f->meta = json_incref(val);
             continue;
         }
@@ -174,36 +165,36 @@ static int st_parse(st_file *f, char *err, size_t errlen)
                      *jo = json_object_get(val, "data_offsets");
         if (!json_is_object(val) || !json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) ||
             json_array_size(jo) != 2) {
-            st_err(err, errlen, "safetensors: tensor '%s': malformed entry", key);
+            err_set(err, errlen, "safetensors: tensor '%s': malformed entry", key);
             goto out;
         }
         if (st_dtype_parse(json_string_value(jd), &t->dtype) != 0) {
-            st_err(err, errlen, "safetensors: tensor '%s': unknown dtype '%s'", key, json_string_value(jd));
+            err_set(err, errlen, "safetensors: tensor '%s': unknown dtype '%s'", key, json_string_value(jd));
             goto out;
         }
         size_t nd = json_array_size(js);
-        if (nd > ST_MAX_DIMS) { st_err(err, errlen, "safetensors: tensor '%s': %zu dims", key, nd); goto out; }
+        if (nd > ST_MAX_DIMS) { err_set(err, errlen, "safetensors: tensor '%s': %zu dims", key, nd); goto out; }
         t->ndim = (int)nd;
         /* numel overflow: every dim ≤ file size, product checked stepwise against it. */
         uint64_t numel = 1;
         for (size_t d = 0; d < nd; d++) {
             uint64_t s;
             if (!st_json_u64(json_array_get(js, d), &s) || s > f->len) {
-                st_err(err, errlen, "safetensors: tensor '%s': bad shape", key);
+                err_set(err, errlen, "safetensors: tensor '%s': bad shape", key);
                 goto out;
             }
             t->shape[d] = (int64_t)s;
             numel = (s == 0) ? 0 : numel * s;
-            if (numel > f->len) { st_err(err, errlen, "safetensors: tensor '%s': shape larger than file", key); goto out; }
+            if (numel > f->len) { err_set(err, errlen, "safetensors: tensor '%s': shape larger than file", key); goto out; }
         }
         uint64_t b, e;
         if (!st_json_u64(json_array_get(jo, 0), &b) || !st_json_u64(json_array_get(jo, 1), &e) || b > e ||
             e > dlen) {
-            st_err(err, errlen, "safetensors: tensor '%s': data_offsets outside the data (%zu bytes)", key, dlen);
+            err_set(err, errlen, "safetensors: tensor '%s': data_offsets outside the data (%zu bytes)", key, dlen);
             goto out;
         }
         if (e - b != numel * st_dtype_size(t->dtype)) {
-            st_err(err, errlen, "safetensors: tensor '%s': %llu bytes for %llu %s elements", key,
+            err_set(err, errlen, "safetensors: tensor '%s': %llu bytes for %llu %s elements", key,
                    (unsigned long long)(e - b), (unsigned long long)numel, st_dtype_name(t->dtype));
             goto out;
         }
@@ -231,7 +222,7 @@ int st_open_mem(const void *buf, size_t len, st_file **out, char *err, size_t er
 {
     *out = NULL;
     st_file *f = calloc(1, sizeof *f);
-    if (!f) { st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!f) { err_set(err, errlen, "safetensors: out of memory"); return -1; }
     f->base = buf;
     f->len = len;
     if (st_parse(f, err, errlen) != 0) { st_close(f); return -1; }
@@ -243,10 +234,10 @@ int st_open(const char *path, st_file **out, char *err, size_t errlen)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { st_err(err, errlen, "safetensors: open %s: %s", path, strerror(errno)); return -1; }
+    if (fd < 0) { err_set(err, errlen, "safetensors: open %s: %s", path, strerror(errno)); return -1; }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st_err(err, errlen, "safetensors: %s is not a regular file", path);
+        err_set(err, errlen, "safetensors: %s is not a regular file", path);
         close(fd);
         return -1;
     }
@@ -255,14 +246,14 @@ int st_open(const char *path, st_file **out, char *err, size_t errlen)
     if (len > 0) {
         map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
-            st_err(err, errlen, "safetensors: mmap %s: %s", path, strerror(errno));
+            err_set(err, errlen, "safetensors: mmap %s: %s", path, strerror(errno));
             close(fd);
             return -1;
         }
     }
     close(fd);
     st_file *f = calloc(1, sizeof *f);
-    if (!f) { if (map) munmap(map, len); st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!f) { if (map) munmap(map, len); err_set(err, errlen, "safetensors: out of memory"); return -1; }
     f->map = map;
     f->map_len = len;
     f->base = map;
@@ -310,7 +301,7 @@ const char *st_metadata(const st_file *f, const char *key)
 int st_tensor_to_f32(const st_tensor *t, float *dst, size_t count, char *err, size_t errlen)
 {
     if (count != (size_t)t->numel) {
-        st_err(err, errlen, "safetensors: tensor '%s' has %lld elements, expected %zu", t->name,
+        err_set(err, errlen, "safetensors: tensor '%s' has %lld elements, expected %zu", t->name,
                (long long)t->numel, count);
         return -1;
     }
@@ -328,7 +319,7 @@ int st_tensor_to_f32(const st_tensor *t, float *dst, size_t count, char *err, si
         for (size_t i = 0; i < count; i++) { double d; memcpy(&d, p + 8 * i, 8); dst[i] = (float)d; }
         return 0;
     default:
-        st_err(err, errlen, "safetensors: tensor '%s' has non-float dtype %s", t->name, st_dtype_name(t->dtype));
+        err_set(err, errlen, "safetensors: tensor '%s' has non-float dtype %s", t->name, st_dtype_name(t->dtype));
         return -1;
     }
 }
@@ -348,14 +339,14 @@ static int st_build_header(const st_write_desc *d, int n, const char *const *met
     for (int i = 0; i < n; i++) {
         size_t es = st_dtype_size(d[i].dtype);
         if (!es || !d[i].name || d[i].ndim < 0 || d[i].ndim > ST_MAX_DIMS || strcmp(d[i].name, "__metadata__") == 0) {
-            st_err(err, errlen, "safetensors: bad descriptor %d", i);
+            err_set(err, errlen, "safetensors: bad descriptor %d", i);
             json_decref(root);
             return -1;
         }
         json_t *shape = json_array();
         uint64_t numel = 1;
         for (int k = 0; k < d[i].ndim; k++) {
-            if (d[i].shape[k] < 0) { json_decref(shape); json_decref(root); st_err(err, errlen, "safetensors: negative dim"); return -1; }
+            if (d[i].shape[k] < 0) { json_decref(shape); json_decref(root); err_set(err, errlen, "safetensors: negative dim"); return -1; }
             json_array_append_new(shape, json_integer(d[i].shape[k]));
             numel *= (uint64_t)d[i].shape[k];
         }
@@ -364,7 +355,7 @@ static int st_build_header(const st_write_desc *d, int n, const char *const *met
         json_object_set_new(t, "shape", shape);
         json_object_set_new(t, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + numel * es)));
         if (json_object_get(root, d[i].name)) {
-            st_err(err, errlen, "safetensors: duplicate tensor name '%s'", d[i].name);
+            err_set(err, errlen, "safetensors: duplicate tensor name '%s'", d[i].name);
             json_decref(t);
             json_decref(root);
             return -1;
@@ -374,10 +365,10 @@ static int st_build_header(const st_write_desc *d, int n, const char *const *met
     }
     char *js = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!js) { st_err(err, errlen, "safetensors: header encoding failed"); return -1; }
+    if (!js) { err_set(err, errlen, "safetensors: header encoding failed"); return -1; }
     size_t jl = strlen(js), padded = (jl + 7) & ~(size_t)7;
     uint8_t *h = malloc(8 + padded);
-    if (!h) { free(js); st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!h) { free(js); err_set(err, errlen, "safetensors: out of memory"); return -1; }
     for (int i = 0; i < 8; i++) h[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     memcpy(h + 8, js, jl);
     memset(h + 8 + jl, ' ', padded - jl);
@@ -408,10 +399,10 @@ int st_write_stream(const char *path, const st_write_desc *d, int n, const char 
     uint8_t *buf = malloc(maxb ? maxb : 1);
     FILE *fp = NULL;
     int rc = -1;
-    if (!tmp || !buf) { st_err(err, errlen, "safetensors: out of memory (%zu bytes)", maxb); goto out; }
+    if (!tmp || !buf) { err_set(err, errlen, "safetensors: out of memory (%zu bytes)", maxb); goto out; }
     sprintf(tmp, "%s.tmp", path);
     fp = fopen(tmp, "wb");
-    if (!fp) { st_err(err, errlen, "safetensors: create %s: %s", tmp, strerror(errno)); goto out; }
+    if (!fp) { err_set(err, errlen, "safetensors: create %s: %s", tmp, strerror(errno)); goto out; }
     if (fwrite(hdr, 1, hlen, fp) != hlen) goto ioerr;
     for (int i = 0; i < n; i++) {
         size_t nb = st_desc_bytes(&d[i]);
@@ -421,11 +412,11 @@ int st_write_stream(const char *path, const st_write_desc *d, int n, const char 
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) goto ioerr;
     if (fclose(fp) != 0) { fp = NULL; goto ioerr; }
     fp = NULL;
-    if (rename(tmp, path) != 0) { st_err(err, errlen, "safetensors: rename to %s: %s", path, strerror(errno)); goto out; }
+    if (rename(tmp, path) != 0) { err_set(err, errlen, "safetensors: rename to %s: %s", path, strerror(errno)); goto out; }
     rc = 0;
     goto out;
 ioerr:
-    st_err(err, errlen, "safetensors: write %s: %s", tmp, strerror(errno));
+    err_set(err, errlen, "safetensors: write %s: %s", tmp, strerror(errno));
 out:
     if (fp) fclose(fp);
     if (rc != 0 && tmp) unlink(tmp);
@@ -438,7 +429,7 @@ out:
 static int st_fill_copy(void *user, int i, void *dst, size_t nbytes, char *err, size_t errlen)
 {
     const st_write_desc *d = user;
-    if (nbytes && !d[i].data) { st_err(err, errlen, "safetensors: tensor '%s' has no data", d[i].name); return -1; }
+    if (nbytes && !d[i].data) { err_set(err, errlen, "safetensors: tensor '%s' has no data", d[i].name); return -1; }
     if (nbytes) memcpy(dst, d[i].data, nbytes);
     return 0;
 }
@@ -458,7 +449,7 @@ int st_write_mem(const st_write_desc *d, int n, const char *const *metadata, uin
     *outlen = 0;
     if (st_build_header(d, n, metadata, &hdr, &hlen, &dlen, err, errlen) != 0) return -1;
     uint8_t *buf = realloc(hdr, hlen + (size_t)dlen);
-    if (!buf) { free(hdr); st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!buf) { free(hdr); err_set(err, errlen, "safetensors: out of memory"); return -1; }
     size_t off = hlen;
     for (int i = 0; i < n; i++) {
         size_t nb = st_desc_bytes(&d[i]);
@@ -484,17 +475,17 @@ static int st_set_add(st_set *s, const char *dir, const char *fname, char *err, 
     for (int i = 0; i < s->nfiles; i++) if (strcmp(s->file_names[i], fname) == 0) return 0;
     /* Shard names come from a file we did not write: keep them inside the model directory. */
     if (strchr(fname, '/') || strstr(fname, "..") || !*fname) {
-        st_err(err, errlen, "safetensors: bad shard file name '%s' in index", fname);
+        err_set(err, errlen, "safetensors: bad shard file name '%s' in index", fname);
         return -1;
     }
     st_file **nf = realloc(s->files, (s->nfiles + 1) * sizeof *nf);
     char **nn = nf ? realloc(s->file_names, (s->nfiles + 1) * sizeof *nn) : NULL;
     if (nf) s->files = nf;
     if (nn) s->file_names = nn;
-    if (!nf || !nn) { st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!nf || !nn) { err_set(err, errlen, "safetensors: out of memory"); return -1; }
     size_t pl = strlen(dir) + strlen(fname) + 2;
     char *path = malloc(pl);
-    if (!path) { st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!path) { err_set(err, errlen, "safetensors: out of memory"); return -1; }
     snprintf(path, pl, "%s/%s", dir, fname);
     st_file *f;
     int rc = st_open(path, &f, err, errlen);
@@ -510,17 +501,17 @@ int st_set_open_dir(const char *dir, st_set **out, char *err, size_t errlen)
 {
     *out = NULL;
     st_set *s = calloc(1, sizeof *s);
-    if (!s) { st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!s) { err_set(err, errlen, "safetensors: out of memory"); return -1; }
     size_t pl = strlen(dir) + 64;
     char *ipath = malloc(pl);
-    if (!ipath) { free(s); st_err(err, errlen, "safetensors: out of memory"); return -1; }
+    if (!ipath) { free(s); err_set(err, errlen, "safetensors: out of memory"); return -1; }
     snprintf(ipath, pl, "%s/model.safetensors.index.json", dir);
     if (access(ipath, F_OK) == 0) {
         json_error_t je;
         json_t *idx = json_load_file(ipath, 0, &je);
         json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
         if (!json_is_object(wm)) {
-            st_err(err, errlen, "safetensors: %s: %s", ipath, idx ? "no weight_map object" : je.text);
+            err_set(err, errlen, "safetensors: %s: %s", ipath, idx ? "no weight_map object" : je.text);
             json_decref(idx);
             goto fail;
         }
@@ -529,7 +520,7 @@ int st_set_open_dir(const char *dir, st_set **out, char *err, size_t errlen)
         const char *k;
         json_t *v;
         json_object_foreach(s->weight_map, k, v) {
-            if (!json_is_string(v)) { st_err(err, errlen, "safetensors: weight_map['%s'] is not a string", k); goto fail; }
+            if (!json_is_string(v)) { err_set(err, errlen, "safetensors: weight_map['%s'] is not a string", k); goto fail; }
             if (st_set_add(s, dir, json_string_value(v), err, errlen) != 0) goto fail;
         }
     } else {

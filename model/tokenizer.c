@@ -9,10 +9,10 @@
  * reference loop; the same result as HF's heap of merges).
  */
 #include "model/tokenizer.h"
+#include "common/err.h"
 
 #include <jansson.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,15 +43,6 @@ struct tokenizer {
     pre_kind pre;
     bool exact, add_prefix_space, ignore_merges;
 };
-
-static void tk_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- GPT-2 byte ↔ unicode ------------------------------------------------------------ */
 
@@ -356,14 +347,14 @@ static int tk_set_token(tokenizer *t, int32_t id, const char *spelling, bool byt
 static int tk_pre(tokenizer *t, json_t *pre, char *err, size_t errlen)
 {
     const char *type = json_string_value(json_object_get(pre, "type"));
-    if (!type) { tk_err(err, errlen, "tokenizer: no pre_tokenizer (byte-level BPE expected)"); return -1; }
+    if (!type) { err_set(err, errlen, "tokenizer: no pre_tokenizer (byte-level BPE expected)"); return -1; }
     if (!strcmp(type, "ByteLevel")) {
         t->add_prefix_space = json_is_true(json_object_get(pre, "add_prefix_space"));
         t->pre = PRE_GPT2;
         t->exact = !json_is_false(json_object_get(pre, "use_regex"));
         return 0;
     }
-    if (strcmp(type, "Sequence")) { tk_err(err, errlen, "tokenizer: pre_tokenizer %s is not supported", type); return -1; }
+    if (strcmp(type, "Sequence")) { err_set(err, errlen, "tokenizer: pre_tokenizer %s is not supported", type); return -1; }
     json_t *list = json_object_get(pre, "pretokenizers");
     bool byte_level = false, split = false;
     for (size_t i = 0; i < json_array_size(list); i++) {
@@ -383,13 +374,13 @@ static int tk_pre(tokenizer *t, json_t *pre, char *err, size_t errlen)
             else if (strstr(re, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|")) t->pre = PRE_GPT2;
             else { t->pre = PRE_LLAMA3; t->exact = false; }
         } else if (ty && strcmp(ty, "Digits") && strcmp(ty, "Punctuation")) {
-            tk_err(err, errlen, "tokenizer: pre_tokenizer %s is not supported", ty);
+            err_set(err, errlen, "tokenizer: pre_tokenizer %s is not supported", ty);
             return -1;
         } else {
             t->exact = false; /* Digits / Punctuation splits: approximated by the pattern */
         }
     }
-    if (!byte_level) { tk_err(err, errlen, "tokenizer: not a byte-level BPE (no ByteLevel pre_tokenizer)"); return -1; }
+    if (!byte_level) { err_set(err, errlen, "tokenizer: not a byte-level BPE (no ByteLevel pre_tokenizer)"); return -1; }
     if (!split) t->pre = PRE_GPT2;
     return 0;
 }
@@ -405,18 +396,18 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_loadb(text, len, 0, &je);
-    if (!root) { tk_err(err, errlen, "tokenizer: JSON error at line %d: %s", je.line, je.text); return NULL; }
+    if (!root) { err_set(err, errlen, "tokenizer: JSON error at line %d: %s", je.line, je.text); return NULL; }
     tokenizer *t = calloc(1, sizeof *t);
     json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab"),
            *merges = json_object_get(model, "merges"), *added = json_object_get(root, "added_tokens");
     const char *type = json_string_value(json_object_get(model, "type"));
-    if (!t) { tk_err(err, errlen, "tokenizer: out of memory"); goto fail; }
+    if (!t) { err_set(err, errlen, "tokenizer: out of memory"); goto fail; }
     if (!type || strcmp(type, "BPE") || !json_is_object(vocab)) {
-        tk_err(err, errlen, "tokenizer: model.type must be BPE with a vocab (got %s)", type ? type : "none");
+        err_set(err, errlen, "tokenizer: model.type must be BPE with a vocab (got %s)", type ? type : "none");
         goto fail;
     }
     if (json_is_true(json_object_get(model, "byte_fallback"))) {
-        tk_err(err, errlen, "tokenizer: byte_fallback (SentencePiece-style) BPE is not supported; byte-level BPE only");
+        err_set(err, errlen, "tokenizer: byte_fallback (SentencePiece-style) BPE is not supported; byte-level BPE only");
         goto fail;
     }
     if (tk_pre(t, json_object_get(root, "pre_tokenizer"), err, errlen) < 0) goto fail;
@@ -427,7 +418,7 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
     json_t *v;
     json_object_foreach(vocab, key, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= (1 << 26)) {
-            tk_err(err, errlen, "tokenizer: vocab entry %s has a bad id", key);
+            err_set(err, errlen, "tokenizer: vocab entry %s has a bad id", key);
             goto fail;
         }
         if (json_integer_value(v) > maxid) maxid = json_integer_value(v);
@@ -436,7 +427,7 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
         json_t *id = json_object_get(json_array_get(added, i), "id");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 26) ||
             !json_is_string(json_object_get(json_array_get(added, i), "content"))) {
-            tk_err(err, errlen, "tokenizer: added_tokens[%zu] needs an id and a content", i);
+            err_set(err, errlen, "tokenizer: added_tokens[%zu] needs an id and a content", i);
             goto fail;
         }
         if (json_integer_value(id) > maxid) maxid = json_integer_value(id);
@@ -505,7 +496,7 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
             lb = strlen(b);
         } else {
             free(buf);
-            tk_err(err, errlen, "tokenizer: merges[%zu] is neither \"a b\" nor [a, b]", i);
+            err_set(err, errlen, "tokenizer: merges[%zu] is neither \"a b\" nor [a, b]", i);
             goto fail;
         }
         if (la + lb + 1 > bufcap) {
@@ -529,7 +520,7 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
     json_decref(root);
     return t;
 oom:
-    tk_err(err, errlen, "tokenizer: out of memory");
+    err_set(err, errlen, "tokenizer: out of memory");
 fail:
     json_decref(root);
     tok_free(t);
@@ -539,7 +530,7 @@ fail:
 tokenizer *tok_load(const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) { tk_err(err, errlen, "tokenizer: cannot open %s", path); return NULL; }
+    if (!f) { err_set(err, errlen, "tokenizer: cannot open %s", path); return NULL; }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -547,7 +538,7 @@ tokenizer *tok_load(const char *path, char *err, size_t errlen)
     if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
         free(s);
         fclose(f);
-        tk_err(err, errlen, "tokenizer: cannot read %s", path);
+        err_set(err, errlen, "tokenizer: cannot read %s", path);
         return NULL;
     }
     fclose(f);
@@ -752,6 +743,6 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
 oom:
     free(owned);
     free(o.ids);
-    tk_err(err, errlen, "tokenizer: out of memory");
+    err_set(err, errlen, "tokenizer: out of memory");
     return -1;
 }

@@ -8,7 +8,8 @@
  *   xn2 = rmsnorm(xmid)                    g,u = xn2 W{gate,up}ᵀ + LoRA
  *   h = silu(g)·u                          x' = xmid + h Wdownᵀ + LoRA
  */
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_layer.h"
+#include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
@@ -41,7 +42,7 @@ static void cpu_lora_fwd(cpu_ctx *c, int l, lora_module mod, const float *x, flo
 {
     for (int s = 0; s < c->nsegs; s++) {
         const cpu_segment *sg = &c->segs[s];
-        const lora_pair *p = adapter_module(sg->ad, l, mod);
+        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
         if (!p) continue;
         cpu_lora_fwd_rows(c, p, sg->ad->scale, x + (long)sg->row_begin * p->in, y + (long)sg->row_begin * p->out,
                           sg->row_end - sg->row_begin);
@@ -52,7 +53,7 @@ static void cpu_lora_bwd(cpu_ctx *c, int l, lora_module mod, const float *x, con
 {
     for (int s = 0; s < c->nsegs; s++) {
         const cpu_segment *sg = &c->segs[s];
-        const lora_pair *p = adapter_module(sg->ad, l, mod);
+        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
         if (!p || !sg->grad) continue;
         long b = sg->row_begin;
         cpu_lora_bwd_rows(c, p, sg->ad->scale, x + b * p->in, dy + b * p->out, dx ? dx + b * p->in : NULL,
@@ -82,7 +83,7 @@ static cpu_attn_shape cpu_shape(const cpu_ctx *c)
 void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute)
 {
     const model_config *mc = &c->m->cfg;
-    const model_layer *w = &c->m->layers[l];
+    const cpu_layer_weights *w = &c->m->layers[l];
     int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
         nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
     cpu_pool *p = c->pool;
@@ -126,7 +127,7 @@ void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute)
 void cpu_layer_backward(cpu_ctx *c, int l, long T, bool need_dx)
 {
     const model_config *mc = &c->m->cfg;
-    const model_layer *w = &c->m->layers[l];
+    const cpu_layer_weights *w = &c->m->layers[l];
     int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
         nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
     cpu_pool *p = c->pool;

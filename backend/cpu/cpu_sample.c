@@ -1,31 +1,26 @@
 /* cpu_sample.c — sampling with a KV cache (exe_backend_cpu.sample), llama2.c style but
  * batched: all prompts are prefilled in one packed pass (the training forward, with
- * cpu_kv_store copying each layer's K/V into the caches of the prompt's samples), then
- * every live sample advances one token per decode pass, attending to its own cache.
+ * cpu_kv_store (cpu_kv.c) copying each layer's K/V into the caches of the prompt's
+ * samples), then every live sample advances one token per decode pass, attending to its
+ * own cache.
  *
  * Streams: each request's num_samples samples are streams s = stream0 .. stream0+n−1,
  * each with its own cache [2][L][kv_cap][nkv·d] and its own PRNG seeded by
  * (seed, sample index), so results do not depend on the rest of the batch.
  */
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_sample.h"
+#include "backend/cpu/cpu_buffers.h"
+#include "backend/cpu/cpu_head.h"
+#include "backend/cpu/cpu_layer.h"
 #include "backend/cpu/cpu_ops.h"
 #include "model/rng.h"
+#include "common/err.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void cs_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 typedef struct {
     exe_sample_req *req;
@@ -35,60 +30,6 @@ typedef struct {
     int32_t last;     /* last sampled token: the next decode input */
     rng_state rng;
 } cs_stream;
-
-/* ---- the KV cache side of cpu_layer_forward ----------------------------------------- */
-
-static float *cs_cache(cpu_ctx *c, int stream, int l, int which /* 0 K, 1 V */)
-{
-    const model_config *mc = &c->m->cfg;
-    size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim, L = mc->num_hidden_layers;
-    return c->kv_mem + (size_t)stream * 2 * L * c->kv_cap * kvd + ((size_t)which * L + l) * c->kv_cap * kvd;
-}
-
-void cpu_kv_store(cpu_ctx *c, int l, long T)
-{
-    const model_config *mc = &c->m->cfg;
-    size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
-    for (long t = 0; t < T; t++) {
-        int g = c->row_seq[t], pos = c->pos[t];
-        for (int s = c->kv_stream0[g]; s < c->kv_stream0[g] + c->kv_nstream[g]; s++) {
-            memcpy(cs_cache(c, s, l, 0) + pos * kvd, c->k + t * kvd, kvd * sizeof(float));
-            memcpy(cs_cache(c, s, l, 1) + pos * kvd, c->v + t * kvd, kvd * sizeof(float));
-        }
-    }
-}
-
-typedef struct {
-    cpu_ctx *c;
-    int l;
-} cs_attn_job;
-
-/* One (row, query head): softmax(q·K[0..pos]ᵀ/√d) V against the row's stream cache. */
-static void cs_attn_task(void *va, int task, int thread)
-{
-    const cs_attn_job *j = va;
-    cpu_ctx *c = j->c;
-    const model_config *mc = &c->m->cfg;
-    int nq = mc->num_attention_heads, nkv = mc->num_key_value_heads, d = mc->head_dim, kvd = nkv * d;
-    int t = task / nq, h = task % nq, g = h / (nq / nkv), n = c->pos[t] + 1;
-    int s = c->kv_stream0[c->row_seq[t]];
-    const float *K = cs_cache(c, s, j->l, 0) + g * d, *V = cs_cache(c, s, j->l, 1) + g * d;
-    float *S = c->attn_scratch + (long)thread * c->attn_per_thread;
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, d, (float)(1.0 / sqrt((double)d)), K, kvd, c->q + (long)t * nq * d + h * d,
-                1, 0.0f, S, 1);
-    float mx = S[0];
-    for (int i = 1; i < n; i++) mx = S[i] > mx ? S[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) { S[i] = expf(S[i] - mx); sum += S[i]; }
-    cblas_sgemv(CblasRowMajor, CblasTrans, n, d, (float)(1.0 / sum), V, kvd, S, 1, 0.0f,
-                c->att + (long)t * nq * d + h * d, 1);
-}
-
-void cpu_kv_attention(cpu_ctx *c, int l, long T)
-{
-    cs_attn_job j = {c, l};
-    cpu_pool_run(c->pool, (int)T * c->m->cfg.num_attention_heads, cs_attn_task, &j);
-}
 
 /* ---- choosing a token ---------------------------------------------------------------- */
 
@@ -236,7 +177,7 @@ static void cs_head_pick(cpu_ctx *c, const float *xf, long R, cs_stream *st)
 }
 
 /* Segments over rows whose adapters are given by ads[row] (NULL = none). */
-static void cs_segments(cpu_ctx *c, adapter *const *ads, long R)
+static void cs_segments(cpu_ctx *c, const cpu_adapter *const *ads, long R)
 {
     c->nsegs = 0;
     for (long t = 0; t < R; t++) {
@@ -250,28 +191,27 @@ static void cs_segments(cpu_ctx *c, adapter *const *ads, long R)
 static int cs_check(const cpu_ctx *c, const exe_sample_req *r, char *err, size_t errlen)
 {
     const model_config *mc = &c->m->cfg;
-    if (r->n_prompt < 1 || !r->prompt) { cs_err(err, errlen, "empty prompt"); return -1; }
+    if (r->n_prompt < 1 || !r->prompt) { err_set(err, errlen, "empty prompt"); return -1; }
     if (r->n_prompt > mc->max_position_embeddings) {
-        cs_err(err, errlen, "prompt of %d tokens exceeds the model's context of %d", r->n_prompt, mc->max_position_embeddings);
+        err_set(err, errlen, "prompt of %d tokens exceeds the model's context of %d", r->n_prompt, mc->max_position_embeddings);
         return -1;
     }
     if (r->num_samples < 1 || r->num_samples > 65536 || r->max_tokens < 0 || r->max_tokens > (1 << 24)) {
-        cs_err(err, errlen, "num_samples must be in 1..65536 and max_tokens ≥ 0");
+        err_set(err, errlen, "num_samples must be in 1..65536 and max_tokens ≥ 0");
         return -1;
     }
     if (!(r->temperature >= 0 && isfinite(r->temperature)) || !(r->top_p > 0 && r->top_p <= 1)) {
-        cs_err(err, errlen, "temperature must be ≥ 0 and top_p in (0, 1]");
+        err_set(err, errlen, "temperature must be ≥ 0 and top_p in (0, 1]");
         return -1;
     }
-    if (r->max_tokens > 0 && (!r->tokens_out || !r->logprobs_out)) { cs_err(err, errlen, "no output buffers"); return -1; }
+    if (r->max_tokens > 0 && (!r->tokens_out || !r->logprobs_out)) { err_set(err, errlen, "no output buffers"); return -1; }
     if (!r->n_out || !r->stopped_out || (r->n_stop > 0 && !r->stop_tokens) || r->n_stop < 0) {
-        cs_err(err, errlen, "no output buffers or stop list");
+        err_set(err, errlen, "no output buffers or stop list");
         return -1;
     }
-    if (r->ad && !adapter_matches(r->ad, c->m)) { cs_err(err, errlen, "adapter was made for another base model"); return -1; }
     for (int t = 0; t < r->n_prompt; t++)
         if (r->prompt[t] < 0 || r->prompt[t] >= mc->vocab_size) {
-            cs_err(err, errlen, "prompt position %d: token id outside [0, %d)", t, mc->vocab_size);
+            err_set(err, errlen, "prompt position %d: token id outside [0, %d)", t, mc->vocab_size);
             return -1;
         }
     return 0;
@@ -313,22 +253,22 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     int S = 0, kv_cap = 1, max_rank = 0, H = mc->hidden_size, L = mc->num_hidden_layers;
     for (int r = 0; r < nreq; r++) {
         char why[256];
-        if (cs_check(c, &reqs[r], why, sizeof why) != 0) { cs_err(err, errlen, "request %d: %s", r, why); return -1; }
+        if (cs_check(c, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
         T += reqs[r].n_prompt;
         S += reqs[r].num_samples;
         long cap = (long)reqs[r].n_prompt + reqs[r].max_tokens;
         if (cap > mc->max_position_embeddings) cap = mc->max_position_embeddings;
         if (cap > kv_cap) kv_cap = (int)cap;
-        if (reqs[r].ad && reqs[r].ad->cfg.rank > max_rank) max_rank = reqs[r].ad->cfg.rank;
+        if (reqs[r].ad && reqs[r].ad->layout.cfg.rank > max_rank) max_rank = reqs[r].ad->layout.cfg.rank;
     }
     if (nreq <= 0) return 0;
-    if (T > (1L << 30) || S > (1 << 24)) { cs_err(err, errlen, "sampling batch too large"); return -1; }
+    if (T > (1L << 30) || S > (1 << 24)) { err_set(err, errlen, "sampling batch too large"); return -1; }
     cs_stream *st = calloc(S, sizeof *st);
     exe_seq *ps = calloc(nreq, sizeof *ps);
-    adapter **ads = calloc(S > nreq ? S : nreq, sizeof *ads);
+    const cpu_adapter **ads = calloc(S > nreq ? S : nreq, sizeof *ads);
     if (!st || !ps || !ads || cpu_reserve(c, T > S ? T : S, kv_cap, max_rank, false) != 0 || cs_reserve(c, nreq, S, kv_cap) != 0) {
         free(st); free(ps); free(ads);
-        cs_err(err, errlen, "cpu: out of memory for sampling (%d samples, context %d)", S, kv_cap);
+        err_set(err, errlen, "cpu: out of memory for sampling (%d samples, context %d)", S, kv_cap);
         return -1;
     }
     int s = 0;
@@ -337,7 +277,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
         ps[r] = (exe_seq){.ad = q->ad, .n = q->n_prompt, .tokens = q->prompt, .targets = q->prompt};
         c->kv_stream0[r] = s;
         c->kv_nstream[r] = q->num_samples;
-        ads[r] = q->ad;
+        ads[r] = q->ad ? cpu_adapter_of(q->ad) : NULL;
         for (int i = 0; i < q->num_samples; i++, s++) {
             st[s] = (cs_stream){.req = q, .index = i, .done = q->max_tokens == 0};
             rng_seed(&st[s].rng, q->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
@@ -365,7 +305,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
             c->row_seq[n] = (int)n;
             c->kv_stream0[n] = k;
             c->kv_nstream[n] = 1;
-            ads[n] = st[k].req->ad;
+            ads[n] = st[k].req->ad ? cpu_adapter_of(st[k].req->ad) : NULL;
             n++;
         }
         if (n == 0) break;

@@ -1,31 +1,36 @@
-/* cpu_internal.h — the CPU backend's context, shared by cpu_backend.c (entry points,
- * buffers, loss head, optimizer), cpu_layer.c (decoder layer forward/backward, LoRA) and
- * cpu_sample.c (KV-cache sampling, which reuses the layer forward).
+/* cpu_ctx.h — the CPU backend's context (one per device and model): its weights, thread
+ * pool and buffers. The files that work on it, from the bottom up (each includes only
+ * headers below it): cpu_buffers (buffers, packing), cpu_kv (KV caches), cpu_layer
+ * (decoder layer forward/backward, LoRA), cpu_head (output head, losses), cpu_sample
+ * (KV-cache sampling), cpu_backend (the table's entry points).
  *
  * Activation memory: a pass over T packed tokens keeps one layer's intermediates
  * ([T, dim] buffers below), plus, when gradients are wanted, each layer's input x_l
  * ([L, T, H] in `saved`). The backward recomputes a layer's forward from x_l just before
  * differentiating it, trading one extra forward for L-fold less memory.
  */
-#ifndef LOOM_BACKEND_CPU_INTERNAL_H
-#define LOOM_BACKEND_CPU_INTERNAL_H
+#ifndef LOOM_BACKEND_CPU_CTX_H
+#define LOOM_BACKEND_CPU_CTX_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_adapter.h"
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_pool.h"
+#include "backend/cpu/cpu_weights.h"
 
 /* A run of consecutive sequences sharing one adapter: the LoRA GEMMs are done per segment. */
 typedef struct {
-    adapter *ad;
+    const cpu_adapter *ad;
     int row_begin, row_end;
     bool grad; /* its rows carry a loss gradient (backward pass, not forward_only) */
 } cpu_segment;
 
 typedef struct {
-    const base_model *m;
+    cpu_weights *m;                 /* owned */
+    int device;
     cpu_pool *pool;
 
     long cap_T;       /* rows the [T, ·] buffers hold */
@@ -72,26 +77,5 @@ typedef struct {
 } cpu_ctx;
 
 enum { CPU_KV_NONE, CPU_KV_PREFILL, CPU_KV_DECODE };
-
-/* cpu_backend.c */
-int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved);
-int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
-int cpu_reserve_seqs(cpu_ctx *c, int nseq); /* seq_start, blk_start, seq_index, segs for nseq */
-
-/* cpu_sample.c: the KV-cache side of cpu_layer_forward in sampling passes. */
-void cpu_kv_store(cpu_ctx *c, int l, long T);
-void cpu_kv_attention(cpu_ctx *c, int l, long T);
-
-/* cpu_layer.c */
-void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute);
-void cpu_layer_backward(cpu_ctx *c, int l, long T, bool need_dx);
-/* y[rows, out] += scale·(x Aᵀ) Bᵀ for rows of one segment. */
-void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, float *y, int rows);
-/* Gradients of one segment: gA, gB accumulate; dx += ... when dx is not NULL. */
-void cpu_lora_bwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, const float *dy, float *dx,
-                       int rows);
-
-/* c->logits[0..n) = output head (+ head LoRA per segment) of rows c0..c0+n of xf. */
-void cpu_head_logits_chunk(cpu_ctx *c, const float *xf, long c0, int n);
 
 #endif

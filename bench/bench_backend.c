@@ -1,19 +1,21 @@
-/* bench_cpu.c — CPU backend throughput on a Qwen3-0.6B-shaped model (fewer layers with
- * --layers): forward, forward_backward, optim_step and sampling (prefill and decode
- * separately), in tokens/s and GFLOP/s next to the machine's own single-GEMM rate, and
- * for decode the weight bytes streamed per second next to the machine's memory read rate
- * (decode reads every weight once per step). Prints figures; never pass/fail.
+/* bench_backend.c — a backend's throughput (--backend, default cpu) on a Qwen3-0.6B-shaped
+ * model (fewer layers with --layers): forward, forward_backward, optim_step and sampling
+ * (prefill and decode separately), in tokens/s and GFLOP/s. On the CPU backend also next
+ * to the machine's own single-GEMM rate, and for decode the weight bytes streamed per
+ * second next to the machine's memory read rate (decode reads every weight once per
+ * step); a device backend brings its own anchors with it. Prints figures; never pass/fail.
  *
- *   bench_cpu [--model DIR] [--layers N] [--tokens T] [--seqs S] [--threads N] [--rank R] [--iters K]
- *             [--gen G] [--samples K]   (sampling: S prompts of ≤128 tokens, K samples each, G new tokens)
- *   bench_cpu --help
+ *   bench_backend [--backend NAME] [--device N] [--model DIR] [--layers N] [--tokens T] [--seqs S]
+ *                 [--threads N] [--rank R] [--iters K]
+ *                 [--gen G] [--samples K]   (sampling: S prompts of ≤128 tokens, K samples each, G new tokens)
+ *   bench_backend --help
  *
  * FLOPs counted are model FLOPs: 2·T·(linear + head weights) + causal attention for the
  * forward; the backward adds input gradients of the same GEMMs and twice the attention
  * (LoRA terms and the backward's layer recompute are not counted).
  */
 #include "backend/backend.h"
-#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_ops.h"    /* the CPU anchor: cpu_sgemm on the backend's thread pool */
 #include "backend/cpu/cpu_pool.h"
 #include "backend/loss.h"
 #include "model/mkmodel.h"
@@ -91,8 +93,9 @@ static double read_rate(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: bench_cpu [--model DIR] [--layers N] [--tokens T] [--seqs S] [--threads N] [--rank R]\n"
-               "                 [--iters K] [--gen G] [--samples K]\n"
+    fprintf(f, "usage: bench_backend [--backend NAME] [--device N] [--model DIR] [--layers N] [--tokens T] [--seqs S]\n"
+               "                     [--threads N] [--rank R] [--iters K] [--gen G] [--samples K]\n"
+               "  --backend NAME one of: %s (default cpu); --device N its device (default 0)\n"
                "  --model DIR   an HF model directory (default: a generated Qwen3-0.6B shape, --layers layers)\n"
                "  --layers N    layers of the generated model (default 4)\n"
                "  --tokens T    tokens of the training batch (default 1024), in --seqs S sequences (default 4)\n"
@@ -100,18 +103,20 @@ static void usage(FILE *f)
                "  --rank R      LoRA rank, all modules + head (default 32)\n"
                "  --iters K     timed repetitions, best kept (default 3)\n"
                "  --gen G       new tokens per sample (default 32)\n"
-               "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n");
+               "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n", exe_backend_names());
 }
 
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL;
-    int layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1;
+    const char *model_dir = NULL, *backend = "cpu";
+    int device = 0, layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
     if (argc % 2 == 0) { usage(stderr); return 2; }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--backend")) backend = argv[i + 1];
+        else if (!strcmp(argv[i], "--device")) device = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--tokens")) tokens = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seqs")) nseqs = atoi(argv[i + 1]);
@@ -125,6 +130,9 @@ int main(int argc, char **argv)
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nseqs < 1 || tokens < nseqs) { fprintf(stderr, "need tokens >= seqs >= 1\n"); return 2; }
     if (gen < 2 || nsamples < 1) { fprintf(stderr, "need --gen >= 2 and --samples >= 1\n"); return 2; }
+    const exe_backend *be = exe_backend_find(backend);
+    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
+    bool on_cpu = !strcmp(be->name, "cpu");
     char err[512], tmpdir[64] = "";
     if (!model_dir) {
         mkmodel_opts o;
@@ -138,16 +146,21 @@ int main(int argc, char **argv)
         printf("mkmodel: %.1f s\n", now() - t0);
         model_dir = tmpdir;
     }
-    base_model *m;
+    model_files *m;
     double t0 = now();
-    if (model_load(model_dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    if (model_open(model_dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    const model_config mcfg = m->cfg, *c = &mcfg;
+    exe_backend_opts bo = {.device = device, .threads = threads};
+    void *ctx = be->create(m, &bo, err, sizeof err);
+    model_close(m);
     double t_load = now() - t0;
-    const model_config *c = model_get_config(m);
-    const exe_backend *be = &exe_backend_cpu;
-    void *ctx = be->create(m, threads, err, sizeof err);
+    if (!ctx) { fprintf(stderr, "%s\n", err); return 1; }
+    exe_device_info dev;
+    be->device_info(ctx, &dev);
     lora_config lc = {rank, 1, true, true, true};
-    adapter *ad = adapter_create(m, &lc, err, sizeof err);
-    if (!ctx || !ad) { fprintf(stderr, "%s\n", err); return 1; }
+    exe_adapter *ad = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
+    if (!ad) { fprintf(stderr, "%s\n", err); return 1; }
+    size_t ad_params = ad->layout.num_params;
 
     /* nseqs sequences of equal length, cross-entropy, all with the adapter */
     int n = tokens / nseqs;
@@ -215,37 +228,40 @@ int main(int argc, char **argv)
     for (int k = 0; k < S; k++) new_tok += sn[k];
     double t_decode = t_sample - t_prefill, dec_tok = (double)new_tok - S;  /* tokens after the first of each sample */
     /* per decode step: every weight once (+ the adapter), attention over the cache */
-    double wbytes = 4.0 * (L * (H * qd * 2 + H * kvd * 2 + 3 * H * Im) + V * H) + 4.0 * adapter_num_params(ad);
+    double wbytes = 4.0 * (L * (H * qd * 2 + H * kvd * 2 + 3 * H * Im) + V * H) + 4.0 * ad_params; /* fp32 (cpu) */
     double steps = gen - 1, ctx_avg = plen + gen / 2.0;
     double f_dec = dec_tok * (2 * lin + L * 4 * qd * ctx_avg);
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
-    double anchor = gemm_rate(threads);
-    printf("machine: %s, %d threads; anchor GEMM 512x3072x1024: %.1f GFLOP/s\n", cpu, threads, anchor);
+    double anchor = on_cpu ? gemm_rate(threads) : 0;
+    if (on_cpu) printf("machine: %s, %d threads; anchor GEMM 512x3072x1024: %.1f GFLOP/s\n", cpu, threads, anchor);
+    printf("backend: %s on %s\n", be->name, dev.device);
     printf("model: %s %d layers, hidden %d, heads %d/%d x %d, inter %d, vocab %d (load %.1f s)\n", c->architecture,
            c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
            c->intermediate_size, c->vocab_size, t_load);
     printf("batch: %d sequences, %ld tokens; LoRA rank %d on all modules + head (%zu params)\n", nseqs, T, rank,
-           adapter_num_params(ad));
-    printf("forward          %8.3f s  %9.1f tok/s  %7.1f GFLOP/s  (%.0f%% of anchor)\n", best_f, T / best_f,
-           f_fwd / best_f / 1e9, 100 * f_fwd / best_f / 1e9 / anchor);
-    printf("forward_backward %8.3f s  %9.1f tok/s  %7.1f GFLOP/s  (%.0f%% of anchor; model FLOPs, recompute not counted)\n",
-           best_fb, T / best_fb, f_fb / best_fb / 1e9, 100 * f_fb / best_fb / 1e9 / anchor);
-    printf("optim_step       %8.4f s  (%zu params)\n", best_opt, adapter_num_params(ad));
-    double bw = read_rate();
+           ad_params);
+    printf("forward          %8.3f s  %9.1f tok/s  %7.1f GFLOP/s", best_f, T / best_f, f_fwd / best_f / 1e9);
+    if (on_cpu) printf("  (%.0f%% of anchor)", 100 * f_fwd / best_f / 1e9 / anchor);
+    printf("\nforward_backward %8.3f s  %9.1f tok/s  %7.1f GFLOP/s", best_fb, T / best_fb, f_fb / best_fb / 1e9);
+    if (on_cpu) printf("  (%.0f%% of anchor)", 100 * f_fb / best_fb / 1e9 / anchor);
+    printf("  (model FLOPs, recompute not counted)\n");
+    printf("optim_step       %8.4f s  (%zu params)\n", best_opt, ad_params);
+    double bw = on_cpu ? read_rate() : 0;
     printf("sample           %8.3f s  %9.1f new tok/s  (%d prompts of %d tokens x %d samples, %d new tokens each, KV cache)\n",
            t_sample, new_tok / t_sample, nseqs, plen, nsamples, gen);
     printf("  prefill        %8.3f s  %9.1f prompt tok/s  (+ the first token of each sample)\n", t_prefill,
            nseqs * (double)plen / t_prefill);
-    printf("  decode         %8.3f s  %9.1f tok/s  %.1f steps/s x %d streams  %7.1f GFLOP/s  (%.0f%% of anchor)\n",
-           t_decode, dec_tok / t_decode, steps / t_decode, S, f_dec / t_decode / 1e9,
-           100 * f_dec / t_decode / 1e9 / anchor);
-    printf("  decode weights %8.1f GB/s streamed (%.0f MB per step)  vs memory read %.1f GB/s (%.0f%%)\n",
-           steps * wbytes / t_decode / 1e9, wbytes / 1e6, bw, bw > 0 ? 100 * steps * wbytes / t_decode / 1e9 / bw : 0);
+    printf("  decode         %8.3f s  %9.1f tok/s  %.1f steps/s x %d streams  %7.1f GFLOP/s", t_decode,
+           dec_tok / t_decode, steps / t_decode, S, f_dec / t_decode / 1e9);
+    if (on_cpu) printf("  (%.0f%% of anchor)", 100 * f_dec / t_decode / 1e9 / anchor);
+    printf("\n");
+    if (on_cpu)
+        printf("  decode weights %8.1f GB/s streamed (%.0f MB per step)  vs memory read %.1f GB/s (%.0f%%)\n",
+               steps * wbytes / t_decode / 1e9, wbytes / 1e6, bw, bw > 0 ? 100 * steps * wbytes / t_decode / 1e9 / bw : 0);
     free(rq); free(stok); free(slp); free(sn); free(sstop);
-    adapter_free(ad);
+    be->adapter_free(ctx, ad);
     be->destroy(ctx);
-    model_free(m);
     free(seqs); free(tok); free(lp); free(loss);
     if (tmpdir[0]) {
         char cmd[128];
