@@ -6,9 +6,15 @@
 #include <string.h>
 
 extern const exe_backend exe_backend_cpu;   /* backend/cpu/cpu_backend.c */
+#ifdef LOOM_HAVE_CUDA
+extern const exe_backend exe_backend_cuda;  /* backend/cuda/ */
+#endif
 
 static const exe_backend *const backends[] = {
     &exe_backend_cpu,
+#ifdef LOOM_HAVE_CUDA
+    &exe_backend_cuda,
+#endif
 };
 
 const exe_backend *exe_backend_find(const char *name)
