@@ -9,7 +9,7 @@
  * meanwhile, and writes the adapter_versions row with its provenance. A name that
  * exists (overwrite false) fails the op with category user and writes nothing. */
 #include "model/adapter_io.h"
-#include "executor/exe_ops.h"
+#include "executor/exe_ckpt.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "common/log.h"

@@ -19,7 +19,8 @@
  * bytes complete the string, that token included. The decoded text of the generated
  * tokens only (not the prompt) is searched.
  */
-#include "executor/exe_ops.h"
+#include "executor/exe_sample.h"
+#include "executor/exe_ckpt.h"
 #include "backend/loss.h"
 #include "model/tokenizer.h"
 #include "common/db.h"

@@ -1,7 +1,7 @@
 /* exe_train.c: the training operations of a cycle: create_model (a new LoRA adapter),
  * forward / forward_backward (one packed batch across adapters and losses) and
  * optim_step (AdamW on one adapter). */
-#include "executor/exe_ops.h"
+#include "executor/exe_train.h"
 #include "backend/loss.h"
 #include "common/err.h"
 #include "common/log.h"

@@ -17,8 +17,11 @@
  * cannot do either exits rather than hold a lease it cannot honour: the lease lapses and
  * the reaper recovers the operations. */
 #include "executor/executor.h"
+#include "executor/exe_ckpt.h"
 #include "executor/exe_ops.h"
+#include "executor/exe_sample.h"
 #include "executor/exe_sql.h"
+#include "executor/exe_train.h"
 #include "registry/blobstore.h"
 #include "common/db.h"
 #include "common/log.h"

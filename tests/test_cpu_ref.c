@@ -16,7 +16,7 @@
 #include "backend/adamw.h"
 #include "backend/backend.h"
 #include "backend/loss.h"
-#include "executor/exe_ops.h"
+#include "executor/exe_train.h"
 #include "model/lora.h"
 #include "model/mkmodel.h"
 #include "model/model.h"

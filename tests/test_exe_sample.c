@@ -12,7 +12,8 @@
  * unsupported sources fail cleanly; a bad datum fails only its forward_backward. */
 #include "backend/backend.h"
 #include "backend/loss.h"
-#include "executor/exe_ops.h"
+#include "executor/exe_sample.h"
+#include "executor/exe_train.h"
 #include "model/mkmodel.h"
 #include "model/rng.h"
 #include "model/tokenizer.h"

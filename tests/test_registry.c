@@ -2,7 +2,7 @@
  * bytes (round trip bit for bit, determinism, clear errors on mismatches), archive
  * files (Tinker and PEFT key names, configs, optimizer files), PEFT import, the tar
  * writer (read back with Python's tarfile), tinker:// paths and download tokens. */
-#include "executor/exe_ops.h"
+#include "executor/exe_ckpt.h"
 #include "model/adapter_io.h"
 #include "model/mkmodel.h"
 #include "model/safetensors.h"
