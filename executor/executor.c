@@ -244,11 +244,16 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
 /* Frees the training slots of models that were unloaded (or failed) since the last look,
  * and records the store's figures when that changed them. */
 static void free_inactive_slots(exe_state *st, PGconn *c) {
-    const char *keys[4096];
-    int n = exe_store_keys(&st->store, STORE_TRAINING, keys, 4096);
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_TRAINING];
     if (n == 0) return;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) return;
+    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
     json_t *ids = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
+    free(keys);
     char *text = json_dumps(ids, JSON_COMPACT), err[512];
     json_decref(ids);
     const char *p[1] = {text};

@@ -40,7 +40,7 @@ static void cpu_destroy(void *ctx)
 static void *cpu_create(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen)
 {
     if (o->device != 0) {
-        err_set(err, errlen, "cpu: no device %d (the CPU backend has one device, 0)", o->device);
+        err_set(err, errlen, "no device %d (the CPU backend has one device, 0)", o->device);
         return NULL;
     }
     int threads = o->threads;
