@@ -1,8 +1,8 @@
 /* loom.c: the one `loom` binary; each subcommand is a process role or an admin tool. */
 #include "common/log.h"
 #include "common/pgcluster.h"
-#include "gpu/executor.h"
-#include "gpu/mkmodel.h"
+#include "executor/executor.h"
+#include "model/mkmodel.h"
 #include "scheduler/sched.h"
 #include "service/api.h"
 #include "cli/adapter.h"

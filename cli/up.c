@@ -12,7 +12,8 @@
 #include "common/log.h"
 #include "common/migrate.h"
 #include "common/pgcluster.h"
-#include "gpu/mkmodel.h"
+#include "backend/backend.h"
+#include "model/mkmodel.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -148,14 +149,15 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
 static void usage(void) {
     fprintf(stderr,
             "usage: loom up [--data-dir DIR] [--host 127.0.0.1] [--port 8000]\n"
-            "               [--model-dir DIR --model-name NAME] [--threads N] [--api-threads N]\n"
+            "               [--model-dir DIR --model-name NAME] [--backend NAME] [--device N]\n"
+            "               [--threads N] [--api-threads N]\n"
             "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
             "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
 }
 
 int up_main(int argc, char **argv) {
     const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
-    const char *threads = "0", *api_threads = "2";
+    const char *threads = "0", *api_threads = "2", *backend = "cpu", *device = "0";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) { usage(); return 0; }
@@ -165,9 +167,15 @@ int up_main(int argc, char **argv) {
         else if (!strcmp(a, "--port")) port = argv[++i];
         else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
         else if (!strcmp(a, "--model-name")) model_name = argv[++i];
+        else if (!strcmp(a, "--backend")) backend = argv[++i];
+        else if (!strcmp(a, "--device")) device = argv[++i];
         else if (!strcmp(a, "--threads")) threads = argv[++i];
         else if (!strcmp(a, "--api-threads")) api_threads = argv[++i];
         else { usage(); return 2; }
+    }
+    if (!exe_backend_find(backend)) {
+        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
+        return 2;
     }
     char defdir[PATH_MAX], absdata[PATH_MAX];
     if (!data_dir) {
@@ -235,7 +243,8 @@ int up_main(int argc, char **argv) {
     char blob_dir[PATH_MAX];
     snprintf(blob_dir, sizeof blob_dir, "%s/blobs", data_dir);
     char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
-                        (char *)model_name, "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
+                        (char *)model_name, "--backend", (char *)backend, "--device", (char *)device,
+                        "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
     char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, NULL};
     char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
                         "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};

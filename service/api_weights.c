@@ -1,11 +1,11 @@
 /* api_weights.c: checkpoint routes (see api_weights.h). Submits validate and write one
- * operations row (api_ops.c); the executor does the work (gpu/exe_ckpt.c) and the
+ * operations row (api_ops.c); the executor does the work (executor/exe_ckpt.c) and the
  * registry (registry/) holds the rules: paths, access between tenants, tokens, tar. */
 #include "service/api_weights.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
-#include "gpu/adapter_io.h"
+#include "model/adapter_io.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "registry/reg_sql.h"

@@ -1,4 +1,5 @@
-/* test_cpu_ref.c — CPU backend checks, and the dump tool for the PyTorch reference.
+/* test_cpu_ref.c — backend checks, and the dump tool for the PyTorch reference. The
+ * backend is LOOM_TEST_BACKEND (default cpu, the reference; tests/lib/test_backend.h).
  *
  *   test_cpu_ref                        self-checks (finite differences, packing, errors, ...)
  *   test_cpu_ref dump --model DIR --out DIR [--threads N]
@@ -12,14 +13,16 @@
  * for one adapter); each adapter's sequences also run alone. B starts random, not zero,
  * so that A receives gradients.
  */
-#include "gpu/adamw.h"
-#include "gpu/backend.h"
-#include "gpu/lora.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
-#include "gpu/rng.h"
-#include "gpu/safetensors.h"
+#include "backend/adamw.h"
+#include "backend/backend.h"
+#include "backend/loss.h"
+#include "executor/exe_train.h"
+#include "model/lora.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "model/rng.h"
+#include "model/safetensors.h"
+#include "tests/lib/test_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -77,32 +80,48 @@ static void tr_batch_free(tr_batch *b)
 }
 
 /* Adapters of the scenario, with B ~ N(0, 0.02²) so that every LoRA gradient is nonzero. */
-static void tr_make_adapters(const base_model *m, adapter **ads)
+static void tr_make_adapters(const exe_backend *be, void *ctx, exe_adapter **ads)
 {
     char err[256];
     for (int a = 0; a < TR_NAD; a++) {
         lora_config lc = {TR_ADS[a].rank, TR_ADS[a].seed, TR_ADS[a].attn, TR_ADS[a].mlp, TR_ADS[a].unembed};
-        ads[a] = adapter_create(m, &lc, err, sizeof err);
-        if (!ads[a]) { fprintf(stderr, "adapter_create: %s\n", err); exit(2); }
+        ads[a] = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
+        if (!ads[a]) { fprintf(stderr, "adapter: %s\n", err); exit(2); }
+        adapter_state h = test_download(be, ctx, ads[a], ADAPTER_PARAMS);
         rng_state r;
         rng_seed(&r, TR_ADS[a].seed * 7919 + 1);
-        for (int t = 1; t < adapter_num_tensors(ads[a]); t += 2) {
-            int rows, cols;
-            float *p;
-            adapter_tensor(ads[a], t, NULL, &rows, &cols, &p, NULL, NULL, NULL);
-            for (long k = 0; k < (long)rows * cols; k++) p[k] = (float)(0.02 * rng_normal(&r));
+        for (int t = 1; t < h.layout.num_tensors; t += 2) {
+            const lora_tensor *lt = &h.layout.tensors[t];
+            float *p = h.params + lt->offset;
+            for (long k = 0; k < (long)lt->rows * lt->cols; k++) p[k] = (float)(0.02 * rng_normal(&r));
         }
+        test_upload(be, ctx, ads[a], &h, ADAPTER_PARAMS);
+        adapter_state_free(&h);
     }
+}
+
+static void tr_free_adapters(const exe_backend *be, void *ctx, exe_adapter **ads)
+{
+    for (int a = 0; a < TR_NAD; a++) be->adapter_free(ctx, ads[a]);
+}
+
+/* The global L2 norm of an adapter's gradient (adamw_grad_norm of its host copy). */
+static double tr_grad_norm(const exe_backend *be, void *ctx, const exe_adapter *ad)
+{
+    adapter_state h = test_download(be, ctx, ad, ADAPTER_GRADS);
+    double n = adamw_grad_norm(h.grads, h.layout.num_params);
+    adapter_state_free(&h);
+    return n;
 }
 
 /* Tokens, targets and weights; RL inputs get placeholders until tr_fill_rl. only_ad ≥ 0
  * keeps the sequences of that adapter alone (same data: the same rng draws happen). */
-static void tr_make_batch(const base_model *m, adapter **ads, tr_batch *b, int only_ad)
+static void tr_make_batch(const model_config *mc, exe_adapter **ads, tr_batch *b, int only_ad)
 {
     memset(b, 0, sizeof *b);
     rng_state r;
     rng_seed(&r, 4242);
-    int V = m->cfg.vocab_size;
+    int V = mc->vocab_size;
     for (int i = 0; i < TR_NSEQ; i++) {
         const tr_seq_def *d = &TR_SEQS[i];
         int n = d->n, K = TR_K(i);
@@ -226,33 +245,33 @@ static void tr_put_outputs(tr_dump *du, const char *prefix, const tr_batch *b)
 }
 
 /* kind: 0 param, 1 grad, 2 Adam first moment, 3 Adam second moment */
-static void tr_put_adapter(tr_dump *du, const char *prefix, int a, const adapter *ad, int kind)
+static void tr_put_adapter(tr_dump *du, const char *prefix, int a, const exe_backend *be, void *ctx,
+                           const exe_adapter *ad, int kind)
 {
     static const char *kinds[] = {"param", "grad", "exp_avg", "exp_avg_sq"};
+    static const unsigned parts[] = {ADAPTER_PARAMS, ADAPTER_GRADS, ADAPTER_OPTIM, ADAPTER_OPTIM};
+    adapter_state h = test_download(be, ctx, ad, parts[kind]);
+    float *x[] = {h.params, h.grads, h.m, h.v};
     char name[320];
-    for (int t = 0; t < adapter_num_tensors(ad); t++) {
-        const char *tn;
-        int rows, cols;
-        float *p, *g, *m, *v;
-        adapter_tensor(ad, t, &tn, &rows, &cols, &p, &g, &m, &v);
-        float *x[] = {p, g, m, v};
-        snprintf(name, sizeof name, "%s.ad%d.%s.%s", prefix, a, kinds[kind], tn);
-        tr_put(du, name, ST_F32, rows, cols, x[kind]);
+    for (int t = 0; t < h.layout.num_tensors; t++) {
+        const lora_tensor *lt = &h.layout.tensors[t];
+        snprintf(name, sizeof name, "%s.ad%d.%s.%s", prefix, a, kinds[kind], lt->name);
+        tr_put(du, name, ST_F32, lt->rows, lt->cols, x[kind] + lt->offset);
     }
+    adapter_state_free(&h);
 }
 
 static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
 {
     char err[512], path[4096];
-    base_model *m;
-    if (model_load(model_dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 2; }
-    const exe_backend *be = &exe_backend_cpu;
-    void *ctx = be->create(m, threads, err, sizeof err);
+    model_config mc;
+    const exe_backend *be = test_backend();
+    void *ctx = test_backend_open(be, model_dir, threads, &mc, err, sizeof err);
     if (!ctx) { fprintf(stderr, "%s\n", err); return 2; }
-    adapter *ads[TR_NAD];
-    tr_make_adapters(m, ads);
+    exe_adapter *ads[TR_NAD];
+    tr_make_adapters(be, ctx, ads);
     tr_batch b;
-    tr_make_batch(m, ads, &b, -1);
+    tr_make_batch(&mc, ads, &b, -1);
     /* Forward only first: gives the learner log-probs the RL inputs are drawn around. */
     for (int i = 0; i < TR_NSEQ; i++) b.seqs[i].loss.kind = LOSS_CROSS_ENTROPY;
     if (tr_run(be, ctx, &b, false)) return 2;
@@ -268,7 +287,7 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
         fprintf(cj, "%s\n  {\"rank\": %d, \"train_attn\": %s, \"train_mlp\": %s, \"train_unembed\": %s}", a ? "," : "",
                 TR_ADS[a].rank, TR_ADS[a].attn ? "true" : "false", TR_ADS[a].mlp ? "true" : "false",
                 TR_ADS[a].unembed ? "true" : "false");
-        tr_put_adapter(&du, "init", a, ads[a], 0);
+        tr_put_adapter(&du, "init", a, be, ctx, ads[a], 0);
     }
     fprintf(cj, "],\n \"seqs\": [");
     for (int i = 0; i < TR_NSEQ; i++) {
@@ -301,11 +320,11 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
         snprintf(prefix, sizeof prefix, "step%d", step);
         if (tr_run(be, ctx, &b, true)) return 2;
         tr_put_outputs(&du, prefix, &b);
-        for (int a = 0; a < TR_NAD; a++) tr_put_adapter(&du, prefix, a, ads[a], 1);
+        for (int a = 0; a < TR_NAD; a++) tr_put_adapter(&du, prefix, a, be, ctx, ads[a], 1);
         for (int a = 0; a < TR_NAD; a++) {
             adam_params hp = TR_ADAM[a];
             if (step == 1) hp.learning_rate *= 0.5;
-            if (hp.grad_clip_norm < 0) hp.grad_clip_norm = 0.5 * adamw_grad_norm(ads[a]->grads, ads[a]->num_params);
+            if (hp.grad_clip_norm < 0) hp.grad_clip_norm = 0.5 * tr_grad_norm(be, ctx, ads[a]);
             clip[a][step] = hp.grad_clip_norm;
             double gn;
             if (be->optim_step(ctx, ads[a], &hp, &gn, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 2; }
@@ -314,24 +333,24 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
             tr_put(&du, name, ST_F64, 1, 0, &gn);
             snprintf(name, sizeof name, "%s.ad%d.grad_clip_norm", prefix, a);
             tr_put(&du, name, ST_F64, 1, 0, &hp.grad_clip_norm);
-            tr_put_adapter(&du, prefix, a, ads[a], 0);
-            tr_put_adapter(&du, prefix, a, ads[a], 2);
-            tr_put_adapter(&du, prefix, a, ads[a], 3);
+            tr_put_adapter(&du, prefix, a, be, ctx, ads[a], 0);
+            tr_put_adapter(&du, prefix, a, be, ctx, ads[a], 2);
+            tr_put_adapter(&du, prefix, a, be, ctx, ads[a], 3);
         }
     }
     /* Each adapter alone, from the initial state: must match the packed step 0. */
-    adapter *solo[TR_NAD];
-    tr_make_adapters(m, solo);
+    exe_adapter *solo[TR_NAD];
+    tr_make_adapters(be, ctx, solo);
     for (int a = 0; a < TR_NAD; a++) {
         tr_batch sb;
-        tr_make_batch(m, solo, &sb, a);
+        tr_make_batch(&mc, solo, &sb, a);
         for (int i = 0; i < TR_NSEQ; i++) { /* same RL inputs as the packed run */
             memcpy(sb.q[i], b.q[i], TR_SEQS[i].n * sizeof(float));
             memcpy(sb.adv[i], b.adv[i], TR_SEQS[i].n * sizeof(float));
         }
         if (tr_run(be, ctx, &sb, true)) return 2;
         tr_put_outputs(&du, "solo", &sb);
-        tr_put_adapter(&du, "solo", a, solo[a], 1);
+        tr_put_adapter(&du, "solo", a, be, ctx, solo[a], 1);
         tr_batch_free(&sb);
     }
     for (int a = 0; a < TR_NAD; a++) {
@@ -345,10 +364,10 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
     else printf("dump: %d tensors → %s\n", du.n, path);
     for (int i = 0; i < du.n; i++) { free(du.names[i]); free(du.data[i]); }
     free(du.d); free(du.names); free(du.data);
-    for (int a = 0; a < TR_NAD; a++) { adapter_free(ads[a]); adapter_free(solo[a]); }
+    tr_free_adapters(be, ctx, ads);
+    tr_free_adapters(be, ctx, solo);
     tr_batch_free(&b);
     be->destroy(ctx);
-    model_free(m);
     return rc ? 2 : 0;
 }
 
@@ -370,26 +389,31 @@ static int tr_make_model(const char *arch, const char *sub, bool bf16, char *dir
     return 0;
 }
 
-static void tr_zero_grads(adapter **ads)
+static void tr_zero_grads(const exe_backend *be, void *ctx, exe_adapter **ads)
 {
-    for (int a = 0; a < TR_NAD; a++) adapter_zero_grad(ads[a]);
+    for (int a = 0; a < TR_NAD; a++) {
+        adapter_state zero = {.layout = ads[a]->layout};   /* NULL arrays upload zeros */
+        test_upload(be, ctx, ads[a], &zero, ADAPTER_GRADS);
+    }
 }
 
 /* Central difference of the summed loss along direction u (over all params of adapter a)
  * against the analytic directional derivative g·u. */
-static double tr_fd(const exe_backend *be, void *ctx, tr_batch *b, adapter *ad, const float *u, double eps)
+static double tr_fd(const exe_backend *be, void *ctx, tr_batch *b, exe_adapter *ad, const float *u, double eps)
 {
-    size_t n = ad->num_params;
-    float *save = malloc(n * sizeof(float));
-    memcpy(save, ad->params, n * sizeof(float));
-    for (size_t i = 0; i < n; i++) ad->params[i] = save[i] + (float)(eps * u[i]);
+    adapter_state save = test_download(be, ctx, ad, ADAPTER_PARAMS), moved = test_download(be, ctx, ad, ADAPTER_PARAMS);
+    size_t n = save.layout.num_params;
+    for (size_t i = 0; i < n; i++) moved.params[i] = save.params[i] + (float)(eps * u[i]);
+    test_upload(be, ctx, ad, &moved, ADAPTER_PARAMS);
     tr_run(be, ctx, b, false);
     double lp = tr_loss_sum(b);
-    for (size_t i = 0; i < n; i++) ad->params[i] = save[i] - (float)(eps * u[i]);
+    for (size_t i = 0; i < n; i++) moved.params[i] = save.params[i] - (float)(eps * u[i]);
+    test_upload(be, ctx, ad, &moved, ADAPTER_PARAMS);
     tr_run(be, ctx, b, false);
     double lm = tr_loss_sum(b);
-    memcpy(ad->params, save, n * sizeof(float));
-    free(save);
+    test_upload(be, ctx, ad, &save, ADAPTER_PARAMS);
+    adapter_state_free(&save);
+    adapter_state_free(&moved);
     return (lp - lm) / (2 * eps);
 }
 
@@ -397,17 +421,15 @@ static void test_arch(const char *arch)
 {
     char dir[512], err[512];
     if (tr_make_model(arch, arch, false, dir, sizeof dir) != 0) { CHECK(0, "mkmodel %s", arch); return; }
-    base_model *m;
-    int rc = model_load(dir, &m, err, sizeof err);
-    CHECK(rc == 0, "model_load %s: %s", arch, err);
-    if (rc) return;
-    const exe_backend *be = &exe_backend_cpu;
-    void *ctx = be->create(m, 2, err, sizeof err);
-    CHECK(ctx != NULL, "create: %s", err);
-    adapter *ads[TR_NAD];
-    tr_make_adapters(m, ads);
+    model_config mc;
+    const exe_backend *be = test_backend();
+    void *ctx = test_backend_open(be, dir, 2, &mc, err, sizeof err);
+    CHECK(ctx != NULL, "%s: open the model on the backend: %s", arch, err);
+    if (!ctx) return;
+    exe_adapter *ads[TR_NAD];
+    tr_make_adapters(be, ctx, ads);
     tr_batch b;
-    tr_make_batch(m, ads, &b, -1);
+    tr_make_batch(&mc, ads, &b, -1);
     CHECK(tr_run(be, ctx, &b, false) == 0, "%s: forward", arch);
     tr_fill_rl(&b, (const float *const *)b.lp);
 
@@ -416,7 +438,7 @@ static void test_arch(const char *arch)
     CHECK(tr_run(be, ctx, &b, false) == 0, "forward");
     for (int i = 0; i < TR_NSEQ; i++) { lp_fwd[i] = malloc(TR_SEQS[i].n * sizeof(float)); memcpy(lp_fwd[i], b.lp[i], TR_SEQS[i].n * sizeof(float)); }
     double gsum = 0;
-    for (int a = 0; a < TR_NAD; a++) gsum += adamw_grad_norm(ads[a]->grads, ads[a]->num_params);
+    for (int a = 0; a < TR_NAD; a++) gsum += tr_grad_norm(be, ctx, ads[a]);
     CHECK(gsum == 0, "%s: forward-only pass wrote gradients", arch);
     CHECK(tr_run(be, ctx, &b, true) == 0, "forward_backward");
     bool same = true, finite = true;
@@ -430,24 +452,26 @@ static void test_arch(const char *arch)
     for (int i = 0; i < TR_NSEQ; i++) free(lp_fwd[i]);
 
     /* accumulation: a second pass doubles the gradients */
-    float *g1[TR_NAD];
-    for (int a = 0; a < TR_NAD; a++) { g1[a] = malloc(ads[a]->num_params * sizeof(float)); memcpy(g1[a], ads[a]->grads, ads[a]->num_params * sizeof(float)); }
+    adapter_state g1[TR_NAD];
+    for (int a = 0; a < TR_NAD; a++) g1[a] = test_download(be, ctx, ads[a], ADAPTER_GRADS);
     CHECK(tr_run(be, ctx, &b, true) == 0, "forward_backward 2");
     for (int a = 0; a < TR_NAD; a++) {
+        adapter_state g2 = test_download(be, ctx, ads[a], ADAPTER_GRADS);
         double worst = 0, gmax = 0;
-        for (size_t k = 0; k < ads[a]->num_params; k++) {
-            worst = fmax(worst, fabs(ads[a]->grads[k] - 2 * g1[a][k]));
-            gmax = fmax(gmax, fabs(g1[a][k]));
+        for (size_t k = 0; k < g2.layout.num_params; k++) {
+            worst = fmax(worst, fabs(g2.grads[k] - 2 * g1[a].grads[k]));
+            gmax = fmax(gmax, fabs(g1[a].grads[k]));
         }
+        adapter_state_free(&g2);
         CHECK(gmax > 0 && worst <= 1e-6 * gmax, "%s: adapter %d: accumulation off by %g (max %g)", arch, a, worst, gmax);
     }
 
     /* packing: each adapter alone gives the packed numbers */
-    adapter *solo[TR_NAD];
-    tr_make_adapters(m, solo);
+    exe_adapter *solo[TR_NAD];
+    tr_make_adapters(be, ctx, solo);
     for (int a = 0; a < TR_NAD; a++) {
         tr_batch sb;
-        tr_make_batch(m, solo, &sb, a);
+        tr_make_batch(&mc, solo, &sb, a);
         for (int i = 0; i < TR_NSEQ; i++) { memcpy(sb.q[i], b.q[i], TR_SEQS[i].n * 4); memcpy(sb.adv[i], b.adv[i], TR_SEQS[i].n * 4); }
         CHECK(tr_run(be, ctx, &sb, true) == 0, "solo run");
         double wl = 0, wg = 0, gmax = 0;
@@ -455,16 +479,18 @@ static void test_arch(const char *arch)
             int i = sb.ad_of[k];
             for (int t = 0; t < TR_SEQS[i].n; t++) wl = fmax(wl, fabs(sb.lp[i][t] - b.lp[i][t]));
         }
-        for (size_t k = 0; k < solo[a]->num_params; k++) {
-            wg = fmax(wg, fabs(solo[a]->grads[k] - g1[a][k]));
-            gmax = fmax(gmax, fabs(g1[a][k]));
+        adapter_state gs = test_download(be, ctx, solo[a], ADAPTER_GRADS);
+        for (size_t k = 0; k < gs.layout.num_params; k++) {
+            wg = fmax(wg, fabs(gs.grads[k] - g1[a].grads[k]));
+            gmax = fmax(gmax, fabs(g1[a].grads[k]));
         }
+        adapter_state_free(&gs);
         CHECK(wl <= 1e-5, "%s: adapter %d alone: log-probs differ by %g", arch, a, wl);
         CHECK(wg <= 1e-5 * gmax, "%s: adapter %d alone: gradients differ by %g (max %g)", arch, a, wg, gmax);
         printf("  %s adapter %d alone vs packed: logprob diff %.2e, grad diff %.2e (rel %.2e)\n", arch, a, wl, wg, wg / gmax);
         tr_batch_free(&sb);
-        adapter_free(solo[a]);
     }
+    tr_free_adapters(be, ctx, solo);
 
     /* finite differences, one check per loss: only that loss's sequences carry a gradient.
      * Not for cispo: its stop-gradient makes the gradient differ from the loss's derivative
@@ -476,12 +502,14 @@ static void test_arch(const char *arch)
             bool used = false;
             for (int k = 0; k < b.nseq; k++) used |= !b.seqs[k].forward_only && b.seqs[k].ad == ads[a];
             if (!used) continue;
-            tr_zero_grads(ads);
+            tr_zero_grads(be, ctx, ads);
             tr_run(be, ctx, &b, true);
-            size_t n = ads[a]->num_params;
+            adapter_state g = test_download(be, ctx, ads[a], ADAPTER_GRADS);
+            size_t n = g.layout.num_params;
             float *u = malloc(n * sizeof(float));
-            double gn = adamw_grad_norm(ads[a]->grads, n);
-            for (size_t i = 0; i < n; i++) u[i] = (float)(ads[a]->grads[i] / gn);
+            double gn = adamw_grad_norm(g.grads, n);
+            for (size_t i = 0; i < n; i++) u[i] = (float)(g.grads[i] / gn);
+            adapter_state_free(&g);
             double fd = gn > 0 ? tr_fd(be, ctx, &b, ads[a], u, 3e-3) : 0;
             CHECK(fabs(fd - gn) <= 2e-3 * gn, "%s %s adapter %d: finite difference %.6g vs |g| %.6g", arch,
                   loss_kind_name((loss_kind)kind), a, fd, gn);
@@ -492,41 +520,76 @@ static void test_arch(const char *arch)
     }
     for (int k = 0; k < b.nseq; k++) b.seqs[k].forward_only = TR_SEQS[b.ad_of[k]].fwd_only;
 
-    /* errors leave everything untouched */
-    tr_zero_grads(ads);
-    int32_t bad = m->cfg.vocab_size;
-    const int32_t *keep = b.seqs[1].tokens;
-    b.seqs[1].tokens = &bad;
-    int n1 = b.seqs[1].n;
-    b.seqs[1].n = 1;
-    float lp0 = b.lp[0][0];
-    b.lp[0][0] = 12345.0f;
-    CHECK(be->forward_backward(ctx, b.seqs, b.nseq, true, err, sizeof err) == -1 && b.lp[0][0] == 12345.0f,
-          "bad token id accepted or outputs touched");
-    b.seqs[1].tokens = keep;
-    b.seqs[1].n = n1;
-    b.lp[0][0] = lp0;
-    const float *kq = b.seqs[1].sampler_logprobs;
-    b.seqs[1].sampler_logprobs = NULL;
-    CHECK(be->forward_backward(ctx, b.seqs, b.nseq, true, err, sizeof err) == -1, "RL loss without logprobs accepted");
-    b.seqs[1].sampler_logprobs = kq;
-    CHECK(adamw_grad_norm(ads[0]->grads, ads[0]->num_params) == 0, "failed call wrote gradients");
+    /* bad sequences never reach the backend: the executor's one check (exe_seq_check,
+     * which backends trust) refuses them, and every sequence of the scenario passes it */
+    bool all_ok = true;
+    for (int k = 0; k < b.nseq; k++) all_ok &= exe_seq_check(&mc, &b.seqs[k], err, sizeof err) == 0;
+    CHECK(all_ok, "%s: a valid sequence refused: %s", arch, err);
+    exe_seq bad = b.seqs[1];
+    int32_t bad_tok = mc.vocab_size;
+    bad.tokens = &bad_tok;
+    bad.n = 1;
+    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "token id"), "bad token id accepted: %s", err);
+    bad = b.seqs[1];
+    bad.sampler_logprobs = NULL;
+    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "logprobs"), "RL loss without logprobs accepted");
+    bad = b.seqs[13];   /* 2-D targets */
+    bad.loss.kind = LOSS_PPO;
+    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "cross_entropy"), "2-D targets with ppo accepted");
+    bad = b.seqs[0];
+    bad.n = mc.max_position_embeddings + 1;
+    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "context"), "sequence over the context accepted");
 
     /* optim_step with no gradient: step advances, moments stay 0, only weight decay acts */
-    float p0 = ads[0]->params[0];
+    tr_zero_grads(be, ctx, ads);
+    adapter_state p0 = test_download(be, ctx, ads[0], ADAPTER_PARAMS);
     adam_params hp = {1e-2, 0.9, 0.95, 1e-8, 0.5, 0.0};
     double gn = -1;
-    CHECK(be->optim_step(ctx, ads[0], &hp, &gn, err, sizeof err) == 0 && gn == 0 && adapter_step(ads[0]) == 1,
+    CHECK(be->optim_step(ctx, ads[0], &hp, &gn, err, sizeof err) == 0 && gn == 0 && ads[0]->step == 1,
           "optim_step without gradient");
-    CHECK(fabsf(ads[0]->params[0] - p0 * (1 - 1e-2f * 0.5f)) <= 1e-7f * fabsf(p0), "weight decay only: %g vs %g",
-          ads[0]->params[0], p0 * (1 - 1e-2 * 0.5));
+    adapter_state p1 = test_download(be, ctx, ads[0], ADAPTER_PARAMS);
+    CHECK(fabsf(p1.params[0] - p0.params[0] * (1 - 1e-2f * 0.5f)) <= 1e-7f * fabsf(p0.params[0]),
+          "weight decay only: %g vs %g", p1.params[0], p0.params[0] * (1 - 1e-2 * 0.5));
+    adapter_state_free(&p0);
+    adapter_state_free(&p1);
     hp.beta1 = 1.0;
     CHECK(be->optim_step(ctx, ads[0], &hp, &gn, err, sizeof err) == -1, "beta1 = 1 accepted");
 
-    for (int a = 0; a < TR_NAD; a++) { adapter_free(ads[a]); free(g1[a]); }
+    /* transfers: an upload then a download gives back every part exactly, and a copy
+     * between adapters moves only the parts asked for */
+    adapter_state all = test_download(be, ctx, ads[0], ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    for (size_t k = 0; k < all.layout.num_params; k++) {
+        all.params[k] = 0.25f * (float)k;
+        all.grads[k] = -1.0f - (float)k;
+        all.m[k] = 1e-3f * (float)k;
+        all.v[k] = 1e-6f * (float)k;
+    }
+    all.step = 41;
+    test_upload(be, ctx, ads[0], &all, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    adapter_state back = test_download(be, ctx, ads[0], ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    size_t nb = all.layout.num_params * sizeof(float);
+    CHECK(!memcmp(back.params, all.params, nb) && !memcmp(back.grads, all.grads, nb) && !memcmp(back.m, all.m, nb) &&
+              !memcmp(back.v, all.v, nb) && back.step == 41 && ads[0]->step == 41,
+          "%s: upload + download round trip", arch);
+    lora_config c0 = {TR_ADS[0].rank, 0, TR_ADS[0].attn, TR_ADS[0].mlp, TR_ADS[0].unembed};
+    exe_adapter *snap = be->adapter_alloc(ctx, &c0, false, err, sizeof err);
+    CHECK(snap && !snap->trainable && be->adapter_copy(ctx, snap, ads[0], ADAPTER_PARAMS, err, sizeof err) == 0,
+          "%s: sampler copy: %s", arch, err);
+    if (snap) {
+        adapter_state sp = test_download(be, ctx, snap, ADAPTER_PARAMS);
+        CHECK(!memcmp(sp.params, all.params, nb), "%s: the copy holds the weights", arch);
+        CHECK(be->adapter_upload(ctx, snap, &all, ADAPTER_OPTIM, err, sizeof err) == -1,
+              "%s: Adam state uploaded into an adapter that is not trainable", arch);
+        adapter_state_free(&sp);
+        be->adapter_free(ctx, snap);
+    }
+    adapter_state_free(&all);
+    adapter_state_free(&back);
+
+    tr_free_adapters(be, ctx, ads);
+    for (int a = 0; a < TR_NAD; a++) adapter_state_free(&g1[a]);
     tr_batch_free(&b);
     be->destroy(ctx);
-    model_free(m);
 }
 
 static void test_loss_token(void)
@@ -605,18 +668,35 @@ static void test_models(void)
         CHECK(0, "mkmodel");
         return;
     }
-    base_model *a, *b;
-    CHECK(model_load(dir, &a, err, sizeof err) == 0, "load f32: %s", err);
-    CHECK(model_load(dir2, &b, err, sizeof err) == 0, "load bf16: %s", err);
-    bool eq = a->num_floats == b->num_floats;
-    for (size_t i = 0; eq && i < a->num_floats; i++) eq = st_bf16_to_f32(st_f32_to_bf16(a->mem[i])) == b->mem[i];
+    model_files *a, *b;
+    CHECK(model_open(dir, &a, err, sizeof err) == 0, "open f32: %s", err);
+    CHECK(model_open(dir2, &b, err, sizeof err) == 0, "open bf16: %s", err);
+    if (!a || !b) return;
+    /* the bf16 tensors stay bf16 until a backend converts them, and read back as the
+     * rounded f32 ones */
+    const st_tensor **ta = malloc(MODEL_MAX_TENSORS(&a->cfg) * sizeof *ta), **tb = malloc(MODEL_MAX_TENSORS(&b->cfg) * sizeof *tb);
+    int na = model_tensor_list(a, ta), nb = model_tensor_list(b, tb);
+    bool eq = na == nb && na > 0, stored = true;
+    for (int t = 0; eq && t < na; t++) {
+        stored &= ta[t]->dtype == ST_F32 && tb[t]->dtype == ST_BF16;
+        size_t n = (size_t)ta[t]->numel;
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        eq = n == (size_t)tb[t]->numel && st_tensor_to_f32(ta[t], x, n, err, sizeof err) == 0 &&
+             st_tensor_to_f32(tb[t], y, n, err, sizeof err) == 0;
+        for (size_t i = 0; eq && i < n; i++) eq = st_bf16_to_f32(st_f32_to_bf16(x[i])) == y[i];
+        free(x);
+        free(y);
+    }
     CHECK(eq, "bf16 model differs from the rounded f32 one");
-    const model_config *mc = model_get_config(a);
+    CHECK(stored, "model_open keeps the stored dtypes (F32 and BF16)");
+    free(ta);
+    free(tb);
+    const model_config *mc = &a->cfg;
     CHECK(mc->arch == MODEL_ARCH_QWEN3 && mc->head_dim == 32 && mc->tie_word_embeddings && mc->qk_norm &&
               a->lm_head == a->embed && mc->n_eos == 1,
           "qwen3 tiny config");
-    model_free(a);
-    model_free(b);
+    model_close(a);
+    model_close(b);
     /* unknown geometry in the file: shape mismatch is an error, not a crash */
     FILE *f = fopen(strcat(strcpy(dir2, dir), "/config.json"), "r+");
     if (f) {
@@ -628,7 +708,7 @@ static void test_models(void)
         rewind(f);
         fwrite(buf, 1, n, f);
         fclose(f);
-        CHECK(model_load(dir, &a, err, sizeof err) == -1 && strstr(err, "shape"), "shape mismatch: %s", err);
+        CHECK(model_open(dir, &a, err, sizeof err) == -1 && strstr(err, "shape"), "shape mismatch: %s", err);
     }
 }
 
@@ -642,7 +722,7 @@ typedef struct {
     bool stopped[16];
 } tr_sreq;
 
-static void tr_sreq_init(tr_sreq *q, adapter *ad, int n_prompt, int ns, int max_tokens, double temp, uint64_t seed, int V)
+static void tr_sreq_init(tr_sreq *q, exe_adapter *ad, int n_prompt, int ns, int max_tokens, double temp, uint64_t seed, int V)
 {
     memset(q, 0, sizeof *q);
     rng_state r;
@@ -685,9 +765,9 @@ static int tr_cmp_desc(const void *a, const void *b)
  * next-token log-probs (a forward with all V tokens as 2-D targets of the last position):
  * every sampled token must lie in the kept set and carry log p of the renormalised
  * distribution; frequencies must be plausible. */
-static void test_sample_dist(const exe_backend *be, void *ctx, const base_model *m, adapter *ad, const char *arch)
+static void test_sample_dist(const exe_backend *be, void *ctx, const model_config *mc, exe_adapter *ad, const char *arch)
 {
-    int V = m->cfg.vocab_size, N = 400;
+    int V = mc->vocab_size, N = 400;
     double T = 0.7, top_p = 0.8;
     int top_k = 50;
     static tr_sreq q;
@@ -735,13 +815,13 @@ static void test_sample(const char *arch)
 {
     char dir[512], err[512];
     snprintf(dir, sizeof dir, "%s/%s", tr_tmp, arch); /* written by test_arch */
-    base_model *m;
-    if (model_load(dir, &m, err, sizeof err) != 0) { CHECK(0, "load: %s", err); return; }
-    const exe_backend *be = &exe_backend_cpu;
-    void *ctx = be->create(m, 2, err, sizeof err);
-    adapter *ads[TR_NAD];
-    tr_make_adapters(m, ads);
-    int V = m->cfg.vocab_size;
+    model_config mc;
+    const exe_backend *be = test_backend();
+    void *ctx = test_backend_open(be, dir, 2, &mc, err, sizeof err);
+    if (!ctx) { CHECK(0, "load: %s", err); return; }
+    exe_adapter *ads[TR_NAD];
+    tr_make_adapters(be, ctx, ads);
+    int V = mc.vocab_size;
     static tr_sreq q[4], again[4];
     tr_sreq_init(&q[0], ads[0], 5, 3, 12, 1.0, 1, V);
     tr_sreq_init(&q[1], NULL, 9, 2, 7, 1.0, 2, V);
@@ -788,16 +868,15 @@ static void test_sample(const char *arch)
               !memcmp(again[2].tok, q[0].tok, (first + 1) * sizeof(int32_t)),
           "%s: stop token: n %d (expected %d), stopped %d", arch, again[2].n[0], first + 1, again[2].stopped[0]);
     /* context limit: a prompt 2 short of the context gets 3 tokens (the last one unfed) */
-    int P = m->cfg.max_position_embeddings;
+    int P = mc.max_position_embeddings;
     tr_sreq_init(&again[3], NULL, P - 2, 1, 10, 1.0, 5, V);
     CHECK(be->sample(ctx, &again[3].r, 1, err, sizeof err) == 0 && again[3].n[0] == 3 && !again[3].stopped[0],
           "%s: context limit: %d tokens", arch, again[3].n[0]);
     tr_sreq_init(&again[3], NULL, P + 1, 1, 10, 1.0, 5, V);
     CHECK(be->sample(ctx, &again[3].r, 1, err, sizeof err) == -1 && strstr(err, "context"), "prompt over the context accepted");
-    test_sample_dist(be, ctx, m, ads[0], arch);
-    for (int a = 0; a < TR_NAD; a++) adapter_free(ads[a]);
+    test_sample_dist(be, ctx, &mc, ads[0], arch);
+    tr_free_adapters(be, ctx, ads);
     be->destroy(ctx);
-    model_free(m);
 }
 
 static void tr_rmtree(const char *d)

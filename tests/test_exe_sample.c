@@ -1,19 +1,23 @@
-/* test_exe_sample.c — the executor's sampling code (gpu/exe_sample.c) without a database:
+/* test_exe_sample.c — the executor's sampling code (executor/exe_sample.c) without a database:
  * operations built in memory as the executor loop builds them from rows, run through
- * exe_run_snapshot / exe_run_sample_batch on the tiny Llama with the CPU backend.
+ * exe_run_snapshot / exe_run_sample_batch on the tiny Llama with the test backend
+ * (LOOM_TEST_BACKEND, default cpu).
  *
  * Checks the result JSON of spec §11.2 and the semantics of §9: sampled log-probs at
  * temperature 1 equal a forward pass over the same tokens; prompt_logprobs and
  * topk_prompt_logprobs agree with it; a seed reproduces samples alone or batched with
  * others; temperature 0 is the argmax; stop tokens, EOS and stop strings end a sample
  * and are kept; a snapshot keeps the weights it was taken with while training goes on;
- * eviction, unknown snapshots, bad payloads and unsupported sources fail cleanly. */
-#include "gpu/backend.h"
-#include "gpu/exe_internal.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/rng.h"
-#include "gpu/tokenizer.h"
+ * eviction within the store's memory budget, unknown snapshots, bad payloads and
+ * unsupported sources fail cleanly; a bad datum fails only its forward_backward. */
+#include "backend/backend.h"
+#include "backend/loss.h"
+#include "executor/exe_sample.h"
+#include "executor/exe_train.h"
+#include "model/mkmodel.h"
+#include "model/rng.h"
+#include "model/tokenizer.h"
+#include "tests/lib/test_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -71,7 +75,7 @@ static int ints(json_t *a, int32_t *out, int cap)
 }
 
 /* log p(x[i+1] | x[..i]) for i < n−1 under adapter ad, by the training forward pass. */
-static void forward_lp(adapter *ad, const int32_t *x, int n, float *lp)
+static void forward_lp(exe_adapter *ad, const int32_t *x, int n, float *lp)
 {
     float *loss = calloc(n, sizeof *loss);
     exe_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = x, .targets = x + 1,
@@ -82,7 +86,7 @@ static void forward_lp(adapter *ad, const int32_t *x, int n, float *lp)
 }
 
 /* Largest |sampled logprob − forward logprob| over a sample's generated tokens. */
-static double lp_gap(adapter *ad, const int32_t *prompt, int np, json_t *seq)
+static double lp_gap(exe_adapter *ad, const int32_t *prompt, int np, json_t *seq)
 {
     int32_t x[512];
     memcpy(x, prompt, np * sizeof *x);
@@ -111,21 +115,23 @@ int main(void)
     st.model_dir = dir;   /* stop strings find <model_dir>/tokenizer.json, as in the executor */
     tok = tok_load(path, err, sizeof err);
     CHECK(tok != NULL, "mkmodel wrote a loadable tokenizer.json: %s", err);
-    if (model_load(dir, &st.model, err, sizeof err) != 0) { printf("load: %s\n", err); return 1; }
-    st.be = &exe_backend_cpu;
-    st.ctx = st.be->create(st.model, 2, err, sizeof err);
-    st.vocab = st.model->cfg.vocab_size;
+    st.be = test_backend();
+    if (!(st.ctx = test_backend_open(st.be, dir, 2, &st.model, err, sizeof err))) { printf("load: %s\n", err); return 1; }
+    exe_store_init(&st.store, st.be, st.ctx, (size_t)1 << 30);
     st.executor_id = 7;
 
     /* a training model whose B is not zero, so that the adapter changes the distribution */
     exe_op *cr = new_op("create_model", "m1", NULL, "{}");
     exe_run_create(&st, cr);
-    adapter *ad = exe_slot_find(&st, "m1");
+    exe_adapter *ad = exe_store_get(&st.store, STORE_TRAINING, "m1");
     CHECK(ad && cr->result, "create_model");
+    if (!ad) return 1;
+    adapter_state w = test_download(st.be, st.ctx, ad, ADAPTER_PARAMS);
     rng_state r;
     rng_seed(&r, 9);
-    for (size_t i = 0; i < ad->num_params; i++) ad->params[i] = (float)(0.05 * rng_normal(&r));
-    adapter *at_snap = adapter_clone_weights(ad, err, sizeof err);
+    for (size_t i = 0; i < w.layout.num_params; i++) w.params[i] = (float)(0.05 * rng_normal(&r));
+    test_upload(st.be, st.ctx, ad, &w, ADAPTER_PARAMS);
+    exe_adapter *at_snap = exe_adapter_from_state(st.be, st.ctx, &w, false, err, sizeof err);
 
     /* ---- snapshot ---- */
     exe_op *sn = new_op("save_weights_for_sampler", "m1", NULL, "{\"sampling_session_id\": \"S:sample:0\"}");
@@ -136,7 +142,9 @@ int main(void)
     free(res);
     CHECK(sn->commit_hook != NULL, "snapshot sets a commit hook (sampling_sessions.executor_id)");
     /* training goes on: the live adapter changes, the snapshot must not */
-    for (size_t i = 0; i < ad->num_params; i++) ad->params[i] += 0.05f;
+    for (size_t i = 0; i < w.layout.num_params; i++) w.params[i] += 0.05f;
+    test_upload(st.be, st.ctx, ad, &w, ADAPTER_PARAMS);
+    adapter_state_free(&w);
 
     const int32_t prompt[] = {1, 17, 33, 90, 4, 250, 7};
     const int np = 7;
@@ -371,8 +379,14 @@ int main(void)
         for (int i = 0; i < 5; i++) free_op(f[i]);
     }
 
-    /* ---- eviction: 64 snapshots are kept, the least recently used goes ---- */
+    /* ---- eviction: with room for the training slot and 64 snapshots, a 65th snapshot
+     * evicts the least recently used ---- */
     {
+        exe_adapter *s0 = exe_store_get(&st.store, STORE_SNAPSHOT, "S:sample:0");
+        CHECK(s0 && s0->device_bytes > 0 && ad->device_bytes > s0->device_bytes,
+              "a snapshot holds weights only: %zu bytes, the training slot %zu", s0 ? s0->device_bytes : 0, ad->device_bytes);
+        if (!s0) return 1;
+        st.store.budget = ad->device_bytes + 64 * s0->device_bytes;
         for (int i = 1; i <= 64; i++) {
             char pl[128];
             snprintf(pl, sizeof pl, "{\"sampling_session_id\": \"S:sample:%d\"}", 100 + i);
@@ -384,14 +398,46 @@ int main(void)
         exe_op *recent = sample1("S:sample:164", "{\"prompt\": [1], \"max_tokens\": 2, \"source\": \"snapshot\"}");
         CHECK(old->category && !strcmp(old->category, "server"), "the 65th snapshot evicts the least recently used");
         CHECK(!recent->category, "recent snapshots stay: %s", recent->error);
+        exe_store_stats ss;
+        exe_store_get_stats(&st.store, &ss);
+        CHECK(ss.count[STORE_SNAPSHOT] == 64 && ss.count[STORE_TRAINING] == 1 && ss.used <= ss.budget,
+              "the store holds 64 snapshots and the training slot within its budget (%zu of %zu bytes)", ss.used,
+              ss.budget);
+        /* a training slot is never evicted */
+        exe_op *c2 = new_op("create_model", "m2", NULL, "{}");
+        exe_run_create(&st, c2);
+        CHECK(!c2->category && exe_store_get(&st.store, STORE_TRAINING, "m1") && exe_store_get(&st.store, STORE_TRAINING, "m2"),
+              "a new training slot takes its room from snapshots, never from another training slot");
+        exe_store_drop(&st.store, STORE_TRAINING, "m2");
+        CHECK(!exe_store_get(&st.store, STORE_TRAINING, "m2"), "a dropped slot is gone (unload_model)");
+        free_op(c2);
         free_op(old);
         free_op(recent);
+    }
+
+    /* ---- forward_backward: a bad datum fails its own operation only ---- */
+    {
+        exe_op *fb[2];
+        fb[0] = new_op("forward_backward", "m1", NULL, "{\"loss_fn\": \"cross_entropy\", \"data\": [{\"tokens\": [1, 2, 3],"
+                                                      " \"target_tokens\": [2, 3, 4]}]}");
+        fb[1] = new_op("forward_backward", "m1", NULL, "{\"loss_fn\": \"cross_entropy\", \"data\": [{\"tokens\": [1, 2],"
+                                                      " \"target_tokens\": [2, 3]}, {\"tokens\": [1, 256],"
+                                                      " \"target_tokens\": [2, 3]}]}");
+        exe_run_fb_batch(&st, fb, 2, true);
+        CHECK(!fb[0]->category && json_object_get(fb[0]->result, "loss_fn_outputs"), "the good op ran: %s", fb[0]->error);
+        CHECK(fb[1]->category && !strcmp(fb[1]->category, "user") && strstr(fb[1]->error, "data[1]") &&
+                  strstr(fb[1]->error, "token id"), "the bad datum fails its op as the user's error: %s", fb[1]->error);
+        free_op(fb[0]);
+        free_op(fb[1]);
     }
 
     free_op(a);
     free_op(sn);
     free_op(cr);
-    adapter_free(at_snap);
+    st.be->adapter_free(st.ctx, at_snap);
+    exe_store_free(&st.store);
+    if (st.tok) tok_free(st.tok);
+    st.be->destroy(st.ctx);
     tok_free(tok);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -1,5 +1,5 @@
 /* test_learning.c — does training actually learn? Two loops on the tiny Llama through the
- * CPU backend table, as a Tinker client would drive them:
+ * backend table (LOOM_TEST_BACKEND, default cpu), as a Tinker client would drive them:
  *
  *   SFT: 8 random sequences of 16 tokens, cross_entropy + AdamW; the mean NLL must fall by
  *        more than 90% (memorisation) and greedy sampling must then reproduce them.
@@ -12,10 +12,11 @@
  *        fp32 then differs by up to 1e-3 between any two summation orders — the packed
  *        forward itself changes with the sequence length; 1e-2 stays well conditioned.)
  * Prints the curves and "N passed, N failed". */
-#include "gpu/backend.h"
-#include "gpu/loss.h"
-#include "gpu/mkmodel.h"
-#include "gpu/rng.h"
+#include "backend/backend.h"
+#include "backend/loss.h"
+#include "model/mkmodel.h"
+#include "model/rng.h"
+#include "tests/lib/test_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,20 +32,19 @@ static int n_pass, n_fail;
         else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
     } while (0)
 
-static const exe_backend *be = &exe_backend_cpu;
+static const exe_backend *be;
 static void *ctx;
-static base_model *model;
 
-static adapter *new_adapter(int rank, uint64_t seed)
+static exe_adapter *new_adapter(int rank, uint64_t seed)
 {
     char err[256];
     lora_config c = {.rank = rank, .seed = seed, .train_attn = true, .train_mlp = true, .train_unembed = true};
-    adapter *a = adapter_create(model, &c, err, sizeof err);
+    exe_adapter *a = exe_adapter_new(be, ctx, &c, true, err, sizeof err);
     if (!a) { printf("adapter: %s\n", err); exit(1); }
     return a;
 }
 
-static void step(adapter *a, double lr)
+static void step(exe_adapter *a, double lr)
 {
     adam_params p = {.learning_rate = lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0, .grad_clip_norm = 0};
     char err[256];
@@ -64,7 +64,7 @@ static void test_sft(void)
         seq[i][0] = 1; /* BOS */
         for (int t = 1; t < SFT_LEN; t++) seq[i][t] = 3 + (int32_t)(rng_next(&r) % 250);
     }
-    adapter *a = new_adapter(8, 7);
+    exe_adapter *a = new_adapter(8, 7);
     float lp[SFT_N][SFT_LEN], loss[SFT_N][SFT_LEN];
     exe_seq s[SFT_N];
     for (int i = 0; i < SFT_N; i++)
@@ -101,7 +101,7 @@ static void test_sft(void)
         for (int t = 0; t < n_out[i]; t++, total++) right += out[i][t] == seq[i][4 + t];
     CHECK(right >= 0.9 * SFT_N * (SFT_LEN - 4), "greedy sampling reproduces %d/%d memorised tokens", right,
           SFT_N * (SFT_LEN - 4));
-    adapter_free(a);
+    be->adapter_free(ctx, a);
 }
 
 /* ---- RL -------------------------------------------------------------------------------- */
@@ -110,7 +110,7 @@ enum { RL_SAMPLES = 32, RL_GEN = 12, RL_STEPS = 40, RL_X = 42 };
 
 static void test_rl(void)
 {
-    adapter *a = new_adapter(8, 11);
+    exe_adapter *a = new_adapter(8, 11);
     const int32_t prompt[] = {1, 10, 20, 30};
     const int np = 4, n = np + RL_GEN - 1;
     int32_t toks[RL_SAMPLES][RL_GEN];
@@ -166,7 +166,7 @@ static void test_rl(void)
     CHECK(worst_ratio < 1e-4, "on-policy importance ratios are 1: max |learner lp - sampler lp| = %.2e", worst_ratio);
     CHECK(late > early + 0.3 && late > 0.5, "RL raises the mean reward: %.3f (first 5 steps) -> %.3f (last 5)", early,
           late);
-    adapter_free(a);
+    be->adapter_free(ctx, a);
 }
 
 int main(void)
@@ -176,15 +176,14 @@ int main(void)
     mkmodel_opts o;
     mkmodel_defaults(&o, "llama", "tiny", err, sizeof err);
     o.out_dir = dir;
-    if (mkmodel_write(&o, err, sizeof err) != 0 || model_load(dir, &model, err, sizeof err) != 0) {
+    be = test_backend();
+    if (mkmodel_write(&o, err, sizeof err) != 0 || !(ctx = test_backend_open(be, dir, 2, NULL, err, sizeof err))) {
         printf("model: %s\n", err);
         return 1;
     }
-    if (!(ctx = be->create(model, 2, err, sizeof err))) { printf("backend: %s\n", err); return 1; }
     test_sft();
     test_rl();
     be->destroy(ctx);
-    model_free(model);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) {}

@@ -1,13 +1,15 @@
-/* test_longseq.c: an 8192-token sequence through the CPU backend's forward_backward
+/* test_longseq.c: an 8192-token sequence through a backend's forward_backward
+ * (LOOM_TEST_BACKEND, default cpu)
  * (issue 4: long sequences without a T×T attention matrix per head in memory).
  * With 4 heads, a materialised T×T fp32 score matrix per head would need 1 GiB; the
  * process's peak resident memory must stay far below that. The first positions'
  * logprobs must equal those of a separate short run (causal attention: a prefix does
  * not see what follows), and gradients must be finite. */
-#include "gpu/backend.h"
-#include "gpu/lora.h"
-#include "gpu/mkmodel.h"
-#include "gpu/model.h"
+#include "backend/backend.h"
+#include "model/lora.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "tests/lib/test_backend.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,19 +36,19 @@ int main(void) {
     o.out_dir = dir;
     o.max_pos = 16384;
     if (mkmodel_write(&o, err, sizeof err) != 0) { printf("mkmodel: %s\n", err); return 2; }
-    base_model *m;
-    if (model_load(dir, &m, err, sizeof err) != 0) { printf("load: %s\n", err); return 2; }
     lora_config lc = {.rank = 8, .seed = 3, .train_attn = true, .train_mlp = true, .train_unembed = true};
-    adapter *ad = adapter_create(m, &lc, err, sizeof err);
-    const exe_backend *be = &exe_backend_cpu;
-    void *ctx = be->create(m, 2, err, sizeof err);
+    const exe_backend *be = test_backend();
+    void *ctx = test_backend_open(be, dir, 2, NULL, err, sizeof err);
+    exe_adapter *ad = ctx ? exe_adapter_new(be, ctx, &lc, true, err, sizeof err) : NULL;
     if (!ad || !ctx) { printf("setup: %s\n", err); return 2; }
     /* Nonzero B so every LoRA gradient is exercised. */
-    for (int i = 0; i < adapter_num_tensors(ad); i++) {
-        const char *name; int r, c; float *p, *g, *mm, *v;
-        adapter_tensor(ad, i, &name, &r, &c, &p, &g, &mm, &v);
-        if (strstr(name, "lora_B")) for (int k = 0; k < r * c; k++) p[k] = 0.01f * (float)((k * 7919) % 13 - 6);
+    adapter_state h = test_download(be, ctx, ad, ADAPTER_PARAMS);
+    for (int i = 0; i < h.layout.num_tensors; i++) {
+        const lora_tensor *t = &h.layout.tensors[i];
+        if (t->is_b) for (int k = 0; k < t->rows * t->cols; k++) h.params[t->offset + k] = 0.01f * (float)((k * 7919) % 13 - 6);
     }
+    test_upload(be, ctx, ad, &h, ADAPTER_PARAMS);
+    adapter_state_free(&h);
     long rss_before = peak_rss_mb();
     int32_t *tok = malloc(T * sizeof *tok), *tgt = malloc(T * sizeof *tgt);
     for (int i = 0; i < T; i++) { tok[i] = (i * 31 + 7) % 251; tgt[i] = (i * 31 + 38) % 251; }
@@ -61,11 +63,9 @@ int main(void) {
           rss - rss_before);
     bool finite = true;
     for (int i = 0; i < T; i++) finite &= isfinite(lp[i]) && lp[i] <= 0;
-    for (int i = 0; i < adapter_num_tensors(ad); i++) {
-        const char *name; int r, c; float *p, *g, *mm, *v;
-        adapter_tensor(ad, i, &name, &r, &c, &p, &g, &mm, &v);
-        for (int k = 0; k < r * c; k++) finite &= isfinite(g[k]);
-    }
+    adapter_state g = test_download(be, ctx, ad, ADAPTER_GRADS);
+    for (size_t k = 0; k < g.layout.num_params; k++) finite &= isfinite(g.grads[k]);
+    adapter_state_free(&g);
     CHECK(finite, "all logprobs and LoRA gradients finite");
     exe_seq s2 = {.ad = ad, .loss = {.kind = LOSS_CROSS_ENTROPY}, .n = SHORT, .tokens = tok, .targets = tgt,
                   .logprobs_out = lp_short, .loss_out = loss_short};
@@ -74,9 +74,8 @@ int main(void) {
     for (int i = 0; i < SHORT; i++) worst = fmax(worst, fabs(lp[i] - lp_short[i]));
     CHECK(rc == 0 && worst < 1e-4, "the first %d logprobs equal a separate %d-token run (worst diff %.2e)", SHORT,
           SHORT, worst);
+    be->adapter_free(ctx, ad);
     be->destroy(ctx);
-    adapter_free(ad);
-    model_free(m);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) {}

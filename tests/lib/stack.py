@@ -1,5 +1,6 @@
 """A whole Loom on this machine for a test: `loom up` on a fresh data directory
-(its own PostgreSQL cluster, api, scheduler, CPU executor), real HTTP over loopback.
+(its own PostgreSQL cluster, api, scheduler, an executor on the backend named by
+LOOM_TEST_BACKEND, default cpu), real HTTP over loopback.
 
     with Stack() as s:
         s.post("/api/v1/create_session", {...}) -> (status, json)
@@ -8,6 +9,13 @@
 import json, os, re, select, shutil, signal, subprocess, tempfile, time, urllib.request, urllib.error
 
 LOOM_BIN = os.environ.get("LOOM_BIN", "build/loom")
+
+
+def backend_args():
+    """The executor backend the tests run on: LOOM_TEST_BACKEND (default cpu) on device
+    LOOM_TEST_DEVICE (default 0), so that every suite can check any backend."""
+    return ["--backend", os.environ.get("LOOM_TEST_BACKEND") or "cpu",
+            "--device", os.environ.get("LOOM_TEST_DEVICE") or "0"]
 
 
 class Stack:
@@ -23,7 +31,7 @@ class Stack:
         os.chmod(self.dir, 0o755)
         self.log = open(os.path.join(self.dir, "up.log"), "wb")
         self.proc = subprocess.Popen(
-            [LOOM_BIN, "up", "--data-dir", self.dir, "--port", "0"] + self.extra_args,
+            [LOOM_BIN, "up", "--data-dir", self.dir, "--port", "0"] + backend_args() + self.extra_args,
             stdout=subprocess.PIPE, stderr=self.log, env=self.env, start_new_session=True)
         deadline = time.time() + self.start_timeout
         buf = b""

@@ -1,0 +1,186 @@
+/* backend.h — the executor backend table: what the executor asks of a device.
+ *
+ * A backend is opened on one device of one base model (create) and owns everything that
+ * lives there: the base weights, in whatever form it computes in, and the LoRA adapters
+ * (weights, gradient accumulators, AdamW moments). The executor holds adapters only as
+ * opaque handles (exe_adapter) and moves their numbers with adapter_upload /
+ * adapter_download through the host form of model/lora.h (adapter_state): checkpoints,
+ * snapshots, imports and, later, eviction all go through those two calls, so a backend
+ * always knows when its copy changes. Compute is three calls: one packed
+ * forward/backward pass over many sequences (each with its own adapter and loss), one
+ * AdamW step on one adapter, and batched sampling.
+ *
+ * The contract (docs/architecture.md, "The backend table"):
+ *  - A context is used by one thread at a time; calls run to completion (synchronous).
+ *  - Inputs are trusted: the executor validates every sequence before it calls
+ *    forward_backward (exe_seq_check), so a backend does not check token ids, lengths or
+ *    loss inputs again. Errors it reports are its own (out of memory, device faults).
+ *  - Adapters passed to a context were allocated by that context.
+ *  - Results are those of the CPU backend (backend/cpu/), the numerical reference, within
+ *    the tolerances the reference suites state.
+ *
+ * Backends: "cpu" (backend/cpu/, always built); "cuda" goes to backend/cuda/.
+ */
+#ifndef LOOM_BACKEND_BACKEND_H
+#define LOOM_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/adamw.h"
+#include "backend/loss.h"
+#include "model/lora.h"
+#include "model/model.h"
+
+/* An adapter resident on a backend's device. Backends allocate a larger struct that
+ * starts with this header; the executor reads the header only. */
+typedef struct exe_adapter {
+    lora_layout layout;      /* its tensors (names, shapes, offsets): host metadata */
+    bool trainable;          /* has gradient accumulators and AdamW moments */
+    int64_t step;            /* optimizer steps taken: optim_step adds one; an upload of
+                                ADAPTER_OPTIM sets it */
+    size_t device_bytes;     /* device memory it holds (what the adapter store budgets) */
+} exe_adapter;
+
+/* One sequence of a packed batch; sequences may belong to different adapters and losses. */
+typedef struct {
+    exe_adapter *ad;              /* NULL = base model only (forward only, no gradient) */
+    loss_spec loss;
+    int n;                        /* tokens */
+    const int32_t *tokens;        /* model input x[0..n) */
+    const int32_t *targets;       /* target t[0..n) ([n, k] row-major when k > 1) */
+    const float *weights;         /* cross_entropy weights (may be negative); NULL = 1.0; [n, k] when k > 1 */
+    const float *sampler_logprobs, *advantages; /* RL losses (required for them) */
+    float *logprobs_out;          /* [n] learner log p(t[i] | x[..i]) (caller-allocated) */
+    float *loss_out;              /* [n] elementwise loss (caller-allocated) */
+    bool forward_only;            /* extension: no gradient from this sequence even when the
+                                     pass is a backward one (a `forward` op packed with
+                                     forward_backward ops of the same cycle) */
+    int k;                        /* extension: targets per position for 2-D cross_entropy
+                                     (spec §8, top-k distillation): loss_out[i] =
+                                     −Σ_j w[i,j]·log p(t[i,j]); 0 or 1 = the usual 1-D case */
+    int topk;                     /* extension (sampling's topk_prompt_logprobs, spec §11.2):
+                                     when > 0, the topk most likely tokens of each position's
+                                     distribution p(· | x[..i]), best first (ties: lower id
+                                     first), into topk_ids_out / topk_lp_out [n, topk];
+                                     0 ≤ topk ≤ min(vocab, EXE_MAX_TOPK) */
+    int32_t *topk_ids_out;
+    float *topk_lp_out;
+} exe_seq;
+
+#define EXE_MAX_TOPK 1024
+/* The most targets per position of 2-D cross_entropy. */
+#define EXE_MAX_K 1024
+
+/* One sampling request (spec §11): num_samples completions of one prompt, which is
+ * prefilled once. Generation of a sample ends after a token of stop_tokens (kept as its
+ * last token; the caller adds the model's EOS ids to the list), at max_tokens, or at the
+ * context limit. logprobs are those of the distribution actually sampled from (after
+ * temperature, top-k, top-p); for greedy decoding (temperature 0) the model's own
+ * log-probs. At temperature 1 without filtering they equal forward_backward's logprobs
+ * for the same tokens (spec §9.1). Samples are reproducible per (seed, sample index),
+ * independently of what else is in the batch. */
+typedef struct exe_sample_req {
+    exe_adapter *ad;              /* NULL = base model */
+    int n_prompt;                 /* ≥ 1 */
+    const int32_t *prompt;
+    int num_samples;              /* ≥ 1 */
+    int max_tokens;               /* ≥ 0 */
+    double temperature;           /* ≥ 0; 0 = greedy */
+    int top_k;                    /* ≤ 0 = no limit */
+    double top_p;                 /* (0, 1]; 1 = no limit */
+    uint64_t seed;
+    const int32_t *stop_tokens;
+    int n_stop;
+    /* Optional (NULL = none): asked after each generated token that is not a stop token,
+     * with the sample's tokens so far; true ends the sample there like a stop token (the
+     * executor's stop strings). May be called from several threads at once. A backend
+     * may ignore it (it then only costs decode steps: the executor cuts the sequence at
+     * the stop string itself), so it must be a pure function of its arguments. */
+    bool (*stop_check)(const struct exe_sample_req *r, int sample, const int32_t *tokens, int n);
+    void *stop_user;              /* for stop_check */
+    /* outputs, caller-allocated */
+    int32_t *tokens_out;          /* [num_samples, max_tokens] */
+    float *logprobs_out;          /* [num_samples, max_tokens] */
+    int *n_out;                   /* [num_samples] tokens generated */
+    bool *stopped_out;            /* [num_samples] true: ended on a stop token; false: length */
+} exe_sample_req;
+
+/* Where a backend runs. */
+typedef struct {
+    int device;                   /* device index (the CPU backend has one device, 0) */
+    int threads;                  /* CPU threads; ≤ 0: all online CPUs */
+} exe_backend_opts;
+
+/* What a backend says about its device, after the base weights are loaded. */
+typedef struct {
+    char device[128];             /* e.g. "cpu:0 (16 threads)", "cuda:1 NVIDIA H100" */
+    size_t memory_total;          /* bytes of device memory */
+    size_t memory_free;           /* bytes still free for adapters and activations */
+} exe_device_info;
+
+typedef struct exe_backend {
+    const char *name;
+
+    /* ---- the device and the base model -------------------------------------------- */
+    /* Opens device o->device and loads m's weights there. m may be closed once create
+     * returns. NULL with err (no such device, out of memory, unsupported model). */
+    void *(*create)(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen);
+    void (*destroy)(void *ctx);
+    void (*device_info)(void *ctx, exe_device_info *out);
+
+    /* ---- adapters ----------------------------------------------------------------- */
+    /* A new adapter of config c on this model: every part zero, step 0 (the executor
+     * uploads the initial weights). trainable: with gradients and AdamW moments (a
+     * training slot); else weights only (a sampler). NULL with err (out of memory). */
+    exe_adapter *(*adapter_alloc)(void *ctx, const lora_config *c, bool trainable, char *err, size_t errlen);
+    void (*adapter_free)(void *ctx, exe_adapter *a);
+    /* Copies the parts named (ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM) from the host
+     * form into a; a NULL array of src writes zeros; ADAPTER_OPTIM also sets a->step. src
+     * has a's layout. Parts not named are left as they are. Naming GRADS or OPTIM for an
+     * adapter that is not trainable is an error. 0, or -1 with err and a unchanged. */
+    int (*adapter_upload)(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err,
+                          size_t errlen);
+    /* Copies the parts named from a into dst, whose arrays for them are allocated
+     * (adapter_state_alloc with a's layout); ADAPTER_OPTIM also sets dst->step. */
+    int (*adapter_download)(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+                            size_t errlen);
+    /* dst's parts named := src's, on the device (a sampler snapshot of a training slot). */
+    int (*adapter_copy)(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err,
+                        size_t errlen);
+
+    /* ---- compute ------------------------------------------------------------------ */
+    /* Runs all sequences packed into one pass (no padding; each attends only within
+     * itself). backward=true ADDS d(sum of loss_out)/dθ into each trainable adapter's
+     * gradient accumulator; false touches no gradient. Returns 0, or -1 with err having
+     * changed nothing. */
+    int (*forward_backward)(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen);
+    /* One AdamW step (torch.optim.AdamW: decoupled weight decay, bias correction) on the
+     * accumulated gradients after optional global-norm clipping (torch clip_grad_norm_);
+     * zeroes the gradients; *grad_norm_out = pre-clip global L2 norm (may be NULL). */
+    int (*optim_step)(void *ctx, exe_adapter *a, const adam_params *p, double *grad_norm_out, char *err,
+                      size_t errlen);
+    /* Runs the sampling requests together (KV cache; prompts packed, then one token per
+     * live sample per step). Touches no gradient. Returns 0, or -1 with err having
+     * changed nothing (prompt longer than the context, bad token id, bad parameters). */
+    int (*sample)(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen);
+} exe_backend;
+
+/* The backends of this build, by name; NULL if unknown. exe_backend_names lists them
+ * ("cpu, cuda") for messages. (backends.c) */
+const exe_backend *exe_backend_find(const char *name);
+const char *exe_backend_names(void);
+
+/* Helpers made of table calls only (backend.c). */
+/* A fresh adapter with PEFT's initial weights (model/lora.h), zero Adam state. */
+exe_adapter *exe_adapter_new(const exe_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,
+                             size_t errlen);
+/* A new adapter holding st's parts (those st has). */
+exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adapter_state *st, bool trainable,
+                                    char *err, size_t errlen);
+/* The parts of a as a new host state (dst is allocated here). */
+int exe_adapter_to_state(const exe_backend *be, void *ctx, const exe_adapter *a, unsigned parts, adapter_state *dst,
+                         char *err, size_t errlen);
+
+#endif

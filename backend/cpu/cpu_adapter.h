@@ -1,0 +1,42 @@
+/* cpu_adapter.h — a LoRA adapter of the CPU backend: the exe_adapter header, then its
+ * parts as flat fp32 arrays in host memory (one allocation, layout order) and per-module
+ * views for the layer code. */
+#ifndef LOOM_BACKEND_CPU_ADAPTER_H
+#define LOOM_BACKEND_CPU_ADAPTER_H
+
+#include "backend/backend.h"
+
+/* One adapted linear. All pointers NULL when the module is not trained; gA, gB NULL in
+ * an adapter that is not trainable. */
+typedef struct {
+    int in, out, rank;
+    float *A, *B;    /* [r, in], [out, r] */
+    float *gA, *gB;  /* gradient accumulators, same shapes */
+} lora_pair;
+
+typedef struct {
+    exe_adapter pub;
+    float scale;                   /* LORA_ALPHA / rank */
+    lora_pair *mods;               /* [num_layers * LORA_NUM_MODULES] */
+    lora_pair head;
+    float *params, *grads, *m, *v; /* num_params each; grads, m, v NULL unless trainable */
+    float *mem;
+} cpu_adapter;
+
+static inline cpu_adapter *cpu_adapter_of(exe_adapter *a) { return (cpu_adapter *)a; }
+
+/* The module of a layer, or NULL when it is not trained. */
+const lora_pair *cpu_adapter_module(const cpu_adapter *a, int layer, lora_module mod);
+/* The head adapter, or NULL when train_unembed is off. */
+const lora_pair *cpu_adapter_head(const cpu_adapter *a);
+
+/* The table's adapter entries (see backend.h), for a model of config mc. */
+exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, bool trainable, char *err,
+                               size_t errlen);
+void cpu_adapter_free(exe_adapter *a);
+int cpu_adapter_upload(exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen);
+int cpu_adapter_download(const exe_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen);
+int cpu_adapter_copy(exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen);
+void cpu_adapter_zero_grad(cpu_adapter *a);
+
+#endif

@@ -1,0 +1,170 @@
+/* cpu_layer.c — one decoder layer (Llama / Qwen2 / Qwen3) over the packed batch, forward
+ * and backward, with each segment's LoRA on the adapted projections. Base weights are
+ * frozen: the backward produces activation gradients and LoRA gradients only.
+ *
+ *   xn1 = rmsnorm(x)                       q,k,v = xn1 W{q,k,v}ᵀ (+b) + LoRA
+ *   [qwen3] q,k = rmsnorm_per_head(q,k)    q,k = rope(q,k)
+ *   att = causal_gqa(q,k,v)                xmid = x + att Woᵀ (+b) + LoRA
+ *   xn2 = rmsnorm(xmid)                    g,u = xn2 W{gate,up}ᵀ + LoRA
+ *   h = silu(g)·u                          x' = xmid + h Wdownᵀ + LoRA
+ */
+#include "backend/cpu/cpu_layer.h"
+#include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- LoRA ---------------------------------------------------------------------------- */
+
+void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, float *y, int rows)
+{
+    int r = p->rank;
+    /* z = x Aᵀ [rows, r];  y += scale · z Bᵀ */
+    cpu_sgemm(c->pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, c->z, r);
+    cpu_sgemm(c->pool, false, true, rows, p->out, r, scale, c->z, r, p->B, r, 1.0f, y, p->out);
+}
+
+void cpu_lora_bwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, const float *dy, float *dx,
+                       int rows)
+{
+    int r = p->rank;
+    /* z = x Aᵀ (recomputed);  gB += scale·dyᵀ z;  dz = scale·dy B;  gA += dzᵀ x;  dx += dz A */
+    cpu_sgemm(c->pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, c->z, r);
+    cpu_sgemm(c->pool, true, false, p->out, r, rows, scale, dy, p->out, c->z, r, 1.0f, p->gB, r);
+    cpu_sgemm(c->pool, false, false, rows, r, p->out, scale, dy, p->out, p->B, r, 0.0f, c->dz, r);
+    cpu_sgemm(c->pool, true, false, r, p->in, rows, 1.0f, c->dz, r, x, p->in, 1.0f, p->gA, p->in);
+    if (dx) cpu_sgemm(c->pool, false, false, rows, p->in, r, 1.0f, c->dz, r, p->A, p->in, 1.0f, dx, p->in);
+}
+
+/* y += LoRA(x) for every segment whose adapter trains this module of layer l. */
+static void cpu_lora_fwd(cpu_ctx *c, int l, lora_module mod, const float *x, float *y)
+{
+    for (int s = 0; s < c->nsegs; s++) {
+        const cpu_segment *sg = &c->segs[s];
+        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
+        if (!p) continue;
+        cpu_lora_fwd_rows(c, p, sg->ad->scale, x + (long)sg->row_begin * p->in, y + (long)sg->row_begin * p->out,
+                          sg->row_end - sg->row_begin);
+    }
+}
+
+static void cpu_lora_bwd(cpu_ctx *c, int l, lora_module mod, const float *x, const float *dy, float *dx)
+{
+    for (int s = 0; s < c->nsegs; s++) {
+        const cpu_segment *sg = &c->segs[s];
+        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
+        if (!p || !sg->grad) continue;
+        long b = sg->row_begin;
+        cpu_lora_bwd_rows(c, p, sg->ad->scale, x + b * p->in, dy + b * p->out, dx ? dx + b * p->in : NULL,
+                          sg->row_end - sg->row_begin);
+    }
+}
+
+/* y = x Wᵀ (+ bias) + LoRA: one adapted nn.Linear over all T rows. */
+static void cpu_linear(cpu_ctx *c, int l, lora_module mod, const float *x, int in, const float *W, const float *bias,
+                       int out, float *y, long T)
+{
+    cpu_sgemm(c->pool, false, true, (int)T, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+    if (bias) cpu_add_bias(c->pool, y, bias, T, out);
+    cpu_lora_fwd(c, l, mod, x, y);
+}
+
+static cpu_attn_shape cpu_shape(const cpu_ctx *c)
+{
+    const model_config *mc = &c->m->cfg;
+    cpu_attn_shape s = {c->nseq_packed, c->seq_start, c->blk_start, mc->num_attention_heads, mc->num_key_value_heads,
+                        mc->head_dim, (float)(1.0 / sqrt((double)mc->head_dim))};
+    return s;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute)
+{
+    const model_config *mc = &c->m->cfg;
+    const cpu_layer_weights *w = &c->m->layers[l];
+    int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
+        nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
+    cpu_pool *p = c->pool;
+
+    cpu_rmsnorm_fwd(p, c->xn1, c->rstd1, c->x, w->attn_norm, T, H, mc->rms_norm_eps);
+    /* Without qk-norm the projections go straight to q/k (RoPE is applied in place). */
+    float *qp = mc->qk_norm ? c->q_pre : c->q, *kp = mc->qk_norm ? c->k_pre : c->k;
+    cpu_linear(c, l, LORA_Q, c->xn1, H, w->wq, w->bq, qd, qp, T);
+    cpu_linear(c, l, LORA_K, c->xn1, H, w->wk, w->bk, kvd, kp, T);
+    cpu_linear(c, l, LORA_V, c->xn1, H, w->wv, w->bv, kvd, c->v, T);
+    if (mc->qk_norm) {
+        cpu_rmsnorm_fwd(p, c->q, c->rstd_q, c->q_pre, w->q_norm, T * nq, d, mc->rms_norm_eps);
+        cpu_rmsnorm_fwd(p, c->k, c->rstd_k, c->k_pre, w->k_norm, T * nkv, d, mc->rms_norm_eps);
+    }
+    cpu_rope(p, c->q, T, nq, d, c->pos, c->rope_cos, c->rope_sin, false);
+    cpu_rope(p, c->k, T, nkv, d, c->pos, c->rope_cos, c->rope_sin, false);
+    if (c->kv_mode != CPU_KV_NONE) cpu_kv_store(c, l, T);
+    if (c->kv_mode == CPU_KV_DECODE) { /* one new token per stream, attending to its cache */
+        cpu_kv_attention(c, l, T);
+    } else {
+        cpu_attn_shape sh = cpu_shape(c);
+        cpu_attention_fwd(p, &sh, c->q, c->k, c->v, c->att, c->lse, c->attn_scratch, c->attn_per_thread);
+    }
+    cpu_linear(c, l, LORA_O, c->att, qd, w->wo, w->bo, H, c->tmp, T);
+    for (long i = 0; i < T * H; i++) c->xmid[i] = c->x[i] + c->tmp[i];
+
+    cpu_rmsnorm_fwd(p, c->xn2, c->rstd2, c->xmid, w->mlp_norm, T, H, mc->rms_norm_eps);
+    cpu_linear(c, l, LORA_GATE, c->xn2, H, w->wgate, NULL, I, c->g, T);
+    cpu_linear(c, l, LORA_UP, c->xn2, H, w->wup, NULL, I, c->u, T);
+    cpu_swiglu_fwd(p, c->h, c->g, c->u, T * I);
+    if (recompute) return; /* the backward needs everything up to h, not the layer output */
+    cpu_linear(c, l, LORA_DOWN, c->h, I, w->wdown, NULL, H, c->tmp, T);
+    for (long i = 0; i < T * H; i++) c->x[i] = c->xmid[i] + c->tmp[i];
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* On entry c->dx = dL/d(layer output) and the layer's forward intermediates are in place
+ * (cpu_layer_forward with recompute, c->x = layer input). On return c->dx = dL/d(layer
+ * input) when need_dx (layer 0 skips it: the embedding is frozen). */
+void cpu_layer_backward(cpu_ctx *c, int l, long T, bool need_dx)
+{
+    const model_config *mc = &c->m->cfg;
+    const cpu_layer_weights *w = &c->m->layers[l];
+    int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
+        nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
+    cpu_pool *p = c->pool;
+
+    /* MLP: x' = xmid + down(h), h = silu(g)·u */
+    cpu_sgemm(p, false, false, (int)T, I, H, 1.0f, c->dx, H, w->wdown, I, 0.0f, c->dh, I);
+    cpu_lora_bwd(c, l, LORA_DOWN, c->h, c->dx, c->dh);
+    cpu_swiglu_bwd(p, c->dg, c->du, c->dh, c->g, c->u, T * I);
+    cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->dg, I, w->wgate, H, 0.0f, c->dxn, H);
+    cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->du, I, w->wup, H, 1.0f, c->dxn, H);
+    cpu_lora_bwd(c, l, LORA_GATE, c->xn2, c->dg, c->dxn);
+    cpu_lora_bwd(c, l, LORA_UP, c->xn2, c->du, c->dxn);
+    cpu_rmsnorm_bwd(p, c->dx, c->dxn, c->xmid, c->rstd2, w->mlp_norm, T, H, true); /* dx = dL/dxmid */
+
+    /* attention: xmid = x + o(att) */
+    cpu_sgemm(p, false, false, (int)T, qd, H, 1.0f, c->dx, H, w->wo, qd, 0.0f, c->datt, qd);
+    cpu_lora_bwd(c, l, LORA_O, c->att, c->dx, c->datt);
+    cpu_attn_shape sh = cpu_shape(c);
+    cpu_attention_bwd(p, &sh, c->q, c->k, c->v, c->att, c->lse, c->datt, c->dq, c->dk, c->dv, c->attn_scratch,
+                      c->attn_per_thread);
+    cpu_rope(p, c->dq, T, nq, d, c->pos, c->rope_cos, c->rope_sin, true);
+    cpu_rope(p, c->dk, T, nkv, d, c->pos, c->rope_cos, c->rope_sin, true);
+    if (mc->qk_norm) { /* in place: the kernel reads dy[i] before writing dx[i] */
+        cpu_rmsnorm_bwd(p, c->dq, c->dq, c->q_pre, c->rstd_q, w->q_norm, T * nq, d, false);
+        cpu_rmsnorm_bwd(p, c->dk, c->dk, c->k_pre, c->rstd_k, w->k_norm, T * nkv, d, false);
+    }
+    if (!need_dx) {
+        cpu_lora_bwd(c, l, LORA_Q, c->xn1, c->dq, NULL);
+        cpu_lora_bwd(c, l, LORA_K, c->xn1, c->dk, NULL);
+        cpu_lora_bwd(c, l, LORA_V, c->xn1, c->dv, NULL);
+        return;
+    }
+    cpu_sgemm(p, false, false, (int)T, H, qd, 1.0f, c->dq, qd, w->wq, H, 0.0f, c->dxn, H);
+    cpu_sgemm(p, false, false, (int)T, H, kvd, 1.0f, c->dk, kvd, w->wk, H, 1.0f, c->dxn, H);
+    cpu_sgemm(p, false, false, (int)T, H, kvd, 1.0f, c->dv, kvd, w->wv, H, 1.0f, c->dxn, H);
+    cpu_lora_bwd(c, l, LORA_Q, c->xn1, c->dq, c->dxn);
+    cpu_lora_bwd(c, l, LORA_K, c->xn1, c->dk, c->dxn);
+    cpu_lora_bwd(c, l, LORA_V, c->xn1, c->dv, c->dxn);
+    cpu_rmsnorm_bwd(p, c->dx, c->dxn, c->x, c->rstd1, w->attn_norm, T, H, true);
+}

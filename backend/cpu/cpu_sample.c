@@ -1,0 +1,324 @@
+/* cpu_sample.c — sampling with a KV cache (exe_backend_cpu.sample), llama2.c style but
+ * batched: all prompts are prefilled in one packed pass (the training forward, with
+ * cpu_kv_store (cpu_kv.c) copying each layer's K/V into the caches of the prompt's
+ * samples), then every live sample advances one token per decode pass, attending to its
+ * own cache.
+ *
+ * Streams: each request's num_samples samples are streams s = stream0 .. stream0+n−1,
+ * each with its own cache [2][L][kv_cap][nkv·d] and its own PRNG seeded by
+ * (seed, sample index), so results do not depend on the rest of the batch.
+ */
+#include "backend/cpu/cpu_sample.h"
+#include "backend/cpu/cpu_buffers.h"
+#include "backend/cpu/cpu_head.h"
+#include "backend/cpu/cpu_layer.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model/rng.h"
+#include "common/err.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    exe_sample_req *req;
+    int index;        /* sample index within its request */
+    int n_gen;
+    bool done;
+    int32_t last;     /* last sampled token: the next decode input */
+    rng_state rng;
+} cs_stream;
+
+/* ---- choosing a token ---------------------------------------------------------------- */
+
+static int cs_cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Picks a token from logits z under the request's temperature / top-k / top-p.
+ * w: V floats of scratch, keys: V uint64 of scratch. Returns the token; *lp its log-prob
+ * (see backend.h). */
+static int32_t cs_choose(const exe_sample_req *r, const float *z, long V, rng_state *rng, float *w, uint64_t *keys,
+                         float *lp)
+{
+    float mx = z[0];
+    long best = 0;
+    for (long v = 1; v < V; v++) if (z[v] > mx) { mx = z[v]; best = v; }
+    if (r->temperature == 0) {
+        double sum = 0;
+        for (long v = 0; v < V; v++) sum += expf(z[v] - mx);
+        *lp = (float)(-log(sum)); /* z[best] == mx */
+        return (int32_t)best;
+    }
+    double inv_t = 1.0 / r->temperature;
+    for (long v = 0; v < V; v++) w[v] = (float)exp((z[v] - mx) * inv_t); /* in (0, 1], 1 at the max */
+    if (r->top_k > 0 && r->top_k < V) {
+        /* k-th largest weight by quickselect on a copy (Hoare partition) */
+        float *tmp = (float *)keys;
+        memcpy(tmp, w, V * sizeof(float));
+        long lo = 0, hi = V - 1, k = r->top_k - 1;
+        while (lo < hi) {
+            float piv = tmp[(lo + hi) / 2];
+            long i = lo, j = hi;
+            while (i <= j) {
+                while (tmp[i] > piv) i++;
+                while (tmp[j] < piv) j--;
+                if (i <= j) { float x = tmp[i]; tmp[i] = tmp[j]; tmp[j] = x; i++; j--; }
+            }
+            if (k <= j) hi = j;
+            else if (k >= i) lo = i;
+            else break;
+        }
+        float thr = tmp[k];
+        for (long v = 0; v < V; v++) if (w[v] < thr) w[v] = 0.0f;
+    }
+    double sum = 0;
+    for (long v = 0; v < V; v++) sum += w[v];
+    if (r->top_p < 1.0) {
+        /* Smallest set of most likely tokens whose mass reaches top_p. Weights are
+         * non-negative floats, so their bit patterns sort like their values: the key
+         * (bits << 32 | token) sorts by weight with a context-free comparator. */
+        long n = 0;
+        for (long v = 0; v < V; v++) {
+            if (w[v] <= 0) continue;
+            uint32_t bits;
+            memcpy(&bits, &w[v], 4);
+            keys[n++] = ((uint64_t)bits << 32) | (uint32_t)v;
+        }
+        qsort(keys, n, sizeof *keys, cs_cmp_desc);
+        double cum = 0, target = r->top_p * sum;
+        long keep = 0;
+        while (keep < n && (keep == 0 || cum < target)) cum += w[(uint32_t)keys[keep++]];
+        double u = rng_uniform(rng) * cum, acc = 0;
+        for (long i = 0; i < keep; i++) {
+            int32_t v = (int32_t)(uint32_t)keys[i];
+            acc += w[v];
+            if (u < acc || i == keep - 1) {
+                *lp = (float)log(w[v] / cum);
+                return v;
+            }
+        }
+    }
+    double u = rng_uniform(rng) * sum, acc = 0;
+    long pick = best;
+    for (long v = 0; v < V; v++) {
+        if (w[v] == 0.0f) continue;
+        acc += w[v];
+        pick = v;
+        if (u < acc) break;
+    }
+    *lp = (float)log(w[pick] / sum);
+    return (int32_t)pick;
+}
+
+/* ---- the passes ---------------------------------------------------------------------- */
+
+typedef struct {
+    cpu_ctx *c;
+    cs_stream *st;
+    long c0;
+} cs_pick_job;
+
+static void cs_record(cs_stream *s, int32_t tok, float lp, int max_pos)
+{
+    exe_sample_req *r = s->req;
+    long o = (long)s->index * r->max_tokens + s->n_gen;
+    r->tokens_out[o] = tok;
+    r->logprobs_out[o] = lp;
+    s->n_gen++;
+    s->last = tok;
+    bool stop = false;
+    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_tokens[i] == tok;
+    if (!stop && r->stop_check)
+        stop = r->stop_check(r, s->index, r->tokens_out + (long)s->index * r->max_tokens, s->n_gen);
+    /* the next pass would feed `tok` at position n_prompt + n_gen − 1 */
+    s->done = stop || s->n_gen >= r->max_tokens || r->n_prompt + s->n_gen > max_pos;
+    r->n_out[s->index] = s->n_gen;
+    r->stopped_out[s->index] = stop;
+}
+
+/* Bytes of choice scratch per thread: V floats (padded to 8 bytes) then V uint64. */
+static size_t cs_stride(long V) { return (size_t)((V + 1) & ~1L) * sizeof(float) + (size_t)V * sizeof(uint64_t); }
+
+/* Each row of the chunk serves the streams kv_stream0[row] .. + kv_nstream[row]. */
+static void cs_pick_rows(void *va, long b, long e, int thread)
+{
+    const cs_pick_job *j = va;
+    cpu_ctx *c = j->c;
+    long V = c->m->cfg.vocab_size;
+    float *w = (float *)((char *)c->sample_scratch + (size_t)thread * cs_stride(V));
+    uint64_t *keys = (uint64_t *)(w + ((V + 1) & ~1L));
+    for (long i = b; i < e; i++) {
+        long row = j->c0 + i;
+        for (int s = c->kv_stream0[row]; s < c->kv_stream0[row] + c->kv_nstream[row]; s++) {
+            cs_stream *st = &j->st[s];
+            if (st->done) continue;
+            float lp;
+            int32_t tok = cs_choose(st->req, c->logits + i * V, V, &st->rng, w, keys, &lp);
+            cs_record(st, tok, lp, c->m->cfg.max_position_embeddings);
+        }
+    }
+}
+
+/* Logits of the R rows of xf (final-normed), chunk by chunk, and a token for each live
+ * stream of each row. */
+static void cs_head_pick(cpu_ctx *c, const float *xf, long R, cs_stream *st)
+{
+    for (long c0 = 0; c0 < R; c0 += c->head_rows) {
+        int n = (int)(R - c0 < c->head_rows ? R - c0 : c->head_rows);
+        cpu_head_logits_chunk(c, xf, c0, n);
+        cs_pick_job j = {c, st, c0};
+        cpu_pool_for(c->pool, n, 1, cs_pick_rows, &j);
+    }
+}
+
+/* Segments over rows whose adapters are given by ads[row] (NULL = none). */
+static void cs_segments(cpu_ctx *c, const cpu_adapter *const *ads, long R)
+{
+    c->nsegs = 0;
+    for (long t = 0; t < R; t++) {
+        if (!ads[t]) continue;
+        cpu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
+        if (last && last->ad == ads[t] && last->row_end == t) last->row_end = (int)t + 1;
+        else c->segs[c->nsegs++] = (cpu_segment){ads[t], (int)t, (int)t + 1, false};
+    }
+}
+
+static int cs_check(const cpu_ctx *c, const exe_sample_req *r, char *err, size_t errlen)
+{
+    const model_config *mc = &c->m->cfg;
+    if (r->n_prompt < 1 || !r->prompt) { err_set(err, errlen, "empty prompt"); return -1; }
+    if (r->n_prompt > mc->max_position_embeddings) {
+        err_set(err, errlen, "prompt of %d tokens exceeds the model's context of %d", r->n_prompt, mc->max_position_embeddings);
+        return -1;
+    }
+    if (r->num_samples < 1 || r->num_samples > 65536 || r->max_tokens < 0 || r->max_tokens > (1 << 24)) {
+        err_set(err, errlen, "num_samples must be in 1..65536 and max_tokens ≥ 0");
+        return -1;
+    }
+    if (!(r->temperature >= 0 && isfinite(r->temperature)) || !(r->top_p > 0 && r->top_p <= 1)) {
+        err_set(err, errlen, "temperature must be ≥ 0 and top_p in (0, 1]");
+        return -1;
+    }
+    if (r->max_tokens > 0 && (!r->tokens_out || !r->logprobs_out)) { err_set(err, errlen, "no output buffers"); return -1; }
+    if (!r->n_out || !r->stopped_out || (r->n_stop > 0 && !r->stop_tokens) || r->n_stop < 0) {
+        err_set(err, errlen, "no output buffers or stop list");
+        return -1;
+    }
+    for (int t = 0; t < r->n_prompt; t++)
+        if (r->prompt[t] < 0 || r->prompt[t] >= mc->vocab_size) {
+            err_set(err, errlen, "prompt position %d: token id outside [0, %d)", t, mc->vocab_size);
+            return -1;
+        }
+    return 0;
+}
+
+/* Grows the caches, the row → stream maps and the per-thread choice scratch. */
+static int cs_reserve(cpu_ctx *c, int nrows, int S, int kv_cap)
+{
+    const model_config *mc = &c->m->cfg;
+    size_t need = (size_t)S * 2 * mc->num_hidden_layers * kv_cap * mc->num_key_value_heads * mc->head_dim;
+    c->kv_cap = kv_cap;
+    if (need > c->kv_mem_floats) {
+        free(c->kv_mem);
+        c->kv_mem = malloc(need * sizeof(float));
+        c->kv_mem_floats = c->kv_mem ? need : 0;
+        if (!c->kv_mem) return -1;
+    }
+    int n = nrows > S ? nrows : S;
+    if (n > c->cap_kv_map) {
+        free(c->kv_stream0);
+        free(c->kv_nstream);
+        c->kv_stream0 = malloc(n * sizeof(int));
+        c->kv_nstream = malloc(n * sizeof(int));
+        c->cap_kv_map = (c->kv_stream0 && c->kv_nstream) ? n : 0;
+        if (!c->cap_kv_map) return -1;
+    }
+    if (!c->sample_scratch) {
+        c->sample_scratch = malloc((size_t)cpu_pool_size(c->pool) * cs_stride(mc->vocab_size));
+        if (!c->sample_scratch) return -1;
+    }
+    return cpu_reserve_seqs(c, n);
+}
+
+int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+{
+    cpu_ctx *c = ctx;
+    const model_config *mc = &c->m->cfg;
+    long T = 0;
+    int S = 0, kv_cap = 1, max_rank = 0, H = mc->hidden_size, L = mc->num_hidden_layers;
+    for (int r = 0; r < nreq; r++) {
+        char why[256];
+        if (cs_check(c, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
+        T += reqs[r].n_prompt;
+        S += reqs[r].num_samples;
+        long cap = (long)reqs[r].n_prompt + reqs[r].max_tokens;
+        if (cap > mc->max_position_embeddings) cap = mc->max_position_embeddings;
+        if (cap > kv_cap) kv_cap = (int)cap;
+        if (reqs[r].ad && reqs[r].ad->layout.cfg.rank > max_rank) max_rank = reqs[r].ad->layout.cfg.rank;
+    }
+    if (nreq <= 0) return 0;
+    if (T > (1L << 30) || S > (1 << 24)) { err_set(err, errlen, "sampling batch too large"); return -1; }
+    cs_stream *st = calloc(S, sizeof *st);
+    exe_seq *ps = calloc(nreq, sizeof *ps);
+    const cpu_adapter **ads = calloc(S > nreq ? S : nreq, sizeof *ads);
+    if (!st || !ps || !ads || cpu_reserve(c, T > S ? T : S, kv_cap, max_rank, false) != 0 || cs_reserve(c, nreq, S, kv_cap) != 0) {
+        free(st); free(ps); free(ads);
+        err_set(err, errlen, "cpu: out of memory for sampling (%d samples, context %d)", S, kv_cap);
+        return -1;
+    }
+    int s = 0;
+    for (int r = 0; r < nreq; r++) {
+        exe_sample_req *q = &reqs[r];
+        ps[r] = (exe_seq){.ad = q->ad, .n = q->n_prompt, .tokens = q->prompt, .targets = q->prompt};
+        c->kv_stream0[r] = s;
+        c->kv_nstream[r] = q->num_samples;
+        ads[r] = q->ad ? cpu_adapter_of(q->ad) : NULL;
+        for (int i = 0; i < q->num_samples; i++, s++) {
+            st[s] = (cs_stream){.req = q, .index = i, .done = q->max_tokens == 0};
+            rng_seed(&st[s].rng, q->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+            q->n_out[i] = 0;
+            q->stopped_out[i] = false;
+        }
+    }
+    /* prefill: every prompt in one packed pass; K/V go to the caches of its samples */
+    cpu_pack(c, ps, nreq, false);
+    cpu_embed(c->pool, c->x, c->m->embed, c->tokens, T, H);
+    c->kv_mode = CPU_KV_PREFILL;
+    for (int l = 0; l < L; l++) cpu_layer_forward(c, l, T, false);
+    c->kv_mode = CPU_KV_NONE;
+    for (int r = 0; r < nreq; r++) memcpy(c->xn1 + (long)r * H, c->x + (long)(c->seq_start[r + 1] - 1) * H, H * sizeof(float));
+    cpu_rmsnorm_fwd(c->pool, c->xn2, c->rstd_f, c->xn1, c->m->final_norm, nreq, H, mc->rms_norm_eps);
+    cs_segments(c, ads, nreq);
+    cs_head_pick(c, c->xn2, nreq, st);
+    /* decode: one token per live stream per pass */
+    for (;;) {
+        long n = 0;
+        for (int k = 0; k < S; k++) {
+            if (st[k].done) continue;
+            c->tokens[n] = st[k].last;
+            c->pos[n] = st[k].req->n_prompt + st[k].n_gen - 1;
+            c->row_seq[n] = (int)n;
+            c->kv_stream0[n] = k;
+            c->kv_nstream[n] = 1;
+            ads[n] = st[k].req->ad ? cpu_adapter_of(st[k].req->ad) : NULL;
+            n++;
+        }
+        if (n == 0) break;
+        cs_segments(c, ads, n);
+        cpu_embed(c->pool, c->x, c->m->embed, c->tokens, n, H);
+        c->kv_mode = CPU_KV_DECODE;
+        for (int l = 0; l < L; l++) cpu_layer_forward(c, l, n, false);
+        c->kv_mode = CPU_KV_NONE;
+        cpu_rmsnorm_fwd(c->pool, c->xn2, c->rstd_f, c->x, c->m->final_norm, n, H, mc->rms_norm_eps);
+        cs_head_pick(c, c->xn2, n, st);
+    }
+    free(st);
+    free(ps);
+    free(ads);
+    return 0;
+}

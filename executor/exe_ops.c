@@ -1,0 +1,21 @@
+/* exe_ops.c: helpers every operation handler uses (see exe_ops.h). */
+#include "executor/exe_ops.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(op->error, sizeof op->error, fmt, ap);
+    va_end(ap);
+    op->category = category;
+    if (op->result) { json_decref(op->result); op->result = NULL; }
+}
+
+exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op) {
+    exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
+    if (!ad)
+        exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
+                    "create a new model or load a checkpoint");
+    return ad;
+}

@@ -1,0 +1,63 @@
+/* exe_ops.h: what the executor's loop (executor.c) shares with the files that implement
+ * families of operations (exe_train.h, exe_sample.h, exe_ckpt.h). An operation handler
+ * reads op->payload (the api's normalised JSON) and sets either op->result (the exact
+ * JSON the client receives) or an error via exe_op_fail. Handlers reach adapters only
+ * through the store (exe_store.h) and their numbers only through the backend table. */
+#pragma once
+#include "backend/backend.h"
+#include "executor/exe_store.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct exe_state_ {
+    const exe_backend *be;
+    void *ctx;
+    model_config model;        /* the base model this executor serves */
+    exe_store store;           /* every adapter it holds */
+    struct blobstore *blobs;   /* registry blob store (checkpoints), NULL if not configured */
+    const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
+    int64_t executor_id;
+    tokenizer *tok;            /* for stop strings, loaded on first use (exe_sample.c) */
+    bool tok_tried;
+    char tok_err[512];
+} exe_state;
+
+typedef struct exe_op_ {
+    int64_t id;
+    char request_id[80];
+    char model_id[256];
+    char kind[32];
+    json_t *payload;
+    lora_config lcfg;
+    /* outcome */
+    json_t *result;
+    char error[512];
+    const char *category;   /* NULL = success */
+    int64_t seq_id;
+    char sampling_session_id[256];  /* sample ops */
+    /* Optional: runs inside the cycle's commit transaction, before the op's row is
+     * updated (e.g. inserting the adapter_versions row of a checkpoint). A failure fails
+     * the op (message in err, category server) without losing the rest of the cycle. */
+    int (*commit_hook)(PGconn *c, struct exe_state_ *st, struct exe_op_ *op, char *err, size_t errlen);
+    void *hook_data;                /* freed with free() after the commit */
+} exe_op;
+
+/* exe_ops.c */
+void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The model's training slot, or NULL after failing op with a message that says its
+ * state is not on this executor. */
+exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op);
+
+/* A handler of one kind of operation that runs after the cycle's training work (one op
+ * at a time, in seq order per model): sets op->result or fails the op. The op family
+ * files (exe_ckpt.h, exe_sample.h) export tables of them, ending with {NULL, NULL}. */
+typedef void (*exe_op_handler)(exe_state *st, exe_op *op);
+typedef struct {
+    const char *kind;
+    exe_op_handler run;
+} exe_handler_entry;

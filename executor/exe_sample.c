@@ -1,0 +1,445 @@
+/* exe_sample.c: sampling (spec §11) and the unnamed save_weights_for_sampler (§7.6).
+ *
+ * Snapshots: an unnamed save_weights_for_sampler copies the model's current LoRA
+ * parameters, on the device, into an inference-only adapter of the store (exe_store.h),
+ * keyed by its sampling session id and evicted least recently used first when the store
+ * needs room. Its commit hook records this executor on the sampling session, so the
+ * scheduler sends that session's samples here. A sample from an evicted snapshot fails
+ * (category server).
+ *
+ * Samples: every 'sample' op of the cycle runs in ONE backend->sample call (prompts
+ * packed, then one decode pass per step for all live samples); prompt_logprobs and
+ * topk_prompt_logprobs come from ONE forward pass over the prompts. If a batched call
+ * fails, each op is retried alone so that only the offending one fails. The sampler is
+ * resolved from the payload the api wrote: "source" base | snapshot | checkpoint (with
+ * "blob_digest", loaded through exe_load_sampler_adapter).
+ *
+ * Stops (§11.2): a stop token or the model's EOS ends a sample and is kept as its last
+ * token; a stop string (needs the model's tokenizer.json) ends it at the token whose
+ * bytes complete the string, that token included. The decoded text of the generated
+ * tokens only (not the prompt) is searched.
+ */
+#include "executor/exe_sample.h"
+#include "executor/exe_ckpt.h"
+#include "backend/loss.h"
+#include "model/tokenizer.h"
+#include "common/db.h"
+#include "common/log.h"
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const exe_handler_entry exe_sample_handlers[] = {{NULL, NULL}};
+
+/* $1 executor id, $2 sampling session id. */
+#define SQL_SNAPSHOT_EXECUTOR "UPDATE sampling_sessions SET executor_id = $1 WHERE id = $2"
+
+/* ---- snapshots ------------------------------------------------------------------------- */
+
+static int snapshot_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t errlen) {
+    char eid[24];
+    snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
+    const char *p[2] = {eid, json_string_value(json_object_get(op->payload, "sampling_session_id"))};
+    PGresult *r = db_query(c, SQL_SNAPSHOT_EXECUTOR, 2, p, err, errlen);
+    if (!r) return -1;
+    int changed = atoi(PQcmdTuples(r));
+    PQclear(r);
+    if (changed != 1) {
+        snprintf(err, errlen, "sampling session %s does not exist", p[1]);
+        return -1;
+    }
+    return 0;
+}
+
+void exe_run_snapshot(exe_state *st, exe_op *op) {
+    const char *sid = json_string_value(json_object_get(op->payload, "sampling_session_id"));
+    if (!sid || !*sid || strlen(sid) >= sizeof st->store.e[0].key) {
+        exe_op_fail(op, "server", "save_weights_for_sampler payload lacks a valid sampling_session_id");
+        return;
+    }
+    exe_adapter *ad = exe_op_training_slot(st, op);
+    if (!ad) return;
+    char err[256];
+    exe_adapter *copy = st->be->adapter_alloc(st->ctx, &ad->layout.cfg, false, err, sizeof err);
+    if (!copy || st->be->adapter_copy(st->ctx, copy, ad, ADAPTER_PARAMS, err, sizeof err) < 0) {
+        if (copy) st->be->adapter_free(st->ctx, copy);
+        exe_op_fail(op, "server", "cannot snapshot the weights: %s", err);
+        return;
+    }
+    if (exe_store_put(&st->store, STORE_SNAPSHOT, sid, copy, false, err, sizeof err) < 0) {
+        exe_op_fail(op, "server", "cannot keep the snapshot: %s", err);
+        return;
+    }
+    log_info("sampler snapshot %s of %s at step %lld (%zu parameters)", sid, op->model_id, (long long)ad->step,
+             ad->layout.num_params);
+    op->result = json_pack("{s:s, s:s}", "sampling_session_id", sid, "type", "save_weights_for_sampler");
+    op->commit_hook = snapshot_hook;
+}
+
+/* ---- the model's tokenizer (stop strings) ---------------------------------------------- */
+
+static const tokenizer *sampler_tokenizer(exe_state *st) {
+    if (st->tok_tried) return st->tok;
+    st->tok_tried = true;
+    char path[4200];
+    const char *env = getenv("LOOM_TOKENIZER");   /* a tokenizer.json path (tests, odd layouts) */
+    if (env && *env) snprintf(path, sizeof path, "%s", env);
+    else if (st->model_dir) snprintf(path, sizeof path, "%s/tokenizer.json", st->model_dir);
+    else {
+        snprintf(st->tok_err, sizeof st->tok_err, "the executor's model directory is unknown");
+        return NULL;
+    }
+    st->tok = tok_load(path, st->tok_err, sizeof st->tok_err);
+    if (st->tok) log_info("tokenizer %s: %d tokens%s", path, tok_vocab_size(st->tok),
+                        tok_exact(st->tok) ? "" : " (unknown split pattern: approximated)");
+    else log_warn("no tokenizer for stop strings: %s", st->tok_err);
+    return st->tok;
+}
+
+/* ---- stop strings ------------------------------------------------------------------------ */
+
+typedef struct {
+    const tokenizer *tok;
+    const char **s;
+    size_t *len;
+    int n;
+    size_t maxlen;
+} stop_strings;
+
+static size_t piece_len(const tokenizer *t, int32_t id) {
+    size_t l = 0;
+    return tok_token_to_piece(t, id, &l) ? l : 0;
+}
+
+/* True when the bytes of tokens[0..n) contain a stop string that ends inside the last
+ * token's bytes (so it was completed by that token). */
+static bool stop_string_hit(const stop_strings *ss, const int32_t *tokens, int n) {
+    if (n <= 0 || ss->n == 0) return false;
+    size_t last = piece_len(ss->tok, tokens[n - 1]), before = 0;
+    if (last == 0) return false;
+    int j = n - 1;
+    while (j > 0 && before + 1 < ss->maxlen) before += piece_len(ss->tok, tokens[--j]);
+    size_t total = before + last;
+    char small[1024], *buf = total <= sizeof small ? small : malloc(total);
+    if (!buf) return false;
+    size_t m = 0;
+    for (int k = j; k < n; k++) {
+        size_t l = 0;
+        const char *p = tok_token_to_piece(ss->tok, tokens[k], &l);
+        if (p) { memcpy(buf + m, p, l); m += l; }
+    }
+    bool hit = false;
+    for (int i = 0; i < ss->n && !hit; i++) {
+        size_t L = ss->len[i];
+        if (L == 0 || L > total) continue;
+        size_t lo = before + 1 > L ? before + 1 - L : 0;
+        for (size_t a = lo; a + L <= total && !hit; a++) hit = memcmp(buf + a, ss->s[i], L) == 0;
+    }
+    if (buf != small) free(buf);
+    return hit;
+}
+
+static bool stop_check(const exe_sample_req *r, int sample, const int32_t *tokens, int n) {
+    (void)sample;
+    return stop_string_hit(r->stop_user, tokens, n);
+}
+
+/* ---- sample operations ------------------------------------------------------------------- */
+
+typedef struct {
+    exe_op *op;
+    int32_t *prompt;
+    int n_prompt, num_samples, max_tokens, top_k, topk_prompt;
+    double temperature, top_p;
+    uint64_t seed;
+    int32_t *stop_tokens;
+    int n_stop;
+    stop_strings ss;
+    bool prompt_logprobs;
+    exe_adapter *ad;
+    bool pinned;                 /* ad is pinned in the store until job_free */
+    /* outputs */
+    int32_t *tokens;
+    float *logprobs;
+    int *n_out;
+    bool *stopped;
+    float *plp, *ploss, *tk_lp;  /* prompt logprobs [n_prompt − 1], scratch, top-k [n_prompt − 1, k] */
+    int32_t *tk_ids;
+} sample_job;
+
+static void job_free(exe_state *st, sample_job *j) {
+    if (j->pinned) exe_store_release(&st->store, j->ad);
+    free(j->prompt); free(j->stop_tokens); free(j->ss.s); free(j->ss.len);
+    free(j->tokens); free(j->logprobs); free(j->n_out); free(j->stopped);
+    free(j->plp); free(j->ploss); free(j->tk_lp); free(j->tk_ids);
+}
+
+static bool get_int(json_t *p, const char *key, long long lo, long long hi, long long dflt, long long *out) {
+    json_t *v = json_object_get(p, key);
+    if (!v || json_is_null(v)) { *out = dflt; return true; }
+    if (!json_is_integer(v)) return false;
+    *out = json_integer_value(v);
+    return *out >= lo && *out <= hi;
+}
+
+static bool get_real(json_t *p, const char *key, double dflt, double *out) {
+    json_t *v = json_object_get(p, key);
+    if (!v || json_is_null(v)) { *out = dflt; return true; }
+    if (!json_is_number(v)) return false;
+    *out = json_number_value(v);
+    return isfinite(*out);
+}
+
+/* Reads the payload into j and resolves the sampler. false: op failed. */
+static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
+    json_t *p = op->payload;
+    const model_config *mc = &st->model;
+    j->op = op;
+    json_t *prompt = json_object_get(p, "prompt");
+    int np = (int)json_array_size(prompt);
+    if (!json_is_array(prompt) || np < 1) { exe_op_fail(op, "user", "the prompt is empty"); return false; }
+    if (np > mc->max_position_embeddings) {
+        exe_op_fail(op, "user", "the prompt has %d tokens, more than the model's context of %d", np,
+                    mc->max_position_embeddings);
+        return false;
+    }
+    j->prompt = malloc(np * sizeof *j->prompt);
+    j->n_prompt = np;
+    for (int i = 0; i < np; i++) {
+        json_t *v = json_array_get(prompt, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= mc->vocab_size) {
+            exe_op_fail(op, "user", "prompt token %d is not a token id in [0, %d)", i, mc->vocab_size);
+            return false;
+        }
+        j->prompt[i] = (int32_t)json_integer_value(v);
+    }
+    long long ns, mt, tk, tpk, seed;
+    int room = mc->max_position_embeddings - np + 1;   /* the backend stops at the context */
+    if (!get_int(p, "num_samples", 1, 65536, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
+        !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, EXE_MAX_TOPK, 0, &tpk) ||
+        !get_int(p, "seed", LLONG_MIN, LLONG_MAX, 0, &seed) || !get_real(p, "temperature", 1.0, &j->temperature) ||
+        !get_real(p, "top_p", 1.0, &j->top_p)) {
+        exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p or "
+                    "topk_prompt_logprobs)");
+        return false;
+    }
+    if (j->temperature < 0 || !(j->top_p > 0 && j->top_p <= 1)) {
+        exe_op_fail(op, "user", "temperature must be >= 0 and top_p in (0, 1]");
+        return false;
+    }
+    j->num_samples = (int)ns;
+    j->max_tokens = (int)(mt < room ? mt : room);
+    j->top_k = tk <= 0 || tk > mc->vocab_size ? -1 : (int)tk;
+    j->topk_prompt = (int)(tpk < mc->vocab_size ? tpk : mc->vocab_size);
+    j->seed = (uint64_t)seed;
+    j->prompt_logprobs = json_is_true(json_object_get(p, "prompt_logprobs"));
+
+    /* stop tokens: the client's, then the model's EOS ids */
+    json_t *stops = json_object_get(p, "stop_tokens");
+    j->stop_tokens = malloc((json_array_size(stops) + MODEL_MAX_EOS + 1) * sizeof *j->stop_tokens);
+    for (size_t i = 0; i < json_array_size(stops); i++) {
+        json_t *v = json_array_get(stops, i);
+        if (!json_is_integer(v)) { exe_op_fail(op, "user", "stop tokens must be token ids"); return false; }
+        j->stop_tokens[j->n_stop++] = (int32_t)json_integer_value(v);
+    }
+    for (int i = 0; i < mc->n_eos; i++) j->stop_tokens[j->n_stop++] = mc->eos_token_ids[i];
+
+    json_t *strs = json_object_get(p, "stop_strings");
+    if (json_array_size(strs) > 0) {
+        const tokenizer *tok = sampler_tokenizer(st);
+        if (!tok) {
+            exe_op_fail(op, "user", "stop strings need the base model's tokenizer.json, which this executor cannot "
+                        "load (%s); pass stop token ids instead", st->tok_err);
+            return false;
+        }
+        size_t n = json_array_size(strs);
+        j->ss.tok = tok;
+        j->ss.s = calloc(n, sizeof *j->ss.s);
+        j->ss.len = calloc(n, sizeof *j->ss.len);
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(strs, i);
+            if (!json_is_string(v)) { exe_op_fail(op, "user", "stop strings must be strings"); return false; }
+            j->ss.s[j->ss.n] = json_string_value(v);
+            j->ss.len[j->ss.n] = json_string_length(v);
+            if (j->ss.len[j->ss.n] > j->ss.maxlen) j->ss.maxlen = j->ss.len[j->ss.n];
+            j->ss.n++;
+        }
+    }
+
+    /* the sampler */
+    const char *source = json_string_value(json_object_get(p, "source"));
+    const char *digest = json_string_value(json_object_get(p, "blob_digest"));
+    if (!source) source = op->sampling_session_id[0] && exe_store_get(&st->store, STORE_SNAPSHOT, op->sampling_session_id)
+                          ? "snapshot" : digest ? "checkpoint" : "base";
+    if (!strcmp(source, "base")) {
+        j->ad = NULL;
+    } else if (!strcmp(source, "snapshot")) {
+        /* pinned: a checkpoint loaded for a later job of this batch must not evict it */
+        if (!(j->ad = exe_store_acquire(&st->store, STORE_SNAPSHOT, op->sampling_session_id))) {
+            exe_op_fail(op, "server", "the weights of sampler %s are no longer in this executor's memory (evicted or "
+                        "the executor restarted); save weights for the sampler again",
+                        op->sampling_session_id[0] ? op->sampling_session_id : "(none)");
+            return false;
+        }
+        j->pinned = true;
+    } else if (!strcmp(source, "checkpoint")) {
+        char err[512];
+        if (!digest) { exe_op_fail(op, "server", "sample payload lacks the checkpoint's blob_digest"); return false; }
+        if (exe_load_sampler_adapter(st, digest, &j->ad, err, sizeof err) < 0) {
+            exe_op_fail(op, "server", "cannot load the sampler's checkpoint: %s", err);
+            return false;
+        }
+        j->pinned = true;
+    } else {
+        exe_op_fail(op, "server", "unknown sampler source '%s'", source);
+        return false;
+    }
+
+    /* outputs */
+    size_t cells = (size_t)j->num_samples * (j->max_tokens ? j->max_tokens : 1);
+    j->tokens = malloc(cells * sizeof *j->tokens);
+    j->logprobs = malloc(cells * sizeof *j->logprobs);
+    j->n_out = calloc(j->num_samples, sizeof *j->n_out);
+    j->stopped = calloc(j->num_samples, sizeof *j->stopped);
+    if (j->prompt_logprobs || j->topk_prompt > 0) {
+        j->plp = calloc(np, sizeof *j->plp);
+        j->ploss = calloc(np, sizeof *j->ploss);
+        if (j->topk_prompt > 0) {
+            j->tk_ids = calloc((size_t)np * j->topk_prompt, sizeof *j->tk_ids);
+            j->tk_lp = calloc((size_t)np * j->topk_prompt, sizeof *j->tk_lp);
+        }
+    }
+    if (!j->tokens || !j->logprobs || !j->n_out || !j->stopped ||
+        ((j->prompt_logprobs || j->topk_prompt) && (!j->plp || !j->ploss || (j->topk_prompt && (!j->tk_ids || !j->tk_lp))))) {
+        exe_op_fail(op, "server", "out of memory for %d samples of %d tokens", j->num_samples, j->max_tokens);
+        return false;
+    }
+    return true;
+}
+
+static exe_sample_req job_req(sample_job *j) {
+    return (exe_sample_req){.ad = j->ad, .n_prompt = j->n_prompt, .prompt = j->prompt, .num_samples = j->num_samples,
+                            .max_tokens = j->max_tokens, .temperature = j->temperature, .top_k = j->top_k,
+                            .top_p = j->top_p, .seed = j->seed, .stop_tokens = j->stop_tokens, .n_stop = j->n_stop,
+                            .stop_check = j->ss.n ? stop_check : NULL, .stop_user = &j->ss,
+                            .tokens_out = j->tokens, .logprobs_out = j->logprobs, .n_out = j->n_out,
+                            .stopped_out = j->stopped};
+}
+
+static exe_seq job_seq(sample_job *j) {
+    return (exe_seq){.ad = j->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = j->n_prompt - 1,
+                     .tokens = j->prompt, .targets = j->prompt + 1, .logprobs_out = j->plp, .loss_out = j->ploss,
+                     .topk = j->topk_prompt, .topk_ids_out = j->tk_ids, .topk_lp_out = j->tk_lp};
+}
+
+/* Runs jobs through the backend together; if that fails, one by one so that only the
+ * failing ones fail. prompt: the forward pass for prompt logprobs instead of sampling. */
+static void run_jobs(exe_state *st, sample_job **jobs, int n, bool prompt) {
+    if (n == 0) return;
+    char err[512] = "";
+    int rc;
+    if (prompt) {
+        exe_seq *seqs = calloc(n, sizeof *seqs);
+        for (int i = 0; i < n; i++) seqs[i] = job_seq(jobs[i]);
+        rc = st->be->forward_backward(st->ctx, seqs, n, false, err, sizeof err);
+        free(seqs);
+    } else {
+        exe_sample_req *reqs = calloc(n, sizeof *reqs);
+        for (int i = 0; i < n; i++) reqs[i] = job_req(jobs[i]);
+        rc = st->be->sample(st->ctx, reqs, n, err, sizeof err);
+        free(reqs);
+    }
+    if (rc == 0) return;
+    if (n == 1) {
+        exe_op_fail(jobs[0]->op, "server", "%s failed: %s", prompt ? "prompt logprobs" : "sampling", err);
+        return;
+    }
+    log_warn("%s batch of %d failed (%s); running its operations one by one", prompt ? "prompt logprobs" : "sample",
+             n, err);
+    for (int i = 0; i < n; i++) run_jobs(st, &jobs[i], 1, prompt);
+}
+
+static json_t *lp_json(float x) { return json_real(isfinite(x) ? (double)x : x < 0 ? -FLT_MAX : 0.0); }
+
+/* Cuts each sample at its first completed stop string, then writes op->result. */
+static void job_result(sample_job *j) {
+    json_t *seqs = json_array();
+    for (int s = 0; s < j->num_samples; s++) {
+        const int32_t *tok = j->tokens + (size_t)s * j->max_tokens;
+        const float *lp = j->logprobs + (size_t)s * j->max_tokens;
+        int n = j->n_out[s];
+        bool stopped = j->stopped[s];
+        if (j->ss.n)
+            for (int k = 1; k <= n; k++)
+                if (stop_string_hit(&j->ss, tok, k)) { n = k; stopped = true; break; }
+        json_t *t = json_array(), *l = json_array();
+        for (int k = 0; k < n; k++) {
+            json_array_append_new(t, json_integer(tok[k]));
+            json_array_append_new(l, lp_json(lp[k]));
+        }
+        json_array_append_new(seqs, json_pack("{s:o, s:o, s:s}", "tokens", t, "logprobs", l, "stop_reason",
+                                              stopped ? "stop" : "length"));
+    }
+    json_t *r = json_pack("{s:s, s:o}", "type", "sample", "sequences", seqs);
+    if (j->prompt_logprobs) {
+        json_t *a = json_array();
+        json_array_append_new(a, json_null());
+        for (int i = 0; i + 1 < j->n_prompt; i++) json_array_append_new(a, lp_json(j->plp[i]));
+        json_object_set_new(r, "prompt_logprobs", a);
+    }
+    if (j->topk_prompt > 0) {
+        json_t *a = json_array();
+        json_array_append_new(a, json_null());
+        for (int i = 0; i + 1 < j->n_prompt; i++) {
+            json_t *row = json_array();
+            for (int k = 0; k < j->topk_prompt; k++) {
+                size_t c = (size_t)i * j->topk_prompt + k;
+                json_array_append_new(row, json_pack("[i, o]", j->tk_ids[c], lp_json(j->tk_lp[c])));
+            }
+            json_array_append_new(a, row);
+        }
+        json_object_set_new(r, "topk_prompt_logprobs", a);
+    }
+    json_object_set_new(r, "prompt_cache_hit_tokens", json_integer(0));
+    j->op->result = r;
+}
+
+void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
+    if (nops == 0) return;
+    sample_job *jobs = calloc(nops, sizeof *jobs);
+    sample_job **run = calloc(nops, sizeof *run), **fwd = calloc(nops, sizeof *fwd);
+    int nrun = 0, nfwd = 0;
+    long new_tokens = 0;
+    for (int i = 0; i < nops; i++) {
+        if (!job_parse(st, ops[i], &jobs[i])) continue;
+        run[nrun++] = &jobs[i];
+        if ((jobs[i].prompt_logprobs || jobs[i].topk_prompt > 0) && jobs[i].n_prompt > 1) fwd[nfwd++] = &jobs[i];
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_jobs(st, fwd, nfwd, true);
+    int k = 0;
+    for (int i = 0; i < nrun; i++) if (!run[i]->op->category) run[k++] = run[i];
+    nrun = k;
+    run_jobs(st, run, nrun, false);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int nseq = 0;
+    for (int i = 0; i < nrun; i++) {
+        sample_job *j = run[i];
+        if (j->op->category) continue;
+        job_result(j);
+        nseq += j->num_samples;
+        for (int s = 0; s < j->num_samples; s++) new_tokens += j->n_out[s];
+    }
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (nrun) log_info("sample: %d request(s), %d sequence(s), %ld new tokens in %.3f s (%.0f tok/s)", nrun, nseq,
+                       new_tokens, secs, secs > 0 ? new_tokens / secs : 0.0);
+    for (int i = 0; i < nops; i++) job_free(st, &jobs[i]);
+    free(jobs);
+    free(run);
+    free(fwd);
+}

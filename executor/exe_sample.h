@@ -1,0 +1,11 @@
+/* exe_sample.h: sampling (exe_sample.c): every 'sample' op of the cycle, run together
+ * through backend->sample (and a forward pass for prompt_logprobs), and the unnamed
+ * save_weights_for_sampler (payload has "sampling_session_id"): a snapshot of the
+ * model's adapter in the store, keyed by the sampling session id; its commit hook sets
+ * sampling_sessions.executor_id so the scheduler sends that session's samples here. */
+#pragma once
+#include "executor/exe_ops.h"
+
+extern const exe_handler_entry exe_sample_handlers[];  /* ends with {NULL, NULL} */
+void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops);
+void exe_run_snapshot(exe_state *st, exe_op *op);

@@ -1,0 +1,69 @@
+/* exe_store.h: the adapter store, one per executor: every adapter the executor holds on
+ * its backend's device, by kind and key, within a memory budget.
+ *
+ *   training    a model's training slot (weights, gradients, Adam state), keyed by model
+ *               id; created by create_model or load_weights, freed on unload_model. Never
+ *               evicted: its state exists nowhere else (until eviction to host or disk).
+ *   snapshot    the weights of a model at an unnamed save_weights_for_sampler, keyed by
+ *               the sampling session id.
+ *   checkpoint  a registry checkpoint loaded for sampling, keyed by its blob digest.
+ *
+ * Snapshots and checkpoints can be made again (a snapshot by saving again, a checkpoint
+ * from its blob), so they are evicted, least recently used first, whenever an adapter
+ * added would take the store over its budget. An adapter in use by a running batch is
+ * pinned and stays. Eviction to host memory and recovery of training slots plug in here.
+ * The store is used by the executor's main thread only. */
+#pragma once
+#include "backend/backend.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { STORE_TRAINING, STORE_SNAPSHOT, STORE_CHECKPOINT, STORE_NKINDS } store_kind;
+
+typedef struct {
+    store_kind kind;
+    char key[256];
+    exe_adapter *ad;
+    int pins;
+    uint64_t last_use;
+} store_entry;
+
+typedef struct {
+    const exe_backend *be;
+    void *ctx;
+    size_t budget;      /* bytes of device memory adapters may hold */
+    size_t used;
+    store_entry *e;
+    int n, cap;
+    uint64_t clock;
+} exe_store;
+
+/* What the store holds, for the executors row and the logs. */
+typedef struct {
+    size_t budget, used;
+    int count[STORE_NKINDS];
+} exe_store_stats;
+
+void exe_store_init(exe_store *s, const exe_backend *be, void *ctx, size_t budget);
+/* Frees every adapter. */
+void exe_store_free(exe_store *s);
+
+/* The adapter of (kind, key), or NULL; counts as a use for the LRU order. */
+exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key);
+/* Same, pinned until exe_store_release (which evicts what pins kept over the budget). */
+exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key);
+void exe_store_release(exe_store *s, exe_adapter *ad);
+
+/* Adds ad under (kind, key), the store taking ownership; an adapter already there under
+ * that key is freed (a retried operation). Snapshots and checkpoints are evicted to fit
+ * the budget (never ad itself); a training slot is added even when they cannot make room
+ * (it is logged). pinned: ad comes back pinned (as exe_store_acquire). 0, or -1 with err
+ * and ad freed (key too long). */
+int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *ad, bool pinned, char *err,
+                  size_t errlen);
+/* Frees the adapter of (kind, key) if there is one (unload_model). */
+void exe_store_drop(exe_store *s, store_kind kind, const char *key);
+
+void exe_store_get_stats(const exe_store *s, exe_store_stats *out);
+/* The keys of one kind (pointers into the store, valid until it changes); returns n. */
+int exe_store_keys(const exe_store *s, store_kind kind, const char **keys, int cap);

@@ -1,0 +1,509 @@
+/* executor.c: the executor's loop and the translation between operation rows (the
+ * normalised payload JSON written by the api) and the backend's packed batch.
+ *
+ * One cycle (docs/architecture.md, "Clock cycles"): create_model ops make adapters;
+ * every forward_backward of the cycle runs as ONE packed batch across adapters (and every
+ * forward as another, without gradients); then each model's optim_step and checkpoint
+ * work (handler tables of the op family files); then all sampling requests together; then
+ * all results are committed in one transaction guarded by "still claimed by this cycle",
+ * so a cycle the reaper took back cannot write. A heartbeat thread keeps the executor row
+ * and the cycle's lease fresh while the (possibly long) compute runs; once the reaper has
+ * written this executor off as gone, the heartbeat fences it: it touches no cycle again
+ * and exits, so that a supervisor starts a new registration.
+ *
+ * Database errors in a cycle: marking it running and reading its operations is one
+ * statement, so an error there leaves the cycle assigned and the next poll (on a fresh
+ * connection if it broke) takes it again; the commit gets three tries. An executor that
+ * cannot do either exits rather than hold a lease it cannot honour: the lease lapses and
+ * the reaper recovers the operations. */
+#include "executor/executor.h"
+#include "executor/exe_ckpt.h"
+#include "executor/exe_ops.h"
+#include "executor/exe_sample.h"
+#include "executor/exe_sql.h"
+#include "executor/exe_train.h"
+#include "registry/blobstore.h"
+#include "common/db.h"
+#include "common/log.h"
+#include "common/migrate.h"
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int s) { g_stop = 1; }
+/* Set by the heartbeat thread when the executor row says 'gone'. */
+static atomic_bool g_fenced;
+
+/* Exit status of an executor that was written off as gone (a supervisor restarts it). */
+#define EXE_EXIT_FENCED 3
+
+static void exit_if_fenced(const char *when) {
+    if (!atomic_load(&g_fenced)) return;
+    log_error("this executor was written off as gone (no heartbeat for 30 s, e.g. paused); exiting %s so that a new "
+              "registration replaces it", when);
+    exit(EXE_EXIT_FENCED);
+}
+
+static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (long long)v); }
+
+/* The store's figures as the parameters $2.. of SQL_EXE_IDLE / SQL_EXE_CAPACITY. */
+typedef struct {
+    char used[24], training[16], snapshots[16], cached[16];
+} capacity_params;
+
+static void capacity_of(const exe_state *st, capacity_params *cp) {
+    exe_store_stats s;
+    exe_store_get_stats(&st->store, &s);
+    snprintf(cp->used, sizeof cp->used, "%zu", s.used);
+    snprintf(cp->training, sizeof cp->training, "%d", s.count[STORE_TRAINING]);
+    snprintf(cp->snapshots, sizeof cp->snapshots, "%d", s.count[STORE_SNAPSHOT]);
+    snprintf(cp->cached, sizeof cp->cached, "%d", s.count[STORE_CHECKPOINT]);
+}
+
+static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
+    char cyc[24], eid[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    if (db_begin(c, err, errlen) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        exe_op *op = &ops[i];
+        char id[24];
+        fmt_i64(id, sizeof id, op->id);
+        if (!op->category && op->commit_hook) {
+            /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
+            char herr[512] = "";
+            if (db_exec(c, SQL_EXE_HOOK_SAVEPOINT, 0, NULL, err, errlen) < 0) goto fail;
+            if (op->commit_hook(c, st, op, herr, sizeof herr) < 0) {
+                if (db_exec(c, SQL_EXE_HOOK_ROLLBACK, 0, NULL, err, errlen) < 0) goto fail;
+                exe_op_fail(op, "server", "%s", herr);
+            } else if (db_exec(c, SQL_EXE_HOOK_RELEASE, 0, NULL, err, errlen) < 0) {
+                goto fail;
+            }
+        }
+        char *res = op->category ? NULL : json_dumps(op->result, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        const char *p[6] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
+                            op->category, cyc};
+        PGresult *r = db_query(c, SQL_EXE_FINISH_OP, 6, p, err, errlen);
+        free(res);
+        if (!r) goto fail;
+        int changed = atoi(PQcmdTuples(r));
+        PQclear(r);
+        if (changed != 1) {
+            snprintf(err, errlen, "operation %s is no longer claimed by cycle %s (lease expired?)", id, cyc);
+            goto fail;
+        }
+    }
+    capacity_params cp;
+    capacity_of(st, &cp);
+    const char *pc[1] = {cyc}, *pi[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    if (db_exec(c, SQL_EXE_FINISH_CYCLE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_IDLE, 5, pi, err, errlen) < 0 ||
+        db_exec(c, SQL_EXE_NOTIFY_DONE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, errlen) < 0)
+        goto fail;
+    return db_commit(c, err, errlen);
+fail:
+    db_rollback(c);
+    return -1;
+}
+
+static exe_op_handler find_handler(const char *kind) {
+    const exe_handler_entry *tables[] = {exe_ckpt_handlers, exe_sample_handlers};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (const exe_handler_entry *e = tables[t]; e->kind; e++)
+            if (!strcmp(e->kind, kind)) return e->run;
+    return NULL;
+}
+
+/* Marks the cycle running and reads its operations (SQL_EXE_START_CYCLE). 1 with *ops, *n
+ * (free with free_ops); 0 when the cycle is no longer this executor's; -1 on a database
+ * error, the cycle left as it was. */
+static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, int *n, char *err, size_t errlen) {
+    char cyc[24], eid[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *p[2] = {cyc, eid};
+    PGresult *r = db_query(c, SQL_EXE_START_CYCLE, 2, p, err, errlen);
+    if (!r) return -1;
+    int rows = PQntuples(r);
+    if (rows == 0) { PQclear(r); return 0; }
+    *ops = calloc(rows, sizeof **ops);
+    *n = 0;
+    for (int i = 0; i < rows; i++) {
+        if (PQgetisnull(r, i, 0)) continue;   /* the cycle has no claimed operation left */
+        exe_op *op = &(*ops)[(*n)++];
+        op->id = db_int(r, i, 0);
+        snprintf(op->request_id, sizeof op->request_id, "%s", PQgetvalue(r, i, 1));
+        snprintf(op->model_id, sizeof op->model_id, "%s", PQgetvalue(r, i, 2));
+        snprintf(op->kind, sizeof op->kind, "%s", PQgetvalue(r, i, 3));
+        json_error_t je;
+        op->payload = json_loads(PQgetvalue(r, i, 4), 0, &je);
+        op->lcfg = (lora_config){.rank = (int)db_int(r, i, 5), .seed = (uint64_t)db_int(r, i, 6),
+                                 .train_attn = db_bool(r, i, 7), .train_mlp = db_bool(r, i, 8),
+                                 .train_unembed = db_bool(r, i, 9)};
+        op->seq_id = db_int(r, i, 10);
+        snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
+        if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
+    }
+    PQclear(r);
+    return 1;
+}
+
+static void free_ops(exe_op *ops, int n) {
+    for (int i = 0; i < n; i++) {
+        json_decref(ops[i].payload);
+        json_decref(ops[i].result);
+        free(ops[i].hook_data);
+    }
+    free(ops);
+}
+
+/* The compute of a cycle: every op ends with a result or an error. */
+static void run_ops(exe_state *st, exe_op *ops, int n) {
+    /* 1. new adapters; 2. packed forward_backward, then packed forward; 3. optimizer steps. */
+    exe_op **fb = calloc(n ? n : 1, sizeof *fb), **fwd = calloc(n ? n : 1, sizeof *fwd);
+    int nfb = 0, nfwd = 0;
+    for (int i = 0; i < n; i++) {
+        exe_op *op = &ops[i];
+        if (op->category) continue;
+        if (!strcmp(op->kind, "create_model")) exe_run_create(st, op);
+        else if (!strcmp(op->kind, "forward_backward")) fb[nfb++] = op;
+        else if (!strcmp(op->kind, "forward")) fwd[nfwd++] = op;
+    }
+    exe_run_fb_batch(st, fb, nfb, true);
+    exe_run_fb_batch(st, fwd, nfwd, false);
+    exe_op **samples = calloc(n ? n : 1, sizeof *samples);
+    int nsamples = 0;
+    for (int i = 0; i < n; i++) {
+        exe_op *op = &ops[i];
+        if (op->category || op->result) continue;
+        if (!strcmp(op->kind, "optim_step")) { exe_run_optim(st, op); continue; }
+        if (!strcmp(op->kind, "sample")) { samples[nsamples++] = op; continue; }
+        if (!strcmp(op->kind, "save_weights_for_sampler") && json_object_get(op->payload, "sampling_session_id")) {
+            exe_run_snapshot(st, op);
+            continue;
+        }
+        exe_op_handler h = find_handler(op->kind);
+        if (h) h(st, op);
+        else exe_op_fail(op, "user", "operation '%s' is not implemented yet in this Loom version", op->kind);
+    }
+    /* 4. sampling last: it sees every weight update of this cycle. */
+    exe_run_sample_batch(st, samples, nsamples);
+    free(samples);
+    free(fb);
+    free(fwd);
+}
+
+/* Runs one cycle. -1 when it could not be started (database error: the caller polls
+ * again, reconnecting if needed); 0 otherwise. A cycle whose results cannot be committed
+ * ends the process. */
+static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
+    char err[1024], cyc[24];
+    fmt_i64(cyc, sizeof cyc, cycle);
+    exe_op *ops = NULL;
+    int n = 0, started = start_cycle(c, st, cycle, &ops, &n, err, sizeof err);
+    if (started < 0) {
+        log_error("cycle %s: starting it failed (it stays assigned and is tried again): %s", cyc, err);
+        return -1;
+    }
+    if (started == 0) {
+        log_warn("cycle %s is no longer this executor's (the reaper took it back); skipped", cyc);
+        return 0;
+    }
+    run_ops(st, ops, n);
+    exit_if_fenced("before committing a cycle");
+
+    /* A transient database error gets a few tries (on a fresh connection if it broke).
+     * If the results still cannot be committed, this executor must not keep heartbeating
+     * a lease it cannot honour: it exits, the lease lapses, and the reaper fails the
+     * cycle's operations with a message instead of leaving them pending forever. */
+    int rc = -1;
+    for (int attempt = 0; attempt < 3 && rc < 0; attempt++) {
+        if (attempt) {
+            sleep(1);
+            if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+        }
+        rc = commit_cycle(c, st, cycle, ops, n, err, sizeof err);
+        if (rc < 0) log_error("cycle %s: commit failed (try %d of 3): %s", cyc, attempt + 1, err);
+    }
+    if (rc < 0) {
+        log_error("cycle %s could not be committed; exiting so that the reaper recovers its operations", cyc);
+        exit(1);
+    }
+    log_info("cycle %s done: %d operation(s)", cyc, n);
+    free_ops(ops, n);
+    return 0;
+}
+
+/* ---- between cycles ------------------------------------------------------------------ */
+
+/* Frees the training slots of models that were unloaded (or failed) since the last look,
+ * and records the store's figures when that changed them. */
+static void free_inactive_slots(exe_state *st, PGconn *c) {
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_TRAINING];
+    if (n == 0) return;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) return;
+    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
+    free(keys);
+    char *text = json_dumps(ids, JSON_COMPACT), err[512];
+    json_decref(ids);
+    const char *p[1] = {text};
+    PGresult *r = db_query(c, SQL_EXE_INACTIVE_MODELS, 1, p, err, sizeof err);
+    free(text);
+    if (!r) { log_warn("unloaded models: %s", err); return; }
+    for (int i = 0; i < PQntuples(r); i++) exe_store_drop(&st->store, STORE_TRAINING, PQgetvalue(r, i, 0));
+    int freed = PQntuples(r);
+    PQclear(r);
+    if (!freed) return;
+    capacity_params cp;
+    capacity_of(st, &cp);
+    char eid[24];
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *pc[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    if (db_exec(c, SQL_EXE_CAPACITY, 5, pc, err, sizeof err) < 0) log_warn("capacity: %s", err);
+}
+
+/* ---- heartbeat -------------------------------------------------------------------- */
+
+typedef struct {
+    const char *db;
+    int64_t executor_id;
+} hb_args;
+
+static void *heartbeat_thread(void *arg) {
+    hb_args *a = arg;
+    char err[512], id[24];
+    fmt_i64(id, sizeof id, a->executor_id);
+    const char *p[1] = {id};
+    PGconn *c = NULL;
+    while (!g_stop && !atomic_load(&g_fenced)) {
+        if (!c && !(c = db_connect(a->db, 2000, err, sizeof err))) { sleep(1); continue; }
+        PGresult *r = db_query(c, SQL_EXE_HEARTBEAT, 1, p, err, sizeof err);
+        if (!r) {
+            log_warn("heartbeat: %s", err);
+            PQfinish(c);
+            c = NULL;
+        } else {
+            if (db_int(r, 0, 0) == 0) {
+                log_error("heartbeat: this executor is marked gone; fencing it (no cycle is touched again)");
+                atomic_store(&g_fenced, true);
+            }
+            PQclear(r);
+        }
+        for (int i = 0; i < 30 && !g_stop && !atomic_load(&g_fenced); i++) usleep(100 * 1000);
+    }
+    if (c) PQfinish(c);
+    return NULL;
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc(n + 1);
+    if (fread(s, 1, n, f) != (size_t)n) { free(s); fclose(f); return NULL; }
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Records the base model this executor serves, so the api can validate requests. */
+static int register_base_model(PGconn *c, const char *name, const char *dir, char *err, size_t errlen) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = read_file(path);
+    if (!text) { snprintf(err, errlen, "cannot read %s", path); return -1; }
+    json_error_t je;
+    json_t *cfg = json_loads(text, 0, &je);
+    if (!cfg) { snprintf(err, errlen, "%s: %s", path, je.text); free(text); return -1; }
+    const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+    int vocab = (int)json_integer_value(json_object_get(cfg, "vocab_size"));
+    int maxpos = (int)json_integer_value(json_object_get(cfg, "max_position_embeddings"));
+    char svocab[16], smax[16];
+    snprintf(svocab, sizeof svocab, "%d", vocab);
+    snprintf(smax, sizeof smax, "%d", maxpos > 0 ? maxpos : 4096);
+    const char *p[6] = {name, dir, arch ? arch : "unknown", smax, svocab, text};
+    int rc = db_exec(c, SQL_EXE_BASE_MODEL, 6, p, err, errlen);
+    json_decref(cfg);
+    free(text);
+    return rc;
+}
+
+/* "8G", "512M", "1048576": bytes (K, M, G, T are powers of 1024). 0 if not a size. */
+static size_t parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    const char *units = "KMGT", *u = *end ? strchr(units, *end) : NULL;
+    if (end == s || v <= 0 || (*end && (!u || end[1]))) return 0;
+    for (const char *k = units; u && k <= u; k++) v *= 1024;
+    return (size_t)v;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: loom executor --db CONNINFO --model-dir DIR --model-name NAME\n"
+                    "                     [--backend %s] [--device N] [--threads N] [--memory-budget BYTES]\n"
+                    "                     [--token-budget N] [--name NAME]\n"
+                    "                     [--blob-dir DIR]   (registry blob store for checkpoints)\n",
+            exe_backend_names());
+}
+
+/* Connects the loop's connection: named in pg_stat_activity, listening for cycles. */
+static PGconn *connect_loop(const char *db, int64_t exe_id, int wait_ms, char *err, size_t errlen) {
+    PGconn *c = db_connect(db, wait_ms, err, errlen);
+    if (!c) return NULL;
+    char app[64];
+    snprintf(app, sizeof app, "loom executor %lld", (long long)exe_id);
+    const char *p[1] = {app};
+    if ((exe_id && db_exec(c, SQL_EXE_APP_NAME, 1, p, err, errlen) < 0) ||
+        db_exec(c, SQL_EXE_LISTEN, 0, NULL, err, errlen) < 0) {
+        PQfinish(c);
+        return NULL;
+    }
+    return c;
+}
+
+int exe_main(int argc, char **argv) {
+    const char *db = getenv("DATABASE_URL"), *model_dir = NULL, *model_name = NULL, *backend = "cpu";
+    const char *name = "executor", *blob_dir = NULL, *mem_budget = NULL;
+    int threads = 0, budget = 32768, device = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { usage(); return 2; }
+        if (!strcmp(a, "--db")) db = argv[++i];
+        else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
+        else if (!strcmp(a, "--model-name")) model_name = argv[++i];
+        else if (!strcmp(a, "--backend")) backend = argv[++i];
+        else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--memory-budget")) mem_budget = argv[++i];
+        else if (!strcmp(a, "--token-budget")) budget = atoi(argv[++i]);
+        else if (!strcmp(a, "--name")) name = argv[++i];
+        else if (!strcmp(a, "--blob-dir")) blob_dir = argv[++i];
+        else { usage(); return 2; }
+    }
+    if (!db || !model_dir || !model_name) { usage(); return 2; }
+    exe_state st = {.be = exe_backend_find(backend), .model_dir = model_dir};
+    if (!st.be) {
+        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
+        return 2;
+    }
+    size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
+    if (mem_budget && !store_budget) {
+        log_error("--memory-budget '%s' is not a size in bytes (e.g. 8G, 512M)", mem_budget);
+        return 2;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    char err[1024];
+    model_files *mf;
+    if (model_open(model_dir, &mf, err, sizeof err) < 0) {
+        log_error("cannot load model %s: %s", model_dir, err);
+        return 1;
+    }
+    st.model = mf->cfg;
+    exe_backend_opts bo = {.device = device, .threads = threads};
+    st.ctx = st.be->create(mf, &bo, err, sizeof err);
+    model_close(mf);
+    if (!st.ctx) {
+        log_error("backend %s: %s", st.be->name, err);
+        return 1;
+    }
+    exe_device_info dev;
+    st.be->device_info(st.ctx, &dev);
+    /* By default adapters may take half of what the device has left after the weights. */
+    if (!store_budget) store_budget = dev.memory_free / 2;
+    exe_store_init(&st.store, st.be, st.ctx, store_budget);
+    if (blob_dir && !(st.blobs = blob_open_dir(blob_dir, err, sizeof err))) {
+        log_error("blob store %s: %s", blob_dir, err);
+        return 1;
+    }
+    PGconn *c = db_connect(db, 30000, err, sizeof err);
+    if (!c) { log_error("cannot connect: %s", err); return 1; }
+    if (migrate_run(c, err, sizeof err) < 0 || register_base_model(c, model_name, model_dir, err, sizeof err) < 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    char host[256] = "localhost", pid[16], sbudget[16], sdev[16], smem[24], sstore[24];
+    gethostname(host, sizeof host);
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    snprintf(sbudget, sizeof sbudget, "%d", budget);
+    snprintf(sdev, sizeof sdev, "%d", device);
+    snprintf(smem, sizeof smem, "%zu", dev.memory_total);
+    snprintf(sstore, sizeof sstore, "%zu", store_budget);
+    const char *p[10] = {name, host, pid, st.be->name, dev.device, model_name, sbudget, sdev, smem, sstore};
+    PGresult *r = db_query(c, SQL_EXE_REGISTER, 10, p, err, sizeof err);
+    if (!r) { log_error("register: %s", err); return 1; }
+    st.executor_id = db_int(r, 0, 0);
+    char sid[24];
+    snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    PQfinish(c);
+    if (!(c = connect_loop(db, st.executor_id, 30000, err, sizeof err)) ||
+        db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, sizeof err) < 0) {
+        log_error("listen: %s", err);
+        return 1;
+    }
+    log_info("executor %s ready: model %s (%s), backend %s on %s, adapters up to %.1f GiB, token budget %d", sid,
+             model_name, model_dir, st.be->name, dev.device, store_budget / 1073741824.0, budget);
+    hb_args hb = {db, st.executor_id};
+    pthread_t hbt;
+    pthread_create(&hbt, NULL, heartbeat_thread, &hb);
+
+    const char *pid1[1] = {sid};
+    int64_t failing = 0;   /* a cycle that could not be started, and how often in a row */
+    int fails = 0;
+    while (!g_stop) {
+        exit_if_fenced("instead of polling for cycles");
+        if (!c || PQstatus(c) != CONNECTION_OK) {
+            if (c) PQfinish(c);
+            c = connect_loop(db, st.executor_id, 5000, err, sizeof err);
+            if (!c) { log_warn("reconnecting: %s", err); continue; }
+        }
+        r = db_query(c, SQL_EXE_NEXT_CYCLE, 1, pid1, err, sizeof err);
+        if (!r) {
+            log_warn("poll: %s", err);
+            sleep(1);
+            continue;
+        }
+        int64_t cycle = PQntuples(r) ? db_int(r, 0, 0) : 0;
+        PQclear(r);
+        if (cycle) {
+            if (run_cycle(&st, c, cycle) == 0) { fails = 0; continue; }
+            fails = cycle == failing ? fails + 1 : 1;
+            failing = cycle;
+            if (fails >= 3) {
+                log_error("cycle %lld could not be started 3 times; exiting so that the reaper recovers it",
+                          (long long)cycle);
+                exit(1);
+            }
+            sleep(1);
+            continue;
+        }
+        if (db_wait_notify(c, 500) >= 0) free_inactive_slots(&st, c);
+    }
+    if (c) {
+        db_exec(c, SQL_EXE_GONE, 1, pid1, err, sizeof err);
+        PQfinish(c);
+    }
+    pthread_join(hbt, NULL);
+    exe_store_free(&st.store);
+    st.be->destroy(st.ctx);
+    if (st.blobs) blob_close(st.blobs);
+    if (st.tok) tok_free(st.tok);
+    log_info("executor stopped");
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* mkmodel.h — writes random-initialised base models in HF layout (config.json +
+ * model.safetensors) for tests and benchmarks: `loom mkmodel`.
+ *
+ * Every tensor is drawn from its own PRNG stream seeded by (seed, tensor name), so the
+ * same seed gives bit-identical files, and changing e.g. the layer count leaves the other
+ * tensors unchanged. Linear weights ~ N(0, init_std²); norm weights ~ 1 + N(0, norm_noise²)
+ * (not exactly 1, so a test notices a missing or misplaced norm); biases ~ N(0, init_std²).
+ */
+#ifndef LOOM_MODEL_MKMODEL_H
+#define LOOM_MODEL_MKMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char arch[16];        /* "llama" | "qwen2" | "qwen3" */
+    const char *out_dir;  /* created if missing */
+    int vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos;
+    bool tie;
+    uint64_t seed;
+    bool bf16;            /* store BF16 (else F32) */
+    double init_std;      /* 0.02 */
+    double norm_noise;    /* 0.1 */
+    double rope_theta;
+    double rms_eps;
+    bool rope_llama3;     /* add a llama3 rope_scaling block (factor 8, original context max_pos/4) */
+    int bos, eos;
+} mkmodel_opts;
+
+/* Fill o with the defaults of arch ("llama", "qwen2", "qwen3") and preset ("tiny",
+ * "qwen3-0.6b"; NULL = tiny). 0 ok, -1 with err. out_dir is left NULL. */
+int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen);
+
+/* Write o->out_dir/config.json, o->out_dir/model.safetensors and (when the vocabulary
+ * is large enough) o->out_dir/tokenizer.json. 0 ok, -1 with err. */
+int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen);
+
+/* A byte-level BPE tokenizer.json for a generated model (mkmodel_tokenizer.c): byte
+ * tokens, merges and the special tokens <|begin_of_text|> (bos) and <|endoftext|> (eos)
+ * at the config's ids, all below vocab. arch "llama" or "qwen…" picks the split pattern.
+ * 0 ok, 1 when vocab is too small (nothing written, err says why), -1 with err. */
+int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int bos, int eos, char *err, size_t errlen);
+
+/* CLI: loom mkmodel --arch llama|qwen2|qwen3 --out DIR [--preset tiny|qwen3-0.6b]
+ *   [--layers N --hidden H --inter I --heads N --kv-heads N --head-dim D --vocab V
+ *    --max-pos P --tie 0|1] [--seed S] [--dtype f32|bf16] [--init-std X] [--norm-noise X]
+ *   [--rope-theta X] [--rope-scaling llama3]
+ * argv[0] is the command name (a leading "mkmodel" argument is skipped too). Returns the
+ * process exit status. */
+int mkmodel_main(int argc, char **argv);
+
+#endif
