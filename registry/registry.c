@@ -279,6 +279,17 @@ int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, 
     return db_exec(c, SQL_REG_AUDIT, 5, p, err, errlen);
 }
 
+int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t errlen) {
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)adapter_id);
+    const char *p[1] = {id};
+    PGresult *r = db_query(c, SQL_REG_FAIL_UNREADABLE_SAMPLES, 1, p, err, errlen);
+    if (!r) return -1;
+    int n = PQntuples(r);
+    PQclear(r);
+    return n;
+}
+
 /* ---- download tokens --------------------------------------------------------------------- */
 
 static void token_mac(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,

@@ -125,6 +125,10 @@ typedef struct {
  * after the collection of dead versions' blobs. */
 int reg_gc(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err, size_t errlen);
 
+/* After access to an adapter was withdrawn (unpublish, share revoked): fails the sample
+ * operations other tenants queued on it and may no longer run. Returns how many, or -1. */
+int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t errlen);
+
 /* ---- audit -------------------------------------------------------------------------------- */
 
 /* Appends one audit_log row; details is a JSON object text or NULL. */

@@ -502,8 +502,13 @@ static int set_visibility(api_call *c, const ckpt_route *rt, bool pub) {
     char id[24];
     api_fmt_i64(id, v.id);
     const char *p[2] = {id, pub ? "public" : "private"};
-    if (db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0)
+    if (db_begin(c->db, c->err, sizeof c->err) < 0 ||
+        db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0 ||
+        (!pub && reg_fail_unreadable_samples(c->db, v.adapter_id, c->err, sizeof c->err) < 0) ||
+        db_commit(c->db, c->err, sizeof c->err) < 0) {
+        db_rollback(c->db);
         return api_db_error(c, "publish", c->err);
+    }
     audit(c, v.tenant_id, pub ? "checkpoint.publish" : "checkpoint.unpublish", v.tinker_path, NULL);
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "public", pub));
 }

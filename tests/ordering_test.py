@@ -145,24 +145,16 @@ def main():
         R.check(cyc == sorted(cyc), f"they ran in seq_id order (cycles {order})")
 
         # ---- the pending answers: why an operation waits --------------------------------------
-        t_cap.join()
-        t_rate.join()
-        took, st, body = cap["v"]
-        R.check(st == 200 and body.get("type") == "try_again" and body.get("queue_state") == "paused_capacity"
-                and "test/unserved" in body.get("queue_state_reason", ""),
-                f"no executor for the base model: try_again paused_capacity ({took:.0f} s): {body}")
-        took, st, body = rate["v"]
-        R.check(st == 200 and body.get("type") == "try_again" and body.get("queue_state") == "paused_rate_limit"
-                and "limit" in body.get("queue_state_reason", ""),
-                f"tenant at its queued-sample limit: try_again paused_rate_limit: {body}")
+        def try_again(thread, out, state, word, what):
+            thread.join()
+            took, st, body = out["v"]
+            R.check(st == 200 and body.get("type") == "try_again" and body.get("queue_state") == state
+                    and word in body.get("queue_state_reason", ""), f"{what}: try_again {state} ({took:.0f} s): {body}")
+        try_again(t_cap, cap, "paused_capacity", "test/unserved", "no executor for the base model")
+        try_again(t_rate, rate, "paused_rate_limit", "limit", "the tenant at its queued-sample limit")
         api2.terminate()
         api2.wait()
-
-        t_gap.join()
-        took, st, body = gap["v"]
-        R.check(st == 200 and body.get("type") == "try_again" and body.get("queue_state") == "active"
-                and "seq_id 1" in body.get("queue_state_reason", ""),
-                f"waiting behind a gap: try_again says it waits for seq_id 1 ({took:.0f} s): {body}")
+        try_again(t_gap, gap, "active", "seq_id 1", "waiting behind a gap, it says for seq_id 1")
         deadline = gap_sent + 60
         body = {}
         while time.time() < deadline:

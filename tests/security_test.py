@@ -14,6 +14,7 @@ Prints "N passed, N failed" last.
 """
 import json
 import os
+import signal
 import stat
 import sys
 import urllib.error
@@ -84,7 +85,15 @@ def main():
         url_b = link(key_b)
         R.check(url_b and fetch(url_b) == 200, "B downloads it while public")
         url_a = link(s.key)
-        R.check(s.request("DELETE", ck + "/publish")[0] == 200, "A unpublishes it")
+        sched = s.children()["scheduler"]
+        os.kill(sched, signal.SIGSTOP)     # so that B's next sample stays queued
+        try:
+            st, queued = b_sample(ssid, 2)
+            R.check(s.request("DELETE", ck + "/publish")[0] == 200, "A unpublishes it")
+        finally:
+            os.kill(sched, signal.SIGCONT)
+        r = s.result(queued["request_id"], key=key_b) if st == 200 else {}
+        R.check("withdrawn" in r.get("error", ""), f"B's sample queued before the unpublish fails: {r}")
         st, body = b_sample(ssid, 1)
         R.check(st == 403 and "no longer shared" in body.get("detail", ""),
                 f"B's open sampling session is refused at the next sample ({st})")
