@@ -387,6 +387,7 @@ static int cmd_share(int argc, char **argv) {
     snprintf(details, sizeof details, "{\"grantee\": \"%s\", \"grantee_id\": %s}", tenant, tid);
     if (db_begin(c, err, sizeof err) < 0 ||
         db_exec(c, revoke ? SQL_CLI_REVOKE : SQL_CLI_GRANT, 2, pg, err, sizeof err) < 0 ||
+        (revoke && reg_fail_unreadable_samples(c, atoll(aid), err, sizeof err) < 0) ||
         reg_audit(c, atoll(owner), "cli", revoke ? "adapter.revoke" : "adapter.grant", run, details, err,
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
@@ -410,6 +411,7 @@ static int cmd_publish(int argc, char **argv) {
     const char *p[2] = {id, undo ? "private" : "public"};
     if (db_begin(c, err, sizeof err) < 0 ||
         db_exec(c, SQL_REG_SET_VISIBILITY, 2, p, err, sizeof err) < 0 ||
+        (undo && reg_fail_unreadable_samples(c, v.adapter_id, err, sizeof err) < 0) ||
         reg_audit(c, v.tenant_id, "cli", undo ? "checkpoint.unpublish" : "checkpoint.publish", path, NULL, err,
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {

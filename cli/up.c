@@ -3,9 +3,15 @@
  * API key, generates a small default model if none is given, starts api, scheduler and
  * one CPU executor as child processes, prints TINKER_BASE_URL / TINKER_API_KEY once all
  * are ready, and on Ctrl-C / SIGTERM stops the children and the cluster it started.
- * If a child dies it is restarted, at most 5 times a minute (an executor's in-memory
- * training state dies with it: the scheduler's reaper fails that work with a message);
- * past that, everything is stopped, since a half-running stack is worse than none. */
+ *
+ * Supervision: a child that dies is restarted after a backoff that doubles with each
+ * quick death (0.25 s up to 30 s; back to the start once a child ran for a minute), and
+ * never given up on: one part failing again and again must not stop the others. An
+ * executor that stops heartbeating (stopped, hung on a device) is killed and replaced:
+ * the scheduler writes it off after 30 s of silence and never schedules it again, so
+ * without a new one no work would run. (An executor's in-memory training state dies with
+ * it: the scheduler's reaper fails that work with a message.) Everything loom up and its
+ * children create is private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
 #include "common/db.h"
 #include "common/keys.h"
@@ -28,15 +34,31 @@
 #include <time.h>
 #include <unistd.h>
 
+#define BACKOFF_FIRST_S 0.25
+#define BACKOFF_MAX_S 30.0
+#define STABLE_S 60.0            /* a child that ran this long starts its backoff over */
+#define EXECUTOR_SILENT_S 30     /* the reaper's "gone" threshold (scheduler/sched_sql.h) */
+#define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
+
 typedef struct {
     const char *role;
     pid_t pid;
     char **argv;             /* to restart it */
-    time_t restarts[5];      /* times of the last restarts: at most 5 a minute */
+    bool reads_port;         /* the api: wait for its LOOM_API_LISTENING line */
+    double started;          /* monotonic seconds */
+    int quick_deaths;        /* deaths in a row within STABLE_S of starting */
+    double restart_at;       /* > 0: dead, to be started again at this time */
+    int64_t id_floor;        /* executor: rows with a larger id are this child's */
 } child;
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static pid_t spawn(char *const argv[], int *stdout_pipe) {
     int fds[2] = {-1, -1};
@@ -57,24 +79,67 @@ static pid_t spawn(char *const argv[], int *stdout_pipe) {
 
 static int read_port(int fd, int timeout_ms);
 
-/* Restarts a child unless it was restarted 5 times in the last minute. */
-static int restart_child(child *ch) {
-    time_t now = time(NULL);
-    int recent = 0;
-    for (int i = 0; i < 5; i++) recent += ch->restarts[i] && now - ch->restarts[i] < 60;
-    if (recent >= 5 || !ch->argv) return -1;
-    memmove(ch->restarts + 1, ch->restarts, 4 * sizeof ch->restarts[0]);
-    ch->restarts[0] = now;
+/* The largest executors.id now: rows of an executor started after this are above it (so
+ * a reused pid never points at an old row). 0 when the database cannot say. */
+static int64_t executor_id_floor(PGconn *c) {
+    char err[256];
+    PGresult *r = db_query(c, "SELECT COALESCE(max(id), 0) FROM executors", 0, NULL, err, sizeof err);
+    int64_t id = r ? db_int(r, 0, 0) : 0;
+    if (r) PQclear(r);
+    return id;
+}
+
+/* Starts (or restarts) a child; the api must announce its port within 30 s. */
+static int start_child(child *ch, PGconn *c) {
     int out = -1;
-    bool is_api = !strcmp(ch->role, "api");
-    ch->pid = spawn(ch->argv, is_api ? &out : NULL);
+    if (!strcmp(ch->role, "executor")) ch->id_floor = executor_id_floor(c);
+    ch->pid = spawn(ch->argv, ch->reads_port ? &out : NULL);
+    ch->started = now_s();
+    ch->restart_at = 0;
     if (ch->pid < 0) { ch->pid = 0; return -1; }
-    if (is_api) {
+    if (ch->reads_port) {
         int port = read_port(out, 30000);
         close(out);
         if (port <= 0) return -1;
     }
     return 0;
+}
+
+/* A child died: schedule its restart after the backoff. */
+static void child_died(child *ch, int status) {
+    double ran = now_s() - ch->started;
+    ch->quick_deaths = ran < STABLE_S ? ch->quick_deaths + 1 : 1;
+    double delay = BACKOFF_FIRST_S;
+    for (int i = 1; i < ch->quick_deaths && delay < BACKOFF_MAX_S; i++) delay *= 2;
+    if (delay > BACKOFF_MAX_S) delay = BACKOFF_MAX_S;
+    ch->pid = 0;
+    ch->restart_at = now_s() + delay;
+    log_warn("%s exited unexpectedly (status %d) after %.1f s; restarting it in %.2f s", ch->role,
+             status, ran, delay);
+}
+
+/* The executor child's newest row says it is gone or silent beyond EXECUTOR_SILENT_S: it
+ * is stopped or hung, and will never be scheduled again. Kill it; the reaping in the main
+ * loop then starts a new one. A database that cannot be asked is no reason to kill. */
+static void watch_executor(child *ch, PGconn *c, const char *host) {
+    if (ch->pid <= 0 || !ch->argv) return;
+    if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+    char pid[16], floor[24], silent[16], err[256];
+    snprintf(pid, sizeof pid, "%d", (int)ch->pid);
+    snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
+    snprintf(silent, sizeof silent, "%d", EXECUTOR_SILENT_S);
+    const char *p[4] = {pid, host, floor, silent};
+    PGresult *r = db_query(c, "SELECT id, state, extract(epoch FROM now() - heartbeat_at)::int FROM executors"
+                              " WHERE pid = $1 AND hostname = $2 AND id > $3 AND (state = 'gone'"
+                              " OR heartbeat_at < now() - make_interval(secs => $4::int))"
+                              " ORDER BY id DESC LIMIT 1", 4, p, err, sizeof err);
+    if (!r) return;
+    if (PQntuples(r) > 0) {
+        log_warn("executor %s (pid %d) is %s, silent for %s s: killing it and starting a new one",
+                 PQgetvalue(r, 0, 0), (int)ch->pid, PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2));
+        kill(ch->pid, SIGKILL);
+    }
+    PQclear(r);
 }
 
 static void stop_children(child *cs, int n) {
@@ -150,14 +215,15 @@ static void usage(void) {
     fprintf(stderr,
             "usage: loom up [--data-dir DIR] [--host 127.0.0.1] [--port 8000]\n"
             "               [--model-dir DIR --model-name NAME] [--backend NAME] [--device N]\n"
-            "               [--threads N] [--api-threads N]\n"
+            "               [--threads N] [--api-threads N] [--seq-gap-timeout-s 30]\n"
             "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
+            "  --seq-gap-timeout-s: operations waiting longer for a missing seq_id fail (scheduler).\n"
             "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
 }
 
 int up_main(int argc, char **argv) {
     const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
-    const char *threads = "0", *api_threads = "2", *backend = "cpu", *device = "0";
+    const char *threads = "0", *api_threads = "2", *backend = "cpu", *device = "0", *gap_timeout = "30";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) { usage(); return 0; }
@@ -171,6 +237,7 @@ int up_main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) device = argv[++i];
         else if (!strcmp(a, "--threads")) threads = argv[++i];
         else if (!strcmp(a, "--api-threads")) api_threads = argv[++i];
+        else if (!strcmp(a, "--seq-gap-timeout-s") && atoi(v) > 0) gap_timeout = argv[++i];
         else { usage(); return 2; }
     }
     if (!exe_backend_find(backend)) {
@@ -184,9 +251,19 @@ int up_main(int argc, char **argv) {
         else snprintf(defdir, sizeof defdir, "%s/.loom", home ? home : ".");
         data_dir = defdir;
     }
-    mkdir(data_dir, 0755);
+    /* Keys, the secret, blobs (tenants' weights), the model, logs: for the service user
+     * only, in this process and every child (PostgreSQL sets its own modes). */
+    umask(077);
+    mkdir(data_dir, 0700);
     if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
     data_dir = absdata;
+    const char *env_db = getenv("DATABASE_URL");
+    bool own_cluster = !env_db || !*env_db;
+    char err[1024], conninfo[1024];
+    if (own_cluster ? pgc_private_dir(data_dir, err, sizeof err) < 0 : chmod(data_dir, 0700) < 0) {
+        log_error("data directory %s: %s", data_dir, own_cluster ? err : strerror(errno));
+        return 1;
+    }
     /* No SA_RESTART: a signal must interrupt waitpid below. */
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
@@ -194,19 +271,16 @@ int up_main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    char err[1024], conninfo[1024];
-    bool own_cluster = false;
-    const char *env_db = getenv("DATABASE_URL");
-    if (env_db && *env_db) {
+    if (!own_cluster) {
         snprintf(conninfo, sizeof conninfo, "%s", env_db);
     } else {
         pgcluster pc;
         if (pgc_start(data_dir, &pc, err, sizeof err) < 0) { log_error("%s", err); return 1; }
         snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
-        own_cluster = true;
     }
     int rc = 1;
-    child cs[4] = {{.role = "executor"}, {.role = "scheduler"}, {.role = "api"}, {.role = "adapter gc"}};
+    child cs[4] = {{.role = "executor"}, {.role = "scheduler"}, {.role = "api", .reads_port = true},
+                   {.role = "adapter gc"}};
     PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
     if (!c) { log_error("database: %s", err); goto out; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); goto out; }
@@ -245,10 +319,11 @@ int up_main(int argc, char **argv) {
     char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
                         (char *)model_name, "--backend", (char *)backend, "--device", (char *)device,
                         "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
-    char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, NULL};
+    char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, "--seq-gap-timeout-s", (char *)gap_timeout, NULL};
     char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
                         "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};
     int api_out = -1;
+    cs[0].id_floor = executor_id_floor(c);
     cs[0].pid = spawn(exe_argv, NULL);
     cs[1].pid = spawn(sch_argv, NULL);
     cs[2].pid = spawn(api_argv, &api_out);
@@ -256,6 +331,7 @@ int up_main(int argc, char **argv) {
     cs[0].argv = exe_argv;
     cs[1].argv = sch_argv;
     cs[2].argv = api_argv;
+    for (int i = 0; i < 3; i++) cs[i].started = now_s();
     int api_port = read_port(api_out, 30000);
     if (api_port <= 0) { log_error("the api did not start (see messages above)"); goto out; }
     /* A restarted api must come back on the same port (the printed URL stays valid). */
@@ -279,10 +355,10 @@ int up_main(int argc, char **argv) {
     }
     if (!ready) { log_error("the executor did not become ready (see messages above)"); goto out; }
 
-    /* Registry GC, hourly (expired versions, unreferenced and orphan blobs); optional:
-     * Loom keeps running without it. */
+    /* Registry GC, hourly (expired versions, unreferenced and orphan blobs). */
     char *gc_argv[] = {"loom", "adapter", "gc", "--db", conninfo, "--blob-dir", blob_dir, "--every", "3600", NULL};
-    if ((cs[3].pid = spawn(gc_argv, NULL)) < 0) { cs[3].pid = 0; log_warn("adapter gc: fork: %s", strerror(errno)); }
+    cs[3].argv = gc_argv;
+    if (start_child(&cs[3], c) < 0) child_died(&cs[3], -1);
 
     printf("DATABASE_URL=%s\n", conninfo);
     printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
@@ -293,30 +369,32 @@ int up_main(int argc, char **argv) {
     /* The api's stdout is no longer needed; drain it so a full pipe never blocks it. */
     close(api_out);
     rc = 0;
+    char hostname[256] = "localhost";
+    gethostname(hostname, sizeof hostname);
+    double next_watch = now_s() + WATCH_EVERY_S;
     while (!g_stop) {
         int st;
-        pid_t pid = waitpid(-1, &st, 0);
-        if (pid < 0) { if (errno == EINTR) continue; break; }
-        if (cs[3].pid == pid) {
-            cs[3].pid = 0;
-            log_warn("adapter gc exited (status %d); blobs are not collected until `loom adapter gc` runs",
-                     WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-            continue;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+            for (int i = 0; i < 4; i++)
+                if (cs[i].pid == pid && !g_stop)
+                    child_died(&cs[i], WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
         }
-        for (int i = 0; i < 3; i++) {
-            if (cs[i].pid != pid) continue;
-            cs[i].pid = 0;
-            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            if (g_stop) break;
-            if (restart_child(&cs[i]) < 0) {
-                log_error("%s exited unexpectedly (status %d) and keeps failing; stopping Loom", cs[i].role, code);
-                rc = 1;
-                g_stop = 1;
+        for (int i = 0; i < 4 && !g_stop; i++) {
+            if (cs[i].pid || cs[i].restart_at <= 0 || now_s() < cs[i].restart_at) continue;
+            if (start_child(&cs[i], c) < 0) {
+                log_warn("%s did not start again; trying later", cs[i].role);
+                if (cs[i].pid > 0) kill(cs[i].pid, SIGKILL);   /* reaped above, then retried */
+                else child_died(&cs[i], -1);
             } else {
-                log_warn("%s exited unexpectedly (status %d); restarted it (pid %d)", cs[i].role, code,
-                         (int)cs[i].pid);
+                log_info("%s restarted (pid %d)", cs[i].role, (int)cs[i].pid);
             }
         }
+        if (now_s() >= next_watch) {
+            watch_executor(&cs[0], c, hostname);
+            next_watch = now_s() + WATCH_EVERY_S;
+        }
+        usleep(100 * 1000);   /* a signal cuts it short */
     }
 out:
     stop_children(cs, 4);

@@ -1,5 +1,9 @@
-/* log.c: stderr logging. One fprintf per line so lines from threads do not interleave. */
+/* log.c: stderr logging. One fprintf per line so lines from threads do not interleave.
+ * Messages often quote what a client sent; control characters and bytes that are not
+ * UTF-8 are written as \xNN, so a message is always exactly one line and cannot forge
+ * another (or move a terminal's cursor). */
 #include "common/log.h"
+#include "common/strbuf.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +22,41 @@ void log_init(const char *role) {
 
 void log_set_level(int level) { g_level = level; }
 
+/* msg with C0/C1 controls, DEL and invalid UTF-8 as \xNN (out holds 4x msg). */
+static void escape_line(const char *msg, char *out, size_t outlen) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)msg;
+    size_t o = 0, n = strlen(msg);
+    for (size_t i = 0; i < n && o + 5 < outlen;) {
+        uint32_t cp = 0;
+        size_t k = utf8_seq_len(p + i, n - i, &cp);
+        if (k && cp >= 0x20 && cp != 0x7f && !(cp >= 0x80 && cp < 0xa0)) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+            continue;
+        }
+        size_t bad = k ? k : 1;   /* a control is escaped byte by byte */
+        for (size_t j = 0; j < bad && o + 5 < outlen; j++) {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[p[i + j] >> 4];
+            out[o++] = hex[p[i + j] & 15];
+        }
+        i += bad;
+    }
+    out[o] = 0;
+}
+
 void log_msg(int level, const char *fmt, ...) {
     if (level < g_level) return;
     static const char *names[] = {"debug", "info", "warn", "error"};
-    char msg[2048];
+    char raw[2048], msg[4 * sizeof raw + 8];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    escape_line(raw, msg, sizeof msg);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

@@ -96,6 +96,29 @@ static int abspath(const char *in, char *out, size_t n) {
     return 0;
 }
 
+int pgc_private_dir(const char *data_dir, char *err, size_t errlen) {
+    if (mkdir_p(data_dir, 0700) < 0) {
+        snprintf(err, errlen, "cannot create data directory %s: %s", data_dir, strerror(errno));
+        return -1;
+    }
+    mode_t mode = 0700;
+    if (geteuid() == 0) {
+        uid_t uid; gid_t gid;
+        char uname[64];
+        if (cluster_user(&uid, &gid, uname, sizeof uname, err, errlen) < 0) return -1;
+        if (chown(data_dir, 0, gid) < 0) {
+            snprintf(err, errlen, "chown %s: %s", data_dir, strerror(errno));
+            return -1;
+        }
+        mode = 0710;
+    }
+    if (chmod(data_dir, mode) < 0) {
+        snprintf(err, errlen, "chmod %s: %s", data_dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
     char bindir[PATH_MAX], uname[64], absdir[PATH_MAX];
     uid_t uid; gid_t gid;

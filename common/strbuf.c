@@ -103,21 +103,32 @@ void sb_real(strbuf *b, double v) {
     if (!strpbrk(b->data + at, ".eEni")) sb_puts(b, ".0");
 }
 
-/* Length of the valid UTF-8 sequence starting at p (lead byte >= 0x80), or 0. */
-static size_t utf8_seq_len(const unsigned char *p) {
+size_t utf8_seq_len(const unsigned char *p, size_t avail, uint32_t *cp_out) {
     size_t n;
-    unsigned min;
-    unsigned cp;
-    if (p[0] >= 0xc2 && p[0] <= 0xdf) n = 2, cp = p[0] & 0x1f, min = 0x80;
+    uint32_t min, cp;
+    if (p[0] < 0x80) n = 1, cp = p[0], min = 0;
+    else if (p[0] >= 0xc2 && p[0] <= 0xdf) n = 2, cp = p[0] & 0x1f, min = 0x80;
     else if (p[0] >= 0xe0 && p[0] <= 0xef) n = 3, cp = p[0] & 0x0f, min = 0x800;
     else if (p[0] >= 0xf0 && p[0] <= 0xf4) n = 4, cp = p[0] & 0x07, min = 0x10000;
     else return 0;
+    if (n > avail) return 0;
     for (size_t i = 1; i < n; i++) {
         if ((p[i] & 0xc0) != 0x80) return 0;
         cp = (cp << 6) | (p[i] & 0x3f);
     }
     if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    if (cp_out) *cp_out = cp;
     return n;
+}
+
+bool utf8_valid(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq_len(p + i, n - i, NULL);
+        if (!k) return false;
+        i += k;
+    }
+    return true;
 }
 
 void sb_json_str(strbuf *b, const char *s) {
@@ -138,7 +149,7 @@ void sb_json_str(strbuf *b, const char *s) {
             } else if (c < 0x80) {
                 sb_putc(b, (char)c);
             } else {
-                size_t n = utf8_seq_len(p);
+                size_t n = utf8_seq_len(p, 4, NULL); /* a NUL ends a short sequence */
                 if (n) {
                     sb_append(b, (const char *)p, n);
                     p += n - 1;

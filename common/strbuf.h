@@ -2,6 +2,7 @@
  * messages) without a DOM. Allocation failure aborts: these buffers are small next to
  * the request that caused them, and a process that cannot malloc cannot answer anyway. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,3 +32,9 @@ void sb_real(strbuf *b, double v);
 /* s as a JSON string literal, quotes included; bytes that are not valid UTF-8 become
  * U+FFFD so the output is always valid JSON. */
 void sb_json_str(strbuf *b, const char *s);
+
+/* UTF-8 as PostgreSQL and JSON take it: shortest forms, no surrogates, <= U+10FFFF.
+ * utf8_seq_len: length of the valid sequence at p (at most avail bytes; ASCII is 1), or
+ * 0; its code point in *cp (may be NULL). utf8_valid: all n bytes are valid UTF-8. */
+size_t utf8_seq_len(const unsigned char *p, size_t avail, uint32_t *cp);
+bool utf8_valid(const char *s, size_t n);

@@ -1,5 +1,7 @@
 /* blobstore_dir.c: the local-directory blob store. Layout: <root>/sha256/<2 hex>/<64 hex>,
- * temporary files in <root>/tmp (same file system, so rename is atomic). */
+ * temporary files in <root>/tmp (same file system, so rename is atomic). Blobs are
+ * tenants' trained weights: directories are 0700 and files 0600, for the service user
+ * only (an existing store's directories are tightened when it is opened, if ours). */
 #include "registry/blobstore.h"
 #include <dirent.h>
 #include <errno.h>
@@ -60,7 +62,7 @@ static int dir_put(blobstore *s, const void *data, size_t n, char digest[BLOB_DI
     if (utimensat(AT_FDCWD, final, NULL, 0) == 0) return 0;
     if (errno != ENOENT && access(final, F_OK) == 0) return 0;   /* read-only store */
     blob_path(d, digest, dir, sizeof dir, true);
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
         snprintf(err, errlen, "blob store: mkdir %s: %s", dir, strerror(errno));
         return -1;
     }
@@ -76,7 +78,7 @@ static int dir_put(blobstore *s, const void *data, size_t n, char digest[BLOB_DI
         p += w;
         left -= (size_t)w;
     }
-    if (fchmod(fd, 0644) < 0 || fsync(fd) < 0) goto io_fail;
+    if (fchmod(fd, 0600) < 0 || fsync(fd) < 0) goto io_fail;
     close(fd);
     if (rename(tmp, final) < 0) {
         snprintf(err, errlen, "blob store: rename to %s: %s", final, strerror(errno));
@@ -234,11 +236,12 @@ blobstore *blob_open_dir(const char *root, char *err, size_t errlen) {
     const char *subs[] = {"", "/sha256", "/tmp"};
     for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s%s", root, subs[i]);
-        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
             snprintf(err, errlen, "blob store: mkdir %s: %s", p, strerror(errno));
             free(d);
             return NULL;
         }
+        if (chmod(p, 0700) < 0) {}   /* best effort: a store we do not own is left alone */
     }
     d->base.ops = &dir_ops;
     return &d->base;

@@ -106,6 +106,20 @@
     " WHERE v.deleted_at IS NULL AND v.expires_at <= now() AND ($1::text IS NULL OR a.name = $1)"
 /* $1 version id, $2 'public' | 'private' */
 #define SQL_REG_SET_VISIBILITY "UPDATE adapter_versions SET visibility = $2 WHERE id = $1::bigint"
+/* $1 adapter id. Sample operations still queued in other tenants' sampling sessions on a
+ * version of this adapter that they may no longer read (unpublished, share revoked) fail:
+ * access ends for work not yet started too. */
+#define SQL_REG_FAIL_UNREADABLE_SAMPLES                                                       \
+    "WITH f AS (UPDATE operations o SET state = 'failed', finished_at = now(),"               \
+    " error_category = 'user', error = 'access to checkpoint ' || v.tinker_path ||"           \
+    " ' was withdrawn (unpublished or unshared) before this sample ran'"                      \
+    " FROM sampling_sessions s JOIN adapter_versions v ON v.id = s.adapter_version_id"        \
+    " JOIN adapters a ON a.id = v.adapter_id"                                                 \
+    " WHERE o.sampling_session_id = s.id AND o.state = 'queued' AND a.id = $1::bigint"        \
+    " AND s.tenant_id <> a.tenant_id AND v.visibility <> 'public' AND NOT EXISTS (SELECT 1"   \
+    "  FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = s.tenant_id)"        \
+    " RETURNING o.request_id)"                                                                \
+    " SELECT pg_notify('loom_op_done', request_id) FROM f"
 /* $1 keep, $2 run or NULL -> live versions beyond the newest $1 per adapter and kind */
 #define SQL_REG_GC_PRUNE_LIST                                                                 \
     "SELECT id, tenant_id, tinker_path FROM (SELECT v.id, a.tenant_id, v.tinker_path,"        \

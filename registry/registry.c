@@ -279,18 +279,30 @@ int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, 
     return db_exec(c, SQL_REG_AUDIT, 5, p, err, errlen);
 }
 
+int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t errlen) {
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)adapter_id);
+    const char *p[1] = {id};
+    PGresult *r = db_query(c, SQL_REG_FAIL_UNREADABLE_SAMPLES, 1, p, err, errlen);
+    if (!r) return -1;
+    int n = PQntuples(r);
+    PQclear(r);
+    return n;
+}
+
 /* ---- download tokens --------------------------------------------------------------------- */
 
 static void token_mac(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
-                      int64_t expires, unsigned char mac[crypto_auth_BYTES]) {
+                      int64_t expires, int64_t key_id, unsigned char mac[crypto_auth_BYTES]) {
     unsigned char key[crypto_auth_KEYBYTES];
     /* A key of its own, so a token never doubles as anything else the secret signs. */
     crypto_kdf_derive_from_key(key, sizeof key, 1, "loomdlv1", secret);
-    char exp[24];
+    char exp[24], kid[24];
     snprintf(exp, sizeof exp, "%lld", (long long)expires);
+    snprintf(kid, sizeof kid, "%lld", (long long)key_id);
     crypto_auth_hmacsha512256_state st;
     crypto_auth_hmacsha512256_init(&st, key, sizeof key);
-    const char *parts[] = {"loom-download", run, ckpt_id, format, exp};
+    const char *parts[] = {"loom-download", run, ckpt_id, format, exp, kid};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         crypto_auth_hmacsha512256_update(&st, (const unsigned char *)parts[i], strlen(parts[i]) + 1);
     crypto_auth_hmacsha512256_final(&st, mac);
@@ -298,19 +310,19 @@ static void token_mac(const unsigned char secret[32], const char *run, const cha
 }
 
 void reg_download_sign(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
-                       int64_t expires, char out[REG_TOKEN_HEX]) {
+                       int64_t expires, int64_t key_id, char out[REG_TOKEN_HEX]) {
     unsigned char mac[crypto_auth_BYTES];
-    token_mac(secret, run, ckpt_id, format, expires, mac);
+    token_mac(secret, run, ckpt_id, format, expires, key_id, mac);
     sodium_bin2hex(out, REG_TOKEN_HEX, mac, sizeof mac);
 }
 
 bool reg_download_verify(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
-                         int64_t expires, const char *token) {
+                         int64_t expires, int64_t key_id, const char *token) {
     unsigned char mac[crypto_auth_BYTES], got[crypto_auth_BYTES];
     size_t n = 0;
     if (!token || strlen(token) != 2 * crypto_auth_BYTES ||
         sodium_hex2bin(got, sizeof got, token, strlen(token), NULL, &n, NULL) != 0 || n != sizeof got)
         return false;
-    token_mac(secret, run, ckpt_id, format, expires, mac);
+    token_mac(secret, run, ckpt_id, format, expires, key_id, mac);
     return sodium_memcmp(mac, got, sizeof mac) == 0;
 }

@@ -125,6 +125,10 @@ typedef struct {
  * after the collection of dead versions' blobs. */
 int reg_gc(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err, size_t errlen);
 
+/* After access to an adapter was withdrawn (unpublish, share revoked): fails the sample
+ * operations other tenants queued on it and may no longer run. Returns how many, or -1. */
+int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t errlen);
+
 /* ---- audit -------------------------------------------------------------------------------- */
 
 /* Appends one audit_log row; details is a JSON object text or NULL. */
@@ -135,11 +139,13 @@ int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, 
 
 #define REG_TOKEN_HEX 65
 /* HMAC (crypto_auth, key derived from the server secret) over run, checkpoint id,
- * format and expiry (unix seconds). */
+ * format, expiry (unix seconds) and the id of the API key the link was made for: the
+ * download checks again that this key is valid and may still read the checkpoint, so
+ * revoking the key, the share or the publication also ends links handed out before. */
 void reg_download_sign(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
-                       int64_t expires, char out[REG_TOKEN_HEX]);
+                       int64_t expires, int64_t key_id, char out[REG_TOKEN_HEX]);
 bool reg_download_verify(const unsigned char secret[32], const char *run, const char *ckpt_id, const char *format,
-                         int64_t expires, const char *token);
+                         int64_t expires, int64_t key_id, const char *token);
 
 /* ---- tar (ustar) ------------------------------------------------------------------------ */
 

@@ -282,3 +282,27 @@ fail:
     db_rollback(c);
     return -1;
 }
+
+int sched_skip_settled(PGconn *c, char *err, size_t errlen) {
+    PGresult *r = db_query(c, SQL_SKIP_SETTLED, 0, NULL, err, errlen);
+    if (!r) return -1;
+    int n = atoi(PQcmdTuples(r));
+    PQclear(r);
+    return n;
+}
+
+int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen) {
+    char secs[16];
+    snprintf(secs, sizeof secs, "%d", gap_timeout_s);
+    const char *p[1] = {secs};
+    PGresult *r = db_query(c, SQL_GIVE_UP_GAPS, 1, p, err, errlen);
+    if (!r) return -1;
+    int failed = PQntuples(r);
+    if (failed) log_warn("gave up on missing seq_ids of %s model(s) after %d s: %d waiting operation(s) failed",
+                         PQgetvalue(r, 0, 1), gap_timeout_s, failed);
+    PQclear(r);
+    if (!(r = db_query(c, SQL_FAIL_STRAGGLERS, 0, NULL, err, errlen))) return -1;
+    int late = PQntuples(r);
+    PQclear(r);
+    return failed + late;
+}

@@ -19,12 +19,14 @@ static void on_signal(int s) { g_stop = 1; }
 
 static void usage(void) {
     fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n"
-                    "                      [--pair-hold-ms 100]\n");
+                    "                      [--pair-hold-ms 100] [--seq-gap-timeout-s 30]\n"
+                    "  --seq-gap-timeout-s N  operations that wait longer than N s for a missing seq_id\n"
+                    "                         of their model fail with a message naming it\n");
 }
 
 int sched_main(int argc, char **argv) {
     const char *db = getenv("DATABASE_URL");
-    int gather_ms = 15, poll_ms = 500;
+    int gather_ms = 15, poll_ms = 500, gap_timeout_s = 30;
     sched_opts o = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -33,6 +35,7 @@ int sched_main(int argc, char **argv) {
         else if (!strcmp(a, "--poll-ms") && v) poll_ms = atoi(argv[++i]);
         else if (!strcmp(a, "--lease-s") && v) o.lease_s = atoi(argv[++i]);
         else if (!strcmp(a, "--pair-hold-ms") && v) o.pair_hold_ms = atoi(argv[++i]);
+        else if (!strcmp(a, "--seq-gap-timeout-s") && v && atoi(v) > 0) gap_timeout_s = atoi(argv[++i]);
         else { usage(); return 2; }
     }
     if (!db) { usage(); return 2; }
@@ -47,7 +50,8 @@ int sched_main(int argc, char **argv) {
         log_error("listen: %s", err);
         return 1;
     }
-    log_info("scheduler running (gather %d ms, lease %d s)", gather_ms, o.lease_s);
+    log_info("scheduler running (gather %d ms, lease %d s, seq gap timeout %d s)", gather_ms, o.lease_s,
+             gap_timeout_s);
     time_t last_reap = 0;
     int held = 0;
     while (!g_stop) {
@@ -68,8 +72,10 @@ int sched_main(int argc, char **argv) {
         }
         if (time(NULL) - last_reap >= 2) {
             if (sched_reap(c, err, sizeof err) < 0) log_warn("reap: %s", err);
+            if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_warn("seq gaps: %s", err);
             last_reap = time(NULL);
         }
+        if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
         PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
         if (!r) { log_warn("executors: %s", err); continue; }
         held = 0;

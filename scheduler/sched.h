@@ -25,4 +25,13 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
  * Returns the number of rows changed or -1. */
 int sched_reap(PGconn *c, char *err, size_t errlen);
 
+/* Keeps seq order from wedging. sched_skip_settled moves each model's next_seq past
+ * operations settled without running (submits the api refused); run it before building
+ * cycles. sched_give_up_gaps fails the operations that have waited more than
+ * gap_timeout_s for a missing seq_id (naming it), moves the model past them, and fails
+ * operations that arrive for a seq_id a model has moved past. Both return the number of
+ * rows changed or -1 with err. */
+int sched_skip_settled(PGconn *c, char *err, size_t errlen);
+int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen);
+
 int sched_main(int argc, char **argv);

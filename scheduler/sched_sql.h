@@ -106,3 +106,54 @@
     "   FROM dead WHERE o.model_id = dead.id AND o.state IN ('queued','claimed')" \
     "   RETURNING o.request_id)" \
     " SELECT pg_notify('loom_op_done', request_id) FROM ops"
+
+/* ---- settling seq order ------------------------------------------------------------- */
+
+/* A model's next operation may be settled without ever running: a submit the api refused
+ * (recorded as failed, category user, never claimed). next_seq moves past every such
+ * operation in a row, so the ones after it run (next_seq is an integer: it stops at its
+ * largest value). */
+#define SQL_SKIP_SETTLED \
+    "WITH RECURSIVE settled (id, seq) AS (" \
+    "  SELECT m.id, m.next_seq FROM models m WHERE m.status = 'active' AND EXISTS (SELECT 1" \
+    "    FROM operations o WHERE o.model_id = m.id AND o.seq_id = m.next_seq" \
+    "    AND o.state IN ('failed','canceled') AND o.cycle_id IS NULL)" \
+    "  UNION ALL" \
+    "  SELECT s.id, s.seq + 1 FROM settled s WHERE s.seq < 2147483646 AND EXISTS (SELECT 1 FROM operations o" \
+    "    WHERE o.model_id = s.id AND o.seq_id = s.seq + 1" \
+    "    AND o.state IN ('failed','canceled') AND o.cycle_id IS NULL))" \
+    " UPDATE models m SET next_seq = x.seq + 1" \
+    " FROM (SELECT id, max(seq) AS seq FROM settled GROUP BY id) x" \
+    " WHERE m.id = x.id AND m.next_seq <= x.seq AND x.seq < 2147483647"
+
+/* $1 seconds. A gap that stays open: a model has queued operations after its next_seq,
+ * no operation at next_seq, and the oldest waiting one is older than $1 (the client lost
+ * a submit, or died between two). The model gives up on the missing seq_id: every
+ * operation waiting behind it fails with a message naming it, and next_seq moves past the
+ * model's last operation, so what the client sends from then on runs. */
+#define SQL_GIVE_UP_GAPS \
+    "WITH stuck AS (SELECT m.id, m.next_seq FROM models m" \
+    "   WHERE m.status = 'active'" \
+    "   AND NOT EXISTS (SELECT 1 FROM operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq)" \
+    "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state = 'queued'" \
+    "     AND o.seq_id > m.next_seq AND o.created_at < now() - make_interval(secs => $1::int))" \
+    "   FOR UPDATE OF m SKIP LOCKED)," \
+    " failed AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'user'," \
+    "   error = 'seq_id ' || stuck.next_seq || ' of model ' || o.model_id || ' never arrived within '" \
+    "     || $1::int || ' s (a submit lost or never sent?), so this operation (seq_id ' || o.seq_id" \
+    "     || '), which had to run after it, was not run; operations submitted from now on run'" \
+    "   FROM stuck WHERE o.model_id = stuck.id AND o.state = 'queued' AND o.seq_id > stuck.next_seq" \
+    "   RETURNING o.request_id)," \
+    " moved AS (UPDATE models m SET next_seq = (SELECT LEAST(max(x.seq_id) + 1, 2147483647) FROM operations x" \
+    "   WHERE x.model_id = m.id) FROM stuck WHERE m.id = stuck.id RETURNING m.id)" \
+    " SELECT pg_notify('loom_op_done', request_id), (SELECT count(*) FROM moved) FROM failed"
+
+/* An operation that arrives for a seq_id the model has already moved past (the missing
+ * one of a gap given up on, sent late) can never run: it fails with a message. */
+#define SQL_FAIL_STRAGGLERS \
+    "WITH f AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'user'," \
+    "   error = 'seq_id ' || o.seq_id || ' arrived after model ' || o.model_id || ' had given up" \
+    " waiting for it and moved on to seq_id ' || m.next_seq || '; it was not run'" \
+    " FROM models m WHERE m.id = o.model_id AND o.state = 'queued' AND o.seq_id < m.next_seq" \
+    " RETURNING o.request_id)" \
+    " SELECT pg_notify('loom_op_done', request_id) FROM f"

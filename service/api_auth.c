@@ -17,7 +17,11 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
         return 1;
     }
     size_t n = strlen(key);
-    if (n < 4 + KEY_PREFIX_LEN || n >= KEY_MAX_LEN || strncmp(key, "tml-", 4) != 0) {
+    /* Keys are printable ASCII; anything else is no key of ours (and must not reach SQL,
+     * where invalid UTF-8 would be a server error). */
+    bool printable = true;
+    for (size_t i = 0; i < n; i++) printable &= key[i] > 0x20 && key[i] < 0x7f;
+    if (n < 4 + KEY_PREFIX_LEN || n >= KEY_MAX_LEN || strncmp(key, "tml-", 4) != 0 || !printable) {
         snprintf(err, errlen, "invalid API key: Loom keys look like tml-<43 characters>");
         return 1;
     }

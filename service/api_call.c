@@ -1,7 +1,9 @@
 /* api_call.c: setting a job's response from a handler (see api_call.h). */
 #include "service/api_call.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "service/api_json.h"
+#include "service/api_routes.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +55,12 @@ int api_error(api_call *c, int status, const char *fmt, ...) {
 }
 
 int api_db_error(api_call *c, const char *what, const char *err) {
-    log_error("%s: database error: %s", what, err);
-    return api_error(c, 503, "database error during %s; retry shortly", what);
+    bool hold = c->job->route->flags & ROUTE_LONG_POLL;
+    if (hold) log_warn("%s: database error, holding the request: %s", what, err);
+    else log_error("%s: database error: %s", what, err);
+    api_error(c, 503, "database error during %s; retry shortly", what);
+    c->job->park = hold;
+    return 0;
 }
 
 static int hexval(char ch) {
@@ -102,5 +108,25 @@ int api_query_param(api_call *c, const char *name, char *out, size_t outlen) {
         }
         q = end ? end + 1 : NULL;
     }
+    return 0;
+}
+
+/* Whether s, percent-decoded, is UTF-8. */
+static bool decoded_utf8(const char *s) {
+    if (!s) return true;
+    char *copy = strdup(s);
+    if (!copy) abort();
+    size_t n = url_decode(copy, false);
+    bool ok = utf8_valid(copy, n);
+    free(copy);
+    return ok;
+}
+
+int api_check_request_text(api_call *c) {
+    if (!decoded_utf8(c->job->path_arg))
+        return api_error(c, 400, "the request path is not valid UTF-8 once percent-decoded "
+                                 "(ids and names are UTF-8 text)"), -1;
+    if (!decoded_utf8(c->job->query))
+        return api_error(c, 400, "the query string is not valid UTF-8 once percent-decoded"), -1;
     return 0;
 }

@@ -40,7 +40,11 @@ int api_reply_take(api_call *c, int status, char *json, size_t len); /* takes ma
 /* A binary body (takes malloc'd bytes) with its Content-Type (a static string). */
 int api_reply_bytes(api_call *c, int status, const char *content_type, void *data, size_t len);
 int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* A database failure: logged with `what`, answered 503 (the SDK retries 5xx). */
+/* A database failure: logged with `what`, answered 503 (the SDK retries 5xx). On a
+ * long-poll route (retrieve_future) the answer is held instead: the loop parks the job
+ * and tries it again every second, and sends the 503 only at the long-poll deadline,
+ * because the SDK re-polls a 5xx at once (a database outage would otherwise draw
+ * thousands of requests a minute from each waiting client). */
 int api_db_error(api_call *c, const char *what, const char *err);
 
 /* "%lld" of v, for bound parameters. */
@@ -51,6 +55,9 @@ const char *api_path_id(api_call *c);
 int api_query_param(api_call *c, const char *name, char *out, size_t outlen);
 /* Decodes %XX and '+' in place; returns the new length. */
 size_t api_url_decode(char *s);
+/* The path suffix and the query string must be UTF-8 once percent-decoded (they end up
+ * in SQL parameters and JSON answers). 0, or -1 with the 400 answered. */
+int api_check_request_text(api_call *c);
 
 /* Route handlers (api_session.c, api_training.c, api_futures.c, api_sampling.c,
  * api_rest.c). */

@@ -1,7 +1,8 @@
 /* api_futures.c: POST /api/v1/retrieve_future (§4.2), the worker side. One look at the
  * operations row: done -> the stored result; failed/canceled -> {"error", "category"};
  * queued/claimed -> the job is parked by its event loop (http_server.c), which sends it
- * back here on a NOTIFY loom_op_done or after 1 s, and answers try_again after 25 s. */
+ * back here on a NOTIFY loom_op_done or after 1 s, and answers try_again after 25 s,
+ * with the queue state and the reason the operation waits. */
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
@@ -19,18 +20,57 @@ static int reply_failed(api_call *c, const char *error, const char *category) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "error", error, "category", category));
 }
 
-/* try_again is the answer the loop sends if the deadline passes while parked. */
-static int reply_pending(api_call *c) {
+/* try_again is the answer the loop sends if the deadline passes while parked. The SDK
+ * shows queue_state and queue_state_reason (§4.2): "paused_*" states are logged as
+ * warnings on the client, at most once a minute. */
+static int reply_pending(api_call *c, const char *queue_state, const char *reason) {
     strbuf b;
-    sb_init(&b, 128);
+    sb_init(&b, 256);
     sb_puts(&b, "{\"type\": \"try_again\", \"request_id\": ");
     sb_json_str(&b, c->job->request_id);
-    sb_puts(&b, ", \"queue_state\": \"active\"}");
+    sb_puts(&b, ", \"queue_state\": ");
+    sb_json_str(&b, queue_state);
+    sb_puts(&b, ", \"queue_state_reason\": ");
+    sb_json_str(&b, reason);
+    sb_putc(&b, '}');
     size_t len;
     char *text = sb_steal(&b, &len);
     api_reply_take(c, 200, text, len);
     c->job->park = true;
     return 0;
+}
+
+/* Why a queued or claimed operation (row 0 of SQL_FUTURE_GET) has not finished. */
+static int reply_waiting(api_call *c, const PGresult *r) {
+    char reason[768];
+    const char *state = PQgetvalue(r, 0, 0), *model = PQgetvalue(r, 0, 5);
+    int64_t samples = db_int(r, 0, 12), limit = c->settings->max_queued_samples;
+    if (!strcmp(state, "claimed")) {
+        snprintf(reason, sizeof reason, "running (cycle %s)", PQgetvalue(r, 0, 7));
+        return reply_pending(c, "active", reason);
+    }
+    if (!db_bool(r, 0, 9)) {
+        snprintf(reason, sizeof reason, "no executor is serving base model %.200s at the moment; "
+                 "the operation runs when one is back", PQgetvalue(r, 0, 8));
+        return reply_pending(c, "paused_capacity", reason);
+    }
+    if (!PQgetisnull(r, 0, 12) && limit > 0 && samples >= limit) {
+        snprintf(reason, sizeof reason, "this tenant has %lld sample operations queued (the limit "
+                 "is %lld); they run in turn", (long long)samples, (long long)limit);
+        return reply_pending(c, "paused_rate_limit", reason);
+    }
+    if (db_bool(r, 0, 11)) {
+        snprintf(reason, sizeof reason, "waiting for seq_id %s of model %.300s: a model's "
+                 "operations run in seq_id order, and a missing seq_id is given up on after a "
+                 "while", PQgetvalue(r, 0, 10), model);
+        return reply_pending(c, "active", reason);
+    }
+    if (!PQgetisnull(r, 0, 10) && db_int(r, 0, 6) > db_int(r, 0, 10)) {
+        snprintf(reason, sizeof reason, "queued behind seq_id %s of model %.300s",
+                 PQgetvalue(r, 0, 10), model);
+        return reply_pending(c, "active", reason);
+    }
+    return reply_pending(c, "active", "queued");
 }
 
 /* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
@@ -59,17 +99,19 @@ int api_h_retrieve_future(api_call *c) {
             return api_error(c, 404, "unknown request_id %.64s...", rid);
         snprintf(job->request_id, sizeof job->request_id, "%s", rid);
         job->tenant_id = c->tenant_id;
+        job->recheck = true; /* the loop's later looks skip auth and parsing */
     }
-    char tid[24];
-    snprintf(tid, sizeof tid, "%lld", (long long)job->tenant_id);
-    const char *p[2] = {job->request_id, tid};
-    PGresult *r = db_query(c->db, SQL_FUTURE_GET, 2, p, c->err, sizeof c->err);
-    if (!r && job->recheck) {
-        /* A long poll in progress outlives a database hiccup: keep waiting. */
+    char tid[24], lim[24];
+    api_fmt_i64(tid, job->tenant_id);
+    api_fmt_i64(lim, c->settings->max_queued_samples);
+    const char *p[3] = {job->request_id, tid, lim};
+    PGresult *r = db_query(c->db, SQL_FUTURE_GET, 3, p, c->err, sizeof c->err);
+    if (!r) {
+        /* A long poll outlives a database outage: keep waiting, look again in a second. */
         log_warn("retrieve_future %s: database error, still waiting: %s", job->request_id, c->err);
-        return reply_pending(c);
+        return reply_pending(c, "active", "the database is not reachable at the moment; waiting "
+                                          "for it");
     }
-    if (!r) return api_db_error(c, "retrieve_future", c->err);
     if (PQntuples(r) == 0) {
         PQclear(r);
         return api_error(c, 404, "unknown request_id %s", job->request_id);
@@ -84,7 +126,7 @@ int api_h_retrieve_future(api_call *c) {
         if (!error) error = !strcmp(state, "canceled") ? "operation was canceled" : "operation failed";
         reply_failed(c, error, cat);
     } else {
-        reply_pending(c); /* queued or claimed: the loop parks the request */
+        reply_waiting(c, r); /* queued or claimed: the loop parks the request */
     }
     PQclear(r);
     return 0;

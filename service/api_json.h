@@ -7,9 +7,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Installs jansson's allocator that bounds the memory a parse may take; call once,
+ * before any thread uses jansson (the api process). */
+void jx_init(void);
 /* Parses a request body. An empty body reads as {}. Anything but an object is an error;
- * malformed JSON reports jansson's line and column. NULL on error, message in err. */
-json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen);
+ * malformed JSON (\u0000 included: nothing stored may hold a NUL) reports jansson's line
+ * and column. NULL on error, message in err and the HTTP status in *status: 400, or 413
+ * when the tree would take more memory than its size allows (see api_json.c). */
+json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen, int *status);
+
+/* v as compact JSON text (malloc'd) for storing, or NULL with err when it is longer than
+ * max bytes (`what` names the field). */
+char *jx_dump_bounded(const json_t *v, const char *what, size_t max, char *err, size_t errlen);
 
 /* "a string", "an integer", ... for messages. */
 const char *jx_type_name(const json_t *v);

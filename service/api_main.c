@@ -3,6 +3,7 @@
 #include "service/api.h"
 #include "common/keys.h"
 #include "common/log.h"
+#include "service/api_json.h"
 #include "service/api_listen.h"
 #include "service/api_pool.h"
 #include "service/api_routes.h"
@@ -109,8 +110,10 @@ int api_main(int argc, char **argv) {
     hc.max_body = (size_t)max_body_mb << 20;
     if (!workers) workers = hc.nthreads * 2 < 4 ? 4 : hc.nthreads * 2;
 
-    /* jansson seeds its hash function on first use; do it before any thread exists. */
+    /* jansson seeds its hash function on first use, and takes its allocator once; both
+     * before any thread exists. */
     json_object_seed(0);
+    jx_init();
     /* A client that disconnects mid-write must not kill the process. */
     signal(SIGPIPE, SIG_IGN);
     char err[1024];

@@ -1,6 +1,8 @@
 /* api_ops.c: operation submission (see api_ops.h). */
 #include "service/api_ops.h"
 #include "common/db.h"
+#include "common/log.h"
+#include "service/api_call.h"
 #include "service/api_sql.h"
 #include <sodium.h>
 #include <stdio.h>
@@ -50,8 +52,12 @@ static int existing_op(PGconn *db, const char *model_id, const char *seq, const 
     int found = PQntuples(r) > 0;
     if (found) {
         snprintf(request_id, API_REQUEST_ID_MAX, "%s", PQgetvalue(r, 0, 0));
-        *kind_conflict = strcmp(PQgetvalue(r, 0, 1), kind) != 0;
-        if (*kind_conflict)
+        *kind_conflict = strcmp(PQgetvalue(r, 0, 1), kind) != 0 || db_bool(r, 0, 2);
+        if (db_bool(r, 0, 2))
+            snprintf(err, errlen, "seq_id %s of model %.200s was already used by a %s request "
+                                  "that was refused (%.300s); each operation of a model needs its "
+                                  "own seq_id", seq, model_id, PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 3));
+        else if (*kind_conflict)
             snprintf(err, errlen, "seq_id %s of model %.200s was already used by a %s request; "
                                   "each operation of a model needs its own seq_id", seq, model_id,
                      PQgetvalue(r, 0, 1));
@@ -77,8 +83,16 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
         } else {
             PGresult *r = db_query(db, SQL_MODEL_NEXT_SEQ, 1, mp, err, errlen);
             if (!r) goto fail;
-            snprintf(seq, sizeof seq, "%lld", (long long)db_int(r, 0, 0) + attempt);
+            int64_t next = db_int(r, 0, 0) + attempt;
             PQclear(r);
+            if (next > INT32_MAX) {
+                db_rollback(db);
+                snprintf(err, errlen, "model %.200s has no seq_id left to allocate (seq_id %d is "
+                                      "taken); send seq_id explicitly or use a new model",
+                         q->model_id, INT32_MAX);
+                return 400;
+            }
+            snprintf(seq, sizeof seq, "%lld", (long long)next);
         }
         const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
         PGresult *r = db_query(db, SQL_OP_INSERT, 7, p, err, errlen);
@@ -115,4 +129,23 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
 fail:
     db_rollback(db);
     return -1;
+}
+
+int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, int64_t seq_id,
+              const char *kind) {
+    char msg[sizeof c->err];
+    snprintf(msg, sizeof msg, "%s", c->err);
+    api_error(c, status, "%s", msg);
+    if (!model_id || !has_seq_id || seq_id < 1 || seq_id > INT32_MAX || status < 400 || status >= 500)
+        return 0;
+    char rid[API_REQUEST_ID_MAX], tid[24], seq[24], st[24], error[sizeof msg + 64], err[512];
+    op_new_request_id(rid);
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(seq, seq_id);
+    api_fmt_i64(st, status);
+    snprintf(error, sizeof error, "rejected when submitted (HTTP %d): %s", status, msg);
+    const char *p[7] = {rid, tid, model_id, seq, kind, error, st};
+    if (db_exec(c->db, SQL_OP_RECORD_REJECTED, 7, p, err, sizeof err) < 0)
+        log_warn("%s %s seq %s: recording the rejected submit failed: %s", kind, model_id, seq, err);
+    return 0;
 }

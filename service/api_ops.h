@@ -42,5 +42,16 @@ typedef struct {
 int op_submit(PGconn *db, const op_submit_req *r, char request_id[API_REQUEST_ID_MAX], char *err,
               size_t errlen);
 
+/* Answers a submit the api refuses with `status` and c->err, and, when it is a client
+ * error (4xx) and the request named a model and a valid seq_id, records it as a failed
+ * operation of that model (payload {"rejected": status}, the error and category "user"
+ * kept for the audit trail): the SDK has used the seq_id up and never sends it again, so
+ * the model's later operations must not wait for it; a later submit with that seq_id is
+ * a 400 that quotes the refusal. Nothing is recorded for another tenant's or an inactive
+ * model, or when the seq_id is taken. Returns 0. */
+typedef struct api_call api_call;
+int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, int64_t seq_id,
+              const char *kind);
+
 /* "req-" + 32 hex characters of fresh randomness. */
 void op_new_request_id(char out[API_REQUEST_ID_MAX]);

@@ -12,12 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct worker {
     api_pool *pool;
     int index;
     PGconn *db;
     pthread_t tid;
+    struct timespec failed_at;   /* last failed connection attempt */
 } worker;
 
 struct api_pool {
@@ -41,14 +43,29 @@ static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size
     return c;
 }
 
-/* Makes sure the worker has a usable connection; reconnects after a failure. */
-static bool ensure_db(worker *w) {
+#define RECONNECT_EVERY_MS 1000
+
+/* Makes sure the worker has a usable connection; reconnects after a failure, at most
+ * once a second while the database stays away (held long polls come back every
+ * second, and each would otherwise try). */
+static bool ensure_db(worker *w, char *err, size_t errlen) {
     if (w->db && PQstatus(w->db) == CONNECTION_OK) return true;
-    char err[512];
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long since = (now.tv_sec - w->failed_at.tv_sec) * 1000 + (now.tv_nsec - w->failed_at.tv_nsec) / 1000000;
+    if (w->failed_at.tv_sec && since < RECONNECT_EVERY_MS) {
+        snprintf(err, errlen, "database unavailable (reconnecting)");
+        return false;
+    }
     if (w->db) PQfinish(w->db);
-    w->db = connect_worker(w->pool->conf.conninfo, 0, err, sizeof err);
-    if (!w->db) log_warn("worker %d: reconnect failed: %s", w->index, err);
-    return w->db != NULL;
+    w->db = connect_worker(w->pool->conf.conninfo, 0, err, errlen);
+    if (!w->db) {
+        w->failed_at = now;
+        log_warn("worker %d: reconnect failed: %s", w->index, err);
+        return false;
+    }
+    w->failed_at.tv_sec = 0;
+    return true;
 }
 
 /* The scope a route needs (see ROUTE_READ in api_routes.h); 0 = any key. */
@@ -102,11 +119,12 @@ static int read_body(api_call *c, const api_route *r) {
         c->proto_body = true;
         return 0;
     }
-    c->body = jx_parse_body(job->body, job->body_len, c->err, sizeof c->err);
+    int st400;
+    c->body = jx_parse_body(job->body, job->body_len, c->err, sizeof c->err, &st400);
     free(job->body); /* parsed: the text is not needed again (bodies reach 64 MiB) */
     job->body = NULL;
     if (!c->body) {
-        api_error(c, 400, "%s", c->err);
+        api_error(c, st400, "%s", c->err);
         return -1;
     }
     return 0;
@@ -118,8 +136,9 @@ static void run_job(worker *w, api_job *job) {
     c.job = job;
     c.settings = &w->pool->conf.settings;
     const api_route *r = job->route;
-    if (!ensure_db(w)) {
-        api_error(&c, 503, "database unavailable; retry shortly");
+    if (!job->recheck && api_check_request_text(&c) < 0) return;
+    if (!ensure_db(w, c.err, sizeof c.err)) {
+        api_db_error(&c, r->path, c.err);
         return;
     }
     c.db = w->db;
@@ -128,7 +147,7 @@ static void run_job(worker *w, api_job *job) {
                               &c.scopes, c.err, sizeof c.err);
         /* The first statement on a connection the server dropped (restart, idle timeout)
          * fails; auth only reads, so reconnect and try once more. */
-        if (rc < 0 && PQstatus(w->db) == CONNECTION_BAD && ensure_db(w)) {
+        if (rc < 0 && PQstatus(w->db) == CONNECTION_BAD && ensure_db(w, c.err, sizeof c.err)) {
             c.db = w->db;
             rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
                               &c.scopes, c.err, sizeof c.err);

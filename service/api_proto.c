@@ -2,6 +2,7 @@
  * Arrays on this wire are raw little-endian bytes; they are read and written byte by
  * byte so the code does not depend on the host's byte order. */
 #include "service/api_proto.h"
+#include "common/strbuf.h"
 #include "service/proto/tinker_public.pb-c.h"
 #include <jansson.h>
 #include <math.h>
@@ -40,18 +41,7 @@ static uint32_t f32_bits(float f) {
     return u;
 }
 
-static bool utf8_ok(const char *s) {
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2
-                : (*p & 0xf8) == 0xf0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
-        p++;
-        for (int i = 0; i < n; i++, p++)
-            if ((*p & 0xc0) != 0x80) return false;
-    }
-    return true;
-}
+static bool utf8_ok(const char *s) { return utf8_valid(s, strlen(s)); }
 
 /* ---- ForwardBackwardRequest -> fb_request --------------------------------------------- */
 
@@ -114,7 +104,8 @@ static int int64_bytes(const ProtobufCBinaryData *b, const char *where, const ch
 /* A Tensor as an int or float array: 1-D [N], or with allow_2d also [N, K] (dense
  * row-major or sparse CSR, densified), the same as the JSON TensorData (fwdbwd.c). */
 static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const char *name,
-                         bool is_int, bool allow_2d, fb_tensor *out, char *err, size_t errlen) {
+                         bool is_int, bool allow_2d, size_t n_tokens, size_t *budget, fb_tensor *out,
+                         char *err, size_t errlen) {
     bool sparse = t->encoding_case == TINKER_PUBLIC__TENSOR__ENCODING_SPARSE_CSR;
     if ((sparse || t->n_shape >= 2) && !allow_2d) return fb_err_two_d(where, name, err, errlen);
     if (t->n_shape > 2) {
@@ -183,19 +174,20 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
             rc = int64_bytes(c ? &c->col_indices : &none, where, name, "col_indices", &col, &n_col,
                              err, errlen);
         if (rc == 0)
-            rc = fb_tensor_csr(out, where, name, t->shape[0], t->shape[1], crow, n_crow, col, n_col,
-                               err, errlen);
+            rc = fb_tensor_csr(out, where, name, t->shape[0], t->shape[1], n_tokens, budget, crow,
+                               n_crow, col, n_col, err, errlen);
         free(crow);
         free(col);
         return rc;
     }
     if (t->n_shape == 2)
-        return fb_tensor_dense2(out, where, name, t->shape[0], t->shape[1], err, errlen);
+        return fb_tensor_dense2(out, where, name, t->shape[0], t->shape[1], n_tokens, budget, err,
+                                errlen);
     return 0;
 }
 
-static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, fb_datum *out,
-                        char *err, size_t errlen) {
+static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, size_t *budget,
+                        fb_datum *out, char *err, size_t errlen) {
     char where[96];
     snprintf(where, sizeof where, "data[%zu].model_input", i);
     if (decode_text_chunks(d, where, out, err, errlen) < 0) return -1;
@@ -212,18 +204,53 @@ static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, fb
                 return -1;
             }
             if (decode_tensor(in->value, where, fb_input_names[k], k == FB_TARGET_TOKENS,
-                              fb_two_d_ok(loss, (fb_input)k), &out->in[k], err, errlen) < 0)
+                              fb_two_d_ok(loss, (fb_input)k), out->n_tokens, budget, &out->in[k],
+                              err, errlen) < 0)
                 return -1;
         }
     }
     return 0;
 }
 
+/* protobuf-c's unpacking allocates per message and per repeated field as it reads, so a
+ * body of many tiny sub-messages (empty datums, empty chunks) would take many times its
+ * size. Its allocations are counted against a budget proportional to the body. */
+#define PROTO_UNPACK_FACTOR 8
+#define PROTO_UNPACK_BASE (1u << 20)
+
+typedef struct {
+    size_t left;
+    bool exceeded;
+} unpack_budget;
+
+static void *budget_alloc(void *data, size_t n) {
+    unpack_budget *b = data;
+    if (n > b->left) {
+        b->exceeded = true;
+        return NULL;
+    }
+    b->left -= n;
+    return malloc(n);
+}
+
+static void budget_free(void *data, void *p) {
+    (void)data;
+    free(p);
+}
+
 int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *err,
                         size_t errlen) {
     memset(out, 0, sizeof *out);
+    unpack_budget ub = {PROTO_UNPACK_BASE + PROTO_UNPACK_FACTOR * len, false};
+    ProtobufCAllocator alloc = {budget_alloc, budget_free, &ub};
     TinkerPublic__ForwardBackwardRequest *m =
-        tinker_public__forward_backward_request__unpack(NULL, len, buf);
+        tinker_public__forward_backward_request__unpack(&alloc, len, buf);
+    if (!m && ub.exceeded) {
+        snprintf(err, errlen, "request body is too complex: its %zu bytes of protobuf hold so many "
+                              "messages that decoding them would take more than %zu MiB (split "
+                              "the request)", len, (PROTO_UNPACK_BASE + PROTO_UNPACK_FACTOR * len) >> 20);
+        return -1;
+    }
     if (!m) {
         snprintf(err, errlen, "request body is not a valid ForwardBackwardRequest protobuf "
                               "message (%zu bytes; Content-Type: application/x-protobuf)", len);
@@ -256,13 +283,15 @@ int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *e
                           errlen) < 0)
             goto out;
     }
+    if (fb_check_n_data(in_key, m->n_data, err, errlen) < 0) goto out;
     out->data = xcalloc(m->n_data, sizeof *out->data);
     out->n_data = m->n_data;
+    size_t budget = FB_MAX_2D_VALUES;
     for (size_t i = 0; i < m->n_data; i++)
-        if (decode_datum(m->data[i], i, out->loss, &out->data[i], err, errlen) < 0) goto out;
+        if (decode_datum(m->data[i], i, out->loss, &budget, &out->data[i], err, errlen) < 0) goto out;
     rc = 0;
 out:
-    tinker_public__forward_backward_request__free_unpacked(m, NULL);
+    tinker_public__forward_backward_request__free_unpacked(m, &alloc);
     return rc;
 }
 

@@ -19,8 +19,9 @@ static const api_route routes[] = {
      "{\"refresh_interval_sec\": 300}"},
     {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
     {"POST", V1 "/get_server_capabilities", ROUTE_READ, api_h_capabilities, NULL},
-    /* telemetry (§13): always accepted, even without a valid key or body */
-    {"POST", V1 "/telemetry", ROUTE_NO_AUTH | ROUTE_RAW_BODY, api_h_telemetry, NULL},
+    /* telemetry (§13): any valid key (the SDK sends X-API-Key on every request); any body
+     * is accepted */
+    {"POST", V1 "/telemetry", ROUTE_READ | ROUTE_RAW_BODY, api_h_telemetry, NULL},
 
     /* sessions (§3) */
     {"POST", V1 "/create_session", ROUTE_READ, api_h_create_session, NULL},

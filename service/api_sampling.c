@@ -224,18 +224,22 @@ int api_h_save_weights_for_sampler(api_call *c) {
     int64_t seq_id, sseq;
     bool has_seq, has_sseq;
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "sampling_session_seq_id", 0, &sseq, &has_sseq, c->err, sizeof c->err) < 0)
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
                                  "from 1 (0 is its create_model)", (long long)seq_id);
-    if (has_sseq && (sseq < 0 || sseq > INT32_MAX))
-        return api_error(c, 400, "sampling_session_seq_id must be between 0 and %d", INT32_MAX);
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "save_weights_for_sampler")
+    if (jx_int(c->body, "", "sampling_session_seq_id", 0, &sseq, &has_sseq, c->err, sizeof c->err) < 0)
+        return REJECT(400);
+    if (has_sseq && (sseq < 0 || sseq > INT32_MAX)) {
+        snprintf(c->err, sizeof c->err, "sampling_session_seq_id must be between 0 and %d", INT32_MAX);
+        return REJECT(400);
+    }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "save_weights_for_sampler", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return REJECT(st);
     if (!has_sseq) {
         /* Without a number from the client, take the session's next free one. */
         const char *p1[1] = {m.session_id};
@@ -247,7 +251,10 @@ int api_h_save_weights_for_sampler(api_call *c) {
     char tid[24], sseqs[24], id[SAMPLER_ID_MAX];
     api_fmt_i64(tid, c->tenant_id);
     api_fmt_i64(sseqs, sseq);
-    if (sampler_id(id, m.session_id, sseq) < 0) return api_error(c, 400, "session id is too long");
+    if (sampler_id(id, m.session_id, sseq) < 0) {
+        snprintf(c->err, sizeof c->err, "session id is too long");
+        return REJECT(400);
+    }
     strbuf pl;
     sb_init(&pl, 128);
     sb_puts(&pl, "{\"sampling_session_id\": ");
@@ -262,7 +269,8 @@ int api_h_save_weights_for_sampler(api_call *c) {
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, "save_weights_for_sampler", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return REJECT(st);
+#undef REJECT
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id",
                                             model_id));
 }
@@ -324,6 +332,12 @@ int api_h_asample(api_call *c) {
         api_error(c, 400, "the checkpoint behind sampling session %.200s (%.300s) was deleted or "
                           "has expired; create a new sampling session", q.sampling_session_id,
                   PQgetvalue(r, 0, 5));
+        goto out;
+    }
+    if (!db_bool(r, 0, 6)) {
+        api_error(c, 403, "checkpoint %.300s behind sampling session %.200s is no longer shared "
+                          "with you (unpublished, or its share was revoked)", PQgetvalue(r, 0, 5),
+                  q.sampling_session_id);
         goto out;
     }
     if (sample_validate(&q, db_int(r, 0, 0), db_int(r, 0, 1), c->err, sizeof c->err) < 0) {

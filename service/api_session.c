@@ -4,10 +4,16 @@
 #include "service/api_call.h"
 #include "service/api_json.h"
 #include "service/api_sql.h"
+#include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Sizes a session stores (bytes). */
+#define SESSION_MAX_JSON 65536   /* tags, user_metadata (as compact JSON) */
+#define SESSION_MAX_NAME 256     /* sdk_version, project_id */
 
 /* A random UUID (version 4): no '/', '?', '#', ':' or spaces, safe in URL paths. */
 static void new_session_id(char out[37]) {
@@ -32,11 +38,20 @@ int api_h_create_session(api_call *c) {
         if (!json_is_string(json_array_get(tags, i)))
             return api_error(c, 400, "tags[%zu]: expected a string, got %s", i,
                              jx_type_name(json_array_get(tags, i)));
+    if ((sdk && strlen(sdk) > SESSION_MAX_NAME) || (project && strlen(project) > SESSION_MAX_NAME))
+        return api_error(c, 400, "sdk_version and project_id are at most %d bytes", SESSION_MAX_NAME);
     char id[37], tid[24];
     new_session_id(id);
     snprintf(tid, sizeof tid, "%lld", (long long)c->tenant_id);
-    char *tags_json = tags ? json_dumps(tags, JSON_COMPACT) : strdup("[]");
-    char *meta_json = meta ? json_dumps(meta, JSON_COMPACT) : NULL;
+    char *tags_json = tags ? jx_dump_bounded(tags, "tags", SESSION_MAX_JSON, c->err, sizeof c->err)
+                           : strdup("[]");
+    if (!tags_json) return api_error(c, 400, "%s", c->err);
+    char *meta_json = NULL;
+    if (meta && !(meta_json = jx_dump_bounded(meta, "user_metadata", SESSION_MAX_JSON, c->err,
+                                               sizeof c->err))) {
+        free(tags_json);
+        return api_error(c, 400, "%s", c->err);
+    }
     const char *p[6] = {id, tid, tags_json, meta_json, sdk, project};
     int rc = db_exec(c->db, SQL_SESSION_CREATE, 6, p, c->err, sizeof c->err);
     free(tags_json);
@@ -73,12 +88,57 @@ int api_h_capabilities(api_call *c) {
     return api_reply_json(c, 200, json_pack("{s:o}", "supported_models", models));
 }
 
-/* Always 200 {"status": "accepted"}: anything else makes the SDK resend every second. */
-int api_h_telemetry(api_call *c) {
-    json_t *body = jx_parse_body(c->job->body, c->job->body_len, c->err, sizeof c->err);
-    json_t *events = body ? json_object_get(body, "events") : NULL;
-    const char *session = body ? json_string_value(json_object_get(body, "session_id")) : NULL;
-    size_t i;
+/* ---- telemetry (§13) ---------------------------------------------------------------- */
+
+/* The SDK sends a batch every 10 s (at most 100 events). Batches are authenticated like
+ * every other request, bounded in size, and rate-limited per tenant with a token bucket,
+ * so a key holder cannot flood the log. Every answer is still 200 {"status":
+ * "accepted"}: anything else makes the SDK resend the batch every second, forever. */
+#define TELEMETRY_MAX_BODY (1u << 20)
+#define TELEMETRY_BURST 10.0       /* batches a tenant may send at once */
+#define TELEMETRY_PER_S 0.5        /* batches per second, sustained */
+#define TELEMETRY_MAX_LINES 5      /* events logged from one batch */
+#define TELEMETRY_SLOTS 256
+
+typedef struct {
+    int64_t tenant;
+    double tokens, at;
+    int64_t dropped;
+} telemetry_bucket;
+
+static telemetry_bucket g_tel[TELEMETRY_SLOTS];
+static pthread_mutex_t g_tel_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Whether the tenant's batch may be logged; *dropped: batches dropped before it. A slot
+ * taken by another tenant (hash collision) starts over for the newcomer. */
+static bool telemetry_admit(int64_t tenant, int64_t *dropped) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    pthread_mutex_lock(&g_tel_mu);
+    telemetry_bucket *b = &g_tel[(uint64_t)tenant % TELEMETRY_SLOTS];
+    if (b->tenant != tenant) *b = (telemetry_bucket){.tenant = tenant, .tokens = TELEMETRY_BURST, .at = now};
+    b->tokens += (now - b->at) * TELEMETRY_PER_S;
+    if (b->tokens > TELEMETRY_BURST) b->tokens = TELEMETRY_BURST;
+    b->at = now;
+    bool ok = b->tokens >= 1.0;
+    if (ok) {
+        b->tokens -= 1.0;
+        *dropped = b->dropped;
+        b->dropped = 0;
+    } else {
+        b->dropped++;
+    }
+    pthread_mutex_unlock(&g_tel_mu);
+    return ok;
+}
+
+/* Logs the UNHANDLED_EXCEPTION and ERROR/CRITICAL events of a batch (the log escapes
+ * control characters, so no event can forge a line). */
+static void telemetry_log(int64_t tenant, const json_t *body) {
+    const char *session = json_string_value(json_object_get(body, "session_id"));
+    json_t *events = json_object_get(body, "events");
+    size_t i, logged = 0, skipped = 0;
     json_t *e;
     json_array_foreach(events, i, e) {
         const char *kind = json_string_value(json_object_get(e, "event"));
@@ -86,13 +146,38 @@ int api_h_telemetry(api_call *c) {
         bool bad = (kind && !strcmp(kind, "UNHANDLED_EXCEPTION")) ||
                    (sev && (!strcmp(sev, "ERROR") || !strcmp(sev, "CRITICAL")));
         if (!bad) continue;
+        if (logged == TELEMETRY_MAX_LINES) {
+            skipped++;
+            continue;
+        }
+        logged++;
         const char *msg = json_string_value(json_object_get(e, "error_message"));
         const char *type = json_string_value(json_object_get(e, "error_type"));
         const char *name = json_string_value(json_object_get(e, "event_name"));
-        log_warn("client telemetry: session=%.80s %s %s%s%.80s: %.500s", session ? session : "-",
-                 kind ? kind : "?", sev ? sev : "?", type || name ? " " : "",
-                 type ? type : name ? name : "", msg ? msg : "");
+        log_warn("client telemetry: tenant=%lld session=%.80s %.40s %.20s%s%.80s: %.500s",
+                 (long long)tenant, session ? session : "-", kind ? kind : "?", sev ? sev : "?",
+                 type || name ? " " : "", type ? type : name ? name : "", msg ? msg : "");
     }
-    json_decref(body);
+    if (skipped)
+        log_warn("client telemetry: tenant=%lld: %zu more error events in the batch not logged",
+                 (long long)tenant, skipped);
+}
+
+int api_h_telemetry(api_call *c) {
+    int64_t dropped = 0;
+    if (telemetry_admit(c->tenant_id, &dropped)) {
+        if (dropped)
+            log_warn("client telemetry: tenant=%lld: %lld batches dropped (over %.1f a second)",
+                     (long long)c->tenant_id, (long long)dropped, TELEMETRY_PER_S);
+        if (c->job->body_len > TELEMETRY_MAX_BODY) {
+            log_warn("client telemetry: tenant=%lld: a batch of %zu bytes ignored (limit %u)",
+                     (long long)c->tenant_id, c->job->body_len, TELEMETRY_MAX_BODY);
+        } else {
+            int st;
+            json_t *body = jx_parse_body(c->job->body, c->job->body_len, c->err, sizeof c->err, &st);
+            if (body) telemetry_log(c->tenant_id, body);
+            json_decref(body);
+        }
+    }
     return api_reply_text(c, 200, "{\"status\": \"accepted\"}");
 }

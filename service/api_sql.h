@@ -63,13 +63,45 @@
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
     " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
-/* $1 model, $2 seq_id -> request_id, kind */
-#define SQL_OP_EXISTING "SELECT request_id, kind FROM operations WHERE model_id = $1 AND seq_id = $2"
+/* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 error, $7 HTTP status: a
+ * submit the api refused, kept as a failed operation (payload {"rejected": status}) so
+ * that the model's later seq_ids run (the client has used the seq_id up). Only on the
+ * tenant's own active model and a free seq_id; wakes the scheduler, which then passes
+ * over it. */
+#define SQL_OP_RECORD_REJECTED                                                              \
+    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind,"   \
+    " payload, state, error, error_category, finished_at)"                                  \
+    " SELECT $1, $2, m.id, $4, $5, jsonb_build_object('rejected', $7::int), 'failed', $6,"  \
+    " 'user', now() FROM models m"                                                          \
+    " WHERE m.id = $3 AND m.tenant_id = $2 AND m.status = 'active'"                         \
+    " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING 1)"                              \
+    " SELECT pg_notify('loom_op_queued', '') FROM ins"
+/* $1 model, $2 seq_id -> request_id, kind, refused at submit, error */
+#define SQL_OP_EXISTING                                                                     \
+    "SELECT request_id, kind, payload ? 'rejected', error FROM operations"                  \
+    " WHERE model_id = $1 AND seq_id = $2"
 #define SQL_OP_NOTIFY_QUEUED "NOTIFY loom_op_queued"
-/* $1 request_id, $2 tenant -> state, result text, error, error_category, kind */
+/* $1 request_id, $2 tenant, $3 the tenant's queued-sample limit -> state, result text,
+ * error, error_category, kind, model_id, seq_id, cycle_id, and for a pending operation
+ * why it waits: base model, whether a live executor serves it, the model's next_seq,
+ * whether no operation exists at next_seq (a gap), the tenant's queued samples (at most
+ * $3, for samples). */
 #define SQL_FUTURE_GET                                                                      \
-    "SELECT state, result::text, error, error_category, kind FROM operations"               \
-    " WHERE request_id = $1 AND tenant_id = $2"
+    "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
+    " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples"    \
+    " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
+    "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE e.state <> 'gone'"           \
+    "   AND e.base_model = COALESCE(m.base_model, s.base_model)"                            \
+    "   AND e.heartbeat_at > now() - interval '30 seconds') AS served, m.next_seq,"         \
+    "   m.id IS NOT NULL AND o.seq_id > m.next_seq AND NOT EXISTS (SELECT 1 FROM"           \
+    "   operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq) AS gap,"            \
+    "   CASE WHEN o.kind = 'sample' THEN (SELECT count(*) FROM (SELECT 1 FROM operations q" \
+    "   WHERE q.tenant_id = o.tenant_id AND q.kind = 'sample' AND q.state = 'queued'"       \
+    "   LIMIT $3) q) END AS queued_samples"                                                 \
+    "   FROM (SELECT 1) one LEFT JOIN models m ON m.id = o.model_id"                        \
+    "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
+    "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
+    " WHERE o.request_id = $1 AND o.tenant_id = $2"
 
 /* ---- sampling sessions (§3.3, §3.4, §7.6 unnamed form) ------------------------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
@@ -97,15 +129,19 @@
     "SELECT id, base_model, model_path, source_model_id, adapter_version_id"                \
     " FROM sampling_sessions WHERE id = $1 AND tenant_id = $2"
 /* $1 id, $2 tenant -> vocab_size, max_context, source, blob_digest, checkpoint gone,
- * model_path */
+ * model_path, checkpoint still readable by the tenant (access is checked again at every
+ * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling) */
 #define SQL_SAMPLER_FOR_OP                                                                  \
     "SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
     " av.blob_digest,"                                                                      \
-    " COALESCE(av.deleted_at IS NOT NULL OR av.expires_at <= now(), false), s.model_path"  \
+    " COALESCE(av.deleted_at IS NOT NULL OR av.expires_at <= now(), false), s.model_path,"  \
+    " av.id IS NULL OR a.tenant_id = $2 OR av.visibility = 'public' OR EXISTS (SELECT 1"    \
+    "   FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = $2)"              \
     " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
     " LEFT JOIN adapter_versions av ON av.id = s.adapter_version_id"                        \
+    " LEFT JOIN adapters a ON a.id = av.adapter_id"                                         \
     " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- sample operations (§11) ------------------------------------------------------- */

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #define MODEL_ID_MAX 400
+#define MODEL_MAX_METADATA 65536   /* bytes of user_metadata as compact JSON */
 
 static int reply_future(api_call *c, const char *request_id, const char *model_id) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id",
@@ -138,7 +139,12 @@ int api_h_create_model(api_call *c) {
         db_rollback(c->db);
         return api_error(c, 400, "session_id is too long");
     }
-    char *meta = q.user_metadata ? json_dumps(q.user_metadata, JSON_COMPACT) : NULL;
+    char *meta = NULL;
+    if (q.user_metadata && !(meta = jx_dump_bounded(q.user_metadata, "user_metadata", MODEL_MAX_METADATA,
+                                                     c->err, sizeof c->err))) {
+        db_rollback(c->db);
+        return api_error(c, 400, "%s", c->err);
+    }
     const char *mp[11] = {model_id, tid, q.session_id, mseq, q.base_model, rank, seed,
                           q.train_attn ? "t" : "f", q.train_mlp ? "t" : "f",
                           q.train_unembed ? "t" : "f", meta};
@@ -230,15 +236,18 @@ static int submit_fwd(api_call *c, bool forward_only) {
     }
     const char *route = q.forward_only ? "forward" : "forward_backward";
     if (rc < 0) {
+        op_reject(c, 400, q.model_id, q.has_seq_id, q.seq_id, route);
         fb_request_free(&q);
-        return api_error(c, 400, "%s", c->err);
+        return 0;
     }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, q.model_id, &m, c->err, sizeof c->err);
     if (st == 0 && fb_validate(&q, m.vocab_size, m.max_context, c->err, sizeof c->err) < 0) st = 400;
     if (st != 0) {
+        if (st < 0) api_db_error(c, route, c->err);
+        else op_reject(c, st, q.model_id, q.has_seq_id, q.seq_id, route);
         fb_request_free(&q);
-        return st < 0 ? api_db_error(c, route, c->err) : api_error(c, st, "%s", c->err);
+        return 0;
     }
     double t1 = now_s();
     size_t plen;
@@ -255,7 +264,7 @@ static int submit_fwd(api_call *c, bool forward_only) {
               c->job->body_len, plen, t1 - t0, t2 - t1, now_s() - t2);
     if (st == 0) reply_future(c, request_id, q.model_id);
     else if (st < 0) api_db_error(c, route, c->err);
-    else api_error(c, st, "%s", c->err);
+    else op_reject(c, st, q.model_id, q.has_seq_id, q.seq_id, route);
     fb_request_free(&q);
     return 0;
 }
@@ -290,32 +299,34 @@ int api_h_optim_step(api_call *c) {
     bool has_seq;
     json_t *ap;
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
-        jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
                                  "from 1 (0 is its create_model)", (long long)seq_id);
+    if (jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
+        return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
     double v[N_ADAM];
     json_t *empty = ap ? NULL : json_object();
     for (size_t i = 0; i < N_ADAM; i++) {
         const adam_field *f = &adam_fields[i];
         if (jx_num(ap ? ap : empty, "adam_params", f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
             json_decref(empty);
-            return api_error(c, 400, "%s", c->err);
+            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
         }
         bool ok = (f->lo_open ? v[i] > f->lo : v[i] >= f->lo) && v[i] < 1e18;
         if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
         if (!ok) {
             json_decref(empty);
-            return api_error(c, 400, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
+            snprintf(c->err, sizeof c->err, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
+            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
         }
     }
     json_decref(empty);
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
 
     strbuf pl;
     sb_init(&pl, 256);
@@ -331,6 +342,6 @@ int api_h_optim_step(api_call *c) {
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
     return reply_future(c, request_id, model_id);
 }

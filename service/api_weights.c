@@ -147,29 +147,38 @@ static int submit_save(api_call *c, const char *kind) {
     int64_t seq_id, ttl;
     bool has_seq, overwrite;
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
-        jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
-        jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
-        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
                          (long long)seq_id);
+    const char *op_kind = strcmp(kind, "training") ? "save_weights_for_sampler" : "save_weights";
+    if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
+        jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
+        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
+        return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     /* Some clients pass a whole tinker:// path of their own model: take its name. */
     reg_path rp;
+    char why[sizeof c->err];
     if (!strncmp(name, "tinker://", 9)) {
-        if (reg_path_parse(name, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "path: %s", c->err);
-        if (strcmp(rp.run, model_id) || strcmp(reg_kind_of_dir(rp.dir), kind))
-            return api_error(c, 400, "path %.300s does not name a %s checkpoint of model %.200s", name,
-                             reg_dir_of_kind(kind), model_id);
+        if (reg_path_parse(name, &rp, why, sizeof why) < 0) {
+            snprintf(c->err, sizeof c->err, "path: %s", why);
+            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+        }
+        if (strcmp(rp.run, model_id) || strcmp(reg_kind_of_dir(rp.dir), kind)) {
+            snprintf(c->err, sizeof c->err, "path %.300s does not name a %s checkpoint of model %.200s",
+                     name, reg_dir_of_kind(kind), model_id);
+            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+        }
         name = rp.name;
-    } else if (!reg_name_valid(name, c->err, sizeof c->err)) {
-        return api_error(c, 400, "path: %s", c->err);
+    } else if (!reg_name_valid(name, why, sizeof why)) {
+        snprintf(c->err, sizeof c->err, "path: %s", why);
+        return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, kind, c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, op_kind);
 
     strbuf pl;
     sb_init(&pl, 256);
@@ -179,14 +188,13 @@ static int submit_save(api_call *c, const char *kind) {
     if (ttl < 0) sb_puts(&pl, "null");
     else sb_int(&pl, ttl);
     sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld}", overwrite ? "true" : "false", (long long)c->key_id);
-    const char *op_kind = strcmp(kind, "training") ? "save_weights_for_sampler" : "save_weights";
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = op_kind,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, op_kind, c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, op_kind);
     return reply_future(c, request_id, model_id);
 }
 
@@ -207,29 +215,37 @@ int api_h_load_weights(api_call *c) {
         return api_error(c, 400, "load_weights without model_id (create_model_via_load_weights) is not "
                                  "offered by this server: call create_model, then load_weights");
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0 ||
-        jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
-        jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
+        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
                          (long long)seq_id);
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "load_weights")
+    if (jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
+        jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
+        return REJECT(400);
     reg_path rp;
-    if (reg_path_parse(path, &rp, c->err, sizeof c->err) < 0) return api_error(c, 400, "path: %s", c->err);
+    char why[sizeof c->err];
+    if (reg_path_parse(path, &rp, why, sizeof why) < 0) {
+        snprintf(c->err, sizeof c->err, "path: %s", why);
+        return REJECT(400);
+    }
     /* A sampler checkpoint (e.g. an imported PEFT adapter) holds weights only: it can start
      * training with fresh Adam state, but has no optimizer state to restore. */
-    if (strcmp(rp.dir, "weights") && optimizer)
-        return api_error(c, 400, "%.300s holds sampler weights only, without optimizer state: load it with "
-                                 "\"optimizer\": false, or use a training-state checkpoint "
-                                 "(tinker://<run>/weights/<name>) to restore Adam moments", path);
+    if (strcmp(rp.dir, "weights") && optimizer) {
+        snprintf(c->err, sizeof c->err, "%.300s holds sampler weights only, without optimizer state: load "
+                 "it with \"optimizer\": false, or use a training-state checkpoint "
+                 "(tinker://<run>/weights/<name>) to restore Adam moments", path);
+        return REJECT(400);
+    }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "load_weights", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return REJECT(st);
     reg_version v;
     st = reg_find_readable(c->db, c->tenant_id, path, &v, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "load_weights", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return REJECT(st);
 
     char tid[24];
     api_fmt_i64(tid, c->tenant_id);
@@ -245,16 +261,20 @@ int api_h_load_weights(api_call *c) {
     int rank = (int)db_int(r, 0, 1);
     bool ta = db_bool(r, 0, 2), tm = db_bool(r, 0, 3), tu = db_bool(r, 0, 4);
     PQclear(r);
-    if (strcmp(base, v.base_model))
-        return api_error(c, 400, "checkpoint %.300s was trained on base model %s, model %.200s uses %s", path,
-                         v.base_model, model_id, base);
-    if (rank != v.rank || ta != v.train_attn || tm != v.train_mlp || tu != v.train_unembed)
-        return api_error(c, 400, "checkpoint %.300s has LoRA rank %d (train_attn %s, train_mlp %s, train_unembed %s) "
-                                 "but model %.200s has rank %d (%s, %s, %s); create the model with the "
-                                 "checkpoint's lora_config (see weights_info)", path, v.rank,
-                         v.train_attn ? "true" : "false", v.train_mlp ? "true" : "false",
-                         v.train_unembed ? "true" : "false", model_id, rank, ta ? "true" : "false",
-                         tm ? "true" : "false", tu ? "true" : "false");
+    if (strcmp(base, v.base_model)) {
+        snprintf(c->err, sizeof c->err, "checkpoint %.300s was trained on base model %s, model %.200s uses %s",
+                 path, v.base_model, model_id, base);
+        return REJECT(400);
+    }
+    if (rank != v.rank || ta != v.train_attn || tm != v.train_mlp || tu != v.train_unembed) {
+        snprintf(c->err, sizeof c->err, "checkpoint %.300s has LoRA rank %d (train_attn %s, train_mlp %s, "
+                 "train_unembed %s) but model %.200s has rank %d (%s, %s, %s); create the model with the "
+                 "checkpoint's lora_config (see weights_info)", path, v.rank,
+                 v.train_attn ? "true" : "false", v.train_mlp ? "true" : "false",
+                 v.train_unembed ? "true" : "false", model_id, rank, ta ? "true" : "false",
+                 tm ? "true" : "false", tu ? "true" : "false");
+        return REJECT(400);
+    }
 
     strbuf pl;
     sb_init(&pl, 256);
@@ -268,7 +288,8 @@ int api_h_load_weights(api_call *c) {
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, "load_weights", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (st > 0) return REJECT(st);
+#undef REJECT
     if (v.tenant_id != c->tenant_id)
         audit(c, v.tenant_id, "checkpoint.load_shared", v.tinker_path,
               json_pack("{s:I, s:s}", "by_tenant", (json_int_t)c->tenant_id, "into_model", model_id));
@@ -427,11 +448,12 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     time_t expires = time(NULL) + DOWNLOAD_TTL_S;
     char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
     snprintf(id, sizeof id, "%s/%s", v.path.dir, v.path.name);
-    reg_download_sign(g_secret, v.path.run, id, fmt, (int64_t)expires, token);
+    reg_download_sign(g_secret, v.path.run, id, fmt, (int64_t)expires, c->key_id, token);
     strbuf url;
     sb_init(&url, 256);
-    sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%s/%s", c->job->base_url ? c->job->base_url : "",
-              (long long)expires, fmt, token, v.path.run, id);
+    sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%lld/%s/%s",
+              c->job->base_url ? c->job->base_url : "", (long long)expires, fmt, token,
+              (long long)c->key_id, v.path.run, id);
     char exp_http[64], exp_iso[32];
     rfc1123(expires, exp_http, sizeof exp_http);
     iso8601(expires, exp_iso, sizeof exp_iso);
@@ -480,8 +502,13 @@ static int set_visibility(api_call *c, const ckpt_route *rt, bool pub) {
     char id[24];
     api_fmt_i64(id, v.id);
     const char *p[2] = {id, pub ? "public" : "private"};
-    if (db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0)
+    if (db_begin(c->db, c->err, sizeof c->err) < 0 ||
+        db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0 ||
+        (!pub && reg_fail_unreadable_samples(c->db, v.adapter_id, c->err, sizeof c->err) < 0) ||
+        db_commit(c->db, c->err, sizeof c->err) < 0) {
+        db_rollback(c->db);
         return api_db_error(c, "publish", c->err);
+    }
     audit(c, v.tenant_id, pub ? "checkpoint.publish" : "checkpoint.unpublish", v.tinker_path, NULL);
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "public", pub));
 }
@@ -568,34 +595,65 @@ static int parse_range(const char *h, size_t total, size_t *a, size_t *b) {
     return 1;
 }
 
-/* "<expires>/<format>/<token>/<run>/<kind>/<name>"; honours Range (one range per
- * request) and answers HEAD with the headers of the same request as a GET. */
+/* $1 key id -> its tenant, if the key is neither revoked nor expired */
+#define SQL_LINK_KEY_TENANT                                                                    \
+    "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"              \
+    " AND (expires_at IS NULL OR expires_at > now())"
+
+/* The tenant of the API key a download link was made for, while the key is valid: 0 with
+ * *tenant, 403 (answered) or -1. */
+static int link_key_tenant(api_call *c, int64_t key_id, int64_t *tenant) {
+    char k[24];
+    api_fmt_i64(k, key_id);
+    const char *p[1] = {k};
+    PGresult *r = db_query(c->db, SQL_LINK_KEY_TENANT, 1, p, c->err, sizeof c->err);
+    if (!r) return -1;
+    int found = PQntuples(r) > 0;
+    if (found) *tenant = db_int(r, 0, 0);
+    PQclear(r);
+    if (!found)
+        return api_error(c, 403, "the API key this download link was made for has been revoked or "
+                                 "has expired; request a new link with a valid key"), 403;
+    return 0;
+}
+
+/* "<expires>/<format>/<token>/<key id>/<run>/<kind>/<name>"; honours Range (one range per
+ * request) and answers HEAD with the headers of the same request as a GET. The link is
+ * checked against what is true now: the key it was made for must be valid and may still
+ * read the checkpoint (not deleted, expired, unpublished or unshared since). */
 int api_h_checkpoint_download(api_call *c) {
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", c->job->path_arg ? c->job->path_arg : "");
-    char *seg[7];
+    char *seg[8];
     int n = 0;
-    for (char *s = buf, *save = NULL, *t; n < 7 && (t = strtok_r(s, "/", &save)); s = NULL) seg[n++] = t;
-    if (n != 6) return api_error(c, 404, "no such download");
-    char *end;
-    long long expires = strtoll(seg[0], &end, 10);
-    const char *fmt = seg[1], *token = seg[2];
+    for (char *s = buf, *save = NULL, *t; n < 8 && (t = strtok_r(s, "/", &save)); s = NULL) seg[n++] = t;
+    if (n != 7) return api_error(c, 404, "no such download (request a new link: GET .../archive)");
+    char *end, *kend;
+    long long expires = strtoll(seg[0], &end, 10), key_id = strtoll(seg[3], &kend, 10);
+    const char *fmt = seg[1], *token = seg[2], *run = seg[4];
     char id[512];
-    snprintf(id, sizeof id, "%s/%s", seg[4], seg[5]);
-    if (*end || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead")))
+    snprintf(id, sizeof id, "%s/%s", seg[5], seg[6]);
+    if (*end || *kend || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead")))
         return api_error(c, 403, "invalid download link");
-    if (!g_have_secret || !reg_download_verify(g_secret, seg[3], id, fmt, expires, token))
+    if (!g_have_secret || !reg_download_verify(g_secret, run, id, fmt, expires, key_id, token))
         return api_error(c, 403, "invalid download link (bad signature)");
     if (expires < (long long)time(NULL))
         return api_error(c, 403, "this download link has expired; request a new one (GET .../archive)");
     reg_path rp;
-    if (reg_ckpt_id_parse(seg[3], id, &rp, c->err, sizeof c->err) < 0) return api_error(c, 404, "%s", c->err);
+    if (reg_ckpt_id_parse(run, id, &rp, c->err, sizeof c->err) < 0) return api_error(c, 404, "%s", c->err);
     char path[REG_PATH_MAX];
     reg_path_format(&rp, path, sizeof path);
-    reg_version v;
-    int st = reg_find_live(c->db, path, &v, c->err, sizeof c->err);
+    int64_t tenant;
+    int st = link_key_tenant(c, key_id, &tenant);
     if (st < 0) return api_db_error(c, "download", c->err);
-    if (st > 0) return api_error(c, 404, "checkpoint %.300s no longer exists (deleted or expired)", path);
+    if (st > 0) return 0;
+    reg_version v;
+    st = reg_find_readable(c->db, tenant, path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "download", c->err);
+    if (st > 0)
+        return api_error(c, 404, "checkpoint %.300s no longer exists or is no longer readable with "
+                                 "the key this link was made for (deleted, expired, unpublished or "
+                                 "unshared)", path);
     if (!g_blobs) return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
     void *blob;
     size_t blen;

@@ -68,7 +68,11 @@ bool fb_two_d_ok(fb_loss loss, fb_input input) {
     return loss == FB_LOSS_CROSS_ENTROPY && (input == FB_TARGET_TOKENS || input == FB_WEIGHTS);
 }
 
-/* rows >= 0 and 1 <= cols <= FB_MAX_K; rows is bounded by the data it must describe. */
+/* A shape [rows, cols] is checked before anything of its size is allocated: 1 <= cols <=
+ * FB_MAX_K (check_shape2), then, once the shape is known to fit its data or its CSR
+ * indices, rows = the datum's input tokens and rows x cols within what is left of the
+ * request's budget of 2-D values, which it then takes (take_shape2). A sparse CSR tensor
+ * is the one input whose memory its shape alone decides. */
 static int check_shape2(const char *where, const char *name, int64_t rows, int64_t cols,
                         char *err, size_t errlen) {
     if (rows < 0 || rows > INT32_MAX || cols < 1 || cols > FB_MAX_K) {
@@ -80,8 +84,27 @@ static int check_shape2(const char *where, const char *name, int64_t rows, int64
     return 0;
 }
 
+static int take_shape2(const char *where, const char *name, int64_t rows, int64_t cols,
+                       size_t n_tokens, size_t *budget, char *err, size_t errlen) {
+    if ((size_t)rows != n_tokens) {
+        snprintf(err, errlen, "%s.%s has shape [%lld, %lld] but the model input has %zu tokens "
+                              "(shape [N, K] with N the number of input tokens)", where, name,
+                 (long long)rows, (long long)cols, n_tokens);
+        return -1;
+    }
+    size_t values = (size_t)rows * (size_t)cols;
+    if (values > *budget) {
+        snprintf(err, errlen, "%s.%s.shape [%lld, %lld]: the 2-D loss inputs of one request may "
+                              "hold at most %d values in all; split the request", where, name,
+                 (long long)rows, (long long)cols, FB_MAX_2D_VALUES);
+        return -1;
+    }
+    *budget -= values;
+    return 0;
+}
+
 int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
-                     char *err, size_t errlen) {
+                     size_t n_tokens, size_t *budget, char *err, size_t errlen) {
     if (check_shape2(where, name, rows, cols, err, errlen) < 0) return -1;
     if ((uint64_t)rows * (uint64_t)cols != t->n) {
         snprintf(err, errlen, "%s.%s.shape [%lld, %lld] needs %llu values (row-major), data has "
@@ -89,6 +112,7 @@ int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t 
                  (unsigned long long)((uint64_t)rows * (uint64_t)cols), t->n);
         return -1;
     }
+    if (take_shape2(where, name, rows, cols, n_tokens, budget, err, errlen) < 0) return -1;
     t->n = (size_t)rows;
     t->k = (size_t)cols;
     t->dims = 2;
@@ -96,8 +120,8 @@ int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t 
 }
 
 int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
-                  const int64_t *crow, size_t n_crow, const int64_t *col, size_t n_col, char *err,
-                  size_t errlen) {
+                  size_t n_tokens, size_t *budget, const int64_t *crow, size_t n_crow,
+                  const int64_t *col, size_t n_col, char *err, size_t errlen) {
     if (check_shape2(where, name, rows, cols, err, errlen) < 0) return -1;
     size_t nnz = t->n;
     if (n_crow != (size_t)rows + 1) {
@@ -124,6 +148,7 @@ int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t row
             return -1;
         }
     }
+    if (take_shape2(where, name, rows, cols, n_tokens, budget, err, errlen) < 0) return -1;
     size_t dense = (size_t)rows * (size_t)cols;
     int64_t *di = t->i ? xcalloc(dense, sizeof *di) : NULL;
     float *df = t->f ? xcalloc(dense, sizeof *df) : NULL;
@@ -238,7 +263,8 @@ static int int_list(const json_t *v, const char *where, const char *name, const 
  * int or float array: 1-D [N], or with allow_2d also [N, K] (dense row-major or CSR,
  * densified). */
 static int decode_tensor(const json_t *v, const char *where, const char *name, bool is_int,
-                         bool allow_2d, fb_tensor *out, char *err, size_t errlen) {
+                         bool allow_2d, size_t n_tokens, size_t *budget, fb_tensor *out, char *err,
+                         size_t errlen) {
     const json_t *arr = v;
     bool sparse = false;
     int64_t dims[2] = {0, 0};
@@ -333,13 +359,22 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
         int rc = int_list(crow, where, name, "sparse_crow_indices", &ci, &nci, err, errlen);
         if (rc == 0) rc = int_list(col, where, name, "sparse_col_indices", &cc, &ncc, err, errlen);
         if (rc == 0)
-            rc = fb_tensor_csr(out, where, name, dims[0], dims[1], ci, nci, cc, ncc, err, errlen);
+            rc = fb_tensor_csr(out, where, name, dims[0], dims[1], n_tokens, budget, ci, nci, cc,
+                               ncc, err, errlen);
         free(ci);
         free(cc);
         return rc;
     }
-    if (n_dims == 2) return fb_tensor_dense2(out, where, name, dims[0], dims[1], err, errlen);
+    if (n_dims == 2)
+        return fb_tensor_dense2(out, where, name, dims[0], dims[1], n_tokens, budget, err, errlen);
     return 0;
+}
+
+int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen) {
+    if (n <= FB_MAX_DATA) return 0;
+    snprintf(err, errlen, "%s.data has %zu datums; one request takes at most %d (the SDK sends "
+                          "at most 1024 per request)", in_key, n, FB_MAX_DATA);
+    return -1;
 }
 
 int fb_err_chunk_type(const char *where, size_t c, const char *type, char *err, size_t errlen) {
@@ -412,8 +447,8 @@ static int decode_model_input(const json_t *d, const char *where, fb_datum *out,
     return fb_decode_model_input(mi, w, &out->tokens, &out->n_tokens, err, errlen);
 }
 
-static int decode_datum(const json_t *d, const char *where, fb_loss loss, fb_datum *out,
-                        char *err, size_t errlen) {
+static int decode_datum(const json_t *d, const char *where, fb_loss loss, size_t *budget,
+                        fb_datum *out, char *err, size_t errlen) {
     if (!json_is_object(d)) {
         snprintf(err, errlen, "%s: expected a Datum object {\"model_input\", \"loss_fn_inputs\"}, "
                               "got %s", where, jx_type_name(d));
@@ -431,7 +466,8 @@ static int decode_datum(const json_t *d, const char *where, fb_loss loss, fb_dat
         const json_t *v = json_object_get(lfi, fb_input_names[k]);
         if (!v || json_is_null(v)) continue;
         if (decode_tensor(v, w, fb_input_names[k], k == FB_TARGET_TOKENS,
-                          fb_two_d_ok(loss, (fb_input)k), &out->in[k], err, errlen) < 0)
+                          fb_two_d_ok(loss, (fb_input)k), out->n_tokens, budget, &out->in[k], err,
+                          errlen) < 0)
             return -1;
     }
     return 0;
@@ -478,12 +514,15 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
         snprintf(err, errlen, "%s.data is required (a list of Datum)", in_key);
         return -1;
     }
+    if (fb_check_n_data(in_key, json_array_size(data), err, errlen) < 0) return -1;
     out->data = xcalloc(json_array_size(data), sizeof *out->data);
     out->n_data = json_array_size(data);
+    size_t budget = FB_MAX_2D_VALUES;
     for (size_t i = 0; i < out->n_data; i++) {
         char where[96];
         snprintf(where, sizeof where, "%s.data[%zu]", in_key, i);
-        if (decode_datum(json_array_get(data, i), where, out->loss, &out->data[i], err, errlen) < 0)
+        if (decode_datum(json_array_get(data, i), where, out->loss, &budget, &out->data[i], err,
+                         errlen) < 0)
             return -1;
     }
     return 0;
@@ -533,16 +572,10 @@ int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, ch
                 }
                 continue;
             }
-            if (t->n != d->n_tokens) {
-                if (t->dims == 2)
-                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has shape [%zu, %zu] but "
-                                          "the model input has %zu tokens (shape [N, K] with N the "
-                                          "number of input tokens)", in_key, i, fb_input_names[k],
-                             t->n, t->k, d->n_tokens);
-                else
-                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the "
-                                          "model input has %zu tokens (one value per input token)",
-                             in_key, i, fb_input_names[k], t->n, d->n_tokens);
+            if (t->n != d->n_tokens) { /* 2-D shapes were matched to the tokens when decoded */
+                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the "
+                                      "model input has %zu tokens (one value per input token)",
+                         in_key, i, fb_input_names[k], t->n, d->n_tokens);
                 return -1;
             }
             if (k == FB_TARGET_TOKENS) {

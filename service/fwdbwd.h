@@ -28,6 +28,10 @@ typedef enum {
 
 /* The most columns a 2-D loss input may have. */
 #define FB_MAX_K 1024
+/* The most values (N x K) all 2-D loss inputs of one request may hold together, and the
+ * most datums of one request: both are checked before memory is taken for them. */
+#define FB_MAX_2D_VALUES (1 << 24)
+#define FB_MAX_DATA 4096
 
 typedef struct {
     bool present;
@@ -81,11 +85,14 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
  * fb_err_two_d / fb_err_chunk_type: the messages for 2-D inputs where only 1-D ones are
  * accepted (fb_two_d_ok says where 2-D is fine) and for non-text chunks.
+ * fb_check_n_data: at most FB_MAX_DATA datums.
  * fb_tensor_dense2: a decoded tensor of n values (t->n, flat) becomes shape [rows, cols];
  * fb_tensor_csr: a decoded tensor holding the nnz values of a sparse CSR tensor becomes
  * the dense [rows, cols] tensor (missing entries 0), after checking crow (rows+1 entries,
  * from 0, non-decreasing, ending at nnz), col (nnz entries in [0, cols), no repeats in a
- * row). Both check 1 <= cols <= FB_MAX_K.
+ * row). Both check 1 <= cols <= FB_MAX_K, rows = n_tokens (the datum's input tokens) and
+ * rows x cols <= *budget (what is left of the request's FB_MAX_2D_VALUES), before they
+ * allocate anything, and take rows x cols from *budget.
  * All return 0 or -1 with err. `in_key`/`where` name the place in the request. */
 int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, size_t errlen);
 int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key, double v,
@@ -95,11 +102,12 @@ int fb_check_float(float f, const char *where, const char *name, size_t k, char 
 int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen);
 int fb_err_chunk_type(const char *where, size_t chunk, const char *type, char *err, size_t errlen);
 bool fb_two_d_ok(fb_loss loss, fb_input input);
+int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen);
 int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
-                     char *err, size_t errlen);
+                     size_t n_tokens, size_t *budget, char *err, size_t errlen);
 int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
-                  const int64_t *crow, size_t n_crow, const int64_t *col, size_t n_col, char *err,
-                  size_t errlen);
+                  size_t n_tokens, size_t *budget, const int64_t *crow, size_t n_crow,
+                  const int64_t *col, size_t n_col, char *err, size_t errlen);
 
 /* A ModelInput object ({"chunks": [...]}, text chunks only) as one token array (malloc'd,
  * also on error: free *tokens). `where` names mi in messages ("prompt"). 0 or -1. */

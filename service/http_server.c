@@ -316,7 +316,6 @@ static bool notified_since(http_loop *L, const char *id, uint64_t since) {
 }
 
 static void park(http_loop *L, api_job *job) {
-    job->recheck = true;
     if (notified_since(L, job->request_id, job->dispatched_ms)) {
         dispatch(L, job); /* finished while the worker was looking */
         return;
@@ -408,16 +407,31 @@ static char *api_key_of(h2o_req_t *req) {
     return NULL;
 }
 
+/* A host[:port] as it may appear in a URL we hand out: letters, digits and . - _ : [ ]
+ * (IPv6), nothing that could end the URL or smuggle bytes into a header or JSON. */
+static bool host_ok(const char *s, size_t n) {
+    if (n == 0 || n > 255) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:[]", s[i]) || !s[i])
+            return false;
+    return true;
+}
+
 /* "<scheme>://<host><prefix>" as the client addressed us: X-Forwarded-Proto/-Host from a
- * proxy in front, else the connection's scheme and the Host header. */
+ * proxy in front, else the connection's scheme and the Host header. A host that is not
+ * a plain host name gives "" (the links we hand out are then relative). */
 static char *base_url_of(h2o_req_t *req) {
     char *proto = header_dup(req, NULL, "x-forwarded-proto"), *host = header_dup(req, NULL, "x-forwarded-host");
-    const char *scheme = proto ? proto : req->scheme == &H2O_URL_SCHEME_HTTPS ? "https" : "http";
+    const char *scheme = req->scheme == &H2O_URL_SCHEME_HTTPS ? "https" : "http";
+    if (proto && (!strcmp(proto, "http") || !strcmp(proto, "https"))) scheme = proto;
+    const char *h = host ? host : req->authority.base;
+    size_t hlen = host ? strlen(host) : req->authority.len;
     strbuf b;
     sb_init(&b, 128);
-    sb_printf(&b, "%s://", scheme);
-    if (host) sb_puts(&b, host);
-    else sb_append(&b, req->authority.base, req->authority.len);
+    if (host_ok(h, hlen)) {
+        sb_printf(&b, "%s://", scheme);
+        sb_append(&b, h, hlen);
+    }
     sb_puts(&b, g.prefix);
     free(proto);
     free(host);

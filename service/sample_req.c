@@ -25,6 +25,11 @@ static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen
         r->stop_strings[r->n_stop_strings++] = json_string_value(stop);
     } else if (json_is_array(stop)) {
         size_t n = json_array_size(stop), n_str = 0, n_int = 0;
+        if (n > SAMPLE_MAX_STOP) {
+            snprintf(err, errlen, "sampling_params.stop has %zu entries; at most %d are accepted",
+                     n, SAMPLE_MAX_STOP);
+            return -1;
+        }
         for (size_t i = 0; i < n; i++) {
             const json_t *e = json_array_get(stop, i);
             int64_t v;
@@ -55,9 +60,9 @@ static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen
     }
     for (size_t i = 0; i < r->n_stop_strings; i++) {
         const json_t *e = json_is_string(stop) ? stop : json_array_get(stop, i);
-        if (json_string_length(e) == 0 || strlen(json_string_value(e)) != json_string_length(e)) {
-            snprintf(err, errlen, "sampling_params.stop: stop strings must be non-empty and "
-                                  "contain no NUL characters");
+        if (json_string_length(e) == 0 || json_string_length(e) > SAMPLE_MAX_STOP_LEN) {
+            snprintf(err, errlen, "sampling_params.stop: stop strings must be non-empty and at "
+                                  "most %d bytes long", SAMPLE_MAX_STOP_LEN);
             return -1;
         }
     }

@@ -17,6 +17,8 @@
 #define SAMPLE_MAX_NUM_SAMPLES 128
 #define SAMPLE_MAX_TOPK 20
 #define SAMPLE_DEFAULT_MAX_TOKENS 256
+#define SAMPLE_MAX_STOP 256          /* entries of sampling_params.stop */
+#define SAMPLE_MAX_STOP_LEN 1024     /* bytes of one stop string */
 
 typedef struct {
     const char *sampling_session_id;  /* points into the request JSON */

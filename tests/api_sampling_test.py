@@ -119,10 +119,11 @@ def main():
         st, e = s.post("/api/v1/save_weights_for_sampler", {"model_id": mid, "seq_id": 2,
                                                             "sampling_session_seq_id": 0})
         R.check(st == 400 and "already used" in e.get("detail", "") and s.psql(
-            f"SELECT count(*) FROM operations WHERE model_id = '{mid}' AND seq_id = 2") == "0",
-            "a taken sampling_session_seq_id -> 400, and the operation is rolled back too")
+            f"SELECT state || ' ' || (payload ? 'rejected')::text FROM operations WHERE model_id = '{mid}'"
+            f" AND seq_id = 2") == "failed true",
+            "a taken sampling_session_seq_id -> 400; the operation is rolled back, the refused seq_id recorded")
         st, f3 = s.post("/api/v1/save_weights_for_sampler", {"model_id": mid, "sampling_session_seq_id": 3})
-        R.check(st == 200 and s.psql(f"SELECT seq_id FROM operations WHERE request_id = '{f3['request_id']}'") == "2",
+        R.check(st == 200 and s.psql(f"SELECT seq_id FROM operations WHERE request_id = '{f3['request_id']}'") == "3",
                 "without seq_id the model's next seq_id is allocated")
         st, f4 = s.post("/api/v1/save_weights_for_sampler", {"model_id": mid, "seq_id": 3,
                                                              "path": "named-one", "ttl_seconds": None})

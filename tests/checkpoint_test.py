@@ -116,12 +116,13 @@ def fetch(url, method="GET"):
         return e.code, e.read(), e.headers
 
 
-def sign(secret, run, ckpt, fmt, expires):
+def sign(secret, run, ckpt, fmt, expires, key_id):
     """The server's download token, computed independently: crypto_kdf (BLAKE2b) subkey 1,
-    context "loomdlv1", then HMAC-SHA-512-256 over NUL-terminated parts."""
+    context "loomdlv1", then HMAC-SHA-512-256 over NUL-terminated parts (the last one the
+    id of the API key the link was made for)."""
     sub = hashlib.blake2b(b"", digest_size=32, key=secret, salt=struct.pack("<Q", 1) + b"\0" * 8,
                           person=b"loomdlv1" + b"\0" * 8).digest()
-    msg = b"".join(p.encode() + b"\0" for p in ["loom-download", run, ckpt, fmt, str(expires)])
+    msg = b"".join(p.encode() + b"\0" for p in ["loom-download", run, ckpt, fmt, str(expires), str(key_id)])
     return hmac.new(sub, msg, hashlib.sha512).digest()[:32].hex()
 
 
@@ -256,15 +257,17 @@ def main():
         st2, tar2, _ = fetch(loc)
         R.check(tar2 == tar, "the archive bytes are stable")
         parts = loc.split("/api/v1/checkpoint_archives/")[1].split("/")
-        expires, fmt, token = parts[0], parts[1], parts[2]
+        expires, fmt, token, key_id = parts[0], parts[1], parts[2], parts[3]
         forged = loc.replace(token, token[:-2] + ("00" if token[-2:] != "00" else "11"))
         R.check(fetch(forged)[0] == 403, "forged token: 403")
         R.check(fetch(loc.replace(f"/{expires}/", f"/{int(expires) + 10}/"))[0] == 403, "tampered expiry: 403")
         R.check(fetch(loc.replace("/weights/mid", "/weights/final"))[0] == 403, "token for another checkpoint: 403")
         secret = bytes.fromhex(open(os.path.join(s.dir, "secret.key")).read().strip())
-        R.check(sign(secret, m1, "weights/mid", fmt, expires) == token, "the token is the documented HMAC")
+        R.check(sign(secret, m1, "weights/mid", fmt, expires, key_id) == token, "the token is the documented HMAC")
+        other_key_link = loc.replace(f"/{token}/{key_id}/", f"/{sign(secret, m1, 'weights/mid', fmt, expires, int(key_id) + 1)}/{int(key_id) + 1}/")
+        R.check(fetch(other_key_link)[0] == 403, "validly signed link for a key that does not exist: 403")
         past = int(time.time()) - 10
-        expired = loc.replace(f"/{expires}/{fmt}/{token}/", f"/{past}/{fmt}/{sign(secret, m1, 'weights/mid', fmt, past)}/")
+        expired = loc.replace(f"/{expires}/{fmt}/{token}/", f"/{past}/{fmt}/{sign(secret, m1, 'weights/mid', fmt, past, key_id)}/")
         st, body, _ = fetch(expired)
         R.check(st == 403 and b"expired" in body, f"expired (validly signed) link: 403 {body[:80]}")
 
@@ -280,6 +283,7 @@ def main():
         R.check(b.post("/api/v1/weights_info", {"tinker_path": mid_path})[0] == 404, "other tenant: weights_info 404")
         st, body = b.post("/api/v1/load_weights", {"model_id": ob, "path": mid_path, "seq_id": 1})
         R.check(st == 404, f"other tenant: load_weights 404 ({body})")
+        b.seq[ob] = 2  # the refused submit used seq_id 1 up, as it does in the SDK (spec §4.3)
         R.check(archive_link(s, key2, m1, "weights/mid")[0] == 404, "other tenant: archive 404")
         R.check(s.request("DELETE", run_ck + "/weights/mid", key=key2)[0] == 404, "other tenant: delete 404")
         R.check(s.request("POST", run_ck + "/weights/mid/publish", {}, key=key2)[0] == 404, "other tenant: publish 404")

@@ -59,15 +59,7 @@ def main():
         R.check(pending == "0", f"no operation left pending ({pending})")
 
         # The api: the `loom api` child of this stack's `loom up`.
-        api = None
-        for p in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
-                ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if len(cmd) > 1 and cmd[1] == b"api" and ppid == s.proc.pid:
-                api = int(p)
+        api = s.children().get("api")
         R.check(api is not None, f"found the api process ({api})")
         if api:
             os.kill(api, signal.SIGKILL)

@@ -260,16 +260,17 @@ static void test_paths_tokens(void) {
     unsigned char secret[32];
     randombytes_buf(secret, sizeof secret);
     char tok[REG_TOKEN_HEX];
-    reg_download_sign(secret, "S:train:0", "weights/a", "tinker", 1000, tok);
-    CHECK(reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, tok), "token verifies");
-    CHECK(!reg_download_verify(secret, "S:train:0", "weights/b", "tinker", 1000, tok) &&
-              !reg_download_verify(secret, "S:train:0", "weights/a", "peft", 1000, tok) &&
-              !reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1001, tok) &&
-              !reg_download_verify(secret, "S:train:1", "weights/a", "tinker", 1000, tok),
-          "token bound to run, checkpoint, format and expiry");
+    reg_download_sign(secret, "S:train:0", "weights/a", "tinker", 1000, 7, tok);
+    CHECK(reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, 7, tok), "token verifies");
+    CHECK(!reg_download_verify(secret, "S:train:0", "weights/b", "tinker", 1000, 7, tok) &&
+              !reg_download_verify(secret, "S:train:0", "weights/a", "peft", 1000, 7, tok) &&
+              !reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1001, 7, tok) &&
+              !reg_download_verify(secret, "S:train:1", "weights/a", "tinker", 1000, 7, tok) &&
+              !reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, 8, tok),
+          "token bound to run, checkpoint, format, expiry and API key");
     tok[5] = tok[5] == 'a' ? 'b' : 'a';
-    CHECK(!reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, tok), "forged token refused");
-    CHECK(!reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, "zz"), "garbage token refused");
+    CHECK(!reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, 7, tok), "forged token refused");
+    CHECK(!reg_download_verify(secret, "S:train:0", "weights/a", "tinker", 1000, 7, "zz"), "garbage token refused");
 }
 
 /* exe_load_sampler_adapter: verified reads, cached in the adapter store by digest, pins. */

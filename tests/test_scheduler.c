@@ -255,6 +255,54 @@ static void test_reaper(void) {
     CHECK(scalar("SELECT count(*) FROM executors WHERE id = 1 AND state = 'gone'") == 1, "executor marked gone");
 }
 
+/* Seq order cannot wedge: a refused submit (recorded failed, never claimed) is passed
+ * over; a gap that stays open past the timeout fails what waits behind it, naming the
+ * missing seq_id, and the model moves on; a late arrival of the missing seq_id fails. */
+static void test_settle(void) {
+    reset();
+    model("a1", 1);
+    op("a1", 0, "create_model", 0);
+    op("a1", 1, "forward_backward", 10);
+    sql("INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, state, error,"
+        " error_category) VALUES ('a1-2', 1, 'a1', 2, 'forward_backward', '{}', 'failed', 'bad token', 'user')");
+    op("a1", 3, "forward_backward", 10);
+    int64_t cyc;
+    int n = build(1, &cyc);
+    CHECK(n == 2, "the run stops before the refused seq_id 2 (%d)", n);
+    finish_cycle(cyc);
+    char err[512];
+    int k = sched_skip_settled(C, err, sizeof err);
+    n = build(1, &cyc);
+    CHECK(k == 1 && n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'a1-3' AND state = 'claimed'") == 1,
+          "next_seq moves past the refused seq_id: seq_id 3 runs (%d, %d)", k, n);
+    finish_cycle(cyc);
+
+    model("a2", 1);
+    op("a2", 0, "create_model", 0);
+    n = build(1, &cyc);
+    finish_cycle(cyc);
+    op("a2", 2, "forward_backward", 10);
+    op("a2", 3, "optim_step", 0);
+    CHECK(sched_give_up_gaps(C, 30, err, sizeof err) == 0 &&
+              scalar("SELECT count(*) FROM operations WHERE model_id = 'a2' AND state = 'queued'") == 2,
+          "a fresh gap is waited on");
+    sql("UPDATE operations SET created_at = now() - interval '31 seconds' WHERE request_id = 'a2-2'");
+    k = sched_give_up_gaps(C, 30, err, sizeof err);
+    CHECK(k == 2 && scalar("SELECT count(*) FROM operations WHERE model_id = 'a2' AND state = 'failed'"
+                           " AND error_category = 'user' AND error LIKE 'seq_id 1 of model a2 never arrived within 30 s%'") == 2,
+          "after the timeout the waiting operations fail, naming the missing seq_id 1 (%d)", k);
+    CHECK(scalar("SELECT next_seq FROM models WHERE id = 'a2'") == 4, "the model moved past them");
+    op("a2", 1, "forward_backward", 10);
+    op("a2", 4, "forward_backward", 10);
+    k = sched_give_up_gaps(C, 30, err, sizeof err);
+    n = build(1, &cyc);
+    CHECK(k == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'a2-1' AND state = 'failed'"
+                           " AND error LIKE '%arrived after model a2 had given up%'") == 1,
+          "the missing seq_id arriving late fails with a message (%d)", k);
+    CHECK(n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'a2-4' AND state = 'claimed'") == 1,
+          "what the client sends next runs (%d)", n);
+}
+
 int main(void) {
     char dir[] = "/tmp/loom-sched-XXXXXX", err[1024];
     if (!mkdtemp(dir)) return 2;
@@ -272,6 +320,7 @@ int main(void) {
     test_pair_hold();
     test_samples();
     test_reaper();
+    test_settle();
     PQfinish(C);
     pgc_stop(dir, err, sizeof err);
     char cmd[256];

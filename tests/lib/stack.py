@@ -112,6 +112,19 @@ class Stack:
             return body
         raise TimeoutError(request_id)
 
+    def children(self):
+        """{role: pid} of `loom up`'s child processes (api, scheduler, executor, adapter)."""
+        out = {}
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+                ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if len(cmd) > 1 and ppid == self.proc.pid:
+                out[cmd[1].decode()] = int(p)
+        return out
+
     # ---- SQL -----------------------------------------------------------------------
     def psql(self, sql):
         out = subprocess.run(["psql", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", self.db, "-c", sql],

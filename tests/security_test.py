@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""security_test.py: revocation takes effect at once, telemetry cannot be abused, stored
+data is private.
+
+- Tenant B samples from tenant A's checkpoint while it is public (or shared with B) and
+  holds a signed download link. After unpublish (or share revoke) B's open sampling
+  session is refused at the next sample and the earlier link no longer downloads. A link
+  made with a key that is revoked since stops working too; A's own links keep working.
+- POST /api/v1/telemetry needs a key; a newline in session_id or error_message cannot
+  forge a log line; an oversized batch and a flood of batches add only a few lines.
+- Blobs (tenants' weights), the secret, the API key file and the data directory are
+  readable by the service user only.
+Prints "N passed, N failed" last.
+"""
+import json
+import os
+import signal
+import stat
+import sys
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from apitest import loom_cli  # noqa: E402
+from stack import Results, Stack  # noqa: E402
+
+R = Results()
+BASE = "loom/tiny-llama"
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **k):
+        return None
+
+
+def fetch(url):
+    """GET without a key: the status."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def main():
+    with Stack() as s:
+        secret = os.path.join(s.dir, "secret.key")
+        key_b = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
+        key_a2 = loom_cli(s, "key", "create", "--tenant", "default", "--secret-file", secret)
+
+        # ---- tenant A: a model and a sampler checkpoint -----------------------------------------
+        sid = s.post("/api/v1/create_session", {})[1]["session_id"]
+        fut = s.post("/api/v1/create_model", {"session_id": sid, "base_model": BASE, "lora_config": {"rank": 4}})[1]
+        run = s.result(fut["request_id"])["model_id"]
+        sv = s.post("/api/v1/save_weights_for_sampler", {"model_id": run, "seq_id": 1, "path": "s1"})[1]
+        path = s.result(sv["request_id"])["path"]
+        ck = f"/api/v1/training_runs/{run}/checkpoints/sampler_weights/s1"
+
+        def link(key):
+            """The signed download URL the archive route hands out (302, not followed)."""
+            req = urllib.request.Request(s.url + ck + "/archive", headers={"X-API-Key": key})
+            try:
+                urllib.request.build_opener(NoRedirect).open(req, timeout=60)
+            except urllib.error.HTTPError as e:
+                return e.headers.get("Location") if e.code == 302 else None
+            return None
+
+        def b_session():
+            bsid = s.post("/api/v1/create_session", {}, key=key_b)[1]["session_id"]
+            st, ss = s.post("/api/v1/create_sampling_session", {"session_id": bsid, "model_path": path}, key=key_b)
+            return ss.get("sampling_session_id") if st == 200 else None
+
+        def b_sample(ssid, seq):
+            return s.post("/api/v1/asample", {"sampling_session_id": ssid, "seq_id": seq, "num_samples": 1,
+                                              "prompt": {"chunks": [{"tokens": [1, 2, 3]}]},
+                                              "sampling_params": {"max_tokens": 2}}, key=key_b)
+
+        # ---- public, then unpublished ------------------------------------------------------------
+        R.check(s.post(ck + "/publish", {})[0] == 200, "A publishes the checkpoint")
+        ssid = b_session()
+        st, f = b_sample(ssid, 0)
+        R.check(ssid and st == 200 and "sequences" in s.result(f["request_id"], key=key_b),
+                "B samples from it while public")
+        url_b = link(key_b)
+        R.check(url_b and fetch(url_b) == 200, "B downloads it while public")
+        url_a = link(s.key)
+        sched = s.children()["scheduler"]
+        os.kill(sched, signal.SIGSTOP)     # so that B's next sample stays queued
+        try:
+            st, queued = b_sample(ssid, 2)
+            R.check(s.request("DELETE", ck + "/publish")[0] == 200, "A unpublishes it")
+        finally:
+            os.kill(sched, signal.SIGCONT)
+        r = s.result(queued["request_id"], key=key_b) if st == 200 else {}
+        R.check("withdrawn" in r.get("error", ""), f"B's sample queued before the unpublish fails: {r}")
+        st, body = b_sample(ssid, 1)
+        R.check(st == 403 and "no longer shared" in body.get("detail", ""),
+                f"B's open sampling session is refused at the next sample ({st})")
+        R.check(fetch(url_b) in (403, 404), f"B's earlier download link is refused ({fetch(url_b)})")
+        R.check(fetch(url_a) == 200, "A's own link still works")
+
+        # ---- shared, then the share revoked -----------------------------------------------------
+        loom_cli(s, "adapter", "share", run, "--tenant", "bob")
+        ssid = b_session()
+        st, f = b_sample(ssid, 0)
+        url_b = link(key_b)
+        R.check(ssid and st == 200 and url_b and fetch(url_b) == 200, "shared: B samples and downloads")
+        loom_cli(s, "adapter", "share", run, "--tenant", "bob", "--revoke")
+        st, _ = b_sample(ssid, 1)
+        R.check(st == 403, f"share revoked: B's open sampling session is refused ({st})")
+        R.check(fetch(url_b) in (403, 404), "share revoked: B's earlier link is refused")
+
+        # ---- a key revoked ------------------------------------------------------------------------
+        url_a2 = link(key_a2)
+        R.check(url_a2 and fetch(url_a2) == 200, "a link made with A's second key works")
+        kid = s.psql(f"SELECT id FROM api_keys WHERE prefix = '{key_a2[4:12]}'")
+        loom_cli(s, "key", "revoke", kid)
+        R.check(fetch(url_a2) == 403, "after `loom key revoke` that key's earlier link is refused")
+        R.check(fetch(url_a) == 200, "links of A's other key still work")
+
+        # ---- telemetry ---------------------------------------------------------------------------
+        ev = lambda msg, session="S": {"session_id": session, "events": [
+            {"event": "UNHANDLED_EXCEPTION", "severity": "ERROR", "error_type": "ValueError",
+             "error_message": msg}]}
+        R.check(s.post("/api/v1/telemetry", ev("x"), key=None)[0] == 401, "telemetry without a key -> 401")
+        R.check(s.post("/api/v1/telemetry", ev("x"), key="tml-" + "A" * 43)[0] == 401,
+                "telemetry with an unknown key -> 401")
+        st, body = s.post("/api/v1/telemetry", ev("boom\nFORGED-1 api[1] error: fake\r\nFORGED-2",
+                                                  "S\nFORGED-3 injected"))
+        R.check(st == 200 and body == {"status": "accepted"}, "telemetry with a key -> accepted")
+        lines_before = s.read_log().count("\n")
+        st, _ = s.request("POST", "/api/v1/telemetry",
+                          raw=json.dumps(ev("y" * (2 << 20))).encode())
+        R.check(st == 200, "a 2 MiB telemetry batch is accepted (and ignored)")
+        for i in range(50):
+            s.post("/api/v1/telemetry", ev(f"flood {i}"))
+        log = open(os.path.join(s.dir, "up.log"), "rb").read().decode(errors="replace")
+        R.check(not any(l.startswith("FORGED") for l in log.splitlines()) and "boom\\x0aFORGED-1" in log,
+                "control characters are escaped in the log: no forged line")
+        added = log.count("\n") - lines_before
+        R.check(added <= 15, f"a 2 MiB batch and 50 batches in a row add {added} log lines")
+
+        # ---- file modes ----------------------------------------------------------------------------
+        def mode(p):
+            return stat.S_IMODE(os.stat(p).st_mode)
+        blobs = os.path.join(s.dir, "blobs")
+        files, dirs = [], [blobs]
+        for root, ds, fs in os.walk(blobs):
+            dirs += [os.path.join(root, d) for d in ds]
+            files += [os.path.join(root, f) for f in fs]
+        R.check(files and all(mode(f) == 0o600 for f in files), f"blobs are 0600 ({len(files)} files)")
+        R.check(all(mode(d) == 0o700 for d in dirs), f"blob directories are 0700 ({len(dirs)})")
+        for name in ("secret.key", "api-key"):
+            R.check(mode(os.path.join(s.dir, name)) == 0o600, f"{name} is 0600")
+        R.check(mode(os.path.join(s.dir, "models")) == 0o700, "the generated model's directory is 0700")
+        dm = mode(s.dir)
+        R.check(dm & 0o067 == 0, f"the data directory lets nobody else in ({oct(dm)}; as root the"
+                                 f" cluster's user may only pass through to pg/)")
+        R.check(fetch(s.url + "/api/v1/healthz") == 200, "still serving")
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
