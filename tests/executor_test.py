@@ -147,7 +147,12 @@ def test_fencing(s):
     gone = wait_for(lambda: executor_row(s, e1, "state") == "gone" and executor_row(s, e2.pid, "state") == "gone", 90, 1)
     R.check(gone, "both paused executors are written off as gone")
     for pid in (e1, e2.pid):
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            # `loom up` kills an executor it finds written off (its watchdog may be first):
+            # either way that one is gone and must be replaced, checked below.
+            assert pid == e1
     try:
         rc = e2.wait(timeout=20)
     except subprocess.TimeoutExpired:
@@ -159,7 +164,7 @@ def test_fencing(s):
     R.check(s.psql(f"SELECT count(*) FROM cycles WHERE executor_id = {e2_id} AND state IN ('assigned', 'running')") == "0"
             and executor_row(s, e2.pid, "state") == "gone", "it touched no cycle and stayed gone")
     R.check(wait_for(lambda: s.psql(f"SELECT count(*) FROM executors WHERE state = 'idle' AND pid NOT IN ({e1}, {e2.pid})")
-                     == "1", 60), "`loom up` replaced its resumed executor with a new registration")
+                     == "1", 60), "`loom up` replaced its written-off executor with a new registration")
     m = new_model(s)
     fb = submit_fb(s, m, 1)
     R.check("loss_fn_outputs" in s.result(fb["request_id"], timeout=120), "training goes on")

@@ -54,6 +54,11 @@ class Stack:
         if self.url is None or self.key is None:
             self.__exit__(None, None, None)
             raise RuntimeError("loom up did not become ready; log:\n" + self.read_log())
+        # Every child exec'd, so that tests comparing children() before and after see
+        # the same set (the GC child may start a moment after the URL is printed).
+        roles = {"api", "scheduler", "executor", "adapter"}
+        while time.time() < deadline and not roles <= set(self.children()):
+            time.sleep(0.05)
         return self
 
     def read_log(self):
@@ -121,7 +126,8 @@ class Stack:
                 ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if len(cmd) > 1 and ppid == self.proc.pid:
+            # cmd[1] == "up": forked by `loom up` but not yet exec'd.
+            if len(cmd) > 1 and ppid == self.proc.pid and cmd[1] != b"up":
                 out[cmd[1].decode()] = int(p)
         return out
 
