@@ -12,6 +12,7 @@ PKGS=(
   libsodium-dev                     # keyed BLAKE2b API-key hashes, random bytes
   libjansson-dev                    # JSON: strict UTF-8, int64 vs real kept apart
   libopenblas-dev                   # CPU backend GEMMs
+  libutf8proc-dev                   # tokenizer: Unicode categories and NFC, as Hugging Face tokenizers use them
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
   python3-zstandard                 # tests: zstd-compressed protobuf request bodies
