@@ -16,7 +16,8 @@
  * of its own, so nothing leaks on the way.
  *
  * Limits (a template is a model file, messages come from users): 16 MiB of output,
- * 10 million evaluation steps, nesting 200 deep, range() up to 1M items.
+ * 256 MiB of memory, 10 million evaluation steps, nesting 200 deep, range() up to 1M
+ * items.
  */
 #include "model/chat_template.h"
 
@@ -32,6 +33,7 @@
 #include <utf8proc.h>
 
 enum { CT_MAX_OUT = 16 << 20, CT_MAX_STEPS = 10000000, CT_MAX_DEPTH = 200, CT_MAX_RANGE = 1 << 20 };
+#define CT_MAX_MEM ((size_t)256 << 20) /* arena bytes per parse or render */
 
 /* ---- arena and errors ------------------------------------------------------------------ */
 
@@ -44,6 +46,7 @@ typedef struct chunk {
 typedef struct {
     chunk **arena; /* where allocations go */
     chunk *own;    /* a render's arena (heap, so that longjmp leaves it intact) */
+    size_t used;   /* bytes taken from the arena, against CT_MAX_MEM */
     jmp_buf jb;    /* errors unwind to the API function */
     char msg[512];
 } ct_env;
@@ -64,6 +67,7 @@ static void *ct_alloc(ct_env *e, size_t n)
 {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     chunk *c = *e->arena;
+    if ((e->used += n) > CT_MAX_MEM) ct_fail(e, 0, "the template needs more than %zu MiB", CT_MAX_MEM >> 20);
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 65536 ? n : 65536;
         chunk *nc = malloc(sizeof *nc + cap);
@@ -1392,7 +1396,7 @@ static args eval_args(render *R, const node *n)
 /* Argument i, or the keyword argument name, or def. */
 static value arg(const args *a, int i, const char *name, value def)
 {
-    if (i < a->npos) return a->pos[i];
+    if (i >= 0 && i < a->npos) return a->pos[i];
     for (int k = 0; name && k < a->nkw; k++) if (str_is(a->kw[k], name)) return a->kwv[k];
     return def;
 }
@@ -2066,14 +2070,15 @@ static void exec_for(render *R, const node *n)
         items = kept;
     }
     size_t len = items->n;
+    dict *loop = dict_new(R->e); /* one object advanced per iteration, as Jinja2's LoopContext */
     for (size_t i = 0; i < len; i++) {
         value it = items->v[i];
+        step(R, n->line); /* an empty body still costs a step per item */
         if (n->s2.n) {
             if (it.k != V_LIST || it.l->n != 2) ct_fail(R->e, n->line, "cannot unpack %s into two names", type_name(it));
             dict_set(R->e, sc.vars, n->s, it.l->v[0]);
             dict_set(R->e, sc.vars, n->s2, it.l->v[1]);
         } else dict_set(R->e, sc.vars, n->s, it);
-        dict *loop = dict_new(R->e);
         dict_set(R->e, loop, S("index"), mk_int((int64_t)i + 1));
         dict_set(R->e, loop, S("index0"), mk_int((int64_t)i));
         dict_set(R->e, loop, S("revindex"), mk_int((int64_t)(len - i)));
