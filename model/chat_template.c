@@ -1063,31 +1063,21 @@ static node *p_not(parser *P)
     return p_compare(P);
 }
 
-static node *p_and(parser *P)
+/* `a or b` (is_or) over `a and b` over `not a`, each left-associative. */
+static node *p_logic(parser *P, bool is_or)
 {
-    node *n = p_not(P);
-    while (at_name(P, "and")) {
-        node *x = nd(P, E_AND, cur(P)->line);
+    node *n = is_or ? p_logic(P, false) : p_not(P);
+    while (at_name(P, is_or ? "or" : "and")) {
+        node *x = nd(P, is_or ? E_OR : E_AND, cur(P)->line);
         P->i++;
         x->a = n;
-        x->b = p_not(P);
+        x->b = is_or ? p_logic(P, false) : p_not(P);
         n = x;
     }
     return n;
 }
 
-static node *p_or(parser *P)
-{
-    node *n = p_and(P);
-    while (at_name(P, "or")) {
-        node *x = nd(P, E_OR, cur(P)->line);
-        P->i++;
-        x->a = n;
-        x->b = p_and(P);
-        n = x;
-    }
-    return n;
-}
+static node *p_or(parser *P) { return p_logic(P, true); }
 
 /* a if cond [else b] */
 static node *p_expr(parser *P)
