@@ -7,6 +7,7 @@
 #include "service/api.h"
 #include "cli/adapter.h"
 #include "cli/admin.h"
+#include "cli/tokenize.h"
 #include "cli/up.h"
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static const subcommand commands[] = {
     {"key", admin_key_main, "API key create|list|revoke"},
     {"adapter", adapter_cli_main, "checkpoints: list|show|lineage|export|import|share|publish|delete|gc"},
     {"mkmodel", mkmodel_main, "write a random model in Hugging Face layout"},
+    {"tokenize", tokenize_main, "a model directory's tokenizer and chat template on text or JSON lines"},
     {"pg", pgc_main, "start|stop a private PostgreSQL cluster under a data directory"},
 };
 

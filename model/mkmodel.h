@@ -33,14 +33,17 @@ typedef struct {
 int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen);
 
 /* Write o->out_dir/config.json, o->out_dir/model.safetensors and (when the vocabulary
- * is large enough) o->out_dir/tokenizer.json. 0 ok, -1 with err. */
+ * is large enough) o->out_dir/tokenizer.json and tokenizer_config.json. 0 ok, -1 with err. */
 int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen);
 
 /* A byte-level BPE tokenizer.json for a generated model (mkmodel_tokenizer.c): byte
- * tokens, merges and the special tokens <|begin_of_text|> (bos) and <|endoftext|> (eos)
- * at the config's ids, all below vocab. arch "llama" or "qwen…" picks the split pattern.
+ * tokens, merges, the special tokens <|begin_of_text|> (bos) and <|endoftext|> (eos) at
+ * the config's ids and the ChatML markers <|im_start|>, <|im_end|> at the last two ids,
+ * all below vocab; and, when config_path is not NULL, a tokenizer_config.json there with
+ * the ChatML chat template. arch "llama" or "qwen…" picks the split pattern.
  * 0 ok, 1 when vocab is too small (nothing written, err says why), -1 with err. */
-int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int bos, int eos, char *err, size_t errlen);
+int mkmodel_write_tokenizer(const char *path, const char *config_path, const char *arch, int vocab, int bos, int eos,
+                            char *err, size_t errlen);
 
 /* CLI: loom mkmodel --arch llama|qwen2|qwen3 --out DIR [--preset tiny|qwen3-0.6b]
  *   [--layers N --hidden H --inter I --heads N --kv-heads N --head-dim D --vocab V

@@ -10,6 +10,12 @@
  * out first: those invalid in UTF-8 (C0, C1, F5–FF), then DEL and C0 controls other than
  * \t \n \r. Llama models get the Llama 3 split pattern and "a b" merges, Qwen models the
  * Qwen2 pattern and [a, b] merges (both spellings of tokenizer.json occur in the wild).
+ *
+ * Chat: the last two ids are the ChatML markers <|im_start|> and <|im_end|> (special),
+ * and tokenizer_config.json carries the ChatML chat template with eos_token <|im_end|>,
+ * so a generated model chats like a Qwen one. They take the place of the last merges,
+ * never of a byte, so the ids of bytes and of the other merges are those of a tokenizer
+ * without them (tests depend on the tiny vocabulary).
  */
 #include "model/mkmodel.h"
 #include "model/tokenizer.h"
@@ -27,6 +33,11 @@ static const char *const mkt_llama3_re =
 static const char *const mkt_qwen2_re =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
+
+/* ChatML, as Qwen2 and most chat fine-tunes write it. */
+static const char *const mkt_chatml =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /* '_' stands for Ġ (the space byte), '~' for Ċ (newline). Merges whose parts are not
  * (yet) tokens are skipped, so the list needs no exact care. */
@@ -100,7 +111,26 @@ static void mkt_utf8(uint32_t cp, char *o)
     else { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 0x3F)); o[2] = 0; } /* cp < 0x800 here */
 }
 
-int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int bos, int eos, char *err, size_t errlen)
+static json_t *mkt_added(int id, const char *content)
+{
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "single_word", 0, "lstrip", 0,
+                     "rstrip", 0, "normalized", 0, "special", 1);
+}
+
+/* tokenizer_config.json: the chat template and the special tokens it uses. */
+static int mkt_write_config(const char *path, bool chat)
+{
+    json_t *c = json_pack("{s:s, s:s, s:s, s:b, s:b, s:s}", "tokenizer_class", "PreTrainedTokenizerFast", "bos_token",
+                          "<|begin_of_text|>", "eos_token", chat ? "<|im_end|>" : "<|endoftext|>", "add_bos_token", 0,
+                          "clean_up_tokenization_spaces", 0, "pad_token", "<|endoftext|>");
+    if (chat) json_object_set_new(c, "chat_template", json_string(mkt_chatml));
+    int rc = c ? json_dump_file(c, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : -1;
+    json_decref(c);
+    return rc;
+}
+
+int mkmodel_write_tokenizer(const char *path, const char *config_path, const char *arch, int vocab, int bos, int eos,
+                            char *err, size_t errlen)
 {
     bool qwen = arch && arch[0] == 'q';
     int nspecial = (bos >= 0 && bos < vocab) + (eos >= 0 && eos < vocab && eos != bos);
@@ -112,6 +142,8 @@ int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int b
                  256 - ndrop + nspecial);
         return 1;
     }
+    int nchat = slots - 2 >= 256 - k ? 2 : 0, chat_id[2], nc = 0; /* the last two ids that are not bos/eos */
+    for (int id = vocab - 1; id >= 0 && nc < nchat; id--) if (id != bos && id != eos) chat_id[nc++] = id;
     bool dropped[256] = {false};
     for (int i = 0; i < k; i++) dropped[drop[i]] = true;
     mkt_list toks = {0};
@@ -122,7 +154,7 @@ int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int b
         mkt_utf8(tok_byte_to_unicode((uint8_t)b), s);
         if (!dropped[b] && mkt_add(&toks, s) < 0) goto out;
     }
-    for (size_t i = 0; i < sizeof mkt_merges / sizeof mkt_merges[0] && toks.n < slots; i++) {
+    for (size_t i = 0; i < sizeof mkt_merges / sizeof mkt_merges[0] && toks.n < slots - nchat; i++) {
         const char *m = mkt_merges[i], *sp = strchr(m, ' ');
         char a[64], b[64], ab[128];
         mkt_spell(m, (size_t)(sp - m), a);
@@ -146,10 +178,11 @@ int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int b
     json_t *added = json_array();
     const char *names[2] = {"<|begin_of_text|>", "<|endoftext|>"};
     int ids[2] = {bos, eos};
-    for (int i = 0; i < 2; i++) {
-        if (ids[i] < 0 || ids[i] >= vocab || (i == 1 && eos == bos)) continue;
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", ids[i], "content", names[i],
-                                               "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+    for (int i = 0; i < 2; i++)
+        if (ids[i] >= 0 && ids[i] < vocab && !(i == 1 && eos == bos)) json_array_append_new(added, mkt_added(ids[i], names[i]));
+    if (nchat) {
+        json_array_append_new(added, mkt_added(chat_id[1], "<|im_start|>"));
+        json_array_append_new(added, mkt_added(chat_id[0], "<|im_end|>"));
     }
     json_t *pre = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type", "Sequence",
                             "pretokenizers", "type", "Split", "pattern", "Regex", qwen ? mkt_qwen2_re : mkt_llama3_re,
@@ -164,7 +197,8 @@ int mkmodel_write_tokenizer(const char *path, const char *arch, int vocab, int b
     json_t *root = json_pack("{s:s, s:n, s:n, s:o, s:n, s:o, s:O, s:o, s:o}", "version", "1.0", "truncation", "padding",
                              "added_tokens", added, "normalizer", "pre_tokenizer", pre, "post_processor", byte_level,
                              "decoder", byte_level, "model", model);
-    if (!root || json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0) {
+    if (!root || json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 ||
+        (config_path && mkt_write_config(config_path, nchat > 0) != 0)) {
         snprintf(err, errlen, "mkmodel: cannot write %s", path);
         json_decref(root);
         goto out;

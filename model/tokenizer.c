@@ -1,10 +1,13 @@
 /* tokenizer.c — byte-level BPE from a Hugging Face tokenizer.json (see tokenizer.h for
- * what is supported and what is approximated).
+ * what is supported).
  *
  * Layout: per token id, its decoded bytes and its tokenizer.json spelling in two string
  * pools; one open-addressing map spelling → id, one map (left id, right id) → (rank,
- * merged id). Encoding: split out added tokens, pre-tokenise the rest with the pattern
- * (over code points), map each piece's bytes to their single-byte tokens, then merge the
+ * merged id). Encoding follows HF's pipeline: split out the added tokens that are matched
+ * on raw text (leftmost-longest, with their lstrip/rstrip/single_word rules), normalise
+ * each remaining segment (NFC etc., utf8proc), split out the added tokens matched on
+ * normalised text, pre-tokenise with the pattern (over code points, Unicode categories
+ * from utf8proc), map each piece's bytes to their single-byte tokens, then merge the
  * lowest-ranked adjacent pair everywhere it occurs until no pair has a merge (GPT-2's
  * reference loop; the same result as HF's heap of merges).
  */
@@ -12,6 +15,7 @@
 #include "common/err.h"
 
 #include <jansson.h>
+#include <utf8proc.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +23,8 @@
 
 typedef enum { PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 } pre_kind;
 
-enum { TF_PRESENT = 1, TF_ADDED = 2, TF_SPECIAL = 4 };
+/* Per-id flags; the last four are the added token's tokenizer.json flags. */
+enum { TF_PRESENT = 1, TF_ADDED = 2, TF_SPECIAL = 4, TF_LSTRIP = 8, TF_RSTRIP = 16, TF_SINGLE = 32, TF_NORM = 64 };
 
 typedef struct {
     char *p;
@@ -37,11 +42,16 @@ struct tokenizer {
     int32_t *mrank, *mout;
     uint32_t mcap;
     int32_t byte_id[256];  /* the token of each single byte, -1 if the vocabulary lacks it */
-    int32_t *added;        /* added token ids, longest content first */
+    int32_t *added;        /* added token ids by first byte, then longest content first */
     int n_added;
-    uint8_t added_first[32]; /* bit set of the first bytes of added tokens */
+    int added_at[257];     /* added[added_at[b] .. added_at[b + 1]) start with byte b */
+    utf8proc_option_t norm; /* the normalizer's utf8proc options; 0 for none */
     pre_kind pre;
-    bool exact, add_prefix_space, ignore_merges;
+    bool exact, ignore_merges;
+    bool prefix_segment;   /* ByteLevel add_prefix_space before its own split: per segment */
+    bool prefix_piece;     /* ByteLevel add_prefix_space after a Split: per piece */
+    int32_t affix[2][8];   /* ids the post_processor adds before / after a sequence */
+    int n_affix[2];
 };
 
 /* ---- GPT-2 byte ↔ unicode ------------------------------------------------------------ */
@@ -103,66 +113,39 @@ static int tk_put_utf8(char *o, uint32_t cp)
     return 4;
 }
 
-/* ---- character classes (approximate \p{L}, \p{N}; exact \s) ------------------------- */
+/* ---- character classes: \p{L}, \p{N}, \s, \w ------------------------------------- */
 
-typedef struct { uint32_t lo, hi; } tk_range;
-
-static const tk_range tk_letters[] = {
-    {0x41, 0x5A}, {0x61, 0x7A}, {0xAA, 0xAA}, {0xB5, 0xB5}, {0xBA, 0xBA}, {0xC0, 0xD6}, {0xD8, 0xF6},
-    {0xF8, 0x2C1}, {0x2C6, 0x2D1}, {0x2E0, 0x2E4}, {0x2EC, 0x2EC}, {0x2EE, 0x2EE}, {0x370, 0x374},
-    {0x376, 0x377}, {0x37A, 0x37D}, {0x37F, 0x37F}, {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C},
-    {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481}, {0x48A, 0x52F}, {0x531, 0x556}, {0x559, 0x559},
-    {0x560, 0x588}, {0x5D0, 0x5EA}, {0x5EF, 0x5F2}, {0x620, 0x64A}, {0x66E, 0x66F}, {0x671, 0x6D3},
-    {0x6D5, 0x6D5}, {0x6E5, 0x6E6}, {0x6EE, 0x6EF}, {0x6FA, 0x6FC}, {0x6FF, 0x6FF}, {0x904, 0x939},
-    {0x93D, 0x93D}, {0x950, 0x950}, {0x958, 0x961}, {0x971, 0x980}, {0xE01, 0xE30}, {0xE32, 0xE33},
-    {0xE40, 0xE46}, {0x10A0, 0x10C5}, {0x10D0, 0x10FA}, {0x10FC, 0x10FF}, {0x1100, 0x1248},
-    {0x1E00, 0x1F15}, {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57},
-    {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4},
-    {0x1FB6, 0x1FBC}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB},
-    {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2071, 0x2071}, {0x207F, 0x207F},
-    {0x2090, 0x209C}, {0x2C00, 0x2CE4}, {0x2D00, 0x2D25}, {0x3005, 0x3006}, {0x3031, 0x3035},
-    {0x3041, 0x3096}, {0x309D, 0x309F}, {0x30A1, 0x30FA}, {0x30FC, 0x30FF}, {0x3105, 0x312F},
-    {0x3131, 0x318E}, {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA000, 0xA48C}, {0xAC00, 0xD7A3},
-    {0xF900, 0xFA6D}, {0xFB00, 0xFB06}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0xFF66, 0xFFBE},
-    {0x20000, 0x2A6DF}, {0x2A700, 0x2EBE0}, {0x2F800, 0x2FA1D},
-};
-
-static const tk_range tk_numbers[] = {
-    {0x30, 0x39}, {0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE}, {0x660, 0x669}, {0x6F0, 0x6F9},
-    {0x966, 0x96F}, {0xE50, 0xE59}, {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089},
-    {0x2150, 0x2182}, {0x2185, 0x2189}, {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793},
-    {0x3007, 0x3007}, {0x3021, 0x3029}, {0x3038, 0x303A}, {0xFF10, 0xFF19},
-};
-
-static bool tk_in(const tk_range *r, size_t n, uint32_t c)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (c < r[mid].lo) hi = mid;
-        else if (c > r[mid].hi) lo = mid + 1;
-        else return true;
-    }
-    return false;
-}
-
+/* General categories from utf8proc (the Unicode database Debian keeps current), so the
+ * pre-tokeniser splits every script as HF's regex engine does. */
 static bool tk_L(uint32_t c)
 {
     if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-    return tk_in(tk_letters, sizeof tk_letters / sizeof tk_letters[0], c);
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+    return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
 }
 
 static bool tk_N(uint32_t c)
 {
     if (c < 0x80) return c >= '0' && c <= '9';
-    return tk_in(tk_numbers, sizeof tk_numbers / sizeof tk_numbers[0], c);
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+    return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
 }
 
-/* Unicode White_Space (what \s matches in HF's Oniguruma patterns). */
+/* Unicode White_Space (what \s matches in HF's Oniguruma patterns and Rust's regex). It
+ * is a property, not a category (tab and newline are Cc), hence the list. */
 static bool tk_S(uint32_t c)
 {
     return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* Rust regex's \w (HF's single_word rule): letters, marks, digits, connectors, ZWNJ/ZWJ. */
+static bool tk_W(uint32_t c)
+{
+    if (c < 0x80) return tk_L(c) || tk_N(c) || c == '_';
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ND) || k == UTF8PROC_CATEGORY_NL ||
+           k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
 static bool tk_other(uint32_t c) { return !tk_S(c) && !tk_L(c) && !tk_N(c); }
@@ -349,7 +332,7 @@ static int tk_pre(tokenizer *t, json_t *pre, char *err, size_t errlen)
     const char *type = json_string_value(json_object_get(pre, "type"));
     if (!type) { err_set(err, errlen, "tokenizer: no pre_tokenizer (byte-level BPE expected)"); return -1; }
     if (!strcmp(type, "ByteLevel")) {
-        t->add_prefix_space = json_is_true(json_object_get(pre, "add_prefix_space"));
+        t->prefix_segment = json_is_true(json_object_get(pre, "add_prefix_space"));
         t->pre = PRE_GPT2;
         t->exact = !json_is_false(json_object_get(pre, "use_regex"));
         return 0;
@@ -357,17 +340,22 @@ static int tk_pre(tokenizer *t, json_t *pre, char *err, size_t errlen)
     if (strcmp(type, "Sequence")) { err_set(err, errlen, "tokenizer: pre_tokenizer %s is not supported", type); return -1; }
     json_t *list = json_object_get(pre, "pretokenizers");
     bool byte_level = false, split = false;
+    t->exact = true;
     for (size_t i = 0; i < json_array_size(list); i++) {
         json_t *p = json_array_get(list, i);
         const char *ty = json_string_value(json_object_get(p, "type"));
         if (ty && !strcmp(ty, "ByteLevel")) {
             byte_level = true;
-            t->add_prefix_space = json_is_true(json_object_get(p, "add_prefix_space"));
-            if (!split && !json_is_false(json_object_get(p, "use_regex"))) { t->pre = PRE_GPT2; t->exact = true; split = true; }
+            bool prefix = json_is_true(json_object_get(p, "add_prefix_space"));
+            bool regex = !json_is_false(json_object_get(p, "use_regex"));
+            if (!split) { t->prefix_segment = prefix; t->pre = PRE_GPT2; t->exact &= regex; split = regex; }
+            else { t->prefix_piece = prefix; t->exact &= !regex; /* a second split after the Split: not done */ }
         } else if (ty && !strcmp(ty, "Split")) {
             const char *re = json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
+            const char *beh = json_string_value(json_object_get(p, "behavior"));
+            t->exact &= re != NULL && !split && (!beh || !strcmp(beh, "Isolated")) &&
+                        !json_is_true(json_object_get(p, "invert"));
             split = true;
-            t->exact = re != NULL;
             if (!re) t->pre = PRE_LLAMA3;
             else if (strstr(re, "\\p{N}{1,3}")) t->pre = PRE_LLAMA3;
             else if (strstr(re, "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|")) t->pre = PRE_QWEN2;
@@ -385,10 +373,93 @@ static int tk_pre(tokenizer *t, json_t *pre, char *err, size_t errlen)
     return 0;
 }
 
-static int tk_cmp_len_desc(const void *a, const void *b, void *ctx)
+/* The normalizer: none, a Unicode normal form, or a Sequence of them (utf8proc applies
+ * them; NFC after NFD is NFC, so the last form of a sequence decides, unless a
+ * compatibility form came before). Anything else would silently change what text
+ * encodes to, so it is refused. */
+static int tk_normalizer(tokenizer *t, json_t *n, char *err, size_t errlen)
+{
+    if (!n || json_is_null(n)) return 0;
+    const char *type = json_string_value(json_object_get(n, "type"));
+    if (type && !strcmp(type, "Sequence")) {
+        json_t *list = json_object_get(n, "normalizers");
+        for (size_t i = 0; i < json_array_size(list); i++)
+            if (tk_normalizer(t, json_array_get(list, i), err, errlen) < 0) return -1;
+        return 0;
+    }
+    utf8proc_option_t compat = t->norm & UTF8PROC_COMPAT;
+    if (type && !strcmp(type, "NFC")) t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE | compat;
+    else if (type && !strcmp(type, "NFD")) t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | compat;
+    else if (type && !strcmp(type, "NFKC")) t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+    else if (type && !strcmp(type, "NFKD")) t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+    else {
+        err_set(err, errlen, "tokenizer: normalizer %s is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
+               type ? type : "without a type");
+        return -1;
+    }
+    return 0;
+}
+
+/* The post_processor's additions to a single sequence (HF's add_special_tokens=True):
+ * TemplateProcessing's "single" special tokens before and after $A, inside a Sequence
+ * or alone. ByteLevel post-processing changes offsets only. Others are refused. */
+static int tk_post(tokenizer *t, json_t *pp, char *err, size_t errlen)
+{
+    const char *type = json_string_value(json_object_get(pp, "type"));
+    if (!pp || json_is_null(pp) || (type && !strcmp(type, "ByteLevel"))) return 0;
+    if (type && !strcmp(type, "Sequence")) {
+        json_t *list = json_object_get(pp, "processors");
+        for (size_t i = 0; i < json_array_size(list); i++)
+            if (tk_post(t, json_array_get(list, i), err, errlen) < 0) return -1;
+        return 0;
+    }
+    if (type && (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing"))) {
+        json_int_t cls = json_integer_value(json_array_get(json_object_get(pp, "cls"), 1)),
+                   sep = json_integer_value(json_array_get(json_object_get(pp, "sep"), 1));
+        if (cls < 0 || cls >= t->vocab_size || sep < 0 || sep >= t->vocab_size) {
+            err_set(err, errlen, "tokenizer: post_processor %s: bad cls/sep id", type);
+            return -1;
+        }
+        t->affix[0][0] = (int32_t)cls;
+        t->affix[1][0] = (int32_t)sep;
+        t->n_affix[0] = t->n_affix[1] = 1;
+        return 0;
+    }
+    if (!type || strcmp(type, "TemplateProcessing")) {
+        err_set(err, errlen, "tokenizer: post_processor %s is not supported (TemplateProcessing, RobertaProcessing, "
+               "BertProcessing, ByteLevel)", type ? type : "without a type");
+        return -1;
+    }
+    json_t *single = json_object_get(pp, "single"), *specials = json_object_get(pp, "special_tokens");
+    int side = 0;
+    t->n_affix[0] = t->n_affix[1] = 0;
+    for (size_t i = 0; i < json_array_size(single); i++) {
+        json_t *item = json_array_get(single, i), *sp = json_object_get(item, "SpecialToken");
+        if (json_object_get(item, "Sequence")) { side = 1; continue; }
+        json_t *ids = json_object_get(json_object_get(specials, json_string_value(json_object_get(sp, "id"))), "ids");
+        if (!json_is_array(ids)) {
+            err_set(err, errlen, "tokenizer: post_processor single[%zu] names no known special token", i);
+            return -1;
+        }
+        for (size_t k = 0; k < json_array_size(ids); k++) {
+            json_int_t id = json_integer_value(json_array_get(ids, k));
+            if (t->n_affix[side] == 8 || id < 0 || id >= t->vocab_size) {
+                err_set(err, errlen, "tokenizer: post_processor special tokens: bad id or more than 8");
+                return -1;
+            }
+            t->affix[side][t->n_affix[side]++] = (int32_t)id;
+        }
+    }
+    return 0;
+}
+
+/* Orders added tokens by first byte, then longest first (leftmost-longest matching). */
+static int tk_cmp_added(const void *a, const void *b, void *ctx)
 {
     const tokenizer *t = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint8_t fx = (uint8_t)t->dec.p[t->dec_off[x]], fy = (uint8_t)t->dec.p[t->dec_off[y]];
+    if (fx != fy) return fx < fy ? -1 : 1;
     return t->dec_len[x] < t->dec_len[y] ? 1 : t->dec_len[x] > t->dec_len[y] ? -1 : x - y;
 }
 
@@ -410,7 +481,9 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
         err_set(err, errlen, "tokenizer: byte_fallback (SentencePiece-style) BPE is not supported; byte-level BPE only");
         goto fail;
     }
-    if (tk_pre(t, json_object_get(root, "pre_tokenizer"), err, errlen) < 0) goto fail;
+    if (tk_pre(t, json_object_get(root, "pre_tokenizer"), err, errlen) < 0 ||
+        tk_normalizer(t, json_object_get(root, "normalizer"), err, errlen) < 0)
+        goto fail;
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     /* ids: the largest id of vocab and added tokens */
     int64_t maxid = -1;
@@ -448,14 +521,20 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
         const char *content = json_string_value(json_object_get(a, "content"));
         if (!*content || (t->flags[id] & TF_ADDED)) continue;
         if (tk_set_token(t, id, content, false) < 0) goto oom;
-        t->flags[id] |= TF_ADDED | (json_is_true(json_object_get(a, "special")) ? TF_SPECIAL : 0);
+        /* HF's defaults: normalized is true unless the token is special */
+        bool special = json_is_true(json_object_get(a, "special")), norm = !special;
+        if (json_is_boolean(json_object_get(a, "normalized"))) norm = json_is_true(json_object_get(a, "normalized"));
+        t->flags[id] |= TF_ADDED | (special ? TF_SPECIAL : 0) | (norm ? TF_NORM : 0) |
+                        (json_is_true(json_object_get(a, "lstrip")) ? TF_LSTRIP : 0) |
+                        (json_is_true(json_object_get(a, "rstrip")) ? TF_RSTRIP : 0) |
+                        (json_is_true(json_object_get(a, "single_word")) ? TF_SINGLE : 0);
         t->added[t->n_added++] = id;
     }
     json_object_foreach(vocab, key, v) if (tk_set_token(t, (int32_t)json_integer_value(v), key, true) < 0) goto oom;
-    qsort_r(t->added, t->n_added, sizeof *t->added, tk_cmp_len_desc, t);
-    for (int a = 0; a < t->n_added; a++) {
-        uint8_t b = (uint8_t)t->dec.p[t->dec_off[t->added[a]]];
-        t->added_first[b >> 3] |= (uint8_t)(1u << (b & 7));
+    qsort_r(t->added, t->n_added, sizeof *t->added, tk_cmp_added, t);
+    for (int b = 0, a = 0; b <= 256; b++) {
+        while (a < t->n_added && (uint8_t)t->dec.p[t->dec_off[t->added[a]]] < b) a++;
+        t->added_at[b] = a;
     }
     size_t count = json_object_size(vocab) + json_array_size(added);
     for (t->map_cap = 16; t->map_cap < 2 * count;) t->map_cap *= 2;
@@ -517,6 +596,7 @@ tokenizer *tok_parse(const char *text, size_t len, char *err, size_t errlen)
         t->mout[h] = o;
     }
     free(buf);
+    if (tk_post(t, json_object_get(root, "post_processor"), err, errlen) < 0) goto fail;
     json_decref(root);
     return t;
 oom:
@@ -682,28 +762,159 @@ long tok_pretokenize(const tokenizer *t, const char *text, size_t len, size_t *e
     return k;
 }
 
-/* Pre-tokenises and encodes text without added tokens. */
+/* Pre-tokenises and encodes text that holds no added token. A space goes in front of the
+ * segment, or of each piece, where the ByteLevel pre-tokenizer's add_prefix_space says so
+ * (HF: before its own split, or per piece after a Split). */
 static int tk_encode_plain(const tokenizer *t, const char *text, size_t len, tk_out *o)
 {
     if (len == 0) return 0;
+    char *seg = NULL;
+    if (t->prefix_segment && text[0] != ' ') {
+        if (!(seg = malloc(len + 1))) return -1;
+        seg[0] = ' ';
+        memcpy(seg + 1, text, len++);
+        text = seg;
+    }
     uint32_t *cp = malloc((len + 1) * sizeof *cp);
     size_t *off = malloc((len + 2) * sizeof *off);
-    int32_t *sym = malloc((len + 1) * sizeof *sym);
-    char *spell = malloc(2 * len + 1);
+    int32_t *sym = malloc((len + 2) * sizeof *sym);
+    char *spell = malloc(2 * len + 3), *piece = malloc(len + 2);
     int rc = -1;
-    if (!cp || !off || !sym || !spell) goto out;
+    if (!cp || !off || !sym || !spell || !piece) goto out;
     int n = tk_codepoints(text, len, cp, off);
     for (int i = 0; i < n;) {
         int m = tk_piece_len(t, cp, n, i);
-        if (tk_bpe(t, (const unsigned char *)text + off[i], off[i + m] - off[i], sym, spell, o) < 0) goto out;
+        const char *p = text + off[i];
+        size_t pl = off[i + m] - off[i];
+        if (t->prefix_piece && p[0] != ' ') {
+            piece[0] = ' ';
+            memcpy(piece + 1, p, pl++);
+            p = piece;
+        }
+        if (tk_bpe(t, (const unsigned char *)p, pl, sym, spell, o) < 0) goto out;
         i += m;
     }
     rc = 0;
 out:
+    free(seg);
     free(cp);
     free(off);
     free(sym);
     free(spell);
+    free(piece);
+    return rc;
+}
+
+/* Applies the normalizer to s[0..n): *out is malloc'd, or NULL when there is none (use s).
+ * utf8proc only takes valid UTF-8, so invalid bytes (which HF never sees: its input is a
+ * Rust string) pass through unchanged between normalised runs. 0 or -1 (out of memory). */
+static int tk_normalize(const tokenizer *t, const char *s, size_t n, char **out, size_t *outn)
+{
+    *out = NULL;
+    if (!t->norm) return 0;
+    size_t cap = n + 16, m = 0;
+    char *buf = malloc(cap);
+    if (!buf) return -1;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        int l;
+        while (j < n && !(tk_utf8((const unsigned char *)s + j, n - j, &l) == 0xFFFD && l == 1)) j += l;
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t dn = 0;
+        if (j > i) {
+            dn = utf8proc_map((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(j - i), &dst, t->norm);
+            if (dn < 0) { free(buf); return -1; } /* only UTF8PROC_ERROR_NOMEM is possible on valid input */
+        }
+        size_t need = m + (size_t)dn + (j < n ? 1 : 0);
+        if (need > cap) {
+            while (cap < need) cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) { free(dst); free(buf); return -1; }
+            buf = nb;
+        }
+        memcpy(buf + m, dst, (size_t)dn);
+        m += (size_t)dn;
+        free(dst);
+        if (j < n) buf[m++] = s[j++]; /* the invalid byte */
+        i = j;
+    }
+    *out = buf;
+    *outn = m;
+    return 0;
+}
+
+typedef struct {
+    size_t start, stop; /* the span the token takes, stripped whitespace included */
+    int32_t id;
+} tk_hit;
+
+/* The code point that ends at s[end] (end > 0). */
+static uint32_t tk_prev_cp(const char *s, size_t end)
+{
+    size_t b = end - 1;
+    while (b > 0 && end - b < 4 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
+    int l;
+    uint32_t c = tk_utf8((const unsigned char *)s + b, end - b, &l);
+    return b + (size_t)l == end ? c : 0xFFFD;
+}
+
+/* The next added token of s[from..n) among those matched on normalised (norm) or raw
+ * text, as HF's AddedVocabulary finds it: leftmost-longest (its Aho-Corasick), a
+ * single_word token only between non-word characters (else the search goes on after
+ * it), lstrip taking the whitespace before it back to floor (the end of the previous
+ * token), rstrip the whitespace after it. False if there is none. */
+static bool tk_next_added(const tokenizer *t, const char *s, size_t n, size_t from, size_t floor, bool norm, tk_hit *h)
+{
+    for (size_t i = from; i < n; i++) {
+        uint8_t b = (uint8_t)s[i];
+        for (int a = t->added_at[b]; a < t->added_at[b + 1]; a++) {
+            int32_t id = t->added[a];
+            size_t l = t->dec_len[id];
+            if (((t->flags[id] & TF_NORM) != 0) != norm || l > n - i || memcmp(s + i, t->dec.p + t->dec_off[id], l))
+                continue;
+            int cl;
+            if ((t->flags[id] & TF_SINGLE) &&
+                ((i > 0 && tk_W(tk_prev_cp(s, i))) ||
+                 (i + l < n && tk_W(tk_utf8((const unsigned char *)s + i + l, n - i - l, &cl))))) {
+                i += l - 1;
+                break;
+            }
+            h->id = id;
+            h->start = i;
+            h->stop = i + l;
+            while ((t->flags[id] & TF_LSTRIP) && h->start > floor && tk_S(tk_prev_cp(s, h->start))) {
+                uint32_t c = tk_prev_cp(s, h->start);
+                h->start -= c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+            }
+            while ((t->flags[id] & TF_RSTRIP) && h->stop < n) {
+                uint32_t c = tk_utf8((const unsigned char *)s + h->stop, n - h->stop, &cl);
+                if (!tk_S(c)) break;
+                h->stop += (size_t)cl;
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A segment between added tokens matched on raw text: normalised, then split again at
+ * the added tokens matched on normalised text. */
+static int tk_encode_segment(const tokenizer *t, const char *s, size_t n, tk_out *o)
+{
+    if (n == 0) return 0;
+    char *norm;
+    size_t nn;
+    if (tk_normalize(t, s, n, &norm, &nn) < 0) return -1;
+    if (norm) { s = norm; n = nn; }
+    int rc = 0;
+    size_t start = 0;
+    tk_hit h;
+    for (size_t from = 0; rc == 0 && tk_next_added(t, s, n, from, start, true, &h); from = h.stop) {
+        rc = tk_encode_plain(t, s + start, h.start - start, o) < 0 || tk_push(o, h.id) < 0 ? -1 : 0;
+        start = h.stop;
+    }
+    if (rc == 0) rc = tk_encode_plain(t, s + start, n - start, o);
+    free(norm);
     return rc;
 }
 
@@ -711,38 +922,31 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
                char *err, size_t errlen)
 {
     tk_out o = {0};
-    char *owned = NULL;
-    if (t->add_prefix_space && len > 0 && text[0] != ' ') {
-        if (!(owned = malloc(len + 1))) goto oom;
-        owned[0] = ' ';
-        memcpy(owned + 1, text, len);
-        text = owned;
-        len++;
-    }
     size_t start = 0;
-    for (size_t i = 0; i < len;) {
-        int32_t hit = -1;
-        uint8_t b = (uint8_t)text[i];
-        if (!(t->added_first[b >> 3] & (1u << (b & 7)))) { i++; continue; }
-        for (int a = 0; a < t->n_added; a++) {
-            int32_t id = t->added[a];
-            size_t l = t->dec_len[id];
-            if (l <= len - i && memcmp(text + i, t->dec.p + t->dec_off[id], l) == 0) { hit = id; break; }
-        }
-        if (hit < 0) { i++; continue; }
-        if (tk_encode_plain(t, text + start, i - start, &o) < 0 || tk_push(&o, hit) < 0) goto oom;
-        i += t->dec_len[hit];
-        start = i;
+    tk_hit h;
+    for (size_t from = 0; tk_next_added(t, text, len, from, start, false, &h); from = h.stop) {
+        if (tk_encode_segment(t, text + start, h.start - start, &o) < 0 || tk_push(&o, h.id) < 0) goto oom;
+        start = h.stop;
     }
-    if (tk_encode_plain(t, text + start, len - start, &o) < 0) goto oom;
-    free(owned);
+    if (tk_encode_segment(t, text + start, len - start, &o) < 0) goto oom;
     *ids = o.ids ? o.ids : malloc(sizeof(int32_t));
     *n = o.n;
     if (dropped) *dropped = o.dropped;
     return *ids ? 0 : -1;
 oom:
-    free(owned);
     free(o.ids);
     err_set(err, errlen, "tokenizer: out of memory");
     return -1;
+}
+
+const int32_t *tok_special_prefix(const tokenizer *t, size_t *n)
+{
+    *n = (size_t)t->n_affix[0];
+    return t->affix[0];
+}
+
+const int32_t *tok_special_suffix(const tokenizer *t, size_t *n)
+{
+    *n = (size_t)t->n_affix[1];
+    return t->affix[1];
 }

@@ -200,9 +200,9 @@ int main(void)
     for (int i = 0; i < NRAND; i++) rnd[i] = rand_string(&r);
 
     /* ---- the tiny model's tokenizer (what `loom up` serves) ---- */
-    CHECK(mkmodel_write_tokenizer(p_llama, "llama", 256, 1, 2, err, sizeof err) == 0, "write: %s", err);
-    CHECK(mkmodel_write_tokenizer(p_qwen, "qwen2", 1024, 1000, 1001, err, sizeof err) == 0, "write: %s", err);
-    CHECK(mkmodel_write_tokenizer(p_gpt2, "llama", 100, 1, 2, err, sizeof err) == 1, "vocab 100 is refused");
+    CHECK(mkmodel_write_tokenizer(p_llama, NULL, "llama", 256, 1, 2, err, sizeof err) == 0, "write: %s", err);
+    CHECK(mkmodel_write_tokenizer(p_qwen, NULL, "qwen2", 1024, 1000, 1001, err, sizeof err) == 0, "write: %s", err);
+    CHECK(mkmodel_write_tokenizer(p_gpt2, NULL, "llama", 100, 1, 2, err, sizeof err) == 1, "vocab 100 is refused");
     tokenizer *tl = load(p_llama), *tq = load(p_qwen);
     if (!tl || !tq) { printf("%d passed, %d failed\n", n_pass, n_fail + 1); return 1; }
     CHECK(tok_vocab_size(tl) == 256, "tiny vocab size %d", tok_vocab_size(tl));
@@ -212,6 +212,12 @@ int main(void)
     CHECK(tok_piece_to_id(tq, "<|endoftext|>") == 1001 && tok_piece_to_id(tq, "<|begin_of_text|>") == 1000,
           "qwen specials at 1000/1001");
     CHECK(!tok_is_special(tl, tok_piece_to_id(tl, "a")), "byte token is not special");
+    CHECK(tok_piece_to_id(tl, "<|im_start|>") == 254 && tok_piece_to_id(tl, "<|im_end|>") == 255 && tok_is_special(tl, 255),
+          "ChatML markers at the last two ids of the tiny vocabulary");
+    CHECK(tok_piece_to_id(tq, "<|im_start|>") == 1022 && tok_piece_to_id(tq, "<|im_end|>") == 1023, "qwen ChatML ids");
+    /* byte ids as before the ChatML markers existed: 222 bytes kept, ids skip bos 1 / eos 2 */
+    CHECK(tok_piece_to_id(tl, "a") == 79 && tok_piece_to_id(tl, "\xc4\x8a") == 3 && tok_piece_to_id(tl, "\xc3\xbf") == -1,
+          "tiny byte ids unchanged (a=%d)", tok_piece_to_id(tl, "a"));
 
     /* merges */
     int32_t ids[256];
