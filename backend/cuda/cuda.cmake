@@ -42,9 +42,9 @@ set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/gpu/cpu)
 if(EXISTS ${CMAKE_SOURCE_DIR}/backend/cpu/cpu_ops.c)
   set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
 endif()
-set(LOOM_ADAMW_C ${CMAKE_SOURCE_DIR}/gpu/adamw.c)
+set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/gpu)
 if(EXISTS ${CMAKE_SOURCE_DIR}/executor/adamw.c)
-  set(LOOM_ADAMW_C ${CMAKE_SOURCE_DIR}/executor/adamw.c)
+  set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/executor)
 endif()
 add_library(loom_gpu_test_support STATIC
   ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c
@@ -52,7 +52,8 @@ add_library(loom_gpu_test_support STATIC
   ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
   ${LOOM_CPU_TWIN_DIR}/cpu_attention.c
-  ${LOOM_ADAMW_C})
+  ${LOOM_EXE_TWIN_DIR}/adamw.c
+  ${LOOM_EXE_TWIN_DIR}/loss.c)
 target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})
 target_link_libraries(loom_gpu_test_support PUBLIC loom_cuda_ops Threads::Threads m)
 
