@@ -68,7 +68,5 @@ foreach(src ${LOOM_GPU_TESTS})
 endforeach()
 
 # Kernel-level benchmark: prints figures, never a test.
-if(EXISTS ${CMAKE_SOURCE_DIR}/bench/cuda/bench_cuda_kernels.c)
-  add_executable(bench_cuda_kernels ${CMAKE_SOURCE_DIR}/bench/cuda/bench_cuda_kernels.c)
-  target_link_libraries(bench_cuda_kernels PRIVATE loom_gpu_test_support)
-endif()
+add_executable(bench_cuda_kernels ${CMAKE_SOURCE_DIR}/bench/cuda/bench_cuda_kernels.c)
+target_link_libraries(bench_cuda_kernels PRIVATE loom_gpu_test_support)

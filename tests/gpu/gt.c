@@ -30,6 +30,8 @@ void gt_init(const char *name)
            p.multiProcessorCount, p.totalGlobalMem / 1073741824.0, (unsigned long long)seed);
 }
 
+bool gt_small(void) { return getenv("GT_SMALL") != NULL; }
+
 int gt_finish(void)
 {
     printf("%s: %d passed, %d failed\n", gt_name, gt_passed, gt_failed);

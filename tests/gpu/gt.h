@@ -24,6 +24,8 @@ extern rng_state gt_rng;
 /* Exits 77 (ctest: skipped) when no CUDA device is usable; else prints the device and the
  * seed, seeds gt_rng. */
 void gt_init(const char *name);
+/* GT_SMALL set: the tests skip their largest shapes (runs under compute-sanitizer). */
+bool gt_small(void);
 /* Prints the summary; the exit status for main. */
 int gt_finish(void);
 
