@@ -276,21 +276,25 @@ __global__ void lcu_attn_bwd_pre_k(const bf16 *out, const bf16 *dout, float *Dv,
     }
 }
 
-/* Writes a block's fp32 [64][D] result (staged in shared memory with stride D+4) to rows
- * row0.. of dst (stride `stride`), the first nvalid rows only: the rows after them belong
- * to the next sequence or lie beyond the batch. */
+/* The query side of a backward tile: Q and dO rows r0.. of head h (zero past qvalid)
+ * and their lse and D values. */
 template <int D>
-__device__ __forceinline__ void lcu_store_rows(float *dst, long stride, const float *stage, int nvalid)
+__device__ __forceinline__ void lcu_load_q_side(bf16 *Qs, bf16 *dOs, float *lse_s, float *D_s, const lcu_attn_p &p,
+                                                const bf16 *q, const bf16 *dout, const float *lse, const float *Dv,
+                                                long r0, int h, int qvalid)
 {
-    for (int e = threadIdx.x; e < LCU_AT * D; e += blockDim.x) {
-        int j = e / D, c = e % D;
-        if (j < nvalid) dst[j * stride + c] = stage[j * (D + 4) + c];
+    long qstride = (long)p.nq * D;
+    lcu_load_tile<D>(Qs, q + r0 * qstride + (long)h * D, qstride, qvalid);
+    lcu_load_tile<D>(dOs, dout + r0 * qstride + (long)h * D, qstride, qvalid);
+    if (threadIdx.x < LCU_AT) {
+        bool ok = (int)threadIdx.x < qvalid;
+        lse_s[threadIdx.x] = ok ? lse[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
+        D_s[threadIdx.x] = ok ? Dv[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
     }
 }
 
-/* S (or Sᵀ) and dP (or dPᵀ) tiles: 16 output blocks of 16×16 each, two per warp.
- * rowsA: the operand whose rows index the output rows; colsB: the operand whose rows index
- * the output columns (used transposed, as a col_major matrix_b). */
+/* S (or Sᵀ) and dP (or dPᵀ) tiles: 16 output blocks of 16×16 each, two per warp:
+ * S = A1·B1ᵀ, dP = A2·B2ᵀ over D (the B operands read as col_major matrix_b). */
 template <int D>
 __device__ __forceinline__ void lcu_scores(float *S, float *dP, const bf16 *A1, const bf16 *B1, const bf16 *A2,
                                            const bf16 *B2, int warp)
@@ -318,6 +322,72 @@ __device__ __forceinline__ void lcu_scores(float *S, float *dP, const bf16 *A1, 
     }
 }
 
+/* P = exp(scale·S − lse) and dS = P ⊙ (dP − D) on a 64×64 tile in place of the causal mask,
+ * as bf16 for the next products. Element (a, b) of the tiles is (query, key) when
+ * !transposed and (key, query) when transposed. */
+template <int D>
+__device__ __forceinline__ void lcu_probs(const float *S, const float *dP, bf16 *P, bf16 *dS, const float *lse_s,
+                                          const float *D_s, int qt, int kt, int n, float scale, bool transposed)
+{
+    typedef lcu_attn_cfg<D> C;
+    for (int e = threadIdx.x; e < LCU_AT * LCU_AT; e += blockDim.x) {
+        int a = e >> 6, b = e & 63, i = transposed ? b : a, j = transposed ? a : b;
+        int kpos = kt * LCU_AT + j, qpos = qt * LCU_AT + i;
+        bool ok = kpos <= qpos && qpos < n;
+        float pr = ok ? expf(S[a * C::LDS + b] * scale - lse_s[i]) : 0.0f;
+        float ds = ok ? pr * (dP[a * C::LDS + b] - D_s[i]) : 0.0f;
+        if (P) P[a * C::LDP + b] = __float2bfloat16_rn(pr);
+        dS[a * C::LDP + b] = __float2bfloat16_rn(ds);
+    }
+}
+
+/* acc[jj] += A[16 rows of block mi, 0..64) · B[0..64, 16 columns of block cj]: the warp's
+ * share of a [64][D] += [64][64]·[64][D] product (A: stride LDP, B: stride LDQ). */
+template <int D>
+__device__ __forceinline__ void lcu_acc_product(lcu_acc *acc, const bf16 *A, const bf16 *B, int warp)
+{
+    typedef lcu_attn_cfg<D> C;
+    int mi = warp & 3;
+#pragma unroll
+    for (int jj = 0; jj < C::NT; jj++) {
+        int cj = (warp >> 2) + 2 * jj;
+        if (cj >= D / 16) continue;
+#pragma unroll
+        for (int kk = 0; kk < LCU_AT / 16; kk++) {
+            lcu_fa a;
+            lcu_fb_row b;
+            wmma::load_matrix_sync(a, A + mi * 16 * C::LDP + kk * 16, C::LDP);
+            wmma::load_matrix_sync(b, B + kk * 16 * C::LDQ + cj * 16, C::LDQ);
+            wmma::mma_sync(acc[jj], a, b, acc[jj]);
+        }
+    }
+}
+
+/* Writes scale·acc (the block's fp32 [64][D] result, staged in shared memory with stride
+ * D+4) to dst (row stride `stride`), the first nvalid rows only: the rows after them belong
+ * to the next sequence or lie beyond the batch. Starts and ends with a barrier. */
+template <int D>
+__device__ __forceinline__ void lcu_store_acc(float *dst, long stride, float *stage, lcu_acc *acc, float scale,
+                                              int warp, int nvalid)
+{
+    typedef lcu_attn_cfg<D> C;
+    int mi = warp & 3;
+    __syncthreads();
+#pragma unroll
+    for (int jj = 0; jj < C::NT; jj++) {
+        int cj = (warp >> 2) + 2 * jj;
+        if (cj >= D / 16) continue;
+        for (int t = 0; t < acc[jj].num_elements; t++) acc[jj].x[t] *= scale;
+        wmma::store_matrix_sync(stage + mi * 16 * (D + 4) + cj * 16, acc[jj], D + 4, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < LCU_AT * D; e += blockDim.x) {
+        int j = e / D, c = e % D;
+        if (j < nvalid) dst[j * stride + c] = stage[j * (D + 4) + c];
+    }
+    __syncthreads();
+}
+
 /* One block per (key tile, kv head): dK = scale·Σ dSᵀ Q, dV = Σ Pᵀ dO over the query heads
  * of the group and the query tiles at or after the key tile. 8 warps; warp w accumulates
  * key rows 16·(w % 4).. and column blocks (w / 4) + 2j. */
@@ -338,85 +408,35 @@ __global__ void __launch_bounds__(256) lcu_attn_dkdv_k(lcu_attn_p p, const bf16 
     if (tile >= p.cum[p.nseq]) return;
     int s = lcu_find_seq(p.cum, p.nseq, (int)tile), kt = (int)tile - p.cum[s];
     int g = blockIdx.y, grp = p.nq / p.nkv;
-    long q0 = p.q_start[s];
+    long q0 = p.q_start[s], kvstride = (long)p.nkv * D, rk = q0 + (long)kt * LCU_AT;
     int n = p.q_start[s + 1] - (int)q0, kvalid = min(LCU_AT, n - kt * LCU_AT);
-    long qstride = (long)p.nq * D, kvstride = (long)p.nkv * D;
-    int warp = threadIdx.x >> 5, mi = warp & 3;
+    int warp = threadIdx.x >> 5;
 
-    lcu_load_tile<D>(Ks, k + (q0 + (long)kt * LCU_AT) * kvstride + (long)g * D, kvstride, kvalid);
-    lcu_load_tile<D>(Vs, v + (q0 + (long)kt * LCU_AT) * kvstride + (long)g * D, kvstride, kvalid);
+    lcu_load_tile<D>(Ks, k + rk * kvstride + (long)g * D, kvstride, kvalid);
+    lcu_load_tile<D>(Vs, v + rk * kvstride + (long)g * D, kvstride, kvalid);
     lcu_acc dv_acc[C::NT], dk_acc[C::NT];
 #pragma unroll
     for (int j = 0; j < C::NT; j++) {
         wmma::fill_fragment(dv_acc[j], 0.0f);
         wmma::fill_fragment(dk_acc[j], 0.0f);
     }
-
     for (int hh = 0; hh < grp; hh++) {
         int h = g * grp + hh;
         for (int qt = kt; qt * LCU_AT < n; qt++) {
             __syncthreads(); /* the previous tile's Q, dO, P, dS are consumed */
-            int qvalid = min(LCU_AT, n - qt * LCU_AT);
-            long r0 = q0 + (long)qt * LCU_AT;
-            lcu_load_tile<D>(Qs, q + r0 * qstride + (long)h * D, qstride, qvalid);
-            lcu_load_tile<D>(dOs, dout + r0 * qstride + (long)h * D, qstride, qvalid);
-            if (threadIdx.x < LCU_AT) {
-                bool ok = (int)threadIdx.x < qvalid;
-                lse_s[threadIdx.x] = ok ? lse[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
-                D_s[threadIdx.x] = ok ? Dv[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
-            }
+            lcu_load_q_side<D>(Qs, dOs, lse_s, D_s, p, q, dout, lse, Dv, q0 + (long)qt * LCU_AT, h,
+                               min(LCU_AT, n - qt * LCU_AT));
             __syncthreads();
             lcu_scores<D>(ST, dPT, Ks, Qs, Vs, dOs, warp); /* Sᵀ = K Qᵀ, dPᵀ = V dOᵀ */
             __syncthreads();
-            for (int e = threadIdx.x; e < LCU_AT * LCU_AT; e += blockDim.x) {
-                int j = e >> 6, i = e & 63; /* key j, query i */
-                int kpos = kt * LCU_AT + j, qpos = qt * LCU_AT + i;
-                bool ok = kpos <= qpos && qpos < n;
-                float pr = ok ? expf(ST[j * C::LDS + i] * p.scale - lse_s[i]) : 0.0f;
-                float ds = ok ? pr * (dPT[j * C::LDS + i] - D_s[i]) : 0.0f;
-                PT[j * C::LDP + i] = __float2bfloat16_rn(pr);
-                dST[j * C::LDP + i] = __float2bfloat16_rn(ds);
-            }
+            lcu_probs<D>(ST, dPT, PT, dST, lse_s, D_s, qt, kt, n, p.scale, true);
             __syncthreads();
-#pragma unroll
-            for (int jj = 0; jj < C::NT; jj++) {
-                int cj = (warp >> 2) + 2 * jj;
-                if (cj >= D / 16) continue;
-#pragma unroll
-                for (int kk = 0; kk < LCU_AT / 16; kk++) {
-                    lcu_fa a;
-                    lcu_fb_row b;
-                    wmma::load_matrix_sync(a, PT + mi * 16 * C::LDP + kk * 16, C::LDP);
-                    wmma::load_matrix_sync(b, dOs + kk * 16 * C::LDQ + cj * 16, C::LDQ);
-                    wmma::mma_sync(dv_acc[jj], a, b, dv_acc[jj]);
-                    wmma::load_matrix_sync(a, dST + mi * 16 * C::LDP + kk * 16, C::LDP);
-                    wmma::load_matrix_sync(b, Qs + kk * 16 * C::LDQ + cj * 16, C::LDQ);
-                    wmma::mma_sync(dk_acc[jj], a, b, dk_acc[jj]);
-                }
-            }
+            lcu_acc_product<D>(dv_acc, PT, dOs, warp);  /* dV += Pᵀ dO */
+            lcu_acc_product<D>(dk_acc, dST, Qs, warp);  /* dK += dSᵀ Q */
         }
     }
-
-    float *stage = ST; /* [64][D+4] over the two score tiles */
-    long rk = q0 + (long)kt * LCU_AT;
-    __syncthreads();
-#pragma unroll
-    for (int jj = 0; jj < C::NT; jj++) {
-        int cj = (warp >> 2) + 2 * jj;
-        if (cj < D / 16) wmma::store_matrix_sync(stage + mi * 16 * (D + 4) + cj * 16, dv_acc[jj], D + 4, wmma::mem_row_major);
-    }
-    __syncthreads();
-    lcu_store_rows<D>(dv + rk * kvstride + (long)g * D, kvstride, stage, kvalid);
-    __syncthreads();
-#pragma unroll
-    for (int jj = 0; jj < C::NT; jj++) {
-        int cj = (warp >> 2) + 2 * jj;
-        if (cj >= D / 16) continue;
-        for (int t = 0; t < dk_acc[jj].num_elements; t++) dk_acc[jj].x[t] *= p.scale;
-        wmma::store_matrix_sync(stage + mi * 16 * (D + 4) + cj * 16, dk_acc[jj], D + 4, wmma::mem_row_major);
-    }
-    __syncthreads();
-    lcu_store_rows<D>(dk + rk * kvstride + (long)g * D, kvstride, stage, kvalid);
+    lcu_store_acc<D>(dv + rk * kvstride + (long)g * D, kvstride, ST, dv_acc, 1.0f, warp, kvalid);
+    lcu_store_acc<D>(dk + rk * kvstride + (long)g * D, kvstride, ST, dk_acc, p.scale, warp, kvalid);
 }
 
 /* One block per (query tile, query head): dQ = scale·Σ dS K over the key tiles up to the
@@ -437,22 +457,14 @@ __global__ void __launch_bounds__(256) lcu_attn_dq_k(lcu_attn_p p, const bf16 *q
     if (tile >= p.cum[p.nseq]) return;
     int s = lcu_find_seq(p.cum, p.nseq, (int)tile), qt = (int)tile - p.cum[s];
     int h = blockIdx.y, g = h / (p.nq / p.nkv);
-    long q0 = p.q_start[s];
+    long q0 = p.q_start[s], kvstride = (long)p.nkv * D, r0 = q0 + (long)qt * LCU_AT;
     int n = p.q_start[s + 1] - (int)q0, qvalid = min(LCU_AT, n - qt * LCU_AT);
-    long qstride = (long)p.nq * D, kvstride = (long)p.nkv * D, r0 = q0 + (long)qt * LCU_AT;
-    int warp = threadIdx.x >> 5, mi = warp & 3;
+    int warp = threadIdx.x >> 5;
 
-    lcu_load_tile<D>(Qs, q + r0 * qstride + (long)h * D, qstride, qvalid);
-    lcu_load_tile<D>(dOs, dout + r0 * qstride + (long)h * D, qstride, qvalid);
-    if (threadIdx.x < LCU_AT) {
-        bool ok = (int)threadIdx.x < qvalid;
-        lse_s[threadIdx.x] = ok ? lse[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
-        D_s[threadIdx.x] = ok ? Dv[(r0 + threadIdx.x) * p.nq + h] : 0.0f;
-    }
+    lcu_load_q_side<D>(Qs, dOs, lse_s, D_s, p, q, dout, lse, Dv, r0, h, qvalid);
     lcu_acc dq_acc[C::NT];
 #pragma unroll
     for (int j = 0; j < C::NT; j++) wmma::fill_fragment(dq_acc[j], 0.0f);
-
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads(); /* previous K consumed (and Q, dO, lse, D loaded on the first pass) */
         int kvalid = min(LCU_AT, n - kt * LCU_AT);
@@ -461,39 +473,11 @@ __global__ void __launch_bounds__(256) lcu_attn_dq_k(lcu_attn_p p, const bf16 *q
         __syncthreads();
         lcu_scores<D>(S, dP, Qs, Ks, dOs, Vs, warp); /* S = Q Kᵀ, dP = dO Vᵀ */
         __syncthreads();
-        for (int e = threadIdx.x; e < LCU_AT * LCU_AT; e += blockDim.x) {
-            int i = e >> 6, j = e & 63; /* query i, key j */
-            int kpos = kt * LCU_AT + j, qpos = qt * LCU_AT + i;
-            bool ok = kpos <= qpos && qpos < n;
-            float pr = ok ? expf(S[i * C::LDS + j] * p.scale - lse_s[i]) : 0.0f;
-            dS[i * C::LDP + j] = __float2bfloat16_rn(ok ? pr * (dP[i * C::LDS + j] - D_s[i]) : 0.0f);
-        }
+        lcu_probs<D>(S, dP, NULL, dS, lse_s, D_s, qt, kt, n, p.scale, false);
         __syncthreads();
-#pragma unroll
-        for (int jj = 0; jj < C::NT; jj++) {
-            int cj = (warp >> 2) + 2 * jj;
-            if (cj >= D / 16) continue;
-#pragma unroll
-            for (int kk = 0; kk < LCU_AT / 16; kk++) {
-                lcu_fa a;
-                lcu_fb_row b;
-                wmma::load_matrix_sync(a, dS + mi * 16 * C::LDP + kk * 16, C::LDP);
-                wmma::load_matrix_sync(b, Ks + kk * 16 * C::LDQ + cj * 16, C::LDQ);
-                wmma::mma_sync(dq_acc[jj], a, b, dq_acc[jj]);
-            }
-        }
+        lcu_acc_product<D>(dq_acc, dS, Ks, warp); /* dQ += dS K */
     }
-    float *stage = S;
-    __syncthreads();
-#pragma unroll
-    for (int jj = 0; jj < C::NT; jj++) {
-        int cj = (warp >> 2) + 2 * jj;
-        if (cj >= D / 16) continue;
-        for (int t = 0; t < dq_acc[jj].num_elements; t++) dq_acc[jj].x[t] *= p.scale;
-        wmma::store_matrix_sync(stage + mi * 16 * (D + 4) + cj * 16, dq_acc[jj], D + 4, wmma::mem_row_major);
-    }
-    __syncthreads();
-    lcu_store_rows<D>(dq + r0 * qstride + (long)h * D, qstride, stage, qvalid);
+    lcu_store_acc<D>(dq + r0 * (long)p.nq * D + (long)h * D, (long)p.nq * D, S, dq_acc, p.scale, warp, qvalid);
 }
 
 /* ---- host side ---------------------------------------------------------------------------- */

@@ -65,6 +65,44 @@ template <typename T> __device__ T lcu_block_max(T v, T *scratch, T lowest)
     return lcu_warp_max(r);
 }
 
+/* The k-th largest of key(i) for i < n, equal keys counted separately (1 ≤ k ≤ n), by an
+ * MSB radix select over 8-bit digits. The histograms count with integer atomics in shared
+ * memory, so the result does not depend on scheduling. Block-wide (every thread gets the
+ * result); hist: 256 ints, s_prefix and s_rem: scratch, all in shared memory. */
+template <typename K, typename F>
+__device__ K lcu_radix_kth(F key, long n, int k, int *hist, K *s_prefix, int *s_rem)
+{
+    if (threadIdx.x == 0) {
+        *s_prefix = 0;
+        *s_rem = k;
+    }
+    K mask = 0;
+    for (int shift = 8 * (int)sizeof(K) - 8; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        K prefix = *s_prefix;
+        for (long i = threadIdx.x; i < n; i += blockDim.x) {
+            K x = key(i);
+            if ((x & mask) == prefix) atomicAdd(&hist[(int)((x >> shift) & 255)], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { /* the digit where the count from the top reaches k */
+            int rem = *s_rem, cum = 0, d = 0;
+            for (int dg = 255; dg >= 0; dg--) {
+                if (cum + hist[dg] >= rem) { d = dg; break; }
+                cum += hist[dg];
+            }
+            *s_rem = rem - cum;
+            *s_prefix = prefix | ((K)d << shift);
+        }
+        mask |= (K)255 << shift;
+        __syncthreads();
+    }
+    K r = *s_prefix;
+    __syncthreads(); /* the scratch may be reused as soon as this returns */
+    return r;
+}
+
 /* Calls f.template operator()<T>() with T the C++ type of dtype t (F32 or BF16). */
 #define LCU_DISPATCH_F32_BF16(t, T, ...)                                                          \
     do {                                                                                          \

@@ -152,9 +152,8 @@ __device__ __forceinline__ uint64_t lcu_topk_key(float f, int v)
     return ((uint64_t)u << 32) | (uint32_t)(0xffffffffu - (uint32_t)v);
 }
 
-/* The k-th largest key by an MSB radix select (8 passes of 8 bits; integer histogram
- * counts, so the result does not depend on scheduling), then the k keys ≥ it collected
- * and bitonic-sorted in shared memory. */
+/* The k-th largest key by radix select (lcu_radix_kth, 8 passes of 8 bits), then the k
+ * keys ≥ it collected and bitonic-sorted in shared memory. */
 __global__ void __launch_bounds__(LCU_HEAD_THREADS) lcu_head_topk_k(const float *logits, long ld, long row0, int V,
                                                                     const int64_t *topk_start, const double *lse,
                                                                     int32_t *ids, float *lps)
@@ -169,34 +168,10 @@ __global__ void __launch_bounds__(LCU_HEAD_THREADS) lcu_head_topk_k(const float 
     int k = (int)(kk < V ? (kk < LCU_TOPK_MAX ? kk : LCU_TOPK_MAX) : V); /* the backend checks k first */
     if (k <= 0) return;
     const float *z = logits + (long)blockIdx.x * ld;
-    if (threadIdx.x == 0) {
-        s_prefix = 0;
-        s_rem = k;
-        s_count = 0;
-    }
-    uint64_t mask = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        uint64_t prefix = s_prefix;
-        for (int v = threadIdx.x; v < V; v += blockDim.x) {
-            uint64_t key = lcu_topk_key(z[v], v);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int rem = s_rem, cum = 0, dsel = 0;
-            for (int dg = 255; dg >= 0; dg--) {
-                if (cum + hist[dg] >= rem) { dsel = dg; break; }
-                cum += hist[dg];
-            }
-            s_rem = rem - cum;
-            s_prefix = prefix | ((uint64_t)dsel << shift);
-        }
-        mask |= (uint64_t)255 << shift;
-        __syncthreads();
-    }
-    uint64_t kth = s_prefix; /* exactly k keys are ≥ kth */
+    if (threadIdx.x == 0) s_count = 0;
+    /* keys are unique per id: exactly k keys are ≥ the k-th largest */
+    uint64_t kth = lcu_radix_kth<uint64_t>([&](long v) { return lcu_topk_key(z[v], (int)v); }, V, k, hist, &s_prefix,
+                                           &s_rem);
     int n = 1;
     while (n < k) n <<= 1;
     for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = 0; /* below every real key */

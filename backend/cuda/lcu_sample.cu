@@ -227,31 +227,11 @@ __global__ void __launch_bounds__(LCU_SAMPLE_THREADS) lcu_sample_prep_k(lcu_samp
     double inv_t = 1.0 / pr->temperature;
     for (int v = threadIdx.x; v < V; v += blockDim.x) w[v] = (float)exp((double)(z[v] - mx) * inv_t);
     if (pr->top_k > 0 && pr->top_k < V) {
-        /* the k-th largest weight, duplicates counted: 4 passes of 8 bits over the bits of w */
-        if (threadIdx.x == 0) { s_prefix = 0; s_rem = pr->top_k; }
-        uint32_t mask = 0;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-            __syncthreads();
-            uint32_t prefix = s_prefix;
-            for (int v = threadIdx.x; v < V; v += blockDim.x) {
-                uint32_t b = __float_as_uint(w[v]);
-                if ((b & mask) == prefix) atomicAdd(&hist[(b >> shift) & 255], 1);
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                int rem = s_rem, cum = 0, d = 0;
-                for (int dg = 255; dg >= 0; dg--) {
-                    if (cum + hist[dg] >= rem) { d = dg; break; }
-                    cum += hist[dg];
-                }
-                s_rem = rem - cum;
-                s_prefix = prefix | ((uint32_t)d << shift);
-            }
-            mask |= 255u << shift;
-            __syncthreads();
-        }
-        float thr = __uint_as_float(s_prefix);
+        /* the k-th largest weight, duplicates counted (the CPU's quickselect): w ≥ 0, so
+         * its bits order like its values */
+        uint32_t kth = lcu_radix_kth<uint32_t>([&](long v) { return __float_as_uint(w[v]); }, V, pr->top_k, hist,
+                                               &s_prefix, &s_rem);
+        float thr = __uint_as_float(kth);
         for (int v = threadIdx.x; v < V; v += blockDim.x)
             if (w[v] < thr) w[v] = 0.0f;
     }
