@@ -126,28 +126,34 @@ static int lcu_plan_build(lcu_ctx *c, lcu_plan *p)
     cudaDataType_t dt = k->d_type == LCU_F32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     int rc = lcu_blas_rc(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (rc) return rc;
-    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (!rc) rc = lcu_blas_rc(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    if (!rc) rc = lcu_blas_rc(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     /* Stored shapes of the column-major views (see the file comment). */
-    rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
-    if (!rc) rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
+    if (!rc)
+        rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
+    if (!rc)
+        rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
     if (!rc) rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->lc, dt, k->N, k->M, k->ldc));
     if (!rc) rc = lcu_blas_rc(cublasLtMatrixLayoutCreate(&p->ld, dt, k->N, k->M, k->ldd));
     cublasLtMatmulPreference_t pref = NULL;
     if (!rc) rc = lcu_blas_rc(cublasLtMatmulPreferenceCreate(&pref));
     if (!rc) {
         uint32_t al[4] = {(uint32_t)k->align_b, (uint32_t)k->align_a, (uint32_t)k->align_c, (uint32_t)k->align_d};
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof al[3]);
+        uint64_t wsb = c->ws_bytes;
+        const cublasLtMatmulPreferenceAttributes_t which[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        rc = lcu_blas_rc(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+        for (int i = 0; i < 4 && !rc; i++)
+            rc = lcu_blas_rc(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
+    }
+    if (!rc) {
         cublasLtMatmulHeuristicResult_t res;
         int n = 0;
         cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->ld, pref, 1, &res, &n);
         if (st == CUBLAS_STATUS_SUCCESS && n > 0) p->algo = res.algo;
-        else p->fallback = true;
+        else p->fallback = true; /* no plan for this layout: not an error */
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (rc || p->fallback) {

@@ -18,7 +18,8 @@
 
 /* ℓ and dℓ/dlp of one token: gpu/loss.h loss_token, line for line, on the device
  * (tests/gpu/test_gpu_head.c compares the two on random inputs). */
-__device__ __forceinline__ void lcu_loss_token(const lcu_loss_seq *s, float lp, float w, float q, float adv, float *loss, float *dlp)
+__device__ __forceinline__ void lcu_loss_token(const lcu_loss_seq *s, float lp, float w, float q, float adv,
+                                               float *loss, float *dlp)
 {
     if (s->kind == 0) { /* cross_entropy */
         *loss = -w * lp;
