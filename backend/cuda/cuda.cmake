@@ -67,6 +67,8 @@ foreach(src ${LOOM_GPU_TESTS})
   set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endforeach()
 
-# Kernel-level benchmark: prints figures, never a test.
-add_executable(bench_cuda_kernels ${CMAKE_SOURCE_DIR}/bench/cuda/bench_cuda_kernels.c)
-target_link_libraries(bench_cuda_kernels PRIVATE loom_gpu_test_support)
+# Benchmarks (kernels; one layer extrapolated to the model): print figures, never tests.
+foreach(b bench_cuda_kernels bench_cuda_layer)
+  add_executable(${b} ${CMAKE_SOURCE_DIR}/bench/cuda/${b}.c)
+  target_link_libraries(${b} PRIVATE loom_gpu_test_support)
+endforeach()

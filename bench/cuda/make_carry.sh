@@ -14,10 +14,10 @@ command -v nvcc >/dev/null || { echo "make_carry: nvcc not found" >&2; exit 1; }
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 TARGETS=$(cd tests/gpu && ls test_gpu_*.c | sed 's/\.c$//')
 # shellcheck disable=SC2086
-cmake --build "$B" -j2 --target $TARGETS bench_cuda_kernels
+cmake --build "$B" -j2 --target $TARGETS bench_cuda_kernels bench_cuda_layer
 rm -rf "$C"
 mkdir -p "$C/bin" "$C/lib"
-for t in $TARGETS bench_cuda_kernels; do cp "$B/$t" "$C/bin/"; done
+for t in $TARGETS bench_cuda_kernels bench_cuda_layer; do cp "$B/$t" "$C/bin/"; done
 # Libraries: everything ldd resolves except the C/C++ runtime (newer on the GPU machine's
 # Ubuntu 24.04) and the CUDA libraries (installed there under /usr/local/cuda).
 SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'

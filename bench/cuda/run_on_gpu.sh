@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # run_on_gpu.sh — run ON THE GPU MACHINE (the device tool), from the repository root, with
 # .gpu-carry/ carried (built here by bench/cuda/make_carry.sh). Writes its logs under $OUT
-# (at most 7 files: env.txt tests.log sanitize.log bench.log bench.csv peer.log peer.json)
+# (at most 8 files: env.txt tests.log sanitize.log bench.log bench.csv layer.log peer.log
+# peer.json)
 # and prints a short summary last.
 #
-#   bash bench/cuda/run_on_gpu.sh [tests] [sanitize] [bench|quickbench] [peer] [peer-table]
+#   bash bench/cuda/run_on_gpu.sh [tests] [sanitize] [bench|quickbench] [layer] [peer] [peer-table]
 # e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh tests bench",
 #                           carry=[".gpu-carry"])
 # Each step has its own time limit so that the whole stays inside one 10-minute call:
-# tests ~2 min, sanitize ~3 min, bench ~3 min (quickbench ~1), peer ~5 min.
+# tests ~2 min, sanitize ~3 min, bench ~3 min (quickbench ~1), layer ~2 min, peer ~5 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/loom-gpu-out}
@@ -68,6 +69,11 @@ run_bench() {
     SUMMARY+=("bench_cuda_kernels $1: exit $? ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
 }
 
+run_layer() {
+    timeout 300 "$C/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
+    SUMMARY+=("bench_cuda_layer: exit $?")
+}
+
 run_peer() {
     timeout 540 python3 bench/cuda/peft_peer.py --rows "$1" --json "$OUT/peer.json" > "$OUT/peer.log" 2>&1
     SUMMARY+=("peft_peer --rows $1: exit $?")
@@ -79,6 +85,7 @@ for step in "$@"; do
         sanitize) run_sanitize ;;
         bench) run_bench "" ;;
         quickbench) run_bench --quick ;;
+        layer) run_layer ;;
         peer) run_peer all ;;
         peer-table) run_peer table ;;
         *) echo "unknown step $step"; exit 2 ;;
@@ -90,6 +97,7 @@ for f in tests.log sanitize.log; do
     [ -f "$OUT/$f" ] && grep -E "^(FAIL|FATAL)" "$OUT/$f" | head -25
 done
 [ -f "$OUT/bench.log" ] && grep -E "ceiling|measured|attention|head fwd|lora" "$OUT/bench.log" | head -40
+[ -f "$OUT/layer.log" ] && grep -E "tok/s" "$OUT/layer.log"
 [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
 echo "---- summary"
 printf '%s\n' "${SUMMARY[@]}"
