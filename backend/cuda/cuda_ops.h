@@ -204,21 +204,24 @@ typedef struct {
     float *gA, *gB;
 } lcu_lora_seg;
 
-/* Workspace rows × ldz bf16 values for z (and as much again for dz in the backward):
- * ldz = lcu_lora_ldz(max rank). */
+/* z (and dz in the backward) are bf16 workspaces of (last row_end) rows with stride ldz ≥
+ * lcu_lora_ldz(largest rank of the call's segments), each segment using its own rows. Keep
+ * ldz the same for every call (e.g. from the largest rank the backend holds): the GEMM plans
+ * then do not depend on which adapters share a pass, and a packed pass is bitwise the same
+ * as each segment alone. */
 int lcu_lora_ldz(int max_rank);
 
 /* y[rows, out] += scale·(x Aᵀ) Bᵀ per segment (host array segs[nseg]). x bf16 [*, in]
- * (stride ldx), y fp32 (stride ldy); z: workspace ≥ (last row_end)·ldz bf16. */
+ * (stride ldx), y fp32 (stride ldy). */
 int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                 float *y, long ldy, lcu_bf16 *z, cudaStream_t s);
+                 float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
 /* Per segment: gB += scale·dyᵀ z, gA += dzᵀ x with dz = scale·dy B (z = x Aᵀ recomputed);
- * dx += dz A when dx is not NULL (fp32). dy bf16 (stride lddy). z, dz: workspaces as in
- * lcu_lora_fwd. Segments must not share gA/gB with another segment of the same call unless
- * the caller accepts the summation order of the call (it is fixed: segment order). */
+ * dx += dz A when dx is not NULL (fp32). dy bf16 (stride lddy). Segments of one call that
+ * share gA/gB accumulate in segment order (fixed, so deterministic). */
 int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                 const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, cudaStream_t s);
+                 const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                 cudaStream_t s);
 
 /* ---- AdamW with global-norm clipping ----------------------------------------------------- */
 

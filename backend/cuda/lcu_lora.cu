@@ -15,14 +15,15 @@
 int lcu_lora_ldz(int max_rank) { return ((max_rank > 1 ? max_rank : 1) + 7) / 8 * 8; }
 
 static int lcu_lora_check(const lcu_lora_seg *segs, int nseg, int in, int out, const void *x, long ldx,
-                          const void *y, long ldy)
+                          const void *y, long ldy, const void *z, long ldz)
 {
     if (nseg < 0 || (nseg && !segs) || in <= 0 || out <= 0 || ldx < in || ldy < out) return LCU_EINVAL;
     for (int i = 0; i < nseg; i++) {
         const lcu_lora_seg *g = &segs[i];
-        if (g->row_end < g->row_begin || g->row_begin < 0 || g->rank < 1 || !g->A || !g->B) return LCU_EINVAL;
+        if (g->row_end < g->row_begin || g->row_begin < 0 || g->rank < 1 || !g->A || !g->B || ldz < g->rank)
+            return LCU_EINVAL;
     }
-    if (nseg && (!x || !y)) return LCU_EINVAL;
+    if (nseg && (!x || !y || !z)) return LCU_EINVAL;
     return 0;
 }
 
@@ -36,18 +37,13 @@ static int lcu_lora_z(lcu_ctx *c, const lcu_lora_seg *g, int in, const lcu_bf16 
 }
 
 int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                 float *y, long ldy, lcu_bf16 *z, cudaStream_t s)
+                 float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
-    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy);
-    if (rc) return rc;
-    int max_rank = 1;
-    for (int i = 0; i < nseg; i++) max_rank = segs[i].rank > max_rank ? segs[i].rank : max_rank;
-    long ldz = lcu_lora_ldz(max_rank);
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int rows = (int)(g->row_end - g->row_begin);
         if (rows == 0) continue;
-        if (!z) return LCU_EINVAL;
         rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
         lcu_gemm_args e = {false, true, rows, out, g->rank, g->scale, 1.0f, z + g->row_begin * ldz, ldz, g->B,
                            g->rank, NULL, 0, y + g->row_begin * ldy, ldy, LCU_F32};
@@ -57,19 +53,17 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
 }
 
 int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                 const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, cudaStream_t s)
+                 const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                 cudaStream_t s)
 {
-    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy);
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
     if (rc) return rc;
-    if (dx && lddx < in) return LCU_EINVAL;
-    int max_rank = 1;
-    for (int i = 0; i < nseg; i++) max_rank = segs[i].rank > max_rank ? segs[i].rank : max_rank;
-    long ldz = lcu_lora_ldz(max_rank);
+    if ((dx && lddx < in) || (nseg && !dz)) return LCU_EINVAL;
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int rows = (int)(g->row_end - g->row_begin), r = g->rank;
         if (rows == 0) continue;
-        if (!z || !dz || !g->gA || !g->gB) return LCU_EINVAL;
+        if (!g->gA || !g->gB) return LCU_EINVAL;
         const lcu_bf16 *xs = x + g->row_begin * ldx, *dys = dy + g->row_begin * lddy;
         lcu_bf16 *zs = z + g->row_begin * ldz, *dzs = dz + g->row_begin * ldz;
         rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);

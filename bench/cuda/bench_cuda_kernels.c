@@ -283,8 +283,10 @@ typedef struct {
 static void run_lora(void *p)
 {
     lora_arg *l = p;
-    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, 0));
-    B_OK(lcu_lora_bwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->dy, l->out, l->dx, l->in, l->z, l->dz, 0));
+    long ldz = lcu_lora_ldz(32);
+    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, ldz, 0));
+    B_OK(lcu_lora_bwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->dy, l->out, l->dx, l->in, l->z, l->dz, ldz,
+                      0));
 }
 
 static double bench_lora(const geo *g, long T, const char *mod, int in, int out, int nad, double one_ms)

@@ -170,7 +170,7 @@ static void linear(layer *y, int mod, const lcu_bf16 *x, int in, const void *W, 
 {
     lcu_gemm_args a = {false, true, (int)y->T, out, in, 1.0f, C ? 1.0f : 0.0f, x, in, W, in, C, out, D, out, LCU_F32};
     OK(lcu_gemm(ctx, &a, 0));
-    OK(lcu_lora_fwd(ctx, y->segs[mod], y->nad, in, out, x, in, D, out, y->z, 0));
+    OK(lcu_lora_fwd(ctx, y->segs[mod], y->nad, in, out, x, in, D, out, y->z, lcu_lora_ldz(32), 0));
 }
 
 static void fwd(layer *y)
@@ -208,7 +208,7 @@ static void linear_bwd(layer *y, int mod, const lcu_bf16 *x, int in, const void 
     lcu_gemm_args a = {false, false, (int)y->T, in, out, 1.0f, acc ? 1.0f : 0.0f, dy, out, W, in, NULL, 0, dx, in,
                        LCU_F32};
     OK(lcu_gemm(ctx, &a, 0));
-    OK(lcu_lora_bwd(ctx, y->segs[mod], y->nad, in, out, x, in, dy, out, dx, in, y->z, y->dz, 0));
+    OK(lcu_lora_bwd(ctx, y->segs[mod], y->nad, in, out, x, in, dy, out, dx, in, y->z, y->dz, lcu_lora_ldz(32), 0));
 }
 
 static void bwd(layer *y)

@@ -143,7 +143,7 @@ static void check_case(const shape *s, bool self, const char *label)
     for (int i = 0; i <= s->nseq; i++) qs[i] = s->q_start[i];
     for (int i = 0; i < s->nseq; i++) ks[i] = s->kv_start[i];
     void *dqs = gt_dev_copy(qs, (s->nseq + 1) * 4), *dks = gt_dev_copy(ks, s->nseq * 8 + 8);
-    void *dkl = gt_dev_copy(s->kv_len, s->nseq * 4 + 4);
+    void *dkl = gt_dev_copy(s->kv_len, s->nseq * 4);
     lcu_attn_desc a = {s->nseq, dqs, self ? NULL : dks, self ? NULL : dkl, T, nq, nkv, d, (float)(1.0 / sqrt((double)d))};
     size_t wsb = lcu_attn_workspace_bytes(&a);
     void *ws = gt_dev_poison(wsb);

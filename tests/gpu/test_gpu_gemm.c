@@ -75,7 +75,7 @@ static void run_case(lcu_ctx *ctx, const gcase *g, const char *label)
         GT_CUDA(cudaMemset(dD, 0xff, nd * es));
         GT_LCU(lcu_gemm(ctx, &a, 0));
         if (g->dt == LCU_F32) gt_get_f32(again, dD, nd); else gt_get_bf16(again, dD, nd);
-        for (int i = 0; i < g->M; i++) memcpy(again + (long)i * g->N, again + (long)i * g->ldd, g->N * 4);
+        for (int i = 0; i < g->M; i++) memmove(again + (long)i * g->N, again + (long)i * g->ldd, g->N * 4);
         char w2[240];
         snprintf(w2, sizeof w2, "%s (rerun)", what);
         gt_expect_bits(w2, o, again, (size_t)g->M * g->N * 4);

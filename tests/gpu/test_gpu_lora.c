@@ -83,6 +83,7 @@ typedef struct {
     float *gA, *gB;
 } dev_ad;
 
+/* z, dz: workspaces with the stride of rank 64 in every call, packed or alone */
 static void run(lcu_ctx *c, const setup *S, dev_ad *D, int only, void *x, void *y, void *dy, void *dx, void *z,
                 void *dz, bool bwd)
 {
@@ -93,8 +94,9 @@ static void run(lcu_ctx *c, const setup *S, dev_ad *D, int only, void *x, void *
         int a = S->ad[s];
         segs[n++] = (lcu_lora_seg){S->begin[s], S->end[s], S->rank[s], 32.0f / S->rank[s], D[a].A, D[a].B, D[a].gA, D[a].gB};
     }
-    if (!bwd) GT_LCU(lcu_lora_fwd(c, segs, n, S->in, S->out, x, S->in, y, S->out, z, 0));
-    else GT_LCU(lcu_lora_bwd(c, segs, n, S->in, S->out, x, S->in, dy, S->out, dx, S->in, z, dz, 0));
+    long ldz = lcu_lora_ldz(64);
+    if (!bwd) GT_LCU(lcu_lora_fwd(c, segs, n, S->in, S->out, x, S->in, y, S->out, z, ldz, 0));
+    else GT_LCU(lcu_lora_bwd(c, segs, n, S->in, S->out, x, S->in, dy, S->out, dx, S->in, z, dz, ldz, 0));
 }
 
 static void test_lora(lcu_ctx *c, int in, int out)
@@ -273,7 +275,7 @@ int main(void)
     test_lora(c, 256, 192);
     test_lora(c, gt_int(8, 300), gt_int(8, 300)); /* odd widths: unaligned rows, gemmEx fallback */
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
-    gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 0) == LCU_EINVAL, "bad segment refused");
+    gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
     lcu_ctx_destroy(c);
     return gt_finish();
 }
