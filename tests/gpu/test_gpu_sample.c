@@ -9,15 +9,10 @@
  * there (when the CPU backend exposes it, call it instead and delete the copy).
  */
 #include "tests/gpu/gt.h"
+#include "tests/gpu/twin.h" /* exe_sample_req */
 
 #include <math.h>
 #include <string.h>
-
-typedef struct {
-    double temperature;
-    int top_k;
-    double top_p;
-} ref_req;
 
 static int cs_cmp_desc(const void *a, const void *b)
 {
@@ -25,7 +20,8 @@ static int cs_cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static int32_t cs_choose(const ref_req *r, const float *z, long V, rng_state *rng, float *w, uint64_t *keys, float *lp)
+static int32_t cs_choose(const exe_sample_req *r, const float *z, long V, rng_state *rng, float *w, uint64_t *keys,
+                         float *lp)
 {
     float mx = z[0];
     long best = 0;
@@ -126,7 +122,7 @@ static void test_rows(int rows, int V, bool ties, int rounds)
     double *lp64 = malloc(rows * 8);
     for (int round = 0; round < rounds; round++) {
         for (int r = 0; r < rows; r++) {
-            ref_req q = {p[r].temperature, p[r].top_k, p[r].top_p};
+            exe_sample_req q = {.temperature = p[r].temperature, .top_k = p[r].top_k, .top_p = p[r].top_p};
             tok[r] = cs_choose(&q, z + r * ld, V, &st[r], w, keys, &lp[r]);
             lp64[r] = lp[r];
             memcpy(s4 + 4 * r, st[r].s, 32);
