@@ -17,8 +17,10 @@
  * matrix products per tile pair) and is the price of bitwise reproducibility.
  *
  * Tiles → (sequence, tile): a small kernel writes cumulative tile counts into the
- * workspace; each block finds its sequence by binary search. Blocks are numbered from the
- * last tile backwards so the long causal rows of late tiles start first.
+ * workspace; each block finds its sequence by binary search. Query-tile passes number the
+ * blocks from the last tile backwards (late query tiles see the most keys), the key-tile
+ * pass from the first (early key tiles see the most queries), so the heavy blocks start
+ * first.
  *
  * Tuning is local to this file: the entry points and the workspace stay as they are.
  */
@@ -404,7 +406,7 @@ __global__ void __launch_bounds__(256) lcu_attn_dkdv_k(lcu_attn_p p, const bf16 
     bf16 *PT = reinterpret_cast<bf16 *>(dPT + LCU_AT * C::LDS), *dST = PT + LCU_AT * C::LDP;
     float *lse_s = reinterpret_cast<float *>(dST + LCU_AT * C::LDP), *D_s = lse_s + LCU_AT;
 
-    long tile = p.ub - 1 - (long)blockIdx.x;
+    long tile = blockIdx.x; /* in order: the first key tiles see the most queries */
     if (tile >= p.cum[p.nseq]) return;
     int s = lcu_find_seq(p.cum, p.nseq, (int)tile), kt = (int)tile - p.cum[s];
     int g = blockIdx.y, grp = p.nq / p.nkv;
