@@ -180,13 +180,31 @@ double gt_max_abs_err(const float *out, const double *ref, size_t n)
     return m;
 }
 
+size_t gt_worst(const float *out, const double *ref, size_t n)
+{
+    size_t w = 0;
+    double m = -1;
+    for (size_t i = 0; i < n; i++) {
+        double e = isfinite(out[i]) ? fabs(out[i] - ref[i]) : INFINITY;
+        if (e > m) { m = e; w = i; }
+    }
+    return w;
+}
+
 bool gt_expect_close(const char *what, const float *out, const double *ref, size_t n, double tol)
 {
     double e = gt_rel_err(out, ref, n);
-    size_t bad = n;
-    for (size_t i = 0; i < n && bad == n; i++) if (!isfinite(out[i])) bad = i;
-    if (bad < n) return gt_check(false, "%s: element %zu of %zu is %g (unwritten or NaN)", what, bad, n, out[bad]);
-    return gt_check(e <= tol, "%s: rel err %.3g (tol %.1g, n %zu)", what, e, tol, n);
+    size_t bad = n, nbad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(out[i])) { nbad++; if (bad == n) bad = i; }
+    if (bad < n)
+        return gt_check(false, "%s: element %zu of %zu is %g (unwritten or NaN; %zu such)", what, bad, n, out[bad], nbad);
+    bool ok = gt_check(e <= tol, "%s: rel err %.3g (tol %.1g, n %zu)", what, e, tol, n);
+    if (!ok) {
+        size_t w = gt_worst(out, ref, n);
+        printf("     worst element %zu: got %.9g, want %.9g\n", w, out[w], ref[w]);
+    }
+    return ok;
 }
 
 bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes)

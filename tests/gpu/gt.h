@@ -70,7 +70,10 @@ double gt_rel_err(const float *out, const double *ref, size_t n);
 double gt_rel_err_f(const float *out, const float *ref, size_t n);
 /* Largest |out − ref| (inf on NaN). */
 double gt_max_abs_err(const float *out, const double *ref, size_t n);
-/* Checks rel_err ≤ tol and prints the figure either way. */
+/* Index of the largest |out − ref| (a NaN counts as largest). */
+size_t gt_worst(const float *out, const double *ref, size_t n);
+/* Checks rel_err ≤ tol and prints the figure either way (on failure also the worst
+ * element, or the first non-finite one and how many there are). */
 bool gt_expect_close(const char *what, const float *out, const double *ref, size_t n, double tol);
 bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes);
 

@@ -126,6 +126,27 @@ static void free_shape(shape *s)
 
 static double rel64(const float *out, const double *ref, size_t n) { return gt_rel_err(out, ref, n); }
 
+/* On a failed check: where the worst element sits (sequence, position, 64-row tile, head,
+ * column) and the error of each sequence, to tell a mask, tile-edge or head-mapping bug
+ * from plain rounding. Rows are the packed query rows (for dk, dv in self-attention the
+ * key rows are the same rows). */
+static void explain(const shape *s, const char *name, const float *got, const double *ref, int heads)
+{
+    int d = s->d;
+    long T = s->q_start[s->nseq], w = (long)gt_worst(got, ref, (size_t)T * heads * d);
+    long row = w / ((long)heads * d);
+    int h = (int)(w / d % heads), c = (int)(w % d), sq = 0;
+    while (sq + 1 < s->nseq && s->q_start[sq + 1] <= row) sq++;
+    int pos = (int)(row - s->q_start[sq]);
+    printf("     %s worst: row %ld = sequence %d (len %d) position %d (tile %d, row %d in tile), head %d, col %d\n",
+           name, row, sq, s->q_start[sq + 1] - s->q_start[sq], pos, pos / 64, pos % 64, h, c);
+    for (int i = 0; i < s->nseq; i++) {
+        long a = (long)s->q_start[i] * heads * d, n = (long)(s->q_start[i + 1] - s->q_start[i]) * heads * d;
+        if (n) printf("     %s sequence %d (len %d): rel err %.3g\n", name, i, s->q_start[i + 1] - s->q_start[i],
+                      gt_rel_err(got + a, ref + a, n));
+    }
+}
+
 /* Forward (+ backward when kv is self) on the GPU vs fp64 and vs the CPU twin. */
 static void check_case(const shape *s, bool self, const char *label)
 {
@@ -155,7 +176,7 @@ static void check_case(const shape *s, bool self, const char *label)
     gt_get_f32(l, dlse, T * nq);
     char what[200];
     snprintf(what, sizeof what, "%s fwd out nseq=%d T=%ld nq=%d nkv=%d d=%d", label, s->nseq, T, nq, nkv, d);
-    gt_expect_close(what, o, oref, T * qd, 1e-2);
+    if (!gt_expect_close(what, o, oref, T * qd, 1e-2)) explain(s, "out", o, oref, nq);
     snprintf(what, sizeof what, "%s fwd lse nseq=%d T=%ld nq=%d nkv=%d d=%d", label, s->nseq, T, nq, nkv, d);
     gt_expect_close(what, l, lref, T * nq, 1e-5);
     GT_CUDA(cudaMemset(dout, 0xff, T * qd * 2));
@@ -195,11 +216,11 @@ static void check_case(const shape *s, bool self, const char *label)
         gt_get_f32(hk, gk, T * kvd);
         gt_get_f32(hv, gv, T * kvd);
         snprintf(what, sizeof what, "%s bwd dq nseq=%d T=%ld nq=%d nkv=%d d=%d", label, s->nseq, T, nq, nkv, d);
-        gt_expect_close(what, hq, rq, T * qd, 2e-2);
+        if (!gt_expect_close(what, hq, rq, T * qd, 2e-2)) explain(s, "dq", hq, rq, nq);
         snprintf(what, sizeof what, "%s bwd dk", label);
-        gt_expect_close(what, hk, rk, T * kvd, 2e-2);
+        if (!gt_expect_close(what, hk, rk, T * kvd, 2e-2)) explain(s, "dk", hk, rk, nkv);
         snprintf(what, sizeof what, "%s bwd dv", label);
-        gt_expect_close(what, hv, rv, T * kvd, 2e-2);
+        if (!gt_expect_close(what, hv, rv, T * kvd, 2e-2)) explain(s, "dv", hv, rv, nkv);
 
         float *cq = malloc(T * qd * 4), *ck = malloc(T * kvd * 4), *cv = malloc(T * kvd * 4);
         cpu_attention_bwd(pool, &cs, q, k, v, co, cl, g, cq, ck, cv, scr, per);
