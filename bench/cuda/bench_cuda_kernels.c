@@ -197,13 +197,19 @@ static void bench_attention(const geo *g, long T, int seqlen)
     double fwd_bytes = (T * qd * 2.0) * 2 + T * kvd * 2.0 * 2 + T * g->nq * 4.0;
     char shape[64];
     snprintf(shape, sizeof shape, "%ldx%d", (long)nseq, seqlen);
-    double ms = time_ms(run_attn_fwd, &x);
-    report("attention fwd", g->name, shape, ms, fwd_flops, fwd_bytes);
-    /* backward counted as 2.5x the forward's products (the flash-attention convention; this
-     * kernel does 3.5x: S and dP are recomputed in both the dK/dV and the dQ pass) */
+    /* backward counted as 2.5x the forward's products (the flash-attention convention; these
+     * kernels do 3.5x: S and dP are recomputed in both the dK/dV and the dQ pass) */
     double bwd_bytes = T * qd * 2.0 * 3 + T * kvd * 2.0 * 2 + T * g->nq * 8.0 + T * qd * 4.0 + T * kvd * 8.0;
-    ms = time_ms(run_attn_bwd, &x);
-    report("attention bwd", g->name, shape, ms, 2.5 * fwd_flops, bwd_bytes);
+    const char *variants[2] = {"wmma", "mma"};
+    for (int vi = 0; vi < 2; vi++) { /* kernel versions 1 and 2 (LCU_ATTN) */
+        char name[40];
+        setenv("LCU_ATTN", variants[vi], 1);
+        snprintf(name, sizeof name, "attention fwd %s", variants[vi]);
+        report(name, g->name, shape, time_ms(run_attn_fwd, &x), fwd_flops, fwd_bytes);
+        snprintf(name, sizeof name, "attention bwd %s", variants[vi]);
+        report(name, g->name, shape, time_ms(run_attn_bwd, &x), 2.5 * fwd_flops, bwd_bytes);
+    }
+    unsetenv("LCU_ATTN");
     void *bufs[] = {(void *)x.a.q_start, x.q, x.k, x.v, x.dout, x.o, x.lse, x.dq, x.dk, x.dv, x.ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(bufs[i]);
     free(qs);

@@ -9,7 +9,7 @@
 # e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh tests bench",
 #                           carry=[".gpu-carry"])
 # Each step has its own time limit so that the whole stays inside one 10-minute call:
-# tests ~2 min, sanitize ~3 min, bench ~3 min (quickbench ~1), layer ~2 min, peer ~5 min.
+# tests ~3 min, sanitize ~3 min, bench ~4 min (quickbench ~1), layer ~4 min, peer ~5 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/loom-gpu-out}
@@ -69,9 +69,12 @@ run_bench() {
     SUMMARY+=("bench_cuda_kernels $1: exit $? ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
 }
 
-run_layer() {
-    timeout 300 "$C/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
+run_layer() {  # with attention version 1 (default), then version 2
+    timeout 240 "$C/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
     SUMMARY+=("bench_cuda_layer: exit $?")
+    echo "==== LCU_ATTN=mma" >> "$OUT/layer.log"
+    LCU_ATTN=mma timeout 240 "$C/bin/bench_cuda_layer" >> "$OUT/layer.log" 2>&1
+    SUMMARY+=("bench_cuda_layer LCU_ATTN=mma: exit $?")
 }
 
 run_peer() {
@@ -97,7 +100,7 @@ for f in tests.log sanitize.log; do
     [ -f "$OUT/$f" ] && grep -E "^(FAIL|FATAL)" "$OUT/$f" | head -25
 done
 [ -f "$OUT/bench.log" ] && grep -E "ceiling|measured|attention|head fwd|lora" "$OUT/bench.log" | head -40
-[ -f "$OUT/layer.log" ] && grep -E "tok/s" "$OUT/layer.log"
+[ -f "$OUT/layer.log" ] && grep -E "tok/s|====" "$OUT/layer.log"
 [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
 echo "---- summary"
 printf '%s\n' "${SUMMARY[@]}"

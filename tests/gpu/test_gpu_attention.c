@@ -4,6 +4,8 @@
  * of the reference forward; KV-cache layouts (queries at the end of longer key runs, cache
  * rows apart from the query rows); determinism (bitwise reruns); poisoned outputs.
  *
+ * Both kernel versions (LCU_ATTN=wmma, the default, and LCU_ATTN=mma) run every case.
+ *
  * Tolerances (‖out − ref‖/‖ref‖): out (bf16, P rounded to bf16 in the PV product) 1e-2;
  * lse (fp32) 1e-5; dq, dk, dv (P and dS rounded to bf16 for the products) 2e-2; the fp64
  * reference backward vs finite differences 1e-6.
@@ -296,11 +298,11 @@ static void check_ref_fd(void)
     free_shape(&s);
 }
 
-int main(void)
+/* Every case for one kernel version (LCU_ATTN: "wmma" = version 1, "mma" = version 2). */
+static void run_cases(const char *variant)
 {
-    gt_init("test_gpu_attention");
-    check_ref_fd();
-
+    setenv("LCU_ATTN", variant, 1);
+    char label[64];
     /* packed training batches: lengths around the 64-row tiles, an empty sequence, GQA */
     const int dims[4] = {16, 32, 64, 128};
     const int heads[4][2] = {{4, 2}, {4, 4}, {8, 2}, {16, 8}};
@@ -308,7 +310,8 @@ int main(void)
         int lens[7] = {1, 64, 65, gt_int(2, 63), 0, gt_int(66, 200), gt_int(1, 130)};
         shape s;
         self_shape(&s, 7, lens, heads[di][0], heads[di][1], dims[di]);
-        check_case(&s, true, "packed");
+        snprintf(label, sizeof label, "%s packed", variant);
+        check_case(&s, true, label);
         free_shape(&s);
     }
     /* one long sequence, 4 query heads per kv head, many tiles */
@@ -316,7 +319,8 @@ int main(void)
         int lens[1] = {gt_int(900, 1100)};
         shape s;
         self_shape(&s, 1, lens, 8, 2, 64);
-        check_case(&s, true, "long");
+        snprintf(label, sizeof label, "%s long", variant);
+        check_case(&s, true, label);
         free_shape(&s);
     }
     /* Qwen3-like heads on a few random lengths */
@@ -324,7 +328,8 @@ int main(void)
         int lens[3] = {gt_int(1, 300), gt_int(1, 300), gt_int(1, 300)};
         shape s;
         self_shape(&s, 3, lens, 32, 8, 128);
-        check_case(&s, true, "qwen3-heads");
+        snprintf(label, sizeof label, "%s qwen3-heads", variant);
+        check_case(&s, true, label);
         free_shape(&s);
     }
     /* KV cache: each sequence's keys live elsewhere (with gaps), its queries are the last
@@ -350,9 +355,18 @@ int main(void)
             s.q_start[i + 1] = s.q_start[i] + ql;
         }
         s.kv_rows = row + 3;
-        check_case(&s, false, "kv-cache");
+        snprintf(label, sizeof label, "%s kv-cache", variant);
+        check_case(&s, false, label);
         free_shape(&s);
     }
+}
+
+int main(void)
+{
+    gt_init("test_gpu_attention");
+    check_ref_fd();
+    run_cases("wmma");
+    run_cases("mma");
     /* refused arguments */
     {
         lcu_attn_desc a = {1, NULL, NULL, NULL, 10, 4, 3, 64, 0.125f};
