@@ -15,7 +15,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/loom-gpu-out}
 mkdir -p "$OUT"
 C=.gpu-carry
-export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+# the CUDA libraries and, where the driver is mounted outside the loader's path, libcuda
+export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
 SUMMARY=()
 [ $# -eq 0 ] && set -- tests bench
@@ -25,6 +26,8 @@ SUMMARY=()
     nvidia-smi 2>&1 | head -20
     nvcc --version 2>&1 | tail -2
     ls -l /usr/local/cuda/lib64/libcublas.so* 2>&1 | head -3
+    ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libcublas" | head -5
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     for b in "$C"/bin/*; do echo "== ldd $b"; ldd "$b" | grep -E "not found|cublas" ; done
 } > "$OUT/env.txt" 2>&1
 if [ ! -d "$C/bin" ]; then echo "no $C/bin: build it with bench/cuda/make_carry.sh and carry it" | tee -a "$OUT/env.txt"; exit 1; fi
