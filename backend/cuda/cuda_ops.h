@@ -126,8 +126,11 @@ int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float
  * out) and kv_len_i keys (rows kv_start[i].. of k and v). Query j of the sequence sits at
  * position kv_len_i − q_len_i + j and attends to keys 0..that position (causal, aligned to
  * the end: a prefill has kv_len = q_len, a decode step q_len = 1 against its cache).
- * kv_start/kv_len NULL = self-attention over the same packed rows (kv = q). Layouts:
- * q, out [rows, nq·d]; k, v [rows, nkv·d]; lse [rows, nq] (natural log, of scale·q·k). */
+ * kv_start/kv_len NULL = self-attention over the same packed rows (kv = q); otherwise
+ * q_len_i ≤ kv_len_i. Layouts: q, out [rows, nq·d]; k, v [rows, nkv·d]; lse [rows, nq]
+ * (natural log, of scale·q·k). Two kernel versions compute the same function: the
+ * environment variable LCU_ATTN=mma selects version 2 (FlashAttention-2 style, mma.sync),
+ * anything else version 1 (WMMA); see lcu_attention.cu. */
 typedef struct {
     int nseq;
     const int32_t *q_start;      /* device [nseq + 1] */
