@@ -32,29 +32,8 @@ static lcu_ctx *ctx;
 
 #define B_OK(call) GT_LCU(call)
 
-/* ---- buffers with random (never zero) contents ------------------------------------------- */
-
-static float *pool_f32;
-#define POOL_N (1 << 22)
-
-static void *dev_random(size_t n, lcu_dtype t, double scale)
-{
-    size_t es = t == LCU_F32 ? 4 : 2;
-    void *d = gt_dev_poison(n * es);
-    float *tmp = NULL;
-    GT_CUDA(cudaMalloc((void **)&tmp, (size_t)POOL_N * 4));
-    float *h = malloc((size_t)POOL_N * 4);
-    for (size_t i = 0; i < POOL_N; i++) h[i] = (float)(pool_f32[i] * scale);
-    GT_CUDA(cudaMemcpy(tmp, h, (size_t)POOL_N * 4, cudaMemcpyHostToDevice));
-    free(h);
-    for (size_t off = 0; off < n; off += POOL_N - 7) { /* shifted copies: no exact period */
-        size_t m = n - off < POOL_N - 7 ? n - off : POOL_N - 7;
-        B_OK(lcu_convert((char *)d + off * es, t, tmp + (off / (POOL_N - 7)) % 7, LCU_F32, m, 0));
-    }
-    GT_CUDA(cudaFree(tmp));
-    GT_CUDA(cudaDeviceSynchronize());
-    return d;
-}
+/* Buffers with random contents (never zeros): uniform in [−scale, scale]. */
+static void *dev_random(size_t n, lcu_dtype t, double scale) { return gt_dev_random(n, t, -scale, scale); }
 
 /* ---- timing -------------------------------------------------------------------------------- */
 
@@ -395,11 +374,6 @@ int main(int argc, char **argv)
     }
     gt_init("bench_cuda_kernels");
     if (csv) fprintf(csv, "kernel,geometry,shape,ms,tflops,tbs,floor_ms\n");
-    pool_f32 = malloc((size_t)POOL_N * 4);
-    for (size_t i = 0; i < POOL_N; i++) {
-        double u = rng_uniform(&gt_rng) * 2 - 1;
-        pool_f32[i] = (float)(u == 0 ? 0.5 : u);
-    }
     B_OK(lcu_ctx_create(&ctx, 0));
     ceilings();
     const long toks[4] = {512, 2048, 8192, 32768};
@@ -424,6 +398,5 @@ int main(int argc, char **argv)
     }
     lcu_ctx_destroy(ctx);
     if (csv) fclose(csv);
-    free(pool_f32);
     return 0;
 }

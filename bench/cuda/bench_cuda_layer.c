@@ -74,14 +74,7 @@ typedef struct {
     lcu_head_batch hb;
 } layer;
 
-static void *rnd(size_t n, lcu_dtype t, double lo, double hi)
-{
-    float *h = malloc(n * 4);
-    gt_fill(h, n, lo, hi);
-    void *d = t == LCU_F32 ? gt_dev_f32(h, n) : gt_dev_bf16(h, n);
-    free(h);
-    return d;
-}
+static void *rnd(size_t n, lcu_dtype t, double lo, double hi) { return gt_dev_random(n, t, lo, hi); }
 
 static void *buf(size_t bytes) { return gt_dev_poison(bytes); }
 

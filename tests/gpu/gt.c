@@ -129,6 +129,30 @@ void *gt_dev_bf16(const float *h, size_t n)
     return d;
 }
 
+#define GT_POOL_N (1 << 22)
+
+void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi)
+{
+    static float *pool;
+    if (!pool) {
+        pool = malloc((size_t)GT_POOL_N * 4);
+        for (size_t i = 0; i < GT_POOL_N; i++) pool[i] = (float)rng_uniform(&gt_rng);
+    }
+    size_t es = t == LCU_F32 ? 4 : 2;
+    void *d = gt_dev_poison(n * es), *tmp = NULL;
+    float *h = malloc((size_t)GT_POOL_N * 4);
+    for (size_t i = 0; i < GT_POOL_N; i++) h[i] = (float)(lo + (hi - lo) * pool[i]);
+    GT_CUDA(cudaMalloc(&tmp, (size_t)GT_POOL_N * 4));
+    GT_CUDA(cudaMemcpy(tmp, h, (size_t)GT_POOL_N * 4, cudaMemcpyHostToDevice));
+    free(h);
+    for (size_t off = 0; off < n; off += GT_POOL_N - 7) { /* shifted copies: no exact period */
+        size_t m = n - off < GT_POOL_N - 7 ? n - off : GT_POOL_N - 7;
+        GT_LCU(lcu_convert((char *)d + off * es, t, (float *)tmp + (off / (GT_POOL_N - 7)) % 7, LCU_F32, m, 0));
+    }
+    GT_CUDA(cudaFree(tmp));
+    return d;
+}
+
 void gt_get(void *h, const void *d, size_t bytes)
 {
     if (bytes) GT_CUDA(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));

@@ -57,6 +57,9 @@ void *gt_dev_poison(size_t bytes);
 void *gt_dev_f32(const float *h, size_t n);
 void *gt_dev_bf16(const float *h, size_t n);
 void *gt_dev_copy(const void *h, size_t bytes);
+/* n values uniform in [lo, hi] on the device as F32 or BF16, fast enough for GBs: a pool of
+ * 4M random values (drawn once) tiled with shifts. For benchmarks, not for checks. */
+void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi);
 /* Host copies of device arrays (bf16 converted to fp32). */
 void gt_get_f32(float *h, const void *d, size_t n);
 void gt_get_bf16(float *h, const void *d, size_t n);
