@@ -558,6 +558,33 @@ template <int D> struct lcu_attn2_cfg {
     static constexpr int DQ_SMEM = 4 * TILE + TTILE + 2 * LCU_AT * 4;
 };
 
+/* The warp's 16×(8·NN) blocks S = A1·B1ᵀ and dP = A2·B2ᵀ over D, for B rows n0·8 ..
+ * (n0 + NN)·8 − 1 (A1/A2 rows 16·warp.., operands row-major with stride LDQ, k along rows). */
+template <int D, int NN>
+__device__ __forceinline__ void lcu_scores2(float (*sc)[4], float (*dp)[4], const bf16 *A1, const bf16 *B1,
+                                            const bf16 *A2, const bf16 *B2, int warp, int n0)
+{
+    constexpr int LDQ = lcu_attn2_cfg<D>::LDQ;
+#pragma unroll
+    for (int nn = 0; nn < NN; nn++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[nn][e] = dp[nn][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a1[4], a2[4];
+        lcu_frag_a(a1, A1, LDQ, warp * 16, kk * 16);
+        lcu_frag_a(a2, A2, LDQ, warp * 16, kk * 16);
+#pragma unroll
+        for (int nn = 0; nn < NN; nn++) {
+            uint32_t b[2];
+            lcu_frag_b(b, B1, LDQ, (n0 + nn) * 8, kk * 16);
+            lcu_mma(sc[nn], a1, b);
+            lcu_frag_b(b, B2, LDQ, (n0 + nn) * 8, kk * 16);
+            lcu_mma(dp[nn], a2, b);
+        }
+    }
+}
+
 /* One block (4 warps) per (query tile, query head); warp w owns query rows 16w..16w+15,
  * each thread rows g and g+8 of them (the accumulator layout). */
 template <int D>
@@ -679,7 +706,7 @@ __global__ void __launch_bounds__(128) lcu_attn_fwd2_k(lcu_attn_p p, const bf16 
 }
 
 /* dK, dV per (key tile, kv head); warp w owns keys 16w..16w+15. Per query tile the scores
- * are computed transposed (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, keys as rows), 32 queries at a time. */
+ * are computed transposed (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, keys as rows), 16 queries at a time. */
 template <int D>
 __global__ void __launch_bounds__(128) lcu_attn_dkdv2_k(lcu_attn_p p, const bf16 *q, const bf16 *k, const bf16 *v,
                                                         const bf16 *dout, const float *lse, const float *Dv,
@@ -718,56 +745,36 @@ __global__ void __launch_bounds__(128) lcu_attn_dkdv2_k(lcu_attn_p p, const bf16
             lcu_load_tile_t<D>(Qt, q + r0 * qstride + (long)h * D, qstride, qvalid);
             lcu_load_tile_t<D>(dOt, dout + r0 * qstride + (long)h * D, qstride, qvalid);
             __syncthreads();
+            /* 16 queries at a time (one k-tile of the dV/dK products): fewer live registers
+             * beside the two D-wide accumulators */
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) { /* queries 32·hf .. 32·hf + 31 */
-                float st[4][4], dpt[4][4];
+            for (int j = 0; j < LCU_AT / 16; j++) {
+                float st[2][4], dpt[2][4];
+                lcu_scores2<D, 2>(st, dpt, Ks, Qs, Vs, dOs, warp, 2 * j); /* Sᵀ = K Qᵀ, dPᵀ = V dOᵀ */
+                uint32_t pa[4], da[4]; /* Pᵀ and dSᵀ as A operands */
 #pragma unroll
-                for (int nn = 0; nn < 4; nn++)
+                for (int hn = 0; hn < 2; hn++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) st[nn][e] = dpt[nn][e] = 0.0f;
+                    for (int r = 0; r < 2; r++) {
+                        float pr[2], ds[2];
 #pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    uint32_t ak[4], av[4];
-                    lcu_frag_a(ak, Ks, C::LDQ, warp * 16, kk * 16);
-                    lcu_frag_a(av, Vs, C::LDQ, warp * 16, kk * 16);
-#pragma unroll
-                    for (int nn = 0; nn < 4; nn++) {
-                        uint32_t b[2];
-                        lcu_frag_b(b, Qs, C::LDQ, (4 * hf + nn) * 8, kk * 16);
-                        lcu_mma(st[nn], ak, b);
-                        lcu_frag_b(b, dOs, C::LDQ, (4 * hf + nn) * 8, kk * 16);
-                        lcu_mma(dpt[nn], av, b);
-                    }
-                }
-                uint32_t pa[2][4], da[2][4]; /* Pᵀ and dSᵀ as A operands, 16 queries each */
-#pragma unroll
-                for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                    for (int hn = 0; hn < 2; hn++)
-#pragma unroll
-                        for (int r = 0; r < 2; r++) {
-                            int nn = 2 * jj + hn;
-                            float pr[2], ds[2];
-#pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                int col = (4 * hf + nn) * 8 + 2 * t + e, qpos = qt * LCU_AT + col;
-                                bool ok = kpos[r] <= qpos && qpos < n_len;
-                                pr[e] = ok ? expf(st[nn][2 * r + e] * p.scale - lse_s[col]) : 0.0f;
-                                ds[e] = ok ? pr[e] * (dpt[nn][2 * r + e] - D_s[col]) : 0.0f;
-                            }
-                            pa[jj][hn * 2 + r] = lcu_pack(pr[0], pr[1]);
-                            da[jj][hn * 2 + r] = lcu_pack(ds[0], ds[1]);
+                        for (int e = 0; e < 2; e++) {
+                            int col = (2 * j + hn) * 8 + 2 * t + e, qpos = qt * LCU_AT + col;
+                            bool ok = kpos[r] <= qpos && qpos < n_len;
+                            pr[e] = ok ? expf(st[hn][2 * r + e] * p.scale - lse_s[col]) : 0.0f;
+                            ds[e] = ok ? pr[e] * (dpt[hn][2 * r + e] - D_s[col]) : 0.0f;
                         }
-#pragma unroll
-                for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                    for (int n = 0; n < D / 8; n++) {
-                        uint32_t b[2];
-                        lcu_frag_b(b, dOt, LCU_LDT, n * 8, (2 * hf + jj) * 16);
-                        lcu_mma(dva[n], pa[jj], b); /* dV += Pᵀ dO */
-                        lcu_frag_b(b, Qt, LCU_LDT, n * 8, (2 * hf + jj) * 16);
-                        lcu_mma(dka[n], da[jj], b); /* dK += dSᵀ Q */
+                        pa[hn * 2 + r] = lcu_pack(pr[0], pr[1]);
+                        da[hn * 2 + r] = lcu_pack(ds[0], ds[1]);
                     }
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    uint32_t b[2];
+                    lcu_frag_b(b, dOt, LCU_LDT, n * 8, j * 16);
+                    lcu_mma(dva[n], pa, b); /* dV += Pᵀ dO */
+                    lcu_frag_b(b, Qt, LCU_LDT, n * 8, j * 16);
+                    lcu_mma(dka[n], da, b); /* dK += dSᵀ Q */
+                }
             }
         }
     }
@@ -775,7 +782,8 @@ __global__ void __launch_bounds__(128) lcu_attn_dkdv2_k(lcu_attn_p p, const bf16
     for (int r = 0; r < 2; r++) {
         int kr = warp * 16 + g + 8 * r;
         if (kr >= kvalid) continue;
-        float *dvr = dv + (rk + kr) * kvstride + (long)kvh * D + 2 * t, *dkr = dk + (rk + kr) * kvstride + (long)kvh * D + 2 * t;
+        long o = (rk + kr) * kvstride + (long)kvh * D + 2 * t;
+        float *dvr = dv + o, *dkr = dk + o;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             *reinterpret_cast<float2 *>(dvr + n * 8) = make_float2(dva[n][2 * r], dva[n][2 * r + 1]);
@@ -820,24 +828,7 @@ __global__ void __launch_bounds__(128) lcu_attn_dq2_k(lcu_attn_p p, const bf16 *
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) { /* keys 32·hf .. 32·hf + 31 */
             float sc[4][4], dp[4][4];
-#pragma unroll
-            for (int nn = 0; nn < 4; nn++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[nn][e] = dp[nn][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t aq[4], ao[4];
-                lcu_frag_a(aq, Qs, C::LDQ, warp * 16, kk * 16);
-                lcu_frag_a(ao, dOs, C::LDQ, warp * 16, kk * 16);
-#pragma unroll
-                for (int nn = 0; nn < 4; nn++) {
-                    uint32_t b[2];
-                    lcu_frag_b(b, Ks, C::LDQ, (4 * hf + nn) * 8, kk * 16);
-                    lcu_mma(sc[nn], aq, b);
-                    lcu_frag_b(b, Vs, C::LDQ, (4 * hf + nn) * 8, kk * 16);
-                    lcu_mma(dp[nn], ao, b);
-                }
-            }
+            lcu_scores2<D, 4>(sc, dp, Qs, Ks, dOs, Vs, warp, 4 * hf); /* S = Q Kᵀ, dP = dO Vᵀ */
             uint32_t da[2][4]; /* dS as the A operand, 16 keys each */
 #pragma unroll
             for (int jj = 0; jj < 2; jj++)
