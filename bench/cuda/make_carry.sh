@@ -30,4 +30,4 @@ git rev-parse HEAD > "$C/commit" 2>/dev/null || true
 du -sh "$C"
 size=$(du -sb "$C" | cut -f1)
 if [ "$size" -gt $((60 * 1024 * 1024)) ]; then echo "make_carry: $C is over 60 MiB" >&2; exit 1; fi
-echo "carry ready: device run with carry [\"$C\"] and command 'bash bench/cuda/run_on_gpu.sh tests bench'"
+echo "carry ready: device runs with carry [\"$C\"]: 'bash bench/cuda/run_on_gpu.sh tests sanitize', then 'bench layer', then 'peer' (bench/cuda/NOTES.md)"
