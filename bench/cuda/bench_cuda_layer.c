@@ -284,6 +284,7 @@ static void free_layer(layer *y)
     GT_CUDA(cudaDeviceSynchronize());
     lcu_ctx_destroy(ctx);
     GT_CUDA(cudaDeviceReset());
+    gt_dev_random_forget();
     GT_LCU(lcu_ctx_create(&ctx, 0));
 }
 

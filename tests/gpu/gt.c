@@ -131,6 +131,20 @@ void *gt_dev_bf16(const float *h, size_t n)
 
 #define GT_POOL_N (1 << 22)
 
+/* device pools of GT_POOL_N values in [lo, hi], kept per range (benchmarks ask for a few
+ * ranges many times) */
+static struct {
+    double lo, hi;
+    float *dev;
+} gt_pools[8];
+static int gt_npools;
+
+void gt_dev_random_forget(void)
+{
+    memset(gt_pools, 0, sizeof gt_pools);
+    gt_npools = 0;
+}
+
 void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi)
 {
     static float *pool;
@@ -138,18 +152,27 @@ void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi)
         pool = malloc((size_t)GT_POOL_N * 4);
         for (size_t i = 0; i < GT_POOL_N; i++) pool[i] = (float)rng_uniform(&gt_rng);
     }
+    float *src = NULL;
+    for (int i = 0; i < gt_npools && !src; i++)
+        if (gt_pools[i].lo == lo && gt_pools[i].hi == hi) src = gt_pools[i].dev;
+    if (!src) {
+        float *h = malloc((size_t)GT_POOL_N * 4);
+        for (size_t i = 0; i < GT_POOL_N; i++) h[i] = (float)(lo + (hi - lo) * pool[i]);
+        int slot = gt_npools < 8 ? gt_npools++ : 7; /* past 8 ranges the last slot is replaced */
+        if (gt_pools[slot].dev) GT_CUDA(cudaFree(gt_pools[slot].dev));
+        GT_CUDA(cudaMalloc((void **)&gt_pools[slot].dev, (size_t)GT_POOL_N * 4));
+        GT_CUDA(cudaMemcpy(gt_pools[slot].dev, h, (size_t)GT_POOL_N * 4, cudaMemcpyHostToDevice));
+        gt_pools[slot].lo = lo;
+        gt_pools[slot].hi = hi;
+        src = gt_pools[slot].dev;
+        free(h);
+    }
     size_t es = t == LCU_F32 ? 4 : 2;
-    void *d = gt_dev_poison(n * es), *tmp = NULL;
-    float *h = malloc((size_t)GT_POOL_N * 4);
-    for (size_t i = 0; i < GT_POOL_N; i++) h[i] = (float)(lo + (hi - lo) * pool[i]);
-    GT_CUDA(cudaMalloc(&tmp, (size_t)GT_POOL_N * 4));
-    GT_CUDA(cudaMemcpy(tmp, h, (size_t)GT_POOL_N * 4, cudaMemcpyHostToDevice));
-    free(h);
+    void *d = gt_dev_poison(n * es);
     for (size_t off = 0; off < n; off += GT_POOL_N - 7) { /* shifted copies: no exact period */
         size_t m = n - off < GT_POOL_N - 7 ? n - off : GT_POOL_N - 7;
-        GT_LCU(lcu_convert((char *)d + off * es, t, (float *)tmp + (off / (GT_POOL_N - 7)) % 7, LCU_F32, m, 0));
+        GT_LCU(lcu_convert((char *)d + off * es, t, src + (off / (GT_POOL_N - 7)) % 7, LCU_F32, m, 0));
     }
-    GT_CUDA(cudaFree(tmp));
     return d;
 }
 

@@ -60,6 +60,8 @@ void *gt_dev_copy(const void *h, size_t bytes);
 /* n values uniform in [lo, hi] on the device as F32 or BF16, fast enough for GBs: a pool of
  * 4M random values (drawn once) tiled with shifts. For benchmarks, not for checks. */
 void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi);
+/* After cudaDeviceReset: the pools gt_dev_random keeps on the device are gone. */
+void gt_dev_random_forget(void);
 /* Host copies of device arrays (bf16 converted to fp32). */
 void gt_get_f32(float *h, const void *d, size_t n);
 void gt_get_bf16(float *h, const void *d, size_t n);
