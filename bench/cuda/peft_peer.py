@@ -73,6 +73,7 @@ def build(name):
         except TypeError:  # older transformers
             model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16,
                                                                   attn_implementation="sdpa")
+    model = model.to("cuda")  # a no-op unless from_config ignored the device context
     model.config.use_cache = False
     return model
 
