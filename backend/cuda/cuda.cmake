@@ -1,0 +1,69 @@
+# backend/cuda/cuda.cmake — the CUDA kernel layer (loom_cuda_ops), its gpu tests (ctest
+# label `gpu`, skipped with exit status 77 where no device is present) and benchmarks.
+# Built whenever nvcc is found (LOOM_CUDA_KERNELS=OFF opts out); a build without nvcc is
+# unchanged. (The top-level option LOOM_CUDA is not used: option() stores its AUTO default
+# as the boolean OFF.)
+#
+# The gpu test and bench binaries link no service library (libpq, libsodium, h2o, jansson):
+# they run on a GPU machine that lacks them (bench/cuda/make_carry.sh, run_on_gpu.sh).
+
+option(LOOM_CUDA_KERNELS "Build the CUDA kernel layer when nvcc is found" ON)
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER OR NOT LOOM_CUDA_KERNELS)
+  message(STATUS "Loom: CUDA kernel layer off (no nvcc, or LOOM_CUDA_KERNELS=OFF)")
+  return()
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+message(STATUS "Loom: CUDA kernel layer on (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+
+# Hopper: sm_90a machine code (wgmma/setmaxnreg available to tuned kernels) and plain sm_90.
+set(LOOM_CUDA_GENCODE "-gencode=arch=compute_90a,code=sm_90a;-gencode=arch=compute_90,code=sm_90"
+    CACHE STRING "nvcc -gencode flags for the CUDA kernel layer")
+
+file(GLOB LOOM_CUDA_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/backend/cuda/*.cu)
+add_library(loom_cuda_ops STATIC ${LOOM_CUDA_SRC})
+# The directory's C warning flags (-Wall ... -D_GNU_SOURCE) mean nothing to nvcc: start from
+# an empty list and give nvcc its own. Architectures come from LOOM_CUDA_GENCODE alone.
+set_target_properties(loom_cuda_ops PROPERTIES
+  COMPILE_OPTIONS ""
+  CUDA_ARCHITECTURES OFF
+  CUDA_STANDARD 17
+  CUDA_STANDARD_REQUIRED ON
+  POSITION_INDEPENDENT_CODE ON)
+target_compile_options(loom_cuda_ops PRIVATE ${LOOM_CUDA_GENCODE} -lineinfo -Xcompiler=-Wall,-Wextra)
+target_include_directories(loom_cuda_ops PUBLIC ${CMAKE_SOURCE_DIR})
+target_link_libraries(loom_cuda_ops PUBLIC CUDA::cudart_static CUDA::cublasLt CUDA::cublas)
+
+# CPU-backend twins the gpu tests compare against: the CPU kernels themselves, built with a
+# plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS.
+set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
+set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
+add_library(loom_gpu_test_support STATIC
+  ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c
+  ${CMAKE_SOURCE_DIR}/tests/gpu/ref_blas.c
+  ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
+  ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
+  ${LOOM_CPU_TWIN_DIR}/cpu_attention.c
+  ${LOOM_CPU_TWIN_DIR}/cpu_choose.c
+  ${LOOM_EXE_TWIN_DIR}/adamw.c
+  ${LOOM_EXE_TWIN_DIR}/loss.c)
+target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})
+target_link_libraries(loom_gpu_test_support PUBLIC loom_cuda_ops Threads::Threads m)
+
+enable_testing()
+file(GLOB LOOM_GPU_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/gpu/test_gpu_*.c)
+foreach(src ${LOOM_GPU_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE loom_gpu_test_support)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
+endforeach()
+
+# Benchmarks (kernels; one layer extrapolated to the model): print figures, never tests.
+foreach(b bench_cuda_kernels bench_cuda_layer)
+  add_executable(${b} ${CMAKE_SOURCE_DIR}/bench/cuda/${b}.c)
+  target_link_libraries(${b} PRIVATE loom_gpu_test_support)
+endforeach()

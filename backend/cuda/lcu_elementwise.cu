@@ -1,0 +1,268 @@
+/* lcu_elementwise.cu — the memory-bound kernels between GEMMs (see cuda_ops.h): dtype
+ * conversion, row copies, embedding, residual and bias adds, RMSNorm (also q/k norm),
+ * RoPE, SwiGLU. Simple grid-stride loops first; each is one pass over its tensors, so the
+ * bytes-moved floor in bench/cuda/NOTES.md is the target when tuning (vector loads,
+ * fusion into neighbours).
+ */
+#include "backend/cuda/lcu_common.cuh"
+
+#include <cuda_fp16.h>
+
+#define LCU_GRID_STRIDE(i, n) \
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+/* ---- conversion, copies ------------------------------------------------------------------ */
+
+template <typename D, typename S> __global__ void lcu_convert_k(D *dst, const S *src, long n)
+{
+    LCU_GRID_STRIDE(i, n) lcu_st(dst, i, lcu_ld(src, i));
+}
+
+template <typename D> __global__ void lcu_convert_f16_k(D *dst, const __half *src, long n)
+{
+    LCU_GRID_STRIDE(i, n) lcu_st(dst, i, __half2float(src[i])); /* f16 → f32 is exact */
+}
+
+int lcu_convert(void *dst, lcu_dtype dt, const void *src, lcu_dtype st, size_t n, cudaStream_t s)
+{
+    if ((!dst || !src) && n) return LCU_EINVAL;
+    if (n == 0) return 0;
+    unsigned g = lcu_blocks((long)n, 256);
+    if (st == LCU_F16) {
+        LCU_DISPATCH_F32_BF16(dt, D, lcu_convert_f16_k<D><<<g, 256, 0, s>>>((D *)dst, (const __half *)src, (long)n));
+        return lcu_launch_status();
+    }
+    LCU_DISPATCH_F32_BF16(dt, D, LCU_DISPATCH_F32_BF16(st, S,
+        lcu_convert_k<D, S><<<g, 256, 0, s>>>((D *)dst, (const S *)src, (long)n)));
+    return lcu_launch_status();
+}
+
+__global__ void lcu_copy_rows_k(uint32_t *dst, const int64_t *dr, const uint32_t *src, const int64_t *sr, long n,
+                                long words)
+{
+    LCU_GRID_STRIDE(i, n * words) {
+        long r = i / words, w = i % words;
+        long d = dr ? dr[r] : r, s = sr ? sr[r] : r;
+        dst[d * words + w] = src[s * words + w];
+    }
+}
+
+int lcu_copy_rows(void *dst, const int64_t *dst_rows, const void *src, const int64_t *src_rows, long n,
+                  size_t row_bytes, cudaStream_t s)
+{
+    if (n < 0 || row_bytes % 4 || ((!dst || !src) && n)) return LCU_EINVAL;
+    if (n == 0 || row_bytes == 0) return 0;
+    long words = (long)(row_bytes / 4);
+    lcu_copy_rows_k<<<lcu_blocks(n * words, 256), 256, 0, s>>>((uint32_t *)dst, dst_rows, (const uint32_t *)src,
+                                                                src_rows, n, words);
+    return lcu_launch_status();
+}
+
+/* ---- embedding, adds --------------------------------------------------------------------- */
+
+__global__ void lcu_embed_k(float *x, const __nv_bfloat16 *table, const int32_t *tok, long T, int H)
+{
+    LCU_GRID_STRIDE(i, T * H) {
+        long t = i / H, c = i % H;
+        x[i] = __bfloat162float(table[(long)tok[t] * H + c]);
+    }
+}
+
+int lcu_embed(float *x, const lcu_bf16 *table, const int32_t *tokens, long T, int H, cudaStream_t s)
+{
+    if (T < 0 || H <= 0 || ((!x || !table || !tokens) && T)) return LCU_EINVAL;
+    if (T == 0) return 0;
+    lcu_embed_k<<<lcu_blocks(T * H, 256), 256, 0, s>>>(x, (const __nv_bfloat16 *)table, tokens, T, H);
+    return lcu_launch_status();
+}
+
+__global__ void lcu_add_k(float *y, const float *a, const float *b, long n)
+{
+    LCU_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+int lcu_add(float *y, const float *a, const float *b, long n, cudaStream_t s)
+{
+    if (n < 0 || ((!y || !a || !b) && n)) return LCU_EINVAL;
+    if (n == 0) return 0;
+    lcu_add_k<<<lcu_blocks(n, 256), 256, 0, s>>>(y, a, b, n);
+    return lcu_launch_status();
+}
+
+__global__ void lcu_add_bias_k(float *y, const __nv_bfloat16 *b, long T, int n)
+{
+    LCU_GRID_STRIDE(i, T * n) y[i] += __bfloat162float(b[i % n]);
+}
+
+int lcu_add_bias(float *y, const lcu_bf16 *bias, long T, int n, cudaStream_t s)
+{
+    if (T < 0 || n <= 0 || ((!y || !bias) && T)) return LCU_EINVAL;
+    if (T == 0) return 0;
+    lcu_add_bias_k<<<lcu_blocks(T * n, 256), 256, 0, s>>>(y, (const __nv_bfloat16 *)bias, T, n);
+    return lcu_launch_status();
+}
+
+/* ---- RMSNorm: one warp per row ------------------------------------------------------------ */
+
+#define LCU_NORM_WARPS 8
+
+template <typename Y>
+__global__ void lcu_rmsnorm_fwd_k(Y *y, float *rstd, const float *x, const __nv_bfloat16 *w, long rows, int dim,
+                                  double eps)
+{
+    int lane = threadIdx.x & 31;
+    long warp = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nwarps = ((long)gridDim.x * blockDim.x) >> 5;
+    for (long r = warp; r < rows; r += nwarps) {
+        const float *xr = x + r * dim;
+        float ss = 0.0f;
+        for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+        ss = lcu_warp_sum(ss);
+        float rs = (float)(1.0 / sqrt((double)ss / dim + eps));
+        if (lane == 0 && rstd) rstd[r] = rs;
+        for (int i = lane; i < dim; i += 32) lcu_st(y, r * dim + i, xr[i] * rs * __bfloat162float(w[i]));
+    }
+}
+
+int lcu_rmsnorm_fwd(void *y, lcu_dtype yt, float *rstd, const float *x, const lcu_bf16 *w, long rows, int dim,
+                    double eps, cudaStream_t s)
+{
+    if (rows < 0 || dim <= 0 || ((!y || !x || !w) && rows)) return LCU_EINVAL;
+    if (rows == 0) return 0;
+    unsigned g = lcu_blocks(rows, LCU_NORM_WARPS);
+    LCU_DISPATCH_F32_BF16(yt, Y,
+        lcu_rmsnorm_fwd_k<Y><<<g, 32 * LCU_NORM_WARPS, 0, s>>>((Y *)y, rstd, x, (const __nv_bfloat16 *)w, rows,
+                                                                dim, eps));
+    return lcu_launch_status();
+}
+
+/* Each lane reads dy[i] before writing dx[i] for the same i, so dx may alias dy. */
+template <typename DX, typename DY>
+__global__ void lcu_rmsnorm_bwd_k(DX *dx, const DY *dy, const float *x, const float *rstd, const __nv_bfloat16 *w,
+                                  long rows, int dim, bool acc)
+{
+    int lane = threadIdx.x & 31;
+    long warp = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nwarps = ((long)gridDim.x * blockDim.x) >> 5;
+    for (long r = warp; r < rows; r += nwarps) {
+        const float *xr = x + r * dim;
+        float dot = 0.0f;
+        for (int i = lane; i < dim; i += 32) dot += lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) * xr[i];
+        dot = lcu_warp_sum(dot);
+        float rs = rstd[r];
+        float c = (float)((double)dot * rs * rs / dim);
+        for (int i = lane; i < dim; i += 32) {
+            float v = rs * (lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) - xr[i] * c);
+            if (acc) v += lcu_ld(dx, r * dim + i);
+            lcu_st(dx, r * dim + i, v);
+        }
+    }
+}
+
+int lcu_rmsnorm_bwd(void *dx, lcu_dtype dxt, const void *dy, lcu_dtype dyt, const float *x, const float *rstd,
+                    const lcu_bf16 *w, long rows, int dim, bool accumulate, cudaStream_t s)
+{
+    if (rows < 0 || dim <= 0 || ((!dx || !dy || !x || !rstd || !w) && rows)) return LCU_EINVAL;
+    if (accumulate && dxt != LCU_F32) return LCU_EINVAL;
+    if (dx == dy && dxt != dyt) return LCU_EINVAL;
+    if (rows == 0) return 0;
+    unsigned g = lcu_blocks(rows, LCU_NORM_WARPS);
+    LCU_DISPATCH_F32_BF16(dxt, DX, LCU_DISPATCH_F32_BF16(dyt, DY,
+        lcu_rmsnorm_bwd_k<DX, DY><<<g, 32 * LCU_NORM_WARPS, 0, s>>>((DX *)dx, (const DY *)dy, x, rstd,
+                                                                     (const __nv_bfloat16 *)w, rows, dim,
+                                                                     accumulate)));
+    return lcu_launch_status();
+}
+
+/* ---- RoPE -------------------------------------------------------------------------------- */
+
+typedef struct {
+    double inv[256];
+} lcu_inv_freq;
+
+__global__ void lcu_rope_table_k(float *cos_t, float *sin_t, lcu_inv_freq f, int half, int max_pos)
+{
+    LCU_GRID_STRIDE(i, (long)max_pos * half) {
+        /* angles in double: pos·θ reaches 10⁴–10⁵ rad, where fp32 would lose ~1e-3 rad */
+        double a = (double)(i / half) * f.inv[i % half];
+        cos_t[i] = (float)cos(a);
+        sin_t[i] = (float)sin(a);
+    }
+}
+
+int lcu_rope_table(float *cos_t, float *sin_t, const double *inv_freq, int half, int max_pos, cudaStream_t s)
+{
+    if (half <= 0 || half > 256 || max_pos < 0 || !inv_freq || ((!cos_t || !sin_t) && max_pos)) return LCU_EINVAL;
+    if (max_pos == 0) return 0;
+    lcu_inv_freq f;
+    for (int i = 0; i < half; i++) f.inv[i] = inv_freq[i];
+    lcu_rope_table_k<<<lcu_blocks((long)max_pos * half, 256), 256, 0, s>>>(cos_t, sin_t, f, half, max_pos);
+    return lcu_launch_status();
+}
+
+/* One thread per rotated pair (i, i + d/2): it reads both before writing, so out may
+ * alias in. */
+template <typename O>
+__global__ void lcu_rope_k(O *out, const float *in, long T, int nh, int d, const int32_t *pos, const float *cos_t,
+                           const float *sin_t, bool inverse)
+{
+    int half = d / 2;
+    LCU_GRID_STRIDE(i, T * nh * half) {
+        long row = i / half; /* t·nh + h */
+        int j = (int)(i % half);
+        long t = row / nh, base = row * d;
+        long p = (long)pos[t] * half + j;
+        float c = cos_t[p], sn = inverse ? -sin_t[p] : sin_t[p];
+        float x1 = in[base + j], x2 = in[base + j + half];
+        lcu_st(out, base + j, x1 * c - x2 * sn);
+        lcu_st(out, base + j + half, x2 * c + x1 * sn);
+    }
+}
+
+int lcu_rope(void *out, lcu_dtype ot, const float *in, long T, int nh, int d, const int32_t *pos,
+             const float *cos_t, const float *sin_t, bool inverse, cudaStream_t s)
+{
+    if (T < 0 || nh <= 0 || d <= 0 || d % 2 || ((!out || !in || !pos || !cos_t || !sin_t) && T)) return LCU_EINVAL;
+    if (out == (const void *)in && ot != LCU_F32) return LCU_EINVAL;
+    if (T == 0) return 0;
+    unsigned g = lcu_blocks(T * nh * (d / 2), 256);
+    LCU_DISPATCH_F32_BF16(ot, O,
+        lcu_rope_k<O><<<g, 256, 0, s>>>((O *)out, in, T, nh, d, pos, cos_t, sin_t, inverse));
+    return lcu_launch_status();
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------------ */
+
+template <typename H> __global__ void lcu_swiglu_fwd_k(H *h, const float *g, const float *u, long n)
+{
+    LCU_GRID_STRIDE(i, n) {
+        float x = g[i];
+        lcu_st(h, i, x / (1.0f + expf(-x)) * u[i]);
+    }
+}
+
+template <typename D>
+__global__ void lcu_swiglu_bwd_k(D *dg, D *du, const float *dh, const float *g, const float *u, long n)
+{
+    LCU_GRID_STRIDE(i, n) {
+        float x = g[i], sg = 1.0f / (1.0f + expf(-x)), d = dh[i];
+        lcu_st(dg, i, d * u[i] * sg * (1.0f + x * (1.0f - sg)));
+        lcu_st(du, i, d * x * sg);
+    }
+}
+
+int lcu_swiglu_fwd(void *h, lcu_dtype ht, const float *g, const float *u, long n, cudaStream_t s)
+{
+    if (n < 0 || ((!h || !g || !u) && n)) return LCU_EINVAL;
+    if (n == 0) return 0;
+    LCU_DISPATCH_F32_BF16(ht, H, lcu_swiglu_fwd_k<H><<<lcu_blocks(n, 256), 256, 0, s>>>((H *)h, g, u, n));
+    return lcu_launch_status();
+}
+
+int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float *g, const float *u, long n,
+                   cudaStream_t s)
+{
+    if (n < 0 || ((!dg || !du || !dh || !g || !u) && n)) return LCU_EINVAL;
+    if (n == 0) return 0;
+    LCU_DISPATCH_F32_BF16(t, D,
+        lcu_swiglu_bwd_k<D><<<lcu_blocks(n, 256), 256, 0, s>>>((D *)dg, (D *)du, dh, g, u, n));
+    return lcu_launch_status();
+}

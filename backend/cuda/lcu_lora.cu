@@ -1,0 +1,81 @@
+/* lcu_lora.cu — LoRA over segments of rows, one adapter (and rank) per segment (see
+ * cuda_ops.h). Version 1: per-segment GEMMs through lcu_gemm, in segment order, with the
+ * CPU backend's sequence of products (cpu_layer.c cpu_lora_fwd_rows / cpu_lora_bwd_rows):
+ *
+ *   forward   z = x Aᵀ (bf16)              y += scale·z Bᵀ
+ *   backward  z = x Aᵀ (recomputed)        gB += scale·dyᵀ z
+ *             dz = scale·dy B (bf16)       gA += dzᵀ x          dx += dz A
+ *
+ * Each segment uses its own rows of the z/dz workspaces, so a grouped kernel (all segments
+ * in one launch, SGMV style) can replace the loops here without changing the interface;
+ * the gradient products keep a fixed order either way (deterministic).
+ */
+#include "backend/cuda/lcu_common.cuh"
+
+int lcu_lora_ldz(int max_rank) { return ((max_rank > 1 ? max_rank : 1) + 7) / 8 * 8; }
+
+static int lcu_lora_check(const lcu_lora_seg *segs, int nseg, int in, int out, const void *x, long ldx,
+                          const void *y, long ldy, const void *z, long ldz)
+{
+    if (nseg < 0 || (nseg && !segs) || in <= 0 || out <= 0 || ldx < in || ldy < out) return LCU_EINVAL;
+    for (int i = 0; i < nseg; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        if (g->row_end < g->row_begin || g->row_begin < 0 || g->rank < 1 || !g->A || !g->B || ldz < g->rank)
+            return LCU_EINVAL;
+    }
+    if (nseg && (!x || !y || !z)) return LCU_EINVAL;
+    return 0;
+}
+
+static int lcu_lora_z(lcu_ctx *c, const lcu_lora_seg *g, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z, long ldz,
+                      cudaStream_t s)
+{
+    int rows = (int)(g->row_end - g->row_begin);
+    lcu_gemm_args a = {false, true, rows, g->rank, in, 1.0f, 0.0f, x + g->row_begin * ldx, ldx, g->A, in,
+                       NULL, 0, z + g->row_begin * ldz, ldz, LCU_BF16};
+    return lcu_gemm(c, &a, s);
+}
+
+int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                 float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
+    for (int i = 0; i < nseg && !rc; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        int rows = (int)(g->row_end - g->row_begin);
+        if (rows == 0) continue;
+        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
+        lcu_gemm_args e = {false, true, rows, out, g->rank, g->scale, 1.0f, z + g->row_begin * ldz, ldz, g->B,
+                           g->rank, NULL, 0, y + g->row_begin * ldy, ldy, LCU_F32};
+        if (!rc) rc = lcu_gemm(c, &e, s);
+    }
+    return rc;
+}
+
+int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                 const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                 cudaStream_t s)
+{
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
+    if (rc) return rc;
+    if ((dx && lddx < in) || (nseg && !dz)) return LCU_EINVAL;
+    for (int i = 0; i < nseg && !rc; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        int rows = (int)(g->row_end - g->row_begin), r = g->rank;
+        if (rows == 0) continue;
+        if (!g->gA || !g->gB) return LCU_EINVAL;
+        const lcu_bf16 *xs = x + g->row_begin * ldx, *dys = dy + g->row_begin * lddy;
+        lcu_bf16 *zs = z + g->row_begin * ldz, *dzs = dz + g->row_begin * ldz;
+        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
+        lcu_gemm_args gb = {true, false, out, r, rows, g->scale, 1.0f, dys, lddy, zs, ldz, NULL, 0, g->gB, r, LCU_F32};
+        lcu_gemm_args d = {false, false, rows, r, out, g->scale, 0.0f, dys, lddy, g->B, r, NULL, 0, dzs, ldz, LCU_BF16};
+        lcu_gemm_args ga = {true, false, r, in, rows, 1.0f, 1.0f, dzs, ldz, xs, ldx, NULL, 0, g->gA, in, LCU_F32};
+        lcu_gemm_args gx = {false, false, rows, in, r, 1.0f, 1.0f, dzs, ldz, g->A, in, NULL, 0,
+                            dx ? dx + g->row_begin * lddx : NULL, lddx, LCU_F32};
+        if (!rc) rc = lcu_gemm(c, &gb, s);
+        if (!rc) rc = lcu_gemm(c, &d, s);
+        if (!rc) rc = lcu_gemm(c, &ga, s);
+        if (!rc && dx) rc = lcu_gemm(c, &gx, s);
+    }
+    return rc;
+}

@@ -1,0 +1,281 @@
+/* test_gpu_lora.c — segmented LoRA (lcu_lora_fwd / lcu_lora_bwd): several adapters of
+ * different ranks (1, 3, 8, 32, 64; scale = 32/r) over runs of rows of one packed batch,
+ * against the fp64 products of the CPU backend (cpu_lora_fwd_rows / cpu_lora_bwd_rows);
+ * the packed call equal, bit for bit, to each segment run alone; two segments sharing one
+ * adapter accumulate into the same gradients; bitwise reruns; the fp64 reference gradients
+ * against finite differences.
+ *
+ * Tolerances (relative L2, on the LoRA contribution): y delta 5e-3 (z rounded to bf16
+ * before the expand); dx delta, gA, gB delta 1e-2 (dz rounded to bf16 as well).
+ */
+#include "tests/gpu/gt.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NSEG 6
+
+typedef struct {
+    int in, out, nseg;
+    long rows;
+    long begin[NSEG], end[NSEG];
+    int rank[NSEG], ad[NSEG]; /* ad: which adapter (segments 4 and 5 share adapter 4) */
+    float *A[NSEG], *B[NSEG]; /* host fp32 (bf16-exact) */
+} setup;
+
+/* y += scale (x Aᵀ) Bᵀ; gB += scale dyᵀ z; dz = scale dy B; gA += dzᵀ x; dx += dz A; in fp64. */
+static void ref(const setup *S, const float *x, const float *dy, double *y, double *dx, double **gA, double **gB)
+{
+    for (int s = 0; s < S->nseg; s++) {
+        int r = S->rank[s], a = S->ad[s];
+        double scale = 32.0 / r;
+        for (long t = S->begin[s]; t < S->end[s]; t++) {
+            double z[64], dz[64];
+            for (int j = 0; j < r; j++) {
+                z[j] = 0;
+                for (int i = 0; i < S->in; i++) z[j] += (double)x[t * S->in + i] * S->A[a][j * S->in + i];
+            }
+            for (int o = 0; o < S->out; o++) {
+                double acc = 0;
+                for (int j = 0; j < r; j++) acc += z[j] * S->B[a][o * r + j];
+                y[t * S->out + o] += scale * acc;
+            }
+            for (int j = 0; j < r; j++) {
+                dz[j] = 0;
+                for (int o = 0; o < S->out; o++) dz[j] += scale * dy[t * S->out + o] * S->B[a][o * r + j];
+            }
+            for (int o = 0; o < S->out; o++)
+                for (int j = 0; j < r; j++) gB[a][o * r + j] += scale * dy[t * S->out + o] * z[j];
+            for (int j = 0; j < r; j++)
+                for (int i = 0; i < S->in; i++) gA[a][j * S->in + i] += dz[j] * x[t * S->in + i];
+            for (int i = 0; i < S->in; i++)
+                for (int j = 0; j < r; j++) dx[t * S->in + i] += dz[j] * S->A[a][j * S->in + i];
+        }
+    }
+}
+
+static void make_setup(setup *S, int in, int out)
+{
+    const int ranks[5] = {1, 3, 8, 32, 64};
+    S->in = in;
+    S->out = out;
+    S->nseg = NSEG;
+    long row = 0;
+    for (int s = 0; s < NSEG; s++) {
+        S->ad[s] = s < 5 ? s : 4;
+        S->rank[s] = ranks[S->ad[s]];
+        row += s == 2 ? 7 : 0; /* rows without an adapter between segments */
+        S->begin[s] = row;
+        row += s == 1 ? 0 : gt_int(1, 90); /* segment 1 is empty */
+        S->end[s] = row;
+    }
+    S->rows = row + 5;
+    for (int a = 0; a < 5; a++) {
+        S->A[a] = malloc((size_t)ranks[a] * in * 4);
+        S->B[a] = malloc((size_t)out * ranks[a] * 4);
+        gt_fill_bf16_exact(S->A[a], (size_t)ranks[a] * in, -1.0 / sqrt(in), 1.0 / sqrt(in));
+        gt_fill_bf16_exact(S->B[a], (size_t)out * ranks[a], -0.05, 0.05);
+    }
+}
+
+typedef struct {
+    void *A, *B;
+    float *gA, *gB;
+} dev_ad;
+
+/* z, dz: workspaces with the stride of rank 64 in every call, packed or alone */
+static void run(lcu_ctx *c, const setup *S, dev_ad *D, int only, void *x, void *y, void *dy, void *dx, void *z,
+                void *dz, bool bwd)
+{
+    lcu_lora_seg segs[NSEG];
+    int n = 0;
+    for (int s = 0; s < S->nseg; s++) {
+        if (only >= 0 && s != only) continue;
+        int a = S->ad[s];
+        segs[n++] = (lcu_lora_seg){S->begin[s], S->end[s], S->rank[s], 32.0f / S->rank[s], D[a].A, D[a].B, D[a].gA, D[a].gB};
+    }
+    long ldz = lcu_lora_ldz(64);
+    if (!bwd) GT_LCU(lcu_lora_fwd(c, segs, n, S->in, S->out, x, S->in, y, S->out, z, ldz, 0));
+    else GT_LCU(lcu_lora_bwd(c, segs, n, S->in, S->out, x, S->in, dy, S->out, dx, S->in, z, dz, ldz, 0));
+}
+
+static void test_lora(lcu_ctx *c, int in, int out)
+{
+    setup S;
+    make_setup(&S, in, out);
+    long R = S.rows;
+    float *x = malloc(R * in * 4), *y0 = malloc(R * out * 4), *dy = malloc(R * out * 4), *dx0 = malloc(R * in * 4);
+    gt_fill_bf16_exact(x, R * in, -1, 1);
+    gt_fill(y0, R * out, -1, 1);
+    gt_fill_bf16_exact(dy, R * out, -1, 1);
+    gt_fill(dx0, R * in, -1, 1);
+    dev_ad D[5];
+    float *gA0[5], *gB0[5];
+    double *rgA[5], *rgB[5];
+    for (int a = 0; a < 5; a++) {
+        int r = S.rank[a];
+        gA0[a] = malloc((size_t)r * in * 4);
+        gB0[a] = malloc((size_t)out * r * 4);
+        gt_fill(gA0[a], (size_t)r * in, -0.1, 0.1);
+        gt_fill(gB0[a], (size_t)out * r, -0.1, 0.1);
+        rgA[a] = calloc((size_t)r * in, 8);
+        rgB[a] = calloc((size_t)out * r, 8);
+        D[a].A = gt_dev_bf16(S.A[a], (size_t)r * in);
+        D[a].B = gt_dev_bf16(S.B[a], (size_t)out * r);
+        D[a].gA = gt_dev_f32(gA0[a], (size_t)r * in);
+        D[a].gB = gt_dev_f32(gB0[a], (size_t)out * r);
+    }
+    double *ry = calloc(R * out, 8), *rdx = calloc(R * in, 8);
+    ref(&S, x, dy, ry, rdx, rgA, rgB);
+
+    int ldz = lcu_lora_ldz(64);
+    void *dxb = gt_dev_bf16(x, R * in), *dyb = gt_dev_bf16(dy, R * out), *dyv = gt_dev_f32(y0, R * out);
+    void *ddx = gt_dev_f32(dx0, R * in), *z = gt_dev_poison(R * ldz * 2), *dz = gt_dev_poison(R * ldz * 2);
+    run(c, &S, D, -1, dxb, dyv, NULL, NULL, z, NULL, false);
+    run(c, &S, D, -1, dxb, NULL, dyb, ddx, z, dz, true);
+
+    float *y = malloc(R * out * 4), *dxo = malloc(R * in * 4);
+    gt_get_f32(y, dyv, R * out);
+    gt_get_f32(dxo, ddx, R * in);
+    /* compare the LoRA contributions (outputs minus their initial values) */
+    float *dl = malloc((R * (in > out ? in : out)) * 4);
+    for (long i = 0; i < R * out; i++) dl[i] = y[i] - y0[i];
+    char what[160];
+    snprintf(what, sizeof what, "lora fwd delta in=%d out=%d (%d segments, ranks 1..64)", in, out, S.nseg);
+    gt_expect_close(what, dl, ry, R * out, 5e-3);
+    bool untouched = true;
+    for (long t = 0; t < R; t++) {
+        bool in_seg = false;
+        for (int s = 0; s < S.nseg; s++) in_seg |= t >= S.begin[s] && t < S.end[s];
+        if (!in_seg)
+            for (int o = 0; o < out; o++) untouched &= y[t * out + o] == y0[t * out + o];
+    }
+    gt_check(untouched, "lora fwd leaves rows outside every segment alone");
+    for (long i = 0; i < R * in; i++) dl[i] = dxo[i] - dx0[i];
+    snprintf(what, sizeof what, "lora bwd dx delta in=%d out=%d", in, out);
+    gt_expect_close(what, dl, rdx, R * in, 1e-2);
+    for (int a = 0; a < 5; a++) {
+        int r = S.rank[a];
+        float *g = malloc((size_t)r * (in > out ? in : out) * 4);
+        gt_get_f32(g, D[a].gA, (size_t)r * in);
+        for (long i = 0; i < (long)r * in; i++) g[i] -= gA0[a][i];
+        snprintf(what, sizeof what, "lora gA adapter %d rank %d%s", a, r, a == 4 ? " (two segments)" : "");
+        gt_expect_close(what, g, rgA[a], (size_t)r * in, 1e-2);
+        gt_get_f32(g, D[a].gB, (size_t)out * r);
+        for (long i = 0; i < (long)out * r; i++) g[i] -= gB0[a][i];
+        snprintf(what, sizeof what, "lora gB adapter %d rank %d", a, r);
+        gt_expect_close(what, g, rgB[a], (size_t)out * r, 1e-2);
+        free(g);
+    }
+
+    /* packed == alone, bit for bit: rerun from the same starting values segment by
+     * segment (in the same order), then packed again, and compare everything */
+    float *yp = malloc(R * out * 4), *dxp = malloc(R * in * 4), *ya = malloc(R * out * 4), *dxa = malloc(R * in * 4);
+    float *gp[5][2], *ga[5][2];
+    for (int mode = 0; mode < 2; mode++) {
+        GT_CUDA(cudaMemcpy(dyv, y0, R * out * 4, cudaMemcpyHostToDevice));
+        GT_CUDA(cudaMemcpy(ddx, dx0, R * in * 4, cudaMemcpyHostToDevice));
+        for (int a = 0; a < 5; a++) {
+            int r = S.rank[a];
+            GT_CUDA(cudaMemcpy(D[a].gA, gA0[a], (size_t)r * in * 4, cudaMemcpyHostToDevice));
+            GT_CUDA(cudaMemcpy(D[a].gB, gB0[a], (size_t)out * r * 4, cudaMemcpyHostToDevice));
+        }
+        if (mode == 0) {
+            run(c, &S, D, -1, dxb, dyv, NULL, NULL, z, NULL, false);
+            run(c, &S, D, -1, dxb, NULL, dyb, ddx, z, dz, true);
+        } else {
+            for (int s = 0; s < S.nseg; s++) run(c, &S, D, s, dxb, dyv, NULL, NULL, z, NULL, false);
+            for (int s = 0; s < S.nseg; s++) run(c, &S, D, s, dxb, NULL, dyb, ddx, z, dz, true);
+        }
+        gt_get_f32(mode ? ya : yp, dyv, R * out);
+        gt_get_f32(mode ? dxa : dxp, ddx, R * in);
+        for (int a = 0; a < 5; a++) {
+            int r = S.rank[a];
+            float **dst = mode ? ga[a] : gp[a];
+            dst[0] = malloc((size_t)r * in * 4);
+            dst[1] = malloc((size_t)out * r * 4);
+            gt_get_f32(dst[0], D[a].gA, (size_t)r * in);
+            gt_get_f32(dst[1], D[a].gB, (size_t)out * r);
+        }
+    }
+    gt_expect_bits("lora packed == alone: y", yp, ya, R * out * 4);
+    gt_expect_bits("lora packed == alone: dx", dxp, dxa, R * in * 4);
+    gt_expect_bits("lora packed rerun == first run: y", yp, y, R * out * 4);
+    gt_expect_bits("lora packed rerun == first run: dx", dxp, dxo, R * in * 4);
+    bool same = true;
+    for (int a = 0; a < 5; a++) {
+        int r = S.rank[a];
+        same &= memcmp(gp[a][0], ga[a][0], (size_t)r * in * 4) == 0 && memcmp(gp[a][1], ga[a][1], (size_t)out * r * 4) == 0;
+        free(gp[a][0]); free(gp[a][1]); free(ga[a][0]); free(ga[a][1]);
+    }
+    gt_check(same, "lora packed == alone: gA, gB of every adapter, bit for bit");
+
+    for (int a = 0; a < 5; a++) {
+        gt_free(D[a].A); gt_free(D[a].B); gt_free(D[a].gA); gt_free(D[a].gB);
+        free(S.A[a]); free(S.B[a]); free(gA0[a]); free(gB0[a]); free(rgA[a]); free(rgB[a]);
+    }
+    gt_free(dxb); gt_free(dyb); gt_free(dyv); gt_free(ddx); gt_free(z); gt_free(dz);
+    free(x); free(y0); free(dy); free(dx0); free(ry); free(rdx); free(y); free(dxo); free(dl);
+    free(yp); free(dxp); free(ya); free(dxa);
+}
+
+/* The fp64 reference's gradients against central differences of L = Σ c ⊙ y + Σ dy0 ⊙ ...:
+ * with L = Σ dy ⊙ y, dL/dA = gA and dL/dB = gB (scale included), dL/dx = dx. */
+static void test_ref_fd(void)
+{
+    setup S;
+    make_setup(&S, 5, 4);
+    S.nseg = 1;
+    S.ad[0] = 2; /* rank 8 */
+    S.rank[0] = 8;
+    S.begin[0] = 0;
+    S.end[0] = 3;
+    S.rows = 3;
+    float x[15], dy[12];
+    gt_fill(x, 15, -1, 1);
+    gt_fill(dy, 12, -1, 1);
+    double *gA[5] = {0}, *gB[5] = {0}, dx[15] = {0}, y[12];
+    gA[2] = calloc(8 * 5, 8);
+    gB[2] = calloc(4 * 8, 8);
+    memset(y, 0, sizeof y);
+    ref(&S, x, dy, y, dx, gA, gB);
+    double worst = 0;
+    float *params[2] = {S.A[2], S.B[2]};
+    double *grads[2] = {gA[2], gB[2]};
+    int sizes[2] = {40, 32};
+    double *ga2[5] = {0}, *gb2[5] = {0}, dxx[15];
+    ga2[2] = calloc(40, 8);
+    gb2[2] = calloc(32, 8);
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < sizes[p]; i++) {
+            float v0 = params[p][i];
+            double L[2];
+            for (int sg = 0; sg < 2; sg++) {
+                params[p][i] = v0 + (sg ? -1e-3f : 1e-3f);
+                memset(y, 0, sizeof y);
+                ref(&S, x, dy, y, dxx, ga2, gb2);
+                L[sg] = 0;
+                for (int t = 0; t < 12; t++) L[sg] += dy[t] * y[t];
+            }
+            params[p][i] = v0;
+            double fd = (L[0] - L[1]) / ((double)(v0 + 1e-3f) - (double)(v0 - 1e-3f));
+            worst = fmax(worst, fabs(fd - grads[p][i]) / fmax(1.0, fabs(grads[p][i])));
+        }
+    gt_check(worst < 1e-8, "fp64 LoRA reference gradients vs finite differences: max err %.3g", worst);
+    for (int a = 0; a < 5; a++) { free(S.A[a]); free(S.B[a]); }
+    free(gA[2]); free(gB[2]); free(ga2[2]); free(gb2[2]);
+}
+
+int main(void)
+{
+    gt_init("test_gpu_lora");
+    test_ref_fd();
+    lcu_ctx *c;
+    GT_LCU(lcu_ctx_create(&c, 0));
+    test_lora(c, 256, 192);
+    test_lora(c, gt_int(8, 300), gt_int(8, 300)); /* odd widths: unaligned rows, gemmEx fallback */
+    lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
+    gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
+    lcu_ctx_destroy(c);
+    return gt_finish();
+}
