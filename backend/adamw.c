@@ -2,6 +2,17 @@
 #include "backend/adamw.h"
 
 #include <math.h>
+#include <stdio.h>
+
+int adamw_check(const adam_params *hp, char *err, size_t errlen)
+{
+    if (hp->learning_rate >= 0 && hp->beta1 >= 0 && hp->beta1 < 1 && hp->beta2 >= 0 && hp->beta2 < 1 && hp->eps >= 0 &&
+        hp->weight_decay >= 0 && hp->grad_clip_norm >= 0 && isfinite(hp->learning_rate) && isfinite(hp->eps) &&
+        isfinite(hp->weight_decay) && isfinite(hp->grad_clip_norm))
+        return 0;
+    snprintf(err, errlen, "bad adam_params (need lr, eps, weight_decay, grad_clip_norm ≥ 0 and betas in [0, 1))");
+    return -1;
+}
 
 double adamw_grad_norm(const float *g, size_t n)
 {

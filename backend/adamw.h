@@ -2,7 +2,7 @@
  * eps added to the bias-corrected sqrt(v)), plus torch's clip_grad_norm_ rule. Plain loops
  * over flat arrays: the CPU backend calls these directly; a device backend has them as the
  * reference its kernels must match.
- * defines: adamw_grad_norm, adamw_clip_coef, adamw_update */
+ * defines: adamw_check, adamw_grad_norm, adamw_clip_coef, adamw_update */
 #ifndef LOOM_BACKEND_ADAMW_H
 #define LOOM_BACKEND_ADAMW_H
 
@@ -13,6 +13,10 @@
 typedef struct {
     double learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm;
 } adam_params;
+
+/* Checks a step's hyperparameters (lr, eps, weight_decay, grad_clip_norm ≥ 0 and finite,
+ * betas in [0, 1)). 0, or -1 with a message in err. */
+int adamw_check(const adam_params *hp, char *err, size_t errlen);
 
 /* Global L2 norm of g[0..n), accumulated in double. */
 double adamw_grad_norm(const float *g, size_t n);

@@ -1,6 +1,67 @@
-/* backend.c — helpers made of backend table calls only (see backend.h). */
+/* backend.c — helpers made of backend table calls only, and the parts of sampling every
+ * backend does alike (see backend.h). */
 #include "backend/backend.h"
 #include "common/err.h"
+
+#include <math.h>
+
+/* ---- sampling ---------------------------------------------------------------------------- */
+
+int exe_sample_check(const model_config *mc, const exe_sample_req *r, char *err, size_t errlen)
+{
+    if (r->n_prompt < 1 || !r->prompt) { err_set(err, errlen, "empty prompt"); return -1; }
+    if (r->n_prompt > mc->max_position_embeddings) {
+        err_set(err, errlen, "prompt of %d tokens exceeds the model's context of %d", r->n_prompt, mc->max_position_embeddings);
+        return -1;
+    }
+    if (r->num_samples < 1 || r->num_samples > 65536 || r->max_tokens < 0 || r->max_tokens > (1 << 24)) {
+        err_set(err, errlen, "num_samples must be in 1..65536 and max_tokens ≥ 0");
+        return -1;
+    }
+    if (!(r->temperature >= 0 && isfinite(r->temperature)) || !(r->top_p > 0 && r->top_p <= 1)) {
+        err_set(err, errlen, "temperature must be ≥ 0 and top_p in (0, 1]");
+        return -1;
+    }
+    if (r->max_tokens > 0 && (!r->tokens_out || !r->logprobs_out)) { err_set(err, errlen, "no output buffers"); return -1; }
+    if (!r->n_out || !r->stopped_out || (r->n_stop > 0 && !r->stop_tokens) || r->n_stop < 0) {
+        err_set(err, errlen, "no output buffers or stop list");
+        return -1;
+    }
+    for (int t = 0; t < r->n_prompt; t++)
+        if (r->prompt[t] < 0 || r->prompt[t] >= mc->vocab_size) {
+            err_set(err, errlen, "prompt position %d: token id outside [0, %d)", t, mc->vocab_size);
+            return -1;
+        }
+    return 0;
+}
+
+void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index)
+{
+    *s = (exe_sample_stream){.req = r, .index = index, .done = r->max_tokens == 0};
+    rng_seed(&s->rng, r->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(index + 1)));
+    r->n_out[index] = 0;
+    r->stopped_out[index] = false;
+}
+
+void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos)
+{
+    exe_sample_req *r = s->req;
+    long o = (long)s->index * r->max_tokens + s->n_gen;
+    r->tokens_out[o] = tok;
+    r->logprobs_out[o] = lp;
+    s->n_gen++;
+    s->last = tok;
+    bool stop = false;
+    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_tokens[i] == tok;
+    if (!stop && r->stop_check)
+        stop = r->stop_check(r, s->index, r->tokens_out + (long)s->index * r->max_tokens, s->n_gen);
+    /* the next pass would feed `tok` at position n_prompt + n_gen − 1 */
+    s->done = stop || s->n_gen >= r->max_tokens || r->n_prompt + s->n_gen > max_pos;
+    r->n_out[s->index] = s->n_gen;
+    r->stopped_out[s->index] = stop;
+}
+
+/* ---- adapters from table calls ------------------------------------------------------------ */
 
 exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adapter_state *st, bool trainable,
                                     char *err, size_t errlen)

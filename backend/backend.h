@@ -19,7 +19,8 @@
  *  - Results are those of the CPU backend (backend/cpu/), the numerical reference, within
  *    the tolerances the reference suites state.
  *
- * Backends: "cpu" (backend/cpu/, always built); "cuda" goes to backend/cuda/.
+ * Backends: "cpu" (backend/cpu/, always built); "cuda" (backend/cuda/, built where nvcc is
+ * found).
  */
 #ifndef LOOM_BACKEND_BACKEND_H
 #define LOOM_BACKEND_BACKEND_H
@@ -32,6 +33,7 @@
 #include "backend/loss.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/rng.h"
 
 /* An adapter resident on a backend's device. Backends allocate a larger struct that
  * starts with this header; the executor reads the header only. */
@@ -122,6 +124,9 @@ typedef struct {
 
 typedef struct exe_backend {
     const char *name;
+    /* Devices on this machine (0 where there are none or no driver); never fails hard, so
+     * a binary built with a device backend still starts where that device is missing. */
+    int (*device_count)(void);
 
     /* ---- the device and the base model -------------------------------------------- */
     /* Opens device o->device and loads m's weights there. m may be closed once create
@@ -171,6 +176,33 @@ typedef struct exe_backend {
  * ("cpu, cuda") for messages. (backends.c) */
 const exe_backend *exe_backend_find(const char *name);
 const char *exe_backend_names(void);
+
+/* The named backend's device_count (0 when the name is unknown). (backends.c) */
+int exe_backend_device_count(const char *name);
+
+/* ---- what every backend's sample does alike (backend.c) -------------------------------- */
+
+/* One sample being generated. Its PRNG stream is seeded by (seed, sample index) alone, so
+ * that a sample does not depend on the rest of the batch. */
+typedef struct {
+    exe_sample_req *req;
+    int index;                    /* sample index within its request */
+    int n_gen;                    /* tokens generated so far */
+    bool done;
+    int32_t last;                 /* the last token generated: the next decode input */
+    rng_state rng;
+} exe_sample_stream;
+
+/* Checks a request against the model (prompt ids and length, parameters, output buffers).
+ * 0, or -1 with err. */
+int exe_sample_check(const model_config *mc, const exe_sample_req *r, char *err, size_t errlen);
+/* Sample `index` of r before its first token (done at once when max_tokens is 0); resets
+ * r's n_out and stopped_out for it. */
+void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index);
+/* Appends a generated token to s's outputs and decides whether s is done: a stop token
+ * (kept as the last token), stop_check, max_tokens, or the context limit max_pos (the next
+ * pass would feed the token at position n_prompt + n_gen − 1). */
+void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos);
 
 /* Helpers made of table calls only (backend.c). */
 /* A fresh adapter with PEFT's initial weights (model/lora.h), zero Adam state. */

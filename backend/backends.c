@@ -7,7 +7,7 @@
 
 extern const exe_backend exe_backend_cpu;   /* backend/cpu/cpu_backend.c */
 #ifdef LOOM_HAVE_CUDA
-extern const exe_backend exe_backend_cuda;  /* backend/cuda/ */
+extern const exe_backend exe_backend_cuda;  /* backend/cuda/cuda_backend.c */
 #endif
 
 static const exe_backend *const backends[] = {
@@ -33,4 +33,10 @@ const char *exe_backend_names(void)
             snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", backends[i]->name);
         }
     return names;
+}
+
+int exe_backend_device_count(const char *name)
+{
+    const exe_backend *be = exe_backend_find(name);
+    return be ? be->device_count() : 0;
 }

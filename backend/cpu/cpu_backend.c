@@ -175,12 +175,7 @@ static int cpu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, do
     cpu_adapter *a = cpu_adapter_of(pub);
     size_t n = pub->layout.num_params;
     if (!pub->trainable) { err_set(err, errlen, "cpu: optim_step on an adapter that is not trainable"); return -1; }
-    if (!(hp->learning_rate >= 0 && hp->beta1 >= 0 && hp->beta1 < 1 && hp->beta2 >= 0 && hp->beta2 < 1 &&
-          hp->eps >= 0 && hp->weight_decay >= 0 && hp->grad_clip_norm >= 0 && isfinite(hp->learning_rate) &&
-          isfinite(hp->eps) && isfinite(hp->weight_decay) && isfinite(hp->grad_clip_norm))) {
-        err_set(err, errlen, "bad adam_params (need lr, eps, weight_decay, grad_clip_norm ≥ 0 and betas in [0, 1))");
-        return -1;
-    }
+    if (adamw_check(hp, err, errlen) < 0) return -1;
     double norm = adamw_grad_norm(a->grads, n);
     if (grad_norm_out) *grad_norm_out = norm;
     if (!isfinite(norm)) {
@@ -196,8 +191,11 @@ static int cpu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, do
     return 0;
 }
 
+static int cpu_device_count(void) { return 1; }
+
 const exe_backend exe_backend_cpu = {
     .name = "cpu",
+    .device_count = cpu_device_count,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .device_info = cpu_device_info,

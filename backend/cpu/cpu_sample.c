@@ -6,7 +6,8 @@
  *
  * Streams: each request's num_samples samples are streams s = stream0 .. stream0+n−1,
  * each with its own cache [2][L][kv_cap][nkv·d] and its own PRNG seeded by
- * (seed, sample index), so results do not depend on the rest of the batch.
+ * (seed, sample index), so results do not depend on the rest of the batch (the stream,
+ * the request checks and the stop rules are backend.c's, shared with the CUDA backend).
  */
 #include "backend/cpu/cpu_sample.h"
 #include "backend/cpu/cpu_buffers.h"
@@ -23,40 +24,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    exe_sample_req *req;
-    int index;        /* sample index within its request */
-    int n_gen;
-    bool done;
-    int32_t last;     /* last sampled token: the next decode input */
-    rng_state rng;
-} cs_stream;
-
 /* ---- the passes ---------------------------------------------------------------------- */
 
 typedef struct {
     cpu_ctx *c;
-    cs_stream *st;
+    exe_sample_stream *st;
     long c0;
 } cs_pick_job;
-
-static void cs_record(cs_stream *s, int32_t tok, float lp, int max_pos)
-{
-    exe_sample_req *r = s->req;
-    long o = (long)s->index * r->max_tokens + s->n_gen;
-    r->tokens_out[o] = tok;
-    r->logprobs_out[o] = lp;
-    s->n_gen++;
-    s->last = tok;
-    bool stop = false;
-    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_tokens[i] == tok;
-    if (!stop && r->stop_check)
-        stop = r->stop_check(r, s->index, r->tokens_out + (long)s->index * r->max_tokens, s->n_gen);
-    /* the next pass would feed `tok` at position n_prompt + n_gen − 1 */
-    s->done = stop || s->n_gen >= r->max_tokens || r->n_prompt + s->n_gen > max_pos;
-    r->n_out[s->index] = s->n_gen;
-    r->stopped_out[s->index] = stop;
-}
 
 /* Bytes of choice scratch per thread: V floats (padded to 8 bytes) then V uint64. */
 static size_t cs_stride(long V) { return (size_t)((V + 1) & ~1L) * sizeof(float) + (size_t)V * sizeof(uint64_t); }
@@ -72,18 +46,18 @@ static void cs_pick_rows(void *va, long b, long e, int thread)
     for (long i = b; i < e; i++) {
         long row = j->c0 + i;
         for (int s = c->kv_stream0[row]; s < c->kv_stream0[row] + c->kv_nstream[row]; s++) {
-            cs_stream *st = &j->st[s];
+            exe_sample_stream *st = &j->st[s];
             if (st->done) continue;
             float lp;
             int32_t tok = cpu_choose_token(st->req, c->logits + i * V, V, &st->rng, w, keys, &lp);
-            cs_record(st, tok, lp, c->m->cfg.max_position_embeddings);
+            exe_sample_record(st, tok, lp, c->m->cfg.max_position_embeddings);
         }
     }
 }
 
 /* Logits of the R rows of xf (final-normed), chunk by chunk, and a token for each live
  * stream of each row. */
-static void cs_head_pick(cpu_ctx *c, const float *xf, long R, cs_stream *st)
+static void cs_head_pick(cpu_ctx *c, const float *xf, long R, exe_sample_stream *st)
 {
     for (long c0 = 0; c0 < R; c0 += c->head_rows) {
         int n = (int)(R - c0 < c->head_rows ? R - c0 : c->head_rows);
@@ -103,35 +77,6 @@ static void cs_segments(cpu_ctx *c, const cpu_adapter *const *ads, long R)
         if (last && last->ad == ads[t] && last->row_end == t) last->row_end = (int)t + 1;
         else c->segs[c->nsegs++] = (cpu_segment){ads[t], (int)t, (int)t + 1, false};
     }
-}
-
-static int cs_check(const cpu_ctx *c, const exe_sample_req *r, char *err, size_t errlen)
-{
-    const model_config *mc = &c->m->cfg;
-    if (r->n_prompt < 1 || !r->prompt) { err_set(err, errlen, "empty prompt"); return -1; }
-    if (r->n_prompt > mc->max_position_embeddings) {
-        err_set(err, errlen, "prompt of %d tokens exceeds the model's context of %d", r->n_prompt, mc->max_position_embeddings);
-        return -1;
-    }
-    if (r->num_samples < 1 || r->num_samples > 65536 || r->max_tokens < 0 || r->max_tokens > (1 << 24)) {
-        err_set(err, errlen, "num_samples must be in 1..65536 and max_tokens ≥ 0");
-        return -1;
-    }
-    if (!(r->temperature >= 0 && isfinite(r->temperature)) || !(r->top_p > 0 && r->top_p <= 1)) {
-        err_set(err, errlen, "temperature must be ≥ 0 and top_p in (0, 1]");
-        return -1;
-    }
-    if (r->max_tokens > 0 && (!r->tokens_out || !r->logprobs_out)) { err_set(err, errlen, "no output buffers"); return -1; }
-    if (!r->n_out || !r->stopped_out || (r->n_stop > 0 && !r->stop_tokens) || r->n_stop < 0) {
-        err_set(err, errlen, "no output buffers or stop list");
-        return -1;
-    }
-    for (int t = 0; t < r->n_prompt; t++)
-        if (r->prompt[t] < 0 || r->prompt[t] >= mc->vocab_size) {
-            err_set(err, errlen, "prompt position %d: token id outside [0, %d)", t, mc->vocab_size);
-            return -1;
-        }
-    return 0;
 }
 
 /* Grows the caches, the row → stream maps and the per-thread choice scratch. */
@@ -170,7 +115,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     int S = 0, kv_cap = 1, max_rank = 0, H = mc->hidden_size, L = mc->num_hidden_layers;
     for (int r = 0; r < nreq; r++) {
         char why[256];
-        if (cs_check(c, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
+        if (exe_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
         T += reqs[r].n_prompt;
         S += reqs[r].num_samples;
         long cap = (long)reqs[r].n_prompt + reqs[r].max_tokens;
@@ -180,7 +125,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     }
     if (nreq <= 0) return 0;
     if (T > (1L << 30) || S > (1 << 24)) { err_set(err, errlen, "sampling batch too large"); return -1; }
-    cs_stream *st = calloc(S, sizeof *st);
+    exe_sample_stream *st = calloc(S, sizeof *st);
     exe_seq *ps = calloc(nreq, sizeof *ps);
     const cpu_adapter **ads = calloc(S > nreq ? S : nreq, sizeof *ads);
     if (!st || !ps || !ads || cpu_reserve(c, T > S ? T : S, kv_cap, max_rank, false) != 0 || cs_reserve(c, nreq, S, kv_cap) != 0) {
@@ -195,12 +140,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
         c->kv_stream0[r] = s;
         c->kv_nstream[r] = q->num_samples;
         ads[r] = q->ad ? cpu_adapter_of(q->ad) : NULL;
-        for (int i = 0; i < q->num_samples; i++, s++) {
-            st[s] = (cs_stream){.req = q, .index = i, .done = q->max_tokens == 0};
-            rng_seed(&st[s].rng, q->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
-            q->n_out[i] = 0;
-            q->stopped_out[i] = false;
-        }
+        for (int i = 0; i < q->num_samples; i++, s++) exe_sample_stream_init(&st[s], q, i);
     }
     /* prefill: every prompt in one packed pass; K/V go to the caches of its samples */
     cpu_pack(c, ps, nreq, false);

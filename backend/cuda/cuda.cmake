@@ -1,11 +1,17 @@
-# backend/cuda/cuda.cmake — the CUDA kernel layer (loom_cuda_ops), its gpu tests (ctest
-# label `gpu`, skipped with exit status 77 where no device is present) and benchmarks.
-# Built whenever nvcc is found (LOOM_CUDA_KERNELS=OFF opts out); a build without nvcc is
-# unchanged. (The top-level option LOOM_CUDA is not used: option() stores its AUTO default
-# as the boolean OFF.)
+# backend/cuda/cuda.cmake — the CUDA backend: its kernel layer (loom_cuda_ops), the backend
+# table on top of it (loom_backend_cuda, registered in loom_backends as "cuda" with
+# LOOM_HAVE_CUDA), its gpu tests (ctest label `gpu`, skipped with exit status 77 where no
+# device is present) and benchmarks. Built whenever nvcc is found (LOOM_CUDA_KERNELS=OFF
+# opts out); a build without nvcc is unchanged and has the CPU backend only. (The
+# top-level option LOOM_CUDA is not used: option() stores its AUTO default as the boolean
+# OFF.)
 #
-# The gpu test and bench binaries link no service library (libpq, libsodium, h2o, jansson):
-# they run on a GPU machine that lacks them (bench/cuda/make_carry.sh, run_on_gpu.sh).
+# The CUDA runtime is linked statically: it loads the driver (libcuda.so.1) at the first
+# CUDA call, so `loom` still starts on a machine without a GPU or driver and simply finds
+# no cuda device there. cuBLAS/cuBLASLt are shared libraries of the toolkit.
+#
+# The gpu test and bench binaries link no service library (libpq, libsodium, h2o): they run
+# on a GPU machine that lacks them (bench/cuda/make_carry.sh, run_on_gpu.sh).
 
 option(LOOM_CUDA_KERNELS "Build the CUDA kernel layer when nvcc is found" ON)
 include(CheckLanguage)
@@ -36,12 +42,24 @@ target_compile_options(loom_cuda_ops PRIVATE ${LOOM_CUDA_GENCODE} -lineinfo -Xco
 target_include_directories(loom_cuda_ops PUBLIC ${CMAKE_SOURCE_DIR})
 target_link_libraries(loom_cuda_ops PUBLIC CUDA::cudart_static CUDA::cublasLt CUDA::cublas)
 
-# CPU-backend twins the gpu tests compare against: the CPU kernels themselves, built with a
-# plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS.
+# The backend table (backend/cuda/cuda_*.c, plain C over the kernel layer), linked into
+# loom_backends: `loom executor --backend cuda --device N`.
+file(GLOB LOOM_CUDA_BACKEND_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/backend/cuda/cuda_*.c)
+add_library(loom_backend_cuda STATIC ${LOOM_CUDA_BACKEND_SRC})
+target_link_libraries(loom_backend_cuda PUBLIC loom_cuda_ops loom_backend)
+target_compile_definitions(loom_backends PRIVATE LOOM_HAVE_CUDA)
+target_link_libraries(loom_backends PUBLIC loom_backend_cuda)
+
+# The gpu test harness (tests/gpu/gt.h).
+add_library(loom_gpu_gt STATIC ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c)
+target_include_directories(loom_gpu_gt PUBLIC ${CMAKE_SOURCE_DIR})
+target_link_libraries(loom_gpu_gt PUBLIC loom_cuda_ops m)
+
+# CPU-backend twins the kernel tests compare against: the CPU kernels themselves, built
+# with a plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS.
 set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
 set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
 add_library(loom_gpu_test_support STATIC
-  ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c
   ${CMAKE_SOURCE_DIR}/tests/gpu/ref_blas.c
   ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
@@ -50,17 +68,35 @@ add_library(loom_gpu_test_support STATIC
   ${LOOM_EXE_TWIN_DIR}/adamw.c
   ${LOOM_EXE_TWIN_DIR}/loss.c)
 target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})
-target_link_libraries(loom_gpu_test_support PUBLIC loom_cuda_ops Threads::Threads m)
+target_link_libraries(loom_gpu_test_support PUBLIC loom_gpu_gt Threads::Threads m)
 
+# Kernel tests link the twins; the backend test (test_gpu_backend) links the real backends
+# instead, the CPU one being its reference.
 enable_testing()
 file(GLOB LOOM_GPU_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/gpu/test_gpu_*.c)
 foreach(src ${LOOM_GPU_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src})
-  target_link_libraries(${name} PRIVATE loom_gpu_test_support)
+  if(name STREQUAL "test_gpu_backend")
+    target_link_libraries(${name} PRIVATE loom_gpu_gt loom_backends loom_model)
+  else()
+    target_link_libraries(${name} PRIVATE loom_gpu_test_support)
+  endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endforeach()
+
+# The backend suites of tests/ (tests.cmake builds them) once more on the cuda backend;
+# tests/lib/test_backend.h exits 77 (skipped) where the backend has no device.
+foreach(name test_cpu_ref test_learning test_longseq test_exe_sample)
+  add_test(NAME ${name}_cuda COMMAND ${name})
+  set_tests_properties(${name}_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900
+                       ENVIRONMENT "LOOM_TEST_BACKEND=cuda;LOOM_BIN=$<TARGET_FILE:loom>")
+endforeach()
+add_test(NAME reference_torch_cuda COMMAND ${LOOM_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/run_ref.py
+         --dump-bin $<TARGET_FILE:test_cpu_ref> --work ${CMAKE_BINARY_DIR}/ref-work-cuda --tolerance bf16)
+set_tests_properties(reference_torch_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900
+                     ENVIRONMENT "LOOM_TEST_BACKEND=cuda;PYTHONUNBUFFERED=1")
 
 # Benchmarks (kernels; one layer extrapolated to the model): print figures, never tests.
 foreach(b bench_cuda_kernels bench_cuda_layer)

@@ -1,11 +1,14 @@
 /* test_backend.h — the backend the C tests run on, by name: LOOM_TEST_BACKEND (default
  * "cpu") on device LOOM_TEST_DEVICE (default 0), so that every suite checks whichever
- * backend the build has; plus host copies of adapters for checks and dumps. */
+ * backend the build has; plus host copies of adapters for checks and dumps. A backend with
+ * no device on this machine (cuda without a GPU) skips the suite: exit status 77. */
 #pragma once
 #include "backend/backend.h"
 #include "model/model.h"
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline const exe_backend *test_backend(void)
 {
@@ -16,8 +19,17 @@ static inline const exe_backend *test_backend(void)
         fprintf(stderr, "LOOM_TEST_BACKEND=%s: unknown backend (this build has: %s)\n", name, exe_backend_names());
         exit(2);
     }
+    if (be->device_count() == 0) {
+        printf("LOOM_TEST_BACKEND=%s: no %s device on this machine: skipped\n", name, name);
+        exit(77);
+    }
     return be;
 }
+
+/* True for a backend that computes in bf16 (every backend but the CPU reference, which
+ * is fp32 throughout): the suites then hold it to bars that allow bf16 rounding, stated
+ * where they are used, instead of the CPU's fp32 bars. */
+static inline bool test_backend_bf16(const exe_backend *be) { return strcmp(be->name, "cpu") != 0; }
 
 /* dir's model opened on the test backend (threads: CPU threads); *mc its config.
  * NULL with err. */

@@ -1,0 +1,346 @@
+/* cuda_backend.c — the CUDA executor backend (exe_backend_cuda): the table's entry points:
+ * the context (device, stream, cuBLASLt, bf16 base weights, head buffers), adapters
+ * (cuda_adapter.c), the packed forward/backward driver and the AdamW step; sampling is
+ * cuda_sample.c. Hopper first: the kernels are built for sm_90 (LOOM_CUDA_GENCODE), and
+ * create says so on another GPU.
+ *
+ * Determinism: every kernel and GEMM plan gives the same bits for the same inputs and
+ * shapes (cuda_ops.h), so a pass repeated gives bitwise the same log-probs, losses and
+ * gradients, and save/load resumes exactly. A sequence packed with others may differ from
+ * the same sequence alone in the last bits (the base GEMMs over T rows may pick another
+ * cuBLASLt algorithm for another T), within the reference suites' bf16 tolerances.
+ */
+#include "backend/cuda/cuda_adapter.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_head.h"
+#include "backend/cuda/cuda_layer.h"
+#include "backend/cuda/cuda_sample.h"
+#include "backend/cuda/cuda_weights.h"
+#include "common/err.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the device and the context -------------------------------------------------------- */
+
+/* cudaGetDeviceCount needs the driver (libcuda.so.1, loaded by the static CUDA runtime at
+ * this first call): without one it fails, and that means no device. */
+static int cu_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static void cu_destroy(void *ctx)
+{
+    cu_ctx *c = ctx;
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    cu_buffers_free(c);
+    if (c->norm_ws) cudaFree(c->norm_ws);
+    cu_weights_free(&c->w);
+    lcu_ctx_destroy(c->lcu);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+/* The kernels are machine code for one GPU family: a one-element conversion shows whether
+ * this device can run them before anything else is loaded. */
+static int cu_probe_kernels(cu_ctx *c, char *err, size_t errlen)
+{
+    void *d = NULL;
+    float one = 1.0f;
+    int rc = (int)cudaMalloc(&d, 256);
+    if (!rc) rc = (int)cudaMemcpy(d, &one, sizeof one, cudaMemcpyHostToDevice);
+    if (!rc) rc = lcu_convert((char *)d + 128, LCU_BF16, d, LCU_F32, 1, c->stream);
+    if (!rc) rc = (int)cudaStreamSynchronize(c->stream);
+    if (d) cudaFree(d);
+    if (rc) {
+        struct cudaDeviceProp p;
+        int pr = (int)cudaGetDeviceProperties(&p, c->device);
+        err_set(err, errlen, "cuda:%d: cannot run Loom's kernels on %s (sm_%d%d): %s (this build targets sm_90, "
+                "LOOM_CUDA_GENCODE)", c->device, pr ? "this device" : p.name, pr ? 0 : p.major, pr ? 0 : p.minor,
+                lcu_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void *cu_create(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen)
+{
+    const model_config *mc = &m->cfg;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        err_set(err, errlen, "cuda: no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError();
+        return NULL;
+    }
+    if (o->device < 0 || o->device >= n) {
+        err_set(err, errlen, "cuda: no device %d (%d found)", o->device, n);
+        return NULL;
+    }
+    int d = mc->head_dim;
+    if (d != 16 && d != 32 && d != 64 && d != 128) {
+        err_set(err, errlen, "cuda: head_dim %d is not supported (the attention kernels take 16, 32, 64, 128)", d);
+        return NULL;
+    }
+    cu_ctx *c = calloc(1, sizeof *c);
+    if (!c) { err_set(err, errlen, "cuda: out of host memory"); return NULL; }
+    c->cfg = *mc;
+    c->device = o->device;
+    const char *sync = getenv("LOOM_CUDA_SYNC");
+    c->sync_debug = sync && *sync && strcmp(sync, "0") != 0;
+    struct cudaDeviceProp p;
+    int rc = (int)cudaSetDevice(c->device);
+    if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);
+    if (!rc) rc = (int)cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (rc) {
+        err_set(err, errlen, "cuda:%d: %s", c->device, lcu_strerror(rc));
+        cu_destroy(c);
+        return NULL;
+    }
+    snprintf(c->device_name, sizeof c->device_name, "cuda:%d %s", c->device, p.name);
+    if (cu_probe_kernels(c, err, errlen) < 0) { cu_destroy(c); return NULL; }
+    rc = lcu_ctx_create(&c->lcu, 0);
+    if (rc) {
+        err_set(err, errlen, "cuda:%d: cuBLASLt: %s", c->device, lcu_strerror(rc));
+        cu_destroy(c);
+        return NULL;
+    }
+    if (cu_weights_load(c, m, err, errlen) < 0) { cu_destroy(c); return NULL; }
+    long V = mc->vocab_size;
+    c->head_rows = cu_head_rows(V);
+    rc = (int)cudaMalloc((void **)&c->logits, (size_t)c->head_rows * V * sizeof(float));
+    if (!rc) rc = (int)cudaMalloc((void **)&c->dlogits, (size_t)c->head_rows * V * sizeof(lcu_bf16));
+    if (!rc) rc = (int)cudaMalloc(&c->norm_ws, lcu_sumsq_workspace_bytes() + 256);
+    if (rc) {
+        err_set(err, errlen, "cuda:%d: out of memory for the output head's buffers (%d rows × %ld): %s", c->device,
+                c->head_rows, V, lcu_strerror(rc));
+        cu_destroy(c);
+        return NULL;
+    }
+    c->failed = false;
+    c->errmsg[0] = 0;
+    return c;
+}
+
+static void cu_device_info(void *ctx, exe_device_info *out)
+{
+    cu_ctx *c = ctx;
+    memset(out, 0, sizeof *out);
+    snprintf(out->device, sizeof out->device, "%s", c->device_name);
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(c->device) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        out->memory_total = tot;
+        out->memory_free = fr;
+    }
+    cudaGetLastError();
+}
+
+/* ---- adapters: device memory (cuda_adapter.c) ------------------------------------------ */
+
+static exe_adapter *cu_alloc_adapter(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return NULL;
+    return cu_adapter_alloc(c, lc, trainable, err, errlen);
+}
+
+static void cu_free_adapter(void *ctx, exe_adapter *a)
+{
+    cu_ctx *c = ctx;
+    cudaSetDevice(c->device);
+    cu_adapter_free(c, a);
+}
+
+static int cu_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    return cu_adapter_upload(c, a, src, parts, err, errlen);
+}
+
+static int cu_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+                       size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    return cu_adapter_download(c, a, dst, parts, err, errlen);
+}
+
+static int cu_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    return cu_adapter_copy(c, dst, src, parts, err, errlen);
+}
+
+/* ---- forward / backward ---------------------------------------------------------------- */
+
+/* The pass itself, on buffers already large enough. 0 or -1 (recorded in c). */
+static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk)
+{
+    const model_config *mc = &c->cfg;
+    cu_act *a = &c->a;
+    int L = mc->num_hidden_layers, H = mc->hidden_size;
+    size_t TH = (size_t)T * H;
+    cu_where(c, "packing %d sequences", nseq);
+    if (cu_pack(c, seqs, nseq, any_grad) < 0) return -1;
+    c->d_pos = cu_meta_dev(c, c->ml.pos);
+    cu_where(c, "embedding");
+    CU_TRY(c, lcu_embed(a->x, c->w.embed, cu_meta_dev(c, c->ml.tokens), T, H, c->stream));
+    for (int l = 0; l < L; l++) {
+        if (layer_grad)
+            CU_TRY(c, cudaMemcpyAsync(a->saved + l * TH, a->x, TH * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+        if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) return -1;
+    }
+    /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
+    cu_where(c, "final norm");
+    CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd_f, a->x, c->w.final_norm, T, H, mc->rms_norm_eps, c->stream));
+    if (cu_head(c, T, a->xn2, any_grad, topk, layer_grad ? a->dxf : NULL) < 0) return -1;
+    if (layer_grad) {
+        cu_where(c, "final norm backward");
+        CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxf, LCU_F32, a->x, a->rstd_f, c->w.final_norm, T, H, false,
+                                  c->stream));
+        for (int l = L - 1; l >= 0; l--) {
+            const float *x_in = a->saved + l * TH;
+            if (cu_layer_forward(c, l, T, x_in, NULL, true) < 0 || cu_layer_backward(c, l, T, x_in, l > 0) < 0)
+                return -1;
+        }
+    }
+    cu_where(c, "downloading the outputs");
+    CU_TRY(c, cudaMemcpyAsync((char *)c->meta.host + c->ml.in_end, (char *)c->meta.dev + c->ml.in_end,
+                              c->ml.out_end - c->ml.in_end, cudaMemcpyDeviceToHost, c->stream));
+    return cu_sync(c);
+}
+
+/* The outputs of the pass (in c->meta's host mirror) into the callers' arrays. */
+static void cu_fb_scatter(cu_ctx *c, exe_seq *seqs)
+{
+    const cu_meta_layout *m = &c->ml;
+    const int32_t *q_start = cu_meta_host(c, m->q_start), *ids = cu_meta_host(c, m->topk_ids);
+    const int64_t *tgt_start = cu_meta_host(c, m->tgt_start), *topk_start = cu_meta_host(c, m->topk_start);
+    const float *lp = cu_meta_host(c, m->lp), *loss = cu_meta_host(c, m->loss), *tlp = cu_meta_host(c, m->topk_lp);
+    for (int p = 0; p < c->nseq_packed; p++) {
+        exe_seq *s = &seqs[c->seq_index[p]];
+        long r0 = q_start[p], K = s->k > 1 ? s->k : 1;
+        if (s->logprobs_out) memcpy(s->logprobs_out, lp + tgt_start[r0], (size_t)s->n * K * sizeof(float));
+        if (s->loss_out) memcpy(s->loss_out, loss + r0, (size_t)s->n * sizeof(float));
+        if (s->topk > 0) {
+            memcpy(s->topk_ids_out, ids + topk_start[r0], (size_t)s->n * s->topk * sizeof(int32_t));
+            memcpy(s->topk_lp_out, tlp + topk_start[r0], (size_t)s->n * s->topk * sizeof(float));
+        }
+    }
+}
+
+static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    if (nseq < 0 || (nseq > 0 && !seqs)) { err_set(err, errlen, "bad batch"); return -1; }
+    long T = 0, nnz = 0, ntopk = 0;
+    int max_len = 0, np = 0;
+    bool any_grad = false, layer_grad = false;
+    for (int i = 0; i < nseq; i++) {
+        const exe_seq *s = &seqs[i];
+        T += s->n;
+        nnz += (long)s->n * (s->k > 1 ? s->k : 1);
+        ntopk += s->topk > 0 ? (long)s->n * s->topk : 0;
+        if (s->n > max_len) max_len = s->n;
+        if (s->n == 0) continue;
+        np++;
+        if (!s->ad) continue;
+        const lora_config *lc = &s->ad->layout.cfg;
+        if (backward && !s->forward_only && s->ad->trainable) {
+            any_grad = true;
+            /* Only the head adapted: no gradient needs to enter the layers. */
+            if (lc->train_attn || lc->train_mlp) layer_grad = true;
+        }
+    }
+    if (T == 0) return 0;
+    if (T > (1L << 30) || nnz > (1L << 31) || ntopk > (1L << 31)) {
+        err_set(err, errlen, "batch of %ld tokens is too large", T);
+        return -1;
+    }
+    if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
+        cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
+        return -1;
+    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0) < 0)
+        return cu_fail(c, err, errlen, "cuda: forward_backward failed");
+    cu_fb_scatter(c, seqs);
+    return 0;
+}
+
+/* ---- optimizer ------------------------------------------------------------------------- */
+
+/* torch clip_grad_norm_ + AdamW (lcu_adamw: backend/adamw.c's arithmetic, bit for bit, for
+ * the same clip coefficient). The norm is a fixed-order double sum on the device. */
+static int cu_optim_run(cu_ctx *c, cu_adapter *a, const adam_params *hp, double *norm)
+{
+    size_t n = a->pub.layout.num_params;
+    double *out = (double *)((char *)c->norm_ws + lcu_sumsq_workspace_bytes());
+    double ss = 0;
+    cu_where(c, "optim_step: gradient norm");
+    CU_TRY(c, lcu_sumsq(out, a->grads, n, c->norm_ws, c->stream));
+    CU_TRY(c, cudaMemcpyAsync(&ss, out, sizeof ss, cudaMemcpyDeviceToHost, c->stream));
+    if (cu_sync(c) < 0) return -1;
+    *norm = sqrt(ss);
+    if (!isfinite(*norm)) return cu_adapter_zero_grad(c, a) < 0 || cu_sync(c) < 0 ? -1 : 0;
+    cu_where(c, "optim_step: AdamW");
+    lcu_adamw_args args = {hp->learning_rate, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, a->pub.step + 1,
+                           adamw_clip_coef(*norm, hp->grad_clip_norm)};
+    CU_TRY(c, lcu_adamw(a->params, a->grads, a->m, a->v, n, &args, c->stream));
+    if (cu_adapter_refresh_bf16(c, a) < 0 || cu_adapter_zero_grad(c, a) < 0 || cu_sync(c) < 0) return -1;
+    a->pub.step++;
+    return 0;
+}
+
+static int cu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
+                         size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    if (!pub->trainable) { err_set(err, errlen, "cuda: optim_step on an adapter that is not trainable"); return -1; }
+    if (adamw_check(hp, err, errlen) < 0) return -1;
+    double norm = 0;
+    if (cu_optim_run(c, cu_adapter_of(pub), hp, &norm) < 0) return cu_fail(c, err, errlen, "cuda: optim_step failed");
+    if (grad_norm_out) *grad_norm_out = norm;
+    if (!isfinite(norm)) {
+        /* Stepping would poison parameters and moments for good: skipped, gradient dropped. */
+        err_set(err, errlen, "non-finite gradient norm; optimizer step skipped and gradients cleared");
+        return -1;
+    }
+    return 0;
+}
+
+static int cu_sample_entry(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+{
+    cu_ctx *c = ctx;
+    if (cu_begin(c, err, errlen) < 0) return -1;
+    return cu_sample(c, reqs, nreq, err, errlen);
+}
+
+const exe_backend exe_backend_cuda = {
+    .name = "cuda",
+    .device_count = cu_device_count,
+    .create = cu_create,
+    .destroy = cu_destroy,
+    .device_info = cu_device_info,
+    .adapter_alloc = cu_alloc_adapter,
+    .adapter_free = cu_free_adapter,
+    .adapter_upload = cu_upload,
+    .adapter_download = cu_download,
+    .adapter_copy = cu_copy,
+    .forward_backward = cu_forward_backward,
+    .optim_step = cu_optim_step,
+    .sample = cu_sample_entry,
+};

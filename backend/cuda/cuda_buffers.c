@@ -1,0 +1,270 @@
+/* cuda_buffers.c — the CUDA context's workspace (see cuda_buffers.h): the activation
+ * arena, the per-call rows of a packed batch, segments, RoPE tables.
+ *
+ * The activation arena is ONE device allocation carved into the buffers of cu_act
+ * (cu_act_carve, run once to size it and once to place it). It is replaced by a larger
+ * one only when a batch needs more rows, sequences or the per-layer inputs than it has,
+ * by 1.5× so that a slowly growing workload does not reallocate every call.
+ */
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/cuda_check.h"
+#include "common/err.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t cb_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+int cu_buf_reserve(cu_buf *b, size_t bytes, bool host)
+{
+    if (bytes <= b->cap) return 0;
+    size_t cap = b->cap + b->cap / 2 > bytes ? b->cap + b->cap / 2 : bytes;
+    cu_buf_free(b);
+    if (cudaMalloc(&b->dev, cap) != cudaSuccess) { b->dev = NULL; return -1; }
+    if (host && !(b->host = malloc(cap))) { cu_buf_free(b); return -1; }
+    b->cap = cap;
+    return 0;
+}
+
+void cu_buf_free(cu_buf *b)
+{
+    if (b->dev) cudaFree(b->dev);
+    free(b->host);
+    memset(b, 0, sizeof *b);
+}
+
+/* Places the buffers of cu_act for T rows and nseq sequences at base (NULL: sizes only);
+ * returns the bytes. */
+static size_t cu_act_carve(const cu_ctx *c, char *base, long T, int nseq, bool saved, cu_act *a)
+{
+    const model_config *mc = &c->cfg;
+    size_t H = mc->hidden_size, I = mc->intermediate_size, nq = mc->num_attention_heads,
+           nkv = mc->num_key_value_heads, qd = nq * mc->head_dim, kvd = nkv * mc->head_dim, t = (size_t)T;
+    size_t off = 0, f = sizeof(float), b = sizeof(lcu_bf16);
+#define CU_TAKE(ptr, bytes)                                     \
+    do {                                                        \
+        if (base) (ptr) = (void *)(base + off);                 \
+        off += cb_align(bytes);                                 \
+    } while (0)
+    float **f_h[] = {&a->x, &a->xmid, &a->dx, &a->dxn, &a->dxf};
+    lcu_bf16 **b_h[] = {&a->xn1, &a->xn2, &a->dyb};
+    float **f_q[] = {&a->q_pre, &a->qf, &a->datt, &a->dq};
+    lcu_bf16 **b_q[] = {&a->q, &a->att, &a->dattb, &a->dqb};
+    float **f_kv[] = {&a->k_pre, &a->kf, &a->vf, &a->dk, &a->dv};
+    lcu_bf16 **b_kv[] = {&a->k, &a->v, &a->dkb, &a->dvb};
+    float **f_i[] = {&a->g, &a->u, &a->dh};
+    lcu_bf16 **b_i[] = {&a->h, &a->dg, &a->du};
+    for (int i = 0; i < 5; i++) CU_TAKE(*f_h[i], t * H * f);
+    for (int i = 0; i < 3; i++) CU_TAKE(*b_h[i], t * H * b);
+    for (int i = 0; i < 4; i++) CU_TAKE(*f_q[i], t * qd * f);
+    for (int i = 0; i < 4; i++) CU_TAKE(*b_q[i], t * qd * b);
+    for (int i = 0; i < 5; i++) CU_TAKE(*f_kv[i], t * kvd * f);
+    for (int i = 0; i < 4; i++) CU_TAKE(*b_kv[i], t * kvd * b);
+    for (int i = 0; i < 3; i++) CU_TAKE(*f_i[i], t * I * f);
+    for (int i = 0; i < 3; i++) CU_TAKE(*b_i[i], t * I * b);
+    CU_TAKE(a->rstd1, t * f);
+    CU_TAKE(a->rstd2, t * f);
+    CU_TAKE(a->rstd_f, t * f);
+    CU_TAKE(a->rstd_q, t * nq * f);
+    CU_TAKE(a->rstd_k, t * nkv * f);
+    CU_TAKE(a->lse, t * nq * f);
+    CU_TAKE(a->z, t * CU_LDZ * b);
+    CU_TAKE(a->dz, t * CU_LDZ * b);
+    lcu_attn_desc d = {.nseq = nseq, .total_q = T, .nq = (int)nq, .nkv = (int)nkv, .d = mc->head_dim};
+    CU_TAKE(a->attn_ws, lcu_attn_workspace_bytes(&d));
+    if (saved) CU_TAKE(a->saved, (size_t)mc->num_hidden_layers * t * H * f);
+    else if (base) a->saved = NULL;
+#undef CU_TAKE
+    return off;
+}
+
+int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t errlen)
+{
+    if (T <= c->cap_T && nseq <= c->cap_seqs && (!saved || c->cap_saved)) return 0;
+    long cap_T = c->cap_T * 3 / 2 > T ? c->cap_T * 3 / 2 : T;
+    int cap_seqs = c->cap_seqs * 3 / 2 > nseq ? c->cap_seqs * 3 / 2 : nseq;
+    if (cap_T < 64) cap_T = 64;
+    if (cap_seqs < 16) cap_seqs = 16;
+    saved = saved || c->cap_saved;
+    cu_act a;
+    size_t bytes = cu_act_carve(c, NULL, cap_T, cap_seqs, saved, &a);
+    if (c->act_mem) cudaFree(c->act_mem);
+    c->act_mem = NULL;
+    c->cap_T = 0;
+    c->cap_seqs = 0;
+    c->cap_saved = false;
+    int rc = (int)cudaMalloc(&c->act_mem, bytes);
+    if (rc) {
+        c->act_mem = NULL;
+        cudaGetLastError(); /* out of memory is not sticky: clear it */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        err_set(err, errlen, "cuda:%d: out of memory for a batch of %ld tokens (%.2f GiB of workspace%s; %.2f GiB free)",
+                c->device, T, bytes / 1073741824.0, saved ? " with each layer's input kept for the backward" : "",
+                fr / 1073741824.0);
+        return -1;
+    }
+    cu_act_carve(c, c->act_mem, cap_T, cap_seqs, saved, &c->a);
+    c->cap_T = cap_T;
+    c->cap_seqs = cap_seqs;
+    c->cap_saved = saved;
+    return 0;
+}
+
+int cu_rope_reserve(cu_ctx *c, int max_pos, char *err, size_t errlen)
+{
+    if (max_pos <= c->cap_pos) return 0;
+    int cap = c->cap_pos * 3 / 2 > max_pos ? c->cap_pos * 3 / 2 : max_pos, half = c->cfg.head_dim / 2;
+    if (cap < 64) cap = 64;
+    size_t n = (size_t)cap * half;
+    double *inv = malloc(half * sizeof *inv);
+    float *hc = malloc(n * sizeof *hc), *hs = malloc(n * sizeof *hs);
+    if (c->rope_cos) cudaFree(c->rope_cos);
+    if (c->rope_sin) cudaFree(c->rope_sin);
+    c->rope_cos = c->rope_sin = NULL;
+    c->cap_pos = 0;
+    int rc = !inv || !hc || !hs ? (int)cudaErrorMemoryAllocation : 0;
+    if (!rc) rc = (int)cudaMalloc((void **)&c->rope_cos, n * sizeof(float));
+    if (!rc) rc = (int)cudaMalloc((void **)&c->rope_sin, n * sizeof(float));
+    if (!rc) {
+        /* The CPU backend's tables (cpu_buffers.c), value for value: angles in double,
+         * because pos·θ reaches 10⁴–10⁵ rad where fp32 would lose ~1e-3 rad. */
+        model_rope_inv_freq(&c->cfg, inv);
+        for (int pos = 0; pos < cap; pos++)
+            for (int i = 0; i < half; i++) {
+                double a = pos * inv[i];
+                hc[(long)pos * half + i] = (float)cos(a);
+                hs[(long)pos * half + i] = (float)sin(a);
+            }
+        rc = (int)cudaMemcpy(c->rope_cos, hc, n * sizeof(float), cudaMemcpyHostToDevice);
+        if (!rc) rc = (int)cudaMemcpy(c->rope_sin, hs, n * sizeof(float), cudaMemcpyHostToDevice);
+    }
+    free(inv);
+    free(hc);
+    free(hs);
+    if (rc) {
+        cudaGetLastError();
+        err_set(err, errlen, "cuda:%d: RoPE tables for %d positions: %s", c->device, cap, lcu_strerror(rc));
+        return -1;
+    }
+    c->cap_pos = cap;
+    return 0;
+}
+
+int cu_segs_reserve(cu_ctx *c, int nseq, char *err, size_t errlen)
+{
+    if (nseq <= c->cap_segs) return 0;
+    int cap = nseq > 2 * c->cap_segs ? nseq : 2 * c->cap_segs;
+    free(c->segs);
+    free(c->lsegs);
+    free(c->seq_index);
+    c->segs = malloc(cap * sizeof *c->segs);
+    c->lsegs = malloc(cap * sizeof *c->lsegs);
+    c->seq_index = malloc(cap * sizeof *c->seq_index);
+    c->cap_segs = c->segs && c->lsegs && c->seq_index ? cap : 0;
+    if (!c->cap_segs) { err_set(err, errlen, "cuda: out of host memory"); return -1; }
+    return 0;
+}
+
+void cu_segs_add(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad)
+{
+    if (!ad || b == e) return;
+    cu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
+    if (last && last->ad == ad && last->grad == grad && last->row_end == b) last->row_end = e;
+    else c->segs[c->nsegs++] = (cu_segment){ad, b, e, grad};
+}
+
+int cu_meta_reserve(cu_ctx *c, long T, int nseq, long nnz, long ntopk, char *err, size_t errlen)
+{
+    cu_meta_layout *m = &c->ml;
+    size_t off = 0, t = (size_t)T;
+#define CU_AT(field, bytes) (m->field = off, off += cb_align(bytes))
+    CU_AT(tokens, t * 4);
+    CU_AT(pos, t * 4);
+    CU_AT(row_seq, t * 4);
+    CU_AT(q_start, ((size_t)nseq + 1) * 4);
+    CU_AT(tgt_start, (t + 1) * 8);
+    CU_AT(topk_start, (t + 1) * 8);
+    CU_AT(targets, (size_t)nnz * 4);
+    CU_AT(weights, (size_t)nnz * 4);
+    CU_AT(sampler_lp, t * 4);
+    CU_AT(adv, t * 4);
+    CU_AT(loss_seqs, (size_t)nseq * sizeof(lcu_loss_seq));
+    m->in_end = off;
+    CU_AT(lp, (size_t)nnz * 4);
+    CU_AT(loss, t * 4);
+    CU_AT(topk_ids, (size_t)ntopk * 4);
+    CU_AT(topk_lp, (size_t)ntopk * 4);
+    m->out_end = off;
+    CU_AT(lse, t * 8);
+    m->total = off;
+#undef CU_AT
+    if (cu_buf_reserve(&c->meta, m->total, true) < 0) {
+        cudaGetLastError();
+        err_set(err, errlen, "cuda:%d: out of memory for the rows of a batch of %ld tokens", c->device, T);
+        return -1;
+    }
+    return 0;
+}
+
+int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
+{
+    const cu_meta_layout *m = &c->ml;
+    int32_t *tokens = cu_meta_host(c, m->tokens), *pos = cu_meta_host(c, m->pos), *row_seq = cu_meta_host(c, m->row_seq);
+    int32_t *q_start = cu_meta_host(c, m->q_start), *targets = cu_meta_host(c, m->targets);
+    int64_t *tgt_start = cu_meta_host(c, m->tgt_start), *topk_start = cu_meta_host(c, m->topk_start);
+    float *weights = cu_meta_host(c, m->weights), *q = cu_meta_host(c, m->sampler_lp), *adv = cu_meta_host(c, m->adv);
+    lcu_loss_seq *ls = cu_meta_host(c, m->loss_seqs);
+    long row = 0, tg = 0, tk = 0;
+    int np = 0;
+    c->nsegs = 0;
+    for (int i = 0; i < nseq; i++) {
+        const exe_seq *s = &seqs[i];
+        if (s->n == 0) continue;
+        const cu_adapter *ad = s->ad ? (const cu_adapter *)s->ad : NULL;
+        bool grad = any_grad && ad && ad->pub.trainable && !s->forward_only;
+        int K = s->k > 1 ? s->k : 1;
+        c->seq_index[np] = i;
+        q_start[np] = (int32_t)row;
+        ls[np] = (lcu_loss_seq){(int)s->loss.kind, grad, s->loss.clip_low, s->loss.clip_high, s->loss.beta};
+        for (int t = 0; t < s->n; t++, row++) {
+            tokens[row] = s->tokens[t];
+            pos[row] = t;
+            row_seq[row] = np;
+            q[row] = s->sampler_logprobs ? s->sampler_logprobs[t] : 0.0f;
+            adv[row] = s->advantages ? s->advantages[t] : 0.0f;
+            tgt_start[row] = tg;
+            topk_start[row] = tk;
+            for (int j = 0; j < K; j++, tg++) {
+                targets[tg] = s->targets[(long)t * K + j];
+                weights[tg] = s->weights ? s->weights[(long)t * K + j] : 1.0f;
+            }
+            tk += s->topk > 0 ? s->topk : 0;
+        }
+        cu_segs_add(c, ad, q_start[np], row, grad);
+        np++;
+    }
+    q_start[np] = (int32_t)row;
+    tgt_start[row] = tg;
+    topk_start[row] = tk;
+    c->nseq_packed = np;
+    c->attn = (lcu_attn_desc){np, cu_meta_dev(c, m->q_start), NULL, NULL, row, c->cfg.num_attention_heads,
+                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+    CU_TRY(c, cudaMemcpyAsync(c->meta.dev, c->meta.host, m->in_end, cudaMemcpyHostToDevice, c->stream));
+    return 0;
+}
+
+void cu_buffers_free(cu_ctx *c)
+{
+    if (c->act_mem) cudaFree(c->act_mem);
+    if (c->rope_cos) cudaFree(c->rope_cos);
+    if (c->rope_sin) cudaFree(c->rope_sin);
+    if (c->logits) cudaFree(c->logits);
+    if (c->dlogits) cudaFree(c->dlogits);
+    cu_buf *bufs[] = {&c->meta, &c->kv, &c->smap, &c->sstep, &c->sws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cu_buf_free(bufs[i]);
+    free(c->segs);
+    free(c->lsegs);
+    free(c->seq_index);
+}

@@ -1,0 +1,40 @@
+/* cuda_buffers.h — the CUDA context's workspace: growing it for a batch, the per-call rows
+ * of a packed batch (cu_meta_layout), LoRA segments, RoPE tables (cuda_buffers.c). */
+#ifndef LOOM_BACKEND_CUDA_BUFFERS_H
+#define LOOM_BACKEND_CUDA_BUFFERS_H
+
+#include "backend/cuda/cuda_ctx.h"
+
+/* b holds at least bytes on the device (and as much on the host when host): grown by 1.5×,
+ * never shrunk; the contents are not kept. 0 or -1 (out of memory). */
+int cu_buf_reserve(cu_buf *b, size_t bytes, bool host);
+void cu_buf_free(cu_buf *b);
+
+/* The activation workspace for T rows in up to nseq sequences, with the per-layer inputs
+ * when saved. 0 or -1 with err (out of memory; nothing else changed). */
+int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t errlen);
+/* RoPE tables covering positions 0 .. max_pos − 1 (queued on c->stream). 0 or -1 with err. */
+int cu_rope_reserve(cu_ctx *c, int max_pos, char *err, size_t errlen);
+/* Host arrays of segments for nseq sequences. 0 or -1 with err. */
+int cu_segs_reserve(cu_ctx *c, int nseq, char *err, size_t errlen);
+
+/* The per-call rows of a training pass: T rows, nseq sequences, nnz targets, ntopk top-k
+ * outputs; c->ml and c->meta. 0 or -1 with err. */
+int cu_meta_reserve(cu_ctx *c, long T, int nseq, long nnz, long ntopk, char *err, size_t errlen);
+/* Host and device addresses of a piece of c->meta. */
+static inline void *cu_meta_host(const cu_ctx *c, size_t off) { return (char *)c->meta.host + off; }
+static inline void *cu_meta_dev(const cu_ctx *c, size_t off) { return (char *)c->meta.dev + off; }
+
+/* Packs the non-empty sequences of a training pass into c->meta's inputs (tokens,
+ * positions, targets, loss inputs, top-k layout), builds the LoRA segments and the
+ * self-attention descriptor, and uploads the inputs. any_grad: this pass computes
+ * gradients. 0 or -1 (recorded in c). */
+int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
+
+/* Appends row run [b, e) of adapter ad (NULL: none) to c->segs, merging with the last
+ * segment when it continues it. */
+void cu_segs_add(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad);
+
+void cu_buffers_free(cu_ctx *c);
+
+#endif

@@ -1,0 +1,174 @@
+/* cuda_ctx.h — the CUDA backend's context (one per device and model) and what its files
+ * share. The files, from the bottom up (each includes only headers below it):
+ * cuda_check (errors, LOOM_CUDA_SYNC), cuda_weights (bf16 base weights, one allocation),
+ * cuda_adapter (adapters in device memory), cuda_buffers (workspace, packing), cuda_layer
+ * (decoder layer forward/backward with segmented LoRA, KV caches of sampling), cuda_head
+ * (output head, losses, top-k), cuda_sample (sampling), cuda_backend (the table).
+ *
+ * Numbers: base weights bf16; the residual stream, GEMM outputs, norms' statistics,
+ * logits and all accumulators fp32; GEMM inputs bf16 (the kernel layer's convention,
+ * cuda_ops.h). LoRA masters, gradients and AdamW moments fp32 on the device, with a bf16
+ * copy of A and B for the GEMMs refreshed whenever the masters change.
+ *
+ * Memory: nothing is allocated per step. The workspace (cuda_buffers.c) holds one layer's
+ * intermediates for the largest batch seen so far, plus each layer's input when
+ * gradients flow ([L, T, H] fp32, as the CPU backend: the backward recomputes a layer's
+ * forward from its input); it grows (by 1.5×) only when a larger batch arrives.
+ */
+#ifndef LOOM_BACKEND_CUDA_CTX_H
+#define LOOM_BACKEND_CUDA_CTX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+
+/* ---- base weights (cuda_weights.c) -------------------------------------------------------- */
+
+/* One decoder layer, bf16, HF nn.Linear layout [out, in]; NULL where the architecture has
+ * no such tensor (biases, q/k norm). */
+typedef struct {
+    lcu_bf16 *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *mlp_norm, *wgate, *wup, *wdown;
+} cu_layer_w;
+
+typedef struct {
+    lcu_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    cu_layer_w *layers;                     /* [L], host array of device pointers */
+    void *mem;                              /* the one device allocation */
+    size_t bytes;
+} cu_weights;
+
+/* ---- adapters (cuda_adapter.c) ------------------------------------------------------------ */
+
+/* One adapted linear: device pointers, all NULL when the module is not trained. */
+typedef struct {
+    int in, out, rank;
+    const lcu_bf16 *A, *B; /* [r, in], [out, r]: the bf16 copies the GEMMs read */
+    float *gA, *gB;        /* fp32 gradient accumulators; NULL unless trainable */
+} cu_lora_pair;
+
+/* An adapter: ONE device allocation holding, in this order, params, grads, m, v (fp32,
+ * num_params each; grads, m, v only when trainable) and the bf16 copy of params. Every
+ * part keeps the layout's tensor order (model/lora.h), so a transfer is one copy. */
+typedef struct {
+    exe_adapter pub;
+    float scale;                   /* LORA_ALPHA / rank */
+    float *params, *grads, *m, *v;
+    lcu_bf16 *params_bf16;
+    void *mem;
+    cu_lora_pair *mods;            /* [L * LORA_NUM_MODULES], host */
+    cu_lora_pair head;
+} cu_adapter;
+
+static inline cu_adapter *cu_adapter_of(exe_adapter *a) { return (cu_adapter *)a; }
+
+/* A run of consecutive packed rows sharing one adapter (the LoRA products are per run). */
+typedef struct {
+    const cu_adapter *ad;
+    long row_begin, row_end;
+    bool grad; /* its rows carry a loss gradient */
+} cu_segment;
+
+/* ---- workspace (cuda_buffers.c) ------------------------------------------------------------ */
+
+/* A device buffer with an optional host mirror of the same size, grown, never shrunk. */
+typedef struct {
+    void *dev, *host;
+    size_t cap;
+} cu_buf;
+
+/* One layer's intermediates over T rows (one device allocation, cu_act_reserve). */
+typedef struct {
+    float *x, *xmid, *dx, *dxn, *dxf;           /* [T, H] fp32 */
+    lcu_bf16 *xn1, *xn2, *dyb;                  /* [T, H] bf16 (xn2 also the final norm's output) */
+    float *q_pre, *qf, *datt, *dq;              /* [T, nq·d] fp32 */
+    lcu_bf16 *q, *att, *dattb, *dqb;            /* [T, nq·d] bf16 */
+    float *k_pre, *kf, *vf, *dk, *dv;           /* [T, nkv·d] fp32 */
+    lcu_bf16 *k, *v, *dkb, *dvb;                /* [T, nkv·d] bf16 */
+    float *g, *u, *dh;                          /* [T, I] fp32 */
+    lcu_bf16 *h, *dg, *du;                      /* [T, I] bf16 */
+    float *rstd1, *rstd2, *rstd_f;              /* [T] */
+    float *rstd_q, *rstd_k, *lse;               /* [T, nq], [T, nkv], [T, nq] */
+    lcu_bf16 *z, *dz;                           /* [T, CU_LDZ] LoRA intermediates */
+    void *attn_ws;                              /* lcu_attn_workspace_bytes for cap rows, cap seqs */
+    float *saved;                               /* [L, T, H] layer inputs (when cap_saved) */
+} cu_act;
+
+/* The per-call rows of a packed batch, as offsets into one host/device buffer (cu_meta):
+ * the inputs [0, in_end) go up in one copy, the outputs [in_end, out_end) come down in one. */
+typedef struct {
+    size_t tokens, pos, row_seq, q_start, tgt_start, topk_start, targets, weights, sampler_lp, adv, loss_seqs;
+    size_t in_end;
+    size_t lp, loss, topk_ids, topk_lp;
+    size_t out_end;
+    size_t lse; /* device only */
+    size_t total;
+} cu_meta_layout;
+
+/* The z/dz stride of every LoRA call: fixed (from the largest rank an adapter may have), so
+ * that GEMM plans never depend on which adapters share a pass (cuda_ops.h, lcu_lora_ldz). */
+#define CU_LDZ 512
+
+enum { CU_KV_NONE, CU_KV_PREFILL, CU_KV_DECODE };
+
+typedef struct {
+    model_config cfg;
+    int device;
+    char device_name[128];
+    cudaStream_t stream;
+    lcu_ctx *lcu;
+    cu_weights w;
+
+    /* errors (cuda_check.c) */
+    bool sync_debug;                /* LOOM_CUDA_SYNC: synchronize and check after every call */
+    bool failed;                    /* a device fault happened: every later call reports it */
+    char where[96];                 /* the step running now, for messages */
+    char errmsg[512];               /* the first failure of the current call */
+
+    /* RoPE tables [cap_pos, d/2], computed on the host exactly as the CPU backend does */
+    float *rope_cos, *rope_sin;
+    int cap_pos;
+
+    /* workspace */
+    void *act_mem;
+    cu_act a;
+    long cap_T;
+    int cap_seqs;
+    bool cap_saved;
+    cu_buf meta;                    /* per-call rows (cu_meta_layout), host mirror */
+    cu_meta_layout ml;
+    int head_rows;                  /* rows of logits per head chunk */
+    float *logits;                  /* [head_rows, V] */
+    lcu_bf16 *dlogits;              /* [head_rows, V] */
+    void *norm_ws;                  /* lcu_sumsq's workspace, then its double result */
+
+    /* per call (host) */
+    cu_segment *segs;
+    int nsegs, cap_segs;
+    int *seq_index;                 /* [cap_segs] packed sequence → caller's index */
+    lcu_lora_seg *lsegs;            /* [cap_segs] the kernel layer's view of one module */
+    int nseq_packed;                /* non-empty sequences of the pass */
+    const int32_t *d_pos;           /* device [T] position of each row in its sequence */
+    lcu_attn_desc attn;             /* self-attention over the packed rows */
+
+    /* sampling (cuda_sample.c): KV caches, per layer K then V, [S·kv_cap, nkv·d] bf16 each,
+     * and the maps from a pass's rows to cache rows (cuda_layer.c uses them) */
+    int kv_mode;                    /* CU_KV_NONE / PREFILL / DECODE */
+    cu_buf kv;
+    int kv_cap;                     /* cache rows per stream */
+    long kv_streams;
+    const int64_t *kv_dst, *kv_src; /* device [kv_nmap]: cache row ← pass row (src NULL = i) */
+    long kv_nmap;
+    lcu_attn_desc kv_attn;          /* decode: each row against its stream's cache */
+    cu_buf smap, sstep, sws;        /* prefill maps, per-step rows, lcu_sample workspace */
+} cu_ctx;
+
+/* The device K (which 0) or V (which 1) cache of layer l. */
+static inline lcu_bf16 *cu_kv_cache(const cu_ctx *c, int l, int which)
+{
+    size_t per = (size_t)c->kv_streams * c->kv_cap * c->cfg.num_key_value_heads * c->cfg.head_dim;
+    return (lcu_bf16 *)c->kv.dev + ((size_t)l * 2 + which) * per;
+}
+
+#endif

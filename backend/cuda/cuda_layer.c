@@ -1,0 +1,165 @@
+/* cuda_layer.c — one decoder layer (Llama / Qwen2 / Qwen3) over the packed batch, forward
+ * and backward, with each segment's LoRA on the adapted projections; the structure of the
+ * CPU backend's cpu_layer.c, step for step, with the kernel layer's dtypes (cuda_ops.h):
+ *
+ *   xn1 = rmsnorm(x) → bf16                q,k,v = xn1 W{q,k,v}ᵀ (+b) + LoRA   (fp32)
+ *   [qwen3] q,k = rmsnorm_per_head(q,k)    q,k = rope(q,k) → bf16, v → bf16
+ *   att = causal_gqa(q,k,v) → bf16         xmid = x + att Woᵀ (+b) + LoRA      (fp32)
+ *   xn2 = rmsnorm(xmid) → bf16             g,u = xn2 W{gate,up}ᵀ + LoRA        (fp32)
+ *   h = silu(g)·u → bf16                   x' = xmid + h Wdownᵀ + LoRA         (fp32)
+ *
+ * The residual adds ride in the GEMMs' epilogue (beta = 1 with C = the residual). Base
+ * weights are frozen: the backward produces activation gradients and LoRA gradients only,
+ * the activation gradients in fp32 and rounded to bf16 where a GEMM reads them.
+ */
+#include "backend/cuda/cuda_layer.h"
+#include "backend/cuda/cuda_adapter.h"
+#include "backend/cuda/cuda_check.h"
+
+/* ---- LoRA ---------------------------------------------------------------------------- */
+
+int cu_lora_segs(cu_ctx *c, int l, lora_module mod, long r0, long r1, bool grad_only)
+{
+    int n = 0;
+    for (int s = 0; s < c->nsegs; s++) {
+        const cu_segment *sg = &c->segs[s];
+        const cu_lora_pair *p = l < 0 ? cu_adapter_head(sg->ad) : cu_adapter_module(sg->ad, l, mod);
+        long b = sg->row_begin > r0 ? sg->row_begin : r0, e = sg->row_end < r1 ? sg->row_end : r1;
+        if (!p || b >= e || (grad_only && !sg->grad)) continue;
+        c->lsegs[n++] = (lcu_lora_seg){b - r0, e - r0, p->rank, sg->ad->scale, p->A, p->B, p->gA, p->gB};
+    }
+    return n;
+}
+
+/* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. */
+static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W,
+                     const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
+{
+    lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, resid ? 1.0f : 0.0f, x, in, W, in, resid, out, y, out,
+                       LCU_F32};
+    CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+    if (bias) CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
+    int n = cu_lora_segs(c, l, mod, 0, T, false);
+    if (n) CU_TRY(c, lcu_lora_fwd(c->lcu, c->lsegs, n, in, out, x, in, y, out, c->a.z, CU_LDZ, c->stream));
+    return 0;
+}
+
+/* dx[T, in] (= or += when acc) dy[T, out] · W[out, in], then the module's LoRA backward
+ * (dx += ..., gradients of the segments that carry one). dx NULL: only the gradients. */
+static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W, int out,
+                         const lcu_bf16 *dy, float *dx, bool acc, long T)
+{
+    if (dx) {
+        lcu_gemm_args g = {false, false, (int)T, in, out, 1.0f, acc ? 1.0f : 0.0f, dy, out, W, in, NULL, 0, dx, in,
+                           LCU_F32};
+        CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+    }
+    int n = cu_lora_segs(c, l, mod, 0, T, true);
+    if (n)
+        CU_TRY(c, lcu_lora_bwd(c->lcu, c->lsegs, n, in, out, x, in, dy, out, dx, in, c->a.z, c->a.dz, CU_LDZ,
+                               c->stream));
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+/* Sampling passes: this layer's K/V rows into the caches (prefill: each prompt row into
+ * every sample of its prompt; decode: each row into its stream at its position). */
+static int cl_kv_store(cu_ctx *c, int l)
+{
+    size_t row = (size_t)c->cfg.num_key_value_heads * c->cfg.head_dim * sizeof(lcu_bf16);
+    CU_TRY(c, lcu_copy_rows(cu_kv_cache(c, l, 0), c->kv_dst, c->a.k, c->kv_src, c->kv_nmap, row, c->stream));
+    CU_TRY(c, lcu_copy_rows(cu_kv_cache(c, l, 1), c->kv_dst, c->a.v, c->kv_src, c->kv_nmap, row, c->stream));
+    return 0;
+}
+
+int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, bool recompute)
+{
+    const model_config *mc = &c->cfg;
+    const cu_layer_w *w = &c->w.layers[l];
+    cu_act *a = &c->a;
+    int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
+        nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
+    double eps = mc->rms_norm_eps;
+    cudaStream_t s = c->stream;
+    cu_where(c, "layer %d %s", l, recompute ? "recompute" : "forward");
+
+    CU_TRY(c, lcu_rmsnorm_fwd(a->xn1, LCU_BF16, a->rstd1, x_in, w->attn_norm, T, H, eps, s));
+    if (cl_linear(c, l, LORA_Q, a->xn1, H, w->wq, w->bq, qd, NULL, a->q_pre, T) < 0 ||
+        cl_linear(c, l, LORA_K, a->xn1, H, w->wk, w->bk, kvd, NULL, a->k_pre, T) < 0 ||
+        cl_linear(c, l, LORA_V, a->xn1, H, w->wv, w->bv, kvd, NULL, a->vf, T) < 0)
+        return -1;
+    const float *qs = a->q_pre, *ks = a->k_pre;
+    if (mc->qk_norm) {
+        CU_TRY(c, lcu_rmsnorm_fwd(a->qf, LCU_F32, a->rstd_q, a->q_pre, w->q_norm, T * nq, d, eps, s));
+        CU_TRY(c, lcu_rmsnorm_fwd(a->kf, LCU_F32, a->rstd_k, a->k_pre, w->k_norm, T * nkv, d, eps, s));
+        qs = a->qf;
+        ks = a->kf;
+    }
+    CU_TRY(c, lcu_rope(a->q, LCU_BF16, qs, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
+    CU_TRY(c, lcu_rope(a->k, LCU_BF16, ks, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
+    CU_TRY(c, lcu_convert(a->v, LCU_BF16, a->vf, LCU_F32, (size_t)T * kvd, s));
+    if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
+    if (c->kv_mode == CU_KV_DECODE) /* one new token per stream, attending to its cache */
+        CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
+                               a->attn_ws, s));
+    else
+        CU_TRY(c, lcu_attn_fwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->attn_ws, s));
+    if (cl_linear(c, l, LORA_O, a->att, qd, w->wo, w->bo, H, x_in, a->xmid, T) < 0) return -1;
+
+    CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd2, a->xmid, w->mlp_norm, T, H, eps, s));
+    if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
+        cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
+        return -1;
+    CU_TRY(c, lcu_swiglu_fwd(a->h, LCU_BF16, a->g, a->u, T * I, s));
+    if (recompute) return 0; /* the backward needs everything up to h, not the layer output */
+    return cl_linear(c, l, LORA_DOWN, a->h, I, w->wdown, NULL, H, a->xmid, x_out, T);
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+int cu_layer_backward(cu_ctx *c, int l, long T, const float *x_in, bool need_dx)
+{
+    const model_config *mc = &c->cfg;
+    const cu_layer_w *w = &c->w.layers[l];
+    cu_act *a = &c->a;
+    int H = mc->hidden_size, I = mc->intermediate_size, d = mc->head_dim, nq = mc->num_attention_heads,
+        nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
+    size_t TH = (size_t)T * H;
+    cudaStream_t s = c->stream;
+    cu_where(c, "layer %d backward", l);
+
+    /* MLP: x' = xmid + down(h), h = silu(g)·u */
+    CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
+    if (cl_linear_bwd(c, l, LORA_DOWN, a->h, I, w->wdown, H, a->dyb, a->dh, false, T) < 0) return -1;
+    CU_TRY(c, lcu_swiglu_bwd(a->dg, a->du, LCU_BF16, a->dh, a->g, a->u, T * I, s));
+    if (cl_linear_bwd(c, l, LORA_GATE, a->xn2, H, w->wgate, I, a->dg, a->dxn, false, T) < 0 ||
+        cl_linear_bwd(c, l, LORA_UP, a->xn2, H, w->wup, I, a->du, a->dxn, true, T) < 0)
+        return -1;
+    CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxn, LCU_F32, a->xmid, a->rstd2, w->mlp_norm, T, H, true, s));
+
+    /* attention: xmid = x + o(att); dx = dL/dxmid from here */
+    CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
+    if (cl_linear_bwd(c, l, LORA_O, a->att, qd, w->wo, H, a->dyb, a->datt, false, T) < 0) return -1;
+    CU_TRY(c, lcu_convert(a->dattb, LCU_BF16, a->datt, LCU_F32, (size_t)T * qd, s));
+    CU_TRY(c, lcu_attn_bwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->dattb, a->dq, a->dk, a->dv, a->attn_ws, s));
+    CU_TRY(c, lcu_rope(a->dq, LCU_F32, a->dq, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
+    CU_TRY(c, lcu_rope(a->dk, LCU_F32, a->dk, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
+    if (mc->qk_norm) {
+        CU_TRY(c, lcu_rmsnorm_bwd(a->dqb, LCU_BF16, a->dq, LCU_F32, a->q_pre, a->rstd_q, w->q_norm, T * nq, d, false, s));
+        CU_TRY(c, lcu_rmsnorm_bwd(a->dkb, LCU_BF16, a->dk, LCU_F32, a->k_pre, a->rstd_k, w->k_norm, T * nkv, d, false, s));
+    } else {
+        CU_TRY(c, lcu_convert(a->dqb, LCU_BF16, a->dq, LCU_F32, (size_t)T * qd, s));
+        CU_TRY(c, lcu_convert(a->dkb, LCU_BF16, a->dk, LCU_F32, (size_t)T * kvd, s));
+    }
+    CU_TRY(c, lcu_convert(a->dvb, LCU_BF16, a->dv, LCU_F32, (size_t)T * kvd, s));
+    /* layer 0 needs no input gradient (the embedding is frozen): LoRA gradients only */
+    float *dxn = need_dx ? a->dxn : NULL;
+    if (cl_linear_bwd(c, l, LORA_Q, a->xn1, H, w->wq, qd, a->dqb, dxn, false, T) < 0 ||
+        cl_linear_bwd(c, l, LORA_K, a->xn1, H, w->wk, kvd, a->dkb, dxn, true, T) < 0 ||
+        cl_linear_bwd(c, l, LORA_V, a->xn1, H, w->wv, kvd, a->dvb, dxn, true, T) < 0)
+        return -1;
+    if (need_dx)
+        CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxn, LCU_F32, x_in, a->rstd1, w->attn_norm, T, H, true, s));
+    return 0;
+}

@@ -1,0 +1,283 @@
+/* cuda_sample.c — sampling with KV caches on the device: the CPU backend's cpu_sample.c,
+ * pass for pass. All prompts are prefilled in one packed pass (the training forward, with
+ * each layer's K/V rows copied into the caches of every sample of their prompt), then
+ * every live sample advances one token per decode pass, attending to its own cache
+ * (lcu_attn_fwd with kv_start/kv_len). Tokens are picked on the device by lcu_sample (the
+ * CPU's cpu_choose_token algorithm) from each sample's own xoshiro256** stream, kept on
+ * the host between passes (exe_sample_stream: seeded by (seed, sample index) exactly as
+ * the CPU backend seeds it); stop tokens, stop_check and the limits are backend.c's.
+ *
+ * Correct first: every sample has its own cache rows (a prompt's K/V are copied once per
+ * sample), the host waits for each chunk of picks, and decode runs the whole layer stack
+ * for one row per sample. Sharing prompt caches and keeping the loop on the device are
+ * the speed work of a later issue.
+ */
+#include "backend/cuda/cuda_sample.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_head.h"
+#include "backend/cuda/cuda_layer.h"
+#include "common/err.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t csa(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* The rows of one pass (prefill or decode) in c->sstep: inputs first, uploaded in one copy. */
+typedef struct {
+    size_t tokens, pos, q_start, kv_dst, kv_src, kv_start, kv_len, gather, in_end;
+    size_t rng, tok, lp, total;
+} cs_rows;
+
+static void cs_rows_layout(cs_rows *r, long rows, long nmap, int nseq, int pick_rows)
+{
+    size_t off = 0;
+#define CS_AT(f, bytes) (r->f = off, off += csa(bytes))
+    CS_AT(tokens, rows * 4);
+    CS_AT(pos, rows * 4);
+    CS_AT(q_start, ((size_t)nseq + 1) * 4);
+    CS_AT(kv_dst, nmap * 8);
+    CS_AT(kv_src, nmap * 8);
+    CS_AT(kv_start, (size_t)nseq * 8);
+    CS_AT(kv_len, (size_t)nseq * 4);
+    CS_AT(gather, (size_t)nseq * 8);
+    r->in_end = off;
+    CS_AT(rng, (size_t)pick_rows * 32);
+    CS_AT(tok, (size_t)pick_rows * 4);
+    CS_AT(lp, (size_t)pick_rows * 4);
+    r->total = off;
+#undef CS_AT
+}
+
+#define CS_H(c, off) ((void *)((char *)(c)->sstep.host + (off)))
+#define CS_D(c, off) ((void *)((char *)(c)->sstep.dev + (off)))
+
+/* Rows of logits picked per lcu_sample call: its workspace (about 20 bytes per logit) within
+ * 256 MiB, and no more than a head chunk. */
+static int cs_pick_rows(const cu_ctx *c)
+{
+    long r = (256L << 20) / ((long)c->cfg.vocab_size * 20);
+    return (int)(r < 1 ? 1 : r > c->head_rows ? c->head_rows : r);
+}
+
+/* Logits of the n rows of c->a.xn2 (final-normed; c->segs by row), and a token for each
+ * row's stream (row_stream[i]) that is still live. */
+static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_stream *st, const cs_rows *L)
+{
+    int V = c->cfg.vocab_size, SR = cs_pick_rows(c), maxp = c->cfg.max_position_embeddings;
+    lcu_sample_params par[SR > 0 ? SR : 1];
+    uint64_t *rng = CS_H(c, L->rng);
+    int32_t *tok = CS_H(c, L->tok);
+    float *lp = CS_H(c, L->lp);
+    for (long c0 = 0; c0 < n; c0 += SR) {
+        int k = (int)(n - c0 < SR ? n - c0 : SR);
+        cu_where(c, "sampling head rows %ld..%ld", c0, c0 + k);
+        for (int j = 0; j < k; j++) {
+            const exe_sample_stream *s = &st[row_stream[c0 + j]];
+            par[j] = (lcu_sample_params){s->req->temperature, s->req->top_k, s->req->top_p};
+            memcpy(rng + 4L * j, s->rng.s, 32);
+        }
+        if (cu_head_logits(c, c->a.xn2, c0, k) < 0) return -1;
+        CU_TRY(c, cudaMemcpyAsync(CS_D(c, L->rng), rng, (size_t)k * 32, cudaMemcpyHostToDevice, c->stream));
+        CU_TRY(c, lcu_sample(c->logits, V, k, V, par, CS_D(c, L->rng), CS_D(c, L->tok), CS_D(c, L->lp), c->sws.dev,
+                             c->sws.cap, c->stream));
+        CU_TRY(c, cudaMemcpyAsync(rng, CS_D(c, L->rng), (size_t)k * 32, cudaMemcpyDeviceToHost, c->stream));
+        CU_TRY(c, cudaMemcpyAsync(tok, CS_D(c, L->tok), (size_t)k * 4, cudaMemcpyDeviceToHost, c->stream));
+        CU_TRY(c, cudaMemcpyAsync(lp, CS_D(c, L->lp), (size_t)k * 4, cudaMemcpyDeviceToHost, c->stream));
+        if (cu_sync(c) < 0) return -1;
+        for (int j = 0; j < k; j++) {
+            exe_sample_stream *s = &st[row_stream[c0 + j]];
+            if (s->done) continue; /* its stream did not draw (max_tokens 0) */
+            memcpy(s->rng.s, rng + 4L * j, 32);
+            exe_sample_record(s, tok[j], lp[j], maxp);
+        }
+    }
+    return 0;
+}
+
+/* The layer stack over the rows in c->sstep (c->segs, c->d_pos and the KV maps set), then
+ * the final norm of the rows to pick from (gather: their rows of the pass, NULL = all n). */
+static int cs_pass(cu_ctx *c, long T, const int32_t *d_tokens, const int64_t *d_gather, long n)
+{
+    const model_config *mc = &c->cfg;
+    int H = mc->hidden_size;
+    cu_where(c, "sampling embedding");
+    CU_TRY(c, lcu_embed(c->a.x, c->w.embed, d_tokens, T, H, c->stream));
+    for (int l = 0; l < mc->num_hidden_layers; l++)
+        if (cu_layer_forward(c, l, T, c->a.x, c->a.x, false) < 0) return -1;
+    cu_where(c, "sampling final norm");
+    const float *xf = c->a.x;
+    if (d_gather) {
+        CU_TRY(c, lcu_copy_rows(c->a.xmid, NULL, c->a.x, d_gather, n, (size_t)H * sizeof(float), c->stream));
+        xf = c->a.xmid;
+    }
+    CU_TRY(c, lcu_rmsnorm_fwd(c->a.xn2, LCU_BF16, c->a.rstd_f, xf, c->w.final_norm, n, H, mc->rms_norm_eps,
+                              c->stream));
+    return 0;
+}
+
+static const cu_adapter *cs_ad(const exe_sample_req *r) { return r->ad ? (const cu_adapter *)r->ad : NULL; }
+
+/* Prefill: every prompt in one packed pass, K/V into the caches of its samples; then the
+ * first token of every sample from its prompt's last row. */
+static int cs_prefill(cu_ctx *c, exe_sample_req *reqs, int nreq, exe_sample_stream *st, int S, long T, long nmap,
+                      int *row_stream)
+{
+    cs_rows L;
+    cs_rows_layout(&L, T, nmap, nreq > S ? nreq : S, cs_pick_rows(c));
+    int32_t *tok = CS_H(c, L.tokens), *pos = CS_H(c, L.pos), *qs = CS_H(c, L.q_start);
+    int64_t *dst = CS_H(c, L.kv_dst), *src = CS_H(c, L.kv_src), *gather = CS_H(c, L.gather);
+    long row = 0, m = 0;
+    int s = 0;
+    c->nsegs = 0;
+    for (int r = 0; r < nreq; r++) {
+        const exe_sample_req *q = &reqs[r];
+        qs[r] = (int32_t)row;
+        for (int t = 0; t < q->n_prompt; t++) {
+            tok[row + t] = q->prompt[t];
+            pos[row + t] = t;
+        }
+        for (int i = 0; i < q->num_samples; i++, s++) {
+            for (int t = 0; t < q->n_prompt; t++, m++) {
+                dst[m] = (int64_t)s * c->kv_cap + t;
+                src[m] = row + t;
+            }
+            gather[s] = row + q->n_prompt - 1;
+            row_stream[s] = s;
+        }
+        cu_segs_add(c, cs_ad(q), row, row + q->n_prompt, false);
+        row += q->n_prompt;
+    }
+    qs[nreq] = (int32_t)row;
+    cu_where(c, "sampling prefill upload");
+    CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
+    c->attn = (lcu_attn_desc){nreq, CS_D(c, L.q_start), NULL, NULL, T, c->cfg.num_attention_heads,
+                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+    c->d_pos = CS_D(c, L.pos);
+    c->kv_dst = CS_D(c, L.kv_dst);
+    c->kv_src = CS_D(c, L.kv_src);
+    c->kv_nmap = nmap;
+    c->kv_mode = CU_KV_PREFILL;
+    int rc = cs_pass(c, T, CS_D(c, L.tokens), CS_D(c, L.gather), S);
+    c->kv_mode = CU_KV_NONE;
+    if (rc < 0) return -1;
+    c->nsegs = 0;
+    for (int k = 0; k < S; k++) cu_segs_add(c, cs_ad(st[k].req), k, k + 1, false);
+    return cs_head_pick(c, S, row_stream, st, &L);
+}
+
+/* One decode pass: each live sample feeds its last token and attends to its cache.
+ * *live = how many samples were live. */
+static int cs_decode(cu_ctx *c, exe_sample_stream *st, int S, int *row_stream, long *live)
+{
+    cs_rows L;
+    cs_rows_layout(&L, S, S, S, cs_pick_rows(c));
+    int32_t *tok = CS_H(c, L.tokens), *pos = CS_H(c, L.pos), *qs = CS_H(c, L.q_start), *kl = CS_H(c, L.kv_len);
+    int64_t *dst = CS_H(c, L.kv_dst), *ks = CS_H(c, L.kv_start);
+    long n = 0;
+    c->nsegs = 0;
+    for (int k = 0; k < S; k++) {
+        if (st[k].done) continue;
+        int p = st[k].req->n_prompt + st[k].n_gen - 1;
+        tok[n] = st[k].last;
+        pos[n] = p;
+        qs[n] = (int32_t)n;
+        ks[n] = (int64_t)k * c->kv_cap;
+        kl[n] = p + 1;
+        dst[n] = (int64_t)k * c->kv_cap + p;
+        row_stream[n] = k;
+        cu_segs_add(c, cs_ad(st[k].req), n, n + 1, false);
+        n++;
+    }
+    *live = n;
+    if (n == 0) return 0;
+    qs[n] = (int32_t)n;
+    cu_where(c, "sampling decode upload");
+    CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
+    c->kv_attn = (lcu_attn_desc){(int)n, CS_D(c, L.q_start), CS_D(c, L.kv_start), CS_D(c, L.kv_len), n,
+                                 c->cfg.num_attention_heads, c->cfg.num_key_value_heads, c->cfg.head_dim,
+                                 (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+    c->d_pos = CS_D(c, L.pos);
+    c->kv_dst = CS_D(c, L.kv_dst);
+    c->kv_src = NULL;
+    c->kv_nmap = n;
+    c->kv_mode = CU_KV_DECODE;
+    int rc = cs_pass(c, n, CS_D(c, L.tokens), NULL, n);
+    c->kv_mode = CU_KV_NONE;
+    if (rc < 0) return -1;
+    return cs_head_pick(c, n, row_stream, st, &L);
+}
+
+/* Grows every buffer a sampling call needs. 0 or -1 with err. */
+static int cs_reserve(cu_ctx *c, long T, int S, int nreq, long nmap, int kv_cap, char *err, size_t errlen)
+{
+    const model_config *mc = &c->cfg;
+    long rows = T > S ? T : S;
+    int nseq = nreq > S ? nreq : S;
+    if (cu_act_reserve(c, rows, nseq, false, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
+        cu_rope_reserve(c, kv_cap, err, errlen) < 0)
+        return -1;
+    size_t kv = (size_t)mc->num_hidden_layers * 2 * S * kv_cap * mc->num_key_value_heads * mc->head_dim *
+                sizeof(lcu_bf16);
+    if (cu_buf_reserve(&c->kv, kv, false) < 0) {
+        cudaGetLastError();
+        err_set(err, errlen, "cuda:%d: out of memory for the KV caches of %d samples × %d positions (%.2f GiB)",
+                c->device, S, kv_cap, kv / 1073741824.0);
+        return -1;
+    }
+    c->kv_streams = S;
+    c->kv_cap = kv_cap;
+    cs_rows a, b;
+    cs_rows_layout(&a, T, nmap, nseq, cs_pick_rows(c));
+    cs_rows_layout(&b, S, S, S, cs_pick_rows(c));
+    int SR = cs_pick_rows(c);
+    size_t ws = lcu_sample_workspace_bytes(SR, mc->vocab_size);
+    if (cu_buf_reserve(&c->sstep, a.total > b.total ? a.total : b.total, true) < 0 || !ws ||
+        cu_buf_reserve(&c->sws, ws, false) < 0) {
+        cudaGetLastError();
+        err_set(err, errlen, "cuda:%d: out of memory for sampling (%d samples, %ld prompt tokens)", c->device, S, T);
+        return -1;
+    }
+    return 0;
+}
+
+int cu_sample(cu_ctx *c, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+{
+    const model_config *mc = &c->cfg;
+    long T = 0, nmap = 0;
+    int S = 0, kv_cap = 1;
+    for (int r = 0; r < nreq; r++) {
+        char why[256];
+        if (exe_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
+        T += reqs[r].n_prompt;
+        S += reqs[r].num_samples;
+        nmap += (long)reqs[r].n_prompt * reqs[r].num_samples;
+        long cap = (long)reqs[r].n_prompt + reqs[r].max_tokens;
+        if (cap > mc->max_position_embeddings) cap = mc->max_position_embeddings;
+        if (cap > kv_cap) kv_cap = (int)cap;
+    }
+    if (nreq <= 0) return 0;
+    if (T > (1L << 30) || S > (1 << 24) || nmap > (1L << 34)) { err_set(err, errlen, "sampling batch too large"); return -1; }
+    exe_sample_stream *st = calloc(S, sizeof *st);
+    int *row_stream = calloc(S, sizeof *row_stream);
+    if (!st || !row_stream) {
+        free(st);
+        free(row_stream);
+        err_set(err, errlen, "cuda: out of host memory for %d samples", S);
+        return -1;
+    }
+    int rc = cs_reserve(c, T, S, nreq, nmap, kv_cap, err, errlen);
+    if (rc == 0) {
+        int s = 0;
+        for (int r = 0; r < nreq; r++)
+            for (int i = 0; i < reqs[r].num_samples; i++, s++) exe_sample_stream_init(&st[s], &reqs[r], i);
+        rc = cs_prefill(c, reqs, nreq, st, S, T, nmap, row_stream);
+        for (long live = 1; rc == 0 && live > 0;) rc = cs_decode(c, st, S, row_stream, &live);
+        if (rc < 0) cu_fail(c, err, errlen, "cuda: sampling failed");
+    }
+    free(st);
+    free(row_stream);
+    return rc;
+}
