@@ -1,0 +1,772 @@
+/* test_gpu_backend.c — the cuda backend against the cpu backend (the numerical reference),
+ * both in this process, through the backend table, on tiny generated models:
+ *
+ *   llama            untied head, head_dim 16
+ *   qwen3            tied head, q/k norm, head_dim 32 (≠ hidden/heads)
+ *   qwen2            q/k/v biases
+ *   llama_rope3_mqa  llama3 RoPE scaling, one kv head (MQA)
+ *
+ * The model files are bf16, so both backends hold the same weights and the differences
+ * measure the CUDA backend's bf16 activations only. Per case: log-probs and every loss of
+ * a packed batch over three adapters (ranks 4, 8, 2; different modules), a base-only and
+ * a forward_only sequence, 2-D cross-entropy and top-k; every LoRA gradient; AdamW state
+ * after optim_step (bitwise for the same gradients without clipping); the packed pass
+ * against each adapter alone; forward_only and base-only rows touching no gradient;
+ * run-to-run bitwise determinism. Then, on llama: sampling (T = 1 sampled log-probs
+ * against forward log-probs of the same tokens; greedy against the CPU's greedy unless
+ * the two best logits nearly tie; reruns bitwise), a 30-step SFT loss curve against the
+ * CPU's, save/load resume bitwise; on qwen3: an F32 file gives the same bits as its bf16
+ * rounding (the loader's conversion).
+ *
+ * Tolerances (bf16 GEMM inputs, fp32 accumulation; estimated by emulating this rounding
+ * on tests/ref/torch_ref.py: log-probs rel 7e-4, max |Δ| 1.6e-2; gradients 1e-2 per
+ * tensor; the bars below leave 3–5× for the attention's bf16 P and the bf16 dlogits):
+ *   log-probs          max |Δ| ≤ 6e-2 and ‖Δ‖/‖ref‖ ≤ 3e-3 per sequence
+ *   losses             ‖Δ‖ ≤ 2e-2·‖ref‖ + 1e-2·√n per sequence
+ *   top-k              log-probs by rank max |Δ| ≤ 6e-2; ids equal where the CPU's
+ *                      neighbours are ≥ 0.15 apart
+ *   LoRA gradients     per tensor ‖Δ‖ ≤ 5e-2·max(‖ref‖, 1e-2·‖adapter's ref‖)
+ *   AdamW              p, m, v bitwise (same gradients, no clipping); with clipping rel
+ *                      1e-6 (the two norms differ in the last bits); norm rel 1e-12
+ *   packed vs alone    (cuda only) log-probs max |Δ| ≤ 2e-2, gradients rel 2e-2
+ *   sampling           |sampled lp − forward lp| ≤ 2e-2
+ *   SFT curve          |NLL_cuda − NLL_cpu| ≤ 0.05 + 0.05·NLL_cpu at every step
+ * A failure prints the case, the quantity and where (sequence, loss, adapter, tensor).
+ *
+ * GPU_BACKEND_UNDER_TEST=cpu puts the CPU backend on both sides: every check must then
+ * pass (the F32-file check is cuda's and is skipped). It tests this test without a GPU.
+ */
+#include "tests/gpu/gt.h"
+
+#include "backend/backend.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the two backends on one model ----------------------------------------------------- */
+
+#define NAD 3
+
+typedef struct {
+    const exe_backend *be;
+    void *ctx;
+    exe_adapter *ads[NAD];
+} side;
+
+typedef struct {
+    const char *name;
+    model_config mc;
+    side cpu, gpu;
+} pair;
+
+typedef struct { int rank; bool attn, mlp, unembed; uint64_t seed; } ad_def;
+static const ad_def ADS[NAD] = {{4, true, true, true, 11}, {8, true, false, true, 22}, {2, false, true, false, 33}};
+
+static void *open_ctx(const exe_backend *be, const char *dir, model_config *mc)
+{
+    char err[512];
+    model_files *mf;
+    if (model_open(dir, &mf, err, sizeof err) < 0) { printf("FATAL model %s: %s\n", dir, err); exit(1); }
+    if (mc) *mc = mf->cfg;
+    exe_backend_opts o = {.device = 0, .threads = 2};
+    void *ctx = be->create(mf, &o, err, sizeof err);
+    model_close(mf);
+    if (!ctx) { printf("FATAL %s backend on %s: %s\n", be->name, dir, err); exit(1); }
+    return ctx;
+}
+
+static adapter_state download(const side *s, const exe_adapter *a, unsigned parts)
+{
+    adapter_state st;
+    char err[256];
+    if (exe_adapter_to_state(s->be, s->ctx, a, parts, &st, err, sizeof err) < 0) {
+        printf("FATAL %s download: %s\n", s->be->name, err);
+        exit(1);
+    }
+    return st;
+}
+
+static void upload(const side *s, exe_adapter *a, const adapter_state *st, unsigned parts)
+{
+    char err[256];
+    if (s->be->adapter_upload(s->ctx, a, st, parts, err, sizeof err) < 0) {
+        printf("FATAL %s upload: %s\n", s->be->name, err);
+        exit(1);
+    }
+}
+
+/* Adapter a of the scenario on one side: PEFT's A, and B ~ N(0, 0.02²) so that every
+ * LoRA gradient is nonzero (the same numbers on both sides). */
+static exe_adapter *make_adapter(const side *s, int a)
+{
+    char err[256];
+    lora_config lc = {ADS[a].rank, ADS[a].seed, ADS[a].attn, ADS[a].mlp, ADS[a].unembed};
+    exe_adapter *ad = exe_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
+    if (!ad) { printf("FATAL %s adapter: %s\n", s->be->name, err); exit(1); }
+    adapter_state h = download(s, ad, ADAPTER_PARAMS);
+    rng_state r;
+    rng_seed(&r, ADS[a].seed * 7919 + 1);
+    for (int t = 1; t < h.layout.num_tensors; t += 2) {
+        const lora_tensor *lt = &h.layout.tensors[t];
+        for (long k = 0; k < (long)lt->rows * lt->cols; k++) h.params[lt->offset + k] = (float)(0.02 * rng_normal(&r));
+    }
+    upload(s, ad, &h, ADAPTER_PARAMS);
+    adapter_state_free(&h);
+    return ad;
+}
+
+static void zero_grads(const side *s, exe_adapter *a)
+{
+    adapter_state z = {.layout = a->layout}; /* NULL arrays upload zeros */
+    upload(s, a, &z, ADAPTER_GRADS);
+}
+
+static char tmpdir[64];
+
+static void write_model(const char *sub, const char *arch, bool llama3, int kv_heads, int max_pos, bool bf16,
+                        char *dir, size_t dlen)
+{
+    char err[512];
+    mkmodel_opts o;
+    if (mkmodel_defaults(&o, arch, "tiny", err, sizeof err) != 0) { printf("FATAL %s\n", err); exit(1); }
+    snprintf(dir, dlen, "%s/%s", tmpdir, sub);
+    o.out_dir = dir;
+    o.init_std = 0.1; /* 0.02 makes attention nearly uniform in a 64-wide model */
+    o.seed = 7;
+    o.bf16 = bf16;
+    o.rope_llama3 = llama3;
+    if (kv_heads) o.kv_heads = kv_heads;
+    if (max_pos) o.max_pos = max_pos;
+    if (mkmodel_write(&o, err, sizeof err) != 0) { printf("FATAL mkmodel: %s\n", err); exit(1); }
+}
+
+/* ---- the scenario batch ------------------------------------------------------------------ */
+
+typedef struct { int ad; loss_kind kind; int n; bool weights, fwd_only; int k, topk; } seq_def;
+static const seq_def SEQS[] = {
+    {0, LOSS_CROSS_ENTROPY, 7, true, false, 0, 0},
+    {1, LOSS_IMPORTANCE_SAMPLING, 13, false, false, 0, 0},
+    {0, LOSS_PPO, 1, false, false, 0, 0},
+    {2, LOSS_CISPO, 20, false, false, 0, 0},
+    {1, LOSS_DRO, 5, false, false, 0, 0},
+    {-1, LOSS_CROSS_ENTROPY, 9, true, false, 0, 5},       /* base model only, top-5 */
+    {0, LOSS_CROSS_ENTROPY, 150, false, false, 0, 0},     /* three attention tiles */
+    {2, LOSS_PPO, 11, false, false, 0, 0},
+    {0, LOSS_CROSS_ENTROPY, 6, true, true, 0, 3},         /* forward_only, top-3 */
+    {1, LOSS_CROSS_ENTROPY, 3, true, false, 0, 0},
+    {0, LOSS_CISPO, 17, false, false, 0, 0},
+    {2, LOSS_IMPORTANCE_SAMPLING, 8, false, false, 0, 0},
+    {0, LOSS_DRO, 12, false, false, 0, 0},
+    {1, LOSS_CROSS_ENTROPY, 9, true, false, 3, 0},        /* 2-D targets */
+    {2, LOSS_CROSS_ENTROPY, 66, false, false, 0, 0},      /* one past a tile */
+};
+#define NSEQ ((int)(sizeof SEQS / sizeof SEQS[0]))
+#define KOF(i) (SEQS[i].k > 1 ? SEQS[i].k : 1)
+
+typedef struct {
+    int32_t *tok[NSEQ], *tgt[NSEQ];
+    float *w[NSEQ], *q[NSEQ], *adv[NSEQ];
+} inputs;
+
+typedef struct {
+    exe_seq s[NSEQ];
+    int idx[NSEQ]; /* SEQS index of s[k] */
+    int n;
+    float *lp[NSEQ], *loss[NSEQ], *tlp[NSEQ];
+    int32_t *tid[NSEQ];
+} batch;
+
+static void make_inputs(inputs *in, int V)
+{
+    rng_state r;
+    rng_seed(&r, 4242);
+    for (int i = 0; i < NSEQ; i++) {
+        int n = SEQS[i].n, K = KOF(i);
+        in->tok[i] = malloc(n * sizeof(int32_t));
+        in->tgt[i] = malloc((size_t)n * K * sizeof(int32_t));
+        in->w[i] = malloc((size_t)n * K * sizeof(float));
+        in->q[i] = calloc(n, sizeof(float));
+        in->adv[i] = calloc(n, sizeof(float));
+        for (int t = 0; t < n; t++) in->tok[i][t] = (int32_t)(rng_next(&r) % V);
+        for (int t = 0; t < n * K; t++) {
+            in->tgt[i][t] = (int32_t)(rng_next(&r) % V);
+            in->w[i][t] = rng_uniform(&r) < 0.15 ? 0.0f : (float)rng_normal(&r); /* zero and negative */
+        }
+    }
+}
+
+/* The scenario on side s (only_ad ≥ 0: that adapter's sequences alone; kinds: CE for all
+ * when ce_only, to get the log-probs the RL inputs are drawn around). */
+static void make_batch(batch *b, const side *s, exe_adapter *const *ads, const inputs *in, int only_ad, bool ce_only)
+{
+    memset(b, 0, sizeof *b);
+    for (int i = 0; i < NSEQ; i++) {
+        const seq_def *d = &SEQS[i];
+        if (only_ad >= 0 && d->ad != only_ad) continue;
+        int n = d->n, K = KOF(i), k = b->n++;
+        exe_seq *q = &b->s[k];
+        b->idx[k] = i;
+        b->lp[k] = calloc((size_t)n * K, sizeof(float));
+        b->loss[k] = calloc(n, sizeof(float));
+        *q = (exe_seq){.ad = d->ad >= 0 ? ads[d->ad] : NULL, .loss = loss_spec_default(ce_only ? LOSS_CROSS_ENTROPY : d->kind),
+                       .n = n, .tokens = in->tok[i], .targets = in->tgt[i], .weights = d->weights ? in->w[i] : NULL,
+                       .sampler_logprobs = in->q[i], .advantages = in->adv[i], .logprobs_out = b->lp[k],
+                       .loss_out = b->loss[k], .forward_only = d->fwd_only, .k = d->k, .topk = d->topk};
+        if (d->topk) {
+            b->tid[k] = calloc((size_t)n * d->topk, sizeof(int32_t));
+            b->tlp[k] = calloc((size_t)n * d->topk, sizeof(float));
+            q->topk_ids_out = b->tid[k];
+            q->topk_lp_out = b->tlp[k];
+        }
+    }
+    (void)s;
+}
+
+static void free_batch(batch *b)
+{
+    for (int k = 0; k < b->n; k++) { free(b->lp[k]); free(b->loss[k]); free(b->tid[k]); free(b->tlp[k]); }
+}
+
+static void run(const side *s, batch *b, bool backward)
+{
+    char err[512];
+    if (s->be->forward_backward(s->ctx, b->s, b->n, backward, err, sizeof err) != 0) {
+        printf("FATAL %s forward_backward: %s\n", s->be->name, err);
+        exit(1);
+    }
+}
+
+/* RL inputs drawn around the CPU's log-probs: q = lp + N(0, 0.3²), A ~ N(0, 1) with the
+ * first two positions masked (A = 0; q = −1000 at position 0: the mask must hold). */
+static void fill_rl(inputs *in, const batch *ce)
+{
+    rng_state r;
+    rng_seed(&r, 777);
+    for (int k = 0; k < ce->n; k++) {
+        int i = ce->idx[k], n = SEQS[i].n;
+        for (int t = 0; t < n; t++) {
+            in->q[i][t] = ce->lp[k][t * KOF(i)] + (float)(0.3 * rng_normal(&r));
+            in->adv[i][t] = t < 2 && n > 2 ? 0.0f : (float)rng_normal(&r);
+            if (t == 0 && n > 2) in->q[i][t] = -1000.0f;
+        }
+    }
+}
+
+/* ---- comparisons ------------------------------------------------------------------------ */
+
+static double l2(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) { double d = b ? (double)a[i] - b[i] : a[i]; s += d * d; }
+    return sqrt(s);
+}
+
+/* max |got − ref| and where; a non-finite got counts as infinite */
+static double max_abs(const float *got, const float *ref, size_t n, size_t *at)
+{
+    double m = 0;
+    *at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = isfinite(got[i]) ? fabs((double)got[i] - ref[i]) : INFINITY;
+        if (d > m) { m = d; *at = i; }
+    }
+    return m;
+}
+
+static const char *loss_name(int i) { return loss_kind_name(SEQS[i].kind); }
+
+static void cmp_outputs(const char *cs, const batch *g, const batch *c)
+{
+    for (int k = 0; k < c->n; k++) {
+        int i = c->idx[k], n = SEQS[i].n, K = KOF(i);
+        size_t at;
+        double m = max_abs(g->lp[k], c->lp[k], (size_t)n * K, &at);
+        double rel = l2(g->lp[k], c->lp[k], (size_t)n * K) / fmax(l2(c->lp[k], NULL, (size_t)n * K), 1e-30);
+        gt_check(m <= 6e-2 && rel <= 3e-3,
+                 "%s logprobs seq %d (%s, adapter %d, %d tokens%s): max |d| %.2e at position %zu (cuda %.6f cpu %.6f), "
+                 "rel %.2e", cs, i, loss_name(i), SEQS[i].ad, n, K > 1 ? ", 2-D" : "", m, at / K, g->lp[k][at],
+                 c->lp[k][at], rel);
+        double dl = l2(g->loss[k], c->loss[k], n), rl = l2(c->loss[k], NULL, n);
+        m = max_abs(g->loss[k], c->loss[k], n, &at);
+        gt_check(dl <= 2e-2 * rl + 1e-2 * sqrt(n), "%s loss seq %d (%s, adapter %d): ||d|| %.2e vs ||cpu|| %.2e; worst "
+                 "position %zu: cuda %.6g cpu %.6g", cs, i, loss_name(i), SEQS[i].ad, dl, rl, at, g->loss[k][at],
+                 c->loss[k][at]);
+        int tk = SEQS[i].topk;
+        if (!tk) continue;
+        int bad_ids = 0;
+        double worst = 0;
+        for (int t = 0; t < n; t++) {
+            const float *cl = c->tlp[k] + (long)t * tk, *gl = g->tlp[k] + (long)t * tk;
+            for (int j = 0; j < tk; j++) {
+                worst = fmax(worst, isfinite(gl[j]) ? fabs(gl[j] - cl[j]) : INFINITY);
+                bool apart = (j == 0 || cl[j - 1] - cl[j] >= 0.15) && (j == tk - 1 || cl[j] - cl[j + 1] >= 0.15);
+                if (apart && g->tid[k][(long)t * tk + j] != c->tid[k][(long)t * tk + j]) bad_ids++;
+            }
+        }
+        gt_check(worst <= 6e-2 && bad_ids == 0, "%s top-%d seq %d: log-probs by rank max |d| %.2e, %d well-separated ids "
+                 "differ", cs, tk, i, worst, bad_ids);
+    }
+}
+
+/* Every LoRA gradient tensor of adapter a: cuda against cpu. */
+static void cmp_grads(const char *cs, const char *what, int a, const adapter_state *g, const adapter_state *c, double tol)
+{
+    double all = l2(c->grads, NULL, c->layout.num_params), worst = 0;
+    int wt = 0;
+    for (int t = 0; t < c->layout.num_tensors; t++) {
+        const lora_tensor *lt = &c->layout.tensors[t];
+        size_t n = (size_t)lt->rows * lt->cols;
+        double d = l2(g->grads + lt->offset, c->grads + lt->offset, n);
+        double r = d / fmax(l2(c->grads + lt->offset, NULL, n), 1e-2 * all);
+        if (!(r <= worst)) { worst = r; wt = t; }
+    }
+    double glob = l2(g->grads, c->grads, c->layout.num_params) / fmax(all, 1e-30);
+    gt_check(all > 0 && worst <= tol, "%s %s adapter %d (rank %d): worst tensor %s rel %.2e (tol %.0e); all %zu "
+             "params rel %.2e; ||cpu grad|| %.3g", cs, what, a, ADS[a].rank, c->layout.tensors[wt].name, worst, tol,
+             c->layout.num_params, glob, all);
+}
+
+static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+/* ---- per model: outputs, gradients, AdamW, packing, determinism ------------------------ */
+
+static void check_case(pair *p)
+{
+    const char *cs = p->name;
+    int V = p->mc.vocab_size;
+    for (int a = 0; a < NAD; a++) {
+        p->cpu.ads[a] = make_adapter(&p->cpu, a);
+        p->gpu.ads[a] = make_adapter(&p->gpu, a);
+    }
+    inputs in;
+    make_inputs(&in, V);
+    batch bc, bg;
+    make_batch(&bc, &p->cpu, p->cpu.ads, &in, -1, true);
+    run(&p->cpu, &bc, false);
+    fill_rl(&in, &bc);
+    free_batch(&bc);
+
+    /* forward, then forward_backward: outputs and gradients against the CPU */
+    make_batch(&bc, &p->cpu, p->cpu.ads, &in, -1, false);
+    make_batch(&bg, &p->gpu, p->gpu.ads, &in, -1, false);
+    run(&p->gpu, &bg, false);
+    batch bg2;
+    make_batch(&bg2, &p->gpu, p->gpu.ads, &in, -1, false);
+    run(&p->cpu, &bc, true);
+    run(&p->gpu, &bg2, true);
+    cmp_outputs(cs, &bg2, &bc);
+    bool fwd_same = true;
+    for (int k = 0; k < bg.n; k++) {
+        int i = bg.idx[k];
+        fwd_same &= same_bits(bg.lp[k], bg2.lp[k], (size_t)SEQS[i].n * KOF(i) * 4) &&
+                    same_bits(bg.loss[k], bg2.loss[k], (size_t)SEQS[i].n * 4);
+    }
+    gt_check(fwd_same, "%s: forward and forward_backward give the same log-probs and losses, bitwise", cs);
+    adapter_state gc[NAD], gg[NAD];
+    for (int a = 0; a < NAD; a++) {
+        gc[a] = download(&p->cpu, p->cpu.ads[a], ADAPTER_GRADS);
+        gg[a] = download(&p->gpu, p->gpu.ads[a], ADAPTER_GRADS);
+        cmp_grads(cs, "LoRA gradients", a, &gg[a], &gc[a], 5e-2);
+    }
+
+    /* determinism: the same pass again from zero gradients, bitwise */
+    for (int a = 0; a < NAD; a++) zero_grads(&p->gpu, p->gpu.ads[a]);
+    batch bg3;
+    make_batch(&bg3, &p->gpu, p->gpu.ads, &in, -1, false);
+    run(&p->gpu, &bg3, true);
+    bool det = true;
+    for (int k = 0; k < bg3.n; k++) {
+        int i = bg3.idx[k];
+        det &= same_bits(bg3.lp[k], bg2.lp[k], (size_t)SEQS[i].n * KOF(i) * 4) &&
+               same_bits(bg3.loss[k], bg2.loss[k], (size_t)SEQS[i].n * 4);
+    }
+    for (int a = 0; a < NAD; a++) {
+        adapter_state g = download(&p->gpu, p->gpu.ads[a], ADAPTER_GRADS);
+        det &= same_bits(g.grads, gg[a].grads, g.layout.num_params * 4);
+        adapter_state_free(&g);
+    }
+    gt_check(det, "%s: a rerun gives the same log-probs, losses and gradients, bitwise", cs);
+    free_batch(&bg3);
+
+    /* forward_only and base-only rows in a backward pass touch no gradient */
+    for (int a = 0; a < NAD; a++) zero_grads(&p->gpu, p->gpu.ads[a]);
+    batch fo;
+    make_batch(&fo, &p->gpu, p->gpu.ads, &in, -1, false);
+    int m = 0;
+    for (int k = 0; k < fo.n; k++)
+        if (SEQS[fo.idx[k]].fwd_only || SEQS[fo.idx[k]].ad < 0) fo.s[m++] = fo.s[k];
+    int keep = fo.n;
+    fo.n = m;
+    run(&p->gpu, &fo, true);
+    fo.n = keep;
+    double gsum = 0;
+    for (int a = 0; a < NAD; a++) {
+        adapter_state g = download(&p->gpu, p->gpu.ads[a], ADAPTER_GRADS);
+        gsum += l2(g.grads, NULL, g.layout.num_params);
+        adapter_state_free(&g);
+    }
+    gt_check(m == 2 && gsum == 0, "%s: forward_only and base-only sequences in a backward pass write no gradient "
+             "(||g|| %g)", cs, gsum);
+    free_batch(&fo);
+
+    /* packed against each adapter alone (cuda), from the same initial state */
+    for (int a = 0; a < NAD; a++) {
+        exe_adapter *solo[NAD];
+        for (int j = 0; j < NAD; j++) solo[j] = make_adapter(&p->gpu, j);
+        batch sb;
+        make_batch(&sb, &p->gpu, solo, &in, a, false);
+        run(&p->gpu, &sb, true);
+        double wl = 0;
+        bool bits = true;
+        for (int k = 0; k < sb.n; k++) {
+            int i = sb.idx[k];
+            for (int kk = 0; kk < bg2.n; kk++)
+                if (bg2.idx[kk] == i) {
+                    size_t at, n = (size_t)SEQS[i].n * KOF(i);
+                    wl = fmax(wl, max_abs(sb.lp[k], bg2.lp[kk], n, &at));
+                    bits &= same_bits(sb.lp[k], bg2.lp[kk], n * 4);
+                }
+        }
+        adapter_state g = download(&p->gpu, solo[a], ADAPTER_GRADS);
+        double rel = l2(g.grads, gg[a].grads, g.layout.num_params) / fmax(l2(gg[a].grads, NULL, g.layout.num_params), 1e-30);
+        bits &= same_bits(g.grads, gg[a].grads, g.layout.num_params * 4);
+        gt_check(wl <= 2e-2 && rel <= 2e-2, "%s adapter %d alone vs packed (cuda): log-probs max |d| %.2e, gradients rel "
+                 "%.2e", cs, a, wl, rel);
+        printf("  %s adapter %d alone vs packed (cuda): %s (log-probs max |d| %.2e, gradients rel %.2e)\n", cs, a,
+               bits ? "bitwise equal" : "within rounding", wl, rel);
+        adapter_state_free(&g);
+        free_batch(&sb);
+        for (int j = 0; j < NAD; j++) p->gpu.be->adapter_free(p->gpu.ctx, solo[j]);
+    }
+
+    /* AdamW: the CPU's gradients on both sides; no clipping: bitwise; clipping: 1e-6 */
+    char err[256];
+    for (int a = 0; a < NAD; a++) {
+        adapter_state st = download(&p->cpu, p->cpu.ads[a], ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+        upload(&p->gpu, p->gpu.ads[a], &st, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+        for (int step = 0; step < 2; step++) {
+            if (step) { /* a second gradient, the same on both sides */
+                for (size_t k = 0; k < st.layout.num_params; k++) st.grads[k] = gc[a].grads[(k * 7) % st.layout.num_params];
+                upload(&p->cpu, p->cpu.ads[a], &st, ADAPTER_GRADS);
+                upload(&p->gpu, p->gpu.ads[a], &st, ADAPTER_GRADS);
+            }
+            double nc = 0, ng = 0;
+            adam_params hp = {1e-3, 0.9, 0.95, 1e-8, step ? 0.1 : 0.0, 0.0};
+            if (step) hp.grad_clip_norm = 0.5 * adamw_grad_norm(st.grads, st.layout.num_params); /* clipping */
+            int rc = p->cpu.be->optim_step(p->cpu.ctx, p->cpu.ads[a], &hp, &nc, err, sizeof err);
+            rc |= p->gpu.be->optim_step(p->gpu.ctx, p->gpu.ads[a], &hp, &ng, err, sizeof err);
+            adapter_state sc = download(&p->cpu, p->cpu.ads[a], ADAPTER_PARAMS | ADAPTER_OPTIM);
+            adapter_state sg = download(&p->gpu, p->gpu.ads[a], ADAPTER_PARAMS | ADAPTER_OPTIM);
+            size_t nb = sc.layout.num_params * 4;
+            double coef_c = adamw_clip_coef(nc, hp.grad_clip_norm), coef_g = adamw_clip_coef(ng, hp.grad_clip_norm);
+            gt_check(rc == 0 && fabs(ng - nc) <= 1e-12 * nc && sg.step == sc.step, "%s adapter %d AdamW step %d: "
+                     "gradient norm cuda %.17g cpu %.17g, steps %lld/%lld", cs, a, step, ng, nc, (long long)sg.step,
+                     (long long)sc.step);
+            if (coef_c == coef_g) {
+                gt_check(same_bits(sg.params, sc.params, nb) && same_bits(sg.m, sc.m, nb) && same_bits(sg.v, sc.v, nb),
+                         "%s adapter %d AdamW step %d (clip coefficient %.17g): p, m, v bitwise equal to the CPU's", cs,
+                         a, step, coef_c);
+            } else {
+                double e = l2(sg.params, sc.params, sc.layout.num_params) / l2(sc.params, NULL, sc.layout.num_params);
+                double em = l2(sg.m, sc.m, sc.layout.num_params) / fmax(l2(sc.m, NULL, sc.layout.num_params), 1e-30);
+                gt_check(e <= 1e-6 && em <= 1e-6, "%s adapter %d AdamW step %d (clip coefficients differ in the last "
+                         "bits): p rel %.2e, m rel %.2e", cs, a, step, e, em);
+            }
+            adapter_state_free(&sc);
+            adapter_state_free(&sg);
+        }
+        adapter_state_free(&st);
+    }
+
+    for (int a = 0; a < NAD; a++) {
+        adapter_state_free(&gc[a]);
+        adapter_state_free(&gg[a]);
+        p->cpu.be->adapter_free(p->cpu.ctx, p->cpu.ads[a]);
+        p->gpu.be->adapter_free(p->gpu.ctx, p->gpu.ads[a]);
+    }
+    free_batch(&bc);
+    free_batch(&bg);
+    free_batch(&bg2);
+    for (int i = 0; i < NSEQ; i++) { free(in.tok[i]); free(in.tgt[i]); free(in.w[i]); free(in.q[i]); free(in.adv[i]); }
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+
+enum { SMAX = 12, SN = 3 };
+
+typedef struct {
+    exe_sample_req r;
+    int32_t prompt[64], tok[SN * SMAX];
+    float lp[SN * SMAX];
+    int n[SN];
+    bool stopped[SN];
+} sreq;
+
+static void sreq_init(sreq *q, exe_adapter *ad, int n_prompt, int ns, double temp, uint64_t seed, int V)
+{
+    memset(q, 0, sizeof *q);
+    rng_state r;
+    rng_seed(&r, seed * 31 + n_prompt);
+    for (int i = 0; i < n_prompt; i++) q->prompt[i] = (int32_t)(rng_next(&r) % V);
+    q->r = (exe_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = SMAX,
+                            .temperature = temp, .top_k = -1, .top_p = 1.0, .seed = seed, .tokens_out = q->tok,
+                            .logprobs_out = q->lp, .n_out = q->n, .stopped_out = q->stopped};
+}
+
+static void do_sample(const side *s, sreq *q, int nq)
+{
+    exe_sample_req rs[4];
+    char err[512];
+    for (int i = 0; i < nq; i++) rs[i] = q[i].r;
+    if (s->be->sample(s->ctx, rs, nq, err, sizeof err) != 0) { printf("FATAL %s sample: %s\n", s->be->name, err); exit(1); }
+}
+
+/* Forward log-probs (and, with gap, the gap between the two best logits) of prompt +
+ * completion at the completion's positions. */
+static void forward_lp(const side *s, const sreq *q, int i, float *lp_out, float *gap)
+{
+    const exe_sample_req *r = &q->r;
+    int n = r->n_prompt + r->n_out[i] - 1;
+    int32_t seq[64 + SMAX];
+    memcpy(seq, r->prompt, r->n_prompt * 4);
+    memcpy(seq + r->n_prompt, r->tokens_out + i * SMAX, r->n_out[i] * 4);
+    float lp[64 + SMAX], loss[64 + SMAX], tlp[2 * (64 + SMAX)];
+    int32_t tid[2 * (64 + SMAX)];
+    exe_seq e = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = seq, .targets = seq + 1,
+                 .logprobs_out = lp, .loss_out = loss, .topk = 2, .topk_ids_out = tid, .topk_lp_out = tlp};
+    char err[512];
+    if (s->be->forward_backward(s->ctx, &e, 1, false, err, sizeof err) != 0) { printf("FATAL forward: %s\n", err); exit(1); }
+    for (int t = 0; t < r->n_out[i]; t++) {
+        int p = r->n_prompt - 1 + t;
+        lp_out[t] = p < n ? lp[p] : NAN;
+        if (gap) gap[t] = p < n ? tlp[2 * p] - tlp[2 * p + 1] : INFINITY;
+    }
+}
+
+static void check_sampling(pair *p)
+{
+    const char *cs = p->name;
+    int V = p->mc.vocab_size;
+    exe_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
+    static sreq q[3], again[3], qc[3];
+    sreq_init(&q[0], ag, 5, 3, 1.0, 1, V);
+    sreq_init(&q[1], NULL, 9, 2, 1.0, 2, V);
+    sreq_init(&q[2], ag, 40, 2, 1.0, 3, V);
+    do_sample(&p->gpu, q, 3);
+    /* T = 1: the sampled log-probs are the forward log-probs of the same tokens */
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < q[r].r.num_samples; i++) {
+            float f[SMAX];
+            forward_lp(&p->gpu, &q[r], i, f, NULL);
+            double w = 0;
+            int wt = 0, n = q[r].n[i];
+            for (int t = 0; t < n; t++)
+                if (!(fabs(f[t] - q[r].lp[i * SMAX + t]) <= w)) { w = fabs(f[t] - q[r].lp[i * SMAX + t]); wt = t; }
+            gt_check(n == SMAX && w <= 2e-2, "%s sample request %d sample %d: %d tokens; sampled vs forward log-prob max "
+                     "|d| %.2e at token %d", cs, r, i, n, w, wt);
+        }
+    /* reruns: the same bits */
+    for (int r = 0; r < 3; r++) {
+        again[r] = q[r];
+        again[r].r.prompt = again[r].prompt;
+        again[r].r.tokens_out = again[r].tok;
+        again[r].r.logprobs_out = again[r].lp;
+        again[r].r.n_out = again[r].n;
+        again[r].r.stopped_out = again[r].stopped;
+    }
+    do_sample(&p->gpu, again, 3);
+    bool same = true;
+    for (int r = 0; r < 3; r++) same &= same_bits(again[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(again[r].lp, q[r].lp, sizeof q[r].lp);
+    gt_check(same, "%s: sampling again with the same seeds gives the same tokens and log-probs, bitwise", cs);
+    /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
+    sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);
+    do_sample(&p->gpu, again, 1);
+    printf("  %s sampling: request 0 alone %s in the batch\n", cs,
+           same_bits(again[0].tok, q[0].tok, sizeof q[0].tok) ? "equals" : "DIFFERS from (near-boundary draw?)");
+
+    /* greedy: the CPU's tokens, unless the two best logits nearly tie where they part */
+    sreq_init(&q[0], ag, 6, 1, 0.0, 4, V);
+    sreq_init(&qc[0], ac, 6, 1, 0.0, 4, V);
+    sreq_init(&q[1], NULL, 11, 1, 0.0, 5, V);
+    sreq_init(&qc[1], NULL, 11, 1, 0.0, 5, V);
+    do_sample(&p->gpu, q, 2);
+    do_sample(&p->cpu, qc, 2);
+    for (int r = 0; r < 2; r++) {
+        int t = 0;
+        while (t < SMAX && q[r].tok[t] == qc[r].tok[t]) t++;
+        float f[SMAX], gap[SMAX];
+        if (t < SMAX) forward_lp(&p->cpu, &qc[r], 0, f, gap);
+        gt_check(t == SMAX || gap[t] < 5e-2, "%s greedy request %d: %d of %d tokens equal to the CPU's; where they part "
+                 "the CPU's two best log-probs are %.3g apart (a near tie, < 5e-2, is allowed)", cs, r, t, SMAX,
+                 t < SMAX ? gap[t] : 0.0);
+        printf("  %s greedy request %d: %d of %d tokens equal to the CPU's%s\n", cs, r, t, SMAX,
+               t < SMAX ? " (then a near tie)" : "");
+    }
+    p->cpu.be->adapter_free(p->cpu.ctx, ac);
+    p->gpu.be->adapter_free(p->gpu.ctx, ag);
+}
+
+/* ---- a 30-step SFT loss curve, and save/load resume -------------------------------------- */
+
+enum { SFT_N = 8, SFT_LEN = 16, SFT_STEPS = 30 };
+
+static double sft_step(const side *s, exe_adapter *a, int32_t (*seq)[SFT_LEN], bool step)
+{
+    float lp[SFT_N][SFT_LEN], loss[SFT_N][SFT_LEN];
+    exe_seq e[SFT_N];
+    for (int i = 0; i < SFT_N; i++)
+        e[i] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
+                         .targets = seq[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
+    char err[512];
+    if (s->be->forward_backward(s->ctx, e, SFT_N, true, err, sizeof err) != 0) { printf("FATAL fb: %s\n", err); exit(1); }
+    double nll = 0;
+    for (int i = 0; i < SFT_N; i++) for (int t = 0; t < SFT_LEN - 1; t++) nll -= lp[i][t];
+    adam_params hp = {1e-2, 0.9, 0.95, 1e-8, 0.0, 1.0};
+    if (step && s->be->optim_step(s->ctx, a, &hp, NULL, err, sizeof err) != 0) { printf("FATAL step: %s\n", err); exit(1); }
+    return nll / (SFT_N * (SFT_LEN - 1));
+}
+
+static exe_adapter *sft_adapter(const side *s)
+{
+    char err[256];
+    lora_config lc = {.rank = 8, .seed = 7, .train_attn = true, .train_mlp = true, .train_unembed = true};
+    exe_adapter *a = exe_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
+    if (!a) { printf("FATAL adapter: %s\n", err); exit(1); }
+    return a;
+}
+
+static void check_training(pair *p)
+{
+    const char *cs = p->name;
+    int32_t seq[SFT_N][SFT_LEN];
+    rng_state r;
+    rng_seed(&r, 2024);
+    for (int i = 0; i < SFT_N; i++) {
+        seq[i][0] = 1;
+        for (int t = 1; t < SFT_LEN; t++) seq[i][t] = 3 + (int32_t)(rng_next(&r) % 250);
+    }
+    exe_adapter *ac = sft_adapter(&p->cpu), *ag = sft_adapter(&p->gpu);
+    double worst = 0, first_c = 0, last_c = 0, last_g = 0;
+    int wk = 0;
+    printf("  %s SFT (8 x 16 tokens, rank 8, AdamW lr 1e-2): step, mean NLL cpu, cuda\n", cs);
+    for (int k = 0; k < SFT_STEPS; k++) {
+        double c = sft_step(&p->cpu, ac, seq, true), g = sft_step(&p->gpu, ag, seq, true);
+        double e = fabs(g - c) / (0.05 + 0.05 * c);
+        if (!(e <= worst)) { worst = e; wk = k; }
+        if (k == 0) first_c = c;
+        last_c = c;
+        last_g = g;
+        if (k % 5 == 0 || k == SFT_STEPS - 1) printf("    %2d  %.4f  %.4f\n", k, c, g);
+    }
+    gt_check(worst <= 1.0, "%s SFT curve: cuda within 0.05 + 5%% of the CPU's NLL at every step (worst step %d: %.2f of "
+             "the bar)", cs, wk, worst);
+    gt_check(last_g < 0.5 * first_c, "%s SFT: cuda NLL falls (%.3f -> %.3f; cpu -> %.3f)", cs, first_c, last_g, last_c);
+
+    /* save/load: the full state into a fresh adapter; both continue identically, bitwise */
+    sft_step(&p->gpu, ag, seq, false); /* gradients pending in the saved state */
+    adapter_state st = download(&p->gpu, ag, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    char err[256];
+    exe_adapter *bg = exe_adapter_from_state(p->gpu.be, p->gpu.ctx, &st, true, err, sizeof err);
+    if (!bg) { printf("FATAL from_state: %s\n", err); exit(1); }
+    bool same = true;
+    for (int k = 0; k < 3; k++) {
+        adam_params hp = {1e-2, 0.9, 0.95, 1e-8, 0.01, 1.0};
+        same &= p->gpu.be->optim_step(p->gpu.ctx, ag, &hp, NULL, err, sizeof err) == 0;
+        same &= p->gpu.be->optim_step(p->gpu.ctx, bg, &hp, NULL, err, sizeof err) == 0;
+        same &= sft_step(&p->gpu, ag, seq, false) == sft_step(&p->gpu, bg, seq, false);
+    }
+    adapter_state x = download(&p->gpu, ag, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    adapter_state y = download(&p->gpu, bg, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
+    size_t nb = x.layout.num_params * 4;
+    same &= same_bits(x.params, y.params, nb) && same_bits(x.grads, y.grads, nb) && same_bits(x.m, y.m, nb) &&
+            same_bits(x.v, y.v, nb) && x.step == y.step;
+    gt_check(same, "%s save/load: a resumed adapter continues bitwise like the original (steps %lld/%lld)", cs,
+             (long long)x.step, (long long)y.step);
+    adapter_state_free(&st);
+    adapter_state_free(&x);
+    adapter_state_free(&y);
+    p->cpu.be->adapter_free(p->cpu.ctx, ac);
+    p->gpu.be->adapter_free(p->gpu.ctx, ag);
+    p->gpu.be->adapter_free(p->gpu.ctx, bg);
+}
+
+/* ---- the F32 file: the loader's rounding equals the bf16 file's ------------------------- */
+
+static void check_f32_file(pair *p, const char *f32_dir)
+{
+    side f = {p->gpu.be, open_ctx(p->gpu.be, f32_dir, NULL), {0}};
+    inputs in;
+    make_inputs(&in, p->mc.vocab_size);
+    exe_adapter *a1[NAD], *a2[NAD];
+    for (int a = 0; a < NAD; a++) {
+        a1[a] = make_adapter(&p->gpu, a);
+        a2[a] = make_adapter(&f, a);
+    }
+    batch b1, b2;
+    make_batch(&b1, &p->gpu, a1, &in, -1, true);
+    make_batch(&b2, &f, a2, &in, -1, true);
+    run(&p->gpu, &b1, false);
+    run(&f, &b2, false);
+    bool same = true;
+    for (int k = 0; k < b1.n; k++) same &= same_bits(b1.lp[k], b2.lp[k], (size_t)SEQS[b1.idx[k]].n * KOF(b1.idx[k]) * 4);
+    gt_check(same, "%s: the F32 model file gives the same log-probs as its bf16 rounding, bitwise", p->name);
+    free_batch(&b1);
+    free_batch(&b2);
+    for (int a = 0; a < NAD; a++) {
+        p->gpu.be->adapter_free(p->gpu.ctx, a1[a]);
+        f.be->adapter_free(f.ctx, a2[a]);
+    }
+    f.be->destroy(f.ctx);
+    for (int i = 0; i < NSEQ; i++) { free(in.tok[i]); free(in.tgt[i]); free(in.w[i]); free(in.q[i]); free(in.adv[i]); }
+}
+
+int main(void)
+{
+    const char *under = getenv("GPU_BACKEND_UNDER_TEST");
+    under = under && *under ? under : "cuda";
+    if (strcmp(under, "cpu") != 0) gt_init("test_gpu_backend");
+    const exe_backend *cpu = exe_backend_find("cpu"), *cuda = exe_backend_find(under);
+    if (!cuda) { printf("FATAL this build has no %s backend (%s)\n", under, exe_backend_names()); return 1; }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_gpu_backend_XXXXXX");
+    if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+    static const struct { const char *name, *arch; bool llama3; int kv_heads, max_pos; } cases[] = {
+        {"llama", "llama", false, 0, 0},
+        {"qwen3", "qwen3", false, 0, 0},
+        {"qwen2", "qwen2", false, 0, 0},
+        {"llama_rope3_mqa", "llama", true, 1, 512},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[256];
+        write_model(cases[i].name, cases[i].arch, cases[i].llama3, cases[i].kv_heads, cases[i].max_pos, true, dir,
+                    sizeof dir);
+        pair p = {.name = cases[i].name, .cpu = {cpu, NULL, {0}}, .gpu = {cuda, NULL, {0}}};
+        p.cpu.ctx = open_ctx(cpu, dir, &p.mc);
+        p.gpu.ctx = open_ctx(cuda, dir, NULL);
+        if (i == 0) {
+            exe_device_info di;
+            cuda->device_info(p.gpu.ctx, &di);
+            printf("  device: %s, %.1f GiB, %.1f GiB free\n", di.device, di.memory_total / 1073741824.0,
+                   di.memory_free / 1073741824.0);
+        }
+        printf("== %s\n", p.name);
+        check_case(&p);
+        if (i == 0) {
+            check_sampling(&p);
+            check_training(&p);
+        }
+        if (i == 1 && strcmp(under, "cpu") != 0) {
+            char f32[256];
+            write_model("qwen3_f32", "qwen3", false, 0, 0, false, f32, sizeof f32);
+            check_f32_file(&p, f32);
+        }
+        cpu->destroy(p.cpu.ctx);
+        cuda->destroy(p.gpu.ctx);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) printf("could not remove %s\n", tmpdir);
+    return gt_finish();
+}
