@@ -466,7 +466,9 @@ static void test_arch(const char *arch)
         CHECK(gmax > 0 && worst <= 1e-6 * gmax, "%s: adapter %d: accumulation off by %g (max %g)", arch, a, worst, gmax);
     }
 
-    /* packing: each adapter alone gives the packed numbers */
+    /* packing: each adapter alone gives the packed numbers (fp32: 1e-5; a bf16 backend's
+     * base GEMMs over other row counts may round differently: 2e-2, test_gpu_backend) */
+    double pack_tol = test_backend_bf16(be) ? 2e-2 : 1e-5;
     exe_adapter *solo[TR_NAD];
     tr_make_adapters(be, ctx, solo);
     for (int a = 0; a < TR_NAD; a++) {
@@ -485,8 +487,8 @@ static void test_arch(const char *arch)
             gmax = fmax(gmax, fabs(g1[a].grads[k]));
         }
         adapter_state_free(&gs);
-        CHECK(wl <= 1e-5, "%s: adapter %d alone: log-probs differ by %g", arch, a, wl);
-        CHECK(wg <= 1e-5 * gmax, "%s: adapter %d alone: gradients differ by %g (max %g)", arch, a, wg, gmax);
+        CHECK(wl <= pack_tol, "%s: adapter %d alone: log-probs differ by %g", arch, a, wl);
+        CHECK(wg <= pack_tol * gmax, "%s: adapter %d alone: gradients differ by %g (max %g)", arch, a, wg, gmax);
         printf("  %s adapter %d alone vs packed: logprob diff %.2e, grad diff %.2e (rel %.2e)\n", arch, a, wl, wg, wg / gmax);
         tr_batch_free(&sb);
     }
@@ -494,8 +496,13 @@ static void test_arch(const char *arch)
 
     /* finite differences, one check per loss: only that loss's sequences carry a gradient.
      * Not for cispo: its stop-gradient makes the gradient differ from the loss's derivative
-     * by design (the PyTorch reference checks it). */
-    for (int kind = LOSS_CROSS_ENTROPY; kind <= LOSS_DRO; kind++) {
+     * by design (the PyTorch reference checks it). Not on a bf16 backend: its LoRA GEMMs
+     * read bf16 copies of A and B, so steps of 3e-3 along a unit direction (about 3e-5 per
+     * parameter) mostly do not change the weights it computes with; its gradients are
+     * checked against the CPU backend's (test_gpu_backend) and the fp64 reference
+     * (reference_torch_cuda) instead. */
+    if (test_backend_bf16(be)) printf("  %s: finite differences skipped on the bf16 backend %s\n", arch, be->name);
+    for (int kind = LOSS_CROSS_ENTROPY; kind <= LOSS_DRO && !test_backend_bf16(be); kind++) {
         if (kind == LOSS_CISPO) continue;
         for (int k = 0; k < b.nseq; k++) b.seqs[k].forward_only = TR_SEQS[b.ad_of[k]].fwd_only || TR_SEQS[b.ad_of[k]].kind != (loss_kind)kind;
         for (int a = 0; a < TR_NAD; a++) {
@@ -804,7 +811,10 @@ static void test_sample_dist(const exe_backend *be, void *ctx, const model_confi
     }
     double p0 = sorted[0] / cum, sigma = sqrt(p0 * (1 - p0) / N);
     CHECK(inside, "%s: a sampled token lies outside the top-k / top-p set", arch);
-    CHECK(worst <= 1e-4, "%s: sampler log-prob vs renormalised distribution: %g", arch, worst);
+    /* the logits of both passes are fp32 GEMM outputs of the same bf16 rows: 1e-4 (cpu),
+     * 1e-3 where their row counts may change the summation order (bf16 backends) */
+    CHECK(worst <= (test_backend_bf16(be) ? 1e-3 : 1e-4), "%s: sampler log-prob vs renormalised distribution: %g", arch,
+          worst);
     CHECK(fabs((double)count_top / N - p0) <= 5 * sigma + 1e-9, "%s: top token frequency %g vs p %g", arch,
           (double)count_top / N, p0);
     printf("  %s top-k/top-p/temperature: logprob diff %.2e, top token %.3f vs p %.3f\n", arch, worst, (double)count_top / N, p0);
@@ -842,7 +852,10 @@ static void test_sample(const char *arch)
     CHECK(lengths, "%s: samples without stop tokens must run to max_tokens", arch);
     CHECK(finite, "%s: sampler logprobs not finite / positive", arch);
     double w0 = tr_sample_vs_forward(be, ctx, &q[0]), w1 = tr_sample_vs_forward(be, ctx, &q[1]), w2 = tr_sample_vs_forward(be, ctx, &q[2]);
-    CHECK(w0 <= 2e-5 && w1 <= 2e-5 && w2 <= 2e-5, "%s: sampler vs forward logprobs differ by %g / %g / %g", arch, w0, w1, w2);
+    /* fp32: 2e-5; bf16: sampling and forward passes run GEMMs of other shapes: 2e-2 */
+    double sf_tol = test_backend_bf16(be) ? 2e-2 : 2e-5;
+    CHECK(w0 <= sf_tol && w1 <= sf_tol && w2 <= sf_tol, "%s: sampler vs forward logprobs differ by %g / %g / %g", arch, w0,
+          w1, w2);
     printf("  %s sampler vs forward logprobs: max diff %.2e (LoRA), %.2e (base), %.2e (greedy)\n", arch, w0, w1, w2);
     CHECK(memcmp(q[0].tok, q[0].tok + 12, 12 * sizeof(int32_t)) != 0, "%s: two samples of one prompt are identical", arch);
 

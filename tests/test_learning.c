@@ -163,7 +163,10 @@ static void test_rl(void)
         step(a, 1e-2);
     }
     (void)n;
-    CHECK(worst_ratio < 1e-4, "on-policy importance ratios are 1: max |learner lp - sampler lp| = %.2e", worst_ratio);
+    /* fp32 (cpu): 1e-4; bf16 backends: sampling and training passes run GEMMs of other
+     * shapes, whose bf16 roundings differ (test_gpu_backend measures it): 2e-2 */
+    double bar = test_backend_bf16(be) ? 2e-2 : 1e-4;
+    CHECK(worst_ratio < bar, "on-policy importance ratios are 1: max |learner lp - sampler lp| = %.2e", worst_ratio);
     CHECK(late > early + 0.3 && late > 0.5, "RL raises the mean reward: %.3f (first 5 steps) -> %.3f (last 5)", early,
           late);
     be->adapter_free(ctx, a);

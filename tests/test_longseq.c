@@ -50,6 +50,8 @@ int main(void) {
     test_upload(be, ctx, ad, &h, ADAPTER_PARAMS);
     adapter_state_free(&h);
     long rss_before = peak_rss_mb();
+    exe_device_info dev0, dev1;
+    be->device_info(ctx, &dev0);
     int32_t *tok = malloc(T * sizeof *tok), *tgt = malloc(T * sizeof *tgt);
     for (int i = 0; i < T; i++) { tok[i] = (i * 31 + 7) % 251; tgt[i] = (i * 31 + 38) % 251; }
     float *lp = calloc(T, sizeof *lp), *loss = calloc(T, sizeof *loss);
@@ -61,6 +63,12 @@ int main(void) {
     long rss = peak_rss_mb();
     CHECK(rss - rss_before < 200, "peak memory grew by %ld MiB (one T x T fp32 score matrix alone is 256 MiB, one per head 1024 MiB)",
           rss - rss_before);
+    /* a device backend's workspace stays on its device: the same bar there (the CPU
+     * backend's "device" is the machine, whose free memory other processes move) */
+    be->device_info(ctx, &dev1);
+    long dev_mb = ((long)dev0.memory_free - (long)dev1.memory_free) >> 20;
+    if (strcmp(be->name, "cpu") != 0)
+        CHECK(dev_mb < 200, "device memory in use grew by %ld MiB on %s", dev_mb, dev1.device);
     bool finite = true;
     for (int i = 0; i < T; i++) finite &= isfinite(lp[i]) && lp[i] <= 0;
     adapter_state g = test_download(be, ctx, ad, ADAPTER_GRADS);
@@ -72,7 +80,10 @@ int main(void) {
     rc = be->forward_backward(ctx, &s2, 1, false, err, sizeof err);
     double worst = 0;
     for (int i = 0; i < SHORT; i++) worst = fmax(worst, fabs(lp[i] - lp_short[i]));
-    CHECK(rc == 0 && worst < 1e-4, "the first %d logprobs equal a separate %d-token run (worst diff %.2e)", SHORT,
+    /* fp32 (cpu): 1e-4; bf16 backends: the two runs' GEMMs over 8192 and 256 rows may round
+     * differently: 2e-2 */
+    double bar = test_backend_bf16(be) ? 2e-2 : 1e-4;
+    CHECK(rc == 0 && worst < bar, "the first %d logprobs equal a separate %d-token run (worst diff %.2e)", SHORT,
           SHORT, worst);
     be->adapter_free(ctx, ad);
     be->destroy(ctx);

@@ -7,6 +7,12 @@ batch over three adapters, all five losses, two forward_backward + AdamW steps, 
 adapter alone — then recompute everything with torch_ref.py and compare.
 
     /usr/bin/python3 tests/ref/run_ref.py --dump-bin build/test_cpu_ref [--loom-bin build/loom] --work DIR
+                                          [--tolerance auto|fp32|bf16]
+
+The dump runs on the backend LOOM_TEST_BACKEND names (default cpu). --tolerance picks the
+bars (torch_ref.PROFILES): fp32 for the CPU backend, bf16 for backends with bf16 GEMM
+inputs; auto (the default) takes fp32 for cpu and bf16 for any other backend. A dump tool
+that exits 77 (the backend has no device here) skips the whole run with status 77.
 
 Prints the worst relative error per quantity and case, then `N passed, N failed`.
 """
@@ -29,8 +35,14 @@ CASES = [
 ]
 
 
+class Skipped(Exception):
+    pass
+
+
 def run(cmd):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode == 77:
+        raise Skipped(p.stdout.strip())
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}")
     return p.stdout
@@ -43,7 +55,12 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--threads", default="2")
     ap.add_argument("--cases", default="", help="comma-separated subset")
+    ap.add_argument("--tolerance", default="auto", choices=["auto", "fp32", "bf16"])
     args = ap.parse_args()
+    tol = args.tolerance
+    if tol == "auto":
+        tol = "fp32" if (os.environ.get("LOOM_TEST_BACKEND") or "cpu") == "cpu" else "bf16"
+    print(f"backend {os.environ.get('LOOM_TEST_BACKEND') or 'cpu'}, {tol} bars")
     os.makedirs(args.work, exist_ok=True)
     mk = [args.loom_bin, "mkmodel"] if args.loom_bin and os.path.exists(args.loom_bin) else [args.dump_bin, "mkmodel"]
     passed = failed = 0
@@ -58,7 +75,10 @@ def main():
         try:
             run(mk + mkargs + ["--out", model_dir, "--seed", "7", "--init-std", "0.1"])
             run([args.dump_bin, "dump", "--model", model_dir, "--out", dump_dir, "--threads", args.threads])
-            rep = torch_ref.check_dump(model_dir, dump_dir, name)
+            rep = torch_ref.check_dump(model_dir, dump_dir, name, tolerance=tol)
+        except Skipped as e:
+            print(f"skipped: {e}")
+            return 77
         except Exception as e:  # a crash of either side is a failure of this case, not of the run
             print(f"FAIL {name}: {e}")
             failed += 1

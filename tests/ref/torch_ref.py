@@ -193,17 +193,47 @@ RTOL, ATOL = 1e-4, 1e-5
 # error of near-zero entries is dominated by fp32 rounding and is bounded by RTOL/ATOL).
 NORM_RTOL = 1e-5
 
+# Bars per quantity, (rtol, atol, norm_rtol), by the precision the backend computes in.
+# "fp32" is the CPU backend's: the defaults above, except the AdamW update (the difference
+# of two fp32 parameter tensors, so fp32 rounding of the parameters bounds its precision
+# near 1e-5: element-wise 1e-3, no norm bar). "bf16" is for backends with bf16 GEMM inputs
+# (cuda): an emulation of that rounding on this reference gives log-probs 7e-4 and LoRA
+# gradients 1e-2 per tensor; the bars leave 3-5x for bf16 attention probabilities and
+# dlogits. After AdamW the parameters move by about lr*sign(g): where a gradient element
+# is within bf16 noise of 0 its update may flip sign, so the update itself is held only to
+# a loose norm bar (AdamW's arithmetic is checked bitwise against the CPU backend by
+# tests/gpu/test_gpu_backend.c).
+PROFILES = {
+    "fp32": {"adamw_update": (1e-3, 1e-3, None)},
+    "bf16": {
+        "logprobs": (5e-2, 1e-2, 3e-3),
+        "solo_vs_ref": (5e-2, 1e-2, 3e-3),
+        "solo_vs_packed": (5e-2, 1e-2, 2e-2),
+        "elementwise_loss": (5e-2, 1e-2, 2e-2),
+        "loss_sum": (1e-2, 0.0, 1e-2),
+        "grads": (1.0, 5e-2, 5e-2),
+        "grad_norm": (3e-2, 0.0, 3e-2),
+        "params_after_adamw": (0.0, 5e-2, 2e-2),
+        "adam_exp_avg": (1.0, 5e-2, 5e-2),
+        "adam_exp_avg_sq": (1.0, 1e-1, 1e-1),
+        "adamw_update": (0.0, 2.1, 0.5),
+    },
+}
+
 
 class Report:
-    def __init__(self, label):
+    def __init__(self, label, tolerance="fp32"):
         self.label = label
+        self.bars = PROFILES[tolerance]
         self.worst = {}   # quantity -> (worst scaled rel error, ok)
         self.worst_norm = {}  # quantity -> (worst ||got-ref|| / ||ref|| over its tensors, ok)
         self.failures = []
 
-    def compare(self, quantity, name, got, ref, rtol=RTOL, atol=ATOL, norm_rtol=NORM_RTOL):
-        """|got - ref| <= rtol*|ref| + atol*max|ref| elementwise; tracks the worst
+    def compare(self, quantity, name, got, ref):
+        """|got - ref| <= rtol*|ref| + atol*max|ref| elementwise and ||got - ref|| <=
+        norm_rtol*||ref|| (the quantity's bars in this report's profile); tracks the worst
         relative error |got - ref| / max(|ref|, 0.1*max|ref|) per quantity."""
+        rtol, atol, norm_rtol = self.bars.get(quantity, (RTOL, ATOL, NORM_RTOL))
         got = np.asarray(got, dtype=np.float64).reshape(-1)
         ref = np.asarray(ref, dtype=np.float64).reshape(-1)
         if got.shape != ref.shape:
@@ -240,12 +270,12 @@ def _seq_inputs(D, i):
             torch.tensor(g("advantages").astype(np.float64)))
 
 
-def check_dump(model_dir, dump_dir, label, dtype=torch.float64):
+def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"):
     with open(os.path.join(dump_dir, "case.json")) as f:
         case = json.load(f)
     D = read_safetensors(os.path.join(dump_dir, "dump.safetensors"))
     model = RefModel(model_dir, dtype)
-    rep = Report(label)
+    rep = Report(label, tolerance)
     nad = len(case["adapters"])
 
     # adapters: PEFT names -> leaf tensors
@@ -322,14 +352,13 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64):
                             st["exp_avg"])
                 rep.compare("adam_exp_avg_sq", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.exp_avg_sq.{n}"],
                             st["exp_avg_sq"])
-                # The update itself, to catch errors far below the parameters' magnitude. It is
-                # the difference of two fp32 parameter tensors, so fp32 rounding of the
-                # parameters bounds its precision near 1e-5: element-wise 1e-3, no norm bar.
+                # The update itself, to catch errors far below the parameters' magnitude
+                # (its bars: PROFILES).
                 rep.compare("adamw_update", f"step{step}.ad{a}.{n}", got.astype(np.float64) - prev,
-                            (t.detach() - before[n]).numpy(), rtol=1e-3, atol=1e-3, norm_rtol=None)
+                            (t.detach() - before[n]).numpy())
 
     # each adapter alone (C) vs packed (C) and vs the reference: only the summation order
-    # of the GEMMs differs, so the reference tolerance applies
+    # of the GEMMs differs, so the reference tolerance applies (bf16: PROFILES)
     for i, s in enumerate(case["seqs"]):
         if f"solo.seq{i}.logprobs" in D:
             rep.compare("solo_vs_packed", f"seq{i}.logprobs", D[f"solo.seq{i}.logprobs"],
