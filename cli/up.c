@@ -1,7 +1,8 @@
 /* up.c: `loom up`. Without DATABASE_URL it creates (or reuses) a private PostgreSQL
  * cluster under the data directory; then it migrates, ensures a default tenant and an
  * API key, generates a small default model if none is given, starts api, scheduler and
- * one CPU executor as child processes, prints TINKER_BASE_URL / TINKER_API_KEY once all
+ * the executors as child processes (one per GPU the cuda backend finds, else one on the
+ * CPU; --backend/--device choose), prints TINKER_BASE_URL / TINKER_API_KEY once all
  * are ready, and on Ctrl-C / SIGTERM stops the children and the cluster it started.
  *
  * Supervision: a child that dies is restarted after a backoff that doubles with each
@@ -39,6 +40,7 @@
 #define STABLE_S 60.0            /* a child that ran this long starts its backoff over */
 #define EXECUTOR_SILENT_S 30     /* the reaper's "gone" threshold (scheduler/sched_sql.h) */
 #define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
+#define MAX_EXECUTORS 64         /* one per GPU at most */
 
 typedef struct {
     const char *role;
@@ -78,6 +80,21 @@ static pid_t spawn(char *const argv[], int *stdout_pipe) {
 }
 
 static int read_port(int fd, int timeout_ms);
+
+/* The devices of backend `name`, counted in a child process: the supervisor itself never
+ * initialises a device runtime (the CUDA driver's state does not survive a fork, and
+ * every child it starts is forked from it). 0 when the count fails. */
+static int probe_devices(const char *name) {
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        int n = exe_backend_device_count(name);
+        _exit(n > 200 ? 200 : n);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
 
 /* The largest executors.id now: rows of an executor started after this are above it (so
  * a reused pid never points at an old row). 0 when the database cannot say. */
@@ -217,13 +234,15 @@ static void usage(void) {
             "               [--model-dir DIR --model-name NAME] [--backend NAME] [--device N]\n"
             "               [--threads N] [--api-threads N] [--seq-gap-timeout-s 30]\n"
             "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
+            "  Without --backend: one cuda executor per GPU found, else one cpu executor. --backend cuda\n"
+            "  without --device: one executor per GPU; --device N: one executor on device N.\n"
             "  --seq-gap-timeout-s: operations waiting longer for a missing seq_id fail (scheduler).\n"
             "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
 }
 
 int up_main(int argc, char **argv) {
     const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
-    const char *threads = "0", *api_threads = "2", *backend = "cpu", *device = "0", *gap_timeout = "30";
+    const char *threads = "0", *api_threads = "2", *backend = NULL, *device = NULL, *gap_timeout = "30";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) { usage(); return 0; }
@@ -240,10 +259,20 @@ int up_main(int argc, char **argv) {
         else if (!strcmp(a, "--seq-gap-timeout-s") && atoi(v) > 0) gap_timeout = argv[++i];
         else { usage(); return 2; }
     }
-    if (!exe_backend_find(backend)) {
+    if (backend && !exe_backend_find(backend)) {
         log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
         return 2;
     }
+    /* The executors: one on --device, else one per device of the backend (cuda: every GPU
+     * found; cpu: its one device); no --backend: cuda where it finds GPUs, else cpu. */
+    int n_exec = 1, gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
+    if (!backend) backend = gpus > 0 ? "cuda" : "cpu";
+    if (!device && !strcmp(backend, "cuda")) {
+        if (gpus == 0) { log_error("--backend cuda: no CUDA device on this machine"); return 2; }
+        n_exec = gpus < MAX_EXECUTORS ? gpus : MAX_EXECUTORS;
+    }
+    log_info("%d %s executor%s%s%s", n_exec, backend, n_exec > 1 ? "s" : "", device ? " on device " : "",
+             device ? device : "");
     char defdir[PATH_MAX], absdata[PATH_MAX];
     if (!data_dir) {
         const char *home = getenv("HOME");
@@ -279,8 +308,15 @@ int up_main(int argc, char **argv) {
         snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
     }
     int rc = 1;
-    child cs[4] = {{.role = "executor"}, {.role = "scheduler"}, {.role = "api", .reads_port = true},
-                   {.role = "adapter gc"}};
+    /* children: the executors first, then the scheduler, the api and the registry GC */
+    const int SCH = n_exec, API = n_exec + 1, GC = n_exec + 2, NC = n_exec + 3;
+    child cs[MAX_EXECUTORS + 3];
+    memset(cs, 0, sizeof cs);
+    for (int i = 0; i < n_exec; i++) cs[i].role = "executor";
+    cs[SCH].role = "scheduler";
+    cs[API].role = "api";
+    cs[API].reads_port = true;
+    cs[GC].role = "adapter gc";
     PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
     if (!c) { log_error("database: %s", err); goto out; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); goto out; }
@@ -318,22 +354,33 @@ int up_main(int argc, char **argv) {
 
     char blob_dir[PATH_MAX];
     snprintf(blob_dir, sizeof blob_dir, "%s/blobs", data_dir);
-    char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
-                        (char *)model_name, "--backend", (char *)backend, "--device", (char *)device,
-                        "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
+    char dev_s[MAX_EXECUTORS][16];
+    char *exe_argv[MAX_EXECUTORS][17];
+    for (int i = 0; i < n_exec; i++) {
+        snprintf(dev_s[i], sizeof dev_s[i], "%s", device ? device : "0");
+        if (!device) snprintf(dev_s[i], sizeof dev_s[i], "%d", i);
+        char *a[17] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
+                       (char *)model_name, "--backend", (char *)backend, "--device", dev_s[i],
+                       "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
+        memcpy(exe_argv[i], a, sizeof a);
+    }
     char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, "--seq-gap-timeout-s", (char *)gap_timeout, NULL};
     char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
                         "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};
     int api_out = -1;
-    cs[0].id_floor = executor_id_floor(c);
-    cs[0].pid = spawn(exe_argv, NULL);
-    cs[1].pid = spawn(sch_argv, NULL);
-    cs[2].pid = spawn(api_argv, &api_out);
-    if (cs[0].pid < 0 || cs[1].pid < 0 || cs[2].pid < 0) { log_error("fork: %s", strerror(errno)); goto out; }
-    cs[0].argv = exe_argv;
-    cs[1].argv = sch_argv;
-    cs[2].argv = api_argv;
-    for (int i = 0; i < 3; i++) cs[i].started = now_s();
+    int64_t floor0 = executor_id_floor(c);
+    bool forked = true;
+    for (int i = 0; i < n_exec; i++) {
+        cs[i].id_floor = floor0;
+        cs[i].argv = exe_argv[i];
+        forked &= (cs[i].pid = spawn(exe_argv[i], NULL)) > 0;
+    }
+    forked &= (cs[SCH].pid = spawn(sch_argv, NULL)) > 0;
+    forked &= (cs[API].pid = spawn(api_argv, &api_out)) > 0;
+    if (!forked) { log_error("fork: %s", strerror(errno)); goto out; }
+    cs[SCH].argv = sch_argv;
+    cs[API].argv = api_argv;
+    for (int i = 0; i <= API; i++) cs[i].started = now_s();
     int api_port = read_port(api_out, 30000);
     if (api_port <= 0) { log_error("the api did not start (see messages above)"); goto out; }
     /* A restarted api must come back on the same port (the printed URL stays valid). */
@@ -341,32 +388,37 @@ int up_main(int argc, char **argv) {
     snprintf(api_port_s, sizeof api_port_s, "%d", api_port);
     api_argv[7] = api_port_s;
 
-    /* Ready = the executor registered for this model and is idle. */
-    char epid[16];
-    snprintf(epid, sizeof epid, "%d", (int)cs[0].pid);
-    const char *pp[1] = {epid};
-    bool ready = false;
-    for (int t = 0; t < 1200 && !g_stop && !ready; t++) {
-        PGresult *r = db_query(c, "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'", 1, pp, err, sizeof err);
-        ready = r && PQntuples(r) > 0;
-        if (r) PQclear(r);
-        if (!ready) {
-            if (waitpid(cs[0].pid, NULL, WNOHANG) == cs[0].pid) { cs[0].pid = 0; break; }
-            usleep(100 * 1000);
+    /* Ready = every executor registered for this model and is idle. */
+    bool ready = true;
+    for (int i = 0; i < n_exec && ready; i++) {
+        char epid[16];
+        snprintf(epid, sizeof epid, "%d", (int)cs[i].pid);
+        const char *pp[1] = {epid};
+        ready = false;
+        for (int t = 0; t < 1200 && !g_stop && !ready; t++) {
+            PGresult *r = db_query(c, "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'", 1, pp, err, sizeof err);
+            ready = r && PQntuples(r) > 0;
+            if (r) PQclear(r);
+            if (!ready) {
+                if (waitpid(cs[i].pid, NULL, WNOHANG) == cs[i].pid) { cs[i].pid = 0; break; }
+                usleep(100 * 1000);
+            }
         }
+        if (!ready) log_error("the executor on %s device %s did not become ready (see messages above)", backend, dev_s[i]);
     }
-    if (!ready) { log_error("the executor did not become ready (see messages above)"); goto out; }
+    if (!ready) goto out;
 
     /* Registry GC, hourly (expired versions, unreferenced and orphan blobs). */
     char *gc_argv[] = {"loom", "adapter", "gc", "--db", conninfo, "--blob-dir", blob_dir, "--every", "3600", NULL};
-    cs[3].argv = gc_argv;
-    if (start_child(&cs[3], c) < 0) child_died(&cs[3], -1);
+    cs[GC].argv = gc_argv;
+    if (start_child(&cs[GC], c) < 0) child_died(&cs[GC], -1);
 
     printf("DATABASE_URL=%s\n", conninfo);
     printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
     printf("TINKER_API_KEY=%s\n", key);
     fflush(stdout);
-    log_info("Loom is up: model %s; Ctrl-C stops it", model_name);
+    log_info("Loom is up: model %s on %d %s executor%s; Ctrl-C stops it", model_name, n_exec, backend,
+             n_exec > 1 ? "s" : "");
 
     /* The api's stdout is no longer needed; drain it so a full pipe never blocks it. */
     close(api_out);
@@ -378,11 +430,11 @@ int up_main(int argc, char **argv) {
         int st;
         pid_t pid;
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < NC; i++)
                 if (cs[i].pid == pid && !g_stop)
                     child_died(&cs[i], WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
         }
-        for (int i = 0; i < 4 && !g_stop; i++) {
+        for (int i = 0; i < NC && !g_stop; i++) {
             if (cs[i].pid || cs[i].restart_at <= 0 || now_s() < cs[i].restart_at) continue;
             if (start_child(&cs[i], c) < 0) {
                 log_warn("%s did not start again; trying later", cs[i].role);
@@ -393,13 +445,13 @@ int up_main(int argc, char **argv) {
             }
         }
         if (now_s() >= next_watch) {
-            watch_executor(&cs[0], c, hostname);
+            for (int i = 0; i < n_exec; i++) watch_executor(&cs[i], c, hostname);
             next_watch = now_s() + WATCH_EVERY_S;
         }
         usleep(100 * 1000);   /* a signal cuts it short */
     }
 out:
-    stop_children(cs, 4);
+    stop_children(cs, NC);
     if (c) PQfinish(c);
     if (own_cluster && pgc_stop(data_dir, err, sizeof err) < 0) log_warn("%s", err);
     log_info("stopped");
