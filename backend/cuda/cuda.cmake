@@ -98,8 +98,11 @@ add_test(NAME reference_torch_cuda COMMAND ${LOOM_PYTHON} ${CMAKE_SOURCE_DIR}/te
 set_tests_properties(reference_torch_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900
                      ENVIRONMENT "LOOM_TEST_BACKEND=cuda;PYTHONUNBUFFERED=1")
 
-# Benchmarks (kernels; one layer extrapolated to the model): print figures, never tests.
+# Benchmarks (kernels; one layer extrapolated to the model; the model through the backend
+# table): print figures, never tests.
 foreach(b bench_cuda_kernels bench_cuda_layer)
   add_executable(${b} ${CMAKE_SOURCE_DIR}/bench/cuda/${b}.c)
   target_link_libraries(${b} PRIVATE loom_gpu_test_support)
 endforeach()
+add_executable(bench_cuda ${CMAKE_SOURCE_DIR}/bench/cuda/bench_cuda.c)
+target_link_libraries(bench_cuda PRIVATE loom_backends loom_model)

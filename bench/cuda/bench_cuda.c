@@ -1,0 +1,375 @@
+/* bench_cuda.c — a backend's training throughput on real model geometries, through the
+ * backend table (--backend, default cuda): forward and forward_backward tokens/s and MFU
+ * for Qwen3-0.6B, Llama-3.2-1B and Qwen3-8B shapes (random bf16 weights built in this
+ * process: no model files) at 512, 2K, 8K and 32K tokens, LoRA rank 32 on q,k,v,o,gate,
+ * up,down; 8 and 32 adapters packed in one pass against one adapter on the same tokens;
+ * device memory in use after each row (the workspace never shrinks, so this is the peak
+ * so far). Next to each row: the PyTorch + PEFT peer's figures, from a peer.json written by
+ * bench/cuda/peft_peer.py on the same GPU (--peer), else the issue's H100 table. Prints
+ * figures; never a test.
+ *
+ *   bench_cuda [--backend NAME] [--device N] [--geo NAME] [--quick] [--iters K] [--layers L]
+ *              [--peer peer.json] [--json out.json]
+ *
+ * --layers L shrinks every geometry to L layers (a smoke run of this program on the CPU
+ * backend: bench_cuda --backend cpu --layers 1 --quick). MFU is the issue's and
+ * peft_peer.py's convention: 4·N·T for forward+backward (2·N·T forward), N the parameters
+ * of every matmul including the output head, plus causal attention 2·d·nq·n(n+1) per layer
+ * and sequence forward (three times that for forward+backward), against 989 TFLOP/s.
+ */
+#include "backend/backend.h"
+#include "backend/loss.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PEAK 989e12
+
+typedef struct {
+    const char *name, *arch;
+    int V, H, I, L, nq, nkv, d, max_pos;
+    bool tie, llama3;
+    double theta;
+} geo;
+
+static const geo GEOS[] = {
+    {"Qwen3-0.6B", "Qwen3ForCausalLM", 151936, 1024, 3072, 28, 16, 8, 128, 40960, true, false, 1e6},
+    {"Llama-3.2-1B", "LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, 64, 131072, true, true, 5e5},
+    {"Qwen3-8B", "Qwen3ForCausalLM", 151936, 4096, 12288, 36, 32, 8, 128, 40960, false, false, 1e6},
+};
+
+/* rows: geometry, batch × sequence length, adapters packed (each gets batch/nad sequences) */
+typedef struct {
+    const char *geo;
+    int batch, seq, nad;
+} row;
+
+static const row ROWS[] = {
+    {"Qwen3-0.6B", 1, 512, 1},    {"Qwen3-0.6B", 4, 512, 1},    {"Qwen3-0.6B", 16, 512, 1},
+    {"Qwen3-0.6B", 1, 2048, 1},   {"Qwen3-0.6B", 1, 8192, 1},   {"Qwen3-0.6B", 1, 32768, 1},
+    {"Qwen3-0.6B", 32, 256, 1},   {"Qwen3-0.6B", 32, 256, 8},   {"Qwen3-0.6B", 32, 256, 32},
+    {"Qwen3-0.6B", 8, 512, 1},    {"Qwen3-0.6B", 8, 512, 8},
+    {"Llama-3.2-1B", 1, 512, 1},  {"Llama-3.2-1B", 1, 2048, 1}, {"Llama-3.2-1B", 4, 2048, 1},
+    {"Llama-3.2-1B", 1, 8192, 1}, {"Llama-3.2-1B", 1, 32768, 1},
+    {"Qwen3-8B", 1, 512, 1},      {"Qwen3-8B", 8, 512, 1},      {"Qwen3-8B", 2, 2048, 1},
+    {"Qwen3-8B", 1, 8192, 1},     {"Qwen3-8B", 1, 32768, 1},
+};
+
+/* The issue's PyTorch + PEFT figures on one H100 (fwd, fwd+bwd tokens/s; 0 = out of memory),
+ * shown when no peer.json of this GPU is given. */
+typedef struct {
+    const char *geo;
+    int batch, seq;
+    double fwd, fb;
+} peer_fig;
+
+static const peer_fig ISSUE[] = {
+    {"Qwen3-0.6B", 16, 512, 75578, 29892}, {"Qwen3-0.6B", 1, 8192, 68311, 27085}, {"Qwen3-0.6B", 1, 32768, 0, 0},
+    {"Llama-3.2-1B", 4, 2048, 77594, 33888}, {"Qwen3-8B", 8, 512, 17757, 7576}, {"Qwen3-8B", 2, 2048, 17434, 7443},
+    {"Qwen3-8B", 1, 8192, 0, 0},
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double matmul_params(const geo *g)
+{
+    double qd = (double)g->nq * g->d, kvd = (double)g->nkv * g->d;
+    return (g->H * qd + 2.0 * g->H * kvd + qd * g->H + 3.0 * g->H * g->I) * g->L + (double)g->V * g->H;
+}
+
+static double flops(const geo *g, int batch, int n, bool backward)
+{
+    double T = (double)batch * n, attn = 2.0 * g->d * g->nq * (double)n * (n + 1) * g->L * batch;
+    return (backward ? 4 : 2) * matmul_params(g) * T + (backward ? 3 : 1) * attn;
+}
+
+/* ---- a model of random bf16 weights, as model_files ------------------------------------ */
+
+typedef struct {
+    model_files mf;
+    st_tensor *t;
+    int nt;
+    uint16_t *lin, *norm;
+} rand_model;
+
+/* One tensor over a window of the shared random buffers: tensors of one model get
+ * different windows, so layers are not copies of each other. */
+static const st_tensor *rm_tensor(rand_model *m, const char *name, int64_t rows, int64_t cols, bool is_norm,
+                                  size_t window)
+{
+    st_tensor *t = &m->t[m->nt++];
+    t->name = name;
+    t->dtype = ST_BF16;
+    t->ndim = cols ? 2 : 1;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->numel = rows * (cols ? cols : 1);
+    t->nbytes = (size_t)t->numel * 2;
+    size_t off = (size_t)(m->nt * 4099) % window;
+    t->data = (const uint8_t *)((is_norm ? m->norm : m->lin) + off);
+    return t;
+}
+
+static int rm_build(rand_model *m, const geo *g, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"%s\"], \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+             "\"max_position_embeddings\": %d, \"tie_word_embeddings\": %s, \"rope_theta\": %g, \"rms_norm_eps\": 1e-6, "
+             "\"hidden_act\": \"silu\"%s}",
+             g->arch, g->V, g->H, g->I, g->L, g->nq, g->nkv, g->d, g->max_pos, g->tie ? "true" : "false", g->theta,
+             g->llama3 ? ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
+                         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}" : "");
+    if (model_config_parse(cfg, &m->mf.cfg, err, errlen) < 0) return -1;
+    const model_config *c = &m->mf.cfg;
+    size_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, qd = (size_t)c->num_attention_heads * c->head_dim;
+    size_t biggest = V * H > I * H ? V * H : I * H, window = 1 << 20;
+    if (qd * H > biggest) biggest = qd * H;
+    m->lin = malloc((biggest + window) * 2);
+    m->norm = malloc((H + window) * 2);
+    m->t = calloc(MODEL_MAX_TENSORS(c), sizeof *m->t);
+    m->mf.layers = calloc(c->num_hidden_layers, sizeof *m->mf.layers);
+    if (!m->lin || !m->norm || !m->t || !m->mf.layers) { snprintf(err, errlen, "out of host memory"); return -1; }
+    /* uniform(−1/√H, 1/√H) linear weights, norms 1 ± 0.05: a cheap xorshift, the values only
+     * need to be ordinary (never zeros: they can run faster than real data) */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    float a = (float)(1.0 / sqrt((double)H));
+    for (size_t i = 0; i < biggest + window; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        m->lin[i] = st_f32_to_bf16(a * (2.0f * (float)(x >> 40) / (float)(1 << 24) - 1.0f));
+    }
+    for (size_t i = 0; i < H + window; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        m->norm[i] = st_f32_to_bf16(1.0f + 0.1f * ((float)(x >> 40) / (float)(1 << 24) - 0.5f));
+    }
+    size_t kvd = (size_t)c->num_key_value_heads * c->head_dim, d = c->head_dim;
+    m->mf.embed = rm_tensor(m, "model.embed_tokens.weight", V, H, false, window);
+    m->mf.final_norm = rm_tensor(m, "model.norm.weight", H, 0, true, window);
+    m->mf.lm_head = c->tie_word_embeddings ? m->mf.embed : rm_tensor(m, "lm_head.weight", V, H, false, window);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        model_layer_tensors *y = &m->mf.layers[l];
+        y->attn_norm = rm_tensor(m, "input_layernorm", H, 0, true, window);
+        y->wq = rm_tensor(m, "q_proj", qd, H, false, window);
+        y->wk = rm_tensor(m, "k_proj", kvd, H, false, window);
+        y->wv = rm_tensor(m, "v_proj", kvd, H, false, window);
+        y->wo = rm_tensor(m, "o_proj", H, qd, false, window);
+        if (c->qk_norm) {
+            y->q_norm = rm_tensor(m, "q_norm", d, 0, true, window);
+            y->k_norm = rm_tensor(m, "k_norm", d, 0, true, window);
+        }
+        y->mlp_norm = rm_tensor(m, "post_attention_layernorm", H, 0, true, window);
+        y->wgate = rm_tensor(m, "gate_proj", I, H, false, window);
+        y->wup = rm_tensor(m, "up_proj", I, H, false, window);
+        y->wdown = rm_tensor(m, "down_proj", H, I, false, window);
+    }
+    return 0;
+}
+
+static void rm_free(rand_model *m)
+{
+    free(m->lin);
+    free(m->norm);
+    free(m->t);
+    free(m->mf.layers);
+}
+
+/* ---- the peer's figures ------------------------------------------------------------------ */
+
+static json_t *peer_json;
+
+/* fwd and fb tokens/s of the peer for this shape: from peer.json, else the issue's table;
+ * false when neither has it; *oom when the peer ran out of memory. */
+static bool peer_lookup(const char *g, int batch, int seq, double *fwd, double *fb, bool *oom, const char **src)
+{
+    *oom = false;
+    if (peer_json) {
+        size_t i;
+        json_t *r;
+        json_array_foreach(peer_json, i, r) {
+            const char *rg = json_string_value(json_object_get(r, "geometry"));
+            if (!rg || strcmp(rg, g) || json_integer_value(json_object_get(r, "batch")) != batch ||
+                json_integer_value(json_object_get(r, "seq")) != seq || json_is_true(json_object_get(r, "checkpointing")))
+                continue;
+            *oom = json_is_true(json_object_get(r, "oom"));
+            *fwd = json_number_value(json_object_get(r, "fwd_tok_s"));
+            *fb = json_number_value(json_object_get(r, "fb_tok_s"));
+            *src = "peer";
+            return true;
+        }
+        return false;
+    }
+    for (size_t i = 0; i < sizeof ISSUE / sizeof ISSUE[0]; i++)
+        if (!strcmp(ISSUE[i].geo, g) && ISSUE[i].batch == batch && ISSUE[i].seq == seq) {
+            *fwd = ISSUE[i].fwd;
+            *fb = ISSUE[i].fb;
+            *oom = ISSUE[i].fb == 0;
+            *src = "issue";
+            return true;
+        }
+    return false;
+}
+
+/* ---- one row ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const exe_backend *be;
+    void *ctx;
+    const geo *g;
+    exe_adapter *ads[32];
+    int nads;
+    int iters;
+    json_t *out;
+} bench;
+
+static double median(double *x, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && x[j] < x[j - 1]; j--) { double t = x[j]; x[j] = x[j - 1]; x[j - 1] = t; }
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Median seconds of `iters` passes (after one warm-up: workspace growth, GEMM plans). */
+static double time_pass(bench *b, exe_seq *s, int n, bool backward, char *err, size_t errlen)
+{
+    if (b->be->forward_backward(b->ctx, s, n, backward, err, errlen) != 0) return -1;
+    double t[16];
+    for (int i = 0; i < b->iters; i++) {
+        double t0 = now();
+        if (b->be->forward_backward(b->ctx, s, n, backward, err, errlen) != 0) return -1;
+        t[i] = now() - t0;
+    }
+    return median(t, b->iters);
+}
+
+static void run_row(bench *b, const row *r)
+{
+    const geo *g = b->g;
+    int nseq = r->batch, n = r->seq;
+    long T = (long)nseq * n;
+    char err[512];
+    while (b->nads < r->nad) {
+        lora_config lc = {32, (uint64_t)b->nads + 1, true, true, false};
+        exe_adapter *a = exe_adapter_new(b->be, b->ctx, &lc, true, err, sizeof err);
+        if (!a) { printf("%-13s adapter %d: %s\n", g->name, b->nads, err); return; }
+        b->ads[b->nads++] = a;
+    }
+    int32_t *tok = malloc((T + 1) * sizeof *tok);
+    float *lp = malloc(T * sizeof *lp), *loss = malloc(T * sizeof *loss);
+    exe_seq *s = calloc(nseq, sizeof *s);
+    uint64_t x = 88172645463325252ull;
+    for (long i = 0; i <= T; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; tok[i] = (int32_t)(x % g->V); }
+    for (int i = 0; i < nseq; i++)
+        s[i] = (exe_seq){.ad = b->ads[i * r->nad / nseq], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n,
+                         .tokens = tok + (long)i * n, .targets = tok + (long)i * n + 1, .logprobs_out = lp + (long)i * n,
+                         .loss_out = loss + (long)i * n};
+    double tf = time_pass(b, s, nseq, false, err, sizeof err);
+    double tb = tf < 0 ? -1 : time_pass(b, s, nseq, true, err, sizeof err);
+    exe_device_info di;
+    b->be->device_info(b->ctx, &di);
+    double mem = (double)(di.memory_total - di.memory_free) / 1073741824.0;
+    char shape[32];
+    snprintf(shape, sizeof shape, "%dx%d", nseq, n);
+    json_t *jr = json_pack("{s:s, s:i, s:i, s:i, s:f}", "geometry", g->name, "batch", nseq, "seq", n, "adapters", r->nad,
+                           "mem_gib", mem);
+    if (tb < 0) {
+        printf("%-13s %-9s %2d ad | failed: %s\n", g->name, shape, r->nad, err);
+        json_object_set_new(jr, "error", json_string(err));
+    } else {
+        double ff = T / tf, fb = T / tb, mf = flops(g, nseq, n, false) / tf / PEAK, mb = flops(g, nseq, n, true) / tb / PEAK;
+        printf("%-13s %-9s %2d ad | fwd %9.0f tok/s MFU %5.1f%% | fwd+bwd %9.0f tok/s MFU %5.1f%% | %5.1f GiB", g->name,
+               shape, r->nad, ff, 100 * mf, fb, 100 * mb, mem);
+        double pf, pb;
+        bool oom;
+        const char *src;
+        if (r->nad == 1 && peer_lookup(g->name, nseq, n, &pf, &pb, &oom, &src)) {
+            if (oom) printf(" | PEFT (%s): out of memory", src);
+            else printf(" | PEFT (%s) fwd+bwd %7.0f tok/s: %.2fx (fwd %.2fx)", src, pb, fb / pb, ff / pf);
+        }
+        printf("\n");
+        json_t *figs = json_pack("{s:f, s:f, s:f, s:f}", "fwd_tok_s", ff, "fb_tok_s", fb, "fwd_mfu", mf, "fb_mfu", mb);
+        json_object_update(jr, figs);
+        json_decref(figs);
+    }
+    json_array_append_new(b->out, jr);
+    free(tok);
+    free(lp);
+    free(loss);
+    free(s);
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "cuda", *only = NULL, *peer = NULL, *json_out = NULL;
+    int device = 0, iters = 3, layers = 0;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quick")) { quick = true; continue; }
+        if (!v) { fprintf(stderr, "usage: see bench/cuda/bench_cuda.c\n"); return 2; }
+        if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--device")) device = atoi(v);
+        else if (!strcmp(a, "--geo")) only = v;
+        else if (!strcmp(a, "--iters")) iters = atoi(v);
+        else if (!strcmp(a, "--layers")) layers = atoi(v);
+        else if (!strcmp(a, "--peer")) peer = v;
+        else if (!strcmp(a, "--json")) json_out = v;
+        else { fprintf(stderr, "unknown option %s (see bench/cuda/bench_cuda.c)\n", a); return 2; }
+        i++;
+    }
+    if (iters < 1 || iters > 16) iters = 3;
+    if (quick) iters = 1;
+    const exe_backend *be = exe_backend_find(backend);
+    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
+    if (peer) {
+        json_error_t je;
+        peer_json = json_load_file(peer, 0, &je);
+        if (!json_is_array(peer_json)) { fprintf(stderr, "%s: %s\n", peer, je.text); return 2; }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    json_t *out = json_array();
+    printf("bench_cuda: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down, cross_entropy over every token, median of %d\n"
+           "(MFU against 989 TFLOP/s; memory = device memory in use after the row; PEFT: %s)\n", backend, iters,
+           peer ? peer : "the issue's H100 table");
+    for (size_t gi = 0; gi < sizeof GEOS / sizeof GEOS[0]; gi++) {
+        geo g = GEOS[gi];
+        if (only && strcmp(only, g.name)) continue;
+        if (layers > 0) g.L = layers;
+        char err[512];
+        rand_model m;
+        double t0 = now();
+        if (rm_build(&m, &g, err, sizeof err) < 0) { printf("%s: %s\n", g.name, err); return 1; }
+        exe_backend_opts o = {.device = device, .threads = 0};
+        void *ctx = be->create(&m.mf, &o, err, sizeof err);
+        rm_free(&m);
+        if (!ctx) { printf("%s: %s\n", g.name, err); return 1; }
+        exe_device_info di;
+        be->device_info(ctx, &di);
+        printf("== %s (%d layers; %.0f M matmul parameters) on %s, loaded in %.1f s\n", g.name, g.L,
+               matmul_params(&g) / 1e6, di.device, now() - t0);
+        bench b = {be, ctx, &g, {0}, 0, iters, out};
+        for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++) {
+            const row *r = &ROWS[ri];
+            if (strcmp(r->geo, g.name) || (quick && (long)r->batch * r->seq > 2048)) continue;
+            run_row(&b, r);
+        }
+        for (int a = 0; a < b.nads; a++) be->adapter_free(ctx, b.ads[a]);
+        be->destroy(ctx);
+    }
+    if (json_out && json_dump_file(out, json_out, JSON_INDENT(1)) != 0) fprintf(stderr, "cannot write %s\n", json_out);
+    json_decref(out);
+    json_decref(peer_json);
+    return 0;
+}
