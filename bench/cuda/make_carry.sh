@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# make_carry.sh — run HERE (the machine with nvcc, no GPU): builds the gpu test and bench
-# binaries and copies them, with any shared library they need that the GPU machine may
-# lack, into .gpu-carry/ (git-ignored, kept under the device tool's 64 MiB), for
-# bench/cuda/run_on_gpu.sh to run there. Never copies the CUDA libraries (they are there)
-# or the C runtime.
+# make_carry.sh — run HERE (the machine with nvcc, no GPU): builds the gpu tests, the
+# backend suites and the benches, and packs them with every shared library they need that
+# the GPU machine may lack into .gpu-carry/carry.tar.gz (git-ignored, under the device
+# tool's 64 MiB), for bench/cuda/run_on_gpu.sh to unpack and run there. Never packs the
+# CUDA libraries (they are there) or the C runtime (glibc and libstdc++ are newer there).
+#
+# In the archive: real/<binary> (debug sections stripped: symbols stay for backtraces),
+# lib/<library>, and bin/<binary>, a wrapper that runs real/<binary> with lib/ and the
+# CUDA library directories on LD_LIBRARY_PATH, so that nothing else (python, torch) ever
+# sees the carried libraries.
 #
 #   bash bench/cuda/make_carry.sh [build-dir]        (default: build)
 set -euo pipefail
@@ -12,22 +17,40 @@ B=${1:-build}
 C=.gpu-carry
 command -v nvcc >/dev/null || { echo "make_carry: nvcc not found" >&2; exit 1; }
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-TARGETS=$(cd tests/gpu && ls test_gpu_*.c | sed 's/\.c$//')
+GPU_TESTS=$(cd tests/gpu && ls test_gpu_*.c | sed 's/\.c$//')
+SUITES="test_cpu_ref test_learning test_longseq test_exe_sample"
+BENCHES="bench_cuda_kernels bench_cuda_layer bench_cuda"
 # shellcheck disable=SC2086
-cmake --build "$B" -j2 --target $TARGETS bench_cuda_kernels bench_cuda_layer
+cmake --build "$B" -j2 --target $GPU_TESTS $SUITES $BENCHES
 rm -rf "$C"
-mkdir -p "$C/bin" "$C/lib"
-for t in $TARGETS bench_cuda_kernels bench_cuda_layer; do cp "$B/$t" "$C/bin/"; done
-# Libraries: everything ldd resolves except the C/C++ runtime (newer on the GPU machine's
-# Ubuntu 24.04) and the CUDA libraries (installed there under /usr/local/cuda).
-SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'
-for f in "$C"/bin/*; do
+S=$(mktemp -d)
+trap 'rm -rf "$S"' EXIT
+mkdir -p "$S/bin" "$S/real" "$S/lib" "$C"
+for t in $GPU_TESTS $SUITES $BENCHES; do
+    objcopy --strip-debug "$B/$t" "$S/real/$t"
+    cat > "$S/bin/$t" <<EOF
+#!/usr/bin/env bash
+# runs the carried $t with the carried libraries (bench/cuda/make_carry.sh)
+here=\$(cd "\$(dirname "\$0")/.." && pwd)
+export LD_LIBRARY_PATH="\$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+exec "\$here/real/$t" "\$@"
+EOF
+    chmod +x "$S/bin/$t"
+done
+# Libraries: everything ldd resolves except glibc's own libraries, the C++ runtime and the
+# CUDA libraries.
+SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'
+for f in "$S"/real/*; do
     ldd "$f" | awk '/=>/ {print $1, $3}' | while read -r name path; do
-        if ! [[ $name =~ $SKIP ]] && [ -f "$path" ] && [ ! -f "$C/lib/$name" ]; then cp -L "$path" "$C/lib/$name"; fi
+        if ! [[ $name =~ $SKIP ]] && [ -f "$path" ] && [ ! -f "$S/lib/$name" ]; then cp -L "$path" "$S/lib/$name"; fi
     done
 done
-git rev-parse HEAD > "$C/commit" 2>/dev/null || true
+git rev-parse HEAD > "$S/commit" 2>/dev/null || true
+git status --short | grep -v '^??' > "$S/dirty" || true
+tar -C "$S" -czf "$C/carry.tar.gz" .
+cp "$S/commit" "$C/commit"
+echo "packed: $(ls "$S/real" | wc -l) binaries, $(ls "$S/lib" | wc -l) libraries ($(du -sh "$S" | cut -f1) unpacked)"
 du -sh "$C"
 size=$(du -sb "$C" | cut -f1)
 if [ "$size" -gt $((60 * 1024 * 1024)) ]; then echo "make_carry: $C is over 60 MiB" >&2; exit 1; fi
-echo "carry ready: device runs with carry [\"$C\"]: 'bash bench/cuda/run_on_gpu.sh tests sanitize', then 'bench layer', then 'peer' (bench/cuda/NOTES.md)"
+echo "carry ready: device calls with carry [\"$C\"], in the order of bench/cuda/NOTES.md"

@@ -1,54 +1,85 @@
 #!/usr/bin/env bash
 # run_on_gpu.sh — run ON THE GPU MACHINE (the device tool), from the repository root, with
-# .gpu-carry/ carried (built here by bench/cuda/make_carry.sh). Writes its logs under $OUT
-# (at most 8 files: env.txt tests.log sanitize.log bench.log bench.csv layer.log peer.log
-# peer.json)
-# and prints a short summary last.
+# .gpu-carry/ carried (built here by bench/cuda/make_carry.sh). Unpacks the carry, runs the
+# steps asked for, writes logs under $OUT and prints a short summary last.
 #
-#   bash bench/cuda/run_on_gpu.sh [tests] [sanitize] [bench|quickbench] [layer] [peer] [peer-table]
-# e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh tests bench",
+#   bash bench/cuda/run_on_gpu.sh STEP...
+#
+#   kernels      the kernel tests (test_gpu_* but the backend test)          kernels.log
+#   sanitize     compute-sanitizer memcheck/racecheck/synccheck on them       sanitize.log
+#   backend      test_gpu_backend: the cuda backend against the cpu backend   backend.log
+#   backend-sync the same with LOOM_CUDA_SYNC=1 (a fault names its step)      backend-sync.log
+#   suites       test_cpu_ref, test_learning, test_longseq, test_exe_sample
+#                with LOOM_TEST_BACKEND=cuda                                   suites.log
+#   ref          tests/ref/run_ref.py on the cuda backend, bf16 bars           ref.log
+#   model        bench_cuda: the model-level benchmark (quickmodel: ≤ 2K tokens) model.log model.json
+#   bench        the kernel bench (quickbench: fewer shapes)                  bench.log bench.csv
+#   layer        bench_cuda_layer, attention version 1 then 2                 layer.log
+#   peer         bench/cuda/peft_peer.py, all rows (peer-table: the table)     peer.log peer.json
+#
+# e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh kernels backend",
 #                           carry=[".gpu-carry"])
-# Each step has its own time limit so that the whole stays inside one 10-minute call:
-# tests ~3 min, sanitize ~3 min, bench ~4 min (quickbench ~1), layer ~4 min, peer ~5 min.
+# Each step has its own time limit so that a call stays inside 10 minutes: see NOTES.md
+# for the calls in order. Tests print their seed (GT_SEED=...); GT_VERBOSE=1 prints passes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/loom-gpu-out}
 mkdir -p "$OUT"
 C=.gpu-carry
-# the CUDA libraries and, where the driver is mounted outside the loader's path, libcuda
-export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+W=$(mktemp -d /tmp/loom-carry.XXXXXX)
 export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}   # the interpreter with torch (PYTHON=... elsewhere)
 SUMMARY=()
-[ $# -eq 0 ] && set -- tests bench
+[ $# -eq 0 ] && set -- kernels backend
+if [ ! -f "$C/carry.tar.gz" ]; then
+    echo "no $C/carry.tar.gz: build it with bench/cuda/make_carry.sh and carry it" | tee "$OUT/env.txt"
+    exit 1
+fi
+tar -C "$W" -xzf "$C/carry.tar.gz"
 
 {
-    echo "carry built from: $(cat $C/commit 2>/dev/null || echo '?')   checkout: $(git rev-parse HEAD 2>/dev/null || echo '?')"
+    echo "carry built from: $(cat "$W/commit" 2>/dev/null || echo '?')   checkout: $(git rev-parse HEAD 2>/dev/null || echo '?')"
+    [ -s "$W/dirty" ] && { echo "carry built with uncommitted changes:"; cat "$W/dirty"; }
     nvidia-smi 2>&1 | head -20
     nvcc --version 2>&1 | tail -2
     ls -l /usr/local/cuda/lib64/libcublas.so* 2>&1 | head -3
-    ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libcublas" | head -5
-    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    for b in "$C"/bin/*; do echo "== ldd $b"; ldd "$b" | grep -E "not found|cublas" ; done
+    ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libcublas|libopenblas" | head -6
+    for b in "$W"/real/*; do
+        miss=$(LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" ldd "$b" | grep "not found")
+        [ -n "$miss" ] && echo "== $(basename "$b") misses: $miss"
+    done
+    "$PY" -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1
 } > "$OUT/env.txt" 2>&1
-if [ ! -d "$C/bin" ]; then echo "no $C/bin: build it with bench/cuda/make_carry.sh and carry it" | tee -a "$OUT/env.txt"; exit 1; fi
 
-run_tests() {
-    : > "$OUT/tests.log"
-    for t in "$C"/bin/test_gpu_*; do
+# Runs one binary of the carry with a time limit; appends to a log; records a summary line.
+# usage: run_one LOG LIMIT_S LABEL COMMAND...
+run_one() {
+    local log=$1 limit=$2 label=$3
+    shift 3
+    local tmp
+    tmp=$(mktemp)
+    timeout "$limit" "$@" > "$tmp" 2>&1
+    local rc=$?
+    { echo "===== $label (exit $rc)"; cat "$tmp"; } >> "$OUT/$log"
+    local s
+    case $rc in
+        0) s="PASS" ;;
+        77) s="SKIPPED (no device seen: a failure on the GPU machine)" ;;
+        124) s="TIMEOUT after ${limit}s" ;;
+        *) s="FAIL (exit $rc)" ;;
+    esac
+    local line
+    line=$(grep -E "passed, [0-9]+ failed" "$tmp" | tail -1)
+    rm -f "$tmp"
+    SUMMARY+=("$(printf '%-26s %s  %s' "$label" "$s" "${line#*: }")")
+}
+
+run_kernels() {
+    : > "$OUT/kernels.log"
+    for t in "$W"/bin/test_gpu_*; do
         n=$(basename "$t")
-        log=$(mktemp)
-        timeout 300 "$t" > "$log" 2>&1
-        rc=$?
-        { echo "===== $n (exit $rc)"; cat "$log"; } >> "$OUT/tests.log"
-        case $rc in
-            0) s="PASS" ;;
-            77) s="SKIPPED (no device seen: a failure on the GPU machine)" ;;
-            124) s="TIMEOUT" ;;
-            *) s="FAIL (exit $rc)" ;;
-        esac
-        line=$(grep -E "passed, [0-9]+ failed" "$log" | tail -1)
-        rm -f "$log"
-        SUMMARY+=("$(printf '%-22s %s  %s' "$n" "$s" "${line#*: }")")
+        [ "$n" = test_gpu_backend ] && continue
+        run_one kernels.log 300 "$n" "$t"
     done
 }
 
@@ -61,34 +92,60 @@ run_sanitize() {
                "racecheck test_gpu_head" "racecheck test_gpu_sample" "synccheck test_gpu_attention"; do
         set -- $job
         echo "===== $1 $2 (GT_SMALL=1)" >> "$OUT/sanitize.log"
-        GT_SMALL=1 timeout 200 compute-sanitizer --tool "$1" --error-exitcode 9 "$C/bin/$2" >> "$OUT/sanitize.log" 2>&1
+        GT_SMALL=1 LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" timeout 200 \
+            compute-sanitizer --tool "$1" --error-exitcode 9 "$W/real/$2" >> "$OUT/sanitize.log" 2>&1
         rc=$?
         SUMMARY+=("$(printf 'sanitize %-9s %-20s %s' "$1" "$2" "$([ $rc = 0 ] && echo clean || echo "exit $rc")")")
     done
 }
 
+run_suites() {
+    : > "$OUT/suites.log"
+    for t in test_cpu_ref test_learning test_longseq test_exe_sample; do
+        LOOM_TEST_BACKEND=cuda run_one suites.log 240 "$t (cuda)" "$W/bin/$t"
+    done
+}
+
+run_ref() {
+    : > "$OUT/ref.log"
+    LOOM_TEST_BACKEND=cuda run_one ref.log 400 "run_ref.py (cuda, bf16 bars)" "$PY" tests/ref/run_ref.py \
+        --dump-bin "$W/bin/test_cpu_ref" --work "$W/ref-work" --tolerance bf16
+}
+
+run_model() {
+    timeout 540 "$W/bin/bench_cuda" $1 --json "$OUT/model.json" > "$OUT/model.log" 2>&1
+    SUMMARY+=("bench_cuda $1: exit $? ($(grep -c ' ad |' "$OUT/model.log") rows; see model.log)")
+}
+
 run_bench() {
-    timeout 420 "$C/bin/bench_cuda_kernels" $1 --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
+    timeout 420 "$W/bin/bench_cuda_kernels" $1 --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
     SUMMARY+=("bench_cuda_kernels $1: exit $? ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
 }
 
 run_layer() {  # with attention version 1 (default), then version 2
-    timeout 240 "$C/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
+    timeout 240 "$W/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
     SUMMARY+=("bench_cuda_layer: exit $?")
     echo "==== LCU_ATTN=mma" >> "$OUT/layer.log"
-    LCU_ATTN=mma timeout 240 "$C/bin/bench_cuda_layer" >> "$OUT/layer.log" 2>&1
+    LCU_ATTN=mma timeout 240 "$W/bin/bench_cuda_layer" >> "$OUT/layer.log" 2>&1
     SUMMARY+=("bench_cuda_layer LCU_ATTN=mma: exit $?")
 }
 
 run_peer() {
-    timeout 540 python3 bench/cuda/peft_peer.py --rows "$1" --json "$OUT/peer.json" > "$OUT/peer.log" 2>&1
+    timeout 540 "$PY" bench/cuda/peft_peer.py --rows "$1" --json "$OUT/peer.json" > "$OUT/peer.log" 2>&1
     SUMMARY+=("peft_peer --rows $1: exit $?")
 }
 
 for step in "$@"; do
     case $step in
-        tests) run_tests ;;
+        kernels|tests) run_kernels ;;
         sanitize) run_sanitize ;;
+        backend) : > "$OUT/backend.log"; run_one backend.log 500 test_gpu_backend "$W/bin/test_gpu_backend" ;;
+        backend-sync) : > "$OUT/backend-sync.log"
+                      LOOM_CUDA_SYNC=1 run_one backend-sync.log 500 "test_gpu_backend (sync)" "$W/bin/test_gpu_backend" ;;
+        suites) run_suites ;;
+        ref) run_ref ;;
+        model) run_model "" ;;
+        quickmodel) run_model --quick ;;
         bench) run_bench "" ;;
         quickbench) run_bench --quick ;;
         layer) run_layer ;;
@@ -99,11 +156,14 @@ for step in "$@"; do
 done
 
 echo
-for f in tests.log sanitize.log; do
-    [ -f "$OUT/$f" ] && grep -E "^(FAIL|FATAL)" "$OUT/$f" | head -25
+grep -h "misses:" "$OUT/env.txt" 2>/dev/null
+for f in kernels.log sanitize.log backend.log backend-sync.log suites.log ref.log; do
+    [ -f "$OUT/$f" ] && grep -hE "^(FAIL|FATAL)|  FAIL " "$OUT/$f" | head -25
 done
 [ -f "$OUT/bench.log" ] && grep -E "ceiling|measured|attention|head fwd|lora" "$OUT/bench.log" | head -40
 [ -f "$OUT/layer.log" ] && grep -E "tok/s|====" "$OUT/layer.log"
+[ -f "$OUT/model.log" ] && grep -E " ad \||==|failed" "$OUT/model.log"
 [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
 echo "---- summary"
 printf '%s\n' "${SUMMARY[@]}"
+rm -rf "$W"
