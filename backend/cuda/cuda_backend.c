@@ -59,7 +59,7 @@ static int cu_probe_kernels(cu_ctx *c, char *err, size_t errlen)
     void *d = NULL;
     float one = 1.0f;
     int rc = (int)cudaMalloc(&d, 256);
-    if (!rc) rc = (int)cudaMemcpy(d, &one, sizeof one, cudaMemcpyHostToDevice);
+    if (!rc) rc = (int)cudaMemcpyAsync(d, &one, sizeof one, cudaMemcpyHostToDevice, c->stream);
     if (!rc) rc = lcu_convert((char *)d + 128, LCU_BF16, d, LCU_F32, 1, c->stream);
     if (!rc) rc = (int)cudaStreamSynchronize(c->stream);
     if (d) cudaFree(d);

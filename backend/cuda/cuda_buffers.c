@@ -137,8 +137,12 @@ int cu_rope_reserve(cu_ctx *c, int max_pos, char *err, size_t errlen)
                 hc[(long)pos * half + i] = (float)cos(a);
                 hs[(long)pos * half + i] = (float)sin(a);
             }
-        rc = (int)cudaMemcpy(c->rope_cos, hc, n * sizeof(float), cudaMemcpyHostToDevice);
-        if (!rc) rc = (int)cudaMemcpy(c->rope_sin, hs, n * sizeof(float), cudaMemcpyHostToDevice);
+        /* on the context's stream: the kernels that read the tables run there, and a plain
+         * cudaMemcpy on the legacy stream does not order with a non-blocking stream (from
+         * pageable memory it may even return before its DMA lands). The host arrays may go
+         * once the call returns: pageable copies are staged first. */
+        rc = (int)cudaMemcpyAsync(c->rope_cos, hc, n * sizeof(float), cudaMemcpyHostToDevice, c->stream);
+        if (!rc) rc = (int)cudaMemcpyAsync(c->rope_sin, hs, n * sizeof(float), cudaMemcpyHostToDevice, c->stream);
     }
     free(inv);
     free(hc);
