@@ -61,7 +61,21 @@ void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos)
     r->stopped_out[s->index] = stop;
 }
 
-/* ---- adapters from table calls ------------------------------------------------------------ */
+/* ---- adapters ------------------------------------------------------------------------------ */
+
+int exe_adapter_check_parts(const exe_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
+                            size_t errlen)
+{
+    if (!lora_layout_same(&a->layout, other)) {
+        err_set(err, errlen, "%s: the two adapters have different layouts", who);
+        return -1;
+    }
+    if ((parts & (ADAPTER_GRADS | ADAPTER_OPTIM)) && !a->trainable) {
+        err_set(err, errlen, "%s: an adapter that is not trainable has no gradients or optimizer state", who);
+        return -1;
+    }
+    return 0;
+}
 
 exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adapter_state *st, bool trainable,
                                     char *err, size_t errlen)

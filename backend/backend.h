@@ -204,6 +204,12 @@ void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index);
  * pass would feed the token at position n_prompt + n_gen − 1). */
 void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos);
 
+/* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
+ * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed
+ * by who, the backend's name). (backend.c) */
+int exe_adapter_check_parts(const exe_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
+                            size_t errlen);
+
 /* Helpers made of table calls only (backend.c). */
 /* A fresh adapter with PEFT's initial weights (model/lora.h), zero Adam state. */
 exe_adapter *exe_adapter_new(const exe_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,

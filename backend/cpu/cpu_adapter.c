@@ -66,20 +66,6 @@ const lora_pair *cpu_adapter_head(const cpu_adapter *a) { return a->head.A ? &a-
 
 void cpu_adapter_zero_grad(cpu_adapter *a) { memset(a->grads, 0, a->pub.layout.num_params * sizeof(float)); }
 
-/* The parts an adapter can take part in a transfer with. */
-static int ca_check(const cpu_adapter *a, const lora_layout *other, unsigned parts, char *err, size_t errlen)
-{
-    if (!lora_layout_same(&a->pub.layout, other)) {
-        err_set(err, errlen, "cpu: the two adapters have different layouts");
-        return -1;
-    }
-    if ((parts & (ADAPTER_GRADS | ADAPTER_OPTIM)) && !a->pub.trainable) {
-        err_set(err, errlen, "cpu: an adapter that is not trainable has no gradients or optimizer state");
-        return -1;
-    }
-    return 0;
-}
-
 /* dst := src (n floats), or zeros when src is NULL. */
 static void ca_put(float *dst, const float *src, size_t n)
 {
@@ -90,7 +76,7 @@ static void ca_put(float *dst, const float *src, size_t n)
 int cpu_adapter_upload(exe_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     cpu_adapter *a = cpu_adapter_of(pub);
-    if (ca_check(a, &src->layout, parts, err, errlen) < 0) return -1;
+    if (exe_adapter_check_parts(pub, &src->layout, parts, "cpu", err, errlen) < 0) return -1;
     size_t n = pub->layout.num_params;
     if (parts & ADAPTER_PARAMS) ca_put(a->params, src->params, n);
     if (parts & ADAPTER_GRADS) ca_put(a->grads, src->grads, n);
@@ -105,7 +91,7 @@ int cpu_adapter_upload(exe_adapter *pub, const adapter_state *src, unsigned part
 int cpu_adapter_download(const exe_adapter *pub, adapter_state *dst, unsigned parts, char *err, size_t errlen)
 {
     const cpu_adapter *a = (const cpu_adapter *)pub;
-    if (ca_check(a, &dst->layout, parts, err, errlen) < 0) return -1;
+    if (exe_adapter_check_parts(pub, &dst->layout, parts, "cpu", err, errlen) < 0) return -1;
     if (((parts & ADAPTER_PARAMS) && !dst->params) || ((parts & ADAPTER_GRADS) && !dst->grads) ||
         ((parts & ADAPTER_OPTIM) && (!dst->m || !dst->v))) {
         err_set(err, errlen, "cpu: the host state has no room for the parts asked for");
@@ -124,9 +110,9 @@ int cpu_adapter_download(const exe_adapter *pub, adapter_state *dst, unsigned pa
 
 int cpu_adapter_copy(exe_adapter *dpub, const exe_adapter *spub, unsigned parts, char *err, size_t errlen)
 {
-    cpu_adapter *d = cpu_adapter_of(dpub);
     const cpu_adapter *s = (const cpu_adapter *)spub;
-    if (ca_check(d, &spub->layout, parts, err, errlen) < 0 || ca_check(s, &dpub->layout, parts, err, errlen) < 0)
+    if (exe_adapter_check_parts(dpub, &spub->layout, parts, "cpu", err, errlen) < 0 ||
+        exe_adapter_check_parts(spub, &dpub->layout, parts, "cpu", err, errlen) < 0)
         return -1;
     adapter_state view = {.layout = spub->layout, .step = spub->step, .params = s->params, .grads = s->grads,
                           .m = s->m, .v = s->v};

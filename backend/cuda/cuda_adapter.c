@@ -93,20 +93,6 @@ int cu_adapter_zero_grad(cu_ctx *c, cu_adapter *a)
     return 0;
 }
 
-/* The parts an adapter can take part in a transfer with. */
-static int ca_check(const cu_adapter *a, const lora_layout *other, unsigned parts, char *err, size_t errlen)
-{
-    if (!lora_layout_same(&a->pub.layout, other)) {
-        err_set(err, errlen, "cuda: the two adapters have different layouts");
-        return -1;
-    }
-    if ((parts & (ADAPTER_GRADS | ADAPTER_OPTIM)) && !a->pub.trainable) {
-        err_set(err, errlen, "cuda: an adapter that is not trainable has no gradients or optimizer state");
-        return -1;
-    }
-    return 0;
-}
-
 /* dst := src (n floats, host), or zeros when src is NULL. */
 static int ca_put(cu_ctx *c, float *dst, const float *src, size_t n)
 {
@@ -118,7 +104,7 @@ static int ca_put(cu_ctx *c, float *dst, const float *src, size_t n)
 int cu_adapter_upload(cu_ctx *c, exe_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     cu_adapter *a = cu_adapter_of(pub);
-    if (ca_check(a, &src->layout, parts, err, errlen) < 0) return -1;
+    if (exe_adapter_check_parts(pub, &src->layout, parts, "cuda", err, errlen) < 0) return -1;
     size_t n = pub->layout.num_params;
     cu_where(c, "adapter upload");
     if (((parts & ADAPTER_PARAMS) && (ca_put(c, a->params, src->params, n) < 0 || cu_adapter_refresh_bf16(c, a) < 0)) ||
@@ -134,7 +120,7 @@ int cu_adapter_download(cu_ctx *c, const exe_adapter *pub, adapter_state *dst, u
                         size_t errlen)
 {
     const cu_adapter *a = (const cu_adapter *)pub;
-    if (ca_check(a, &dst->layout, parts, err, errlen) < 0) return -1;
+    if (exe_adapter_check_parts(pub, &dst->layout, parts, "cuda", err, errlen) < 0) return -1;
     if (((parts & ADAPTER_PARAMS) && !dst->params) || ((parts & ADAPTER_GRADS) && !dst->grads) ||
         ((parts & ADAPTER_OPTIM) && (!dst->m || !dst->v))) {
         err_set(err, errlen, "cuda: the host state has no room for the parts asked for");
@@ -160,7 +146,8 @@ int cu_adapter_copy(cu_ctx *c, exe_adapter *dpub, const exe_adapter *spub, unsig
 {
     cu_adapter *d = cu_adapter_of(dpub);
     const cu_adapter *s = (const cu_adapter *)spub;
-    if (ca_check(d, &spub->layout, parts, err, errlen) < 0 || ca_check(s, &dpub->layout, parts, err, errlen) < 0)
+    if (exe_adapter_check_parts(dpub, &spub->layout, parts, "cuda", err, errlen) < 0 ||
+        exe_adapter_check_parts(spub, &dpub->layout, parts, "cuda", err, errlen) < 0)
         return -1;
     size_t n = dpub->layout.num_params, bytes = n * sizeof(float);
     cu_where(c, "adapter copy");
