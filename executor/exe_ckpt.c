@@ -106,7 +106,7 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
     op->commit_hook = save_hook;
     char path[REG_PATH_MAX];
     snprintf(path, sizeof path, "tinker://%s/%s/%s", op->model_id, reg_dir_of_kind(kind), name);
-    op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? "save_weights" : "save_weights_for_sampler");
+    op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? OP_SAVE_WEIGHTS : OP_SAVE_FOR_SAMPLER);
 }
 
 static void run_save_weights(exe_state *st, exe_op *op) { run_save(st, op, "training"); }
@@ -168,13 +168,13 @@ static void run_load_weights(exe_state *st, exe_op *op) {
     }
     log_info("load_weights %s into %s (optimizer %s, step %lld)", path, op->model_id, optimizer ? "yes" : "no",
              (long long)ad->step);
-    op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", "load_weights");
+    op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", OP_LOAD_WEIGHTS);
 }
 
 const exe_handler_entry exe_ckpt_handlers[] = {
-    {"save_weights", run_save_weights},
-    {"save_weights_for_sampler", run_save_sampler},   /* the named form; the unnamed one is a snapshot */
-    {"load_weights", run_load_weights},
+    {OP_SAVE_WEIGHTS, run_save_weights},
+    {OP_SAVE_FOR_SAMPLER, run_save_sampler},   /* the named form; the unnamed one is a snapshot */
+    {OP_LOAD_WEIGHTS, run_load_weights},
     {NULL, NULL},
 };
 

@@ -1,6 +1,7 @@
 /* exe_sql.h: every SQL statement of the executor, named. Parameters are always bound.
  * Tables and states: docs/architecture.md ("Data model"). */
 #pragma once
+#include "common/contract.h"
 
 /* ---- start-up ------------------------------------------------------------------------ */
 
@@ -22,8 +23,8 @@
 /* $1 application_name: tells this executor's connections apart in pg_stat_activity. */
 #define SQL_EXE_APP_NAME "SELECT set_config('application_name', $1, false)"
 
-#define SQL_EXE_LISTEN "LISTEN loom_cycle"
-#define SQL_EXE_NOTIFY_READY "NOTIFY loom_executor_ready"
+#define SQL_EXE_LISTEN "LISTEN " CHAN_CYCLE
+#define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
@@ -75,7 +76,7 @@
     " WHERE id = $1 AND state <> 'gone'"
 
 /* $1 cycle: wakes the futures of its operations */
-#define SQL_EXE_NOTIFY_DONE "SELECT pg_notify('loom_op_done', request_id) FROM operations WHERE cycle_id = $1"
+#define SQL_EXE_NOTIFY_DONE "SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1"
 
 /* ---- between cycles ------------------------------------------------------------------ */
 

@@ -170,9 +170,9 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category) continue;
-        if (!strcmp(op->kind, "create_model")) exe_run_create(st, op);
-        else if (!strcmp(op->kind, "forward_backward")) fb[nfb++] = op;
-        else if (!strcmp(op->kind, "forward")) fwd[nfwd++] = op;
+        if (!strcmp(op->kind, OP_CREATE_MODEL)) exe_run_create(st, op);
+        else if (!strcmp(op->kind, OP_FORWARD_BACKWARD)) fb[nfb++] = op;
+        else if (!strcmp(op->kind, OP_FORWARD)) fwd[nfwd++] = op;
     }
     exe_run_fb_batch(st, fb, nfb, true);
     exe_run_fb_batch(st, fwd, nfwd, false);
@@ -181,9 +181,9 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
-        if (!strcmp(op->kind, "optim_step")) { exe_run_optim(st, op); continue; }
-        if (!strcmp(op->kind, "sample")) { samples[nsamples++] = op; continue; }
-        if (!strcmp(op->kind, "save_weights_for_sampler") && json_object_get(op->payload, "sampling_session_id")) {
+        if (!strcmp(op->kind, OP_OPTIM_STEP)) { exe_run_optim(st, op); continue; }
+        if (!strcmp(op->kind, OP_SAMPLE)) { samples[nsamples++] = op; continue; }
+        if (!strcmp(op->kind, OP_SAVE_FOR_SAMPLER) && json_object_get(op->payload, "sampling_session_id")) {
             exe_run_snapshot(st, op);
             continue;
         }

@@ -1,4 +1,4 @@
-/* cycle.c: building one clock cycle for one executor (ARCHITECTURE "Clock cycle rules").
+/* cycle.c: building one clock cycle for one executor (docs/architecture.md, "Clock cycles").
  *
  * Per model, operations run in seq_id order starting at models.next_seq; a gap stops
  * the model (out-of-order arrivals wait). A model contributes a run: create_model (seq 0)
@@ -43,11 +43,11 @@ static int eligible_run(qmodel *m) {
     for (int i = 0; i < m->nops && !seen_step; i++) {
         if (m->ops[i].seq != seq) break;           /* gap: wait for the missing op */
         const char *k = m->ops[i].kind;
-        if (!strcmp(k, "create_model")) {
+        if (!strcmp(k, OP_CREATE_MODEL)) {
             if (i != 0) break;
-        } else if (!strcmp(k, "optim_step")) {
+        } else if (!strcmp(k, OP_OPTIM_STEP)) {
             seen_step = true;
-        } else if (strcmp(k, "forward") && strcmp(k, "forward_backward")) {
+        } else if (strcmp(k, OP_FORWARD) && strcmp(k, OP_FORWARD_BACKWARD)) {
             /* checkpoint / sampler work: runs after the step, alone at the end of the run */
             if (n > 0) { n++; break; }
             seen_step = true;
@@ -142,7 +142,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
          * followed by its optim_step; hold the model briefly so both share a cycle. */
         if (ms[i].nops > 0 && o->pair_hold_ms > 0) {
             qop *last = &ms[i].ops[ms[i].nops - 1];
-            if (!strcmp(last->kind, "forward_backward") && last->age_ms < o->pair_hold_ms) {
+            if (!strcmp(last->kind, OP_FORWARD_BACKWARD) && last->age_ms < o->pair_hold_ms) {
                 ms[i].nops = 0;
                 if (held) (*held)++;
             }
@@ -156,7 +156,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         m->ops = &all[j++];
         m->ops->id = db_int(rs, k, 0);
         m->ops->tokens = (int)db_int(rs, k, 1);
-        snprintf(m->ops->kind, sizeof m->ops->kind, "sample");
+        snprintf(m->ops->kind, sizeof m->ops->kind, OP_SAMPLE);
         m->nops = 1;
     }
     PQclear(rs);
@@ -258,11 +258,7 @@ int sched_reap(PGconn *c, char *err, size_t errlen) {
     int expired = PQntuples(r);
     PQclear(r);
     if (expired > 0) {
-        /* An executor whose lease ran out is not trusted with more work. */
-        if (db_exec(c, "UPDATE executors e SET state = 'gone' FROM cycles c"
-                       " WHERE c.executor_id = e.id AND c.state = 'expired'"
-                       " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'",
-                    0, NULL, err, errlen) < 0) goto fail;
+        if (db_exec(c, SQL_REAP_LEASE_LOST, 0, NULL, err, errlen) < 0) goto fail;
         log_warn("reaper: %d cycle(s) expired", expired);
         changed += expired;
     }

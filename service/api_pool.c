@@ -7,6 +7,7 @@
 #include "service/api_call.h"
 #include "service/api_json.h"
 #include "service/api_routes.h"
+#include "service/api_sql.h"
 #include <pthread.h>
 #include <strings.h>
 #include <stdio.h>
@@ -34,9 +35,8 @@ struct api_pool {
 static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size_t errlen) {
     PGconn *c = db_connect(conninfo, wait_ms, err, errlen);
     if (!c) return NULL;
-    /* A stuck lock must not hold a worker forever; the client retries a 503. */
-    if (db_exec(c, "SET statement_timeout = '30s'", 0, NULL, err, errlen) < 0 ||
-        db_exec(c, "SET application_name = 'loom-api'", 0, NULL, err, errlen) < 0) {
+    if (db_exec(c, SQL_WORKER_TIMEOUT, 0, NULL, err, errlen) < 0 ||
+        db_exec(c, SQL_WORKER_NAME, 0, NULL, err, errlen) < 0) {
         PQfinish(c);
         return NULL;
     }

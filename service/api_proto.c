@@ -186,25 +186,25 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
     return 0;
 }
 
-static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, size_t *budget,
+static int decode_datum(const TinkerPublic__Datum *d, size_t i, loss_kind loss, size_t *budget,
                         fb_datum *out, char *err, size_t errlen) {
     char where[96];
     snprintf(where, sizeof where, "data[%zu].model_input", i);
     if (decode_text_chunks(d, where, out, err, errlen) < 0) return -1;
     snprintf(where, sizeof where, "data[%zu].loss_fn_inputs", i);
-    unsigned accepted = fb_loss_accepted(loss);
+    unsigned accepted = loss_inputs_accepted(loss);
     for (size_t e = 0; e < d->n_loss_fn_inputs; e++) {
         const TinkerPublic__Datum__LossFnInputsEntry *in = d->loss_fn_inputs[e];
-        for (int k = 0; k < FB_N_INPUTS; k++) {
+        for (int k = 0; k < LOSS_N_INPUTS; k++) {
             /* inputs this loss does not use are ignored, as on the JSON path */
-            if (!(accepted & (1u << k)) || strcmp(in->key, fb_input_names[k]) != 0 || !in->value)
+            if (!(accepted & (1u << k)) || strcmp(in->key, loss_input_names[k]) != 0 || !in->value)
                 continue;
             if (out->in[k].present) {
-                snprintf(err, errlen, "%s.%s is given twice", where, fb_input_names[k]);
+                snprintf(err, errlen, "%s.%s is given twice", where, loss_input_names[k]);
                 return -1;
             }
-            if (decode_tensor(in->value, where, fb_input_names[k], k == FB_TARGET_TOKENS,
-                              fb_two_d_ok(loss, (fb_input)k), out->n_tokens, budget, &out->in[k],
+            if (decode_tensor(in->value, where, loss_input_names[k], k == LOSS_IN_TARGET_TOKENS,
+                              loss_input_two_d(loss, (loss_input)k), out->n_tokens, budget, &out->in[k],
                               err, errlen) < 0)
                 return -1;
         }
@@ -286,7 +286,7 @@ int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *e
     if (fb_check_n_data(in_key, m->n_data, err, errlen) < 0) goto out;
     out->data = xcalloc(m->n_data, sizeof *out->data);
     out->n_data = m->n_data;
-    size_t budget = FB_MAX_2D_VALUES;
+    size_t budget = LIMIT_2D_VALUES;
     for (size_t i = 0; i < m->n_data; i++)
         if (decode_datum(m->data[i], i, out->loss, &budget, &out->data[i], err, errlen) < 0) goto out;
     rc = 0;

@@ -229,7 +229,7 @@ int api_h_save_weights_for_sampler(api_call *c) {
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
                                  "from 1 (0 is its create_model)", (long long)seq_id);
-#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "save_weights_for_sampler")
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, OP_SAVE_FOR_SAMPLER)
     if (jx_int(c->body, "", "sampling_session_seq_id", 0, &sseq, &has_sseq, c->err, sizeof c->err) < 0)
         return REJECT(400);
     if (has_sseq && (sseq < 0 || sseq > INT32_MAX)) {
@@ -262,7 +262,7 @@ int api_h_save_weights_for_sampler(api_call *c) {
     sb_putc(&pl, '}');
     snapshot_session ss = {id, tid, m.session_id, sseqs, m.base_model, model_id};
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id,
-                       .kind = "save_weights_for_sampler", .has_seq_id = has_seq, .seq_id = seq_id,
+                       .kind = OP_SAVE_FOR_SAMPLER, .has_seq_id = has_seq, .seq_id = seq_id,
                        .payload = pl.data, .n_tokens = 0, .in_tx = insert_snapshot_session,
                        .in_tx_arg = &ss};
     char request_id[API_REQUEST_ID_MAX];

@@ -67,8 +67,8 @@ static int decode_create_model(const json_t *b, create_model_req *q, char *err, 
         snprintf(err, errlen, "model_seq_id must be between 0 and %d", INT32_MAX);
         goto out;
     }
-    if (q->rank < 1 || q->rank > 512) {
-        snprintf(err, errlen, "lora_config.rank must be between 1 and 512, got %lld",
+    if (q->rank < 1 || q->rank > LIMIT_LORA_RANK) {
+        snprintf(err, errlen, "lora_config.rank must be between 1 and %d, got %lld", LIMIT_LORA_RANK,
                  (long long)q->rank);
         goto out;
     }
@@ -163,7 +163,7 @@ int api_h_create_model(api_call *c) {
                   (long long)q.rank, (long long)q.seed, q.train_attn ? "true" : "false",
                   q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false");
         op_new_request_id(request_id);
-        const char *op[7] = {request_id, tid, model_id, "0", "create_model", pl.data, "0"};
+        const char *op[7] = {request_id, tid, model_id, "0", OP_CREATE_MODEL, pl.data, "0"};
         r = db_query(c->db, SQL_OP_INSERT, 7, op, c->err, sizeof c->err);
         sb_free(&pl);
         if (!r) goto dberr;
@@ -234,7 +234,7 @@ static int submit_fwd(api_call *c, bool forward_only) {
         json_decref(c->body);
         c->body = NULL;
     }
-    const char *route = q.forward_only ? "forward" : "forward_backward";
+    const char *route = q.forward_only ? OP_FORWARD : OP_FORWARD_BACKWARD;
     if (rc < 0) {
         op_reject(c, 400, q.model_id, q.has_seq_id, q.seq_id, route);
         fb_request_free(&q);
@@ -305,28 +305,28 @@ int api_h_optim_step(api_call *c) {
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
                                  "from 1 (0 is its create_model)", (long long)seq_id);
     if (jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
-        return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+        return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     double v[N_ADAM];
     json_t *empty = ap ? NULL : json_object();
     for (size_t i = 0; i < N_ADAM; i++) {
         const adam_field *f = &adam_fields[i];
         if (jx_num(ap ? ap : empty, "adam_params", f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
             json_decref(empty);
-            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+            return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
         bool ok = (f->lo_open ? v[i] > f->lo : v[i] >= f->lo) && v[i] < 1e18;
         if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
         if (!ok) {
             json_decref(empty);
             snprintf(c->err, sizeof c->err, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
-            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+            return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
     }
     json_decref(empty);
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
 
     strbuf pl;
     sb_init(&pl, 256);
@@ -336,12 +336,12 @@ int api_h_optim_step(api_call *c) {
         sb_double(&pl, v[i]);
     }
     sb_puts(&pl, "}}");
-    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "optim_step",
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = OP_OPTIM_STEP,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data, .n_tokens = 0};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     return reply_future(c, request_id, model_id);
 }

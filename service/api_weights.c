@@ -9,6 +9,7 @@
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "registry/reg_sql.h"
+#include "service/api_sql.h"
 #include "service/api_json.h"
 #include "service/api_ops.h"
 #include <sodium.h>
@@ -36,12 +37,6 @@ int api_weights_init(const unsigned char secret[32], const char *blob_dir, char 
 static int reply_future(api_call *c, const char *request_id, const char *model_id) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id", model_id));
 }
-
-/* An audit row with the calling key as actor ('key:<prefix>'). */
-#define SQL_AUDIT_BY_KEY                                                                       \
-    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                        \
-    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys WHERE id = $2::bigint), 'api')," \
-    " $3, $4, COALESCE($5::jsonb, '{}'))"
 
 static int audit(api_call *c, int64_t tenant, const char *action, const char *object, json_t *details) {
     char t[24], k[24];
@@ -152,7 +147,7 @@ static int submit_save(api_call *c, const char *kind) {
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
                          (long long)seq_id);
-    const char *op_kind = strcmp(kind, "training") ? "save_weights_for_sampler" : "save_weights";
+    const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
         decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
@@ -203,10 +198,6 @@ int api_weights_save_for_sampler_named(api_call *c) { return submit_save(c, "sam
 
 /* ---- load_weights (§7.7) ------------------------------------------------------------- */
 
-#define SQL_MODEL_LORA                                                                         \
-    "SELECT base_model, lora_rank, train_attn, train_mlp, train_unembed FROM models"           \
-    " WHERE id = $1 AND tenant_id = $2"
-
 int api_h_load_weights(api_call *c) {
     const char *model_id, *path;
     int64_t seq_id;
@@ -220,7 +211,7 @@ int api_h_load_weights(api_call *c) {
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
                          (long long)seq_id);
-#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "load_weights")
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, OP_LOAD_WEIGHTS)
     if (jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
         return REJECT(400);
@@ -282,7 +273,7 @@ int api_h_load_weights(api_call *c) {
     sb_json_str(&pl, v.tinker_path);
     sb_printf(&pl, ", \"optimizer\": %s, \"blob_digest\": \"%s\", \"version_id\": %lld}",
               optimizer ? "true" : "false", v.digest, (long long)v.id);
-    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "load_weights",
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = OP_LOAD_WEIGHTS,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
@@ -314,17 +305,6 @@ int api_h_weights_info(api_call *c) {
 }
 
 /* ---- listings (§12.2) ------------------------------------------------------------------- */
-
-#define SQL_RUN_CHECKPOINTS                                                                    \
-    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
-    " WHERE a.name = $1 AND " REG_LIVE " AND " REG_READABLE                                     \
-    " ORDER BY v.created_at, v.id LIMIT $3 OFFSET $4"
-#define SQL_RUN_OWNED "SELECT 1 FROM models WHERE id = $1 AND tenant_id = $2"
-#define SQL_TENANT_CHECKPOINTS                                                                 \
-    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
-    " WHERE a.tenant_id = $1 AND " REG_LIVE " ORDER BY v.created_at DESC, v.id DESC LIMIT $2 OFFSET $3"
-#define SQL_TENANT_CHECKPOINT_COUNT                                                            \
-    "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
 
 static json_t *cursor(int64_t offset, int64_t limit, int64_t total) {
     return json_pack("{s:I, s:I, s:I}", "offset", (json_int_t)offset, "limit", (json_int_t)limit, "total_count",
@@ -482,10 +462,6 @@ int api_h_run_checkpoints_get(api_call *c) {
 
 int api_h_models_checkpoints(api_call *c) { return api_h_run_checkpoints_get(c); }
 
-#define SQL_SET_TTL                                                                            \
-    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"              \
-    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
-
 /* The owned checkpoint of a mutation route; 0 or the 4xx is answered. */
 static int owned(api_call *c, const ckpt_route *rt, reg_version *v, const char *what) {
     if (!rt->has_ckpt) return api_error(c, 405, "%s needs a checkpoint: training_runs/{run}/checkpoints/{kind}/{name}",
@@ -594,11 +570,6 @@ static int parse_range(const char *h, size_t total, size_t *a, size_t *b) {
     *b = to >= total ? total - 1 : (size_t)to;
     return 1;
 }
-
-/* $1 key id -> its tenant, if the key is neither revoked nor expired */
-#define SQL_LINK_KEY_TENANT                                                                    \
-    "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"              \
-    " AND (expires_at IS NULL OR expires_at > now())"
 
 /* The tenant of the API key a download link was made for, while the key is valid: 0 with
  * *tenant, 403 (answered) or -1. */

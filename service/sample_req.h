@@ -9,13 +9,12 @@
  * Defaults are filled in here: seed (random when absent) and max_tokens (when absent,
  * min(256, context - prompt length)), so the payload is complete and reproducible. */
 #pragma once
+#include "common/contract.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define SAMPLE_MAX_NUM_SAMPLES 128
-#define SAMPLE_MAX_TOPK 20
 #define SAMPLE_DEFAULT_MAX_TOKENS 256
 #define SAMPLE_MAX_STOP 256          /* entries of sampling_params.stop */
 #define SAMPLE_MAX_STOP_LEN 1024     /* bytes of one stop string */
