@@ -46,7 +46,7 @@
     "   WHERE id = $1 AND executor_id = $2 AND state IN ('assigned','running') RETURNING id)"  \
     " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
     " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, '')"                                           \
+    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id"                              \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"

@@ -147,6 +147,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, in
                                  .train_unembed = db_bool(r, i, 9)};
         op->seq_id = db_int(r, i, 10);
         snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
+        op->tenant_id = db_int(r, i, 12);
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
@@ -214,7 +215,9 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         log_warn("cycle %s is no longer this executor's (the reaper took it back); skipped", cyc);
         return 0;
     }
+    st->db = c;
     run_ops(st, ops, n);
+    st->db = NULL;
     exit_if_fenced("before committing a cycle");
 
     /* A transient database error gets a few tries (on a fresh connection if it broke).

@@ -138,7 +138,8 @@ static void run_job(worker *w, api_job *job) {
     const api_route *r = job->route;
     if (!job->recheck && api_check_request_text(&c) < 0) return;
     if (!ensure_db(w, c.err, sizeof c.err)) {
-        api_db_error(&c, r->path, c.err);
+        if (r->flags & ROUTE_DB_OPTIONAL) r->run(&c);
+        else api_db_error(&c, r->path, c.err);
         return;
     }
     c.db = w->db;
@@ -151,6 +152,11 @@ static void run_job(worker *w, api_job *job) {
             c.db = w->db;
             rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
                               &c.scopes, c.err, sizeof c.err);
+        }
+        if (rc < 0 && (r->flags & ROUTE_DB_OPTIONAL)) {
+            c.db = NULL;
+            r->run(&c);
+            return;
         }
         if (rc < 0) {
             api_db_error(&c, "authentication", c.err);

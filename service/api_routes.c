@@ -20,8 +20,8 @@ static const api_route routes[] = {
     {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
     {"POST", V1 "/get_server_capabilities", ROUTE_READ, api_h_capabilities, NULL},
     /* telemetry (§13): any valid key (the SDK sends X-API-Key on every request); any body
-     * is accepted */
-    {"POST", V1 "/telemetry", ROUTE_READ | ROUTE_RAW_BODY, api_h_telemetry, NULL},
+     * is accepted, and while the database is away (no key can be checked) dropped */
+    {"POST", V1 "/telemetry", ROUTE_READ | ROUTE_RAW_BODY | ROUTE_DB_OPTIONAL, api_h_telemetry, NULL},
 
     /* sessions (§3) */
     {"POST", V1 "/create_session", ROUTE_READ, api_h_create_session, NULL},

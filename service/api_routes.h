@@ -17,6 +17,9 @@ enum {
     ROUTE_READ = 32,
     ROUTE_SAMPLE = 64,
     ROUTE_PROTO_BODY = 128, /* also takes application/x-protobuf bodies (kept as bytes) */
+    /* Answered even while the database is away: the handler runs with db NULL and no
+     * tenant (the key cannot be checked) and must store nothing (telemetry). */
+    ROUTE_DB_OPTIONAL = 256,
 };
 
 struct api_route {
