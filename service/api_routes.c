@@ -1,5 +1,7 @@
 /* api_routes.c: every path of the Tinker spec, with how Loom answers it today. Paths not
- * in this table are 404; paths here flagged ROUTE_TODO answer 501 until implemented. */
+ * in this table are 404, and so are the other methods on a path only a ROUTE_TODO entry
+ * names (GET sessions/{id}/trace_export is not offered: 404, not 405); a known path with
+ * another method is 405; ROUTE_TODO entries answer 501 until implemented. */
 #include "service/api_routes.h"
 #include "service/api_weights.h"
 #include <string.h>
@@ -92,7 +94,7 @@ const api_route *api_route_find(const char *method, size_t mlen, const char *pat
         const api_route *r = &routes[i];
         size_t off;
         if (!path_matches(r->path, path, plen, &off)) continue;
-        path_known = true;
+        path_known |= !(r->flags & ROUTE_TODO);
         if (strlen(r->method) == mlen && !memcmp(r->method, method, mlen)) {
             *arg_off = off;
             return r;

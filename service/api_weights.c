@@ -410,7 +410,10 @@ static void iso8601(time_t t, char *out, size_t n) {
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* GET .../archive: a 302 to a signed, self-authorising download URL. */
+/* GET .../archive: a signed, self-authorising download URL (docs/protocol.md §12.3): as
+ * a 200 JSON {url, expires} to a client that accepts JSON (newer SDKs send Accept:
+ * application/json), else as a 302 that every SDK version follows, with the same JSON
+ * as its body. */
 static int archive_url(api_call *c, const ckpt_route *rt) {
     char fmt[32] = "tinker", unembed[8] = "";
     if (query_get(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
@@ -439,7 +442,12 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     iso8601(expires, exp_iso, sizeof exp_iso);
     audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
           json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", fmt, "expires", exp_iso));
-    api_reply_json(c, 302, json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso));
+    json_t *answer = json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso);
+    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
+        sb_free(&url);
+        return api_reply_json(c, 200, answer);
+    }
+    api_reply_json(c, 302, answer);
     free(c->job->location);
     free(c->job->expires);
     c->job->location = sb_steal(&url, NULL);
