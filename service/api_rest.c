@@ -17,19 +17,8 @@
 /* ?limit=&offset=&access_scope= of a listing. 0, or the 400 is answered. */
 static int list_params(api_call *c, int64_t def_limit, char limit[24], char offset[24]) {
     char v[64];
-    int64_t lim = def_limit, off = 0;
-    char *end;
-    if (api_query_param(c, "limit", v, sizeof v)) {
-        lim = strtoll(v, &end, 10);
-        if (!*v || *end || lim < 1 || lim > LIST_MAX_LIMIT)
-            return api_error(c, 400, "limit must be an integer between 1 and %d, got \"%s\"",
-                             LIST_MAX_LIMIT, v), -1;
-    }
-    if (api_query_param(c, "offset", v, sizeof v)) {
-        off = strtoll(v, &end, 10);
-        if (!*v || *end || off < 0 || off > INT32_MAX)
-            return api_error(c, 400, "offset must be a non-negative integer, got \"%s\"", v), -1;
-    }
+    int64_t lim, off;
+    if (api_page_params(c, def_limit, LIST_MAX_LIMIT, &lim, &off) < 0) return -1;
     /* "accessible" would add what others share with this tenant; listings show owned rows
      * only, which both scopes include. */
     if (api_query_param(c, "access_scope", v, sizeof v) && strcmp(v, "owned") != 0 &&

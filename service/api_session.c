@@ -42,7 +42,7 @@ int api_h_create_session(api_call *c) {
         return api_error(c, 400, "sdk_version and project_id are at most %d bytes", SESSION_MAX_NAME);
     char id[37], tid[24];
     new_session_id(id);
-    snprintf(tid, sizeof tid, "%lld", (long long)c->tenant_id);
+    api_fmt_i64(tid, c->tenant_id);
     char *tags_json = tags ? jx_dump_bounded(tags, "tags", SESSION_MAX_JSON, c->err, sizeof c->err)
                            : strdup("[]");
     if (!tags_json) return api_error(c, 400, "%s", c->err);
@@ -67,7 +67,7 @@ int api_h_session_heartbeat(api_call *c) {
     if (jx_req_str(c->body, "", "session_id", &sid, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     char tid[24];
-    snprintf(tid, sizeof tid, "%lld", (long long)c->tenant_id);
+    api_fmt_i64(tid, c->tenant_id);
     const char *p[2] = {sid, tid};
     PGresult *r = db_query(c->db, SQL_SESSION_HEARTBEAT, 2, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "session_heartbeat", c->err);

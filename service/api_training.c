@@ -25,8 +25,6 @@ static int reply_future(api_call *c, const char *request_id, const char *model_i
                                             model_id));
 }
 
-static void fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -112,9 +110,9 @@ int api_h_create_model(api_call *c) {
     if (!known) return base_model_unknown(c, q.base_model);
 
     char tid[24], mseq[24], rank[24], seed[24], model_id[MODEL_ID_MAX], request_id[API_REQUEST_ID_MAX];
-    fmt_i64(tid, c->tenant_id);
-    fmt_i64(rank, q.rank);
-    fmt_i64(seed, q.seed);
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(rank, q.rank);
+    api_fmt_i64(seed, q.seed);
     if (db_begin(c->db, c->err, sizeof c->err) < 0) return api_db_error(c, "create_model", c->err);
     /* The session row lock also serialises model_seq_id allocation within the session. */
     const char *sp[2] = {q.session_id, tid};
@@ -134,7 +132,7 @@ int api_h_create_model(api_call *c) {
         q.model_seq_id = db_int(r, 0, 0);
         PQclear(r);
     }
-    fmt_i64(mseq, q.model_seq_id);
+    api_fmt_i64(mseq, q.model_seq_id);
     if (snprintf(model_id, sizeof model_id, "%s:train:%s", q.session_id, mseq) >= (int)sizeof model_id) {
         db_rollback(c->db);
         return api_error(c, 400, "session_id is too long");
@@ -197,7 +195,7 @@ int api_h_get_info(api_call *c) {
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     char tid[24];
-    fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(tid, c->tenant_id);
     const char *p[2] = {model_id, tid};
     PGresult *r = db_query(c->db, SQL_MODEL_INFO, 2, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "get_info", c->err);

@@ -22,6 +22,7 @@
 
 #define DOWNLOAD_TTL_S (2 * 3600)   /* signed archive URLs stay valid this long (≥ 1 h, §17.7) */
 #define TTL_MAX_S (100LL * 365 * 86400)
+#define CKPT_LIST_MAX_LIMIT 10000      /* ?limit of checkpoint listings (§12.2) */
 
 static unsigned char g_secret[32];
 static bool g_have_secret;
@@ -52,42 +53,6 @@ static int audit(api_call *c, int64_t tenant, const char *action, const char *ob
     return rc;
 }
 
-/* ---- query strings ------------------------------------------------------------------ */
-
-static int hexval(char ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
-}
-
-/* Value of key in the request's query string (percent-decoded); false if absent. */
-static bool query_get(api_call *c, const char *key, char *out, size_t n) {
-    const char *q = c->job->query;
-    size_t kl = strlen(key);
-    while (q && *q) {
-        const char *amp = strchr(q, '&'), *end = amp ? amp : q + strlen(q);
-        if ((size_t)(end - q) >= kl && !strncmp(q, key, kl) && (q[kl] == '=' || q + kl == end)) {
-            const char *v = q[kl] == '=' ? q + kl + 1 : end;
-            size_t o = 0;
-            while (v < end && o + 1 < n) {
-                if (*v == '%' && end - v >= 3 && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
-                    out[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
-                    v += 3;
-                } else {
-                    out[o++] = *v == '+' ? ' ' : *v;
-                    v++;
-                }
-            }
-            out[o] = 0;
-            return true;
-        }
-        q = amp ? amp + 1 : NULL;
-    }
-    return false;
-}
-
-/* limit/offset query parameters; 0 or the 400 is answered. */
 /* The Checkpoint objects of a listing's rows (reg_version columns, then the total count
  * in column 17); frees the result. */
 static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
@@ -101,25 +66,6 @@ static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
     }
     PQclear(r);
     return arr;
-}
-
-static int page_args(api_call *c, int64_t def_limit, int64_t *limit, int64_t *offset) {
-    char v[32];
-    *limit = def_limit;
-    *offset = 0;
-    if (query_get(c, "limit", v, sizeof v)) {
-        char *e;
-        long long x = strtoll(v, &e, 10);
-        if (!*v || *e || x < 1 || x > 10000) return api_error(c, 400, "limit must be an integer in 1..10000"), -1;
-        *limit = x;
-    }
-    if (query_get(c, "offset", v, sizeof v)) {
-        char *e;
-        long long x = strtoll(v, &e, 10);
-        if (!*v || *e || x < 0) return api_error(c, 400, "offset must be a non-negative integer"), -1;
-        *offset = x;
-    }
-    return 0;
 }
 
 /* ---- save_weights / named save_weights_for_sampler (§7.6) ----------------------------- */
@@ -313,7 +259,7 @@ static json_t *cursor(int64_t offset, int64_t limit, int64_t total) {
 
 static int list_run(api_call *c, const char *run) {
     int64_t limit, offset;
-    if (page_args(c, 1000, &limit, &offset) < 0) return 0;
+    if (api_page_params(c, 1000, CKPT_LIST_MAX_LIMIT, &limit, &offset) < 0) return 0;
     char tid[24], lim[24], off[24];
     api_fmt_i64(tid, c->tenant_id);
     api_fmt_i64(lim, limit);
@@ -340,7 +286,7 @@ static int list_run(api_call *c, const char *run) {
 
 int api_h_list_checkpoints(api_call *c) {
     int64_t limit, offset;
-    if (page_args(c, 100, &limit, &offset) < 0) return 0;
+    if (api_page_params(c, 100, CKPT_LIST_MAX_LIMIT, &limit, &offset) < 0) return 0;
     char tid[24], lim[24], off[24];
     api_fmt_i64(tid, c->tenant_id);
     api_fmt_i64(lim, limit);
@@ -416,9 +362,9 @@ static void iso8601(time_t t, char *out, size_t n) {
  * as its body. */
 static int archive_url(api_call *c, const ckpt_route *rt) {
     char fmt[32] = "tinker", unembed[8] = "";
-    if (query_get(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
+    if (api_query_param(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
         return api_error(c, 400, "format must be tinker (default) or peft, got \"%.30s\"", fmt);
-    if (query_get(c, "unembed", unembed, sizeof unembed) && !strcmp(unembed, "0")) {
+    if (api_query_param(c, "unembed", unembed, sizeof unembed) && !strcmp(unembed, "0")) {
         if (strcmp(fmt, "peft")) return api_error(c, 400, "unembed=0 goes with format=peft");
         snprintf(fmt, sizeof fmt, "peft-nohead");
     }

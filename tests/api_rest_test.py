@@ -40,6 +40,13 @@ def main():
         R.check(st == 200 and ls["sessions"] == [] and ls["cursor"]["total_count"] == 3,
                 "an offset past the end: empty page, total still counted")
         sid = sids[0]
+        # one rule for ?limit and ?offset of every listing, with its own largest limit
+        for path, top in (("sessions", 1000), ("training_runs", 1000), ("checkpoints", 10000)):
+            R.check(s.get(f"/api/v1/{path}?limit={top}")[0] == 200 and
+                    detail(s.get(f"/api/v1/{path}?limit={top + 1}"), 400, f"between 1 and {top}") and
+                    detail(s.get(f"/api/v1/{path}?limit"), 400, "limit must be") and
+                    detail(s.get(f"/api/v1/{path}?offset=-1"), 400, "offset must be"),
+                    f"GET {path}: limit 1 … {top}, a bare ?limit or a negative offset is a 400")
 
         # ---- training runs ---------------------------------------------------------------
         models = []
