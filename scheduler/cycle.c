@@ -5,10 +5,10 @@
  * first if pending, then forward/forward_backward operations, then at most one
  * optim_step, after which the model's run ends (later work must see the new weights and
  * waits for the next cycle). A run that ends in a forward_backward younger than
- * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token budget is shared between tenants round-robin:
- * each round every tenant with work left may add operations up to an equal share, so a
- * tenant with a huge backlog cannot starve a small one. A single operation larger than
- * the budget still runs, alone. */
+ * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token
+ * budget is shared between tenants round-robin: each round every tenant with work left
+ * may add operations up to an equal share, so a tenant with a huge backlog cannot starve
+ * a small one. A single operation larger than the budget still runs, alone. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
 #include "common/db.h"
@@ -122,21 +122,19 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         if (!ro) { free(ms); PQclear(rs); goto fail; }
         no = PQntuples(ro);
     }
+    /* One pass: the rows come grouped by their model's index in ms, in seq order, so each
+     * model's operations are one slice of all. */
     qop *all = calloc(no + nsamp + 1, sizeof *all);
     int j = 0;
+    for (int r = 0; r < no; r++, j++) {
+        qmodel *m = &ms[db_int(ro, r, 1)];
+        if (!m->ops) m->ops = &all[j];
+        m->nops++;
+        all[j] = (qop){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
+                       .age_ms = (int)db_int(ro, r, 5)};
+        snprintf(all[j].kind, sizeof all[j].kind, "%s", PQgetvalue(ro, r, 3));
+    }
     for (int i = 0; i < nm; i++) {
-        /* rows are ordered by model id; find this model's slice */
-        ms[i].ops = all + j;
-        for (int r = 0; r < no; r++) {
-            if (strcmp(PQgetvalue(ro, r, 1), ms[i].id)) continue;
-            qop *q = &all[j++];
-            q->id = db_int(ro, r, 0);
-            q->seq = (int)db_int(ro, r, 2);
-            snprintf(q->kind, sizeof q->kind, "%s", PQgetvalue(ro, r, 3));
-            q->tokens = (int)db_int(ro, r, 4);
-            q->age_ms = (int)db_int(ro, r, 5);
-            ms[i].nops++;
-        }
         ms[i].nops = eligible_run(&ms[i]);
         /* Rule 5: a run that ends in a fresh forward_backward is probably about to be
          * followed by its optim_step; hold the model briefly so both share a cycle. */

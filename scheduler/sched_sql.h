@@ -21,12 +21,14 @@
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
 
-/* $1 text[] of model ids. Queued operations of those models in seq order. */
+/* $1 text[] of model ids. Queued operations of those models, each with the index of its
+ * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
 #define SQL_LOCK_QUEUED_OPS \
-    "SELECT id, model_id, seq_id, kind, n_tokens," \
-    " (extract(epoch FROM clock_timestamp() - created_at) * 1000)::int AS age_ms FROM operations" \
-    " WHERE model_id = ANY($1::text[]) AND state = 'queued'" \
-    " ORDER BY model_id, seq_id FOR UPDATE SKIP LOCKED"
+    "SELECT o.id, m.i - 1 AS model_index, o.seq_id, o.kind, o.n_tokens," \
+    " (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::int AS age_ms" \
+    " FROM unnest($1::text[]) WITH ORDINALITY AS m(id, i) JOIN operations o ON o.model_id = m.id" \
+    " WHERE o.state = 'queued'" \
+    " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* $1 base model, $2 executor id, $3 limit. Queued sample ops this executor can run:
  * from the base model or a checkpoint (any executor of the base model), or from a
