@@ -23,20 +23,14 @@
 #include "model/rng.h"
 #include "model/safetensors.h"
 #include "tests/lib/test_backend.h"
+#define CHECK_QUIET   /* thousands of checks: print failures only */
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) { n_pass++; }                                           \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 /* A sequence as the shared check (common/fb_check.h) sees a datum: its loss config, then
  * the datum with every input it has. 0, or -1 with err. */
@@ -955,6 +949,5 @@ int main(int argc, char **argv)
     test_sample("qwen3");
     test_sample("qwen2");
     tr_rmtree(tr_tmp);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -17,20 +17,13 @@
 #include "model/mkmodel.h"
 #include "model/rng.h"
 #include "tests/lib/test_backend.h"
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (cond) { n_pass++; printf("ok    "); printf(__VA_ARGS__); printf("\n"); }                        \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 static const exe_backend *be;
 static void *ctx;
@@ -187,6 +180,5 @@ int main(void)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }
