@@ -1,5 +1,6 @@
 /* api_call.c: setting a job's response from a handler (see api_call.h). */
 #include "service/api_call.h"
+#include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_json.h"
@@ -26,6 +27,17 @@ int api_reply_bytes(api_call *c, int status, const char *content_type, void *dat
 }
 
 void api_fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
+
+PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun) {
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[2] = {id, tid};
+    PGresult *r = db_query(c->db, sql, 2, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, what, c->err), NULL;
+    if (PQntuples(r) > 0) return r;
+    PQclear(r);
+    return api_error(c, 404, "%s %.200s not found", noun, id), NULL;
+}
 
 int api_reply_text(api_call *c, int status, const char *json) {
     size_t n = strlen(json);

@@ -47,6 +47,11 @@ int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((form
  * thousands of requests a minute from each waiting client). */
 int api_db_error(api_call *c, const char *what, const char *err);
 
+/* Runs sql with ($1 id, $2 the caller's tenant): its row when it has one; else NULL with
+ * the answer sent: 404 "<noun> <id> not found", or 503 on a database error (logged with
+ * what). */
+PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun);
+
 /* "%lld" of v, for bound parameters. */
 void api_fmt_i64(char out[24], int64_t v);
 /* The path suffix of a wildcard route (an id), percent-decoded in place; "" if none. */

@@ -3,6 +3,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "service/api_call.h"
+#include "service/api_json.h"
 #include "service/api_sql.h"
 #include <sodium.h>
 #include <stdio.h>
@@ -147,5 +148,15 @@ int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, in
     const char *p[7] = {rid, tid, model_id, seq, kind, error, st};
     if (db_exec(c->db, SQL_OP_RECORD_REJECTED, 7, p, err, sizeof err) < 0)
         log_warn("%s %s seq %s: recording the rejected submit failed: %s", kind, model_id, seq, err);
+    return 0;
+}
+
+int op_req_target(api_call *c, const char **model_id, int64_t *seq_id, bool *has_seq_id) {
+    if (jx_req_str(c->body, "", "model_id", model_id, c->err, sizeof c->err) < 0 ||
+        jx_int(c->body, "", "seq_id", 0, seq_id, has_seq_id, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err), -1;
+    if (*has_seq_id && (*seq_id < 1 || *seq_id > INT32_MAX))
+        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1 (0 is "
+                                 "its create_model)", (long long)*seq_id), -1;
     return 0;
 }

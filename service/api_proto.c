@@ -145,12 +145,7 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
                  where, name, n, n);
         return -1;
     }
-    out->present = true;
-    out->n = n;
-    out->k = 1;
-    out->dims = 1;
-    if (is_int) out->i = xcalloc(n, sizeof *out->i);
-    else out->f = xcalloc(n, sizeof *out->f);
+    fb_tensor_alloc_1d(out, n, is_int);
     for (size_t k = 0; k < n; k++) {
         const uint8_t *p = b->data + k * (size_t)size;
         if (is_int) {

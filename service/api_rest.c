@@ -54,14 +54,13 @@ static int list_route(api_call *c, const char *what, const char *sql) {
     return reply_one_json(c, what, sql, 3, p, "nothing to list");
 }
 
-/* One of the caller's objects by the id in the path. */
+/* One of the caller's objects by the id in the path (a row of one cell: the JSON answer). */
 static int get_route(api_call *c, const char *what, const char *sql, const char *noun) {
-    char tid[24], msg[300];
-    const char *id = api_path_id(c);
-    api_fmt_i64(tid, c->tenant_id);
-    snprintf(msg, sizeof msg, "%s %.200s not found", noun, id);
-    const char *p[2] = {id, tid};
-    return reply_one_json(c, what, sql, 2, p, msg);
+    PGresult *r = api_tenant_row(c, what, sql, api_path_id(c), noun);
+    if (!r) return 0;
+    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
 }
 
 int api_h_list_sessions(api_call *c) { return list_route(c, "sessions", SQL_SESSIONS_LIST); }

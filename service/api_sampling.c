@@ -176,16 +176,8 @@ dberr:
 /* ---- GET /api/v1/samplers/{id} (§3.4) ------------------------------------------------- */
 
 int api_h_get_sampler(api_call *c) {
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *id = api_path_id(c);
-    const char *p[2] = {id, tid};
-    PGresult *r = db_query(c->db, SQL_SAMPLING_SESSION_GET, 2, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "samplers", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "sampler %.200s not found", id);
-    }
+    PGresult *r = api_tenant_row(c, "samplers", SQL_SAMPLING_SESSION_GET, api_path_id(c), "sampler");
+    if (!r) return 0;
     json_t *resp = json_pack("{s:s, s:s, s:o}", "sampler_id", PQgetvalue(r, 0, 0), "base_model",
                              PQgetvalue(r, 0, 1), "model_path",
                              PQgetisnull(r, 0, 2) ? json_null() : json_string(PQgetvalue(r, 0, 2)));

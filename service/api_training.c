@@ -194,15 +194,8 @@ int api_h_get_info(api_call *c) {
     const char *model_id;
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *p[2] = {model_id, tid};
-    PGresult *r = db_query(c->db, SQL_MODEL_INFO, 2, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "get_info", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "model %.200s not found", model_id);
-    }
+    PGresult *r = api_tenant_row(c, "get_info", SQL_MODEL_INFO, model_id, "model");
+    if (!r) return 0;
     const char *tok = PQgetvalue(r, 0, 4);
     json_t *resp = json_pack("{s:s, s:s, s:b, s:I, s:s, s:{s:s, s:s, s:s}}", "type", "get_info",
                              "model_id", PQgetvalue(r, 0, 0), "is_lora", 1, "lora_rank",
@@ -296,12 +289,7 @@ int api_h_optim_step(api_call *c) {
     int64_t seq_id;
     bool has_seq;
     json_t *ap;
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
-                                 "from 1 (0 is its create_model)", (long long)seq_id);
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     if (jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
         return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     double v[N_ADAM];

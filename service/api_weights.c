@@ -87,12 +87,7 @@ static int submit_save(api_call *c, const char *kind) {
     const char *model_id, *name;
     int64_t seq_id, ttl;
     bool has_seq, overwrite;
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
-                         (long long)seq_id);
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
@@ -151,12 +146,7 @@ int api_h_load_weights(api_call *c) {
     if (json_object_get(c->body, "session_id") && !json_object_get(c->body, "model_id"))
         return api_error(c, 400, "load_weights without model_id (create_model_via_load_weights) is not "
                                  "offered by this server: call create_model, then load_weights");
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
-                         (long long)seq_id);
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
 #define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, OP_LOAD_WEIGHTS)
     if (jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
@@ -184,15 +174,8 @@ int api_h_load_weights(api_call *c) {
     if (st < 0) return api_db_error(c, "load_weights", c->err);
     if (st > 0) return REJECT(st);
 
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *mp[2] = {model_id, tid};
-    PGresult *r = db_query(c->db, SQL_MODEL_LORA, 2, mp, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "load_weights", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "model %.200s not found", model_id);
-    }
+    PGresult *r = api_tenant_row(c, "load_weights", SQL_MODEL_LORA, model_id, "model");
+    if (!r) return 0;
     char base[256];
     snprintf(base, sizeof base, "%s", PQgetvalue(r, 0, 0));
     int rank = (int)db_int(r, 0, 1);

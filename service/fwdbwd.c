@@ -275,12 +275,7 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
         return -1;
     }
     size_t n = json_array_size(arr);
-    out->present = true;
-    out->n = n;
-    out->k = 1;
-    out->dims = 1;
-    if (is_int) out->i = xcalloc(n, sizeof *out->i);
-    else out->f = xcalloc(n, sizeof *out->f);
+    fb_tensor_alloc_1d(out, n, is_int);
     for (size_t k = 0; k < n; k++) {
         const json_t *e = json_array_get(arr, k);
         if (json_is_array(e)) {
@@ -321,6 +316,12 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
     if (n_dims == 2)
         return fb_tensor_dense2(out, where, name, dims[0], dims[1], n_tokens, budget, err, errlen);
     return 0;
+}
+
+void fb_tensor_alloc_1d(fb_tensor *t, size_t n, bool ints) {
+    *t = (fb_tensor){.present = true, .n = n, .k = 1, .dims = 1};
+    if (ints) t->i = xcalloc(n, sizeof *t->i);
+    else t->f = xcalloc(n, sizeof *t->f);
 }
 
 int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen) {

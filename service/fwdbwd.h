@@ -61,6 +61,7 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, common/fb_check.h, the
  * one for 2-D inputs where only 1-D ones are accepted: loss_input_two_d says where).
  * fb_check_n_data: at most LIMIT_DATA datums.
+ * fb_tensor_alloc_1d: t becomes a present 1-D input of n zero values (ints: t->i, else t->f).
  * fb_tensor_dense2: a decoded tensor of n values (t->n, flat) becomes shape [rows, cols];
  * fb_tensor_csr: a decoded tensor holding the nnz values of a sparse CSR tensor becomes
  * the dense [rows, cols] tensor (missing entries 0), after checking crow (rows+1 entries,
@@ -76,6 +77,7 @@ int fb_check_float(float f, const char *where, const char *name, size_t k, char 
                    size_t errlen);
 int fb_err_chunk_type(const char *where, size_t chunk, const char *type, char *err, size_t errlen);
 int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen);
+void fb_tensor_alloc_1d(fb_tensor *t, size_t n, bool ints);
 int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
                      size_t n_tokens, size_t *budget, char *err, size_t errlen);
 int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
