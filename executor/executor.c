@@ -182,6 +182,12 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
+        if (!strcmp(op->kind, OP_CREATE_MODEL) || !strcmp(op->kind, OP_FORWARD_BACKWARD) ||
+            !strcmp(op->kind, OP_FORWARD)) {
+            /* ran above but has neither result nor error: its result could not be built */
+            exe_op_fail(op, "server", "%s finished without a result (the result could not be encoded)", op->kind);
+            continue;
+        }
         if (!strcmp(op->kind, OP_OPTIM_STEP)) { exe_run_optim(st, op); continue; }
         if (!strcmp(op->kind, OP_SAMPLE)) { samples[nsamples++] = op; continue; }
         if (!strcmp(op->kind, OP_SAVE_FOR_SAMPLER) && json_object_get(op->payload, "sampling_session_id")) {
