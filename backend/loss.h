@@ -1,4 +1,4 @@
-/* loss.h — per-token losses of spec §8 and their derivative with respect to the learner
+/* loss.h — per-token losses of docs/protocol.md §8 and their derivative with respect to the learner
  * log-prob. Every loss is a function of lp[i] alone (plus constant inputs), so a backend
  * needs only ℓ and dℓ/dlp per token; the chain rule through log-softmax does the rest.
  *

@@ -25,7 +25,7 @@
     "  show PATH                                      one version with its provenance\n"           \
     "  lineage PATH                                   the version's ancestors, nearest first\n"    \
     "  export PATH --out FILE.tar [--format tinker|peft] [--no-head]\n"                             \
-    "                                                 the checkpoint archive of spec §17\n"        \
+    "                                                 the checkpoint archive (docs/protocol.md §17)\n"  \
     "  import DIR|FILE.tar --tenant NAME --base-model NAME --run RUN --name NAME\n"                 \
     "                                                 a PEFT/Tinker adapter as tinker://RUN/sampler_weights/NAME\n" \
     "  share RUN --tenant NAME [--revoke]             grant (or revoke) read access to a run's checkpoints\n" \

@@ -1,4 +1,4 @@
-/* exe_sample.c: sampling (spec §11) and the unnamed save_weights_for_sampler (§7.6).
+/* exe_sample.c: sampling (docs/protocol.md §11) and the unnamed save_weights_for_sampler (§7.6).
  *
  * Snapshots: an unnamed save_weights_for_sampler copies the model's current LoRA
  * parameters, on the device, into an inference-only adapter of the store (exe_store.h),

@@ -3,7 +3,7 @@
  * and from a backend). Where an adapter lives while it trains is the backend's business
  * (backend/backend.h: exe_adapter); this is what every backend and file format agrees on.
  *
- * Conventions (spec §17.2/§17.4, PEFT): for an adapted nn.Linear with weight W [out, in],
+ * Conventions (docs/protocol.md §17.2/§17.4, PEFT): for an adapted nn.Linear with weight W [out, in],
  *   y = x Wᵀ + scale · (x Aᵀ) Bᵀ,   A [r, in], B [out, r],   scale = alpha / r, alpha = 32.
  * A starts as PEFT's kaiming_uniform(a=√5), i.e. U(−1/√in, 1/√in), from a stream seeded by
  * (lora seed, tensor name); B starts at zero, so a fresh adapter leaves the model unchanged.

@@ -136,7 +136,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     }
     for (int i = 0; i < nm; i++) {
         ms[i].nops = eligible_run(&ms[i]);
-        /* Rule 5: a run that ends in a fresh forward_backward is probably about to be
+        /* docs/architecture.md, rule 5: a run that ends in a fresh forward_backward is probably about to be
          * followed by its optim_step; hold the model briefly so both share a cycle. */
         if (ms[i].nops > 0 && o->pair_hold_ms > 0) {
             qop *last = &ms[i].ops[ms[i].nops - 1];

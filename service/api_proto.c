@@ -264,7 +264,7 @@ int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *e
     }
     out->model_id = strdup(m->model_id);
     if (!out->model_id) abort();
-    out->has_seq_id = m->seq_id != 0; /* 0 = unset (§14) */
+    out->has_seq_id = m->seq_id != 0; /* 0 = unset (docs/protocol.md §14) */
     out->seq_id = m->seq_id;
     if (fb_set_loss(out, in_key, m->loss_fn && *m->loss_fn ? m->loss_fn : NULL, err, errlen) < 0)
         goto out;

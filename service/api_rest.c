@@ -1,4 +1,4 @@
-/* api_rest.c: REST reads of §12.2 that are not checkpoint routes (sessions, training
+/* api_rest.c: REST reads of docs/protocol.md §12.2 that are not checkpoint routes (sessions, training
  * runs) and unload_model (§7.8). Everything is scoped to the caller's tenant: another
  * tenant's id is simply not found (404), and listings only ever show the caller's rows.
  * The JSON objects (TrainingRun, Checkpoint, Cursor) are built by the SQL in api_sql.h. */

@@ -1,4 +1,4 @@
-/* api_routes.c: every path of the Tinker spec, with how Loom answers it today. Paths not
+/* api_routes.c: every path of the wire protocol (docs/protocol.md §1.4), with how Loom answers it. Paths not
  * in this table are 404, and so are the other methods on a path only a ROUTE_TODO entry
  * names (GET sessions/{id}/trace_export is not offered: 404, not 405); a known path with
  * another method is 405; ROUTE_TODO entries answer 501 until implemented. */
@@ -6,7 +6,7 @@
 #include "service/api_weights.h"
 #include <string.h>
 
-/* client/config (§2.1); api_main.c rewrites it for --proto before any loop starts. */
+/* client/config (docs/protocol.md §2.1); api_main.c rewrites it for --proto before any loop starts. */
 char api_client_config[256] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}";
 
 #define V1 "/api/v1"

@@ -1,4 +1,4 @@
-/* api_sampling.c: sampling routes: create_sampling_session (§3.3), GET samplers/{id}
+/* api_sampling.c: sampling routes: create_sampling_session (docs/protocol.md §3.3), GET samplers/{id}
  * (§3.4), the unnamed save_weights_for_sampler (§7.6: a snapshot of the model's live
  * weights plus its sampling session, in one transaction) and asample / sample (§11.1).
  *

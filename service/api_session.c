@@ -1,4 +1,4 @@
-/* api_session.c: sessions (§3.1, §3.2), server capabilities (§2.5) and telemetry (§13). */
+/* api_session.c: sessions (docs/protocol.md §3.1, §3.2), server capabilities (§2.5) and telemetry (§13). */
 #include "common/db.h"
 #include "common/log.h"
 #include "service/api_call.h"

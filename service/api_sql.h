@@ -107,7 +107,7 @@
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
     " WHERE o.request_id = $1 AND o.tenant_id = $2"
 
-/* ---- sampling sessions (§3.3, §3.4, §7.6 unnamed form) ------------------------------- */
+/* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
  * A checkpoint the tenant may read (the registry's rule, REG_READABLE): its own, public,
  * or granted; live and unexpired. */

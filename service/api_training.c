@@ -1,4 +1,4 @@
-/* api_training.c: training routes (§7.1–7.5). Submits validate fully, then write one
+/* api_training.c: training routes (docs/protocol.md §7.1–7.5). Submits validate fully, then write one
  * operations row (see api_ops.c) and answer {"request_id", "model_id"}; get_info answers
  * directly from the models row. */
 #include "common/db.h"

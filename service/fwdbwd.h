@@ -1,11 +1,11 @@
 /* fwdbwd.h: a forward / forward_backward request as one plain struct. The JSON decoder
- * here and the protobuf decoder (api_proto.c, spec §14) fill it; fb_validate checks it
+ * here and the protobuf decoder (api_proto.c, docs/protocol.md §14) fill it; fb_validate checks it
  * against the model's base model; fb_payload_json writes operations.payload, the exact
  * contract the executor reads:
  *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
  *    "target_tokens": [...], "weights": [...], "logprobs": [...], "advantages": [...]}]}
  * Chunks are concatenated into "tokens"; only the inputs the loss uses are written.
- * 2-D cross_entropy (spec §8, top-k distillation): target_tokens / weights of shape [N, K]
+ * 2-D cross_entropy (docs/protocol.md §8, top-k distillation): target_tokens / weights of shape [N, K]
  * (dense or sparse CSR on the wire, densified here) are written flattened row-major
  * (N·K values) with "k": K in the datum; "k" is written only when K > 1, so an [N, 1]
  * input gives the same payload as its 1-D twin. */

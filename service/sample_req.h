@@ -1,4 +1,4 @@
-/* sample_req.h: an asample request (spec §11.1) as one plain struct: decoded from JSON,
+/* sample_req.h: an asample request (docs/protocol.md §11.1) as one plain struct: decoded from JSON,
  * validated against the sampling session's base model, and written as
  * operations.payload, the exact contract the executor reads:
  *   {"prompt": [int...], "num_samples": 1, "max_tokens": 16, "temperature": 1.0,

@@ -204,7 +204,7 @@ def main():
         img = {"model_input": {"chunks": [{"type": "image", "data": "AAAA", "format": "png"}]},
                "loss_fn_inputs": {}}
         R.check(is_detail(fb([img]), 400, "only text chunks"), "image chunk -> 400")
-        # 2-D loss inputs: cross_entropy target_tokens / weights [N, K] only (spec §8)
+        # 2-D loss inputs: cross_entropy target_tokens / weights [N, K] only (docs/protocol.md §8)
         t2 = {"data": [1, 2, 3, 4], "dtype": "int64", "shape": [2, 2]}
         w2 = {"data": [1.0, 0.5, 1.0, 0.5], "dtype": "float32", "shape": [2, 2]}
         rl2 = {"data": [0.0, 0.0, 0.0, 0.0], "dtype": "float32", "shape": [2, 2]}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""api_rest_test.py: REST reads (spec §12.2: sessions, training runs with their last
+"""api_rest_test.py: REST reads (docs/protocol.md §12.2: sessions, training runs with their last
 checkpoints, cursors), unload_model (§7.8), and API key scopes and expiry
 (`loom key create --scopes ... --expires-in-days ...`, `loom key list`), over HTTP
 against `loom up`. Prints "N passed, N failed" last.

@@ -289,7 +289,7 @@ def main():
         R.check(b.post("/api/v1/weights_info", {"tinker_path": mid_path})[0] == 404, "other tenant: weights_info 404")
         st, body = b.post("/api/v1/load_weights", {"model_id": ob, "path": mid_path, "seq_id": 1})
         R.check(st == 404, f"other tenant: load_weights 404 ({body})")
-        b.seq[ob] = 2  # the refused submit used seq_id 1 up, as it does in the SDK (spec §4.3)
+        b.seq[ob] = 2  # the refused submit used seq_id 1 up, as it does in the SDK (docs/protocol.md §4.3)
         R.check(archive_link(s, key2, m1, "weights/mid")[0] == 404, "other tenant: archive 404")
         R.check(s.request("DELETE", run_ck + "/weights/mid", key=key2)[0] == 404, "other tenant: delete 404")
         R.check(s.request("POST", run_ck + "/weights/mid/publish", {}, key=key2)[0] == 404, "other tenant: publish 404")

@@ -8,7 +8,7 @@
  *   test_cpu_ref mkmodel ...            same as `loom mkmodel`
  *
  * The scenario: one packed batch of sequences of different lengths over THREE adapters
- * (ranks 4, 8, 2; different module flags), every loss of spec §8, a base-only sequence and
+ * (ranks 4, 8, 2; different module flags), every loss of docs/protocol.md §8, a base-only sequence and
  * a forward_only one; two forward_backward + AdamW steps (weight decay and clipping active
  * for one adapter); each adapter's sequences also run alone. B starts random, not zero,
  * so that A receives gradients.

@@ -3,7 +3,7 @@
  * exe_run_snapshot / exe_run_sample_batch on the tiny Llama with the test backend
  * (LOOM_TEST_BACKEND, default cpu).
  *
- * Checks the result JSON of spec §11.2 and the semantics of §9: sampled log-probs at
+ * Checks the result JSON of docs/protocol.md §11.2 and the semantics of §9: sampled log-probs at
  * temperature 1 equal a forward pass over the same tokens; prompt_logprobs and
  * topk_prompt_logprobs agree with it; a seed reproduces samples alone or batched with
  * others; temperature 0 is the argmax; stop tokens, EOS and stop strings end a sample

@@ -7,7 +7,7 @@
  *        completion contains token X): sample 32 completions with backend->sample, reward,
  *        advantages = reward − mean, forward_backward(importance_sampling) with the
  *        sampler's log-probs, AdamW. The mean reward must rise clearly within 40 steps.
- *        On-policy, the learner's log-probs must equal the sampler's (ratio 1, spec §9.1).
+ *        On-policy, the learner's log-probs must equal the sampler's (ratio 1, docs/protocol.md §9.1).
  *        (At lr 2e-2 this loop drives the residual stream to ~5e3 with cancellations, and
  *        fp32 then differs by up to 1e-3 between any two summation orders — the packed
  *        forward itself changes with the sequence length; 1e-2 stays well conditioned.)

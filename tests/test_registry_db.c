@@ -123,7 +123,7 @@ static void test_access(void) {
               !strcmp(json_string_value(json_object_get(j, "checkpoint_type")), "sampler") &&
               json_is_true(json_object_get(j, "public")) && json_is_null(json_object_get(j, "expires_at")) &&
               strlen(json_string_value(json_object_get(j, "time"))) == 27,
-          "Checkpoint JSON (§12.1)");
+          "Checkpoint JSON (docs/protocol.md §12.1)");
     json_decref(j);
 
     char d[BLOB_DIGEST_HEX];
