@@ -12,9 +12,11 @@
  *
  * The contract (docs/architecture.md, "The backend table"):
  *  - A context is used by one thread at a time; calls run to completion (synchronous).
- *  - Inputs are trusted: the executor validates every sequence before it calls
- *    forward_backward (exe_seq_check), so a backend does not check token ids, lengths or
- *    loss inputs again. Errors it reports are its own (out of memory, device faults).
+ *  - Inputs are trusted: the executor validates every datum before it calls
+ *    forward_backward (common/fb_check.h), so a backend does not check token ids, lengths
+ *    or loss inputs again. Errors it reports are its own (out of memory, device faults).
+ *  - A position whose dℓ/dlp is not finite adds nothing to any gradient (its row of
+ *    dℓ/dlogits is zero): an accumulator never holds inf or NaN because of the inputs.
  *  - Adapters passed to a context were allocated by that context.
  *  - Results are those of the CPU backend (backend/cpu/), the numerical reference, within
  *    the tolerances the reference suites state.
@@ -60,28 +62,25 @@ typedef struct {
                                      pass is a backward one (a `forward` op packed with
                                      forward_backward ops of the same cycle) */
     int k;                        /* extension: targets per position for 2-D cross_entropy
-                                     (spec §8, top-k distillation): loss_out[i] =
-                                     −Σ_j w[i,j]·log p(t[i,j]); 0 or 1 = the usual 1-D case */
-    int topk;                     /* extension (sampling's topk_prompt_logprobs, spec §11.2):
+                                     (docs/protocol.md §8, top-k distillation): loss_out[i] =
+                                     −Σ_j w[i,j]·log p(t[i,j]); 0 or 1 = the usual 1-D case;
+                                     at most LIMIT_K */
+    int topk;                     /* extension (sampling's topk_prompt_logprobs, docs/protocol.md §11.2):
                                      when > 0, the topk most likely tokens of each position's
                                      distribution p(· | x[..i]), best first (ties: lower id
                                      first), into topk_ids_out / topk_lp_out [n, topk];
-                                     0 ≤ topk ≤ min(vocab, EXE_MAX_TOPK) */
+                                     0 ≤ topk ≤ min(vocab, LIMIT_TOPK_PROMPT_LOGPROBS) */
     int32_t *topk_ids_out;
     float *topk_lp_out;
 } exe_seq;
 
-#define EXE_MAX_TOPK 1024
-/* The most targets per position of 2-D cross_entropy. */
-#define EXE_MAX_K 1024
-
-/* One sampling request (spec §11): num_samples completions of one prompt, which is
+/* One sampling request (docs/protocol.md §11): num_samples completions of one prompt, which is
  * prefilled once. Generation of a sample ends after a token of stop_tokens (kept as its
  * last token; the caller adds the model's EOS ids to the list), at max_tokens, or at the
  * context limit. logprobs are those of the distribution actually sampled from (after
  * temperature, top-k, top-p); for greedy decoding (temperature 0) the model's own
  * log-probs. At temperature 1 without filtering they equal forward_backward's logprobs
- * for the same tokens (spec §9.1). Samples are reproducible per (seed, sample index),
+ * for the same tokens (docs/protocol.md §9.1). Samples are reproducible per (seed, sample index),
  * independently of what else is in the batch. */
 typedef struct exe_sample_req {
     exe_adapter *ad;              /* NULL = base model */

@@ -1,4 +1,4 @@
-/* loss.h — per-token losses of spec §8 and their derivative with respect to the learner
+/* loss.h — per-token losses of docs/protocol.md §8 and their derivative with respect to the learner
  * log-prob. Every loss is a function of lp[i] alone (plus constant inputs), so a backend
  * needs only ℓ and dℓ/dlp per token; the chain rule through log-softmax does the rest.
  *
@@ -13,24 +13,10 @@
 #ifndef LOOM_BACKEND_LOSS_H
 #define LOOM_BACKEND_LOSS_H
 
+#include "common/contract.h"
+
 #include <math.h>
-
-/* Losses of spec §8. */
-typedef enum { LOSS_CROSS_ENTROPY, LOSS_IMPORTANCE_SAMPLING, LOSS_PPO, LOSS_CISPO, LOSS_DRO } loss_kind;
-
-/* clip_low/clip_high: ratio bounds for ppo and cispo (default 0.8 / 1.2); beta: dro
- * (default 0.05). loss_spec_default() fills them. */
-typedef struct {
-    loss_kind kind;
-    double clip_low, clip_high, beta;
-} loss_spec;
-
-loss_spec loss_spec_default(loss_kind kind);
-/* "cross_entropy", "importance_sampling", "ppo", "cispo", "dro" → kind; -1 if unknown. */
-int loss_kind_parse(const char *name, loss_kind *out);
-const char *loss_kind_name(loss_kind kind);
-/* True for the losses that need sampler_logprobs and advantages. */
-int loss_needs_rl_inputs(loss_kind kind);
+#include <stdbool.h>
 
 /* ℓ and dℓ/dlp of one token. lp: learner log-prob; w: CE weight; q: sampler log-prob;
  * adv: advantage. Computed in double: exp(lp − q) may be large before clipping. */
@@ -72,6 +58,37 @@ static inline void loss_token(const loss_spec *s, float lp, float w, float q, fl
     default:
         *loss = 0.0f;
         *dlp = 0.0f;
+    }
+}
+
+/* Overflow. A learner log-prob is at most 0 (lp = z − logsumexp z), and in a model whose
+ * logits span less than 10^4 it is above LOSS_LP_FLOOR. loss_token_at_risk tells from the
+ * inputs alone whether |ℓ| or |dℓ/dlp| of a token may reach LIMIT_LOSS for such an lp: the
+ * ratio exp(lp − q) of importance_sampling and ppo is at most exp(−q), so a sampler
+ * log-prob of −1000 with an advantage ≠ 0 may overflow float32, while ordinary inputs
+ * never do. The executor runs the operations at risk without gradients first and fails
+ * those whose loss is out of range, before their gradient is added anywhere. */
+#define LOSS_LP_FLOOR (-1e4)
+
+static inline bool loss_token_at_risk(const loss_spec *s, float w, float q, float adv)
+{
+    double A = fabs((double)adv), L = -LOSS_LP_FLOOR, lim = LIMIT_LOSS;
+    double hi = fmax(fabs(s->clip_low), fabs(s->clip_high));
+    if (s->kind == LOSS_CROSS_ENTROPY) return fabs((double)w) * L >= lim;
+    if (A == 0.0) return false;                                       /* masked */
+    switch (s->kind) {
+    case LOSS_IMPORTANCE_SAMPLING:                                    /* |ℓ| = |dℓ/dlp| = r·A ≤ exp(−q)·A */
+        return -(double)q + log(A) >= log(lim);
+    case LOSS_PPO:                                                    /* ≤ max(exp(−q), hi)·A; exp(−q) only for A < 0 */
+        return (adv < 0 && -(double)q + log(A) >= log(lim)) || hi * A >= lim;
+    case LOSS_CISPO:                                                  /* |ℓ| ≤ hi·L·A, |dℓ/dlp| ≤ hi·A */
+        return hi * L * A >= lim;
+    case LOSS_DRO: {                                                  /* |ℓ| ≤ L·A + ½β(L + |q|)², |dℓ/dlp| ≤ A + β(L + |q|) */
+        double d = L + fabs((double)q), b = fabs(s->beta);
+        return L * A + 0.5 * b * d * d >= lim || A + b * d >= lim;
+    }
+    default:
+        return true;
     }
 }
 

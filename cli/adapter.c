@@ -9,7 +9,7 @@
 #include "model/model.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
-#include "registry/reg_sql.h"
+#include "cli/cli_sql.h"
 #include <jansson.h>
 #include <limits.h>
 #include <sodium.h>
@@ -25,7 +25,7 @@
     "  show PATH                                      one version with its provenance\n"           \
     "  lineage PATH                                   the version's ancestors, nearest first\n"    \
     "  export PATH --out FILE.tar [--format tinker|peft] [--no-head]\n"                             \
-    "                                                 the checkpoint archive of spec §17\n"        \
+    "                                                 the checkpoint archive (docs/protocol.md §17)\n"  \
     "  import DIR|FILE.tar --tenant NAME --base-model NAME --run RUN --name NAME\n"                 \
     "                                                 a PEFT/Tinker adapter as tinker://RUN/sampler_weights/NAME\n" \
     "  share RUN --tenant NAME [--revoke]             grant (or revoke) read access to a run's checkpoints\n" \
@@ -103,15 +103,6 @@ static int find_path(PGconn *c, const char *path, reg_version *v, const char *wh
 
 /* ---- list / show / lineage ---------------------------------------------------------------- */
 
-#define SQL_CLI_LIST                                                                            \
-    "SELECT t.name, v.tinker_path, v.kind, v.step, v.size_bytes, v.visibility,"                 \
-    " to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),"                       \
-    " COALESCE(to_char(v.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '-'),"        \
-    " CASE WHEN v.deleted_at IS NOT NULL THEN 'deleted' WHEN v.expires_at <= now() THEN 'expired' ELSE 'live' END" \
-    " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id" \
-    " WHERE ($1::text IS NULL OR t.name = $1) AND ($2::text IS NULL OR a.name = $2)"            \
-    " AND ($3::boolean OR " REG_LIVE ") ORDER BY v.created_at, v.id"
-
 static int cmd_list(int argc, char **argv) {
     PGconn *c = connect_db(argc, argv);
     char err[512];
@@ -128,19 +119,6 @@ static int cmd_list(int argc, char **argv) {
     PQfinish(c);
     return 0;
 }
-
-#define SQL_CLI_SHOW                                                                            \
-    "SELECT jsonb_build_object('id', v.id, 'tinker_path', v.tinker_path, 'kind', v.kind, 'tenant', t.name," \
-    " 'adapter', a.name, 'step', v.step, 'parent_id', v.parent_id, 'parent_path', p.tinker_path,"  \
-    " 'base_model', v.base_model, 'lora_config', v.lora_config, 'blob_digest', v.blob_digest,"   \
-    " 'size_bytes', v.size_bytes, 'visibility', v.visibility, 'created_at', v.created_at,"       \
-    " 'expires_at', v.expires_at, 'deleted_at', v.deleted_at, 'blob_removed_at', v.blob_removed_at," \
-    " 'grants', (SELECT COALESCE(jsonb_agg(gt.name ORDER BY gt.name), '[]') FROM adapter_grants g" \
-    "   JOIN tenants gt ON gt.id = g.tenant_id WHERE g.adapter_id = a.id),"                      \
-    " 'provenance', v.provenance)::text"                                                         \
-    " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id" \
-    " LEFT JOIN adapter_versions p ON p.id = v.parent_id"                                         \
-    " WHERE v.tinker_path = $1 ORDER BY v.deleted_at IS NULL DESC, v.id DESC LIMIT 1"
 
 static int cmd_show(int argc, char **argv) {
     const char *path = positional(argc, argv);
@@ -160,16 +138,6 @@ static int cmd_show(int argc, char **argv) {
     PQfinish(c);
     return 0;
 }
-
-#define SQL_CLI_LINEAGE                                                                         \
-    "WITH me AS (SELECT version_id, ancestors FROM adapter_history WHERE tinker_path = $1"        \
-    "  ORDER BY deleted_at IS NULL DESC, version_id DESC LIMIT 1),"                               \
-    " chain AS (SELECT me.version_id AS id, 0 AS depth FROM me"                                   \
-    "  UNION ALL SELECT a.id, a.ord::int FROM me, unnest(me.ancestors) WITH ORDINALITY AS a(id, ord))" \
-    " SELECT c.depth, h.tinker_path, h.kind, h.step, to_char(h.created_at AT TIME ZONE 'UTC',"     \
-    "  'YYYY-MM-DD HH24:MI:SS'), COALESCE(h.provenance->>'seq_from', '-'), COALESCE(h.provenance->>'seq_to', '-')," \
-    "  COALESCE(h.provenance->>'tokens', '-'), CASE WHEN h.deleted_at IS NULL THEN '' ELSE ' (deleted)' END" \
-    " FROM chain c JOIN adapter_history h ON h.version_id = c.id ORDER BY c.depth"
 
 static int cmd_lineage(int argc, char **argv) {
     const char *path = positional(argc, argv);
@@ -250,18 +218,6 @@ static int cmd_export(int argc, char **argv) {
     blob_close(bs);
     return 0;
 }
-
-#define SQL_CLI_TENANT "SELECT id FROM tenants WHERE name = $1"
-#define SQL_CLI_BASE_CONFIG "SELECT config::text FROM base_models WHERE name = $1"
-#define SQL_CLI_IMPORT_ADAPTER                                                                  \
-    "INSERT INTO adapters (tenant_id, name) VALUES ($1, $2)"                                     \
-    " ON CONFLICT (tenant_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id"
-#define SQL_CLI_IMPORT_VERSION                                                                  \
-    "INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, base_model, lora_config," \
-    " blob_digest, size_bytes, provenance) VALUES ($1, 'sampler', $2, $3, 0, $4,"                \
-    " jsonb_build_object('rank', $5::int, 'lora_alpha', 32, 'train_attn', $6::boolean,"         \
-    "  'train_mlp', $7::boolean, 'train_unembed', $8::boolean), $9, $10,"                        \
-    " jsonb_build_object('imported_from', $11::text, 'source_config', $12::jsonb)) RETURNING id"
 
 static int cmd_import(int argc, char **argv) {
     const char *src = positional(argc, argv), *tenant = opt(argc, argv, "--tenant"),
@@ -352,11 +308,6 @@ dberr:
 }
 
 /* ---- share / publish / delete --------------------------------------------------------------- */
-
-#define SQL_CLI_RUN_ADAPTER "SELECT id, tenant_id FROM adapters WHERE name = $1"
-#define SQL_CLI_GRANT                                                                           \
-    "INSERT INTO adapter_grants (adapter_id, tenant_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-#define SQL_CLI_REVOKE "DELETE FROM adapter_grants WHERE adapter_id = $1 AND tenant_id = $2"
 
 static int cmd_share(int argc, char **argv) {
     const char *run = positional(argc, argv), *tenant = opt(argc, argv, "--tenant");

@@ -1,6 +1,7 @@
 /* admin.c: `loom migrate`, `loom tenant`, `loom key`. Each talks to PostgreSQL
  * directly (DATABASE_URL or --db) and needs the server secret for keys. */
 #include "cli/admin.h"
+#include "cli/cli_sql.h"
 #include "common/db.h"
 #include "common/keys.h"
 #include "common/migrate.h"
@@ -61,9 +62,7 @@ int admin_tenant_main(int argc, char **argv) {
     }
     if (!strcmp(verb, "list")) {
         PGconn *c = connect_or_die(argc, argv);
-        PGresult *r = db_query(c, "SELECT t.id, t.name, t.created_at, count(k.id) FILTER (WHERE k.revoked_at IS NULL)"
-                                  " FROM tenants t LEFT JOIN api_keys k ON k.tenant_id = t.id"
-                                  " GROUP BY t.id ORDER BY t.id", 0, NULL, err, sizeof err);
+        PGresult *r = db_query(c, SQL_CLI_TENANTS, 0, NULL, err, sizeof err);
         if (!r) { fprintf(stderr, "loom tenant: %s\n", err); PQfinish(c); return 1; }
         printf("%-6s %-24s %-12s %s\n", "id", "name", "active keys", "created");
         for (int i = 0; i < PQntuples(r); i++)
@@ -162,16 +161,7 @@ int admin_key_main(int argc, char **argv) {
         PGconn *c = connect_or_die(argc, argv);
         const char *tenant = opt(argc, argv, "--tenant");
         const char *p[1] = {tenant};
-        PGresult *r = db_query(c, "SELECT k.id, t.name, 'tml-' || k.prefix || '...', coalesce(nullif(k.name, ''), '-'),"
-                                  " array_to_string(k.scopes, ','),"
-                                  " to_char(k.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'),"
-                                  " coalesce(to_char(k.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"
-                                  " coalesce(to_char(k.last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"
-                                  " CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked'"
-                                  "      WHEN k.expires_at <= now() THEN 'expired' ELSE 'active' END"
-                                  " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id"
-                                  " WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.id",
-                               1, p, err, sizeof err);
+        PGresult *r = db_query(c, SQL_CLI_KEYS, 1, p, err, sizeof err);
         if (!r) { fprintf(stderr, "loom key: %s\n", err); PQfinish(c); return 1; }
         printf("%-5s %-16s %-16s %-12s %-18s %-16s %-16s %-16s %s\n", "id", "tenant", "key", "name", "scopes",
                "created (UTC)", "expires (UTC)", "last used (UTC)", "state");
@@ -186,11 +176,7 @@ int admin_key_main(int argc, char **argv) {
     if (!strcmp(verb, "revoke") && argc > 2 && argv[2][0] != '-') {
         PGconn *c = connect_or_die(argc, argv);
         const char *p[1] = {argv[2]};
-        PGresult *r = db_query(c, "WITH k AS (UPDATE api_keys SET revoked_at = now() WHERE id::text = $1"
-                                  " AND revoked_at IS NULL RETURNING id, tenant_id, prefix)"
-                                  " INSERT INTO audit_log (tenant_id, actor, action, object)"
-                                  " SELECT tenant_id, 'cli', 'key.revoke', 'tml-' || prefix FROM k RETURNING id",
-                               1, p, err, sizeof err);
+        PGresult *r = db_query(c, SQL_CLI_KEY_REVOKE, 1, p, err, sizeof err);
         int n = r ? PQntuples(r) : -1;
         if (r) PQclear(r);
         PQfinish(c);

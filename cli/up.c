@@ -14,6 +14,7 @@
  * it: the scheduler's reaper fails that work with a message.) Everything loom up and its
  * children create is private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
+#include "cli/cli_sql.h"
 #include "common/db.h"
 #include "common/keys.h"
 #include "common/log.h"
@@ -100,7 +101,7 @@ static int probe_devices(const char *name) {
  * a reused pid never points at an old row). 0 when the database cannot say. */
 static int64_t executor_id_floor(PGconn *c) {
     char err[256];
-    PGresult *r = db_query(c, "SELECT COALESCE(max(id), 0) FROM executors", 0, NULL, err, sizeof err);
+    PGresult *r = db_query(c, SQL_UP_EXECUTOR_FLOOR, 0, NULL, err, sizeof err);
     int64_t id = r ? db_int(r, 0, 0) : 0;
     if (r) PQclear(r);
     return id;
@@ -146,10 +147,7 @@ static void watch_executor(child *ch, PGconn *c, const char *host) {
     snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
     snprintf(silent, sizeof silent, "%d", EXECUTOR_SILENT_S);
     const char *p[4] = {pid, host, floor, silent};
-    PGresult *r = db_query(c, "SELECT id, state, extract(epoch FROM now() - heartbeat_at)::int FROM executors"
-                              " WHERE pid = $1 AND hostname = $2 AND id > $3 AND (state = 'gone'"
-                              " OR heartbeat_at < now() - make_interval(secs => $4::int))"
-                              " ORDER BY id DESC LIMIT 1", 4, p, err, sizeof err);
+    PGresult *r = db_query(c, SQL_UP_EXECUTOR_SILENT, 4, p, err, sizeof err);
     if (!r) return;
     if (PQntuples(r) > 0) {
         log_warn("executor %s (pid %d) is %s, silent for %s s: killing it and starting a new one",
@@ -209,8 +207,7 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
         keys_hash(secret, key, h);
         for (int i = 0; i < KEY_HASH_BYTES; i++) sprintf(hhex + 2 + 2 * i, "%02x", h[i]);
         const char *p[1] = {hhex};
-        PGresult *r = db_query(c, "SELECT 1 FROM api_keys WHERE hash = $1::bytea AND revoked_at IS NULL"
-                                  " AND (expires_at IS NULL OR expires_at > now())", 1, p, err, errlen);
+        PGresult *r = db_query(c, SQL_UP_KEY_VALID, 1, p, err, errlen);
         int ok = r && PQntuples(r) == 1;
         if (r) PQclear(r);
         if (ok) return 0;
@@ -396,7 +393,7 @@ int up_main(int argc, char **argv) {
         const char *pp[1] = {epid};
         ready = false;
         for (int t = 0; t < 1200 && !g_stop && !ready; t++) {
-            PGresult *r = db_query(c, "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'", 1, pp, err, sizeof err);
+            PGresult *r = db_query(c, SQL_UP_EXECUTOR_READY, 1, pp, err, sizeof err);
             ready = r && PQntuples(r) > 0;
             if (r) PQclear(r);
             if (!ready) {

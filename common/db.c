@@ -1,5 +1,6 @@
 /* db.c: libpq helpers. Errors are returned as values with the server's message. */
 #include "common/db.h"
+#include "common/common_sql.h"
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -24,8 +25,7 @@ PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) 
         PGconn *c = PQconnectdb(conninfo);
         if (PQstatus(c) == CONNECTION_OK) {
             PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
-            /* Quiet NOTICEs (e.g. "relation already exists, skipping"). */
-            PGresult *r = PQexec(c, "SET client_min_messages = warning");
+            PGresult *r = PQexec(c, SQL_DB_QUIET);
             PQclear(r);
             return c;
         }
@@ -63,9 +63,9 @@ int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, 
     return 0;
 }
 
-int db_begin(PGconn *c, char *err, size_t errlen) { return db_exec(c, "BEGIN", 0, NULL, err, errlen); }
-int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, "COMMIT", 0, NULL, err, errlen); }
-void db_rollback(PGconn *c) { PQclear(PQexec(c, "ROLLBACK")); }
+int db_begin(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_BEGIN, 0, NULL, err, errlen); }
+int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_COMMIT, 0, NULL, err, errlen); }
+void db_rollback(PGconn *c) { PQclear(PQexec(c, SQL_ROLLBACK)); }
 const char *db_last_sqlstate(void) { return t_sqlstate; }
 
 int db_wait_notify(PGconn *c, int timeout_ms) {

@@ -1,5 +1,6 @@
 /* keys.c: API key generation and hashing; tenant helpers shared by `loom up` and the CLI. */
 #include "common/keys.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -68,11 +69,7 @@ void keys_hash(const unsigned char secret[KEY_SECRET_BYTES], const char *key,
 
 int keys_tenant_ensure(PGconn *c, const char *name, int64_t *id, char *err, size_t errlen) {
     const char *p[1] = {name};
-    PGresult *r = db_query(c,
-                           "WITH ins AS (INSERT INTO tenants (name) VALUES ($1)"
-                           " ON CONFLICT (name) DO NOTHING RETURNING id)"
-                           " SELECT id FROM ins UNION ALL SELECT id FROM tenants WHERE name = $1",
-                           1, p, err, errlen);
+    PGresult *r = db_query(c, SQL_TENANT_ENSURE, 1, p, err, errlen);
     if (!r) return -1;
     if (PQntuples(r) < 1) {
         PQclear(r);
@@ -97,17 +94,10 @@ int keys_create(PGconn *c, const unsigned char secret[KEY_SECRET_BYTES], int64_t
     snprintf(tid, sizeof tid, "%lld", (long long)tenant_id);
     const char *p[6] = {tid, prefix, hhex, name, scopes_sql_array, expires_at};
     if (db_begin(c, err, errlen) < 0) return -1;
-    PGresult *r = db_query(c,
-                           "INSERT INTO api_keys (tenant_id, prefix, hash, name, scopes, expires_at)"
-                           " VALUES ($1, $2, $3::bytea, $4,"
-                           " COALESCE($5::text[], ARRAY['train','sample','read']), $6::timestamptz)"
-                           " RETURNING id",
-                           6, p, err, errlen);
+    PGresult *r = db_query(c, SQL_KEY_INSERT, 6, p, err, errlen);
     if (!r) { db_rollback(c); return -1; }
     PQclear(r);
-    if (db_exec(c, "INSERT INTO audit_log (tenant_id, actor, action, object)"
-                   " VALUES ($1, 'cli', 'key.create', $2)",
-                2, p, err, errlen) < 0) {
+    if (db_exec(c, SQL_KEY_AUDIT_CREATE, 2, p, err, errlen) < 0) {
         db_rollback(c);
         return -1;
     }

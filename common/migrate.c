@@ -2,20 +2,16 @@
  * executor, `loom up`): the transaction-scoped advisory lock serialises them, and the
  * version check inside the lock makes a second runner a no-op. */
 #include "common/migrate.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <stdio.h>
 #include <string.h>
 
-#define MIGRATE_LOCK_KEY "7340211"   /* arbitrary, constant: "loom migrate" */
-
 int migrate_run(PGconn *c, char *err, size_t errlen) {
-    if (db_exec(c, "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                   " version integer PRIMARY KEY, name text NOT NULL,"
-                   " applied_at timestamptz NOT NULL DEFAULT now())",
-                0, NULL, err, errlen) < 0) {
+    if (db_exec(c, SQL_MIGRATIONS_TABLE, 0, NULL, err, errlen) < 0) {
         /* Two first-time runners can race on CREATE TABLE IF NOT EXISTS; retry once. */
-        if (db_exec(c, "SELECT 1 FROM schema_migrations LIMIT 1", 0, NULL, err, errlen) < 0)
+        if (db_exec(c, SQL_MIGRATIONS_PROBE, 0, NULL, err, errlen) < 0)
             return -1;
     }
     int applied = 0;
@@ -24,9 +20,9 @@ int migrate_run(PGconn *c, char *err, size_t errlen) {
         snprintf(ver, sizeof ver, "%d", m->version);
         const char *p[2] = {ver, m->name};
         if (db_begin(c, err, errlen) < 0) return -1;
-        if (db_exec(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", 0, NULL, err, errlen) < 0)
+        if (db_exec(c, SQL_MIGRATE_LOCK, 0, NULL, err, errlen) < 0)
             goto fail;
-        PGresult *r = db_query(c, "SELECT 1 FROM schema_migrations WHERE version = $1", 1, p, err, errlen);
+        PGresult *r = db_query(c, SQL_MIGRATION_DONE, 1, p, err, errlen);
         if (!r) goto fail;
         int done = PQntuples(r) > 0;
         PQclear(r);
@@ -39,7 +35,7 @@ int migrate_run(PGconn *c, char *err, size_t errlen) {
             return -1;
         }
         PQclear(res);
-        if (db_exec(c, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", 2, p, err, errlen) < 0)
+        if (db_exec(c, SQL_MIGRATION_RECORD, 2, p, err, errlen) < 0)
             goto fail;
         if (db_commit(c, err, errlen) < 0) return -1;
         log_info("applied migration %s", m->name);

@@ -1,5 +1,6 @@
 /* pgcluster.c: initdb/pg_ctl driven through fork+exec, dropping privileges when root. */
 #include "common/pgcluster.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <errno.h>
@@ -192,10 +193,10 @@ int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
         probe = db_connect(admin, 10000, err, errlen);
         if (!probe) return -1;
     }
-    PGresult *r = db_query(probe, "SELECT 1 FROM pg_database WHERE datname = 'loom'", 0, NULL, err, errlen);
+    PGresult *r = db_query(probe, SQL_PG_HAS_LOOM_DB, 0, NULL, err, errlen);
     int have = r && PQntuples(r) > 0;
     if (r) PQclear(r);
-    if (!have && db_exec(probe, "CREATE DATABASE loom", 0, NULL, err, errlen) < 0 &&
+    if (!have && db_exec(probe, SQL_PG_CREATE_LOOM_DB, 0, NULL, err, errlen) < 0 &&
         strcmp(db_last_sqlstate(), "42P04") != 0) {   /* 42P04: created meanwhile by another */
         PQfinish(probe);
         return -1;

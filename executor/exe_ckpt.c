@@ -106,21 +106,43 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
     op->commit_hook = save_hook;
     char path[REG_PATH_MAX];
     snprintf(path, sizeof path, "tinker://%s/%s/%s", op->model_id, reg_dir_of_kind(kind), name);
-    op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? "save_weights" : "save_weights_for_sampler");
+    op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? OP_SAVE_WEIGHTS : OP_SAVE_FOR_SAMPLER);
 }
 
 static void run_save_weights(exe_state *st, exe_op *op) { run_save(st, op, "training"); }
 static void run_save_sampler(exe_state *st, exe_op *op) { run_save(st, op, "sampler"); }
+
+/* Access is checked again when load_weights runs, not only at submit: a checkpoint
+ * unpublished, unshared, deleted, expired or replaced (saved again under its name) since
+ * then is not loaded. false: op failed. */
+static bool still_readable(exe_state *st, exe_op *op, const char *path, int64_t version_id) {
+    reg_version v;
+    char err[512];
+    int rc = st->db ? reg_find_readable(st->db, op->tenant_id, path, &v, err, sizeof err) : -1;
+    if (rc < 0) {
+        exe_op_fail(op, "server", "could not check access to checkpoint %s: %s", path, st->db ? err : "no database");
+        return false;
+    }
+    if (rc > 0 || v.id != version_id) {
+        exe_op_fail(op, "user", "checkpoint %s can no longer be loaded into %s: since load_weights was submitted it "
+                    "was unpublished, unshared, deleted, expired or saved again; submit load_weights again if it is "
+                    "still readable to you", path, op->model_id);
+        return false;
+    }
+    return true;
+}
 
 static void run_load_weights(exe_state *st, exe_op *op) {
     json_t *p = op->payload;
     const char *path = json_string_value(json_object_get(p, "path"));
     const char *digest = json_string_value(json_object_get(p, "blob_digest"));
     bool optimizer = json_is_true(json_object_get(p, "optimizer"));
+    json_int_t version_id = json_integer_value(json_object_get(p, "version_id"));
     if (!path || !digest || !blob_digest_valid(digest)) {
         exe_op_fail(op, "server", "load_weights payload lacks the checkpoint's path or blob digest");
         return;
     }
+    if (!still_readable(st, op, path, version_id)) return;
     if (!st->blobs) {
         exe_op_fail(op, "server", "this executor has no registry blob store (start it with --blob-dir)");
         return;
@@ -168,13 +190,13 @@ static void run_load_weights(exe_state *st, exe_op *op) {
     }
     log_info("load_weights %s into %s (optimizer %s, step %lld)", path, op->model_id, optimizer ? "yes" : "no",
              (long long)ad->step);
-    op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", "load_weights");
+    op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", OP_LOAD_WEIGHTS);
 }
 
 const exe_handler_entry exe_ckpt_handlers[] = {
-    {"save_weights", run_save_weights},
-    {"save_weights_for_sampler", run_save_sampler},   /* the named form; the unnamed one is a snapshot */
-    {"load_weights", run_load_weights},
+    {OP_SAVE_WEIGHTS, run_save_weights},
+    {OP_SAVE_FOR_SAMPLER, run_save_sampler},   /* the named form; the unnamed one is a snapshot */
+    {OP_LOAD_WEIGHTS, run_load_weights},
     {NULL, NULL},
 };
 

@@ -22,6 +22,7 @@ typedef struct exe_state_ {
     struct blobstore *blobs;   /* registry blob store (checkpoints), NULL if not configured */
     const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
     int64_t executor_id;
+    PGconn *db;                /* the loop's connection while a cycle runs (access checks) */
     tokenizer *tok;            /* for stop strings, loaded on first use (exe_sample.c) */
     bool tok_tried;
     char tok_err[512];
@@ -32,6 +33,7 @@ typedef struct exe_op_ {
     char request_id[80];
     char model_id[256];
     char kind[32];
+    int64_t tenant_id;         /* the model's (or sampling session's) tenant */
     json_t *payload;
     lora_config lcfg;
     /* outcome */

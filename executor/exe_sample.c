@@ -1,4 +1,4 @@
-/* exe_sample.c: sampling (spec §11) and the unnamed save_weights_for_sampler (§7.6).
+/* exe_sample.c: sampling (docs/protocol.md §11) and the unnamed save_weights_for_sampler (§7.6).
  *
  * Snapshots: an unnamed save_weights_for_sampler copies the model's current LoRA
  * parameters, on the device, into an inference-only adapter of the store (exe_store.h),
@@ -21,6 +21,7 @@
  */
 #include "executor/exe_sample.h"
 #include "executor/exe_ckpt.h"
+#include "executor/exe_sql.h"
 #include "backend/loss.h"
 #include "model/tokenizer.h"
 #include "common/db.h"
@@ -35,16 +36,13 @@
 
 const exe_handler_entry exe_sample_handlers[] = {{NULL, NULL}};
 
-/* $1 executor id, $2 sampling session id. */
-#define SQL_SNAPSHOT_EXECUTOR "UPDATE sampling_sessions SET executor_id = $1 WHERE id = $2"
-
 /* ---- snapshots ------------------------------------------------------------------------- */
 
 static int snapshot_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t errlen) {
     char eid[24];
     snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
     const char *p[2] = {eid, json_string_value(json_object_get(op->payload, "sampling_session_id"))};
-    PGresult *r = db_query(c, SQL_SNAPSHOT_EXECUTOR, 2, p, err, errlen);
+    PGresult *r = db_query(c, SQL_EXE_SNAPSHOT_EXECUTOR, 2, p, err, errlen);
     if (!r) return -1;
     int changed = atoi(PQcmdTuples(r));
     PQclear(r);
@@ -76,7 +74,7 @@ void exe_run_snapshot(exe_state *st, exe_op *op) {
     }
     log_info("sampler snapshot %s of %s at step %lld (%zu parameters)", sid, op->model_id, (long long)ad->step,
              ad->layout.num_params);
-    op->result = json_pack("{s:s, s:s}", "sampling_session_id", sid, "type", "save_weights_for_sampler");
+    op->result = json_pack("{s:s, s:s}", "sampling_session_id", sid, "type", OP_SAVE_FOR_SAMPLER);
     op->commit_hook = snapshot_hook;
 }
 
@@ -219,8 +217,8 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     }
     long long ns, mt, tk, tpk, seed;
     int room = mc->max_position_embeddings - np + 1;   /* the backend stops at the context */
-    if (!get_int(p, "num_samples", 1, 65536, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
-        !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, EXE_MAX_TOPK, 0, &tpk) ||
+    if (!get_int(p, "num_samples", 1, LIMIT_NUM_SAMPLES, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
+        !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tpk) ||
         !get_int(p, "seed", LLONG_MIN, LLONG_MAX, 0, &seed) || !get_real(p, "temperature", 1.0, &j->temperature) ||
         !get_real(p, "top_p", 1.0, &j->top_p)) {
         exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p or "
@@ -384,7 +382,7 @@ static void job_result(sample_job *j) {
         json_array_append_new(seqs, json_pack("{s:o, s:o, s:s}", "tokens", t, "logprobs", l, "stop_reason",
                                               stopped ? "stop" : "length"));
     }
-    json_t *r = json_pack("{s:s, s:o}", "type", "sample", "sequences", seqs);
+    json_t *r = json_pack("{s:s, s:o}", "type", OP_SAMPLE, "sequences", seqs);
     if (j->prompt_logprobs) {
         json_t *a = json_array();
         json_array_append_new(a, json_null());

@@ -1,6 +1,7 @@
 /* exe_sql.h: every SQL statement of the executor, named. Parameters are always bound.
  * Tables and states: docs/architecture.md ("Data model"). */
 #pragma once
+#include "common/contract.h"
 
 /* ---- start-up ------------------------------------------------------------------------ */
 
@@ -22,8 +23,8 @@
 /* $1 application_name: tells this executor's connections apart in pg_stat_activity. */
 #define SQL_EXE_APP_NAME "SELECT set_config('application_name', $1, false)"
 
-#define SQL_EXE_LISTEN "LISTEN loom_cycle"
-#define SQL_EXE_NOTIFY_READY "NOTIFY loom_executor_ready"
+#define SQL_EXE_LISTEN "LISTEN " CHAN_CYCLE
+#define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
@@ -45,7 +46,7 @@
     "   WHERE id = $1 AND executor_id = $2 AND state IN ('assigned','running') RETURNING id)"  \
     " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
     " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, '')"                                           \
+    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id"                              \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"
@@ -75,7 +76,7 @@
     " WHERE id = $1 AND state <> 'gone'"
 
 /* $1 cycle: wakes the futures of its operations */
-#define SQL_EXE_NOTIFY_DONE "SELECT pg_notify('loom_op_done', request_id) FROM operations WHERE cycle_id = $1"
+#define SQL_EXE_NOTIFY_DONE "SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1"
 
 /* ---- between cycles ------------------------------------------------------------------ */
 

@@ -4,102 +4,63 @@
 #include "executor/exe_train.h"
 #include "backend/loss.h"
 #include "common/err.h"
+#include "common/fb_check.h"
 #include "common/log.h"
-#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* ---- the one validation of a sequence -------------------------------------------- */
-
-int exe_seq_check(const model_config *mc, const exe_seq *s, char *err, size_t errlen)
-{
-    if (s->n < 0) { err_set(err, errlen, "negative length"); return -1; }
-    if (s->n == 0) return 0;
-    if (!s->tokens || !s->targets) { err_set(err, errlen, "missing tokens or target_tokens"); return -1; }
-    if (s->n > mc->max_position_embeddings) {
-        err_set(err, errlen, "%d tokens exceed the model's context of %d", s->n, mc->max_position_embeddings);
-        return -1;
-    }
-    if ((unsigned)s->loss.kind > LOSS_DRO) { err_set(err, errlen, "unknown loss"); return -1; }
-    int K = s->k > 1 ? s->k : 1;
-    if (s->k < 0 || s->k > EXE_MAX_K || (K > 1 && s->loss.kind != LOSS_CROSS_ENTROPY)) {
-        err_set(err, errlen, "2-D target_tokens (k = %d) need cross_entropy and k <= %d", s->k, EXE_MAX_K);
-        return -1;
-    }
-    if (loss_needs_rl_inputs(s->loss.kind) && (!s->sampler_logprobs || !s->advantages)) {
-        err_set(err, errlen, "loss %s needs logprobs and advantages", loss_kind_name(s->loss.kind));
-        return -1;
-    }
-    if ((s->loss.kind == LOSS_PPO || s->loss.kind == LOSS_CISPO) && !(s->loss.clip_low <= s->loss.clip_high)) {
-        err_set(err, errlen, "clip_low_threshold %g > clip_high_threshold %g", s->loss.clip_low, s->loss.clip_high);
-        return -1;
-    }
-    if (s->topk < 0 || s->topk > EXE_MAX_TOPK || s->topk > mc->vocab_size || (s->topk > 0 && (!s->topk_ids_out || !s->topk_lp_out))) {
-        err_set(err, errlen, "topk %d outside 0..%d or without output buffers", s->topk, EXE_MAX_TOPK);
-        return -1;
-    }
-    for (int t = 0; t < s->n; t++)
-        if (s->tokens[t] < 0 || s->tokens[t] >= mc->vocab_size) {
-            err_set(err, errlen, "position %d: token id outside [0, %d)", t, mc->vocab_size);
-            return -1;
-        }
-    for (long t = 0; t < (long)s->n * K; t++)
-        if (s->targets[t] < 0 || s->targets[t] >= mc->vocab_size) {
-            err_set(err, errlen, "target %ld: token id outside [0, %d)", t, mc->vocab_size);
-            return -1;
-        }
-    return 0;
-}
-
 /* ---- forward / forward_backward ------------------------------------------------- */
 
 typedef struct {
     exe_op *op;
     int first_seq, nseq;     /* the op's datums in the packed batch */
+    bool at_risk;            /* a position may overflow (loss_token_at_risk) */
+    bool dropped;            /* failed before the pass: none of its sequences run */
 } fb_span;
 
-/* The loss of an op: its name and the overrides of loss_fn_config (backend/loss.h defaults). */
-static bool parse_loss(const char *name, json_t *cfg, loss_spec *out) {
+/* The loss of an op: its name and loss_fn_config over the defaults, checked as the api
+ * checked it (common/fb_check.h). */
+static int op_loss(const exe_op *op, loss_spec *out, char *err, size_t errlen) {
+    const char *name = json_string_value(json_object_get(op->payload, "loss_fn"));
     loss_kind kind;
-    if (loss_kind_parse(name, &kind) != 0) return false;
+    if (loss_kind_parse(name, &kind) < 0) {
+        err_set(err, errlen, "unknown loss_fn '%s'", name ? name : "(none)");
+        return -1;
+    }
     *out = loss_spec_default(kind);
+    const char *key;
     json_t *v;
-    if ((v = json_object_get(cfg, "clip_low_threshold")) && json_is_number(v)) out->clip_low = json_number_value(v);
-    if ((v = json_object_get(cfg, "clip_high_threshold")) && json_is_number(v)) out->clip_high = json_number_value(v);
-    if ((v = json_object_get(cfg, "beta")) && json_is_number(v)) out->beta = json_number_value(v);
+    json_object_foreach(json_object_get(op->payload, "loss_fn_config"), key, v)
+        if (json_is_number(v)) loss_config_set(out, key, json_number_value(v));
+    return fb_check_loss(out, "payload", err, errlen);
+}
+
+/* A JSON array as a new int64 (ints) or float array of *n values; *present false when the
+ * key is absent. false when it is not an array of numbers (of integers for ints). */
+static bool read_array(json_t *a, bool ints, void **out, size_t *n, bool *present) {
+    *out = NULL;
+    *n = 0;
+    *present = a && !json_is_null(a);
+    if (!*present) return true;
+    if (!json_is_array(a)) return false;
+    *n = json_array_size(a);
+    *out = malloc((*n ? *n : 1) * (ints ? sizeof(int64_t) : sizeof(float)));
+    for (size_t i = 0; i < *n; i++) {
+        json_t *e = json_array_get(a, i);
+        if (ints ? !json_is_integer(e) : !json_is_number(e)) return false;
+        if (ints) ((int64_t *)*out)[i] = json_integer_value(e);
+        else ((float *)*out)[i] = (float)json_number_value(e);
+    }
     return true;
 }
 
-/* Copies a JSON number array of length n into a new buffer; NULL if absent. */
-static float *f32_array(json_t *a, int n) {
-    if (!json_is_array(a) || (int)json_array_size(a) != n) return NULL;
-    float *o = malloc((n ? n : 1) * sizeof *o);
-    for (int i = 0; i < n; i++) o[i] = (float)json_number_value(json_array_get(a, i));
-    return o;
-}
-
-static int32_t *i32_array(json_t *a, int n) {
-    if (!json_is_array(a) || (int)json_array_size(a) != n) return NULL;
+static int32_t *narrow(const int64_t *x, size_t n) {
     int32_t *o = malloc((n ? n : 1) * sizeof *o);
-    for (int i = 0; i < n; i++) o[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    for (size_t i = 0; i < n; i++) o[i] = (int32_t)x[i];
     return o;
-}
-
-/* A float32 TensorData of shape [n] (k <= 1) or [n, k] (k > 1, x row-major). */
-static json_t *tensor_json(const float *x, int n, int k) {
-    json_t *data = json_array();
-    long total = (long)n * (k > 1 ? k : 1);
-    for (long i = 0; i < total; i++) {
-        double v = x[i];
-        if (isnan(v)) v = 0;          /* guarded below: a NaN fails the op */
-        if (isinf(v)) v = v < 0 ? -FLT_MAX : FLT_MAX;
-        json_array_append_new(data, json_real(v));
-    }
-    if (k > 1) return json_pack("{s:o, s:s, s:[i, i]}", "data", data, "dtype", "float32", "shape", n, k);
-    return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
 }
 
 static void free_seq(exe_seq *s) {
@@ -108,7 +69,139 @@ static void free_seq(exe_seq *s) {
     free(s->logprobs_out); free(s->loss_out);
 }
 
-/* Packs every datum of the given ops into one batch, runs it, and writes results. */
+/* One datum of the payload as a sequence of the batch, after the shared check (the
+ * executor's defence: a payload that breaks a rule fails its own operation only). */
+static int read_datum(exe_state *st, json_t *dj, const loss_spec *ls, const char *where, exe_seq *s, char *err,
+                      size_t errlen) {
+    static const bool ints[LOSS_N_INPUTS] = {true, false, false, false};
+    void *tok = NULL, *in[LOSS_N_INPUTS] = {NULL};
+    size_t ntok, len[LOSS_N_INPUTS];
+    bool present, has[LOSS_N_INPUTS], ok = read_array(json_object_get(dj, "tokens"), true, &tok, &ntok, &present);
+    for (int k = 0; k < LOSS_N_INPUTS; k++) {   /* the api writes only the inputs the loss reads */
+        json_t *a = loss_inputs_accepted(ls->kind) & (1u << k) ? json_object_get(dj, loss_input_names[k]) : NULL;
+        ok &= read_array(a, ints[k], &in[k], &len[k], &has[k]);
+    }
+    json_t *kj = json_object_get(dj, "k");
+    json_int_t K = kj ? (json_is_integer(kj) ? json_integer_value(kj) : -1) : 1;
+    int rc = -1;
+    if (!ok || !present || K < 1) {
+        err_set(err, errlen, "%s: tokens, k or a loss input is not of the expected type", where);
+        goto out;
+    }
+    fb_view v = {.n_tokens = ntok, .tokens = tok, .targets = in[LOSS_IN_TARGET_TOKENS]};
+    for (int k = 0; k < LOSS_N_INPUTS; k++) {
+        bool per_target = k == LOSS_IN_TARGET_TOKENS || k == LOSS_IN_WEIGHTS;
+        v.in[k] = (fb_view_input){.present = has[k], .dims = per_target && K > 1 ? 2 : 1,
+                                   .cols = per_target ? (size_t)K : 1, .values = len[k]};
+    }
+    fb_check_model m = {.vocab_size = st->model.vocab_size, .max_context = st->model.max_position_embeddings};
+    if (fb_check_datum(&m, ls->kind, &v, where, err, errlen) < 0) goto out;
+    size_t n = ntok, nk = n * (size_t)K;
+    *s = (exe_seq){.loss = *ls, .n = (int)n, .k = (int)K, .tokens = narrow(tok, n),
+                   .targets = narrow(in[LOSS_IN_TARGET_TOKENS], nk), .weights = in[LOSS_IN_WEIGHTS],
+                   .sampler_logprobs = in[LOSS_IN_LOGPROBS], .advantages = in[LOSS_IN_ADVANTAGES],
+                   .logprobs_out = calloc(nk, sizeof(float)), .loss_out = calloc(n, sizeof(float))};
+    in[LOSS_IN_WEIGHTS] = in[LOSS_IN_LOGPROBS] = in[LOSS_IN_ADVANTAGES] = NULL;   /* now the sequence's */
+    rc = 0;
+out:
+    free(tok);
+    for (int k = 0; k < LOSS_N_INPUTS; k++) free(in[k]);
+    return rc;
+}
+
+static bool seq_at_risk(const exe_seq *s) {
+    int K = s->k > 1 ? s->k : 1;
+    for (long q = 0; q < (long)s->n * K; q++)
+        if (loss_token_at_risk(&s->loss, s->weights ? s->weights[q] : 1.0f,
+                               s->sampler_logprobs ? s->sampler_logprobs[q / K] : 0.0f,
+                               s->advantages ? s->advantages[q / K] : 0.0f))
+            return true;
+    return false;
+}
+
+/* Whether the op's outputs are in range: every log-prob and loss finite, and (strict, for
+ * the pass without gradients that decides whether an op at risk may run) every
+ * |loss| below LIMIT_LOSS. Otherwise why names the first bad position and its inputs. */
+static bool span_in_range(const exe_seq *seqs, const fb_span *sp, bool strict, char *why, size_t n) {
+    for (int d = 0; d < sp->nseq; d++) {
+        const exe_seq *s = &seqs[sp->first_seq + d];
+        int K = s->k > 1 ? s->k : 1;
+        for (int t = 0; t < s->n; t++) {
+            bool bad = !isfinite(s->loss_out[t]) || (strict && !(fabsf(s->loss_out[t]) < LIMIT_LOSS));
+            for (int j = 0; j < K; j++) bad |= !isfinite(s->logprobs_out[(long)t * K + j]);
+            if (!bad) continue;
+            if (loss_needs_rl_inputs(s->loss.kind))
+                err_set(why, n, "data[%d] position %d: the loss %g is out of range (it must be finite and below 1e30 "
+                        "in magnitude); there the learner's logprob is %g, the sampler's logprob %g and the advantage "
+                        "%g: check the logprobs and advantages you sent (the importance ratio exp(logprob - sampler "
+                        "logprob) of a sampler logprob far below the model's overflows)", d, t,
+                        (double)s->loss_out[t], (double)s->logprobs_out[(long)t * K],
+                        (double)s->sampler_logprobs[t], (double)s->advantages[t]);
+            else
+                err_set(why, n, "data[%d] position %d: the loss %g is out of range (it must be finite and below 1e30 "
+                        "in magnitude); the learner's logprob there is %g: check the weights you sent", d, t,
+                        (double)s->loss_out[t], (double)s->logprobs_out[(long)t * K]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A float32 TensorData of shape [n] (k <= 1) or [n, k] (k > 1, x row-major). */
+static json_t *tensor_json(const float *x, int n, int k) {
+    json_t *data = json_array();
+    long total = (long)n * (k > 1 ? k : 1);
+    for (long i = 0; i < total; i++) json_array_append_new(data, json_real(x[i]));
+    if (k > 1) return json_pack("{s:o, s:s, s:[i, i]}", "data", data, "dtype", "float32", "shape", n, k);
+    return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
+}
+
+static void set_result(exe_op *op, const exe_seq *seqs, const fb_span *sp) {
+    json_t *outs = json_array();
+    double loss_sum = 0;
+    for (int k = sp->first_seq; k < sp->first_seq + sp->nseq; k++) {
+        const exe_seq *s = &seqs[k];
+        for (int t = 0; t < s->n; t++) loss_sum += s->loss_out[t];
+        json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n, s->k),
+                                              "elementwise_loss", tensor_json(s->loss_out, s->n, 1)));
+    }
+    op->result = json_pack("{s:s, s:o, s:{s:f}}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs", outs,
+                           "metrics", "loss:sum", loss_sum);
+}
+
+/* Runs the sequences of the spans that are not dropped (all of them, or only those at
+ * risk) as one packed pass. -1 with err when the backend failed. */
+static int run_pass(exe_state *st, exe_seq *seqs, fb_span *spans, int nspan, bool at_risk_only, bool backward,
+                    char *err, size_t errlen) {
+    int cap = 0;
+    for (int i = 0; i < nspan; i++) cap += spans[i].nseq;
+    exe_seq *batch = malloc((cap ? cap : 1) * sizeof *batch);
+    int nb = 0;
+    long tokens = 0;
+    for (int i = 0; i < nspan; i++) {
+        if (spans[i].dropped || (at_risk_only && !spans[i].at_risk)) continue;
+        for (int k = spans[i].first_seq; k < spans[i].first_seq + spans[i].nseq; k++) {
+            batch[nb++] = seqs[k];   /* a copy of the description; the buffers are shared */
+            tokens += seqs[k].n;
+        }
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = nb ? st->be->forward_backward(st->ctx, batch, nb, backward, err, errlen) : 0;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (nb)
+        log_info("%s%s: %d sequences, %ld tokens in %.3f s (%.0f tok/s)", backward ? OP_FORWARD_BACKWARD : OP_FORWARD,
+                 at_risk_only ? " (losses at risk, without gradients)" : "", nb, tokens, secs,
+                 secs > 0 ? tokens / secs : 0.0);
+    free(batch);
+    return rc;
+}
+
+/* Packs every datum of the given ops into one batch, runs it, and writes results.
+ * Operations whose loss may overflow (loss_token_at_risk: e.g. a sampler logprob of −1000)
+ * first run without gradients; those whose loss is out of range fail there and never add a
+ * gradient, so the accumulators (theirs and every other op's) stay as they were. */
 void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
     if (nops == 0) return;
     int cap = 0;
@@ -116,93 +209,55 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
     exe_seq *seqs = calloc(cap ? cap : 1, sizeof *seqs);
     fb_span *spans = calloc(nops, sizeof *spans);
     int ns = 0, nspan = 0;
+    bool any_risk = false;
     for (int i = 0; i < nops; i++) {
         exe_op *op = ops[i];
         exe_adapter *ad = exe_op_training_slot(st, op);
         if (!ad) continue;
         loss_spec ls;
-        json_t *p = op->payload;
-        const char *lname = json_string_value(json_object_get(p, "loss_fn"));
-        if (!lname || !parse_loss(lname, json_object_get(p, "loss_fn_config"), &ls)) {
-            exe_op_fail(op, "user", "unknown loss_fn '%s'", lname ? lname : "(none)");
-            continue;
-        }
-        json_t *data = json_object_get(p, "data");
+        char why[512] = "";
+        json_t *data = json_object_get(op->payload, "data");
         int start = ns;
-        char why[256] = "";
-        for (size_t d = 0; d < json_array_size(data) && !why[0]; d++) {
-            json_t *dj = json_array_get(data, d);
-            int n = (int)json_array_size(json_object_get(dj, "tokens"));
-            /* 2-D cross_entropy (spec §8): "k" targets per position, [n, k] row-major */
-            json_t *kj = json_object_get(dj, "k");
-            json_int_t k = kj ? (json_is_integer(kj) ? json_integer_value(kj) : -1) : 1;
-            if (k < 1 || k > EXE_MAX_K) {
-                snprintf(why, sizeof why, "data[%zu]: k = %lld outside 1..%d", d, (long long)k, EXE_MAX_K);
-                break;
+        bool risk = false;
+        if (op_loss(op, &ls, why, sizeof why) == 0) {
+            for (size_t d = 0; d < json_array_size(data); d++) {
+                char where[32];
+                snprintf(where, sizeof where, "data[%zu]", d);
+                if (read_datum(st, json_array_get(data, d), &ls, where, &seqs[ns], why, sizeof why) < 0) break;
+                seqs[ns].ad = ad;
+                risk |= backward && seq_at_risk(&seqs[ns]);
+                ns++;
             }
-            int nk = n * (int)k;
-            exe_seq *s = &seqs[ns++];
-            s->ad = ad;
-            s->loss = ls;
-            s->n = n;
-            s->k = (int)k;
-            s->tokens = i32_array(json_object_get(dj, "tokens"), n);
-            s->targets = i32_array(json_object_get(dj, "target_tokens"), nk);
-            s->weights = f32_array(json_object_get(dj, "weights"), nk);
-            s->sampler_logprobs = f32_array(json_object_get(dj, "logprobs"), n);
-            s->advantages = f32_array(json_object_get(dj, "advantages"), n);
-            s->logprobs_out = calloc(nk ? nk : 1, sizeof(float)); /* [n, k] */
-            s->loss_out = calloc(n ? n : 1, sizeof(float));       /* [n] */
-            char e[200];
-            if (exe_seq_check(&st->model, s, e, sizeof e) < 0) snprintf(why, sizeof why, "data[%zu]: %s", d, e);
         }
         if (why[0]) {
             for (int k = start; k < ns; k++) free_seq(&seqs[k]);
-            memset(&seqs[start], 0, (ns - start) * sizeof *seqs);
             ns = start;
-            exe_op_fail(op, "user", "malformed datum for %s: %s", lname, why);
+            exe_op_fail(op, "user", "malformed %s payload: %s", op->kind, why);
             continue;
         }
-        spans[nspan++] = (fb_span){op, start, ns - start};
+        spans[nspan++] = (fb_span){op, start, ns - start, risk, false};
+        any_risk |= risk;
     }
-    if (ns > 0) {
-        char err[512] = "";
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int rc = st->be->forward_backward(st->ctx, seqs, ns, backward, err, sizeof err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        long tokens = 0;
-        for (int k = 0; k < ns; k++) tokens += seqs[k].n;
-        double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        log_info("%s: %d sequences, %ld tokens in %.3f s (%.0f tok/s)", backward ? "forward_backward" : "forward",
-                 ns, tokens, secs, secs > 0 ? tokens / secs : 0.0);
+    char err[512] = "", why[1024];
+    if (any_risk) {
+        int rc = run_pass(st, seqs, spans, nspan, true, false, err, sizeof err);
         for (int i = 0; i < nspan; i++) {
-            exe_op *op = spans[i].op;
-            if (rc < 0) { exe_op_fail(op, "server", "backend error: %s", err); continue; }
-            json_t *outs = json_array();
-            double loss_sum = 0;
-            bool nonfinite = false;
-            for (int k = spans[i].first_seq; k < spans[i].first_seq + spans[i].nseq; k++) {
-                exe_seq *s = &seqs[k];
-                int K = s->k > 1 ? s->k : 1;
-                for (int t = 0; t < s->n; t++) {
-                    loss_sum += s->loss_out[t];
-                    if (isnan(s->loss_out[t])) nonfinite = true;
-                }
-                for (long t = 0; t < (long)s->n * K; t++)
-                    if (isnan(s->logprobs_out[t])) nonfinite = true;
-                json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n, K),
-                                                      "elementwise_loss", tensor_json(s->loss_out, s->n, 1)));
-            }
-            if (nonfinite) {
-                json_decref(outs);
-                exe_op_fail(op, "user", "the loss is not a number (NaN): check loss inputs (e.g. huge advantages or "
-                        "sampler logprobs far from the model's)");
-                continue;
-            }
-            op->result = json_pack("{s:s, s:o, s:{s:f}}", "loss_fn_output_type", "ArrayRecord",
-                                   "loss_fn_outputs", outs, "metrics", "loss:sum", loss_sum);
+            fb_span *sp = &spans[i];
+            if (!sp->at_risk) continue;
+            if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
+            else if (!span_in_range(seqs, sp, true, why, sizeof why))
+                exe_op_fail(sp->op, "user", "%s. The operation was not applied: it added no gradient.", why);
+            sp->dropped = sp->op->category != NULL;
         }
+    }
+    int rc = run_pass(st, seqs, spans, nspan, false, backward, err, sizeof err);
+    for (int i = 0; i < nspan; i++) {
+        fb_span *sp = &spans[i];
+        if (sp->dropped) continue;
+        if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
+        else if (!span_in_range(seqs, sp, false, why, sizeof why))
+            exe_op_fail(sp->op, "user", "%s.%s", why, backward ? " Positions whose loss is not finite added no gradient." : "");
+        else set_result(sp->op, seqs, sp);
     }
     for (int k = 0; k < ns; k++) free_seq(&seqs[k]);
     free(seqs);
@@ -220,7 +275,7 @@ void exe_run_create(exe_state *st, exe_op *op) {
             return;
         }
     }
-    op->result = json_pack("{s:s, s:s}", "model_id", op->model_id, "type", "create_model");
+    op->result = json_pack("{s:s, s:s}", "model_id", op->model_id, "type", OP_CREATE_MODEL);
 }
 
 void exe_run_optim(exe_state *st, exe_op *op) {
@@ -243,5 +298,5 @@ void exe_run_optim(exe_state *st, exe_op *op) {
     }
     op->result = json_pack("{s:{s:f, s:f, s:I}, s:s}", "metrics", "grad_norm:mean", isfinite(gnorm) ? gnorm : -1.0,
                            "learning_rate:mean", p.learning_rate, "step:max", (json_int_t)ad->step,
-                           "type", "optim_step");
+                           "type", OP_OPTIM_STEP);
 }

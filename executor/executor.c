@@ -147,6 +147,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, in
                                  .train_unembed = db_bool(r, i, 9)};
         op->seq_id = db_int(r, i, 10);
         snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
+        op->tenant_id = db_int(r, i, 12);
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
@@ -170,9 +171,9 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category) continue;
-        if (!strcmp(op->kind, "create_model")) exe_run_create(st, op);
-        else if (!strcmp(op->kind, "forward_backward")) fb[nfb++] = op;
-        else if (!strcmp(op->kind, "forward")) fwd[nfwd++] = op;
+        if (!strcmp(op->kind, OP_CREATE_MODEL)) exe_run_create(st, op);
+        else if (!strcmp(op->kind, OP_FORWARD_BACKWARD)) fb[nfb++] = op;
+        else if (!strcmp(op->kind, OP_FORWARD)) fwd[nfwd++] = op;
     }
     exe_run_fb_batch(st, fb, nfb, true);
     exe_run_fb_batch(st, fwd, nfwd, false);
@@ -181,9 +182,15 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
         if (op->category || op->result) continue;
-        if (!strcmp(op->kind, "optim_step")) { exe_run_optim(st, op); continue; }
-        if (!strcmp(op->kind, "sample")) { samples[nsamples++] = op; continue; }
-        if (!strcmp(op->kind, "save_weights_for_sampler") && json_object_get(op->payload, "sampling_session_id")) {
+        if (!strcmp(op->kind, OP_CREATE_MODEL) || !strcmp(op->kind, OP_FORWARD_BACKWARD) ||
+            !strcmp(op->kind, OP_FORWARD)) {
+            /* ran above but has neither result nor error: its result could not be built */
+            exe_op_fail(op, "server", "%s finished without a result (the result could not be encoded)", op->kind);
+            continue;
+        }
+        if (!strcmp(op->kind, OP_OPTIM_STEP)) { exe_run_optim(st, op); continue; }
+        if (!strcmp(op->kind, OP_SAMPLE)) { samples[nsamples++] = op; continue; }
+        if (!strcmp(op->kind, OP_SAVE_FOR_SAMPLER) && json_object_get(op->payload, "sampling_session_id")) {
             exe_run_snapshot(st, op);
             continue;
         }
@@ -214,7 +221,9 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         log_warn("cycle %s is no longer this executor's (the reaper took it back); skipped", cyc);
         return 0;
     }
+    st->db = c;
     run_ops(st, ops, n);
+    st->db = NULL;
     exit_if_fenced("before committing a cycle");
 
     /* A transient database error gets a few tries (on a fresh connection if it broke).

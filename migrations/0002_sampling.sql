@@ -1,4 +1,4 @@
--- Sampling sessions and sample operations (spec §3.3, §7.6 unnamed form, §11).
+-- Sampling sessions and sample operations (docs/protocol.md §3.3, §7.6 unnamed form, §11).
 -- A sampling session samples from the base model, from a saved sampler checkpoint
 -- (model_path), or from a snapshot of a training model's live weights taken by an
 -- unnamed save_weights_for_sampler (source_model_id + source_seq_id). Such a snapshot
@@ -23,7 +23,7 @@ CREATE INDEX sampling_sessions_tenant ON sampling_sessions (tenant_id, created_a
 
 ALTER TABLE operations ADD COLUMN sampling_session_id text
     REFERENCES sampling_sessions(id) ON DELETE CASCADE;
--- (sampling_session_id, seq_id) de-duplicates resubmitted samples (spec §11.3).
+-- (sampling_session_id, seq_id) de-duplicates resubmitted samples (docs/protocol.md §11.3).
 CREATE UNIQUE INDEX operations_sample_seq ON operations (sampling_session_id, seq_id)
     WHERE sampling_session_id IS NOT NULL;
 CREATE INDEX operations_sample_queued ON operations (id)

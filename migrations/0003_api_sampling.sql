@@ -1,4 +1,4 @@
--- The api's sampling submits (spec §11).
+-- The api's sampling submits (docs/protocol.md §11).
 --
 -- asample.seq_id de-duplicates resubmitted samples (§11.3). A SamplingClient counts
 -- from 0, but an unpickled copy starts at 1e9 * (1 .. 1e9), far beyond integer, so

@@ -111,7 +111,7 @@ static int info_of(const st_file *f, adapter_io_info *info, char *err, size_t er
         meta_bool(f, "loom.train_mlp", &info->cfg.train_mlp, err, errlen) < 0 ||
         meta_bool(f, "loom.train_unembed", &info->cfg.train_unembed, err, errlen) < 0)
         return -1;
-    if (rank < 1 || rank > LORA_MAX_RANK) { err_set(err, errlen, "adapter rank %lld outside 1..%d", (long long)rank, LORA_MAX_RANK); return -1; }
+    if (rank < 1 || rank > LIMIT_LORA_RANK) { err_set(err, errlen, "adapter rank %lld outside 1..%d", (long long)rank, LIMIT_LORA_RANK); return -1; }
     info->cfg.rank = (int)rank;
     info->step = step;
     info->num_layers = (int)layers;
@@ -445,7 +445,7 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
     bool dora = json_is_true(json_object_get(cfg, "use_dora"));
     json_decref(cfg);
     if (dora) { err_set(err, errlen, "DoRA adapters are not supported"); return -1; }
-    if (r < 1 || r > LORA_MAX_RANK) { err_set(err, errlen, "rank r=%d outside 1..%d", r, LORA_MAX_RANK); return -1; }
+    if (r < 1 || r > LIMIT_LORA_RANK) { err_set(err, errlen, "rank r=%d outside 1..%d", r, LIMIT_LORA_RANK); return -1; }
     double scale_in = rslora ? alpha / sqrt((double)r) : alpha / r, fold = scale_in / (LORA_ALPHA / r);
 
     st_file *f;

@@ -1,5 +1,5 @@
 /* adapter_io.h: a LoRA adapter (its host form, adapter_state of model/lora.h) as
- * safetensors bytes and back, and the files of a checkpoint archive (spec §17) made from
+ * safetensors bytes and back, and the files of a checkpoint archive (docs/protocol.md §17) made from
  * those bytes.
  *
  * The registry blob of a checkpoint is ONE safetensors file:
@@ -46,7 +46,7 @@ int adapter_io_restore(adapter_state *a, const void *buf, size_t len, bool optim
 int adapter_io_decode(const model_config *mc, const void *buf, size_t len, adapter_state *out, char *err,
                       size_t errlen);
 
-/* ---- archive files (spec §17) ----------------------------------------------------- */
+/* ---- archive files (docs/protocol.md §17) ----------------------------------------- */
 
 typedef enum { ADAPTER_EXPORT_TINKER, ADAPTER_EXPORT_PEFT } adapter_export_format;
 

@@ -1111,6 +1111,17 @@ static str p_block_name(parser *P)
     return expect_name(P);
 }
 
+/* Ends the current tag (`%}`), then reads a body up to `{% end`, which it consumes; the
+ * caller ends that tag. */
+static nlist p_body_to(parser *P, const char *end)
+{
+    const char *const stop[] = {end, NULL};
+    expect_end(P);
+    nlist body = p_body(P, stop);
+    p_block_name(P);
+    return body;
+}
+
 static node *p_if(parser *P, int line)
 {
     static const char *const stop[] = {"elif", "else", "endif", NULL};
@@ -1129,12 +1140,9 @@ static node *p_if(parser *P, int line)
         return n;
     }
     if (str_is(w, "else")) {
-        static const char *const stop2[] = {"endif", NULL};
-        expect_end(P);
-        nlist els = p_body(P, stop2);
+        nlist els = p_body_to(P, "endif");
         n->w = els.p;
         n->nw = els.n;
-        p_block_name(P);
     }
     expect_end(P);
     return n;
@@ -1156,12 +1164,9 @@ static node *p_for(parser *P, int line)
     n->v = body.p;
     n->nv = body.n;
     if (str_is(p_block_name(P), "else")) {
-        static const char *const stop2[] = {"endfor", NULL};
-        expect_end(P);
-        nlist els = p_body(P, stop2);
+        nlist els = p_body_to(P, "endfor");
         n->w = els.p;
         n->nw = els.n;
-        p_block_name(P);
     }
     expect_end(P);
     return n;
@@ -1184,12 +1189,9 @@ static node *p_stmt(parser *P)
             expect_end(P);
             return n;
         }
-        static const char *const stop[] = {"endset", NULL}; /* {% set x %}...{% endset %} */
-        expect_end(P);
-        nlist body = p_body(P, stop);
+        nlist body = p_body_to(P, "endset"); /* {% set x %}...{% endset %} */
         n->v = body.p;
         n->nv = body.n;
-        p_block_name(P);
         expect_end(P);
         return n;
     }
@@ -1198,13 +1200,10 @@ static node *p_stmt(parser *P)
         return nd(P, str_is(w, "break") ? S_BREAK : S_CONTINUE, line);
     }
     if (str_is(w, "generation")) { /* transformers' assistant-mask marker: renders its body */
-        static const char *const stop[] = {"endgeneration", NULL};
         node *n = nd(P, S_BLOCK, line);
-        expect_end(P);
-        nlist body = p_body(P, stop);
+        nlist body = p_body_to(P, "endgeneration");
         n->v = body.p;
         n->nv = body.n;
-        p_block_name(P);
         expect_end(P);
         return n;
     }

@@ -55,8 +55,8 @@ static void lo_add_pair(lora_layout *l, char **np, const char *prefix, int layer
 int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *c, char *err, size_t errlen)
 {
     memset(l, 0, sizeof *l);
-    if (c->rank < 1 || c->rank > LORA_MAX_RANK) {
-        err_set(err, errlen, "lora: rank %d outside 1..%d", c->rank, LORA_MAX_RANK);
+    if (c->rank < 1 || c->rank > LIMIT_LORA_RANK) {
+        err_set(err, errlen, "lora: rank %d outside 1..%d", c->rank, LIMIT_LORA_RANK);
         return -1;
     }
     int L = mc->num_hidden_layers, maxt = 2 * (L * LORA_NUM_MODULES + 1);

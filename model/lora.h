@@ -3,7 +3,7 @@
  * and from a backend). Where an adapter lives while it trains is the backend's business
  * (backend/backend.h: exe_adapter); this is what every backend and file format agrees on.
  *
- * Conventions (spec §17.2/§17.4, PEFT): for an adapted nn.Linear with weight W [out, in],
+ * Conventions (docs/protocol.md §17.2/§17.4, PEFT): for an adapted nn.Linear with weight W [out, in],
  *   y = x Wᵀ + scale · (x Aᵀ) Bᵀ,   A [r, in], B [out, r],   scale = alpha / r, alpha = 32.
  * A starts as PEFT's kaiming_uniform(a=√5), i.e. U(−1/√in, 1/√in), from a stream seeded by
  * (lora seed, tensor name); B starts at zero, so a fresh adapter leaves the model unchanged.
@@ -21,10 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/contract.h"
 #include "model/model.h"
 
 #define LORA_ALPHA 32.0f
-#define LORA_MAX_RANK 512
 
 typedef struct {
     int rank;
@@ -56,7 +56,7 @@ typedef struct {
     char *names;                     /* storage of the tensor names */
 } lora_layout;
 
-/* The layout of an adapter of config c on model mc (rank 1..LORA_MAX_RANK). 0 or -1 + err. */
+/* The layout of an adapter of config c on model mc (rank 1..LIMIT_LORA_RANK). 0 or -1 + err. */
 int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *c, char *err, size_t errlen);
 int lora_layout_copy(lora_layout *dst, const lora_layout *src, char *err, size_t errlen);
 void lora_layout_free(lora_layout *l);

@@ -1,5 +1,6 @@
 /* reg_sql.h: every SQL statement of the registry, by name. Parameters are always bound. */
 #pragma once
+#include "common/contract.h"
 
 /* A version is live while it is neither deleted nor past its TTL. */
 #define REG_LIVE "v.deleted_at IS NULL AND (v.expires_at IS NULL OR v.expires_at > now())"
@@ -47,7 +48,7 @@
 /* $1 model, $2 seq -> seq_id, version_id of the newest completed load_weights before seq */
 #define SQL_REG_LAST_LOAD                                                                     \
     "SELECT seq_id, COALESCE(payload->>'version_id', '') FROM operations"                     \
-    " WHERE model_id = $1 AND kind = 'load_weights' AND state = 'done' AND seq_id < $2"       \
+    " WHERE model_id = $1 AND kind = '" OP_LOAD_WEIGHTS "' AND state = 'done' AND seq_id < $2"       \
     " ORDER BY seq_id DESC LIMIT 1"
 /* $1 model, $2 seq_from, $3 save seq, $4 adapter, $5 kind, $6 name, $7 path, $8 step,
  * $9 parent id or NULL, $10 digest, $11 size, $12 key id or NULL, $13 ttl seconds (< 0
@@ -55,14 +56,14 @@
 #define SQL_REG_VERSION_INSERT                                                                \
     "WITH ops AS (SELECT kind, seq_id, n_tokens, payload, result FROM operations"             \
     "  WHERE model_id = $1 AND seq_id >= $2 AND seq_id < $3 AND state = 'done'),"            \
-    " fb AS (SELECT * FROM ops WHERE kind = 'forward_backward'),"                             \
+    " fb AS (SELECT * FROM ops WHERE kind = '" OP_FORWARD_BACKWARD "'),"                             \
     " agg AS (SELECT"                                                                          \
     "  (SELECT count(*) FROM fb) AS n_fb,"                                                    \
     "  (SELECT COALESCE(sum(n_tokens), 0) FROM fb) AS tokens,"                                \
-    "  (SELECT count(*) FROM ops WHERE kind = 'optim_step') AS n_steps,"                      \
-    "  (SELECT count(*) FROM ops WHERE kind = 'forward') AS n_fwd,"                           \
+    "  (SELECT count(*) FROM ops WHERE kind = '" OP_OPTIM_STEP "') AS n_steps,"                      \
+    "  (SELECT count(*) FROM ops WHERE kind = '" OP_FORWARD "') AS n_fwd,"                           \
     "  (SELECT COALESCE(jsonb_agg(DISTINCT payload->'adam_params'), '[]') FROM ops"           \
-    "    WHERE kind = 'optim_step') AS hp,"                                                    \
+    "    WHERE kind = '" OP_OPTIM_STEP "') AS hp,"                                                    \
     "  (SELECT COALESCE(jsonb_agg(DISTINCT payload->>'loss_fn'), '[]') FROM fb) AS loss_fns," \
     "  (SELECT jsonb_build_object('sum', sum(l), 'first', (array_agg(l ORDER BY seq_id))[1],"  \
     "     'last', (array_agg(l ORDER BY seq_id DESC))[1], 'min', min(l), 'max', max(l))"       \
@@ -119,7 +120,7 @@
     " AND s.tenant_id <> a.tenant_id AND v.visibility <> 'public' AND NOT EXISTS (SELECT 1"   \
     "  FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = s.tenant_id)"        \
     " RETURNING o.request_id)"                                                                \
-    " SELECT pg_notify('loom_op_done', request_id) FROM f"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
 /* $1 keep, $2 run or NULL -> live versions beyond the newest $1 per adapter and kind */
 #define SQL_REG_GC_PRUNE_LIST                                                                 \
     "SELECT id, tenant_id, tinker_path FROM (SELECT v.id, a.tenant_id, v.tinker_path,"        \

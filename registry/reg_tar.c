@@ -1,4 +1,4 @@
-/* reg_tar.c: a minimal ustar writer for checkpoint archives (spec §17.1): regular files
+/* reg_tar.c: a minimal ustar writer for checkpoint archives (docs/protocol.md §17.1): regular files
  * at the archive root, mode 0644, uid/gid 0, one mtime, two zero blocks at the end.
  * Deterministic: the same members give the same bytes. */
 #include "registry/registry.h"

@@ -19,7 +19,7 @@
 #define REG_RUN_MAX 400      /* training run id (= model id, or an imported adapter's name) */
 #define REG_PATH_MAX 600
 
-/* ---- paths (spec §6) ------------------------------------------------------------------ */
+/* ---- paths (docs/protocol.md §6) ------------------------------------------------------ */
 
 typedef struct {
     char run[REG_RUN_MAX];
@@ -57,7 +57,7 @@ typedef struct {
     int64_t created_epoch;              /* unix seconds */
 } reg_version;
 
-/* The Checkpoint JSON of spec §12.1. */
+/* The Checkpoint JSON of docs/protocol.md §12.1. */
 json_t *reg_checkpoint_json(const reg_version *v);
 /* Row i of a result whose columns are REG_VERSION_COLS (reg_sql.h). */
 void reg_version_of_row(const PGresult *r, int i, reg_version *v);
@@ -135,7 +135,7 @@ int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t
 int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, const char *object,
               const char *details, char *err, size_t errlen);
 
-/* ---- signed download URLs (spec §17.7) ------------------------------------------------ */
+/* ---- signed download URLs (docs/protocol.md §17.7) ------------------------------------ */
 
 #define REG_TOKEN_HEX 65
 /* HMAC (crypto_auth, key derived from the server secret) over run, checkpoint id,

@@ -1,14 +1,14 @@
-/* cycle.c: building one clock cycle for one executor (ARCHITECTURE "Clock cycle rules").
+/* cycle.c: building one clock cycle for one executor (docs/architecture.md, "Clock cycles").
  *
  * Per model, operations run in seq_id order starting at models.next_seq; a gap stops
  * the model (out-of-order arrivals wait). A model contributes a run: create_model (seq 0)
  * first if pending, then forward/forward_backward operations, then at most one
  * optim_step, after which the model's run ends (later work must see the new weights and
  * waits for the next cycle). A run that ends in a forward_backward younger than
- * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token budget is shared between tenants round-robin:
- * each round every tenant with work left may add operations up to an equal share, so a
- * tenant with a huge backlog cannot starve a small one. A single operation larger than
- * the budget still runs, alone. */
+ * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token
+ * budget is shared between tenants round-robin: each round every tenant with work left
+ * may add operations up to an equal share, so a tenant with a huge backlog cannot starve
+ * a small one. A single operation larger than the budget still runs, alone. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
 #include "common/db.h"
@@ -43,11 +43,11 @@ static int eligible_run(qmodel *m) {
     for (int i = 0; i < m->nops && !seen_step; i++) {
         if (m->ops[i].seq != seq) break;           /* gap: wait for the missing op */
         const char *k = m->ops[i].kind;
-        if (!strcmp(k, "create_model")) {
+        if (!strcmp(k, OP_CREATE_MODEL)) {
             if (i != 0) break;
-        } else if (!strcmp(k, "optim_step")) {
+        } else if (!strcmp(k, OP_OPTIM_STEP)) {
             seen_step = true;
-        } else if (strcmp(k, "forward") && strcmp(k, "forward_backward")) {
+        } else if (strcmp(k, OP_FORWARD) && strcmp(k, OP_FORWARD_BACKWARD)) {
             /* checkpoint / sampler work: runs after the step, alone at the end of the run */
             if (n > 0) { n++; break; }
             seen_step = true;
@@ -122,27 +122,25 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         if (!ro) { free(ms); PQclear(rs); goto fail; }
         no = PQntuples(ro);
     }
+    /* One pass: the rows come grouped by their model's index in ms, in seq order, so each
+     * model's operations are one slice of all. */
     qop *all = calloc(no + nsamp + 1, sizeof *all);
     int j = 0;
+    for (int r = 0; r < no; r++, j++) {
+        qmodel *m = &ms[db_int(ro, r, 1)];
+        if (!m->ops) m->ops = &all[j];
+        m->nops++;
+        all[j] = (qop){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
+                       .age_ms = (int)db_int(ro, r, 5)};
+        snprintf(all[j].kind, sizeof all[j].kind, "%s", PQgetvalue(ro, r, 3));
+    }
     for (int i = 0; i < nm; i++) {
-        /* rows are ordered by model id; find this model's slice */
-        ms[i].ops = all + j;
-        for (int r = 0; r < no; r++) {
-            if (strcmp(PQgetvalue(ro, r, 1), ms[i].id)) continue;
-            qop *q = &all[j++];
-            q->id = db_int(ro, r, 0);
-            q->seq = (int)db_int(ro, r, 2);
-            snprintf(q->kind, sizeof q->kind, "%s", PQgetvalue(ro, r, 3));
-            q->tokens = (int)db_int(ro, r, 4);
-            q->age_ms = (int)db_int(ro, r, 5);
-            ms[i].nops++;
-        }
         ms[i].nops = eligible_run(&ms[i]);
-        /* Rule 5: a run that ends in a fresh forward_backward is probably about to be
+        /* docs/architecture.md, rule 5: a run that ends in a fresh forward_backward is probably about to be
          * followed by its optim_step; hold the model briefly so both share a cycle. */
         if (ms[i].nops > 0 && o->pair_hold_ms > 0) {
             qop *last = &ms[i].ops[ms[i].nops - 1];
-            if (!strcmp(last->kind, "forward_backward") && last->age_ms < o->pair_hold_ms) {
+            if (!strcmp(last->kind, OP_FORWARD_BACKWARD) && last->age_ms < o->pair_hold_ms) {
                 ms[i].nops = 0;
                 if (held) (*held)++;
             }
@@ -156,7 +154,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         m->ops = &all[j++];
         m->ops->id = db_int(rs, k, 0);
         m->ops->tokens = (int)db_int(rs, k, 1);
-        snprintf(m->ops->kind, sizeof m->ops->kind, "sample");
+        snprintf(m->ops->kind, sizeof m->ops->kind, OP_SAMPLE);
         m->nops = 1;
     }
     PQclear(rs);
@@ -258,11 +256,7 @@ int sched_reap(PGconn *c, char *err, size_t errlen) {
     int expired = PQntuples(r);
     PQclear(r);
     if (expired > 0) {
-        /* An executor whose lease ran out is not trusted with more work. */
-        if (db_exec(c, "UPDATE executors e SET state = 'gone' FROM cycles c"
-                       " WHERE c.executor_id = e.id AND c.state = 'expired'"
-                       " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'",
-                    0, NULL, err, errlen) < 0) goto fail;
+        if (db_exec(c, SQL_REAP_LEASE_LOST, 0, NULL, err, errlen) < 0) goto fail;
         log_warn("reaper: %d cycle(s) expired", expired);
         changed += expired;
     }

@@ -1,4 +1,4 @@
-/* sched.c: `loom scheduler`, the loop. Wakes on NOTIFY (loom_op_queued, loom_executor_ready)
+/* sched.c: `loom scheduler`, the loop. Wakes on NOTIFY (CHAN_OP_QUEUED, CHAN_EXECUTOR_READY)
  * or every poll interval, waits a short gather window so that a forward_backward and the
  * optim_step the client sends right after it land in one cycle, reaps expired leases,
  * then builds a cycle for every idle executor. */
@@ -16,6 +16,11 @@
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
+
+static int listen_all(PGconn *c, char *err, size_t errlen) {
+    return db_exec(c, SQL_LISTEN_OPS, 0, NULL, err, errlen) < 0 || db_exec(c, SQL_LISTEN_EXECUTORS, 0, NULL, err, errlen) < 0
+               ? -1 : 0;
+}
 
 static void usage(void) {
     fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n"
@@ -45,8 +50,7 @@ int sched_main(int argc, char **argv) {
     PGconn *c = db_connect(db, 30000, err, sizeof err);
     if (!c) { log_error("cannot connect: %s", err); return 1; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); return 1; }
-    if (db_exec(c, "LISTEN loom_op_queued", 0, NULL, err, sizeof err) < 0 ||
-        db_exec(c, "LISTEN loom_executor_ready", 0, NULL, err, sizeof err) < 0) {
+    if (listen_all(c, err, sizeof err) < 0) {
         log_error("listen: %s", err);
         return 1;
     }
@@ -62,8 +66,7 @@ int sched_main(int argc, char **argv) {
             PQfinish(c);
             while (!g_stop && !(c = db_connect(db, 5000, err, sizeof err))) log_warn("reconnect: %s", err);
             if (g_stop) break;
-            db_exec(c, "LISTEN loom_op_queued", 0, NULL, err, sizeof err);
-            db_exec(c, "LISTEN loom_executor_ready", 0, NULL, err, sizeof err);
+            if (listen_all(c, err, sizeof err) < 0) log_warn("listen: %s", err);
             continue;
         }
         if (w > 0 && gather_ms > 0) {

@@ -10,7 +10,8 @@ typedef struct {
     int lease_s;        /* a cycle's lease; the executor extends it while it works */
     int max_models;     /* models considered per cycle */
     int pair_hold_ms;   /* a run ending in a forward_backward younger than this waits for
-                           the optim_step the client usually sends right after it (rule 5) */
+                           the optim_step the client usually sends right after it
+                           (docs/architecture.md, rule 5) */
 } sched_opts;
 
 /* Builds one cycle for an idle executor if there is eligible work. Returns the number

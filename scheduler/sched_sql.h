@@ -1,5 +1,10 @@
 /* sched_sql.h: every SQL statement of the scheduler, named. Parameters are bound. */
 #pragma once
+#include "common/contract.h"
+
+/* What wakes the scheduler: operations queued, executors ready for a cycle. */
+#define SQL_LISTEN_OPS "LISTEN " CHAN_OP_QUEUED
+#define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
 
 /* $1 executor id. Locks the executor if idle; a second scheduler skips it. */
 #define SQL_LOCK_IDLE_EXECUTOR \
@@ -16,12 +21,14 @@
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
 
-/* $1 text[] of model ids. Queued operations of those models in seq order. */
+/* $1 text[] of model ids. Queued operations of those models, each with the index of its
+ * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
 #define SQL_LOCK_QUEUED_OPS \
-    "SELECT id, model_id, seq_id, kind, n_tokens," \
-    " (extract(epoch FROM clock_timestamp() - created_at) * 1000)::int AS age_ms FROM operations" \
-    " WHERE model_id = ANY($1::text[]) AND state = 'queued'" \
-    " ORDER BY model_id, seq_id FOR UPDATE SKIP LOCKED"
+    "SELECT o.id, m.i - 1 AS model_index, o.seq_id, o.kind, o.n_tokens," \
+    " (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::int AS age_ms" \
+    " FROM unnest($1::text[]) WITH ORDINALITY AS m(id, i) JOIN operations o ON o.model_id = m.id" \
+    " WHERE o.state = 'queued'" \
+    " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* $1 base model, $2 executor id, $3 limit. Queued sample ops this executor can run:
  * from the base model or a checkpoint (any executor of the base model), or from a
@@ -29,7 +36,7 @@
 #define SQL_LOCK_QUEUED_SAMPLES \
     "SELECT o.id, o.n_tokens, o.tenant_id FROM operations o" \
     " JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
-    " WHERE o.state = 'queued' AND o.kind = 'sample' AND s.base_model = $1" \
+    " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = $1" \
     "   AND (s.source_model_id IS NULL OR s.executor_id = $2)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
 
@@ -51,7 +58,7 @@
 
 #define SQL_EXECUTOR_BUSY "UPDATE executors SET state = 'busy' WHERE id = $1"
 
-#define SQL_NOTIFY_CYCLE "SELECT pg_notify('loom_cycle', $1)"
+#define SQL_NOTIFY_CYCLE "SELECT pg_notify('" CHAN_CYCLE "', $1)"
 
 #define SQL_IDLE_EXECUTORS \
     "SELECT id FROM executors WHERE state = 'idle' ORDER BY heartbeat_at DESC"
@@ -68,6 +75,13 @@
     "   OR EXISTS (SELECT 1 FROM executors e WHERE e.id = c.executor_id AND e.state = 'gone'))" \
     " RETURNING id"
 
+/* An executor whose lease ran out (a cycle it held expired in the last minute) is not
+ * trusted with more work. */
+#define SQL_REAP_LEASE_LOST \
+    "UPDATE executors e SET state = 'gone' FROM cycles c" \
+    " WHERE c.executor_id = e.id AND c.state = 'expired'" \
+    " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'"
+
 /* Sample ops of expired cycles that need no in-memory state (base model or checkpoint)
  * go back to the queue; after 3 attempts they fail. */
 #define SQL_REQUEUE_SAMPLES \
@@ -78,10 +92,10 @@
     "   error_category = CASE WHEN o.attempt >= 2 THEN 'server' END," \
     "   finished_at = CASE WHEN o.attempt >= 2 THEN now() END" \
     " FROM cycles c, sampling_sessions s" \
-    " WHERE o.cycle_id = c.id AND c.state = 'expired' AND o.state = 'claimed' AND o.kind = 'sample'" \
+    " WHERE o.cycle_id = c.id AND c.state = 'expired' AND o.state = 'claimed' AND o.kind = '" OP_SAMPLE "'" \
     "   AND s.id = o.sampling_session_id AND s.source_model_id IS NULL" \
     " RETURNING o.request_id, o.state)" \
-    " SELECT pg_notify(CASE WHEN state = 'failed' THEN 'loom_op_done' ELSE 'loom_op_queued' END," \
+    " SELECT pg_notify(CASE WHEN state = 'failed' THEN '" CHAN_OP_DONE "' ELSE '" CHAN_OP_QUEUED "' END," \
     "   request_id) FROM r"
 
 /* Samples from a snapshot that lived on a gone executor cannot run anywhere. */
@@ -91,7 +105,7 @@
     " FROM sampling_sessions s JOIN executors e ON e.id = s.executor_id" \
     " WHERE o.sampling_session_id = s.id AND e.state = 'gone' AND o.state IN ('queued','claimed')" \
     " RETURNING o.request_id)" \
-    " SELECT pg_notify('loom_op_done', request_id) FROM f"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
 
 /* The adapter of a model lived in its executor's memory: when that executor is gone
  * the training state is gone too (until checkpoints can restore it), so the model
@@ -105,7 +119,7 @@
     " Create a new model (or load a checkpoint) to continue'" \
     "   FROM dead WHERE o.model_id = dead.id AND o.state IN ('queued','claimed')" \
     "   RETURNING o.request_id)" \
-    " SELECT pg_notify('loom_op_done', request_id) FROM ops"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM ops"
 
 /* ---- settling seq order ------------------------------------------------------------- */
 
@@ -146,7 +160,7 @@
     "   RETURNING o.request_id)," \
     " moved AS (UPDATE models m SET next_seq = (SELECT LEAST(max(x.seq_id) + 1, 2147483647) FROM operations x" \
     "   WHERE x.model_id = m.id) FROM stuck WHERE m.id = stuck.id RETURNING m.id)" \
-    " SELECT pg_notify('loom_op_done', request_id), (SELECT count(*) FROM moved) FROM failed"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id), (SELECT count(*) FROM moved) FROM failed"
 
 /* An operation that arrives for a seq_id the model has already moved past (the missing
  * one of a gap given up on, sent late) can never run: it fails with a message. */
@@ -156,4 +170,4 @@
     " waiting for it and moved on to seq_id ' || m.next_seq || '; it was not run'" \
     " FROM models m WHERE m.id = o.model_id AND o.state = 'queued' AND o.seq_id < m.next_seq" \
     " RETURNING o.request_id)" \
-    " SELECT pg_notify('loom_op_done', request_id) FROM f"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"

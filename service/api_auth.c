@@ -64,7 +64,7 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
     PQclear(r);
     if (touch) {
         char id[24], e2[256];
-        snprintf(id, sizeof id, "%lld", (long long)*key_id);
+        api_fmt_i64(id, *key_id);
         const char *tp[1] = {id};
         /* Best effort: a failed bookkeeping update must not fail the request. */
         if (db_exec(db, SQL_KEY_TOUCH, 1, tp, e2, sizeof e2) < 0)

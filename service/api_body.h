@@ -1,5 +1,5 @@
 /* api_body.h: request body Content-Encoding. SDK >= 0.22.1 zstd-compresses protobuf
- * forward_backward bodies when client/config says proto_compress_fwdbwd (spec §1.6);
+ * forward_backward bodies when client/config says proto_compress_fwdbwd (docs/protocol.md §1.6);
  * the body is one zstd frame. Decoding happens on a database worker, never on a loop. */
 #pragma once
 #include "service/api_job.h"

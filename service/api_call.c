@@ -1,5 +1,6 @@
 /* api_call.c: setting a job's response from a handler (see api_call.h). */
 #include "service/api_call.h"
+#include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_json.h"
@@ -26,6 +27,17 @@ int api_reply_bytes(api_call *c, int status, const char *content_type, void *dat
 }
 
 void api_fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
+
+PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun) {
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[2] = {id, tid};
+    PGresult *r = db_query(c->db, sql, 2, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, what, c->err), NULL;
+    if (PQntuples(r) > 0) return r;
+    PQclear(r);
+    return api_error(c, 404, "%s %.200s not found", noun, id), NULL;
+}
 
 int api_reply_text(api_call *c, int status, const char *json) {
     size_t n = strlen(json);
@@ -98,15 +110,33 @@ int api_query_param(api_call *c, const char *name, char *out, size_t outlen) {
     while (q && *q) {
         const char *end = strchr(q, '&');
         size_t len = end ? (size_t)(end - q) : strlen(q);
-        if (len > nlen && q[nlen] == '=' && !memcmp(q, name, nlen)) {
-            size_t vlen = len - nlen - 1;
+        if (len >= nlen && !memcmp(q, name, nlen) && (len == nlen || q[nlen] == '=')) {
+            size_t vlen = len > nlen ? len - nlen - 1 : 0;   /* "?name" alone: present, empty */
             if (vlen >= outlen) vlen = outlen - 1;
-            memcpy(out, q + nlen + 1, vlen);
+            memcpy(out, q + len - vlen, vlen);
             out[vlen] = 0;
             api_url_decode(out);
             return 1;
         }
         q = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+int api_page_params(api_call *c, int64_t def_limit, int64_t max_limit, int64_t *limit, int64_t *offset) {
+    char v[64], *end;
+    *limit = def_limit;
+    *offset = 0;
+    if (api_query_param(c, "limit", v, sizeof v)) {
+        *limit = strtoll(v, &end, 10);
+        if (!*v || *end || *limit < 1 || *limit > max_limit)
+            return api_error(c, 400, "limit must be an integer between 1 and %lld, got \"%s\"", (long long)max_limit,
+                             v), -1;
+    }
+    if (api_query_param(c, "offset", v, sizeof v)) {
+        *offset = strtoll(v, &end, 10);
+        if (!*v || *end || *offset < 0 || *offset > INT32_MAX)
+            return api_error(c, 400, "offset must be an integer between 0 and %d, got \"%s\"", INT32_MAX, v), -1;
     }
     return 0;
 }

@@ -47,12 +47,21 @@ int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((form
  * thousands of requests a minute from each waiting client). */
 int api_db_error(api_call *c, const char *what, const char *err);
 
+/* Runs sql with ($1 id, $2 the caller's tenant): its row when it has one; else NULL with
+ * the answer sent: 404 "<noun> <id> not found", or 503 on a database error (logged with
+ * what). */
+PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun);
+
 /* "%lld" of v, for bound parameters. */
 void api_fmt_i64(char out[24], int64_t v);
 /* The path suffix of a wildcard route (an id), percent-decoded in place; "" if none. */
 const char *api_path_id(api_call *c);
-/* Query parameter `name` (decoded) into out; 1 if present, 0 if not. */
+/* Query parameter `name` (decoded, cut to outlen - 1 bytes) into out; 1 if present ("?name"
+ * alone is present and empty), 0 if not. */
 int api_query_param(api_call *c, const char *name, char *out, size_t outlen);
+/* ?limit= (default def_limit, 1 … max_limit) and &offset= (default 0, 0 … 2^31 - 1) of a
+ * listing (docs/protocol.md §12.2). 0, or -1 with the 400 answered. */
+int api_page_params(api_call *c, int64_t def_limit, int64_t max_limit, int64_t *limit, int64_t *offset);
 /* Decodes %XX and '+' in place; returns the new length. */
 size_t api_url_decode(char *s);
 /* The path suffix and the query string must be UTF-8 once percent-decoded (they end up

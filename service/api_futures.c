@@ -1,7 +1,7 @@
-/* api_futures.c: POST /api/v1/retrieve_future (§4.2), the worker side. One look at the
+/* api_futures.c: POST /api/v1/retrieve_future (docs/protocol.md §4.2), the worker side. One look at the
  * operations row: done -> the stored result; failed/canceled -> {"error", "category"};
  * queued/claimed -> the job is parked by its event loop (http_server.c), which sends it
- * back here on a NOTIFY loom_op_done or after 1 s, and answers try_again after 25 s,
+ * back here on a NOTIFY on CHAN_OP_DONE or after 1 s, and answers try_again after 25 s,
  * with the queue state and the reason the operation waits. */
 #include "common/db.h"
 #include "common/log.h"
@@ -76,8 +76,8 @@ static int reply_waiting(api_call *c, const PGresult *r) {
 /* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
  * (§4.2, §14; SDK 0.25 accepts nothing else for them), else the stored JSON. */
 static int reply_result(api_call *c, const char *kind, const char *json) {
-    bool fwd = !strcmp(kind, "forward_backward") || !strcmp(kind, "forward");
-    bool sample = !strcmp(kind, "sample");
+    bool fwd = !strcmp(kind, OP_FORWARD_BACKWARD) || !strcmp(kind, OP_FORWARD);
+    bool sample = !strcmp(kind, OP_SAMPLE);
     if ((fwd || sample) && proto_accepted(c->job->accept)) {
         uint8_t *buf;
         size_t len;

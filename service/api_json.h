@@ -1,4 +1,4 @@
-/* api_json.h: reading request bodies the way the spec asks (§1.2): absent or explicit
+/* api_json.h: reading request bodies as docs/protocol.md §1.2 describes: absent or explicit
  * null means "the default", unknown fields are ignored, a value of the wrong type is a
  * 400 whose message names the field (`where.key`) and what was expected. */
 #pragma once

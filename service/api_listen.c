@@ -12,21 +12,20 @@
 
 typedef struct {
     char *conninfo;
-    char *channel;
+    char *listen_sql;
     api_listen_cb cb;
     void *arg;
 } listener;
 
 static PGconn *listen_connect(listener *l) {
-    char err[512], sql[160];
+    char err[512];
     PGconn *c = db_connect(l->conninfo, 0, err, sizeof err);
     if (!c) {
         log_warn("listen: cannot connect: %s", err);
         return NULL;
     }
-    snprintf(sql, sizeof sql, "LISTEN %s", l->channel); /* channel is a constant of ours */
-    if (db_exec(c, sql, 0, NULL, err, sizeof err) < 0) {
-        log_warn("listen: %s failed: %s", sql, err);
+    if (db_exec(c, l->listen_sql, 0, NULL, err, sizeof err) < 0) {
+        log_warn("listen: %s failed: %s", l->listen_sql, err);
         PQfinish(c);
         return NULL;
     }
@@ -74,12 +73,12 @@ static void *listen_main(void *arg) {
     return NULL;
 }
 
-int api_listen_start(const char *conninfo, const char *channel, api_listen_cb cb, void *arg,
+int api_listen_start(const char *conninfo, const char *listen_sql, api_listen_cb cb, void *arg,
                      char *err, size_t errlen) {
     listener *l = calloc(1, sizeof *l);
     if (!l) abort();
     l->conninfo = strdup(conninfo);
-    l->channel = strdup(channel);
+    l->listen_sql = strdup(listen_sql);
     l->cb = cb;
     l->arg = arg;
     pthread_t tid;

@@ -1,5 +1,5 @@
 /* api_listen.h: one thread per api process with its own PostgreSQL connection that
- * LISTENs on a channel and hands each notification's payload to a callback (the event
+ * LISTENs (listen_sql: SQL_LISTEN_OP_DONE of api_sql.h) and hands each notification's payload to a callback (the event
  * loops' fan-out). NOTIFY is only a wake-up hint: after a reconnect the callback gets
  * NULL, meaning "notifications may have been missed, re-check everything". */
 #pragma once
@@ -8,5 +8,5 @@
 typedef void (*api_listen_cb)(const char *payload, void *arg);
 
 /* Starts the thread; it reconnects forever. Returns 0 or -1 with err. */
-int api_listen_start(const char *conninfo, const char *channel, api_listen_cb cb, void *arg,
+int api_listen_start(const char *conninfo, const char *listen_sql, api_listen_cb cb, void *arg,
                      char *err, size_t errlen);

@@ -146,7 +146,7 @@ int api_main(int argc, char **argv) {
         log_error("%s", err);
         return 1;
     }
-    if (api_listen_start(db, API_CHANNEL_OP_DONE, http_server_notify, NULL, err, sizeof err) < 0) {
+    if (api_listen_start(db, SQL_LISTEN_OP_DONE, http_server_notify, NULL, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }

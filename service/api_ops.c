@@ -3,6 +3,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "service/api_call.h"
+#include "service/api_json.h"
 #include "service/api_sql.h"
 #include <sodium.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@ void op_new_request_id(char out[API_REQUEST_ID_MAX]) {
 int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
                    char *err, size_t errlen) {
     char tid[24];
-    snprintf(tid, sizeof tid, "%lld", (long long)tenant_id);
+    api_fmt_i64(tid, tenant_id);
     const char *p[2] = {model_id, tid};
     PGresult *r = db_query(db, SQL_MODEL_FOR_OP, 2, p, err, errlen);
     if (!r) return -1;
@@ -69,8 +70,8 @@ static int existing_op(PGconn *db, const char *model_id, const char *seq, const 
 int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID_MAX], char *err,
               size_t errlen) {
     char tid[24], seq[24], ntok[24], fresh[API_REQUEST_ID_MAX];
-    snprintf(tid, sizeof tid, "%lld", (long long)q->tenant_id);
-    snprintf(ntok, sizeof ntok, "%lld", (long long)q->n_tokens);
+    api_fmt_i64(tid, q->tenant_id);
+    api_fmt_i64(ntok, q->n_tokens);
     op_new_request_id(fresh);
     if (db_begin(db, err, errlen) < 0) return -1;
     const char *mp[1] = {q->model_id};
@@ -79,7 +80,7 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
      * and absent seq_ids; take the next one then. */
     for (int attempt = 0; attempt < 100; attempt++) {
         if (q->has_seq_id) {
-            snprintf(seq, sizeof seq, "%lld", (long long)q->seq_id);
+            api_fmt_i64(seq, q->seq_id);
         } else {
             PGresult *r = db_query(db, SQL_MODEL_NEXT_SEQ, 1, mp, err, errlen);
             if (!r) goto fail;
@@ -92,7 +93,7 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
                          q->model_id, INT32_MAX);
                 return 400;
             }
-            snprintf(seq, sizeof seq, "%lld", (long long)next);
+            api_fmt_i64(seq, next);
         }
         const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
         PGresult *r = db_query(db, SQL_OP_INSERT, 7, p, err, errlen);
@@ -147,5 +148,15 @@ int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, in
     const char *p[7] = {rid, tid, model_id, seq, kind, error, st};
     if (db_exec(c->db, SQL_OP_RECORD_REJECTED, 7, p, err, sizeof err) < 0)
         log_warn("%s %s seq %s: recording the rejected submit failed: %s", kind, model_id, seq, err);
+    return 0;
+}
+
+int op_req_target(api_call *c, const char **model_id, int64_t *seq_id, bool *has_seq_id) {
+    if (jx_req_str(c->body, "", "model_id", model_id, c->err, sizeof c->err) < 0 ||
+        jx_int(c->body, "", "seq_id", 0, seq_id, has_seq_id, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err), -1;
+    if (*has_seq_id && (*seq_id < 1 || *seq_id > INT32_MAX))
+        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1 (0 is "
+                                 "its create_model)", (long long)*seq_id), -1;
     return 0;
 }

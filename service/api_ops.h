@@ -53,5 +53,10 @@ typedef struct api_call api_call;
 int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, int64_t seq_id,
               const char *kind);
 
+/* The model_id (required) and seq_id (optional, 1 … 2^31-1; *has_seq_id says whether it
+ * was sent) of a model operation's body. 0, or -1 with the 400 answered (nothing is
+ * recorded: without a valid pair there is no seq_id to fill). */
+int op_req_target(api_call *c, const char **model_id, int64_t *seq_id, bool *has_seq_id);
+
 /* "req-" + 32 hex characters of fresh randomness. */
 void op_new_request_id(char out[API_REQUEST_ID_MAX]);

@@ -7,6 +7,7 @@
 #include "service/api_call.h"
 #include "service/api_json.h"
 #include "service/api_routes.h"
+#include "service/api_sql.h"
 #include <pthread.h>
 #include <strings.h>
 #include <stdio.h>
@@ -34,9 +35,8 @@ struct api_pool {
 static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size_t errlen) {
     PGconn *c = db_connect(conninfo, wait_ms, err, errlen);
     if (!c) return NULL;
-    /* A stuck lock must not hold a worker forever; the client retries a 503. */
-    if (db_exec(c, "SET statement_timeout = '30s'", 0, NULL, err, errlen) < 0 ||
-        db_exec(c, "SET application_name = 'loom-api'", 0, NULL, err, errlen) < 0) {
+    if (db_exec(c, SQL_WORKER_TIMEOUT, 0, NULL, err, errlen) < 0 ||
+        db_exec(c, SQL_WORKER_NAME, 0, NULL, err, errlen) < 0) {
         PQfinish(c);
         return NULL;
     }
@@ -138,7 +138,8 @@ static void run_job(worker *w, api_job *job) {
     const api_route *r = job->route;
     if (!job->recheck && api_check_request_text(&c) < 0) return;
     if (!ensure_db(w, c.err, sizeof c.err)) {
-        api_db_error(&c, r->path, c.err);
+        if (r->flags & ROUTE_DB_OPTIONAL) r->run(&c);
+        else api_db_error(&c, r->path, c.err);
         return;
     }
     c.db = w->db;
@@ -151,6 +152,11 @@ static void run_job(worker *w, api_job *job) {
             c.db = w->db;
             rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
                               &c.scopes, c.err, sizeof c.err);
+        }
+        if (rc < 0 && (r->flags & ROUTE_DB_OPTIONAL)) {
+            c.db = NULL;
+            r->run(&c);
+            return;
         }
         if (rc < 0) {
             api_db_error(&c, "authentication", c.err);

@@ -145,12 +145,7 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
                  where, name, n, n);
         return -1;
     }
-    out->present = true;
-    out->n = n;
-    out->k = 1;
-    out->dims = 1;
-    if (is_int) out->i = xcalloc(n, sizeof *out->i);
-    else out->f = xcalloc(n, sizeof *out->f);
+    fb_tensor_alloc_1d(out, n, is_int);
     for (size_t k = 0; k < n; k++) {
         const uint8_t *p = b->data + k * (size_t)size;
         if (is_int) {
@@ -186,25 +181,25 @@ static int decode_tensor(const TinkerPublic__Tensor *t, const char *where, const
     return 0;
 }
 
-static int decode_datum(const TinkerPublic__Datum *d, size_t i, fb_loss loss, size_t *budget,
+static int decode_datum(const TinkerPublic__Datum *d, size_t i, loss_kind loss, size_t *budget,
                         fb_datum *out, char *err, size_t errlen) {
     char where[96];
     snprintf(where, sizeof where, "data[%zu].model_input", i);
     if (decode_text_chunks(d, where, out, err, errlen) < 0) return -1;
     snprintf(where, sizeof where, "data[%zu].loss_fn_inputs", i);
-    unsigned accepted = fb_loss_accepted(loss);
+    unsigned accepted = loss_inputs_accepted(loss);
     for (size_t e = 0; e < d->n_loss_fn_inputs; e++) {
         const TinkerPublic__Datum__LossFnInputsEntry *in = d->loss_fn_inputs[e];
-        for (int k = 0; k < FB_N_INPUTS; k++) {
+        for (int k = 0; k < LOSS_N_INPUTS; k++) {
             /* inputs this loss does not use are ignored, as on the JSON path */
-            if (!(accepted & (1u << k)) || strcmp(in->key, fb_input_names[k]) != 0 || !in->value)
+            if (!(accepted & (1u << k)) || strcmp(in->key, loss_input_names[k]) != 0 || !in->value)
                 continue;
             if (out->in[k].present) {
-                snprintf(err, errlen, "%s.%s is given twice", where, fb_input_names[k]);
+                snprintf(err, errlen, "%s.%s is given twice", where, loss_input_names[k]);
                 return -1;
             }
-            if (decode_tensor(in->value, where, fb_input_names[k], k == FB_TARGET_TOKENS,
-                              fb_two_d_ok(loss, (fb_input)k), out->n_tokens, budget, &out->in[k],
+            if (decode_tensor(in->value, where, loss_input_names[k], k == LOSS_IN_TARGET_TOKENS,
+                              loss_input_two_d(loss, (loss_input)k), out->n_tokens, budget, &out->in[k],
                               err, errlen) < 0)
                 return -1;
         }
@@ -269,7 +264,7 @@ int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *e
     }
     out->model_id = strdup(m->model_id);
     if (!out->model_id) abort();
-    out->has_seq_id = m->seq_id != 0; /* 0 = unset (§14) */
+    out->has_seq_id = m->seq_id != 0; /* 0 = unset (docs/protocol.md §14) */
     out->seq_id = m->seq_id;
     if (fb_set_loss(out, in_key, m->loss_fn && *m->loss_fn ? m->loss_fn : NULL, err, errlen) < 0)
         goto out;
@@ -286,7 +281,7 @@ int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *e
     if (fb_check_n_data(in_key, m->n_data, err, errlen) < 0) goto out;
     out->data = xcalloc(m->n_data, sizeof *out->data);
     out->n_data = m->n_data;
-    size_t budget = FB_MAX_2D_VALUES;
+    size_t budget = LIMIT_2D_VALUES;
     for (size_t i = 0; i < m->n_data; i++)
         if (decode_datum(m->data[i], i, out->loss, &budget, &out->data[i], err, errlen) < 0) goto out;
     rc = 0;

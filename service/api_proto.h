@@ -1,4 +1,4 @@
-/* api_proto.h: the protobuf side of the wire (spec §1.6, §14), generated from
+/* api_proto.h: the protobuf side of the wire (docs/protocol.md §1.6, §14), generated from
  * service/proto/tinker_public.proto by protoc-c. A ForwardBackwardRequest body decodes
  * into the same fb_request as the JSON body (then the same fb_validate and payload);
  * stored JSON results of forward/forward_backward and sample operations encode as

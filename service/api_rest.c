@@ -1,4 +1,4 @@
-/* api_rest.c: REST reads of §12.2 that are not checkpoint routes (sessions, training
+/* api_rest.c: REST reads of docs/protocol.md §12.2 that are not checkpoint routes (sessions, training
  * runs) and unload_model (§7.8). Everything is scoped to the caller's tenant: another
  * tenant's id is simply not found (404), and listings only ever show the caller's rows.
  * The JSON objects (TrainingRun, Checkpoint, Cursor) are built by the SQL in api_sql.h. */
@@ -17,19 +17,8 @@
 /* ?limit=&offset=&access_scope= of a listing. 0, or the 400 is answered. */
 static int list_params(api_call *c, int64_t def_limit, char limit[24], char offset[24]) {
     char v[64];
-    int64_t lim = def_limit, off = 0;
-    char *end;
-    if (api_query_param(c, "limit", v, sizeof v)) {
-        lim = strtoll(v, &end, 10);
-        if (!*v || *end || lim < 1 || lim > LIST_MAX_LIMIT)
-            return api_error(c, 400, "limit must be an integer between 1 and %d, got \"%s\"",
-                             LIST_MAX_LIMIT, v), -1;
-    }
-    if (api_query_param(c, "offset", v, sizeof v)) {
-        off = strtoll(v, &end, 10);
-        if (!*v || *end || off < 0 || off > INT32_MAX)
-            return api_error(c, 400, "offset must be a non-negative integer, got \"%s\"", v), -1;
-    }
+    int64_t lim, off;
+    if (api_page_params(c, def_limit, LIST_MAX_LIMIT, &lim, &off) < 0) return -1;
     /* "accessible" would add what others share with this tenant; listings show owned rows
      * only, which both scopes include. */
     if (api_query_param(c, "access_scope", v, sizeof v) && strcmp(v, "owned") != 0 &&
@@ -65,14 +54,13 @@ static int list_route(api_call *c, const char *what, const char *sql) {
     return reply_one_json(c, what, sql, 3, p, "nothing to list");
 }
 
-/* One of the caller's objects by the id in the path. */
+/* One of the caller's objects by the id in the path (a row of one cell: the JSON answer). */
 static int get_route(api_call *c, const char *what, const char *sql, const char *noun) {
-    char tid[24], msg[300];
-    const char *id = api_path_id(c);
-    api_fmt_i64(tid, c->tenant_id);
-    snprintf(msg, sizeof msg, "%s %.200s not found", noun, id);
-    const char *p[2] = {id, tid};
-    return reply_one_json(c, what, sql, 2, p, msg);
+    PGresult *r = api_tenant_row(c, what, sql, api_path_id(c), noun);
+    if (!r) return 0;
+    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
 }
 
 int api_h_list_sessions(api_call *c) { return list_route(c, "sessions", SQL_SESSIONS_LIST); }

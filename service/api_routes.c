@@ -1,10 +1,12 @@
-/* api_routes.c: every path of the Tinker spec, with how Loom answers it today. Paths not
- * in this table are 404; paths here flagged ROUTE_TODO answer 501 until implemented. */
+/* api_routes.c: every path of the wire protocol (docs/protocol.md §1.4), with how Loom answers it. Paths not
+ * in this table are 404, and so are the other methods on a path only a ROUTE_TODO entry
+ * names (GET sessions/{id}/trace_export is not offered: 404, not 405); a known path with
+ * another method is 405; ROUTE_TODO entries answer 501 until implemented. */
 #include "service/api_routes.h"
 #include "service/api_weights.h"
 #include <string.h>
 
-/* client/config (§2.1); api_main.c rewrites it for --proto before any loop starts. */
+/* client/config (docs/protocol.md §2.1); api_main.c rewrites it for --proto before any loop starts. */
 char api_client_config[256] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}";
 
 #define V1 "/api/v1"
@@ -20,8 +22,8 @@ static const api_route routes[] = {
     {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
     {"POST", V1 "/get_server_capabilities", ROUTE_READ, api_h_capabilities, NULL},
     /* telemetry (§13): any valid key (the SDK sends X-API-Key on every request); any body
-     * is accepted */
-    {"POST", V1 "/telemetry", ROUTE_READ | ROUTE_RAW_BODY, api_h_telemetry, NULL},
+     * is accepted, and while the database is away (no key can be checked) dropped */
+    {"POST", V1 "/telemetry", ROUTE_READ | ROUTE_RAW_BODY | ROUTE_DB_OPTIONAL, api_h_telemetry, NULL},
 
     /* sessions (§3) */
     {"POST", V1 "/create_session", ROUTE_READ, api_h_create_session, NULL},
@@ -92,7 +94,7 @@ const api_route *api_route_find(const char *method, size_t mlen, const char *pat
         const api_route *r = &routes[i];
         size_t off;
         if (!path_matches(r->path, path, plen, &off)) continue;
-        path_known = true;
+        path_known |= !(r->flags & ROUTE_TODO);
         if (strlen(r->method) == mlen && !memcmp(r->method, method, mlen)) {
             *arg_off = off;
             return r;

@@ -8,7 +8,7 @@
 enum {
     ROUTE_NO_AUTH = 1,    /* no API key needed */
     ROUTE_INLINE = 2,     /* static answer, sent by the loop: `inline_body` */
-    ROUTE_TODO = 4,       /* in the spec, not implemented yet: 501 */
+    ROUTE_TODO = 4,       /* in the protocol, not implemented yet: 501 */
     ROUTE_RAW_BODY = 8,   /* handler reads job->body itself (no JSON parse / 400) */
     ROUTE_LONG_POLL = 16, /* may park (retrieve_future) */
     /* Key scopes. GET routes and ROUTE_READ routes take any key; ROUTE_SAMPLE routes need
@@ -17,6 +17,9 @@ enum {
     ROUTE_READ = 32,
     ROUTE_SAMPLE = 64,
     ROUTE_PROTO_BODY = 128, /* also takes application/x-protobuf bodies (kept as bytes) */
+    /* Answered even while the database is away: the handler runs with db NULL and no
+     * tenant (the key cannot be checked) and must store nothing (telemetry). */
+    ROUTE_DB_OPTIONAL = 256,
 };
 
 struct api_route {

@@ -1,4 +1,4 @@
-/* api_sampling.c: sampling routes: create_sampling_session (§3.3), GET samplers/{id}
+/* api_sampling.c: sampling routes: create_sampling_session (docs/protocol.md §3.3), GET samplers/{id}
  * (§3.4), the unnamed save_weights_for_sampler (§7.6: a snapshot of the model's live
  * weights plus its sampling session, in one transaction) and asample / sample (§11.1).
  *
@@ -176,16 +176,8 @@ dberr:
 /* ---- GET /api/v1/samplers/{id} (§3.4) ------------------------------------------------- */
 
 int api_h_get_sampler(api_call *c) {
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *id = api_path_id(c);
-    const char *p[2] = {id, tid};
-    PGresult *r = db_query(c->db, SQL_SAMPLING_SESSION_GET, 2, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "samplers", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "sampler %.200s not found", id);
-    }
+    PGresult *r = api_tenant_row(c, "samplers", SQL_SAMPLING_SESSION_GET, api_path_id(c), "sampler");
+    if (!r) return 0;
     json_t *resp = json_pack("{s:s, s:s, s:o}", "sampler_id", PQgetvalue(r, 0, 0), "base_model",
                              PQgetvalue(r, 0, 1), "model_path",
                              PQgetisnull(r, 0, 2) ? json_null() : json_string(PQgetvalue(r, 0, 2)));
@@ -229,7 +221,7 @@ int api_h_save_weights_for_sampler(api_call *c) {
     if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
         return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
                                  "from 1 (0 is its create_model)", (long long)seq_id);
-#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "save_weights_for_sampler")
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, OP_SAVE_FOR_SAMPLER)
     if (jx_int(c->body, "", "sampling_session_seq_id", 0, &sseq, &has_sseq, c->err, sizeof c->err) < 0)
         return REJECT(400);
     if (has_sseq && (sseq < 0 || sseq > INT32_MAX)) {
@@ -262,7 +254,7 @@ int api_h_save_weights_for_sampler(api_call *c) {
     sb_putc(&pl, '}');
     snapshot_session ss = {id, tid, m.session_id, sseqs, m.base_model, model_id};
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id,
-                       .kind = "save_weights_for_sampler", .has_seq_id = has_seq, .seq_id = seq_id,
+                       .kind = OP_SAVE_FOR_SAMPLER, .has_seq_id = has_seq, .seq_id = seq_id,
                        .payload = pl.data, .n_tokens = 0, .in_tx = insert_snapshot_session,
                        .in_tx_arg = &ss};
     char request_id[API_REQUEST_ID_MAX];

@@ -2,6 +2,8 @@
  * bound ($n), never spliced. Tenant scoping lives here: a row of another tenant is
  * simply not found. */
 #pragma once
+#include "common/contract.h"
+#include "registry/reg_sql.h"
 
 /* ---- API keys ---------------------------------------------------------------------- */
 /* $1 prefix -> id, tenant_id, hash (hex), revoked, expired, touch_due, train, sample, read */
@@ -75,12 +77,14 @@
     " 'user', now() FROM models m"                                                          \
     " WHERE m.id = $3 AND m.tenant_id = $2 AND m.status = 'active'"                         \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING 1)"                              \
-    " SELECT pg_notify('loom_op_queued', '') FROM ins"
+    " SELECT pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 /* $1 model, $2 seq_id -> request_id, kind, refused at submit, error */
 #define SQL_OP_EXISTING                                                                     \
     "SELECT request_id, kind, payload ? 'rejected', error FROM operations"                  \
     " WHERE model_id = $1 AND seq_id = $2"
-#define SQL_OP_NOTIFY_QUEUED "NOTIFY loom_op_queued"
+#define SQL_OP_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
+/* The LISTEN thread (api_listen.c): finished operations wake their parked futures. */
+#define SQL_LISTEN_OP_DONE "LISTEN " CHAN_OP_DONE
 /* $1 request_id, $2 tenant, $3 the tenant's queued-sample limit -> state, result text,
  * error, error_category, kind, model_id, seq_id, cycle_id, and for a pending operation
  * why it waits: base model, whether a live executor serves it, the model's next_seq,
@@ -95,26 +99,23 @@
     "   AND e.heartbeat_at > now() - interval '30 seconds') AS served, m.next_seq,"         \
     "   m.id IS NOT NULL AND o.seq_id > m.next_seq AND NOT EXISTS (SELECT 1 FROM"           \
     "   operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq) AS gap,"            \
-    "   CASE WHEN o.kind = 'sample' THEN (SELECT count(*) FROM (SELECT 1 FROM operations q" \
-    "   WHERE q.tenant_id = o.tenant_id AND q.kind = 'sample' AND q.state = 'queued'"       \
+    "   CASE WHEN o.kind = '" OP_SAMPLE "' THEN (SELECT count(*) FROM (SELECT 1 FROM operations q" \
+    "   WHERE q.tenant_id = o.tenant_id AND q.kind = '" OP_SAMPLE "' AND q.state = 'queued'"       \
     "   LIMIT $3) q) END AS queued_samples"                                                 \
     "   FROM (SELECT 1) one LEFT JOIN models m ON m.id = o.model_id"                        \
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
     " WHERE o.request_id = $1 AND o.tenant_id = $2"
 
-/* ---- sampling sessions (§3.3, §3.4, §7.6 unnamed form) ------------------------------- */
+/* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
- * A checkpoint the tenant may read: its own, public, or granted; live and unexpired. */
+ * A checkpoint the tenant may read (the registry's rule, REG_READABLE): its own, public,
+ * or granted; live and unexpired. */
 #define SQL_CHECKPOINT_READABLE                                                             \
-    "SELECT av.id, av.base_model, av.blob_digest, b.name IS NOT NULL"                       \
-    " FROM adapter_versions av JOIN adapters a ON a.id = av.adapter_id"                     \
-    " LEFT JOIN base_models b ON b.name = av.base_model"                                    \
-    " WHERE av.tinker_path = $1 AND av.deleted_at IS NULL"                                  \
-    " AND (av.expires_at IS NULL OR av.expires_at > now())"                                 \
-    " AND (a.tenant_id = $2 OR av.visibility = 'public' OR EXISTS (SELECT 1"                \
-    "      FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = $2))"          \
-    " ORDER BY av.id DESC LIMIT 1"
+    "SELECT v.id, v.base_model, v.blob_digest, b.name IS NOT NULL" REG_FROM                 \
+    " LEFT JOIN base_models b ON b.name = v.base_model"                                     \
+    " WHERE v.tinker_path = $1 AND " REG_LIVE " AND " REG_READABLE                          \
+    " ORDER BY v.id DESC LIMIT 1"
 /* $1 session -> next free sampling_session_seq_id */
 #define SQL_SESSION_NEXT_SAMPLING_SEQ                                                       \
     "SELECT COALESCE(max(seq_id) + 1, 0) FROM sampling_sessions WHERE session_id = $1"
@@ -135,13 +136,10 @@
     "SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
-    " av.blob_digest,"                                                                      \
-    " COALESCE(av.deleted_at IS NOT NULL OR av.expires_at <= now(), false), s.model_path,"  \
-    " av.id IS NULL OR a.tenant_id = $2 OR av.visibility = 'public' OR EXISTS (SELECT 1"    \
-    "   FROM adapter_grants g WHERE g.adapter_id = a.id AND g.tenant_id = $2)"              \
+    " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE       \
     " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
-    " LEFT JOIN adapter_versions av ON av.id = s.adapter_version_id"                        \
-    " LEFT JOIN adapters a ON a.id = av.adapter_id"                                         \
+    " LEFT JOIN adapter_versions v ON v.id = s.adapter_version_id"                          \
+    " LEFT JOIN adapters a ON a.id = v.adapter_id"                                          \
     " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- sample operations (§11) ------------------------------------------------------- */
@@ -151,26 +149,26 @@
 /* $1 tenant, $2 limit -> min(queued sample ops of the tenant, limit) */
 #define SQL_TENANT_QUEUED_SAMPLES                                                           \
     "SELECT count(*) FROM (SELECT 1 FROM operations WHERE tenant_id = $1"                   \
-    " AND kind = 'sample' AND state = 'queued' LIMIT $2) q"
+    " AND kind = '" OP_SAMPLE "' AND state = 'queued' LIMIT $2) q"
 /* $1 request_id, $2 tenant, $3 sampling_session_id, $4 seq_id (NULL: no de-duplication),
  * $5 payload, $6 n_tokens -> request_id when inserted; wakes the scheduler with it. */
 #define SQL_SAMPLE_INSERT                                                                   \
     "WITH ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"      \
-    " seq_id, kind, payload, n_tokens) VALUES ($1, $2, $3, $4, 'sample', $5::jsonb, $6)"    \
+    " seq_id, kind, payload, n_tokens) VALUES ($1, $2, $3, $4, '" OP_SAMPLE "', $5::jsonb, $6)"    \
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
     " DO NOTHING RETURNING request_id)"                                                     \
-    " SELECT request_id, pg_notify('loom_op_queued', '') FROM ins"
+    " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 
 /* ---- unload_model (§7.8) ------------------------------------------------------------- */
 /* $1 model, $2 tenant -> status, request_id of an earlier unload_model or NULL; locks it */
 #define SQL_MODEL_FOR_UNLOAD                                                                \
     "SELECT m.status, (SELECT o.request_id FROM operations o WHERE o.model_id = m.id"       \
-    " AND o.kind = 'unload_model' ORDER BY o.id LIMIT 1)"                                   \
+    " AND o.kind = '" OP_UNLOAD_MODEL "' ORDER BY o.id LIMIT 1)"                                   \
     " FROM models m WHERE m.id = $1 AND m.tenant_id = $2 FOR UPDATE OF m"
 /* $1 request_id, $2 tenant, $3 model, $4 result: a future that is done at once */
 #define SQL_UNLOAD_OP_INSERT                                                                \
     "INSERT INTO operations (request_id, tenant_id, model_id, kind, payload, state, result," \
-    " finished_at) VALUES ($1, $2, $3, 'unload_model', '{}', 'done', $4::jsonb, now())"
+    " finished_at) VALUES ($1, $2, $3, '" OP_UNLOAD_MODEL "', '{}', 'done', $4::jsonb, now())"
 #define SQL_MODEL_SET_UNLOADED "UPDATE models SET status = 'unloaded' WHERE id = $1"
 /* $1 model: operations still queued will never run; their futures fail now. */
 #define SQL_MODEL_CANCEL_QUEUED                                                             \
@@ -178,7 +176,7 @@
     " error_category = 'user', error = 'model ' || model_id || ' was unloaded before this"  \
     " operation ran; create a new model (or load a checkpoint) to continue'"                \
     " WHERE model_id = $1 AND state = 'queued' RETURNING request_id)"                       \
-    " SELECT pg_notify('" API_CHANNEL_OP_DONE "', request_id) FROM c"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM c"
 
 /* ---- REST reads (§12.1, §12.2) ------------------------------------------------------- */
 #define SQL_ISO_TIME(x) "to_char((" x ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
@@ -231,4 +229,43 @@
     " sampling_sessions x WHERE x.session_id = s.id), '[]'))::text"                         \
     " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
 
-#define API_CHANNEL_OP_DONE "loom_op_done"
+/* ---- checkpoints and the registry (api_weights.c; REG_* from registry/reg_sql.h) ----- */
+/* $1 tenant or NULL, $2 key id, $3 action, $4 object, $5 details (JSON or NULL): an
+ * audit row with the calling key as actor ('key:<prefix>'). */
+#define SQL_AUDIT_BY_KEY                                                                    \
+    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                     \
+    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys"                  \
+    " WHERE id = $2::bigint), 'api'), $3, $4, COALESCE($5::jsonb, '{}'))"
+/* $1 model, $2 tenant -> base_model, lora_rank, train_attn, train_mlp, train_unembed */
+#define SQL_MODEL_LORA                                                                      \
+    "SELECT base_model, lora_rank, train_attn, train_mlp, train_unembed FROM models"        \
+    " WHERE id = $1 AND tenant_id = $2"
+/* $1 run, $2 tenant, $3 limit, $4 offset -> the readable live versions of the run
+ * (REG_VERSION_COLS, then the total count), oldest first */
+#define SQL_RUN_CHECKPOINTS                                                                 \
+    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                \
+    " WHERE a.name = $1 AND " REG_LIVE " AND " REG_READABLE                                 \
+    " ORDER BY v.created_at, v.id LIMIT $3 OFFSET $4"
+/* $1 model, $2 tenant -> a row if the tenant owns the run */
+#define SQL_RUN_OWNED "SELECT 1 FROM models WHERE id = $1 AND tenant_id = $2"
+/* $1 tenant, $2 limit, $3 offset -> the tenant's live versions (REG_VERSION_COLS, then
+ * the total count), newest first */
+#define SQL_TENANT_CHECKPOINTS                                                              \
+    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                \
+    " WHERE a.tenant_id = $1 AND " REG_LIVE " ORDER BY v.created_at DESC, v.id DESC"        \
+    " LIMIT $2 OFFSET $3"
+/* $1 tenant -> how many live versions it has */
+#define SQL_TENANT_CHECKPOINT_COUNT "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
+/* $1 version, $2 ttl seconds (< 0: never expires) */
+#define SQL_SET_TTL                                                                         \
+    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"           \
+    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
+/* $1 key id -> its tenant, if the key is neither revoked nor expired */
+#define SQL_LINK_KEY_TENANT                                                                 \
+    "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"           \
+    " AND (expires_at IS NULL OR expires_at > now())"
+
+/* ---- worker connections (api_pool.c) -------------------------------------------------- */
+/* A stuck lock must not hold a worker forever; the client retries a 503. */
+#define SQL_WORKER_TIMEOUT "SET statement_timeout = '30s'"
+#define SQL_WORKER_NAME "SET application_name = 'loom-api'"

@@ -1,4 +1,4 @@
-/* api_training.c: training routes (§7.1–7.5). Submits validate fully, then write one
+/* api_training.c: training routes (docs/protocol.md §7.1–7.5). Submits validate fully, then write one
  * operations row (see api_ops.c) and answer {"request_id", "model_id"}; get_info answers
  * directly from the models row. */
 #include "common/db.h"
@@ -24,8 +24,6 @@ static int reply_future(api_call *c, const char *request_id, const char *model_i
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id",
                                             model_id));
 }
-
-static void fmt_i64(char out[24], int64_t v) { snprintf(out, 24, "%lld", (long long)v); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -67,8 +65,8 @@ static int decode_create_model(const json_t *b, create_model_req *q, char *err, 
         snprintf(err, errlen, "model_seq_id must be between 0 and %d", INT32_MAX);
         goto out;
     }
-    if (q->rank < 1 || q->rank > 512) {
-        snprintf(err, errlen, "lora_config.rank must be between 1 and 512, got %lld",
+    if (q->rank < 1 || q->rank > LIMIT_LORA_RANK) {
+        snprintf(err, errlen, "lora_config.rank must be between 1 and %d, got %lld", LIMIT_LORA_RANK,
                  (long long)q->rank);
         goto out;
     }
@@ -112,9 +110,9 @@ int api_h_create_model(api_call *c) {
     if (!known) return base_model_unknown(c, q.base_model);
 
     char tid[24], mseq[24], rank[24], seed[24], model_id[MODEL_ID_MAX], request_id[API_REQUEST_ID_MAX];
-    fmt_i64(tid, c->tenant_id);
-    fmt_i64(rank, q.rank);
-    fmt_i64(seed, q.seed);
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(rank, q.rank);
+    api_fmt_i64(seed, q.seed);
     if (db_begin(c->db, c->err, sizeof c->err) < 0) return api_db_error(c, "create_model", c->err);
     /* The session row lock also serialises model_seq_id allocation within the session. */
     const char *sp[2] = {q.session_id, tid};
@@ -134,7 +132,7 @@ int api_h_create_model(api_call *c) {
         q.model_seq_id = db_int(r, 0, 0);
         PQclear(r);
     }
-    fmt_i64(mseq, q.model_seq_id);
+    api_fmt_i64(mseq, q.model_seq_id);
     if (snprintf(model_id, sizeof model_id, "%s:train:%s", q.session_id, mseq) >= (int)sizeof model_id) {
         db_rollback(c->db);
         return api_error(c, 400, "session_id is too long");
@@ -163,7 +161,7 @@ int api_h_create_model(api_call *c) {
                   (long long)q.rank, (long long)q.seed, q.train_attn ? "true" : "false",
                   q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false");
         op_new_request_id(request_id);
-        const char *op[7] = {request_id, tid, model_id, "0", "create_model", pl.data, "0"};
+        const char *op[7] = {request_id, tid, model_id, "0", OP_CREATE_MODEL, pl.data, "0"};
         r = db_query(c->db, SQL_OP_INSERT, 7, op, c->err, sizeof c->err);
         sb_free(&pl);
         if (!r) goto dberr;
@@ -196,15 +194,8 @@ int api_h_get_info(api_call *c) {
     const char *model_id;
     if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
-    char tid[24];
-    fmt_i64(tid, c->tenant_id);
-    const char *p[2] = {model_id, tid};
-    PGresult *r = db_query(c->db, SQL_MODEL_INFO, 2, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "get_info", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "model %.200s not found", model_id);
-    }
+    PGresult *r = api_tenant_row(c, "get_info", SQL_MODEL_INFO, model_id, "model");
+    if (!r) return 0;
     const char *tok = PQgetvalue(r, 0, 4);
     json_t *resp = json_pack("{s:s, s:s, s:b, s:I, s:s, s:{s:s, s:s, s:s}}", "type", "get_info",
                              "model_id", PQgetvalue(r, 0, 0), "is_lora", 1, "lora_rank",
@@ -234,7 +225,7 @@ static int submit_fwd(api_call *c, bool forward_only) {
         json_decref(c->body);
         c->body = NULL;
     }
-    const char *route = q.forward_only ? "forward" : "forward_backward";
+    const char *route = q.forward_only ? OP_FORWARD : OP_FORWARD_BACKWARD;
     if (rc < 0) {
         op_reject(c, 400, q.model_id, q.has_seq_id, q.seq_id, route);
         fb_request_free(&q);
@@ -298,35 +289,30 @@ int api_h_optim_step(api_call *c) {
     int64_t seq_id;
     bool has_seq;
     json_t *ap;
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered "
-                                 "from 1 (0 is its create_model)", (long long)seq_id);
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     if (jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
-        return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+        return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     double v[N_ADAM];
     json_t *empty = ap ? NULL : json_object();
     for (size_t i = 0; i < N_ADAM; i++) {
         const adam_field *f = &adam_fields[i];
         if (jx_num(ap ? ap : empty, "adam_params", f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
             json_decref(empty);
-            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+            return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
         bool ok = (f->lo_open ? v[i] > f->lo : v[i] >= f->lo) && v[i] < 1e18;
         if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
         if (!ok) {
             json_decref(empty);
             snprintf(c->err, sizeof c->err, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
-            return op_reject(c, 400, model_id, has_seq, seq_id, "optim_step");
+            return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
     }
     json_decref(empty);
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
 
     strbuf pl;
     sb_init(&pl, 256);
@@ -336,12 +322,12 @@ int api_h_optim_step(api_call *c) {
         sb_double(&pl, v[i]);
     }
     sb_puts(&pl, "}}");
-    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "optim_step",
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = OP_OPTIM_STEP,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data, .n_tokens = 0};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
-    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, "optim_step");
+    if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     return reply_future(c, request_id, model_id);
 }

@@ -9,6 +9,7 @@
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "registry/reg_sql.h"
+#include "service/api_sql.h"
 #include "service/api_json.h"
 #include "service/api_ops.h"
 #include <sodium.h>
@@ -21,6 +22,7 @@
 
 #define DOWNLOAD_TTL_S (2 * 3600)   /* signed archive URLs stay valid this long (≥ 1 h, §17.7) */
 #define TTL_MAX_S (100LL * 365 * 86400)
+#define CKPT_LIST_MAX_LIMIT 10000      /* ?limit of checkpoint listings (§12.2) */
 
 static unsigned char g_secret[32];
 static bool g_have_secret;
@@ -37,12 +39,6 @@ static int reply_future(api_call *c, const char *request_id, const char *model_i
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id", model_id));
 }
 
-/* An audit row with the calling key as actor ('key:<prefix>'). */
-#define SQL_AUDIT_BY_KEY                                                                       \
-    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                        \
-    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys WHERE id = $2::bigint), 'api')," \
-    " $3, $4, COALESCE($5::jsonb, '{}'))"
-
 static int audit(api_call *c, int64_t tenant, const char *action, const char *object, json_t *details) {
     char t[24], k[24];
     api_fmt_i64(t, tenant);
@@ -57,42 +53,6 @@ static int audit(api_call *c, int64_t tenant, const char *action, const char *ob
     return rc;
 }
 
-/* ---- query strings ------------------------------------------------------------------ */
-
-static int hexval(char ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
-}
-
-/* Value of key in the request's query string (percent-decoded); false if absent. */
-static bool query_get(api_call *c, const char *key, char *out, size_t n) {
-    const char *q = c->job->query;
-    size_t kl = strlen(key);
-    while (q && *q) {
-        const char *amp = strchr(q, '&'), *end = amp ? amp : q + strlen(q);
-        if ((size_t)(end - q) >= kl && !strncmp(q, key, kl) && (q[kl] == '=' || q + kl == end)) {
-            const char *v = q[kl] == '=' ? q + kl + 1 : end;
-            size_t o = 0;
-            while (v < end && o + 1 < n) {
-                if (*v == '%' && end - v >= 3 && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
-                    out[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
-                    v += 3;
-                } else {
-                    out[o++] = *v == '+' ? ' ' : *v;
-                    v++;
-                }
-            }
-            out[o] = 0;
-            return true;
-        }
-        q = amp ? amp + 1 : NULL;
-    }
-    return false;
-}
-
-/* limit/offset query parameters; 0 or the 400 is answered. */
 /* The Checkpoint objects of a listing's rows (reg_version columns, then the total count
  * in column 17); frees the result. */
 static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
@@ -106,25 +66,6 @@ static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
     }
     PQclear(r);
     return arr;
-}
-
-static int page_args(api_call *c, int64_t def_limit, int64_t *limit, int64_t *offset) {
-    char v[32];
-    *limit = def_limit;
-    *offset = 0;
-    if (query_get(c, "limit", v, sizeof v)) {
-        char *e;
-        long long x = strtoll(v, &e, 10);
-        if (!*v || *e || x < 1 || x > 10000) return api_error(c, 400, "limit must be an integer in 1..10000"), -1;
-        *limit = x;
-    }
-    if (query_get(c, "offset", v, sizeof v)) {
-        char *e;
-        long long x = strtoll(v, &e, 10);
-        if (!*v || *e || x < 0) return api_error(c, 400, "offset must be a non-negative integer"), -1;
-        *offset = x;
-    }
-    return 0;
 }
 
 /* ---- save_weights / named save_weights_for_sampler (§7.6) ----------------------------- */
@@ -146,13 +87,8 @@ static int submit_save(api_call *c, const char *kind) {
     const char *model_id, *name;
     int64_t seq_id, ttl;
     bool has_seq, overwrite;
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
-                         (long long)seq_id);
-    const char *op_kind = strcmp(kind, "training") ? "save_weights_for_sampler" : "save_weights";
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
+    const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
         decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
@@ -203,10 +139,6 @@ int api_weights_save_for_sampler_named(api_call *c) { return submit_save(c, "sam
 
 /* ---- load_weights (§7.7) ------------------------------------------------------------- */
 
-#define SQL_MODEL_LORA                                                                         \
-    "SELECT base_model, lora_rank, train_attn, train_mlp, train_unembed FROM models"           \
-    " WHERE id = $1 AND tenant_id = $2"
-
 int api_h_load_weights(api_call *c) {
     const char *model_id, *path;
     int64_t seq_id;
@@ -214,13 +146,8 @@ int api_h_load_weights(api_call *c) {
     if (json_object_get(c->body, "session_id") && !json_object_get(c->body, "model_id"))
         return api_error(c, 400, "load_weights without model_id (create_model_via_load_weights) is not "
                                  "offered by this server: call create_model, then load_weights");
-    if (jx_req_str(c->body, "", "model_id", &model_id, c->err, sizeof c->err) < 0 ||
-        jx_int(c->body, "", "seq_id", 0, &seq_id, &has_seq, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-    if (has_seq && (seq_id < 1 || seq_id > INT32_MAX))
-        return api_error(c, 400, "seq_id %lld is out of range: operations of a model are numbered from 1",
-                         (long long)seq_id);
-#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, "load_weights")
+    if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
+#define REJECT(st) op_reject(c, st, model_id, has_seq, seq_id, OP_LOAD_WEIGHTS)
     if (jx_req_str(c->body, "", "path", &path, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "optimizer", false, &optimizer, c->err, sizeof c->err) < 0)
         return REJECT(400);
@@ -247,15 +174,8 @@ int api_h_load_weights(api_call *c) {
     if (st < 0) return api_db_error(c, "load_weights", c->err);
     if (st > 0) return REJECT(st);
 
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *mp[2] = {model_id, tid};
-    PGresult *r = db_query(c->db, SQL_MODEL_LORA, 2, mp, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "load_weights", c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "model %.200s not found", model_id);
-    }
+    PGresult *r = api_tenant_row(c, "load_weights", SQL_MODEL_LORA, model_id, "model");
+    if (!r) return 0;
     char base[256];
     snprintf(base, sizeof base, "%s", PQgetvalue(r, 0, 0));
     int rank = (int)db_int(r, 0, 1);
@@ -282,7 +202,7 @@ int api_h_load_weights(api_call *c) {
     sb_json_str(&pl, v.tinker_path);
     sb_printf(&pl, ", \"optimizer\": %s, \"blob_digest\": \"%s\", \"version_id\": %lld}",
               optimizer ? "true" : "false", v.digest, (long long)v.id);
-    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = "load_weights",
+    op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = OP_LOAD_WEIGHTS,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
@@ -315,17 +235,6 @@ int api_h_weights_info(api_call *c) {
 
 /* ---- listings (§12.2) ------------------------------------------------------------------- */
 
-#define SQL_RUN_CHECKPOINTS                                                                    \
-    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
-    " WHERE a.name = $1 AND " REG_LIVE " AND " REG_READABLE                                     \
-    " ORDER BY v.created_at, v.id LIMIT $3 OFFSET $4"
-#define SQL_RUN_OWNED "SELECT 1 FROM models WHERE id = $1 AND tenant_id = $2"
-#define SQL_TENANT_CHECKPOINTS                                                                 \
-    "SELECT " REG_VERSION_COLS ", count(*) OVER ()" REG_FROM                                   \
-    " WHERE a.tenant_id = $1 AND " REG_LIVE " ORDER BY v.created_at DESC, v.id DESC LIMIT $2 OFFSET $3"
-#define SQL_TENANT_CHECKPOINT_COUNT                                                            \
-    "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
-
 static json_t *cursor(int64_t offset, int64_t limit, int64_t total) {
     return json_pack("{s:I, s:I, s:I}", "offset", (json_int_t)offset, "limit", (json_int_t)limit, "total_count",
                      (json_int_t)total);
@@ -333,7 +242,7 @@ static json_t *cursor(int64_t offset, int64_t limit, int64_t total) {
 
 static int list_run(api_call *c, const char *run) {
     int64_t limit, offset;
-    if (page_args(c, 1000, &limit, &offset) < 0) return 0;
+    if (api_page_params(c, 1000, CKPT_LIST_MAX_LIMIT, &limit, &offset) < 0) return 0;
     char tid[24], lim[24], off[24];
     api_fmt_i64(tid, c->tenant_id);
     api_fmt_i64(lim, limit);
@@ -360,7 +269,7 @@ static int list_run(api_call *c, const char *run) {
 
 int api_h_list_checkpoints(api_call *c) {
     int64_t limit, offset;
-    if (page_args(c, 100, &limit, &offset) < 0) return 0;
+    if (api_page_params(c, 100, CKPT_LIST_MAX_LIMIT, &limit, &offset) < 0) return 0;
     char tid[24], lim[24], off[24];
     api_fmt_i64(tid, c->tenant_id);
     api_fmt_i64(lim, limit);
@@ -430,12 +339,15 @@ static void iso8601(time_t t, char *out, size_t n) {
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* GET .../archive: a 302 to a signed, self-authorising download URL. */
+/* GET .../archive: a signed, self-authorising download URL (docs/protocol.md §12.3): as
+ * a 200 JSON {url, expires} to a client that accepts JSON (newer SDKs send Accept:
+ * application/json), else as a 302 that every SDK version follows, with the same JSON
+ * as its body. */
 static int archive_url(api_call *c, const ckpt_route *rt) {
     char fmt[32] = "tinker", unembed[8] = "";
-    if (query_get(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
+    if (api_query_param(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
         return api_error(c, 400, "format must be tinker (default) or peft, got \"%.30s\"", fmt);
-    if (query_get(c, "unembed", unembed, sizeof unembed) && !strcmp(unembed, "0")) {
+    if (api_query_param(c, "unembed", unembed, sizeof unembed) && !strcmp(unembed, "0")) {
         if (strcmp(fmt, "peft")) return api_error(c, 400, "unembed=0 goes with format=peft");
         snprintf(fmt, sizeof fmt, "peft-nohead");
     }
@@ -459,7 +371,12 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     iso8601(expires, exp_iso, sizeof exp_iso);
     audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
           json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", fmt, "expires", exp_iso));
-    api_reply_json(c, 302, json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso));
+    json_t *answer = json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso);
+    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
+        sb_free(&url);
+        return api_reply_json(c, 200, answer);
+    }
+    api_reply_json(c, 302, answer);
     free(c->job->location);
     free(c->job->expires);
     c->job->location = sb_steal(&url, NULL);
@@ -481,10 +398,6 @@ int api_h_run_checkpoints_get(api_call *c) {
 }
 
 int api_h_models_checkpoints(api_call *c) { return api_h_run_checkpoints_get(c); }
-
-#define SQL_SET_TTL                                                                            \
-    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"              \
-    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
 
 /* The owned checkpoint of a mutation route; 0 or the 4xx is answered. */
 static int owned(api_call *c, const ckpt_route *rt, reg_version *v, const char *what) {
@@ -594,11 +507,6 @@ static int parse_range(const char *h, size_t total, size_t *a, size_t *b) {
     *b = to >= total ? total - 1 : (size_t)to;
     return 1;
 }
-
-/* $1 key id -> its tenant, if the key is neither revoked nor expired */
-#define SQL_LINK_KEY_TENANT                                                                    \
-    "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"              \
-    " AND (expires_at IS NULL OR expires_at > now())"
 
 /* The tenant of the API key a download link was made for, while the key is valid: 0 with
  * *tenant, 403 (answered) or -1. */

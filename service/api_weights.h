@@ -1,5 +1,5 @@
 /* api_weights.h: checkpoint routes — save_weights, the named save_weights_for_sampler,
- * load_weights, weights_info (§7.6, §7.7, §12.2), the checkpoint REST routes of §12.2
+ * load_weights, weights_info (docs/protocol.md §7.6, §7.7, §12.2), the checkpoint REST routes of §12.2
  * (list, delete, publish, ttl, archive) and the signed archive download (§12.3, §17.7).
  *
  * Routing: api_routes.c registers these handlers. POST /save_weights_for_sampler belongs

@@ -1,6 +1,7 @@
 /* fwdbwd.c: forward / forward_backward requests: JSON decoding, validation, payload
  * (see fwdbwd.h). Messages name the datum and field so a user can fix the call. */
 #include "service/fwdbwd.h"
+#include "common/fb_check.h"
 #include "common/strbuf.h"
 #include "service/api_json.h"
 #include <math.h>
@@ -8,42 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const fb_input_names[FB_N_INPUTS] = {"target_tokens", "weights", "logprobs",
-                                                 "advantages"};
-const char *const fb_loss_names[FB_N_LOSSES] = {"cross_entropy", "importance_sampling", "ppo",
-                                                "cispo", "dro"};
-
 #define BIT(i) (1u << (i))
-/* Numbers written to the payload stay below 1e18 in magnitude: jsonb prints large
- * integral values as plain digits, which must still read back (int64) in the executor. */
-#define FB_MAX_ABS 1e18
-#define RL_INPUTS (BIT(FB_TARGET_TOKENS) | BIT(FB_LOGPROBS) | BIT(FB_ADVANTAGES))
-
-int fb_loss_from_name(const char *name) {
-    for (int i = 0; i < FB_N_LOSSES; i++)
-        if (!strcmp(name, fb_loss_names[i])) return i;
-    return -1;
-}
-
-unsigned fb_loss_required(fb_loss loss) {
-    return loss == FB_LOSS_CROSS_ENTROPY ? BIT(FB_TARGET_TOKENS) : RL_INPUTS;
-}
-
-unsigned fb_loss_accepted(fb_loss loss) {
-    return loss == FB_LOSS_CROSS_ENTROPY ? BIT(FB_TARGET_TOKENS) | BIT(FB_WEIGHTS) : RL_INPUTS;
-}
-
-/* loss_fn_config defaults written into the payload when the user sent none (spec §8). */
-typedef struct {
-    fb_loss loss;
-    const char *key;
-    double value;
-} config_default;
-static const config_default config_defaults[] = {
-    {FB_LOSS_PPO, "clip_low_threshold", 0.8},   {FB_LOSS_PPO, "clip_high_threshold", 1.2},
-    {FB_LOSS_CISPO, "clip_low_threshold", 0.8}, {FB_LOSS_CISPO, "clip_high_threshold", 1.2},
-    {FB_LOSS_DRO, "beta", 0.05},
-};
 
 static void *xcalloc(size_t n, size_t sz) {
     void *p = calloc(n ? n : 1, sz);
@@ -57,28 +23,17 @@ static char *xstrdup(const char *s) {
     return p;
 }
 
-int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen) {
-    snprintf(err, errlen, "%s.%s: 2-D loss inputs are supported only for target_tokens and "
-                          "weights with loss_fn cross_entropy (send one value per token)", where,
-             name);
-    return -1;
-}
-
-bool fb_two_d_ok(fb_loss loss, fb_input input) {
-    return loss == FB_LOSS_CROSS_ENTROPY && (input == FB_TARGET_TOKENS || input == FB_WEIGHTS);
-}
-
 /* A shape [rows, cols] is checked before anything of its size is allocated: 1 <= cols <=
- * FB_MAX_K (check_shape2), then, once the shape is known to fit its data or its CSR
+ * LIMIT_K (check_shape2), then, once the shape is known to fit its data or its CSR
  * indices, rows = the datum's input tokens and rows x cols within what is left of the
  * request's budget of 2-D values, which it then takes (take_shape2). A sparse CSR tensor
  * is the one input whose memory its shape alone decides. */
 static int check_shape2(const char *where, const char *name, int64_t rows, int64_t cols,
                         char *err, size_t errlen) {
-    if (rows < 0 || rows > INT32_MAX || cols < 1 || cols > FB_MAX_K) {
+    if (rows < 0 || rows > INT32_MAX || cols < 1 || cols > LIMIT_K) {
         snprintf(err, errlen, "%s.%s.shape [%lld, %lld]: a 2-D loss input has shape [N, K] with N "
                               "the number of input tokens and 1 <= K <= %d", where, name,
-                 (long long)rows, (long long)cols, FB_MAX_K);
+                 (long long)rows, (long long)cols, LIMIT_K);
         return -1;
     }
     return 0;
@@ -96,7 +51,7 @@ static int take_shape2(const char *where, const char *name, int64_t rows, int64_
     if (values > *budget) {
         snprintf(err, errlen, "%s.%s.shape [%lld, %lld]: the 2-D loss inputs of one request may "
                               "hold at most %d values in all; split the request", where, name,
-                 (long long)rows, (long long)cols, FB_MAX_2D_VALUES);
+                 (long long)rows, (long long)cols, LIMIT_2D_VALUES);
         return -1;
     }
     *budget -= values;
@@ -201,7 +156,7 @@ int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t row
 
 int fb_check_float(float f, const char *where, const char *name, size_t k, char *err,
                    size_t errlen) {
-    if (isfinite(f) && fabsf(f) < FB_MAX_ABS) return 0;
+    if (isfinite(f) && fabsf(f) < LIMIT_ABS) return 0;
     snprintf(err, errlen, "%s.%s.data[%zu]: %g is not a finite float32 below 1e18 in magnitude",
              where, name, k, (double)f);
     return -1;
@@ -214,19 +169,17 @@ int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, 
                               "ppo, cispo, dro)", in_key);
         return -1;
     }
-    int loss = fb_loss_from_name(name);
-    if (loss < 0) {
+    if (loss_kind_parse(name, &r->loss) < 0) {
         snprintf(err, errlen, "%s.loss_fn: unknown loss function \"%.64s\"; use one of "
                               "cross_entropy, importance_sampling, ppo, cispo, dro", in_key, name);
         return -1;
     }
-    r->loss = (fb_loss)loss;
     return 0;
 }
 
 int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key, double v,
                   char *err, size_t errlen) {
-    if (!(fabs(v) < FB_MAX_ABS)) {
+    if (!(fabs(v) < LIMIT_ABS)) {
         snprintf(err, errlen, "%s.loss_fn_config.%.64s: %g is out of range (|x| < 1e18)", in_key,
                  key, v);
         return -1;
@@ -322,12 +275,7 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
         return -1;
     }
     size_t n = json_array_size(arr);
-    out->present = true;
-    out->n = n;
-    out->k = 1;
-    out->dims = 1;
-    if (is_int) out->i = xcalloc(n, sizeof *out->i);
-    else out->f = xcalloc(n, sizeof *out->f);
+    fb_tensor_alloc_1d(out, n, is_int);
     for (size_t k = 0; k < n; k++) {
         const json_t *e = json_array_get(arr, k);
         if (json_is_array(e)) {
@@ -370,10 +318,16 @@ static int decode_tensor(const json_t *v, const char *where, const char *name, b
     return 0;
 }
 
+void fb_tensor_alloc_1d(fb_tensor *t, size_t n, bool ints) {
+    *t = (fb_tensor){.present = true, .n = n, .k = 1, .dims = 1};
+    if (ints) t->i = xcalloc(n, sizeof *t->i);
+    else t->f = xcalloc(n, sizeof *t->f);
+}
+
 int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen) {
-    if (n <= FB_MAX_DATA) return 0;
+    if (n <= LIMIT_DATA) return 0;
     snprintf(err, errlen, "%s.data has %zu datums; one request takes at most %d (the SDK sends "
-                          "at most 1024 per request)", in_key, n, FB_MAX_DATA);
+                          "at most 1024 per request)", in_key, n, LIMIT_DATA);
     return -1;
 }
 
@@ -447,7 +401,7 @@ static int decode_model_input(const json_t *d, const char *where, fb_datum *out,
     return fb_decode_model_input(mi, w, &out->tokens, &out->n_tokens, err, errlen);
 }
 
-static int decode_datum(const json_t *d, const char *where, fb_loss loss, size_t *budget,
+static int decode_datum(const json_t *d, const char *where, loss_kind loss, size_t *budget,
                         fb_datum *out, char *err, size_t errlen) {
     if (!json_is_object(d)) {
         snprintf(err, errlen, "%s: expected a Datum object {\"model_input\", \"loss_fn_inputs\"}, "
@@ -460,13 +414,13 @@ static int decode_datum(const json_t *d, const char *where, fb_loss loss, size_t
     if (!lfi) return 0;
     char w[160];
     snprintf(w, sizeof w, "%s.loss_fn_inputs", where);
-    unsigned accepted = fb_loss_accepted(loss);
-    for (int k = 0; k < FB_N_INPUTS; k++) {
+    unsigned accepted = loss_inputs_accepted(loss);
+    for (int k = 0; k < LOSS_N_INPUTS; k++) {
         if (!(accepted & BIT(k))) continue;  /* inputs this loss does not use are ignored */
-        const json_t *v = json_object_get(lfi, fb_input_names[k]);
+        const json_t *v = json_object_get(lfi, loss_input_names[k]);
         if (!v || json_is_null(v)) continue;
-        if (decode_tensor(v, w, fb_input_names[k], k == FB_TARGET_TOKENS,
-                          fb_two_d_ok(loss, (fb_input)k), out->n_tokens, budget, &out->in[k], err,
+        if (decode_tensor(v, w, loss_input_names[k], k == LOSS_IN_TARGET_TOKENS,
+                          loss_input_two_d(loss, (loss_input)k), out->n_tokens, budget, &out->in[k], err,
                           errlen) < 0)
             return -1;
     }
@@ -517,7 +471,7 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
     if (fb_check_n_data(in_key, json_array_size(data), err, errlen) < 0) return -1;
     out->data = xcalloc(json_array_size(data), sizeof *out->data);
     out->n_data = json_array_size(data);
-    size_t budget = FB_MAX_2D_VALUES;
+    size_t budget = LIMIT_2D_VALUES;
     for (size_t i = 0; i < out->n_data; i++) {
         char where[96];
         snprintf(where, sizeof where, "%s.data[%zu]", in_key, i);
@@ -528,10 +482,16 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
     return 0;
 }
 
+/* The loss with the request's loss_fn_config over the defaults. */
+static loss_spec request_loss(const fb_request *r) {
+    loss_spec ls = loss_spec_default(r->loss);
+    for (size_t i = 0; i < r->n_config; i++) loss_config_set(&ls, r->config[i].key, r->config[i].value);
+    return ls;
+}
+
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen) {
     const char *in_key = r->forward_only ? "forward_input" : "forward_backward_input";
-    const char *loss = fb_loss_names[r->loss];
     if (r->has_seq_id && (r->seq_id < 1 || r->seq_id > INT32_MAX)) {
         snprintf(err, errlen, "seq_id %lld is out of range: operations of a model are numbered "
                               "from 1 (0 is its create_model)", (long long)r->seq_id);
@@ -541,74 +501,21 @@ int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, ch
         snprintf(err, errlen, "%s.data is empty: send at least one datum", in_key);
         return -1;
     }
-    unsigned required = fb_loss_required(r->loss);
+    loss_spec ls = request_loss(r);
+    if (fb_check_loss(&ls, in_key, err, errlen) < 0) return -1;
+    fb_check_model m = {.vocab_size = vocab_size, .max_context = max_context};
     for (size_t i = 0; i < r->n_data; i++) {
         const fb_datum *d = &r->data[i];
-        if (d->n_tokens == 0) {
-            snprintf(err, errlen, "%s.data[%zu].model_input has no tokens", in_key, i);
-            return -1;
-        }
-        if ((int64_t)d->n_tokens > max_context) {
-            snprintf(err, errlen, "%s.data[%zu]: model input has %zu tokens, more than the base "
-                                  "model's context length %lld", in_key, i, d->n_tokens,
-                     (long long)max_context);
-            return -1;
-        }
-        for (size_t k = 0; k < d->n_tokens; k++) {
-            if (d->tokens[k] < 0 || d->tokens[k] >= vocab_size) {
-                snprintf(err, errlen, "%s.data[%zu].model_input: token id %lld at position %zu is "
-                                      "outside the vocabulary [0, %lld)", in_key, i,
-                         (long long)d->tokens[k], k, (long long)vocab_size);
-                return -1;
-            }
-        }
-        for (int k = 0; k < FB_N_INPUTS; k++) {
+        fb_view v = {.n_tokens = d->n_tokens, .tokens = d->tokens,
+                            .targets = d->in[LOSS_IN_TARGET_TOKENS].i};
+        for (int k = 0; k < LOSS_N_INPUTS; k++) {
             const fb_tensor *t = &d->in[k];
-            if (!t->present) {
-                if (required & BIT(k)) {
-                    snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s is required by loss_fn "
-                                          "\"%s\"", in_key, i, fb_input_names[k], loss);
-                    return -1;
-                }
-                continue;
-            }
-            if (t->n != d->n_tokens) { /* 2-D shapes were matched to the tokens when decoded */
-                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.%s has %zu values but the "
-                                      "model input has %zu tokens (one value per input token)",
-                         in_key, i, fb_input_names[k], t->n, d->n_tokens);
-                return -1;
-            }
-            if (k == FB_TARGET_TOKENS) {
-                for (size_t p = 0; p < t->n * t->k; p++) {
-                    if (t->i[p] < 0 || t->i[p] >= vocab_size) {
-                        char at[64];
-                        if (t->dims == 2) snprintf(at, sizeof at, "[%zu, %zu]", p / t->k, p % t->k);
-                        else snprintf(at, sizeof at, "position %zu", p);
-                        snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.target_tokens: token id "
-                                              "%lld at %s is outside the vocabulary [0, %lld)",
-                                 in_key, i, (long long)t->i[p], at, (long long)vocab_size);
-                        return -1;
-                    }
-                }
-            }
+            v.in[k] = (fb_view_input){.present = t->present, .dims = t->dims, .cols = t->k,
+                                       .values = t->n * t->k};
         }
-        /* 2-D cross_entropy: weights [N, K] go with target_tokens [N, K] */
-        const fb_tensor *tt = &d->in[FB_TARGET_TOKENS], *w = &d->in[FB_WEIGHTS];
-        if (tt->present && w->present && tt->k != w->k) {
-            if (w->dims == 1)
-                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights is 1-D but target_tokens "
-                                      "has shape [%zu, %zu]: send weights with the same shape "
-                                      "[%zu, %zu]", in_key, i, tt->n, tt->k, tt->n, tt->k);
-            else if (tt->dims == 1)
-                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights has shape [%zu, %zu] but "
-                                      "target_tokens is 1-D: weights must have target_tokens' shape",
-                         in_key, i, w->n, w->k);
-            else
-                snprintf(err, errlen, "%s.data[%zu].loss_fn_inputs.weights has K = %zu columns but "
-                                      "target_tokens has K = %zu: they must have the same shape "
-                                      "[N, K]", in_key, i, w->k, tt->k);
-            return -1;
-        }
+        char where[96];
+        snprintf(where, sizeof where, "%s.data[%zu]", in_key, i);
+        if (fb_check_datum(&m, r->loss, &v, where, err, errlen) < 0) return -1;
     }
     return 0;
 }
@@ -624,7 +531,7 @@ char *fb_payload_json(const fb_request *r, size_t *len) {
     /* ~8 bytes per number is a fair first guess; the buffer grows as needed. */
     sb_init(&b, 256 + 8 * (size_t)fb_total_tokens(r) * 3);
     sb_puts(&b, "{\"loss_fn\": ");
-    sb_json_str(&b, fb_loss_names[r->loss]);
+    sb_json_str(&b, loss_kind_name(r->loss));
     sb_puts(&b, ", \"loss_fn_config\": {");
     bool first = true;
     for (size_t i = 0; i < r->n_config; i++) {
@@ -634,17 +541,17 @@ char *fb_payload_json(const fb_request *r, size_t *len) {
         sb_puts(&b, ": ");
         sb_double(&b, r->config[i].value);
     }
-    for (size_t k = 0; k < sizeof config_defaults / sizeof config_defaults[0]; k++) {
-        const config_default *cd = &config_defaults[k];
-        if (cd->loss != r->loss) continue;
+    loss_spec defaults = loss_spec_default(r->loss);
+    for (int k = 0; k < LOSS_CONFIG_KEYS; k++) {
+        if (!loss_config_used(r->loss, k)) continue;
         bool given = false;
-        for (size_t i = 0; i < r->n_config; i++) given |= !strcmp(r->config[i].key, cd->key);
+        for (size_t i = 0; i < r->n_config; i++) given |= !strcmp(r->config[i].key, loss_config_keys[k]);
         if (given) continue;
         if (!first) sb_puts(&b, ", ");
         first = false;
-        sb_json_str(&b, cd->key);
+        sb_json_str(&b, loss_config_keys[k]);
         sb_puts(&b, ": ");
-        sb_double(&b, cd->value);
+        sb_double(&b, loss_config_get(&defaults, k));
     }
     sb_puts(&b, "}, \"data\": [");
     for (size_t i = 0; i < r->n_data; i++) {
@@ -655,16 +562,16 @@ char *fb_payload_json(const fb_request *r, size_t *len) {
             sb_int(&b, d->tokens[k]);
         }
         sb_putc(&b, ']');
-        size_t K = d->in[FB_TARGET_TOKENS].present ? d->in[FB_TARGET_TOKENS].k : 1;
+        size_t K = d->in[LOSS_IN_TARGET_TOKENS].present ? d->in[LOSS_IN_TARGET_TOKENS].k : 1;
         if (K > 1) {
             sb_puts(&b, ", \"k\": ");
             sb_int(&b, (int64_t)K);
         }
-        for (int k = 0; k < FB_N_INPUTS; k++) {
+        for (int k = 0; k < LOSS_N_INPUTS; k++) {
             const fb_tensor *t = &d->in[k];
             if (!t->present) continue;
             sb_puts(&b, ", ");
-            sb_json_str(&b, fb_input_names[k]);
+            sb_json_str(&b, loss_input_names[k]);
             sb_puts(&b, ": [");
             for (size_t p = 0; p < t->n * (t->k ? t->k : 1); p++) {
                 if (p) sb_putc(&b, ',');
@@ -685,7 +592,7 @@ void fb_request_free(fb_request *r) {
     free(r->config);
     for (size_t i = 0; i < r->n_data; i++) {
         free(r->data[i].tokens);
-        for (int k = 0; k < FB_N_INPUTS; k++) {
+        for (int k = 0; k < LOSS_N_INPUTS; k++) {
             free(r->data[i].in[k].i);
             free(r->data[i].in[k].f);
         }

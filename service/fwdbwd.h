@@ -1,51 +1,35 @@
 /* fwdbwd.h: a forward / forward_backward request as one plain struct. The JSON decoder
- * here and the protobuf decoder (api_proto.c, spec §14) fill it; fb_validate checks it
+ * here and the protobuf decoder (api_proto.c, docs/protocol.md §14) fill it; fb_validate checks it
  * against the model's base model; fb_payload_json writes operations.payload, the exact
  * contract the executor reads:
  *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
  *    "target_tokens": [...], "weights": [...], "logprobs": [...], "advantages": [...]}]}
  * Chunks are concatenated into "tokens"; only the inputs the loss uses are written.
- * 2-D cross_entropy (spec §8, top-k distillation): target_tokens / weights of shape [N, K]
+ * 2-D cross_entropy (docs/protocol.md §8, top-k distillation): target_tokens / weights of shape [N, K]
  * (dense or sparse CSR on the wire, densified here) are written flattened row-major
  * (N·K values) with "k": K in the datum; "k" is written only when K > 1, so an [N, 1]
  * input gives the same payload as its 1-D twin. */
 #pragma once
+#include "common/contract.h"
+#include "common/fb_check.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum { FB_TARGET_TOKENS, FB_WEIGHTS, FB_LOGPROBS, FB_ADVANTAGES, FB_N_INPUTS } fb_input;
-
-typedef enum {
-    FB_LOSS_CROSS_ENTROPY,
-    FB_LOSS_IMPORTANCE_SAMPLING,
-    FB_LOSS_PPO,
-    FB_LOSS_CISPO,
-    FB_LOSS_DRO,
-    FB_N_LOSSES
-} fb_loss;
-
-/* The most columns a 2-D loss input may have. */
-#define FB_MAX_K 1024
-/* The most values (N x K) all 2-D loss inputs of one request may hold together, and the
- * most datums of one request: both are checked before memory is taken for them. */
-#define FB_MAX_2D_VALUES (1 << 24)
-#define FB_MAX_DATA 4096
 
 typedef struct {
     bool present;
     size_t n;     /* rows (the leading dimension: one per model input token) */
     size_t k;     /* columns: 1 for a 1-D input, K for shape [N, K] */
     int dims;     /* 1 or 2, as sent */
-    int64_t *i;   /* FB_TARGET_TOKENS; n·k values, row-major */
+    int64_t *i;   /* LOSS_IN_TARGET_TOKENS; n·k values, row-major */
     float *f;     /* the float inputs; n·k values, row-major */
 } fb_tensor;
 
 typedef struct {
     int64_t *tokens;        /* model input: text chunks concatenated */
     size_t n_tokens;
-    fb_tensor in[FB_N_INPUTS];
+    fb_tensor in[LOSS_N_INPUTS];
 } fb_datum;
 
 typedef struct {
@@ -58,21 +42,12 @@ typedef struct {
     bool has_seq_id;
     int64_t seq_id;
     bool forward_only;
-    fb_loss loss;
+    loss_kind loss;
     fb_kv *config;          /* loss_fn_config as sent */
     size_t n_config;
     fb_datum *data;
     size_t n_data;
 } fb_request;
-
-extern const char *const fb_input_names[FB_N_INPUTS];
-extern const char *const fb_loss_names[FB_N_LOSSES];
-
-/* Looks up a loss name; -1 if unknown. */
-int fb_loss_from_name(const char *name);
-/* Bit mask (1 << fb_input) of the inputs a loss requires / may take. */
-unsigned fb_loss_required(fb_loss loss);
-unsigned fb_loss_accepted(fb_loss loss);
 
 /* Decodes the JSON body of /forward_backward (forward_only false) or /forward (true).
  * Structural errors (types, shapes, chunk kinds) -> -1 with a message naming the datum
@@ -83,15 +58,16 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_set_loss: r->loss from a name (NULL = cross_entropy for forward-only requests);
  * fb_add_config: appends a loss_fn_config entry (cap = the most entries there will be);
  * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
- * fb_err_two_d / fb_err_chunk_type: the messages for 2-D inputs where only 1-D ones are
- * accepted (fb_two_d_ok says where 2-D is fine) and for non-text chunks.
- * fb_check_n_data: at most FB_MAX_DATA datums.
+ * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, common/fb_check.h, the
+ * one for 2-D inputs where only 1-D ones are accepted: loss_input_two_d says where).
+ * fb_check_n_data: at most LIMIT_DATA datums.
+ * fb_tensor_alloc_1d: t becomes a present 1-D input of n zero values (ints: t->i, else t->f).
  * fb_tensor_dense2: a decoded tensor of n values (t->n, flat) becomes shape [rows, cols];
  * fb_tensor_csr: a decoded tensor holding the nnz values of a sparse CSR tensor becomes
  * the dense [rows, cols] tensor (missing entries 0), after checking crow (rows+1 entries,
  * from 0, non-decreasing, ending at nnz), col (nnz entries in [0, cols), no repeats in a
- * row). Both check 1 <= cols <= FB_MAX_K, rows = n_tokens (the datum's input tokens) and
- * rows x cols <= *budget (what is left of the request's FB_MAX_2D_VALUES), before they
+ * row). Both check 1 <= cols <= LIMIT_K, rows = n_tokens (the datum's input tokens) and
+ * rows x cols <= *budget (what is left of the request's LIMIT_2D_VALUES), before they
  * allocate anything, and take rows x cols from *budget.
  * All return 0 or -1 with err. `in_key`/`where` name the place in the request. */
 int fb_set_loss(fb_request *r, const char *in_key, const char *name, char *err, size_t errlen);
@@ -99,10 +75,9 @@ int fb_add_config(fb_request *r, size_t cap, const char *in_key, const char *key
                   char *err, size_t errlen);
 int fb_check_float(float f, const char *where, const char *name, size_t k, char *err,
                    size_t errlen);
-int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen);
 int fb_err_chunk_type(const char *where, size_t chunk, const char *type, char *err, size_t errlen);
-bool fb_two_d_ok(fb_loss loss, fb_input input);
 int fb_check_n_data(const char *in_key, size_t n, char *err, size_t errlen);
+void fb_tensor_alloc_1d(fb_tensor *t, size_t n, bool ints);
 int fb_tensor_dense2(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
                      size_t n_tokens, size_t *budget, char *err, size_t errlen);
 int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t rows, int64_t cols,
@@ -114,8 +89,9 @@ int fb_tensor_csr(fb_tensor *t, const char *where, const char *name, int64_t row
 int fb_decode_model_input(const json_t *mi, const char *where, int64_t **tokens,
                           size_t *n_tokens, char *err, size_t errlen);
 
-/* Semantic checks against the base model: required inputs, lengths (rows), token ranges,
- * context length, matching K of 2-D target_tokens and weights. 0 or -1 with err. */
+/* Checks against the base model and the loss's rules, with the checker the executor uses
+ * too (common/fb_check.h): seq_id range, at least one datum, the loss_fn_config, and every
+ * datum. 0 or -1 with err. */
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen);
 /* The operations.payload JSON (malloc'd), loss_fn_config defaults filled in. */

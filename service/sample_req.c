@@ -96,14 +96,14 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
         snprintf(err, errlen, "seq_id must be >= 0, got %lld", (long long)r->seq_id);
         return -1;
     }
-    if (r->num_samples < 1 || r->num_samples > SAMPLE_MAX_NUM_SAMPLES) {
+    if (r->num_samples < 1 || r->num_samples > LIMIT_NUM_SAMPLES) {
         snprintf(err, errlen, "num_samples must be between 1 and %d, got %lld",
-                 SAMPLE_MAX_NUM_SAMPLES, (long long)r->num_samples);
+                 LIMIT_NUM_SAMPLES, (long long)r->num_samples);
         return -1;
     }
-    if (r->topk_prompt_logprobs < 0 || r->topk_prompt_logprobs > SAMPLE_MAX_TOPK) {
+    if (r->topk_prompt_logprobs < 0 || r->topk_prompt_logprobs > LIMIT_TOPK_PROMPT_LOGPROBS) {
         snprintf(err, errlen, "topk_prompt_logprobs must be between 0 and %d, got %lld",
-                 SAMPLE_MAX_TOPK, (long long)r->topk_prompt_logprobs);
+                 LIMIT_TOPK_PROMPT_LOGPROBS, (long long)r->topk_prompt_logprobs);
         return -1;
     }
     if (!prompt) {

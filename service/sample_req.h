@@ -1,4 +1,4 @@
-/* sample_req.h: an asample request (spec §11.1) as one plain struct: decoded from JSON,
+/* sample_req.h: an asample request (docs/protocol.md §11.1) as one plain struct: decoded from JSON,
  * validated against the sampling session's base model, and written as
  * operations.payload, the exact contract the executor reads:
  *   {"prompt": [int...], "num_samples": 1, "max_tokens": 16, "temperature": 1.0,
@@ -9,13 +9,12 @@
  * Defaults are filled in here: seed (random when absent) and max_tokens (when absent,
  * min(256, context - prompt length)), so the payload is complete and reproducible. */
 #pragma once
+#include "common/contract.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define SAMPLE_MAX_NUM_SAMPLES 128
-#define SAMPLE_MAX_TOPK 20
 #define SAMPLE_DEFAULT_MAX_TOKENS 256
 #define SAMPLE_MAX_STOP 256          /* entries of sampling_params.stop */
 #define SAMPLE_MAX_STOP_LEN 1024     /* bytes of one stop string */

@@ -1,9 +1,9 @@
 # service/service.cmake: what the api library needs beyond service/*.c, included by the
 # top-level CMakeLists.txt right after loom_service is defined:
-#  - C code generated from service/proto/tinker_public.proto by protoc-c (spec §14),
+#  - C code generated from service/proto/tinker_public.proto by protoc-c (docs/protocol.md §14),
 #    written under the build tree (proto_gen/service/proto/tinker_public.pb-c.{c,h}) and
 #    included as "service/proto/tinker_public.pb-c.h";
-#  - libprotobuf-c for it, and libzstd for zstd-compressed protobuf bodies (spec §1.6).
+#  - libprotobuf-c for it, and libzstd for zstd-compressed protobuf bodies (docs/protocol.md §1.6).
 # Debian: protobuf-c-compiler libprotobuf-c-dev libzstd-dev (deploy/install-deps.sh).
 find_program(LOOM_PROTOC_C protoc-c REQUIRED)
 pkg_check_modules(PROTOBUFC REQUIRED IMPORTED_TARGET libprotobuf-c)

@@ -136,6 +136,11 @@ def main():
         R.check(is_detail(s.post("/api/v1/no_such_thing", {}), 404, "no such route"),
                 "unknown route -> 404 JSON")
         R.check(is_detail(s.get("/api/v1/create_session"), 405, "GET"), "wrong method -> 405 JSON")
+        sid0 = s.post("/api/v1/create_session", {})[1]["session_id"]
+        R.check(is_detail(s.get(f"/api/v1/sessions/{sid0}/trace_export"), 404, "no such route"),
+                "GET sessions/{id}/trace_export (not offered) -> 404 JSON")
+        R.check(is_detail(s.request("PUT", f"/api/v1/sessions/{sid0}/project", {}), 501),
+                "PUT sessions/{id}/project -> 501 JSON")
         R.check(is_detail(s.post("/api/v1/auth/token", {}), 501, "not implemented"),
                 "spec route not implemented yet -> 501 JSON")
 
@@ -199,7 +204,7 @@ def main():
         img = {"model_input": {"chunks": [{"type": "image", "data": "AAAA", "format": "png"}]},
                "loss_fn_inputs": {}}
         R.check(is_detail(fb([img]), 400, "only text chunks"), "image chunk -> 400")
-        # 2-D loss inputs: cross_entropy target_tokens / weights [N, K] only (spec §8)
+        # 2-D loss inputs: cross_entropy target_tokens / weights [N, K] only (docs/protocol.md §8)
         t2 = {"data": [1, 2, 3, 4], "dtype": "int64", "shape": [2, 2]}
         w2 = {"data": [1.0, 0.5, 1.0, 0.5], "dtype": "float32", "shape": [2, 2]}
         rl2 = {"data": [0.0, 0.0, 0.0, 0.0], "dtype": "float32", "shape": [2, 2]}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""api_rest_test.py: REST reads (spec §12.2: sessions, training runs with their last
+"""api_rest_test.py: REST reads (docs/protocol.md §12.2: sessions, training runs with their last
 checkpoints, cursors), unload_model (§7.8), and API key scopes and expiry
 (`loom key create --scopes ... --expires-in-days ...`, `loom key list`), over HTTP
 against `loom up`. Prints "N passed, N failed" last.
@@ -40,6 +40,13 @@ def main():
         R.check(st == 200 and ls["sessions"] == [] and ls["cursor"]["total_count"] == 3,
                 "an offset past the end: empty page, total still counted")
         sid = sids[0]
+        # one rule for ?limit and ?offset of every listing, with its own largest limit
+        for path, top in (("sessions", 1000), ("training_runs", 1000), ("checkpoints", 10000)):
+            R.check(s.get(f"/api/v1/{path}?limit={top}")[0] == 200 and
+                    detail(s.get(f"/api/v1/{path}?limit={top + 1}"), 400, f"between 1 and {top}") and
+                    detail(s.get(f"/api/v1/{path}?limit"), 400, "limit must be") and
+                    detail(s.get(f"/api/v1/{path}?offset=-1"), 400, "offset must be"),
+                    f"GET {path}: limit 1 … {top}, a bare ?limit or a negative offset is a 400")
 
         # ---- training runs ---------------------------------------------------------------
         models = []

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""api_sampling_test.py: the sampling routes' side of the contract (spec §3.3, §3.4, §7.6
+"""api_sampling_test.py: the sampling routes' side of the contract (docs/protocol.md §3.3, §3.4, §7.6
 unnamed form, §11.1), over HTTP against `loom up`, checked in the database:
 
   * create_sampling_session from a base model or a readable checkpoint (own, public,

@@ -96,10 +96,11 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def archive_link(s, key, run, ckpt, query=""):
-    """GET .../archive without following the redirect: (status, Location, headers)."""
+def archive_link(s, key, run, ckpt, query="", accept="application/gzip"):
+    """GET .../archive without following the redirect: (status, Location, headers, body).
+    The default Accept is older SDKs' (a 302); newer ones send application/json (a 200)."""
     req = urllib.request.Request(f"{s.url}/api/v1/training_runs/{run}/checkpoints/{ckpt}/archive{query}",
-                                 headers={"X-API-Key": key, "Accept": "application/json"})
+                                 headers={"X-API-Key": key, "Accept": accept})
     try:
         with urllib.request.build_opener(NoRedirect).open(req, timeout=60) as r:
             return r.status, None, r.headers, r.read()
@@ -246,6 +247,11 @@ def main():
         st, loc, hdr, body = archive_link(s, s.key, m1, "weights/mid")
         R.check(st == 302 and loc and loc.startswith(s.url) and hdr.get("Expires") and
                 json.loads(body)["url"] == loc, f"archive: 302 to a download URL, Expires {hdr.get('Expires')}")
+        jst, _, jhdr, jbody = archive_link(s, s.key, m1, "weights/mid", accept="application/json")
+        jurl = json.loads(jbody).get("url", "") if jst == 200 else ""
+        R.check(jst == 200 and jhdr.get("Content-Type") == "application/json" and not jhdr.get("Location") and
+                jurl.startswith(s.url) and json.loads(jbody).get("expires"),
+                f"archive with Accept: application/json: 200 {{url, expires}} ({jst})")
         st, tar, h = fetch(loc)
         names = [m.name for m in tarfile.open(fileobj=io.BytesIO(tar), mode="r:").getmembers()] if st == 200 else []
         R.check(st == 200 and h.get("Content-Type") == "application/x-tar" and
@@ -255,7 +261,7 @@ def main():
         st, body, h = fetch(loc, "HEAD")
         R.check(st == 200 and body == b"" and int(h.get("Content-Length", -1)) == len(tar), "HEAD: size, no body")
         st2, tar2, _ = fetch(loc)
-        R.check(tar2 == tar, "the archive bytes are stable")
+        R.check(tar2 == tar and bool(jurl) and fetch(jurl)[1] == tar, "the archive bytes are stable (also by the JSON answer's url)")
         parts = loc.split("/api/v1/checkpoint_archives/")[1].split("/")
         expires, fmt, token, key_id = parts[0], parts[1], parts[2], parts[3]
         forged = loc.replace(token, token[:-2] + ("00" if token[-2:] != "00" else "11"))
@@ -283,7 +289,7 @@ def main():
         R.check(b.post("/api/v1/weights_info", {"tinker_path": mid_path})[0] == 404, "other tenant: weights_info 404")
         st, body = b.post("/api/v1/load_weights", {"model_id": ob, "path": mid_path, "seq_id": 1})
         R.check(st == 404, f"other tenant: load_weights 404 ({body})")
-        b.seq[ob] = 2  # the refused submit used seq_id 1 up, as it does in the SDK (spec §4.3)
+        b.seq[ob] = 2  # the refused submit used seq_id 1 up, as it does in the SDK (docs/protocol.md §4.3)
         R.check(archive_link(s, key2, m1, "weights/mid")[0] == 404, "other tenant: archive 404")
         R.check(s.request("DELETE", run_ck + "/weights/mid", key=key2)[0] == 404, "other tenant: delete 404")
         R.check(s.request("POST", run_ck + "/weights/mid/publish", {}, key=key2)[0] == 404, "other tenant: publish 404")

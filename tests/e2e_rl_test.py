@@ -1,4 +1,4 @@
-"""End-to-end RL over real HTTP, in both wire encodings (spec §15 rl_loop).
+"""End-to-end RL over real HTTP, in both wire encodings (docs/protocol.md §15 rl_loop).
 
 Per step, as the cookbook's rl_loop does: unnamed save_weights_for_sampler (a snapshot
 of the live weights as a sampling session), asample with num_samples = group size,
@@ -8,7 +8,7 @@ Once with JSON bodies and results, once with protobuf forward_backward bodies an
 protobuf results (Accept: application/x-protobuf), as SDK 0.25 sends them.
 
 Checks: importance ratios start at 1 (the learner's logprobs equal the sampler's for
-the same weights, spec §9.1); the mean reward rises clearly; every op is a row.
+the same weights, docs/protocol.md §9.1); the mean reward rises clearly; every op is a row.
 Reward: the fraction of generated tokens whose id is below 64 (a quarter of the tiny
 model's vocabulary, so a random model starts near 0.25).
 """

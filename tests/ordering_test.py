@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ordering_test.py: per-model seq_id order cannot wedge a model (spec §4.3).
+"""ordering_test.py: per-model seq_id order cannot wedge a model (docs/protocol.md §4.3).
 
 - A submit the api rejects (400) has used its seq_id up in the SDK: it is recorded as a
   failed operation with the error (the audit trail), and the next seq_ids run.

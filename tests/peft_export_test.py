@@ -1,7 +1,7 @@
 """PEFT export checked against an independent PyTorch PEFT implementation.
 
 Train a LoRA on Loom (`loom up`, CPU backend) for a few steps, save sampler weights,
-download the archive with ?format=peft (the signed-URL flow of spec §17.7), extract it
+download the archive with ?format=peft (the signed-URL flow of docs/protocol.md §17.7), extract it
 and check: the tar layout (§17.1), the adapter_config.json fields PEFT and vLLM need
 (§17.6), the key names and shapes PEFT writes for these target modules, and that
 tests/ref/peft_ref.py (PEFT's LoRA math on the float64 reference model of torch_ref.py)

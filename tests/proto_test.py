@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""proto_test.py: the protobuf wire format (spec §1.6, §14) end to end against `loom up`.
+"""proto_test.py: the protobuf wire format (docs/protocol.md §1.6, §14) end to end against `loom up`.
 
 Requests are encoded and results decoded by a small hand-written protobuf codec
 (tests/lib/tinker_proto.py), independent of Loom's protobuf-c code. Checks:

@@ -1,4 +1,4 @@
-"""End-to-end sampling over real HTTP through every part of Loom (spec §3.3, §7.6, §9, §11).
+"""End-to-end sampling over real HTTP through every part of Loom (docs/protocol.md §3.3, §7.6, §9, §11).
 
 `loom up` (tiny Llama, its mkmodel tokenizer.json), then by hand what the SDK sends:
   * a sampling session on the base model: num_samples sequences with tokens, logprobs and

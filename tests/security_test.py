@@ -4,7 +4,8 @@ data is private.
 
 - Tenant B samples from tenant A's checkpoint while it is public (or shared with B) and
   holds a signed download link. After unpublish (or share revoke) B's open sampling
-  session is refused at the next sample and the earlier link no longer downloads. A link
+  session is refused at the next sample and the earlier link no longer downloads; a
+  load_weights of it that B queued before is refused when it runs. A link
   made with a key that is revoked since stops working too; A's own links keep working.
 - POST /api/v1/telemetry needs a key; a newline in session_id or error_message cannot
   forge a log line; an oversized batch and a flood of batches add only a few lines.
@@ -71,6 +72,15 @@ def main():
             st, ss = s.post("/api/v1/create_sampling_session", {"session_id": bsid, "model_path": path}, key=key_b)
             return ss.get("sampling_session_id") if st == 200 else None
 
+        bsid = s.post("/api/v1/create_session", {}, key=key_b)[1]["session_id"]
+        bf = s.post("/api/v1/create_model", {"session_id": bsid, "base_model": BASE, "lora_config": {"rank": 4}},
+                    key=key_b)[1]
+        b_model = s.result(bf["request_id"], key=key_b)["model_id"]
+
+        def b_load(seq):
+            return s.post("/api/v1/load_weights", {"model_id": b_model, "seq_id": seq, "path": path,
+                                                   "optimizer": False}, key=key_b)
+
         def b_sample(ssid, seq):
             return s.post("/api/v1/asample", {"sampling_session_id": ssid, "seq_id": seq, "num_samples": 1,
                                               "prompt": {"chunks": [{"tokens": [1, 2, 3]}]},
@@ -86,14 +96,18 @@ def main():
         R.check(url_b and fetch(url_b) == 200, "B downloads it while public")
         url_a = link(s.key)
         sched = s.children()["scheduler"]
-        os.kill(sched, signal.SIGSTOP)     # so that B's next sample stays queued
+        os.kill(sched, signal.SIGSTOP)     # so that B's next sample and load stay queued
         try:
             st, queued = b_sample(ssid, 2)
+            lst, load = b_load(1)
             R.check(s.request("DELETE", ck + "/publish")[0] == 200, "A unpublishes it")
         finally:
             os.kill(sched, signal.SIGCONT)
         r = s.result(queued["request_id"], key=key_b) if st == 200 else {}
         R.check("withdrawn" in r.get("error", ""), f"B's sample queued before the unpublish fails: {r}")
+        r = s.result(load["request_id"], key=key_b) if lst == 200 else {}
+        R.check(r.get("category") == "user" and "can no longer be loaded" in r.get("error", ""),
+                f"B's load_weights queued before the unpublish is refused when it runs: {r}")
         st, body = b_sample(ssid, 1)
         R.check(st == 403 and "no longer shared" in body.get("detail", ""),
                 f"B's open sampling session is refused at the next sample ({st})")
@@ -106,7 +120,17 @@ def main():
         st, f = b_sample(ssid, 0)
         url_b = link(key_b)
         R.check(ssid and st == 200 and url_b and fetch(url_b) == 200, "shared: B samples and downloads")
-        loom_cli(s, "adapter", "share", run, "--tenant", "bob", "--revoke")
+        os.kill(sched, signal.SIGSTOP)
+        try:
+            lst, load = b_load(2)
+            loom_cli(s, "adapter", "share", run, "--tenant", "bob", "--revoke")
+        finally:
+            os.kill(sched, signal.SIGCONT)
+        r = s.result(load["request_id"], key=key_b) if lst == 200 else {}
+        R.check(r.get("category") == "user" and "can no longer be loaded" in r.get("error", ""),
+                f"share revoked: B's load_weights queued before is refused when it runs: {r}")
+        st, f = b_load(3)
+        R.check(st == 404, f"share revoked: a new load_weights is a 404 ({st})")
         st, _ = b_sample(ssid, 1)
         R.check(st == 403, f"share revoked: B's open sampling session is refused ({st})")
         R.check(fetch(url_b) in (403, 404), "share revoked: B's earlier link is refused")

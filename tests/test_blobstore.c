@@ -1,16 +1,13 @@
 /* test_blobstore.c: the content-addressed blob store: round trip, deduplication,
  * corruption and truncation detected on read, hostile digests refused. */
 #include "registry/blobstore.h"
+#include "check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <unistd.h>
-
-static int passed, failed;
-#define CHECK(cond, msg) do { if (cond) { passed++; printf("ok    %s\n", msg); } \
-    else { failed++; printf("FAIL  %s\n", msg); } } while (0)
 
 static int count_files(const char *dir) {
     DIR *d = opendir(dir);
@@ -70,6 +67,5 @@ int main(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }

@@ -4,18 +4,12 @@
  * expected outputs are Jinja2's (the real templates are compared with Hugging Face's
  * renderer in tests/chat_template_test.py). */
 #include "model/chat_template.h"
+#define CHECK_QUIET   /* thousands of checks: print failures only */
+#include "check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (cond) { n_pass++; }                                                                              \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 /* Renders src for messages (JSON text) and checks the output, or that it fails with an
  * error containing want_err. */
@@ -152,6 +146,5 @@ int main(void)
         json_decref(m);
         chat_template_free(ct);
     }
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -8,7 +8,7 @@
  *   test_cpu_ref mkmodel ...            same as `loom mkmodel`
  *
  * The scenario: one packed batch of sequences of different lengths over THREE adapters
- * (ranks 4, 8, 2; different module flags), every loss of spec §8, a base-only sequence and
+ * (ranks 4, 8, 2; different module flags), every loss of docs/protocol.md §8, a base-only sequence and
  * a forward_only one; two forward_backward + AdamW steps (weight decay and clipping active
  * for one adapter); each adapter's sequences also run alone. B starts random, not zero,
  * so that A receives gradients.
@@ -16,13 +16,15 @@
 #include "backend/adamw.h"
 #include "backend/backend.h"
 #include "backend/loss.h"
-#include "executor/exe_train.h"
+#include "common/fb_check.h"
 #include "model/lora.h"
 #include "model/mkmodel.h"
 #include "model/model.h"
 #include "model/rng.h"
 #include "model/safetensors.h"
 #include "tests/lib/test_backend.h"
+#define CHECK_QUIET   /* thousands of checks: print failures only */
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,13 +32,29 @@
 #include <string.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) { n_pass++; }                                           \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
+/* A sequence as the shared check (common/fb_check.h) sees a datum: its loss config, then
+ * the datum with every input it has. 0, or -1 with err. */
+static int check_seq(const model_config *mc, const exe_seq *s, char *err, size_t errlen)
+{
+    if (fb_check_loss(&s->loss, "seq", err, errlen) < 0) return -1;
+    int K = s->k > 1 ? s->k : 1;
+    size_t n = (size_t)s->n, nk = n * K;
+    int64_t *tok = malloc(n * sizeof *tok), *tgt = malloc(nk * sizeof *tgt);
+    for (size_t i = 0; i < n; i++) tok[i] = s->tokens[i];
+    for (size_t i = 0; i < nk; i++) tgt[i] = s->targets[i];
+    fb_view v = {.n_tokens = n, .tokens = tok, .targets = tgt};
+    const void *has[LOSS_N_INPUTS] = {s->targets, s->weights, s->sampler_logprobs, s->advantages};
+    for (int k = 0; k < LOSS_N_INPUTS; k++) {
+        bool per_target = k == LOSS_IN_TARGET_TOKENS || k == LOSS_IN_WEIGHTS;
+        v.in[k] = (fb_view_input){.present = has[k] != NULL, .dims = per_target && K > 1 ? 2 : 1,
+                                  .cols = per_target ? (size_t)K : 1, .values = per_target ? nk : n};
+    }
+    fb_check_model m = {.vocab_size = mc->vocab_size, .max_context = mc->max_position_embeddings};
+    int rc = fb_check_datum(&m, s->loss.kind, &v, "seq", err, errlen);
+    free(tok);
+    free(tgt);
+    return rc;
+}
 
 /* ---- the scenario -------------------------------------------------------------------- */
 
@@ -527,25 +545,44 @@ static void test_arch(const char *arch)
     }
     for (int k = 0; k < b.nseq; k++) b.seqs[k].forward_only = TR_SEQS[b.ad_of[k]].fwd_only;
 
-    /* bad sequences never reach the backend: the executor's one check (exe_seq_check,
-     * which backends trust) refuses them, and every sequence of the scenario passes it */
+    /* bad sequences never reach the backend: the one check of a datum (common/fb_check.h,
+     * which the api and the executor share and backends trust) refuses them, and every
+     * sequence of the scenario passes it */
     bool all_ok = true;
-    for (int k = 0; k < b.nseq; k++) all_ok &= exe_seq_check(&mc, &b.seqs[k], err, sizeof err) == 0;
+    for (int k = 0; k < b.nseq; k++) all_ok &= check_seq(&mc, &b.seqs[k], err, sizeof err) == 0;
     CHECK(all_ok, "%s: a valid sequence refused: %s", arch, err);
     exe_seq bad = b.seqs[1];
     int32_t bad_tok = mc.vocab_size;
     bad.tokens = &bad_tok;
     bad.n = 1;
-    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "token id"), "bad token id accepted: %s", err);
+    CHECK(check_seq(&mc, &bad, err, sizeof err) == -1 && strstr(err, "token id"), "bad token id accepted: %s", err);
     bad = b.seqs[1];
     bad.sampler_logprobs = NULL;
-    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "logprobs"), "RL loss without logprobs accepted");
+    CHECK(check_seq(&mc, &bad, err, sizeof err) == -1 && strstr(err, "logprobs"), "RL loss without logprobs accepted");
     bad = b.seqs[13];   /* 2-D targets */
     bad.loss.kind = LOSS_PPO;
-    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "cross_entropy"), "2-D targets with ppo accepted");
+    CHECK(check_seq(&mc, &bad, err, sizeof err) == -1 && strstr(err, "cross_entropy"), "2-D targets with ppo accepted");
     bad = b.seqs[0];
     bad.n = mc.max_position_embeddings + 1;
-    CHECK(exe_seq_check(&mc, &bad, err, sizeof err) == -1 && strstr(err, "context"), "sequence over the context accepted");
+    int32_t *long_in = calloc(bad.n, sizeof *long_in);
+    bad.tokens = bad.targets = long_in;
+    CHECK(check_seq(&mc, &bad, err, sizeof err) == -1 && strstr(err, "context"), "sequence over the context accepted");
+    free(long_in);
+    bad = b.seqs[2];   /* ppo */
+    bad.loss.clip_low = 1.5;
+    bad.loss.clip_high = 0.5;
+    CHECK(check_seq(&mc, &bad, err, sizeof err) == -1 && strstr(err, "clip_low_threshold"), "clip_low > clip_high accepted");
+
+    /* overflow: ordinary inputs are never at risk; a sampler logprob of -1000 with an
+     * advantage is (importance_sampling, and ppo for a negative advantage) */
+    loss_spec is = loss_spec_default(LOSS_IMPORTANCE_SAMPLING), ppo = loss_spec_default(LOSS_PPO);
+    loss_spec dro = loss_spec_default(LOSS_DRO), ce = loss_spec_default(LOSS_CROSS_ENTROPY);
+    CHECK(!loss_token_at_risk(&is, 1, -30, 10) && !loss_token_at_risk(&ppo, 1, -50, -5) &&
+          !loss_token_at_risk(&dro, 1, -1e4f, 1e3f) && !loss_token_at_risk(&ce, 1e17f, 0, 0),
+          "ordinary loss inputs taken for an overflow risk");
+    CHECK(loss_token_at_risk(&is, 1, -1000, 1) && loss_token_at_risk(&ppo, 1, -1000, -1) &&
+          !loss_token_at_risk(&ppo, 1, -1000, 1) && !loss_token_at_risk(&is, 1, -1000, 0) &&
+          loss_token_at_risk(&dro, 1, -1e17f, 1), "overflowing loss inputs not taken for a risk");
 
     /* optim_step with no gradient: step advances, moments stay 0, only weight decay acts */
     tr_zero_grads(be, ctx, ads);
@@ -925,6 +962,5 @@ int main(int argc, char **argv)
     test_sample("qwen3");
     test_sample("qwen2");
     tr_rmtree(tr_tmp);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -6,13 +6,10 @@
  * stalling between blob_put and its commit as long as the grace period (its blob's mtime
  * is set back), some refused because the name exists: no committed live version may lose
  * its blob, and at the end the store holds exactly the live versions' blobs. */
-#include "common/db.h"
-#include "common/migrate.h"
-#include "common/pgcluster.h"
-#include "registry/registry.h"
-#include "registry/reg_sql.h"
+#include "check.h"
+#include "dbtest.h"
+#include "regtest.h"
 #include <fcntl.h>
-#include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,23 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
-    printf(__VA_ARGS__); printf("\n"); } while (0)
-
-static char conninfo[1024], bdir[700];
-static PGconn *C;
-static blobstore *B;
-
-static void sql(const char *q) {
-    char err[512];
-    if (db_exec(C, q, 0, NULL, err, sizeof err) < 0) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
-}
-
-static void put(const char *bytes, char digest[BLOB_DIGEST_HEX]) {
-    char err[256];
-    if (blob_put(B, bytes, strlen(bytes), digest, err, sizeof err) < 0) { fprintf(stderr, "%s\n", err); exit(2); }
-}
+static char bdir[700];
 
 /* Sets a blob's (or any file's) mtime `age` seconds back. Quietly does nothing when the
  * file is gone (in the race, GC may have taken the blob already). */
@@ -57,10 +38,7 @@ static int save(PGconn *c, const char *name, const char *digest, int64_t *vid, c
     static atomic_int seq = 1;
     reg_new_version v = {.model_id = "sa:train:0", .seq_id = atomic_fetch_add(&seq, 1), .kind = "sampler",
                          .name = name, .digest = digest, .size_bytes = 10, .ttl_seconds = -1};
-    if (db_begin(c, err, errlen) < 0) return -1;
-    int rc = reg_blob_lock_shared(c, digest, err, errlen) < 0 ? -1 : reg_version_insert(c, &v, vid, err, errlen);
-    if (rc != 0) { db_rollback(c); return rc; }
-    return db_commit(c, err, errlen) < 0 ? -1 : 0;
+    return save_version(c, NULL, &v, vid, err, errlen);
 }
 
 static void setup(void) {
@@ -196,88 +174,25 @@ static void test_sweep(void) {
 
 /* ---- saves racing the sweep -------------------------------------------------------------- */
 
-#define SAVERS 3
-#define ROUNDS 50
-static atomic_int saver_errors, saves_done, refused_saves, lost_blobs, orphans_removed, stop_gc;
-
-static void *saver(void *arg) {
-    int t = (int)(intptr_t)arg;
-    char err[512];
-    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
-    for (int i = 0; i < ROUNDS; i++) {
-        char bytes[48], dg[BLOB_DIGEST_HEX], name[32];
-        snprintf(bytes, sizeof bytes, "race %d %d", t, i % 7);   /* some contents recur */
-        if (blob_put(B, bytes, strlen(bytes), dg, err, sizeof err) < 0) { saver_errors++; continue; }
-        /* the save stalls as long as the grace period between put and commit */
-        age_blob(dg, 7200);
-        usleep(500 + rand() % 3000);
-        /* every fifth save reuses a taken name and is refused, leaving an orphan */
-        if (i % 5 == 4) snprintf(name, sizeof name, "race-%d-%d", t, i - 1);
-        else snprintf(name, sizeof name, "race-%d-%d", t, i);
-        reg_new_version v = {.model_id = "sa:train:0", .seq_id = 10000 + t * 1000 + i, .kind = "sampler",
-                             .name = name, .digest = dg, .size_bytes = (int64_t)strlen(bytes), .ttl_seconds = -1};
-        int64_t vid;
-        if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, dg, err, sizeof err) < 0) {
-            saver_errors++;
-            db_rollback(c);
-            continue;
-        }
-        if (!blob_exists(B, dg) && blob_put(B, bytes, strlen(bytes), dg, err, sizeof err) < 0) {
-            saver_errors++;
-            db_rollback(c);
-            continue;
-        }
-        int rc = reg_version_insert(c, &v, &vid, err, sizeof err);
-        if (rc == 1) { refused_saves++; db_rollback(c); continue; }
-        if (rc != 0 || db_commit(c, err, sizeof err) < 0) {
-            fprintf(stderr, "saver: %s\n", err);
-            saver_errors++;
-            db_rollback(c);
-            continue;
-        }
-        saves_done++;
-        char q[160];
-        snprintf(q, sizeof q, "SELECT count(*) FROM adapter_versions v WHERE id = %lld AND " REG_LIVE, (long long)vid);
-        if (db_begin(c, err, sizeof err) == 0 && reg_blob_lock_shared(c, dg, err, sizeof err) == 0) {
-            PGresult *r = db_query(c, q, 0, NULL, err, sizeof err);
-            if (r && db_int(r, 0, 0) == 1 && !blob_exists(B, dg)) lost_blobs++;
-            if (r) PQclear(r);
-        }
-        db_rollback(c);
-    }
-    PQfinish(c);
-    return NULL;
+static void sweep_race_round(int t, int i, char bytes[48], char name[32]) {
+    snprintf(bytes, 48, "race %d %d", t, i % 7);   /* some contents recur */
+    /* every fifth save reuses a taken name and is refused, leaving an orphan */
+    snprintf(name, 32, "race-%d-%d", t, i % 5 == 4 ? i - 1 : i);
 }
 
-static void *collector(void *arg) {
-    (void)arg;
-    char err[512];
-    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
-    while (!stop_gc) {
-        db_exec(c, "UPDATE adapter_versions SET deleted_at = now() WHERE name LIKE 'race-%' AND deleted_at IS NULL"
-                   " AND random() < 0.3", 0, NULL, err, sizeof err);
-        reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 3600};
-        reg_gc_stats st;
-        if (reg_gc(c, B, &o, &st, err, sizeof err) < 0) fprintf(stderr, "gc: %s\n", err);
-        else orphans_removed += st.orphans_removed;
-        usleep(rand() % 1000);
-    }
-    PQfinish(c);
-    return NULL;
+static void sweep_race_stall(const char *digest) {
+    age_blob(digest, 7200);   /* the save stalls as long as the grace period between put and commit */
+    usleep(500 + rand() % 3000);
 }
 
 static void test_race(void) {
-    pthread_t s[SAVERS], g;
-    pthread_create(&g, NULL, collector, NULL);
-    for (int i = 0; i < SAVERS; i++) pthread_create(&s[i], NULL, saver, (void *)(intptr_t)i);
-    for (int i = 0; i < SAVERS; i++) pthread_join(s[i], NULL);
-    stop_gc = 1;
-    pthread_join(g, NULL);
-    CHECK(saver_errors == 0 && saves_done + refused_saves == SAVERS * ROUNDS && refused_saves > 0,
-          "%d concurrent saves committed, %d refused (name taken)", (int)saves_done, (int)refused_saves);
-    CHECK(lost_blobs == 0, "no committed live version ever lost its blob to the sweep (%d did)", (int)lost_blobs);
-    CHECK(orphans_removed > 0, "the sweep removed orphans %d times meanwhile (the race was exercised)",
-          (int)orphans_removed);
+    race r = {.savers = 3, .rounds = 50, .p_delete = 0.3, .gc = {.sweep_orphans = true, .orphan_grace_s = 3600},
+              .round = sweep_race_round, .stall = sweep_race_stall};
+    race_run(&r);
+    CHECK(r.errors == 0 && r.saved + r.refused == r.savers * r.rounds && r.refused > 0,
+          "%d concurrent saves committed, %d refused (name taken)", (int)r.saved, (int)r.refused);
+    CHECK(r.lost == 0, "no committed live version ever lost its blob to the sweep (%d did)", (int)r.lost);
+    CHECK(r.orphans > 0, "the sweep removed orphans %d times meanwhile (the race was exercised)", (int)r.orphans);
 
     /* a last pass: the store holds exactly the live versions' blobs, all intact */
     char err[512];
@@ -293,16 +208,7 @@ static void test_race(void) {
         free(all);
     }
     rc = rc || reg_gc(C, B, &o, &st, err, sizeof err);
-    PGresult *r = db_query(C, "SELECT DISTINCT blob_digest FROM adapter_versions v WHERE " REG_LIVE, 0, NULL, err,
-                           sizeof err);
-    int missing = 0, nlive = r ? PQntuples(r) : -1;
-    for (int i = 0; r && i < PQntuples(r); i++) {
-        void *data;
-        size_t dn;
-        if (blob_get(B, PQgetvalue(r, i, 0), &data, &dn, err, sizeof err) < 0) missing++;
-        else free(data);
-    }
-    if (r) PQclear(r);
+    int nlive, missing = live_blobs_missing(&nlive);
     bool listed_ok = blob_list(B, &all, &n, err, sizeof err) == 0;
     if (listed_ok) free(all);
     CHECK(rc == 0 && nlive > 0 && missing == 0 && listed_ok && (int)n == nlive,
@@ -310,28 +216,17 @@ static void test_race(void) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/loom-gcorph-XXXXXX", err[1024];
-    if (!mkdtemp(dir)) return 2;
-    chmod(dir, 0755);
+    char err[1024];
     if (sodium_init() < 0) return 2;
     srand((unsigned)time(NULL));
-    pgcluster pc;
-    if (pgc_start(dir, &pc, err, sizeof err) < 0) { fprintf(stderr, "cluster: %s\n", err); return 2; }
-    snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
-    C = db_connect(conninfo, 10000, err, sizeof err);
-    if (!C || migrate_run(C, err, sizeof err) < 0) { fprintf(stderr, "db: %s\n", err); return 2; }
-    snprintf(bdir, sizeof bdir, "%s/blobs", dir);
-    if (!(B = blob_open_dir(bdir, err, sizeof err))) { fprintf(stderr, "blobs: %s\n", err); return 2; }
+    dbt_start("loom-gcorph");
+    snprintf(bdir, sizeof bdir, "%s/blobs", dbt_dir);
+    if (!(B = blob_open_dir(bdir, err, sizeof err))) dbt_die("blobs", err);
     setup();
     test_store();
     test_sweep();
     test_race();
-    PQfinish(C);
     blob_close(B);
-    pgc_stop(dir, err, sizeof err);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    dbt_stop();
+    return check_summary();
 }

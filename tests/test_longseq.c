@@ -10,16 +10,13 @@
 #include "model/mkmodel.h"
 #include "model/model.h"
 #include "tests/lib/test_backend.h"
+#include "check.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
-    printf(__VA_ARGS__); printf("\n"); } while (0)
 
 static long peak_rss_mb(void) {
     struct rusage u;
@@ -90,6 +87,5 @@ int main(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }

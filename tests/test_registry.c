@@ -9,16 +9,13 @@
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "tests/lib/test_backend.h"
+#include "check.h"
 #include <jansson.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
-    printf(__VA_ARGS__); printf("\n"); } while (0)
 
 static model_config geom(void) {
     model_config m;
@@ -360,6 +357,5 @@ int main(void) {
     test_roundtrip();
     test_sampler_loader();
     test_paths_tokens();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }

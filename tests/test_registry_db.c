@@ -4,58 +4,20 @@
  * access rules between tenants (own / grant / public, read-only for non-owners), TTL,
  * the operator views, GC with keep-last, and GC racing concurrent saves that reuse the
  * same blobs: a live version's blob must never disappear. */
-#include "common/db.h"
-#include "common/migrate.h"
-#include "common/pgcluster.h"
-#include "registry/registry.h"
-#include "registry/reg_sql.h"
-#include <pthread.h>
+#include "check.h"
+#include "dbtest.h"
+#include "regtest.h"
 #include <sodium.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
-    printf(__VA_ARGS__); printf("\n"); } while (0)
-
-static char conninfo[1024];
-static PGconn *C;
-static blobstore *B;
-
-static void sql(const char *q) {
-    char err[512];
-    if (db_exec(C, q, 0, NULL, err, sizeof err) < 0) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
-}
-
-static char *text(const char *q) {
-    static char buf[4096];
-    char err[512];
-    PGresult *r = db_query(C, q, 0, NULL, err, sizeof err);
-    if (!r) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
-    snprintf(buf, sizeof buf, "%s", PQntuples(r) ? PQgetvalue(r, 0, 0) : "");
-    PQclear(r);
-    return buf;
-}
-
-static long scalar(const char *q) { return atol(text(q)); }
 
 static int save(PGconn *c, const char *model, int seq, const char *kind, const char *name, const char *digest,
                 bool overwrite, int64_t ttl, int64_t *vid, char *err, size_t errlen) {
     reg_new_version v = {.model_id = model, .seq_id = seq, .kind = kind, .name = name, .digest = digest,
                          .size_bytes = 100, .step = seq, .ttl_seconds = ttl, .overwrite = overwrite};
-    if (db_begin(c, err, errlen) < 0) return -1;
-    int rc = reg_blob_lock_shared(c, digest, err, errlen) < 0 ? -1 : reg_version_insert(c, &v, vid, err, errlen);
-    if (rc != 0) { db_rollback(c); return rc; }
-    return db_commit(c, err, errlen) < 0 ? -1 : 0;
-}
-
-static void put(const char *bytes, char digest[BLOB_DIGEST_HEX]) {
-    char err[256];
-    if (blob_put(B, bytes, strlen(bytes), digest, err, sizeof err) < 0) { fprintf(stderr, "%s\n", err); exit(2); }
+    return save_version(c, NULL, &v, vid, err, errlen);
 }
 
 static void setup(void) {
@@ -161,7 +123,7 @@ static void test_access(void) {
               !strcmp(json_string_value(json_object_get(j, "checkpoint_type")), "sampler") &&
               json_is_true(json_object_get(j, "public")) && json_is_null(json_object_get(j, "expires_at")) &&
               strlen(json_string_value(json_object_get(j, "time"))) == 27,
-          "Checkpoint JSON (§12.1)");
+          "Checkpoint JSON (docs/protocol.md §12.1)");
     json_decref(j);
 
     char d[BLOB_DIGEST_HEX];
@@ -223,125 +185,48 @@ static void test_gc(void) {
 
 /* ---- GC racing saves -------------------------------------------------------------------- */
 
-#define SAVERS 3
-#define POOL (2 * SAVERS)   /* each saver alternates between two blobs of its own */
-#define ROUNDS 60
-static char pool_digest[POOL][BLOB_DIGEST_HEX];
-static char pool_bytes[POOL][32];
-static atomic_int next_seq = 1000, saver_errors, saves_done, gc_removed, stop_gc, lost_blobs;
+/* Each saver alternates between two blobs of its own, so that GC finds blobs whose
+ * versions were all deleted while a save is about to reuse them. */
+static char pool_bytes[6][32];
 
-static void *saver(void *arg) {
-    int t = (int)(intptr_t)arg;
-    char err[512];
-    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
-    for (int i = 0; i < ROUNDS; i++) {
-        int k = 2 * t + i % 2;
-        char dg[BLOB_DIGEST_HEX], name[32];
-        /* as the executor: store the blob first, then (later) the row under the shared lock */
-        if (blob_put(B, pool_bytes[k], strlen(pool_bytes[k]), dg, err, sizeof err) < 0) { saver_errors++; continue; }
-        usleep(1000 + rand() % 4000);   /* the window in which GC may take the blob */
-        snprintf(name, sizeof name, "race-%d-%d", t, i);
-        reg_new_version v = {.model_id = "sa:train:0", .seq_id = atomic_fetch_add(&next_seq, 1), .kind = "sampler",
-                             .name = name, .digest = dg, .size_bytes = 11, .ttl_seconds = -1};
-        int64_t vid;
-        if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, dg, err, sizeof err) < 0) { saver_errors++; db_rollback(c); continue; }
-        if (!blob_exists(B, dg) && blob_put(B, pool_bytes[k], strlen(pool_bytes[k]), dg, err, sizeof err) < 0) {
-            saver_errors++;
-            db_rollback(c);
-            continue;
-        }
-        if (reg_version_insert(c, &v, &vid, err, sizeof err) != 0 || db_commit(c, err, sizeof err) < 0) {
-            fprintf(stderr, "saver: %s\n", err);
-            saver_errors++;
-            db_rollback(c);
-            continue;
-        }
-        saves_done++;
-        /* Under the digest's shared lock GC cannot be half-way through removing it: if our
-         * row is still live, its blob must be there. */
-        char q[160];
-        snprintf(q, sizeof q, "SELECT count(*) FROM adapter_versions v WHERE id = %lld AND " REG_LIVE, (long long)vid);
-        if (db_begin(c, err, sizeof err) == 0 && reg_blob_lock_shared(c, dg, err, sizeof err) == 0) {
-            PGresult *r = db_query(c, q, 0, NULL, err, sizeof err);
-            if (r && db_int(r, 0, 0) == 1 && !blob_exists(B, dg)) lost_blobs++;
-            if (r) PQclear(r);
-        }
-        db_rollback(c);
-    }
-    PQfinish(c);
-    return NULL;
+static void gc_race_round(int t, int i, char bytes[48], char name[32]) {
+    snprintf(bytes, 48, "%s", pool_bytes[2 * t + i % 2]);
+    snprintf(name, 32, "race-%d-%d", t, i);
 }
 
-static void *collector(void *arg) {
-    char err[512];
-    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
-    while (!stop_gc) {
-        /* delete every live race version but the newest one of each blob, then collect */
-        db_exec(c, "UPDATE adapter_versions SET deleted_at = now() WHERE name LIKE 'race-%' AND deleted_at IS NULL"
-                   " AND random() < 0.7", 0, NULL, err, sizeof err);
-        reg_gc_opts o = {0};
-        reg_gc_stats st;
-        if (reg_gc(c, B, &o, &st, err, sizeof err) < 0) fprintf(stderr, "gc: %s\n", err);
-        gc_removed += st.blobs_removed;
-        usleep(rand() % 1000);
-    }
-    PQfinish(c);
-    return NULL;
+static void gc_race_stall(const char *digest) {
+    usleep(1000 + rand() % 4000);   /* the window in which GC may take the blob */
 }
 
 static void test_gc_race(void) {
-    for (int k = 0; k < POOL; k++) {
+    race r = {.savers = 3, .rounds = 60, .p_delete = 0.7, .round = gc_race_round, .stall = gc_race_stall};
+    for (int k = 0; k < 2 * r.savers; k++) {
+        char digest[BLOB_DIGEST_HEX];
         snprintf(pool_bytes[k], sizeof pool_bytes[k], "race blob %d", k);
-        put(pool_bytes[k], pool_digest[k]);
+        put(pool_bytes[k], digest);
     }
-    pthread_t s[SAVERS], g;
-    pthread_create(&g, NULL, collector, NULL);
-    for (int i = 0; i < SAVERS; i++) pthread_create(&s[i], NULL, saver, (void *)(intptr_t)i);
-    for (int i = 0; i < SAVERS; i++) pthread_join(s[i], NULL);
-    stop_gc = 1;
-    pthread_join(g, NULL);
-    CHECK(saver_errors == 0 && saves_done == SAVERS * ROUNDS, "%d concurrent saves committed", saves_done);
-    CHECK(lost_blobs == 0, "no committed live version ever lost its blob (%d did)", (int)lost_blobs);
-    CHECK(gc_removed > 0, "gc removed race blobs %d times meanwhile (the race was exercised)", (int)gc_removed);
-    char err[512];
-    PGresult *r = db_query(C, "SELECT DISTINCT blob_digest FROM adapter_versions v WHERE " REG_LIVE, 0, NULL, err,
-                           sizeof err);
-    int missing = 0, live = r ? PQntuples(r) : -1;
-    for (int i = 0; r && i < PQntuples(r); i++) {
-        void *data;
-        size_t n;
-        if (blob_get(B, PQgetvalue(r, i, 0), &data, &n, err, sizeof err) < 0) missing++;
-        else free(data);
-    }
-    if (r) PQclear(r);
+    race_run(&r);
+    CHECK(r.errors == 0 && r.saved == r.savers * r.rounds, "%d concurrent saves committed", (int)r.saved);
+    CHECK(r.lost == 0, "no committed live version ever lost its blob (%d did)", (int)r.lost);
+    CHECK(r.removed > 0, "gc removed race blobs %d times meanwhile (the race was exercised)", (int)r.removed);
+    int live, missing = live_blobs_missing(&live);
     CHECK(live > 0 && missing == 0, "every live version's blob is present and intact (%d digests, %d missing)", live,
           missing);
 }
 
 int main(void) {
-    char dir[] = "/tmp/loom-regdb-XXXXXX", err[1024];
-    if (!mkdtemp(dir)) return 2;
-    chmod(dir, 0755);
+    char err[1024];
     if (sodium_init() < 0) return 2;
-    pgcluster pc;
-    if (pgc_start(dir, &pc, err, sizeof err) < 0) { fprintf(stderr, "cluster: %s\n", err); return 2; }
-    snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
-    C = db_connect(conninfo, 10000, err, sizeof err);
-    if (!C || migrate_run(C, err, sizeof err) < 0) { fprintf(stderr, "db: %s\n", err); return 2; }
+    dbt_start("loom-regdb");
     char bdir[600];
-    snprintf(bdir, sizeof bdir, "%s/blobs", dir);
-    if (!(B = blob_open_dir(bdir, err, sizeof err))) { fprintf(stderr, "blobs: %s\n", err); return 2; }
+    snprintf(bdir, sizeof bdir, "%s/blobs", dbt_dir);
+    if (!(B = blob_open_dir(bdir, err, sizeof err))) dbt_die("blobs", err);
     setup();
     test_versions();
     test_access();
     test_gc();
     test_gc_race();
-    PQfinish(C);
     blob_close(B);
-    pgc_stop(dir, err, sizeof err);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    dbt_stop();
+    return check_summary();
 }

@@ -4,20 +4,14 @@
 #include "model/model.h"
 #include "model/rng.h"
 #include "model/safetensors.h"
+#define CHECK_QUIET   /* thousands of checks: print failures only */
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (cond) { n_pass++; }                                           \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 static char tmp[256];
 
@@ -333,6 +327,5 @@ int main(void)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -2,10 +2,9 @@
  * PostgreSQL cluster started for this test (Unix socket under /tmp, removed after).
  * Checks seq-order with gaps, the forward_backward + optim_step rule, the token budget
  * shared between tenants, two schedulers racing for the same work, and the reaper. */
-#include "common/db.h"
-#include "common/migrate.h"
-#include "common/pgcluster.h"
 #include "scheduler/sched.h"
+#include "check.h"
+#include "dbtest.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,26 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) { passed++; printf("ok    "); } else { failed++; printf("FAIL  "); } \
-    printf(__VA_ARGS__); printf("\n"); } while (0)
-
-static char conninfo[1024];
-static PGconn *C;
-
-static void sql(const char *q) {
-    char err[512];
-    if (db_exec(C, q, 0, NULL, err, sizeof err) < 0) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
-}
-
-static long scalar(const char *q) {
-    char err[512];
-    PGresult *r = db_query(C, q, 0, NULL, err, sizeof err);
-    if (!r) { fprintf(stderr, "SQL failed: %s\n%s\n", q, err); exit(2); }
-    long v = PQntuples(r) ? (long)db_int(r, 0, 0) : -1;
-    PQclear(r);
-    return v;
-}
 
 static void reset(void) {
     sql("TRUNCATE operations, cycles, models, sessions, executors, base_models, api_keys, tenants RESTART IDENTITY CASCADE");
@@ -304,14 +283,8 @@ static void test_settle(void) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/loom-sched-XXXXXX", err[1024];
-    if (!mkdtemp(dir)) return 2;
-    chmod(dir, 0755);
-    pgcluster pc;
-    if (pgc_start(dir, &pc, err, sizeof err) < 0) { fprintf(stderr, "cluster: %s\n", err); return 2; }
-    snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
-    C = db_connect(conninfo, 10000, err, sizeof err);
-    if (!C || migrate_run(C, err, sizeof err) < 0) { fprintf(stderr, "db: %s\n", err); return 2; }
+    char err[1024];
+    dbt_start("loom-sched");
     int again = migrate_run(C, err, sizeof err);
     CHECK(again == 0, "a second migrate is a no-op (%d)", again);
     test_order_and_steps();
@@ -321,11 +294,6 @@ int main(void) {
     test_samples();
     test_reaper();
     test_settle();
-    PQfinish(C);
-    pgc_stop(dir, err, sizeof err);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    dbt_stop();
+    return check_summary();
 }

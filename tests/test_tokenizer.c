@@ -7,20 +7,14 @@
 #include "model/mkmodel.h"
 #include "model/tokenizer.h"
 #include "model/rng.h"
+#define CHECK_QUIET   /* thousands of checks: print failures only */
+#include "check.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (cond) { n_pass++; }                                                                              \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 static char tmp[256];
 
@@ -204,7 +198,7 @@ int main(void)
     CHECK(mkmodel_write_tokenizer(p_qwen, NULL, "qwen2", 1024, 1000, 1001, err, sizeof err) == 0, "write: %s", err);
     CHECK(mkmodel_write_tokenizer(p_gpt2, NULL, "llama", 100, 1, 2, err, sizeof err) == 1, "vocab 100 is refused");
     tokenizer *tl = load(p_llama), *tq = load(p_qwen);
-    if (!tl || !tq) { printf("%d passed, %d failed\n", n_pass, n_fail + 1); return 1; }
+    if (!tl || !tq) { CHECK(false, "both tokenizers load"); return check_summary(); }
     CHECK(tok_vocab_size(tl) == 256, "tiny vocab size %d", tok_vocab_size(tl));
     CHECK(tok_exact(tl) && tok_exact(tq), "known split patterns");
     CHECK(tok_piece_to_id(tl, "<|endoftext|>") == 2 && tok_is_special(tl, 2), "EOS <|endoftext|> is id 2, special");
@@ -343,6 +337,5 @@ int main(void)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) {}
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary();
 }

@@ -1,4 +1,5 @@
-# Test registration. C tests: tests/test_*.c, one executable each, print "N passed, N failed".
+# Test registration. C tests: tests/test_*.c, one executable each, print "N passed, N failed"
+# (tests/check.h; dbtest.h starts a private PostgreSQL, regtest.h races saves against GC).
 # Python tests: tests/*_test.py and tests/ref/run_ref.py, run with Debian's /usr/bin/python3
 # (it sees python3-torch/numpy), each starting its own PostgreSQL where it needs one.
 set(LOOM_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch and numpy for tests")

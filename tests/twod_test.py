@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""twod_test.py: 2-D cross_entropy (spec §5.2, §8, §14; the cookbook's top-k distillation)
+"""twod_test.py: 2-D cross_entropy (docs/protocol.md §5.2, §8, §14; the cookbook's top-k distillation)
 end to end against `loom up`.
 
 target_tokens / weights of shape [N, K] sent as JSON dense, JSON sparse CSR, protobuf
@@ -95,7 +95,7 @@ def main():
             return json.loads(s.psql(f"SELECT payload FROM operations WHERE model_id = '{mid}' AND seq_id = {n}"))
 
         # N = 6 positions, K = 3 targets each; zeros in both (ids 0 and weights 0) so that
-        # the sparse forms leave entries out; negative weights allowed (spec §8).
+        # the sparse forms leave entries out; negative weights allowed (docs/protocol.md §8).
         N, K = 6, 3
         x = [rng.randrange(1, vocab) for _ in range(N)]
         T = [[rng.randrange(1, vocab) for _ in range(K)] for _ in range(N)]

@@ -64,7 +64,9 @@ static void cb_head_rows(void *va, long b, long e, int thread)
         if (s->loss_out) s->loss_out[pos] = (float)loss;
         if (s->topk > 0) cb_topk(z, V, s->topk, lse, s->topk_ids_out + (long)pos * s->topk, s->topk_lp_out + (long)pos * s->topk);
         if (!j->any_grad) continue;
-        if (!s->ad || !s->ad->trainable || s->forward_only || (K == 1 && dlp0 == 0.0f)) { /* zero rows keep the GEMMs exact */
+        /* Zero rows keep the GEMMs exact; a row whose dℓ/dlp is not finite adds no gradient
+         * (backend/backend.h), so no accumulator ever holds inf or NaN because of the inputs. */
+        if (!s->ad || !s->ad->trainable || s->forward_only || (K == 1 && dlp0 == 0.0f) || !isfinite(dsum)) {
             memset(z, 0, V * sizeof(float));
             continue;
         }

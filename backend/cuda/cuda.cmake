@@ -66,7 +66,7 @@ add_library(loom_gpu_test_support STATIC
   ${LOOM_CPU_TWIN_DIR}/cpu_attention.c
   ${LOOM_CPU_TWIN_DIR}/cpu_choose.c
   ${LOOM_EXE_TWIN_DIR}/adamw.c
-  ${LOOM_EXE_TWIN_DIR}/loss.c)
+  ${CMAKE_SOURCE_DIR}/common/contract.c)
 target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})
 target_link_libraries(loom_gpu_test_support PUBLIC loom_gpu_gt Threads::Threads m)
 

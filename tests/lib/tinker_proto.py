@@ -1,4 +1,4 @@
-"""A tiny hand-written protobuf reader/writer for the Tinker wire messages (spec §14),
+"""A tiny hand-written protobuf reader/writer for the Tinker wire messages (docs/protocol.md §14),
 independent of Loom's protobuf-c code: tests encode requests and decode results with it.
 
     body = fwdbwd_request("S:train:0", 3, [([1, 2, 3], {"target_tokens": ("int64", [2, 3, 4])})],

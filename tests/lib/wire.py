@@ -1,4 +1,4 @@
-"""The two wire encodings a training loop can use (spec §1.6): JSON everywhere, or
+"""The two wire encodings a training loop can use (docs/protocol.md §1.6): JSON everywhere, or
 protobuf forward_backward bodies with protobuf results (SDK 0.25). One place for both
 the SFT and the RL end-to-end tests."""
 import json, urllib.error, urllib.request

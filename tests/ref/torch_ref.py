@@ -162,7 +162,7 @@ class RefModel:
         return logits
 
 
-# ---- losses (spec §8) -------------------------------------------------------------------
+# ---- losses (docs/protocol.md §8) -------------------------------------------------------
 
 def token_losses(kind, lp, weights, q, adv, clip_low, clip_high, beta):
     if kind == "cross_entropy":
@@ -307,7 +307,7 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
             lora = loras[s["adapter"]] if s["adapter"] >= 0 else None
             logits = model.forward(tok, lora)
             K = s.get("k", 1)
-            # 2-D cross_entropy (spec §8): targets/weights [n, K], loss[i] = -sum_j w[i,j] lp[i,j]
+            # 2-D cross_entropy (docs/protocol.md §8): targets/weights [n, K], loss[i] = -sum_j w[i,j] lp[i,j]
             lp = torch.log_softmax(logits, dim=-1).gather(1, tgt.view(-1, K))
             if not s["has_weights"]:
                 w = torch.ones_like(w)

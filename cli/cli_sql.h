@@ -1,0 +1,101 @@
+/* cli_sql.h: every SQL statement of the operator commands and `loom up` (cli/), by
+ * name. Parameters are always bound. */
+#pragma once
+#include "registry/reg_sql.h"
+
+/* ---- loom tenant / loom key (admin.c) --------------------------------------------------- */
+/* -> id, name, created_at, active keys */
+#define SQL_CLI_TENANTS                                                                         \
+    "SELECT t.id, t.name, t.created_at, count(k.id) FILTER (WHERE k.revoked_at IS NULL)"        \
+    " FROM tenants t LEFT JOIN api_keys k ON k.tenant_id = t.id GROUP BY t.id ORDER BY t.id"
+/* $1 tenant name or NULL -> id, tenant, key prefix, name, scopes, created, expires, last
+ * used, state */
+#define SQL_CLI_KEYS                                                                            \
+    "SELECT k.id, t.name, 'tml-' || k.prefix || '...', coalesce(nullif(k.name, ''), '-'),"      \
+    " array_to_string(k.scopes, ','),"                                                           \
+    " to_char(k.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'),"                           \
+    " coalesce(to_char(k.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"        \
+    " coalesce(to_char(k.last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), 'never'),"      \
+    " CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked'"                                         \
+    "      WHEN k.expires_at <= now() THEN 'expired' ELSE 'active' END"                          \
+    " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id"                                      \
+    " WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.id"
+/* $1 key id -> a row when an active key was revoked (and audited) */
+#define SQL_CLI_KEY_REVOKE                                                                      \
+    "WITH k AS (UPDATE api_keys SET revoked_at = now() WHERE id::text = $1"                     \
+    " AND revoked_at IS NULL RETURNING id, tenant_id, prefix)"                                   \
+    " INSERT INTO audit_log (tenant_id, actor, action, object)"                                  \
+    " SELECT tenant_id, 'cli', 'key.revoke', 'tml-' || prefix FROM k RETURNING id"
+
+/* ---- loom adapter (adapter.c) ------------------------------------------------------------ */
+/* $1 tenant or NULL, $2 run or NULL, $3 include dead versions */
+#define SQL_CLI_LIST                                                                            \
+    "SELECT t.name, v.tinker_path, v.kind, v.step, v.size_bytes, v.visibility,"                 \
+    " to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),"                       \
+    " COALESCE(to_char(v.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), '-'),"        \
+    " CASE WHEN v.deleted_at IS NOT NULL THEN 'deleted' WHEN v.expires_at <= now() THEN 'expired' ELSE 'live' END" \
+    " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id" \
+    " WHERE ($1::text IS NULL OR t.name = $1) AND ($2::text IS NULL OR a.name = $2)"            \
+    " AND ($3::boolean OR " REG_LIVE ") ORDER BY v.created_at, v.id"
+/* $1 tinker path -> one version as JSON text, with its grants and provenance */
+#define SQL_CLI_SHOW                                                                            \
+    "SELECT jsonb_build_object('id', v.id, 'tinker_path', v.tinker_path, 'kind', v.kind, 'tenant', t.name," \
+    " 'adapter', a.name, 'step', v.step, 'parent_id', v.parent_id, 'parent_path', p.tinker_path,"  \
+    " 'base_model', v.base_model, 'lora_config', v.lora_config, 'blob_digest', v.blob_digest,"   \
+    " 'size_bytes', v.size_bytes, 'visibility', v.visibility, 'created_at', v.created_at,"       \
+    " 'expires_at', v.expires_at, 'deleted_at', v.deleted_at, 'blob_removed_at', v.blob_removed_at," \
+    " 'grants', (SELECT COALESCE(jsonb_agg(gt.name ORDER BY gt.name), '[]') FROM adapter_grants g" \
+    "   JOIN tenants gt ON gt.id = g.tenant_id WHERE g.adapter_id = a.id),"                      \
+    " 'provenance', v.provenance)::text"                                                         \
+    " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id" \
+    " LEFT JOIN adapter_versions p ON p.id = v.parent_id"                                         \
+    " WHERE v.tinker_path = $1 ORDER BY v.deleted_at IS NULL DESC, v.id DESC LIMIT 1"
+/* $1 tinker path -> the version and its ancestors, nearest first */
+#define SQL_CLI_LINEAGE                                                                         \
+    "WITH me AS (SELECT version_id, ancestors FROM adapter_history WHERE tinker_path = $1"        \
+    "  ORDER BY deleted_at IS NULL DESC, version_id DESC LIMIT 1),"                               \
+    " chain AS (SELECT me.version_id AS id, 0 AS depth FROM me"                                   \
+    "  UNION ALL SELECT a.id, a.ord::int FROM me, unnest(me.ancestors) WITH ORDINALITY AS a(id, ord))" \
+    " SELECT c.depth, h.tinker_path, h.kind, h.step, to_char(h.created_at AT TIME ZONE 'UTC',"     \
+    "  'YYYY-MM-DD HH24:MI:SS'), COALESCE(h.provenance->>'seq_from', '-'), COALESCE(h.provenance->>'seq_to', '-')," \
+    "  COALESCE(h.provenance->>'tokens', '-'), CASE WHEN h.deleted_at IS NULL THEN '' ELSE ' (deleted)' END" \
+    " FROM chain c JOIN adapter_history h ON h.version_id = c.id ORDER BY c.depth"
+/* $1 name -> id */
+#define SQL_CLI_TENANT "SELECT id FROM tenants WHERE name = $1"
+/* $1 base model -> its config.json */
+#define SQL_CLI_BASE_CONFIG "SELECT config::text FROM base_models WHERE name = $1"
+/* $1 tenant, $2 adapter name -> id */
+#define SQL_CLI_IMPORT_ADAPTER                                                                  \
+    "INSERT INTO adapters (tenant_id, name) VALUES ($1, $2)"                                     \
+    " ON CONFLICT (tenant_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id"
+/* $1 adapter, $2 name, $3 path, $4 base model, $5 rank, $6..$8 train_attn, train_mlp,
+ * train_unembed, $9 digest, $10 size, $11 source, $12 its config -> id */
+#define SQL_CLI_IMPORT_VERSION                                                                  \
+    "INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, base_model, lora_config," \
+    " blob_digest, size_bytes, provenance) VALUES ($1, 'sampler', $2, $3, 0, $4,"                \
+    " jsonb_build_object('rank', $5::int, 'lora_alpha', 32, 'train_attn', $6::boolean,"         \
+    "  'train_mlp', $7::boolean, 'train_unembed', $8::boolean), $9, $10,"                        \
+    " jsonb_build_object('imported_from', $11::text, 'source_config', $12::jsonb)) RETURNING id"
+/* $1 run -> adapter id, owner */
+#define SQL_CLI_RUN_ADAPTER "SELECT id, tenant_id FROM adapters WHERE name = $1"
+/* $1 adapter, $2 tenant */
+#define SQL_CLI_GRANT                                                                           \
+    "INSERT INTO adapter_grants (adapter_id, tenant_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+#define SQL_CLI_REVOKE "DELETE FROM adapter_grants WHERE adapter_id = $1 AND tenant_id = $2"
+
+/* ---- loom up (up.c) ---------------------------------------------------------------------- */
+/* -> the largest executors.id now */
+#define SQL_UP_EXECUTOR_FLOOR "SELECT COALESCE(max(id), 0) FROM executors"
+/* $1 pid, $2 hostname, $3 id floor, $4 seconds -> id, state, silent seconds of this
+ * child's executor row when it is gone or silent for longer than $4 */
+#define SQL_UP_EXECUTOR_SILENT                                                                  \
+    "SELECT id, state, extract(epoch FROM now() - heartbeat_at)::int FROM executors"            \
+    " WHERE pid = $1 AND hostname = $2 AND id > $3 AND (state = 'gone'"                          \
+    " OR heartbeat_at < now() - make_interval(secs => $4::int))"                                 \
+    " ORDER BY id DESC LIMIT 1"
+/* $1 key hash (bytea text) -> a row while the key is valid */
+#define SQL_UP_KEY_VALID                                                                        \
+    "SELECT 1 FROM api_keys WHERE hash = $1::bytea AND revoked_at IS NULL"                      \
+    " AND (expires_at IS NULL OR expires_at > now())"
+/* $1 pid -> a row once that executor is registered and idle */
+#define SQL_UP_EXECUTOR_READY "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'"

@@ -1,0 +1,44 @@
+/* common_sql.h: every SQL statement of common/ (connections, transactions, tenants and
+ * keys, migrations, the embedded cluster), by name. Parameters are always bound. */
+#pragma once
+
+/* ---- db.c ------------------------------------------------------------------------------- */
+/* Quiet NOTICEs (e.g. "relation already exists, skipping"). */
+#define SQL_DB_QUIET "SET client_min_messages = warning"
+#define SQL_BEGIN "BEGIN"
+#define SQL_COMMIT "COMMIT"
+#define SQL_ROLLBACK "ROLLBACK"
+
+/* ---- keys.c ----------------------------------------------------------------------------- */
+/* $1 name -> id of the tenant, created if needed */
+#define SQL_TENANT_ENSURE                                                                     \
+    "WITH ins AS (INSERT INTO tenants (name) VALUES ($1)"                                     \
+    " ON CONFLICT (name) DO NOTHING RETURNING id)"                                             \
+    " SELECT id FROM ins UNION ALL SELECT id FROM tenants WHERE name = $1"
+/* $1 tenant, $2 prefix, $3 hash (bytea text), $4 name, $5 scopes (text[] literal or NULL:
+ * all), $6 expiry or NULL -> id */
+#define SQL_KEY_INSERT                                                                        \
+    "INSERT INTO api_keys (tenant_id, prefix, hash, name, scopes, expires_at)"                \
+    " VALUES ($1, $2, $3::bytea, $4,"                                                          \
+    " COALESCE($5::text[], ARRAY['train','sample','read']), $6::timestamptz)"                 \
+    " RETURNING id"
+/* $1 tenant, $2 key prefix (the parameters of SQL_KEY_INSERT) */
+#define SQL_KEY_AUDIT_CREATE                                                                  \
+    "INSERT INTO audit_log (tenant_id, actor, action, object) VALUES ($1, 'cli', 'key.create', $2)"
+
+/* ---- migrate.c -------------------------------------------------------------------------- */
+#define SQL_MIGRATIONS_TABLE                                                                  \
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("                                          \
+    " version integer PRIMARY KEY, name text NOT NULL,"                                       \
+    " applied_at timestamptz NOT NULL DEFAULT now())"
+#define SQL_MIGRATIONS_PROBE "SELECT 1 FROM schema_migrations LIMIT 1"
+/* Transaction-scoped; the key is arbitrary and constant ("loom migrate"). */
+#define SQL_MIGRATE_LOCK "SELECT pg_advisory_xact_lock(7340211)"
+/* $1 version */
+#define SQL_MIGRATION_DONE "SELECT 1 FROM schema_migrations WHERE version = $1"
+/* $1 version, $2 name */
+#define SQL_MIGRATION_RECORD "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
+
+/* ---- pgcluster.c ------------------------------------------------------------------------ */
+#define SQL_PG_HAS_LOOM_DB "SELECT 1 FROM pg_database WHERE datname = 'loom'"
+#define SQL_PG_CREATE_LOOM_DB "CREATE DATABASE loom"

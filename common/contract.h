@@ -1,0 +1,81 @@
+/* contract.h: what Loom's processes must agree on, in one place. The api writes operation
+ * rows and validates requests, the scheduler builds cycles from them, the executor runs
+ * them; every name, default and limit they share is defined here and nowhere else:
+ * operation kinds (operations.kind), NOTIFY channels, the losses with their inputs and
+ * loss_fn_config defaults, and the limits of a request. docs/architecture.md describes
+ * the processes, docs/protocol.md what a client sees of these rules.
+ *
+ * The strings are macros so that SQL text can splice them by C string concatenation:
+ *   "... WHERE o.kind = '" OP_SAMPLE "'"   "SELECT pg_notify('" CHAN_OP_DONE "', ...)" */
+#pragma once
+#include <stdbool.h>
+
+/* ---- operation kinds (operations.kind) ------------------------------------------------- */
+
+#define OP_CREATE_MODEL "create_model"
+#define OP_FORWARD "forward"
+#define OP_FORWARD_BACKWARD "forward_backward"
+#define OP_OPTIM_STEP "optim_step"
+#define OP_SAVE_WEIGHTS "save_weights"                   /* training state: weights + Adam */
+#define OP_SAVE_FOR_SAMPLER "save_weights_for_sampler"   /* named: a checkpoint; unnamed: a snapshot */
+#define OP_LOAD_WEIGHTS "load_weights"
+#define OP_SAMPLE "sample"
+#define OP_UNLOAD_MODEL "unload_model"                   /* done at once by the api */
+
+/* ---- NOTIFY channels (a wake-up hint only: every waiter also polls) ------------------- */
+
+#define CHAN_OP_QUEUED "loom_op_queued"             /* api, reaper -> scheduler */
+#define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
+#define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executors (payload: executor id) */
+#define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
+
+/* ---- limits of a request (checked by the api before memory is taken for them) --------- */
+
+#define LIMIT_DATA 4096                 /* datums of one forward / forward_backward */
+#define LIMIT_K 1024                    /* columns K of a 2-D loss input [N, K] */
+#define LIMIT_2D_VALUES (1 << 24)       /* N·K over all 2-D loss inputs of one request */
+/* |x| of every float loss input and loss_fn_config value: numbers in a payload stay below
+ * 1e18, because jsonb prints large integral values as plain digits that must still read
+ * back in the executor. */
+#define LIMIT_ABS 1e18
+#define LIMIT_LOSS 1e30                 /* |per-token loss| (and its derivative) a datum may reach */
+#define LIMIT_LORA_RANK 512
+#define LIMIT_NUM_SAMPLES 128           /* num_samples of one asample */
+#define LIMIT_TOPK_PROMPT_LOGPROBS 20   /* topk_prompt_logprobs of one asample */
+
+/* ---- losses (docs/protocol.md §8) ---------------------------------------------------- */
+
+typedef enum { LOSS_CROSS_ENTROPY, LOSS_IMPORTANCE_SAMPLING, LOSS_PPO, LOSS_CISPO, LOSS_DRO, LOSS_N } loss_kind;
+
+/* A loss with its loss_fn_config: clip_low / clip_high are the ratio bounds of ppo and
+ * cispo, beta is dro's. loss_spec_default fills the defaults. */
+typedef struct {
+    loss_kind kind;
+    double clip_low, clip_high, beta;
+} loss_spec;
+
+/* The per-token inputs of a loss, by their names in loss_fn_inputs and in the payload. */
+typedef enum { LOSS_IN_TARGET_TOKENS, LOSS_IN_WEIGHTS, LOSS_IN_LOGPROBS, LOSS_IN_ADVANTAGES, LOSS_N_INPUTS } loss_input;
+extern const char *const loss_input_names[LOSS_N_INPUTS];
+
+/* "cross_entropy", "importance_sampling", "ppo", "cispo", "dro" -> kind; -1 if unknown. */
+int loss_kind_parse(const char *name, loss_kind *out);
+const char *loss_kind_name(loss_kind kind);
+/* True for the losses that need sampler logprobs and advantages (all but cross_entropy). */
+bool loss_needs_rl_inputs(loss_kind kind);
+/* Bit masks (1 << loss_input) of the inputs a loss requires / reads (others are ignored). */
+unsigned loss_inputs_required(loss_kind kind);
+unsigned loss_inputs_accepted(loss_kind kind);
+/* Whether an input may be 2-D [N, K]: target_tokens and weights of cross_entropy. */
+bool loss_input_two_d(loss_kind kind, loss_input in);
+
+/* loss_fn_config: clip_low_threshold 0.8 and clip_high_threshold 1.2 (ppo, cispo), beta
+ * 0.05 (dro). The keys a loss reads, in this order: */
+#define LOSS_CONFIG_KEYS 3
+extern const char *const loss_config_keys[LOSS_CONFIG_KEYS];
+loss_spec loss_spec_default(loss_kind kind);
+/* Whether kind reads config key i (of loss_config_keys). */
+bool loss_config_used(loss_kind kind, int i);
+double loss_config_get(const loss_spec *s, int i);
+/* Sets key to v if kind reads it; other keys are ignored (the protocol allows them). */
+void loss_config_set(loss_spec *s, const char *key, double v);
