@@ -16,8 +16,9 @@ typedef struct {
     size_t max_body;             /* bytes; also the cap on a decompressed body */
 } api_settings;
 
-/* API key scopes (api_keys.scopes). */
-enum { SCOPE_TRAIN = 1, SCOPE_SAMPLE = 2, SCOPE_READ = 4 };
+/* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
+ * operator view, /metrics); metrics: may scrape /metrics and nothing else. */
+enum { SCOPE_TRAIN = 1, SCOPE_SAMPLE = 2, SCOPE_READ = 4, SCOPE_ADMIN = 8, SCOPE_METRICS = 16 };
 
 typedef struct api_call {
     api_job *job;
