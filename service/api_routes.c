@@ -73,7 +73,7 @@ static const api_route routes[] = {
     {"GET", "/console", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
     {"GET", "/console/", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
     {"GET", "/console/+", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
-    {"GET", V1 "/console/whoami", 0, api_h_console_whoami, NULL},
+    {"GET", V1 "/console/whoami", ROUTE_ANY_KEY, api_h_console_whoami, NULL},
     {"GET", V1 "/console/runs", 0, api_h_console_runs, NULL},
     {"GET", V1 "/console/runs/+", 0, api_h_console_run, NULL},
     {"GET", V1 "/console/checkpoints", 0, api_h_console_checkpoints, NULL},

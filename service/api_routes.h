@@ -20,6 +20,7 @@ enum {
     ROUTE_STATIC = 256,   /* a file of the web console, sent by the loop (api_console.h) */
     ROUTE_ADMIN = 512,    /* operators only: the key needs the 'admin' scope */
     ROUTE_METRICS = 1024, /* /metrics: the key needs the 'metrics' (or 'admin') scope */
+    ROUTE_ANY_KEY = 2048, /* any valid key, operator-only keys included (console/whoami) */
 };
 
 struct api_route {
