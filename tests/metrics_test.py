@@ -15,9 +15,10 @@
    (the client's X-Request-Id, echoed) and latency; 4xx with the reason; no key, no
    control character; cycle lines naming tenant, model and loss; JSON lines with
    LOOM_LOG_FORMAT=json; LOOM_LOG_LEVEL=warn drops the 2xx lines.
-8. `loom status` shows the executor, the queue and recent cycles with their tenants.
+8. deploy/grafana/loom.json uses only metrics the scrape has.
+9. `loom status` shows the executor, the queue and recent cycles with their tenants.
 """
-import json, os, subprocess, sys, time, urllib.request, urllib.error
+import json, os, re, subprocess, sys, time, urllib.request, urllib.error
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from stack import Stack, Results, LOOM_BIN
 from apitest import loom_cli
@@ -165,6 +166,13 @@ def main():
         R.check(value(f, "loom_registry_stored_bytes") == db_bytes and db_bytes > 0,
                 f"registry stored bytes {value(f, 'loom_registry_stored_bytes')} = {db_bytes}")
 
+        # the Grafana dashboard reads only series that exist
+        dash = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy", "grafana", "loom.json")))
+        exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+        used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"\b(?:loom|process)_[a-z_]+", e)}
+        missing = sorted(n for n in used if n not in f)
+        R.check(len(exprs) > 20 and not missing, f"deploy/grafana/loom.json: {len(used)} metrics, all exposed (missing {missing})")
+
         # 5. bounded route labels
         for i in range(20):
             s.get(f"/api/v1/training_runs/nope-{i}")
@@ -248,7 +256,7 @@ def main():
             log3.close()
         R.check("request method=" not in open(os.path.join(s.dir, "api3.log")).read(), "LOOM_LOG_LEVEL=warn: no access lines")
 
-        # 8. loom status
+        # 9. loom status
         out = loom_cli(s, "status", "--cycles", "5")
         R.check("EXECUTORS" in out and "cpu" in out and "QUEUE" in out and "RECENT CYCLES" in out and "default(" in out,
                 "loom status: executors, queue, recent cycles with tenants")
