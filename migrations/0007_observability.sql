@@ -109,15 +109,22 @@ CREATE TRIGGER cycles_metric_finish AFTER UPDATE OF state ON cycles FOR EACH ROW
     EXECUTE FUNCTION metric_cycle_event();
 
 -- Moves the events into metric_counters. Returns false when another session is folding
--- (its totals include these events once it commits). Each statement deletes exactly the
--- event rows it saw and adds them, in one transaction: every event counts once.
+-- (its totals include these events once it commits). The one statement deletes exactly
+-- the event rows it saw and adds them, in one transaction: every event counts once.
 CREATE FUNCTION loom_metrics_fold() RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT pg_try_advisory_xact_lock(7340212) THEN
         RETURN false;
     END IF;
     WITH ev AS (DELETE FROM metric_op_events RETURNING *),
-    obs AS (
+    cev AS (DELETE FROM metric_cycle_events RETURNING cycle_id),
+    cy AS (
+        SELECT c.state, e.base_model, e.hostname, e.device_index, e.backend,
+               greatest(extract(epoch FROM c.finished_at - c.started_at), 0) AS secs,
+               c.n_ops, c.n_tokens,
+               (SELECT count(DISTINCT o.tenant_id) FROM operations o WHERE o.cycle_id = c.id) AS tenants
+          FROM cev JOIN cycles c ON c.id = cev.cycle_id JOIN executors e ON e.id = c.executor_id),
+    obs AS (   -- histogram observations
         SELECT 'loom_operation_wait_seconds' AS family, jsonb_build_object('kind', kind) AS labels,
                wait_s AS v FROM ev WHERE wait_s IS NOT NULL AND state = 'done'
         UNION ALL
@@ -125,7 +132,16 @@ BEGIN
           FROM ev WHERE run_s IS NOT NULL AND state = 'done'
         UNION ALL
         SELECT 'loom_operation_latency_seconds', jsonb_build_object('kind', kind), latency_s
-          FROM ev WHERE latency_s IS NOT NULL AND state = 'done'),
+          FROM ev WHERE latency_s IS NOT NULL AND state = 'done'
+        UNION ALL
+        SELECT 'loom_cycle_seconds', jsonb_build_object('base_model', base_model), secs
+          FROM cy WHERE state = 'done' AND secs IS NOT NULL
+        UNION ALL SELECT 'loom_cycle_tokens', jsonb_build_object('base_model', base_model), n_tokens
+          FROM cy WHERE state = 'done'
+        UNION ALL SELECT 'loom_cycle_operations', jsonb_build_object('base_model', base_model), n_ops
+          FROM cy WHERE state = 'done'
+        UNION ALL SELECT 'loom_cycle_tenants', jsonb_build_object('base_model', base_model), tenants
+          FROM cy WHERE state = 'done'),
     rows AS (
         SELECT o.family, o.labels, 'bucket' AS suffix, b.le, count(*)::float8 AS inc
           FROM obs o JOIN metric_families f ON f.family = o.family
@@ -140,34 +156,7 @@ BEGIN
         SELECT 'loom_tenant_tokens_total', jsonb_build_object('tenant', t.name, 'kind', ev.kind), '', 0,
                sum(ev.n_tokens)
           FROM ev JOIN tenants t ON t.id = ev.tenant_id
-         WHERE ev.state = 'done' AND ev.n_tokens > 0 GROUP BY t.name, ev.kind)
-    INSERT INTO metric_counters AS m (family, labels, suffix, le, value)
-    SELECT family, labels, suffix, le, inc FROM rows
-    ON CONFLICT (family, labels, suffix, le) DO UPDATE SET value = m.value + EXCLUDED.value;
-
-    WITH ev AS (DELETE FROM metric_cycle_events RETURNING cycle_id),
-    cy AS (
-        SELECT c.state, e.base_model, e.hostname, e.device_index, e.backend,
-               greatest(extract(epoch FROM c.finished_at - c.started_at), 0) AS secs,
-               c.n_ops, c.n_tokens,
-               (SELECT count(DISTINCT o.tenant_id) FROM operations o WHERE o.cycle_id = c.id) AS tenants
-          FROM ev JOIN cycles c ON c.id = ev.cycle_id JOIN executors e ON e.id = c.executor_id),
-    obs AS (
-        SELECT 'loom_cycle_seconds' AS family, jsonb_build_object('base_model', base_model) AS labels,
-               secs::float8 AS v FROM cy WHERE state = 'done' AND secs IS NOT NULL
-        UNION ALL SELECT 'loom_cycle_tokens', jsonb_build_object('base_model', base_model), n_tokens
-          FROM cy WHERE state = 'done'
-        UNION ALL SELECT 'loom_cycle_operations', jsonb_build_object('base_model', base_model), n_ops
-          FROM cy WHERE state = 'done'
-        UNION ALL SELECT 'loom_cycle_tenants', jsonb_build_object('base_model', base_model), tenants
-          FROM cy WHERE state = 'done'),
-    rows AS (
-        SELECT o.family, o.labels, 'bucket' AS suffix, b.le, count(*)::float8 AS inc
-          FROM obs o JOIN metric_families f ON f.family = o.family
-          CROSS JOIN LATERAL unnest(f.buckets || 'Infinity'::float8) AS b(le)
-         WHERE o.v <= b.le GROUP BY 1, 2, 4
-        UNION ALL SELECT family, labels, 'sum', 0, sum(v) FROM obs GROUP BY 1, 2
-        UNION ALL SELECT family, labels, 'count', 0, count(*) FROM obs GROUP BY 1, 2
+         WHERE ev.state = 'done' AND ev.n_tokens > 0 GROUP BY t.name, ev.kind
         UNION ALL
         SELECT 'loom_cycles_total', jsonb_build_object('base_model', base_model, 'state', state), '', 0,
                count(*) FROM cy GROUP BY base_model, state

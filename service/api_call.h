@@ -48,6 +48,11 @@ int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((form
  * thousands of requests a minute from each waiting client). */
 int api_db_error(api_call *c, const char *what, const char *err);
 
+/* Runs a statement whose one cell is the whole JSON answer: 200 with it, 404 with
+ * not_found when there is no row, 503 on a database error (api_rest.c). */
+int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
+                       const char *const *params, const char *not_found);
+
 /* "%lld" of v, for bound parameters. */
 void api_fmt_i64(char out[24], int64_t v);
 /* The path suffix of a wildcard route (an id), percent-decoded in place; "" if none. */

@@ -46,21 +46,6 @@ void api_console_static(const char *path, size_t plen, api_static *out) {
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-/* Runs a statement whose one cell is the whole answer: 200 with it, 404 with not_found
- * when there is no row. */
-static int reply_sql_json(api_call *c, const char *what, const char *sql, int n, const char *const *p,
-                          const char *not_found) {
-    PGresult *r = db_query(c->db, sql, n, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, what, c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "%s", not_found);
-    }
-    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return 0;
-}
-
 /* ?name= as an integer in [lo, hi] (def when absent) into out; 0, or the 400 is answered. */
 static int int_param(api_call *c, const char *name, long def, long lo, long hi, char out[24]) {
     char v[32];
@@ -92,7 +77,7 @@ int api_h_console_runs(api_call *c) {
     if (int_param(c, "limit", 50, 1, 500, limit) < 0 || int_param(c, "offset", 0, 0, 1 << 30, offset) < 0) return 0;
     api_fmt_i64(tid, c->tenant_id);
     const char *p[3] = {tid, limit, offset};
-    return reply_sql_json(c, "console runs", SQL_CON_RUNS, 3, p, "nothing to list");
+    return api_reply_sql_json(c, "console runs", SQL_CON_RUNS, 3, p, "nothing to list");
 }
 
 int api_h_console_run(api_call *c) {
@@ -101,7 +86,7 @@ int api_h_console_run(api_call *c) {
     api_fmt_i64(tid, c->tenant_id);
     snprintf(msg, sizeof msg, "training run %.200s not found", id);
     const char *p[2] = {id, tid};
-    return reply_sql_json(c, "console run", SQL_CON_RUN, 2, p, msg);
+    return api_reply_sql_json(c, "console run", SQL_CON_RUN, 2, p, msg);
 }
 
 int api_h_console_checkpoints(api_call *c) {
@@ -109,7 +94,7 @@ int api_h_console_checkpoints(api_call *c) {
     if (int_param(c, "limit", 200, 1, 1000, limit) < 0) return 0;
     api_fmt_i64(tid, c->tenant_id);
     const char *p[2] = {limit, tid};
-    return reply_sql_json(c, "console checkpoints", SQL_CON_CHECKPOINTS, 2, p, "nothing to list");
+    return api_reply_sql_json(c, "console checkpoints", SQL_CON_CHECKPOINTS, 2, p, "nothing to list");
 }
 
 int api_h_console_download_link(api_call *c) {
@@ -287,12 +272,12 @@ int api_h_console_detokenize(api_call *c) {
 int api_h_console_admin_overview(api_call *c) {
     if (db_exec(c->db, SQL_CON_FOLD, 0, NULL, c->err, sizeof c->err) < 0)
         return api_db_error(c, "console overview", c->err);
-    return reply_sql_json(c, "console overview", SQL_CON_ADMIN_OVERVIEW, 0, NULL, "nothing to show");
+    return api_reply_sql_json(c, "console overview", SQL_CON_ADMIN_OVERVIEW, 0, NULL, "nothing to show");
 }
 
 int api_h_console_admin_cycles(api_call *c) {
     char limit[24];
     if (int_param(c, "limit", 60, 1, 500, limit) < 0) return 0;
     const char *p[1] = {limit};
-    return reply_sql_json(c, "console cycles", SQL_CON_ADMIN_CYCLES, 1, p, "nothing to show");
+    return api_reply_sql_json(c, "console cycles", SQL_CON_ADMIN_CYCLES, 1, p, "nothing to show");
 }
