@@ -10,7 +10,8 @@ chromedriver (Debian's python3-selenium) against `loom up` on loopback.
 4. A run: the loss curve has one point per step, the gradient-norm curve too, with the
    values of the operations; checkpoints with their lineage (parent); a download link
    fetched from the page gives the archive (a tar with the adapter).
-5. The playground samples from the run's sampler checkpoint: the samples the page shows
+5. The playground's tokenizer (with the chat template) round-trips; it samples from the
+   run's sampler checkpoint: the samples the page shows
    are the tokens the future returned.
 6. An operator key sees every tenant, the executor, the queue and recent cycles as a
    timeline naming the tenants that shared a cycle.
@@ -110,6 +111,17 @@ def main():
             if shared:
                 break
         R.check(shared > 0, f"alice and bob shared a cycle ({shared})")
+
+        # the playground's tokenizer routes
+        st, tok = s.post("/api/v1/console/tokenize", {"base_model": "loom/tiny-llama", "text": "hi there", "chat": True})
+        R.check(st == 200 and "<|im_start|>user" in tok["text"] and tok["text"].rstrip().endswith("<|im_start|>assistant"),
+                f"tokenize with the chat template: {tok.get('text')!r}")
+        st, back = s.post("/api/v1/console/detokenize", {"base_model": "loom/tiny-llama", "ids": tok["ids"]})
+        R.check(st == 200 and back["text"] == tok["text"], "detokenize gives the rendered prompt back")
+        R.check(s.post("/api/v1/console/detokenize", {"base_model": "loom/tiny-llama", "ids": [-1]})[0] == 400,
+                "detokenize of a negative id: 400")
+        R.check(s.post("/api/v1/console/tokenize", {"base_model": "nope/model", "text": "x"})[0] == 404,
+                "tokenize for a base model not served: 404")
 
         d = browser()
         try:
