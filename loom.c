@@ -7,6 +7,7 @@
 #include "service/api.h"
 #include "cli/adapter.h"
 #include "cli/admin.h"
+#include "cli/status.h"
 #include "cli/tokenize.h"
 #include "cli/up.h"
 #include <stdio.h>
@@ -24,6 +25,7 @@ static const subcommand commands[] = {
     {"scheduler", sched_main, "builds clock cycles from queued operations"},
     {"executor", exe_main, "runs cycles on one device (backend cpu)"},
     {"migrate", admin_migrate_main, "apply database migrations"},
+    {"status", status_main, "operator view: executors and devices, the queue, tenants' usage, recent cycles"},
     {"tenant", admin_tenant_main, "tenant create|list"},
     {"key", admin_key_main, "API key create|list|revoke"},
     {"adapter", adapter_cli_main, "checkpoints: list|show|lineage|export|import|share|publish|delete|gc"},

@@ -80,21 +80,24 @@ int admin_tenant_main(int argc, char **argv) {
     "usage: loom key create --tenant NAME [--name N] [--scopes train,sample,read]\n"        \
     "                       [--expires-in-days D] [--secret-file F] [--db CONNINFO]\n"      \
     "  scopes: train (training submits), sample (sampling), read (reads only; a key with\n" \
-    "  only 'read' is read-only). Default: all three. Default expiry: never.\n"
+    "  only 'read' is read-only). Default: those three. Operator scopes: admin (every\n"   \
+    "  tenant in the web console, /metrics), metrics (scraping /metrics only).\n"          \
+    "  Default expiry: never.\n"
 
 /* "train,read" -> "{train,read}" (a text[] literal). Unknown or repeated names: -1. */
 static int parse_scopes(const char *list, char *out, size_t outlen) {
-    static const char *const known[] = {"train", "sample", "read"};
-    int seen[3] = {0, 0, 0}, n = 0;
+    static const char *const known[] = {"train", "sample", "read", "admin", "metrics"};
+    enum { N_KNOWN = sizeof known / sizeof known[0] };
+    int seen[N_KNOWN] = {0}, n = 0;
     const char *p = list;
     while (*p) {
         size_t len = strcspn(p, ",");
         int k = -1;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < N_KNOWN; i++)
             if (len == strlen(known[i]) && !strncmp(p, known[i], len)) k = i;
         if (k < 0 || seen[k]) {
             fprintf(stderr, "loom key: --scopes takes a comma-separated list of train, sample, "
-                            "read (each once), got '%s'\n", list);
+                            "read, admin, metrics (each once), got '%s'\n", list);
             return -1;
         }
         seen[k] = 1;
@@ -103,11 +106,11 @@ static int parse_scopes(const char *list, char *out, size_t outlen) {
         if (*p == ',') p++;
     }
     if (!n) {
-        fprintf(stderr, "loom key: --scopes needs at least one of train, sample, read\n");
+        fprintf(stderr, "loom key: --scopes needs at least one of train, sample, read, admin, metrics\n");
         return -1;
     }
     snprintf(out, outlen, "{");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_KNOWN; i++)
         if (seen[i]) snprintf(out + strlen(out), outlen - strlen(out), "%s%s", strlen(out) > 1 ? "," : "", known[i]);
     snprintf(out + strlen(out), outlen - strlen(out), "}");
     return 0;

@@ -16,6 +16,7 @@ PKGS=(
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
   python3-zstandard                 # tests: zstd-compressed protobuf request bodies
+  chromium chromium-driver python3-selenium fonts-dejavu-core   # tests: the web console in a real browser
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -18,6 +18,7 @@
  * the reaper recovers the operations. */
 #include "executor/executor.h"
 #include "executor/exe_ckpt.h"
+#include "executor/exe_obs.h"
 #include "executor/exe_ops.h"
 #include "executor/exe_sample.h"
 #include "executor/exe_sql.h"
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
@@ -211,6 +213,8 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
 static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     char err[1024], cyc[24];
     fmt_i64(cyc, sizeof cyc, cycle);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     exe_op *ops = NULL;
     int n = 0, started = start_cycle(c, st, cycle, &ops, &n, err, sizeof err);
     if (started < 0) {
@@ -243,7 +247,8 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         log_error("cycle %s could not be committed; exiting so that the reaper recovers its operations", cyc);
         exit(1);
     }
-    log_info("cycle %s done: %d operation(s)", cyc, n);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    exe_log_cycle(c, cycle, ops, n, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     free_ops(ops, n);
     return 0;
 }
@@ -286,6 +291,7 @@ static void free_inactive_slots(exe_state *st, PGconn *c) {
 typedef struct {
     const char *db;
     int64_t executor_id;
+    exe_gpu *gpu;   /* NULL without a GPU: its figures go into the row with each heartbeat */
 } hb_args;
 
 static void *heartbeat_thread(void *arg) {
@@ -307,6 +313,8 @@ static void *heartbeat_thread(void *arg) {
                 atomic_store(&g_fenced, true);
             }
             PQclear(r);
+            if (a->gpu && exe_gpu_report(a->gpu, c, a->executor_id, err, sizeof err) < 0)
+                log_debug("GPU figures: %s", err);
         }
         for (int i = 0; i < 30 && !g_stop && !atomic_load(&g_fenced); i++) usleep(100 * 1000);
     }
@@ -468,7 +476,7 @@ int exe_main(int argc, char **argv) {
     }
     log_info("executor %s ready: model %s (%s), backend %s on %s, adapters up to %.1f GiB, token budget %d", sid,
              model_name, model_dir, st.be->name, dev.device, store_budget / 1073741824.0, budget);
-    hb_args hb = {db, st.executor_id};
+    hb_args hb = {db, st.executor_id, exe_gpu_open(st.be->name, device)};
     pthread_t hbt;
     pthread_create(&hbt, NULL, heartbeat_thread, &hb);
 
@@ -509,6 +517,7 @@ int exe_main(int argc, char **argv) {
         PQfinish(c);
     }
     pthread_join(hbt, NULL);
+    exe_gpu_close(hb.gpu);
     exe_store_free(&st.store);
     st.be->destroy(st.ctx);
     if (st.blobs) blob_close(st.blobs);

@@ -9,8 +9,8 @@
 #include <string.h>
 
 int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const char *key,
-                 int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *err,
-                 size_t errlen) {
+                 int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *tenant_name,
+                 size_t tn_len, char *err, size_t errlen) {
     if (!key || !*key) {
         snprintf(err, errlen, "missing API key: send it in the X-API-Key header "
                               "(Loom keys start with tml-)");
@@ -59,7 +59,9 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
     *key_id = db_int(r, found, 0);
     *tenant_id = db_int(r, found, 1);
     *scopes = (db_bool(r, found, 6) ? SCOPE_TRAIN : 0) | (db_bool(r, found, 7) ? SCOPE_SAMPLE : 0) |
-              (db_bool(r, found, 8) ? SCOPE_READ : 0);
+              (db_bool(r, found, 8) ? SCOPE_READ : 0) | (db_bool(r, found, 9) ? SCOPE_ADMIN : 0) |
+              (db_bool(r, found, 10) ? SCOPE_METRICS : 0);
+    snprintf(tenant_name, tn_len, "%s", PQgetvalue(r, found, 11));
     bool touch = rc == 0 && db_bool(r, found, 5);
     PQclear(r);
     if (touch) {

@@ -16,8 +16,9 @@ typedef struct {
     size_t max_body;             /* bytes; also the cap on a decompressed body */
 } api_settings;
 
-/* API key scopes (api_keys.scopes). */
-enum { SCOPE_TRAIN = 1, SCOPE_SAMPLE = 2, SCOPE_READ = 4 };
+/* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
+ * operator view, /metrics); metrics: may scrape /metrics and nothing else. */
+enum { SCOPE_TRAIN = 1, SCOPE_SAMPLE = 2, SCOPE_READ = 4, SCOPE_ADMIN = 8, SCOPE_METRICS = 16 };
 
 typedef struct api_call {
     api_job *job;
@@ -51,6 +52,10 @@ int api_db_error(api_call *c, const char *what, const char *err);
  * the answer sent: 404 "<noun> <id> not found", or 503 on a database error (logged with
  * what). */
 PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun);
+/* Runs a statement whose one cell is the whole JSON answer: 200 with it, 404 with
+ * not_found when there is no row, 503 on a database error (api_rest.c). */
+int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
+                       const char *const *params, const char *not_found);
 
 /* "%lld" of v, for bound parameters. */
 void api_fmt_i64(char out[24], int64_t v);

@@ -13,6 +13,8 @@ typedef struct http_loop http_loop;
 typedef struct http_req_ref http_req_ref;
 
 #define API_REQUEST_ID_MAX 128
+#define API_LOG_ID_MAX 72
+#define API_TENANT_NAME_MAX 132
 
 enum { JOB_AT_WORKER, JOB_PARKED };
 
@@ -49,6 +51,11 @@ typedef struct api_job {
     bool recheck;       /* skip auth and parsing: tenant_id and request_id are known */
     int64_t tenant_id;
     char request_id[API_REQUEST_ID_MAX];
+
+    /* for the access log and metrics (api_metrics.h) */
+    char log_id[API_LOG_ID_MAX];   /* X-Request-Id: the client's, or one made here */
+    char tenant_name[API_TENANT_NAME_MAX];  /* set by the worker once the key is checked */
+    double started;                /* wall clock (s) when h2o began reading the request */
 
     /* loop-thread-only state */
     http_req_ref *ref;  /* NULL once the client has gone away */

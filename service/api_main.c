@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "service/api_json.h"
 #include "service/api_listen.h"
+#include "service/api_metrics.h"
 #include "service/api_pool.h"
 #include "service/api_routes.h"
 #include "service/api_sql.h"
@@ -139,6 +140,11 @@ int api_main(int argc, char **argv) {
     api_pool *pool = api_pool_start(&pc, 30000, err, sizeof err);
     if (!pool) {
         log_error("cannot connect to the database: %s", err);
+        return 1;
+    }
+    api_metrics_init();
+    if (api_metrics_start_folding(db, err, sizeof err) < 0) {
+        log_error("%s", err);
         return 1;
     }
     int port;

@@ -68,27 +68,45 @@ static bool ensure_db(worker *w, char *err, size_t errlen) {
     return true;
 }
 
-/* The scope a route needs (see ROUTE_READ in api_routes.h); 0 = any key. */
+/* The scope a route needs (see ROUTE_READ in api_routes.h); 0 = any tenant key. */
 static unsigned route_scope(const api_route *r) {
+    if (r->flags & ROUTE_ADMIN) return SCOPE_ADMIN;
+    if (r->flags & ROUTE_METRICS) return SCOPE_METRICS;
     if (r->flags & ROUTE_SAMPLE) return SCOPE_SAMPLE;
     if ((r->flags & ROUTE_READ) || !strcmp(r->method, "GET")) return 0;
     return SCOPE_TRAIN;
 }
 
 static const char *scope_name(unsigned s) {
-    return s == SCOPE_TRAIN ? "train" : s == SCOPE_SAMPLE ? "sample" : "read";
+    return s == SCOPE_TRAIN ? "train" : s == SCOPE_SAMPLE ? "sample" : s == SCOPE_READ ? "read"
+           : s == SCOPE_ADMIN ? "admin" : "metrics";
 }
 
-/* 0, or the 403 is answered. */
+/* 0, or the 403 is answered. An admin key may also scrape /metrics; a key with only
+ * admin or metrics is an operator's, for no tenant's data. */
 static int check_scope(api_call *c, const api_route *r) {
-    unsigned need = route_scope(r);
+    unsigned need = route_scope(r), tenant = SCOPE_TRAIN | SCOPE_SAMPLE | SCOPE_READ;
+    unsigned have_bits = c->scopes | (c->scopes & SCOPE_ADMIN ? SCOPE_METRICS : 0);
+    if (r->flags & ROUTE_ANY_KEY) return 0;
+    if (need == SCOPE_ADMIN || need == SCOPE_METRICS) {
+        if (have_bits & need) return 0;
+        api_error(c, 403, "%s needs an operator key: one with the '%s' scope%s (`loom key create --tenant "
+                          "NAME --scopes %s`)", r->path, scope_name(need),
+                  need == SCOPE_METRICS ? " or 'admin'" : "", scope_name(need));
+        return -1;
+    }
+    if (!(c->scopes & tenant)) {
+        api_error(c, 403, "this API key only has operator scopes (admin, metrics); tenant routes need a "
+                          "key with train, sample or read");
+        return -1;
+    }
     if (!need || (c->scopes & need)) return 0;
     if (!(c->scopes & (SCOPE_TRAIN | SCOPE_SAMPLE))) {
         api_error(c, 403, "this API key is read-only");
         return -1;
     }
-    char have[32] = "";
-    for (unsigned s = SCOPE_TRAIN; s <= SCOPE_READ; s <<= 1)
+    char have[48] = "";
+    for (unsigned s = SCOPE_TRAIN; s <= SCOPE_METRICS; s <<= 1)
         if (c->scopes & s) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s",
                                     *have ? "," : "", scope_name(s));
     api_error(c, 403, "this API key lacks the '%s' scope (it has: %s); create a key with "
@@ -145,13 +163,13 @@ static void run_job(worker *w, api_job *job) {
     c.db = w->db;
     if (!(r->flags & ROUTE_NO_AUTH) && !job->recheck) {
         int rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
-                              &c.scopes, c.err, sizeof c.err);
+                              &c.scopes, job->tenant_name, sizeof job->tenant_name, c.err, sizeof c.err);
         /* The first statement on a connection the server dropped (restart, idle timeout)
          * fails; auth only reads, so reconnect and try once more. */
         if (rc < 0 && PQstatus(w->db) == CONNECTION_BAD && ensure_db(w, c.err, sizeof c.err)) {
             c.db = w->db;
             rc = api_auth_key(w->db, w->pool->conf.secret, job->api_key, &c.tenant_id, &c.key_id,
-                              &c.scopes, c.err, sizeof c.err);
+                              &c.scopes, job->tenant_name, sizeof job->tenant_name, c.err, sizeof c.err);
         }
         if (rc < 0 && (r->flags & ROUTE_DB_OPTIONAL)) {
             c.db = NULL;

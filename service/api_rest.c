@@ -30,10 +30,8 @@ static int list_params(api_call *c, int64_t def_limit, char limit[24], char offs
     return 0;
 }
 
-/* Runs a statement whose one cell is the whole JSON answer: 200 with it, 404 with
- * not_found when there is no row. */
-static int reply_one_json(api_call *c, const char *what, const char *sql, int n,
-                          const char *const *params, const char *not_found) {
+int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
+                       const char *const *params, const char *not_found) {
     PGresult *r = db_query(c->db, sql, n, params, c->err, sizeof c->err);
     if (!r) return api_db_error(c, what, c->err);
     if (PQntuples(r) == 0) {
@@ -51,7 +49,7 @@ static int list_route(api_call *c, const char *what, const char *sql) {
     if (list_params(c, 20, limit, offset) < 0) return 0;
     api_fmt_i64(tid, c->tenant_id);
     const char *p[3] = {tid, limit, offset};
-    return reply_one_json(c, what, sql, 3, p, "nothing to list");
+    return api_reply_sql_json(c, what, sql, 3, p, "nothing to list");
 }
 
 /* One of the caller's objects by the id in the path (a row of one cell: the JSON answer). */

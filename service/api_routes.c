@@ -3,6 +3,8 @@
  * names (GET sessions/{id}/trace_export is not offered: 404, not 405); a known path with
  * another method is 405; ROUTE_TODO entries answer 501 until implemented. */
 #include "service/api_routes.h"
+#include "service/api_console.h"
+#include "service/api_metrics.h"
 #include "service/api_weights.h"
 #include <string.h>
 
@@ -66,10 +68,31 @@ static const api_route routes[] = {
     {"GET", V1 "/models/*", 0, api_h_models_checkpoints, NULL},
     {"GET", V1 "/checkpoint_archives/*", ROUTE_NO_AUTH, api_h_checkpoint_download, NULL},
 
+    /* observability (README "Metrics", "Web console"): the console's files, its read-only
+     * JSON (tenant-scoped like every route; /console/admin/ needs an operator key) */
+    {"GET", "/metrics", ROUTE_METRICS, api_h_metrics, NULL},
+    {"GET", "/", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
+    {"GET", "/console", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
+    {"GET", "/console/", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
+    {"GET", "/console/+", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
+    {"GET", V1 "/console/whoami", ROUTE_ANY_KEY, api_h_console_whoami, NULL},
+    {"GET", V1 "/console/runs", 0, api_h_console_runs, NULL},
+    {"GET", V1 "/console/runs/+", 0, api_h_console_run, NULL},
+    {"GET", V1 "/console/checkpoints", 0, api_h_console_checkpoints, NULL},
+    {"GET", V1 "/console/download_link", 0, api_h_console_download_link, NULL},
+    {"POST", V1 "/console/tokenize", ROUTE_READ, api_h_console_tokenize, NULL},
+    {"POST", V1 "/console/detokenize", ROUTE_READ, api_h_console_detokenize, NULL},
+    {"GET", V1 "/console/admin/overview", ROUTE_ADMIN, api_h_console_admin_overview, NULL},
+    {"GET", V1 "/console/admin/cycles", ROUTE_ADMIN, api_h_console_admin_cycles, NULL},
+
     /* not implemented yet */
     TODO("POST", "/auth/token"),
     TODO("PUT", "/sessions/*"),
 };
+
+size_t api_route_count(void) { return sizeof routes / sizeof routes[0]; }
+const api_route *api_route_at(size_t i) { return &routes[i]; }
+size_t api_route_index(const api_route *r) { return (size_t)(r - routes); }
 
 /* 0: no match; 1: match (suffix offset in *arg_off for wildcards). */
 static int path_matches(const char *pattern, const char *path, size_t plen, size_t *arg_off) {

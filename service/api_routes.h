@@ -17,9 +17,13 @@ enum {
     ROUTE_READ = 32,
     ROUTE_SAMPLE = 64,
     ROUTE_PROTO_BODY = 128, /* also takes application/x-protobuf bodies (kept as bytes) */
+    ROUTE_STATIC = 256,   /* a file of the web console, sent by the loop (api_console.h) */
+    ROUTE_ADMIN = 512,    /* operators only: the key needs the 'admin' scope */
+    ROUTE_METRICS = 1024, /* /metrics: the key needs the 'metrics' (or 'admin') scope */
+    ROUTE_ANY_KEY = 2048, /* any valid key, operator-only keys included (console/whoami) */
     /* Answered even while the database is away: the handler runs with db NULL and no
      * tenant (the key cannot be checked) and must store nothing (telemetry). */
-    ROUTE_DB_OPTIONAL = 256,
+    ROUTE_DB_OPTIONAL = 4096,
 };
 
 struct api_route {
@@ -33,6 +37,11 @@ struct api_route {
 
 /* The client/config answer (a NUL-terminated JSON object). */
 extern char api_client_config[256];
+
+/* The table, for per-route metrics: its size, the route at i, and the index of r. */
+size_t api_route_count(void);
+const api_route *api_route_at(size_t i);
+size_t api_route_index(const api_route *r);
 
 /* Finds the route for method + path (path already without the prefix and query).
  * Returns NULL with *status = 404 (no such path) or 405 (path exists, other method).

@@ -8,11 +8,12 @@
 /* ---- API keys ---------------------------------------------------------------------- */
 /* $1 prefix -> id, tenant_id, hash (hex), revoked, expired, touch_due, train, sample, read */
 #define SQL_KEY_LOOKUP                                                                      \
-    "SELECT id, tenant_id, encode(hash, 'hex'), revoked_at IS NOT NULL,"                    \
-    " expires_at IS NOT NULL AND expires_at <= now(),"                                      \
-    " last_used_at IS NULL OR last_used_at < now() - interval '1 minute',"                  \
-    " 'train' = ANY(scopes), 'sample' = ANY(scopes), 'read' = ANY(scopes)"                  \
-    " FROM api_keys WHERE prefix = $1"
+    "SELECT k.id, k.tenant_id, encode(k.hash, 'hex'), k.revoked_at IS NOT NULL,"            \
+    " k.expires_at IS NOT NULL AND k.expires_at <= now(),"                                  \
+    " k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute',"              \
+    " 'train' = ANY(k.scopes), 'sample' = ANY(k.scopes), 'read' = ANY(k.scopes),"           \
+    " 'admin' = ANY(k.scopes), 'metrics' = ANY(k.scopes), t.name"                           \
+    " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.prefix = $1"
 /* $1 key id. At most once a minute per key, also across api processes. */
 #define SQL_KEY_TOUCH                                                                       \
     "UPDATE api_keys SET last_used_at = now() WHERE id = $1"                                \

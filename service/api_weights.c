@@ -351,12 +351,29 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
         if (strcmp(fmt, "peft")) return api_error(c, 400, "unembed=0 goes with format=peft");
         snprintf(fmt, sizeof fmt, "peft-nohead");
     }
+    char *url, exp_iso[32], exp_http[64];
+    if (api_archive_link(c, rt->tinker_path, fmt, &url, exp_iso, exp_http) < 0) return 0;
+    json_t *answer = json_pack("{s:s, s:s}", "url", url, "expires", exp_iso);
+    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
+        free(url);
+        return api_reply_json(c, 200, answer);
+    }
+    api_reply_json(c, 302, answer);
+    free(c->job->location);
+    free(c->job->expires);
+    c->job->location = url;
+    c->job->expires = strdup(exp_http);
+    return 0;
+}
+
+int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char **url_out, char exp_iso[32],
+                     char exp_http[64]) {
     reg_version v;
-    int st = reg_find_readable(c->db, c->tenant_id, rt->tinker_path, &v, c->err, sizeof c->err);
-    if (st < 0) return api_db_error(c, "archive", c->err);
-    if (st > 0) return api_error(c, st, "%s", c->err);
+    int st = reg_find_readable(c->db, c->tenant_id, tinker_path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "archive", c->err), -1;
+    if (st > 0) return api_error(c, st, "%s", c->err), -1;
     if (!g_have_secret || !g_blobs)
-        return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
+        return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)"), -1;
     time_t expires = time(NULL) + DOWNLOAD_TTL_S;
     char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
     snprintf(id, sizeof id, "%s/%s", v.path.dir, v.path.name);
@@ -366,21 +383,11 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%lld/%s/%s",
               c->job->base_url ? c->job->base_url : "", (long long)expires, fmt, token,
               (long long)c->key_id, v.path.run, id);
-    char exp_http[64], exp_iso[32];
-    rfc1123(expires, exp_http, sizeof exp_http);
-    iso8601(expires, exp_iso, sizeof exp_iso);
+    rfc1123(expires, exp_http, 64);
+    iso8601(expires, exp_iso, 32);
     audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
           json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", fmt, "expires", exp_iso));
-    json_t *answer = json_pack("{s:s, s:s}", "url", url.data, "expires", exp_iso);
-    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
-        sb_free(&url);
-        return api_reply_json(c, 200, answer);
-    }
-    api_reply_json(c, 302, answer);
-    free(c->job->location);
-    free(c->job->expires);
-    c->job->location = sb_steal(&url, NULL);
-    c->job->expires = strdup(exp_http);
+    *url_out = sb_steal(&url, NULL);
     return 0;
 }
 

@@ -27,3 +27,10 @@ int api_h_run_checkpoints_put(api_call *c);         /* PUT .../ttl */
 int api_h_run_checkpoints_delete(api_call *c);      /* DELETE checkpoint, DELETE .../publish */
 int api_h_models_checkpoints(api_call *c);          /* GET /models/{run}/checkpoints (old SDKs) */
 int api_h_checkpoint_download(api_call *c);         /* GET|HEAD /checkpoint_archives/... (no key) */
+
+/* A signed download URL (valid 2 h, bound to the caller's key) for the archive of a
+ * checkpoint the caller may read, in fmt ("tinker", "peft", "peft-nohead"); audited.
+ * 0 with *url (malloc'd) and its expiry (ISO 8601, RFC 1123), or -1 with the error
+ * answered. The archive route (302) and the web console share it. */
+int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char **url, char exp_iso[32],
+                     char exp_http[64]);

@@ -10,7 +10,9 @@
 #include "service/http_server.h"
 #include "common/log.h"
 #include "common/strbuf.h"
+#include "service/api_console.h"
 #include "service/api_json.h"
+#include "service/api_metrics.h"
 #include "service/api_routes.h"
 #include <errno.h>
 #include <netdb.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <fcntl.h>
 
@@ -135,6 +138,38 @@ static void safe_copy(char *out, size_t n, const char *s, size_t len) {
     out[o] = 0;
 }
 
+/* ---- the access log ---------------------------------------------------------------- */
+
+static double wall_now(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return tv.tv_sec + tv.tv_usec / 1e6;
+}
+
+static double begun_at(h2o_req_t *req) {
+    struct timeval *t = &req->timestamps.request_begin_at;
+    return t->tv_sec ? t->tv_sec + t->tv_usec / 1e6 : wall_now();
+}
+
+/* The X-Request-Id of req: the one on_req set on the response, else the client's (or a
+ * new one when neither is usable). */
+static void log_id_of(h2o_req_t *req, char out[API_LOG_ID_MAX]) {
+    h2o_headers_t *h = &req->res.headers;
+    ssize_t i = h2o_find_header_by_str(h, H2O_STRLIT("x-request-id"), -1);
+    if (i < 0) i = h2o_find_header_by_str(h = &req->headers, H2O_STRLIT("x-request-id"), -1);
+    api_log_id(i >= 0 ? h->entries[i].value.base : NULL, i >= 0 ? h->entries[i].value.len : 0, out);
+}
+
+/* A request answered on the loop (no worker): counted and logged. */
+static void observe_inline(h2o_req_t *req, const api_route *r, bool by_h2o, int status, const char *reason) {
+    char method[16], id[API_LOG_ID_MAX];
+    safe_copy(method, sizeof method, req->method.base, req->method.len);
+    log_id_of(req, id);
+    api_access a = {.route = r, .by_h2o = by_h2o, .method = method, .status = status, .tenant = "",
+                    .log_id = id, .seconds = wall_now() - begun_at(req), .reason = reason};
+    api_observe(&a);
+}
+
 /* ---- h2o's own errors as JSON (413 above all) -------------------------------------- */
 
 /* h2o answers some errors itself (413 entity too large, 400 bad request line...) with a
@@ -165,6 +200,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
                                       "(loom api --max-body-mb)", g.conf.max_body >> 20);
         else
             snprintf(msg, sizeof msg, "%s", req->res.reason ? req->res.reason : "request failed");
+        observe_inline(req, NULL, true, req->res.status, msg);
         size_t len;
         char *body = jx_detail(msg, &len);
         json_error_ostream *o = (json_error_ostream *)h2o_add_ostream(req, sizeof *o, slot);
@@ -208,7 +244,8 @@ static void on_ref_dispose(void *p) {
     api_job *job = ref->job;
     if (!job) return;
     job->ref = NULL;
-    log_debug("%s: client went away before the answer", job->route->path);
+    api_metrics_in_flight(-1);
+    api_observe_job(job, 499, wall_now());   /* nginx's "client closed request" */
     if (job->where == JOB_PARKED) {
         unpark(job);
         api_job_free(job);
@@ -257,8 +294,8 @@ static void finish_job(api_job *job) {
     http_req_ref *ref = job->ref;
     ref->job = NULL;
     job->ref = NULL;
-    if (job->status >= 500) log_warn("%s -> %d: %.300s", job->route->path, job->status, job->resp);
-    else log_debug("%s -> %d", job->route->path, job->status);
+    api_metrics_in_flight(-1);
+    api_observe_job(job, job->status, wall_now());
     h2o_req_t *req = ref->req;
     if (job->location)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_LOCATION, NULL,
@@ -438,6 +475,29 @@ static char *base_url_of(h2o_req_t *req) {
     return sb_steal(&b, NULL);
 }
 
+/* A file of the web console (or the redirect to it), with headers that keep the page to
+ * its own files and keep download links out of Referer headers. */
+static void send_static(h2o_req_t *req, const api_route *r, const char *path, size_t plen) {
+    api_static st;
+    api_console_static(path, plen, &st);
+    static const struct { const char *name, *value; } hdrs[] = {
+        {"content-security-policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                                    "base-uri 'none'; frame-ancestors 'none'; form-action 'none'"},
+        {"x-content-type-options", "nosniff"},
+        {"referrer-policy", "no-referrer"},
+        {"x-frame-options", "DENY"},
+        {"cache-control", "no-cache"},
+    };
+    for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++)
+        h2o_add_header_by_str(&req->pool, &req->res.headers, hdrs[i].name, strlen(hdrs[i].name), 0, NULL,
+                              hdrs[i].value, strlen(hdrs[i].value));
+    if (st.location)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_LOCATION, NULL, st.location, strlen(st.location));
+    observe_inline(req, r, false, st.status, st.status >= 400 ? st.body : NULL);
+    if (st.status >= 400) send_error(req, st.status, st.body);
+    else send_typed(req, st.status, st.type, 0, st.body, st.len);
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, ctx, req->conn->ctx);
     const char *path = req->path_normalized.base;
@@ -451,25 +511,37 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     size_t arg_off = 0;
     const api_route *r = api_route_find(req->method.base, req->method.len, path, plen, &status,
                                         &arg_off);
-    char method[16], spath[256], msg[600];
+    char method[16], spath[256], msg[600], log_id[API_LOG_ID_MAX];
     safe_copy(method, sizeof method, req->method.base, req->method.len);
     safe_copy(spath, sizeof spath, req->path_normalized.base, req->path_normalized.len);
+    ssize_t xi = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-request-id"), -1);
+    api_log_id(xi >= 0 ? req->headers.entries[xi].value.base : NULL, xi >= 0 ? req->headers.entries[xi].value.len : 0,
+               log_id);
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
+                          h2o_strdup(&req->pool, log_id, SIZE_MAX).base, strlen(log_id));
     if (!r) {
         if (status == 405)
             snprintf(msg, sizeof msg, "method %s is not allowed on %s", method, spath);
         else
-            snprintf(msg, sizeof msg, "no such route: %s %s (the Tinker API is under %s/api/v1/)",
-                     method, spath, g.prefix);
+            snprintf(msg, sizeof msg, "no such route: %s %s (the Tinker API is under %s/api/v1/, the web "
+                     "console at %s/console)", method, spath, g.prefix, g.prefix);
+        observe_inline(req, NULL, false, status, msg);
         send_error(req, status, msg);
         return 0;
     }
     if (r->flags & ROUTE_TODO) {
         snprintf(msg, sizeof msg, "not implemented yet in Loom: %s %s", r->method, r->path);
+        observe_inline(req, r, false, 501, msg);
         send_error(req, 501, msg);
         return 0;
     }
     if (r->flags & ROUTE_INLINE) {
+        observe_inline(req, r, false, 200, NULL);
         send_response(req, 200, r->inline_body, strlen(r->inline_body));
+        return 0;
+    }
+    if (r->flags & ROUTE_STATIC) {
+        send_static(req, r, path, plen);
         return 0;
     }
     api_job *job = calloc(1, sizeof *job);
@@ -491,6 +563,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         job->query = strndup(req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
     job->base_url = base_url_of(req);
     job->range = header_dup(req, H2O_TOKEN_RANGE, NULL);
+    snprintf(job->log_id, sizeof job->log_id, "%s", log_id);
+    job->started = begun_at(req);
+    api_metrics_in_flight(1);
     http_req_ref *ref = h2o_mem_alloc_shared(&req->pool, sizeof *ref, on_ref_dispose);
     ref->job = job;
     ref->req = req;

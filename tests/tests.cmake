@@ -28,3 +28,8 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/tests/ref/run_ref.py)
            --work ${CMAKE_BINARY_DIR}/ref-work)
   set_tests_properties(reference_torch PROPERTIES ENVIRONMENT "PYTHONUNBUFFERED=1" TIMEOUT 900)
 endif()
+
+# The executor's NVML reading against a stand-in library (no GPU needed).
+add_library(nvml_shim MODULE ${CMAKE_SOURCE_DIR}/tests/nvml_shim/nvml_shim.c)
+set_tests_properties(test_exe_gpu PROPERTIES ENVIRONMENT "LOOM_NVML_LIBRARY=$<TARGET_FILE:nvml_shim>")
+add_dependencies(test_exe_gpu nvml_shim)

@@ -53,7 +53,7 @@ class Stack:
                 break
         if self.url is None or self.key is None:
             self.__exit__(None, None, None)
-            raise RuntimeError("loom up did not become ready; log:\n" + self.read_log())
+            raise RuntimeError("loom up did not become ready; log:\n" + self.read_log()[-6000:])
         # Every child exec'd, so that tests comparing children() before and after see
         # the same set (the GC child may start a moment after the URL is printed).
         roles = {"api", "scheduler", "executor", "adapter"}
@@ -62,9 +62,10 @@ class Stack:
         return self
 
     def read_log(self):
+        """The whole log of loom up and its children (text)."""
         try:
             with open(os.path.join(self.dir, "up.log"), "rb") as f:
-                return f.read().decode(errors="replace")[-6000:]
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
 
