@@ -13,12 +13,16 @@
  * it: the scheduler's reaper fails that work with a message.) Everything loom up and its
  * children create is private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
+#include "common/config.h"
 #include "common/db.h"
 #include "common/keys.h"
 #include "common/log.h"
 #include "common/migrate.h"
 #include "common/pgcluster.h"
 #include "backend/backend.h"
+#include "executor/executor.h"
+#include "scheduler/sched.h"
+#include "service/api.h"
 #include "model/mkmodel.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -199,7 +203,7 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
         if (ok) return 0;
     }
     int64_t tid;
-    if (keys_tenant_ensure(c, "default", &tid, err, errlen) < 0) return -1;
+    if (keys_tenant_create(c, "default", &tid, NULL, err, errlen) < 0) return -1;
     if (keys_create(c, secret, tid, "loom up", NULL, NULL, key, err, errlen) < 0) return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || write(fd, key, strlen(key)) < 0 || write(fd, "\n", 1) < 0) {
@@ -211,55 +215,100 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
     return 0;
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: loom up [--data-dir DIR] [--host 127.0.0.1] [--port 8000]\n"
-            "               [--model-dir DIR --model-name NAME] [--backend NAME] [--device N]\n"
-            "               [--threads N] [--api-threads N] [--seq-gap-timeout-s 30]\n"
-            "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
-            "  --seq-gap-timeout-s: operations waiting longer for a missing seq_id fail (scheduler).\n"
-            "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
+static const opt_spec UP_OPTS[] = {
+    {.name = "host", .kind = OPT_STR, .arg = "H", .def = "127.0.0.1", .help = "address the api listens on"},
+    {.name = "port", .kind = OPT_INT, .arg = "N", .def = "8000", .lo = 0, .hi = 65535,
+     .help = "the api's port; 0 picks a free one (the printed URL tells which)"},
+    {.name = "api-threads", .kind = OPT_INT, .arg = "N", .def = "2", .lo = 1, .hi = 256, .help = "api event-loop threads"},
+    {.name = "model-dir", .kind = OPT_STR, .arg = "DIR",
+     .help = "a Hugging Face model directory (default: a tiny Llama generated in <data-dir>/models)"},
+    {.name = "model-name", .kind = OPT_STR, .arg = "NAME",
+     .help = "its name for clients (default: loom/tiny-llama, or the directory's name)"},
+    {.name = "gc-every", .kind = OPT_INT, .arg = "S", .def = "3600", .lo = 1, .hi = 31536000,
+     .help = "registry garbage collection every S seconds"},
+    {0}};
+
+static const cfg_cmd UP_CMD = {
+    .cmd = "loom up", .section = "up",
+    .about = "Everything on this machine: a private PostgreSQL cluster under the data directory (unless a\n"
+             "database is configured), the api, the scheduler, one executor and the registry GC, restarted\n"
+             "when they die. Prints DATABASE_URL, TINKER_BASE_URL and TINKER_API_KEY once ready.\n"
+             "The api's, scheduler's and executor's options below are passed through to them.",
+    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, API_TUNING_OPTS, CFG_SECRET, CFG_BLOBS}};
+
+/* A child's argument vector, built from the settings (strings live as long as the
+ * process). */
+typedef struct {
+    char *v[96];
+    int n;
+} argvec;
+
+static void av_add(argvec *a, const char *s) {
+    if (a->n < (int)(sizeof a->v / sizeof a->v[0]) - 1) a->v[a->n++] = (char *)s;
+    a->v[a->n] = NULL;
+}
+
+static void av_opt(argvec *a, const char *name, const char *value) {
+    char flag[128];
+    snprintf(flag, sizeof flag, "--%s", name);
+    av_add(a, strdup(flag));
+    av_add(a, value);
+}
+
+/* The options of table set for up (on its command line, in the environment or in [up]). */
+static void av_pass(argvec *a, const cfg *o, const opt_spec *tab) {
+    for (const opt_spec *s = tab; s->name; s++) {
+        if (cfg_level(o, s->name) == CFG_DEFAULT) continue;
+        if (s->kind == OPT_FLAG) {
+            char flag[128];
+            snprintf(flag, sizeof flag, "--%s", s->name);
+            if (cfg_flag(o, s->name)) av_add(a, strdup(flag));
+        } else {
+            av_opt(a, s->name, cfg_str(o, s->name));
+        }
+    }
+}
+
+/* What can be checked before anything starts, beyond each option's syntax. */
+static int check_up_opts(const cfg *o) {
+    char err[1024];
+    if (exe_check_opts(o, err, sizeof err) < 0) return cfg_usage_error(&UP_CMD, "%s", err);
+    const char *cert = cfg_str(o, "tls-cert"), *key = cfg_str(o, "tls-key"), *mdir = cfg_str(o, "model-dir");
+    if ((cert != NULL) != (key != NULL)) return cfg_usage_error(&UP_CMD, "--tls-cert and --tls-key go together");
+    const char *files[2] = {cert, key};
+    for (int i = 0; i < 2; i++)
+        if (files[i] && access(files[i], R_OK) != 0)
+            return cfg_usage_error(&UP_CMD, "%s %s: %s", i ? "--tls-key" : "--tls-cert", files[i], strerror(errno));
+    char cfgjson[PATH_MAX];
+    snprintf(cfgjson, sizeof cfgjson, "%s/config.json", mdir ? mdir : "");
+    if (mdir && access(cfgjson, R_OK) != 0)
+        return cfg_usage_error(&UP_CMD, "--model-dir %s: no readable config.json (%s)", mdir, strerror(errno));
+    if (cfg_str(o, "model-name") && !mdir) return cfg_usage_error(&UP_CMD, "--model-name goes with --model-dir");
+    return 0;
 }
 
 int up_main(int argc, char **argv) {
-    const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
-    const char *threads = "0", *api_threads = "2", *backend = "cpu", *device = "0", *gap_timeout = "30";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) { usage(); return 0; }
-        if (!v) { usage(); return 2; }
-        if (!strcmp(a, "--data-dir")) data_dir = argv[++i];
-        else if (!strcmp(a, "--host")) host = argv[++i];
-        else if (!strcmp(a, "--port")) port = argv[++i];
-        else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
-        else if (!strcmp(a, "--model-name")) model_name = argv[++i];
-        else if (!strcmp(a, "--backend")) backend = argv[++i];
-        else if (!strcmp(a, "--device")) device = argv[++i];
-        else if (!strcmp(a, "--threads")) threads = argv[++i];
-        else if (!strcmp(a, "--api-threads")) api_threads = argv[++i];
-        else if (!strcmp(a, "--seq-gap-timeout-s") && atoi(v) > 0) gap_timeout = argv[++i];
-        else { usage(); return 2; }
-    }
-    if (!exe_backend_find(backend)) {
-        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
-        return 2;
-    }
-    char defdir[PATH_MAX], absdata[PATH_MAX];
-    if (!data_dir) {
-        const char *home = getenv("HOME");
-        if (geteuid() == 0) snprintf(defdir, sizeof defdir, "/var/lib/loom");
-        else snprintf(defdir, sizeof defdir, "%s/.loom", home ? home : ".");
-        data_dir = defdir;
-    }
+    cfg o;
+    int rc = 2;
+    if (!cfg_parse(&UP_CMD, argc, argv, &o, &rc)) return rc;
+    if (check_up_opts(&o)) return 2;
+    const char *host = cfg_str(&o, "host"), *model_dir = cfg_str(&o, "model-dir"),
+               *model_name = cfg_str(&o, "model-name");
+    char data_dir[PATH_MAX], absdata[PATH_MAX];
+    cfg_data_dir(&o, data_dir, sizeof data_dir);
     /* Keys, the secret, blobs (tenants' weights), the model, logs: for the service user
      * only, in this process and every child (PostgreSQL sets its own modes). */
     umask(077);
     mkdir(data_dir, 0700);
     if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
-    data_dir = absdata;
-    const char *env_db = getenv("DATABASE_URL");
-    bool own_cluster = !env_db || !*env_db;
-    char err[1024], conninfo[1024];
+    char err[1024], conninfo[4096], db_from[PATH_MAX + 400];
+    bool own_cluster = cfg_db(&o, conninfo, sizeof conninfo, db_from, sizeof db_from);
+    /* Say which database, and which setting was passed over (the surprise of issue 14). */
+    log_info("database: %s", db_from);
+    if (own_cluster && cfg_str(&o, "db"))
+        log_warn("not using the db from %s: the data directory was given on a stronger level (--data-dir on the "
+                 "command line beats the environment); pass --db to combine them", cfg_where(&o, "db"));
+    snprintf(data_dir, sizeof data_dir, "%s", absdata);
     if (own_cluster ? pgc_private_dir(data_dir, err, sizeof err) < 0 : chmod(data_dir, 0700) < 0) {
         log_error("data directory %s: %s", data_dir, own_cluster ? err : strerror(errno));
         return 1;
@@ -271,14 +320,12 @@ int up_main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (!own_cluster) {
-        snprintf(conninfo, sizeof conninfo, "%s", env_db);
-    } else {
+    if (own_cluster) {
         pgcluster pc;
         if (pgc_start(data_dir, &pc, err, sizeof err) < 0) { log_error("%s", err); return 1; }
         snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
     }
-    int rc = 1;
+    rc = 1;
     child cs[4] = {{.role = "executor"}, {.role = "scheduler"}, {.role = "api", .reads_port = true},
                    {.role = "adapter gc"}};
     PGconn *c = db_connect(conninfo, 30000, err, sizeof err);
@@ -287,8 +334,8 @@ int up_main(int argc, char **argv) {
 
     char secret_path[PATH_MAX], key[KEY_MAX_LEN];
     unsigned char secret[KEY_SECRET_BYTES];
-    snprintf(secret_path, sizeof secret_path, "%s/secret.key", data_dir);
-    if (keys_init() < 0 || keys_load_secret(secret_path, true, secret, err, sizeof err) < 0 ||
+    cfg_secret_file(&o, secret_path, sizeof secret_path);
+    if (keys_init() < 0 || cfg_secret(&o, true, secret, err, sizeof err) < 0 ||
         ensure_key(c, data_dir, secret, key, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
@@ -317,13 +364,25 @@ int up_main(int argc, char **argv) {
     }
 
     char blob_dir[PATH_MAX];
-    snprintf(blob_dir, sizeof blob_dir, "%s/blobs", data_dir);
-    char *exe_argv[] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
-                        (char *)model_name, "--backend", (char *)backend, "--device", (char *)device,
-                        "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
-    char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, "--seq-gap-timeout-s", (char *)gap_timeout, NULL};
-    char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
-                        "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};
+    cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
+    /* The children read no config file: what they run with is what up was given. */
+    argvec exe = {0}, sch = {0}, api = {0}, gc = {0};
+    av_add(&exe, "loom"), av_add(&exe, "executor"), av_opt(&exe, "config", "/dev/null"), av_opt(&exe, "db", conninfo);
+    av_opt(&exe, "model-dir", model_dir), av_opt(&exe, "model-name", model_name), av_opt(&exe, "blob-dir", blob_dir);
+    av_opt(&exe, "backend", cfg_str(&o, "backend")), av_opt(&exe, "device", cfg_str(&o, "device"));
+    av_pass(&exe, &o, EXE_OPTS);
+    av_add(&sch, "loom"), av_add(&sch, "scheduler"), av_opt(&sch, "config", "/dev/null"), av_opt(&sch, "db", conninfo);
+    av_pass(&sch, &o, SCHED_OPTS);
+    av_add(&api, "loom"), av_add(&api, "api"), av_opt(&api, "config", "/dev/null"), av_opt(&api, "db", conninfo);
+    av_opt(&api, "host", host), av_opt(&api, "threads", cfg_str(&o, "api-threads"));
+    av_opt(&api, "blob-dir", blob_dir);
+    if (secret_path[0]) av_opt(&api, "secret-file", secret_path);   /* else LOOM_SECRET, inherited */
+    av_pass(&api, &o, API_TUNING_OPTS);
+    int port_at = api.n + 1;
+    av_opt(&api, "port", cfg_str(&o, "port"));
+    av_add(&gc, "loom"), av_add(&gc, "adapter"), av_add(&gc, "gc"), av_opt(&gc, "config", "/dev/null");
+    av_opt(&gc, "db", conninfo), av_opt(&gc, "blob-dir", blob_dir), av_opt(&gc, "every", cfg_str(&o, "gc-every"));
+    char **exe_argv = exe.v, **sch_argv = sch.v, **api_argv = api.v, **gc_argv = gc.v;
     int api_out = -1;
     cs[0].id_floor = executor_id_floor(c);
     cs[0].pid = spawn(exe_argv, NULL);
@@ -339,7 +398,7 @@ int up_main(int argc, char **argv) {
     /* A restarted api must come back on the same port (the printed URL stays valid). */
     char api_port_s[16];
     snprintf(api_port_s, sizeof api_port_s, "%d", api_port);
-    api_argv[7] = api_port_s;
+    api_argv[port_at] = api_port_s;
 
     /* Ready = the executor registered for this model and is idle. */
     char epid[16];
@@ -358,12 +417,11 @@ int up_main(int argc, char **argv) {
     if (!ready) { log_error("the executor did not become ready (see messages above)"); goto out; }
 
     /* Registry GC, hourly (expired versions, unreferenced and orphan blobs). */
-    char *gc_argv[] = {"loom", "adapter", "gc", "--db", conninfo, "--blob-dir", blob_dir, "--every", "3600", NULL};
     cs[3].argv = gc_argv;
     if (start_child(&cs[3], c) < 0) child_died(&cs[3], -1);
 
     printf("DATABASE_URL=%s\n", conninfo);
-    printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
+    printf("TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
     printf("TINKER_API_KEY=%s\n", key);
     fflush(stdout);
     log_info("Loom is up: model %s; Ctrl-C stops it", model_name);
