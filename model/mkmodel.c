@@ -209,9 +209,19 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
         err_set(err, errlen, "mkmodel: bad geometry (need positive sizes, even head_dim, heads %% kv_heads == 0)");
         return -1;
     }
-    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
-        err_set(err, errlen, "mkmodel: mkdir %s: %s", o->out_dir, strerror(errno));
-        return -1;
+    /* Like mkdir -p: `--out /var/lib/loom/models/tiny-llama` on a fresh install. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", o->out_dir);
+    for (char *p = dir + 1; ; p++) {
+        bool last = !*p;
+        if (*p != '/' && !last) continue;
+        *p = 0;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            err_set(err, errlen, "mkmodel: mkdir %s: %s", dir, strerror(errno));
+            return -1;
+        }
+        if (last) break;
+        *p = '/';
     }
     size_t pl = strlen(o->out_dir) + 32;
     char *path = malloc(pl);
