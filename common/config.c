@@ -139,7 +139,7 @@ bool cfg_flag(const cfg *o, const char *name) {
 
 const char *cfg_where(const cfg *o, const char *name) {
     int i = find(o, name);
-    return i < 0 || !o->val[i] ? "not set" : o->where[i];
+    return i < 0 || !o->val[i] ? "default" : o->where[i];
 }
 
 int cfg_level(const cfg *o, const char *name) {
@@ -318,15 +318,15 @@ bool cfg_parse(const cfg_cmd *cmd, int argc, char **argv, cfg *o, int *rc) {
         snprintf(where, sizeof where, "--%s", name);
         set(o, i, v, CFG_FLAG, where);
     }
+    if (o->npos < cmd->min_pos) {
+        cfg_usage_error(cmd, "missing %s", cmd->pos_name ? cmd->pos_name : "argument");
+        return false;
+    }
     for (int i = 0; i < o->n; i++)
         if (o->spec[i]->required && !o->val[i]) {
             cfg_usage_error(cmd, "missing --%s %s", o->spec[i]->name, o->spec[i]->arg ? o->spec[i]->arg : "");
             return false;
         }
-    if (o->npos < cmd->min_pos) {
-        cfg_usage_error(cmd, "missing %s", cmd->pos_name ? cmd->pos_name : "argument");
-        return false;
-    }
     *rc = 0;
     return true;
 }
