@@ -17,6 +17,7 @@ PKGS=(
   libarchive-dev                    # `loom adapter import`: tars of any layout, compressed or not
   dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
   mmdebstrap systemd                # tests: a clean Debian root for the .deb; systemd-analyze verify
+  curl                              # tests: the README's commands (readme_test)
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
   python3-zstandard                 # tests: zstd-compressed protobuf request bodies
