@@ -1,6 +1,5 @@
 /* loom.c: the one `loom` binary; each subcommand is a process role or an admin tool. */
 #include "common/log.h"
-#include "common/pgcluster.h"
 #include "executor/executor.h"
 #include "model/mkmodel.h"
 #include "scheduler/sched.h"
@@ -13,6 +12,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifndef LOOM_VERSION
+#define LOOM_VERSION "unknown"
+#endif
+
 typedef struct {
     const char *name;
     int (*main)(int argc, char **argv);
@@ -23,36 +26,69 @@ static const subcommand commands[] = {
     {"up", up_main, "run everything on this machine (embedded PostgreSQL, api, scheduler, executor)"},
     {"api", api_main, "HTTP front end (Tinker API)"},
     {"scheduler", sched_main, "builds clock cycles from queued operations"},
-    {"executor", exe_main, "runs cycles on one device (backend cpu)"},
+    {"executor", exe_main, "runs cycles on one device"},
     {"migrate", admin_migrate_main, "apply database migrations"},
     {"status", status_main, "operator view: executors and devices, the queue, tenants' usage, recent cycles"},
-    {"tenant", admin_tenant_main, "tenant create|list"},
-    {"key", admin_key_main, "API key create|list|revoke"},
+    {"tenant", admin_tenant_main, "tenants: create|list"},
+    {"key", admin_key_main, "API keys: create|list|revoke"},
     {"adapter", adapter_cli_main, "checkpoints: list|show|lineage|export|import|share|publish|delete|gc"},
+    {"config", admin_config_main, "where the data directory, database, secret and blob store are"},
     {"mkmodel", mkmodel_main, "write a random model in Hugging Face layout"},
     {"tokenize", tokenize_main, "a model directory's tokenizer and chat template on text or JSON lines"},
-    {"pg", pgc_main, "start|stop a private PostgreSQL cluster under a data directory"},
+    {"pg", admin_pg_main, "start|stop a private PostgreSQL cluster under a data directory"},
 };
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom <command> [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n`loom <command> --help` describes a command's options.\n");
+    fprintf(f, "usage: loom <command> [options]\n       loom help [command] | --version\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f,
+            "\n`loom <command> --help` describes a command's options. Settings come from, in this order:\n"
+            "the command line (--data-dir DIR), the environment (DATABASE_URL, LOOM_DATA_DIR, LOOM_SECRET_FILE,\n"
+            "LOOM_SECRET, LOOM_BLOB_DIR, LOOM_CONFIG), the config file (--config FILE, else /etc/loom/loom.conf:\n"
+            "`name = value`, shared settings at the top, a command's options in [up], [api], [scheduler],\n"
+            "[executor] or [gc]), then defaults. Database, secret and blobs default to the data directory's;\n"
+            "--data-dir on the command line means its database even when DATABASE_URL is exported.\n"
+            "`loom config` shows what a command would use.\n");
+}
+
+static const subcommand *find(const char *name) {
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name)) return &commands[i];
+    return NULL;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        if (!strcmp(argv[1], commands[i].name)) {
-            log_init(commands[i].name);
-            return commands[i].main(argc - 1, argv + 1);
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(a, "--version") || !strcmp(a, "version")) {
+        printf("loom %s\n", LOOM_VERSION);
+        return 0;
+    }
+    if (!strcmp(a, "help")) {
+        if (argc < 3) { usage(stdout); return 0; }
+        const subcommand *c = find(argv[2]);
+        if (!c) {
+            fprintf(stderr, "loom help: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return 2;
         }
+        char *hargv[] = {(char *)c->name, "--help", NULL};
+        return c->main(2, hargv);
     }
-    fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const subcommand *c = find(a);
+    if (!c) {
+        fprintf(stderr, "loom: unknown command '%s'\n", a);
+        usage(stderr);
+        return 2;
+    }
+    log_init(c->name);
+    return c->main(argc - 1, argv + 1);
 }

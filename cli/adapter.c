@@ -1,15 +1,20 @@
 /* adapter.c: `loom adapter list|show|lineage|export|import|share|publish|delete|gc`.
- * Talks to PostgreSQL directly (--db or DATABASE_URL) and to the blob store (--blob-dir,
- * else <--data-dir>/blobs, else $LOOM_BLOB_DIR, else the `loom up` default data dir).
- * Every security-relevant change (share, publish, delete, import) writes audit_log. */
+ * Talks to PostgreSQL directly and to the blob store, both found as every command finds
+ * them (common/config.h). Every security-relevant change (share, publish, delete,
+ * import) writes audit_log. */
 #include "cli/adapter.h"
-#include "cli/admin.h"
+#include "cli/cli.h"
+#include "cli/cli_sql.h"
 #include "common/db.h"
+#include "common/keys.h"
 #include "model/adapter_io.h"
 #include "model/model.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
-#include "cli/cli_sql.h"
+#include "registry/reg_sql.h"
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <sodium.h>
@@ -19,96 +24,111 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define USAGE                                                                                       \
-    "usage: loom adapter <command> [--db CONNINFO] [--blob-dir DIR | --data-dir DIR]\n"             \
-    "  list [--tenant NAME] [--run RUN] [--deleted]   checkpoints (live ones unless --deleted)\n"  \
-    "  show PATH                                      one version with its provenance\n"           \
-    "  lineage PATH                                   the version's ancestors, nearest first\n"    \
-    "  export PATH --out FILE.tar [--format tinker|peft] [--no-head]\n"                             \
-    "                                                 the checkpoint archive (docs/protocol.md §17)\n"  \
-    "  import DIR|FILE.tar --tenant NAME --base-model NAME --run RUN --name NAME\n"                 \
-    "                                                 a PEFT/Tinker adapter as tinker://RUN/sampler_weights/NAME\n" \
-    "  share RUN --tenant NAME [--revoke]             grant (or revoke) read access to a run's checkpoints\n" \
-    "  publish PATH [--undo]                          make a checkpoint public (or private again)\n" \
-    "  delete PATH                                    delete a checkpoint (its blob goes at the next gc)\n" \
-    "  gc [--keep-last K] [--run RUN] [--dry-run] [--orphan-grace-s S] [--every S]\n"                \
-    "                                                 expire, prune, remove unreferenced blobs, and\n" \
-    "                                                 orphan blobs and temp files older than S seconds\n" \
-    "                                                 (default 3600; orphans only without --run);\n"   \
-    "                                                 --every S: a pass every S seconds until killed\n"
+#define IMPORT_MAX_CONFIG (1u << 20)            /* adapter_config.json */
+#define IMPORT_MAX_WEIGHTS (16ull << 30)        /* adapter_model.safetensors */
 
-static const char *opt(int argc, char **argv, const char *name) {
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return argv[i + 1];
-    return NULL;
-}
+#define DB_OPTS CFG_DB, CFG_DATA_DIR
+static const opt_spec LIST_OPTS[] = {
+    {.name = "tenant", .kind = OPT_STR, .arg = "NAME", .help = "only this tenant's"},
+    {.name = "run", .kind = OPT_STR, .arg = "RUN", .help = "only this run's (its model id)"},
+    {.name = "deleted", .kind = OPT_FLAG, .help = "deleted and expired ones too"},
+    {0}};
+static const opt_spec EXPORT_OPTS[] = {
+    {.name = "out", .kind = OPT_STR, .arg = "FILE.tar", .required = true, .help = "where to write the archive"},
+    {.name = "format", .kind = OPT_STR, .arg = "tinker|peft", .def = "tinker", .help = "key names (peft: lm_head)"},
+    {.name = "no-head", .kind = OPT_FLAG, .help = "leave the output head's LoRA out"},
+    {0}};
+static const opt_spec IMPORT_OPTS[] = {
+    {.name = "tenant", .kind = OPT_STR, .arg = "NAME", .required = true, .help = "the owner (it must exist)"},
+    {.name = "base-model", .kind = OPT_STR, .arg = "NAME", .required = true, .help = "a base model executors serve"},
+    {.name = "run", .kind = OPT_STR, .arg = "RUN", .required = true, .help = "the run name of the checkpoint path"},
+    {.name = "name", .kind = OPT_STR, .arg = "NAME", .required = true, .help = "the checkpoint name"},
+    {0}};
+static const opt_spec SHARE_OPTS[] = {
+    {.name = "tenant", .kind = OPT_STR, .arg = "NAME", .required = true, .help = "who may read the run"},
+    {.name = "revoke", .kind = OPT_FLAG, .help = "withdraw the grant instead"},
+    {0}};
+static const opt_spec PUBLISH_OPTS[] = {{.name = "undo", .kind = OPT_FLAG, .help = "make it private again"}, {0}};
+/* `loom adapter gc` reads section [gc] of the config file (the systemd timer's pass). */
+static const opt_spec GC_OPTS[] = {
+    {.name = "keep-last", .kind = OPT_INT, .arg = "K", .lo = 1, .hi = 1000000,
+     .help = "also delete all but the last K versions per run and kind"},
+    {.name = "run", .kind = OPT_STR, .arg = "RUN", .help = "only this run (orphan blobs are left alone)"},
+    {.name = "dry-run", .kind = OPT_FLAG, .help = "report what would go"},
+    {.name = "orphan-grace-s", .kind = OPT_INT, .arg = "S", .def = "3600", .lo = 0, .hi = 3153600000L,
+     .help = "orphan blobs and temporary files younger than this stay"},
+    {.name = "every", .kind = OPT_INT, .arg = "S", .lo = 1, .hi = 31536000,
+     .help = "a pass every S seconds until killed (default: one pass)"},
+    {0}};
 
-static bool flag(int argc, char **argv, const char *name) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], name)) return true;
-    return false;
-}
+static const cfg_cmd LIST_CMD = {.cmd = "loom adapter list", .about = "Checkpoints of every tenant (live ones).",
+                                 .tables = {LIST_OPTS, DB_OPTS}};
+static const cfg_cmd SHOW_CMD = {.cmd = "loom adapter show", .synopsis = "PATH [options]",
+                                 .about = "One version (tinker://RUN/KIND/NAME) with its provenance and grants.",
+                                 .tables = {DB_OPTS}, .min_pos = 1, .max_pos = 1, .pos_name = "PATH"};
+static const cfg_cmd LINEAGE_CMD = {.cmd = "loom adapter lineage", .synopsis = "PATH [options]",
+                                    .about = "A version's ancestors, nearest first.",
+                                    .tables = {DB_OPTS}, .min_pos = 1, .max_pos = 1, .pos_name = "PATH"};
+static const cfg_cmd EXPORT_CMD = {.cmd = "loom adapter export", .synopsis = "PATH --out FILE.tar [options]",
+                                   .about = "Writes the checkpoint archive (the one downloads give).",
+                                   .tables = {EXPORT_OPTS, DB_OPTS, CFG_BLOBS}, .min_pos = 1, .max_pos = 1,
+                                   .pos_name = "PATH"};
+static const cfg_cmd IMPORT_CMD = {
+    .cmd = "loom adapter import", .synopsis = "DIR|ARCHIVE --tenant T --base-model M --run R --name N [options]",
+    .about = "Brings a PEFT or Tinker adapter in as tinker://R/sampler_weights/N: a directory, or a tar (plain,\n"
+             "gzip, xz, zstd or bzip2) with adapter_config.json and adapter_model.safetensors at its root or\n"
+             "in one folder.",
+    .tables = {IMPORT_OPTS, DB_OPTS, CFG_BLOBS}, .min_pos = 1, .max_pos = 1, .pos_name = "DIR|ARCHIVE"};
+static const cfg_cmd SHARE_CMD = {.cmd = "loom adapter share", .synopsis = "RUN --tenant NAME [options]",
+                                  .about = "Grants (or revokes) read access to a run's checkpoints.",
+                                  .tables = {SHARE_OPTS, DB_OPTS}, .min_pos = 1, .max_pos = 1, .pos_name = "RUN"};
+static const cfg_cmd PUBLISH_CMD = {.cmd = "loom adapter publish", .synopsis = "PATH [options]",
+                                    .about = "Makes a checkpoint public (or private again).",
+                                    .tables = {PUBLISH_OPTS, DB_OPTS}, .min_pos = 1, .max_pos = 1,
+                                    .pos_name = "PATH"};
+static const cfg_cmd DELETE_CMD = {.cmd = "loom adapter delete", .synopsis = "PATH [options]",
+                                   .about = "Deletes a checkpoint (its blob goes at the next gc).",
+                                   .tables = {DB_OPTS}, .min_pos = 1, .max_pos = 1, .pos_name = "PATH"};
+static const cfg_cmd GC_CMD = {
+    .cmd = "loom adapter gc", .section = "gc",
+    .about = "Expires versions past their TTL, prunes (--keep-last), removes blobs no live version uses,\n"
+             "and orphan blobs and temporary files older than --orphan-grace-s.",
+    .tables = {GC_OPTS, DB_OPTS, CFG_BLOBS}};
 
-/* The first argument after the verb that is not an option or an option's value. */
-static const char *positional(int argc, char **argv) {
-    static const char *const with_value[] = {"--db", "--blob-dir", "--data-dir", "--tenant", "--run", "--out",
-                                             "--format", "--base-model", "--name", "--keep-last",
-                                             "--orphan-grace-s", "--every", NULL};
-    for (int i = 2; i < argc; i++) {
-        bool takes = false;
-        for (int k = 0; with_value[k]; k++) takes = takes || !strcmp(argv[i], with_value[k]);
-        if (takes) { i++; continue; }
-        if (argv[i][0] != '-') return argv[i];
-    }
-    return NULL;
-}
-
-static PGconn *connect_db(int argc, char **argv) {
-    const char *ci = admin_conninfo(argc, argv);
-    if (!ci) { fprintf(stderr, "loom adapter: set DATABASE_URL or pass --db CONNINFO\n"); exit(2); }
-    char err[512];
-    PGconn *c = db_connect(ci, 5000, err, sizeof err);
-    if (!c) { fprintf(stderr, "loom adapter: cannot connect to database: %s\n", err); exit(1); }
-    return c;
-}
-
-static blobstore *open_blobs(int argc, char **argv) {
+static blobstore *open_blobs(const cfg *o) {
     char dir[PATH_MAX], err[512];
-    const char *b = opt(argc, argv, "--blob-dir"), *d = opt(argc, argv, "--data-dir"), *env = getenv("LOOM_BLOB_DIR");
-    if (b) snprintf(dir, sizeof dir, "%s", b);
-    else if (d) snprintf(dir, sizeof dir, "%s/blobs", d);
-    else if (env && *env) snprintf(dir, sizeof dir, "%s", env);
-    else if (geteuid() == 0) snprintf(dir, sizeof dir, "/var/lib/loom/blobs");
-    else snprintf(dir, sizeof dir, "%s/.loom/blobs", getenv("HOME") ? getenv("HOME") : ".");
+    cfg_blob_dir(o, dir, sizeof dir);
     blobstore *s = blob_open_dir(dir, err, sizeof err);
-    if (!s) { fprintf(stderr, "loom adapter: blob store %s: %s\n", dir, err); exit(1); }
+    if (!s) {
+        fprintf(stderr, "%s: blob store %s: %s\n", o->cmd->cmd, dir, err);
+        exit(1);
+    }
     return s;
 }
 
-static int fail(PGconn *c, const char *what, const char *err) {
-    fprintf(stderr, "loom adapter %s: %s\n", what, err);
-    if (c) PQfinish(c);
-    return 1;
-}
-
 /* The live version at path (any tenant). */
-static int find_path(PGconn *c, const char *path, reg_version *v, const char *what) {
+static int find_path(const cfg *o, PGconn *c, const char *path, reg_version *v) {
     char err[512];
     reg_path rp;
-    if (reg_path_parse(path, &rp, err, sizeof err) < 0) { fprintf(stderr, "loom adapter %s: %s\n", what, err); return -1; }
-    int rc = reg_find_live(c, path, v, err, sizeof err);
-    if (rc) { fprintf(stderr, "loom adapter %s: %s\n", what, err); return -1; }
+    if (reg_path_parse(path, &rp, err, sizeof err) < 0 || reg_find_live(c, path, v, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s\n", o->cmd->cmd, err);
+        return -1;
+    }
     return 0;
 }
 
 /* ---- list / show / lineage ---------------------------------------------------------------- */
 
-static int cmd_list(int argc, char **argv) {
-    PGconn *c = connect_db(argc, argv);
+
+static int cmd_list(const cfg *o) {
+    PGconn *c = cli_connect(o);
     char err[512];
-    const char *p[3] = {opt(argc, argv, "--tenant"), opt(argc, argv, "--run"), flag(argc, argv, "--deleted") ? "t" : "f"};
+    int64_t tid;
+    if (cfg_str(o, "tenant") && keys_tenant_find(c, cfg_str(o, "tenant"), &tid, err, sizeof err) < 0)
+        return cli_fail(o, c, "%s", err);
+    const char *p[3] = {cfg_str(o, "tenant"), cfg_str(o, "run"), cfg_flag(o, "deleted") ? "t" : "f"};
     PGresult *r = db_query(c, SQL_CLI_LIST, 3, p, err, sizeof err);
-    if (!r) return fail(c, "list", err);
+    if (!r) return cli_fail(o, c, "%s", err);
     printf("%-10s %-8s %8s %10s %-7s %-19s %-19s %-7s %s\n", "tenant", "kind", "step", "bytes", "public", "created",
            "expires", "state", "path");
     for (int i = 0; i < PQntuples(r); i++)
@@ -120,34 +140,30 @@ static int cmd_list(int argc, char **argv) {
     return 0;
 }
 
-static int cmd_show(int argc, char **argv) {
-    const char *path = positional(argc, argv);
-    if (!path) { fprintf(stderr, USAGE); return 2; }
-    PGconn *c = connect_db(argc, argv);
+static int cmd_show(const cfg *o) {
+    const char *path = o->pos[0];
+    PGconn *c = cli_connect(o);
     char err[512];
     const char *p[1] = {path};
     PGresult *r = db_query(c, SQL_CLI_SHOW, 1, p, err, sizeof err);
-    if (!r) return fail(c, "show", err);
-    if (!PQntuples(r)) { PQclear(r); return fail(c, "show", "no such checkpoint"); }
+    if (!r) return cli_fail(o, c, "%s", err);
+    if (!PQntuples(r)) { PQclear(r); return cli_fail(o, c, "no checkpoint %s", path); }
     json_t *j = json_loads(PQgetvalue(r, 0, 0), 0, NULL);
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
-    printf("%s\n", s);
-    free(s);
+    cli_print_json(j);
     json_decref(j);
     PQclear(r);
     PQfinish(c);
     return 0;
 }
 
-static int cmd_lineage(int argc, char **argv) {
-    const char *path = positional(argc, argv);
-    if (!path) { fprintf(stderr, USAGE); return 2; }
-    PGconn *c = connect_db(argc, argv);
+static int cmd_lineage(const cfg *o) {
+    const char *path = o->pos[0];
+    PGconn *c = cli_connect(o);
     char err[512];
     const char *p[1] = {path};
     PGresult *r = db_query(c, SQL_CLI_LINEAGE, 1, p, err, sizeof err);
-    if (!r) return fail(c, "lineage", err);
-    if (!PQntuples(r)) { PQclear(r); return fail(c, "lineage", "no such checkpoint"); }
+    if (!r) return cli_fail(o, c, "%s", err);
+    if (!PQntuples(r)) { PQclear(r); return cli_fail(o, c, "no checkpoint %s", path); }
     for (int i = 0; i < PQntuples(r); i++)
         printf("%s%s  %s step %s  ops %s..%s  %s tokens  %s%s\n", i ? "  <- " : "", PQgetvalue(r, i, 1),
                PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
@@ -183,23 +199,23 @@ static uint8_t *read_all(const char *path, size_t *n) {
     return b;
 }
 
-static int cmd_export(int argc, char **argv) {
-    const char *path = positional(argc, argv), *out = opt(argc, argv, "--out"), *fmt = opt(argc, argv, "--format");
-    if (!path || !out) { fprintf(stderr, USAGE); return 2; }
-    if (fmt && strcmp(fmt, "tinker") && strcmp(fmt, "peft")) { fprintf(stderr, "--format is tinker or peft\n"); return 2; }
-    PGconn *c = connect_db(argc, argv);
+static int cmd_export(const cfg *o) {
+    const char *path = o->pos[0], *out = cfg_str(o, "out"), *fmt = cfg_str(o, "format");
+    if (strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
+        return cfg_usage_error(o->cmd, "--format is tinker or peft, got '%s'", fmt);
+    bool peft = !strcmp(fmt, "peft");
+    PGconn *c = cli_connect(o);
     reg_version v;
-    if (find_path(c, path, &v, "export") < 0) { PQfinish(c); return 1; }
-    blobstore *bs = open_blobs(argc, argv);
+    if (find_path(o, c, path, &v) < 0) { PQfinish(c); return 1; }
+    blobstore *bs = open_blobs(o);
     char err[512];
     void *blob;
     size_t n;
-    if (blob_get(bs, v.digest, &blob, &n, err, sizeof err) < 0) return fail(c, "export", err);
+    if (blob_get(bs, v.digest, &blob, &n, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
     adapter_export ex;
-    bool peft = fmt && !strcmp(fmt, "peft");
     if (adapter_io_export(blob, n, peft ? ADAPTER_EXPORT_PEFT : ADAPTER_EXPORT_TINKER, v.base_model,
-                          !flag(argc, argv, "--no-head"), &ex, err, sizeof err) < 0)
-        return fail(c, "export", err);
+                          !cfg_flag(o, "no-head"), &ex, err, sizeof err) < 0)
+        return cli_fail(o, c, "%s", err);
     free(blob);
     reg_tar_member m[5];
     for (int i = 0; i < ex.n; i++) m[i] = (reg_tar_member){ex.files[i].name, ex.files[i].data, ex.files[i].len};
@@ -207,75 +223,178 @@ static int cmd_export(int argc, char **argv) {
     size_t tl;
     int rc = reg_tar_build(m, ex.n, v.created_epoch, &tar, &tl, err, sizeof err);
     adapter_export_free(&ex);
-    if (rc < 0 || write_file(out, tar, tl, err, sizeof err) < 0) return fail(c, "export", err);
+    if (rc < 0 || write_file(out, tar, tl, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
     free(tar);
     char details[128];
     snprintf(details, sizeof details, "{\"format\": \"%s\", \"bytes\": %zu}", peft ? "peft" : "tinker", tl);
     if (reg_audit(c, v.tenant_id, "cli", "checkpoint.export", v.tinker_path, details, err, sizeof err) < 0)
-        fprintf(stderr, "loom adapter export: audit: %s\n", err);
+        fprintf(stderr, "%s: audit: %s\n", o->cmd->cmd, err);
     printf("wrote %s (%zu bytes, %s format)\n", out, tl, peft ? "peft" : "tinker");
     PQfinish(c);
     blob_close(bs);
     return 0;
 }
 
-static int cmd_import(int argc, char **argv) {
-    const char *src = positional(argc, argv), *tenant = opt(argc, argv, "--tenant"),
-               *base = opt(argc, argv, "--base-model"), *run = opt(argc, argv, "--run"), *name = opt(argc, argv, "--name");
-    if (!src || !tenant || !base || !run || !name) { fprintf(stderr, USAGE); return 2; }
+/* One member of an archive into memory, at most max bytes. */
+static int read_member(struct archive *ar, struct archive_entry *e, size_t max, uint8_t **out, size_t *n, char *err,
+                       size_t errlen) {
+    const char *name = archive_entry_pathname(e);
+    if (archive_entry_size_is_set(e) && (uint64_t)archive_entry_size(e) > max) {
+        snprintf(err, errlen, "%s: %lld bytes, more than the %zu allowed", name, (long long)archive_entry_size(e), max);
+        return -1;
+    }
+    size_t cap = archive_entry_size_is_set(e) ? (size_t)archive_entry_size(e) + 1 : 65536, len = 0;
+    uint8_t *b = malloc(cap);
+    for (;;) {
+        if (!b) { snprintf(err, errlen, "%s: out of memory", name); return -1; }
+        if (len + 1 >= cap) {
+            uint8_t *nb = cap > max ? NULL : realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                snprintf(err, errlen, "%s: more than the %zu bytes allowed, or out of memory", name, max);
+                return -1;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        la_ssize_t got = archive_read_data(ar, b + len, cap - 1 - len);
+        if (got < 0) {
+            snprintf(err, errlen, "%s: %s", name, archive_error_string(ar));
+            free(b);
+            return -1;
+        }
+        if (got == 0) break;
+        len += (size_t)got;
+        if (len > max) {
+            snprintf(err, errlen, "%s: more than the %zu bytes allowed", name, max);
+            free(b);
+            return -1;
+        }
+    }
+    b[len] = 0;
+    *out = b;
+    *n = len;
+    return 0;
+}
+
+/* adapter_config.json and adapter_model.safetensors from an archive libarchive reads (a
+ * tar of any flavour, compressed or not), at its root or in one folder: the two must sit
+ * side by side, and only one pair may be there. */
+static int read_archive(const char *src, uint8_t *files[2], size_t sizes[2], char *err, size_t errlen) {
+    static const char *const want[2] = {"adapter_config.json", "adapter_model.safetensors"};
+    static const size_t max[2] = {IMPORT_MAX_CONFIG, IMPORT_MAX_WEIGHTS};
+    char where[2][PATH_MAX] = {"", ""};
+    struct archive *ar = archive_read_new();
+    archive_read_support_filter_all(ar);
+    archive_read_support_format_tar(ar);
+    int rc = -1;
+    if (archive_read_open_filename(ar, src, 1 << 16) != ARCHIVE_OK) {
+        snprintf(err, errlen, "%s: %s", src, archive_error_string(ar));
+        goto out;
+    }
+    struct archive_entry *e;
+    int r;
+    while ((r = archive_read_next_header(ar, &e)) == ARCHIVE_OK) {
+        if (archive_entry_filetype(e) != AE_IFREG) continue;
+        const char *path = archive_entry_pathname(e), *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+        for (int k = 0; k < 2; k++) {
+            if (strcmp(base, want[k])) continue;
+            if (files[k]) {
+                snprintf(err, errlen, "%s: more than one %s (%s, %s): which adapter is meant?", src, want[k],
+                         where[k], path);
+                goto out;
+            }
+            snprintf(where[k], sizeof where[k], "%s", path);
+            if (read_member(ar, e, max[k], &files[k], &sizes[k], err, errlen) < 0) goto out;
+        }
+    }
+    if (r != ARCHIVE_EOF) {
+        snprintf(err, errlen, "%s: %s", src, archive_error_string(ar));
+        goto out;
+    }
+    if (!files[0] || !files[1]) {
+        snprintf(err, errlen, "%s: need adapter_config.json and adapter_model.safetensors (in a directory, or a tar "
+                 "with both at its root or in one folder); missing %s", src, files[0] ? want[1] : want[0]);
+        goto out;
+    }
+    size_t d0 = strlen(where[0]) - strlen(want[0]), d1 = strlen(where[1]) - strlen(want[1]);
+    if (d0 != d1 || strncmp(where[0], where[1], d0)) {
+        snprintf(err, errlen, "%s: %s and %s are not in the same folder", src, where[0], where[1]);
+        goto out;
+    }
+    rc = 0;
+out:
+    archive_read_free(ar);
+    return rc;
+}
+
+/* The two files from a directory, or from an archive. */
+static int read_adapter(const char *src, uint8_t *files[2], size_t sizes[2], char *err, size_t errlen) {
+    struct stat sb;
+    if (stat(src, &sb) < 0) {
+        snprintf(err, errlen, "%s: %s", src, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) return read_archive(src, files, sizes, err, errlen);
+    static const char *const want[2] = {"adapter_config.json", "adapter_model.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        char f[PATH_MAX];
+        snprintf(f, sizeof f, "%s/%s", src, want[k]);
+        if (!(files[k] = read_all(f, &sizes[k]))) {
+            snprintf(err, errlen, "%s: %s", f, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int cmd_import(const cfg *o) {
+    const char *src = o->pos[0], *tenant = cfg_str(o, "tenant"), *base = cfg_str(o, "base-model"),
+               *run = cfg_str(o, "run"), *name = cfg_str(o, "name");
     char err[1024], path[REG_PATH_MAX], ckpt[REG_NAME_MAX + 32];
     reg_path rp;
     snprintf(ckpt, sizeof ckpt, "sampler_weights/%s", name);
-    if (reg_ckpt_id_parse(run, ckpt, &rp, err, sizeof err) < 0) return fail(NULL, "import", err);
+    if (reg_ckpt_id_parse(run, ckpt, &rp, err, sizeof err) < 0) return cli_fail(o, NULL, "%s", err);
     reg_path_format(&rp, path, sizeof path);
 
-    /* the two files, from a directory or a tar */
-    uint8_t *cfg = NULL, *st = NULL, *tar = NULL;
-    size_t cfg_n = 0, st_n = 0, tar_n = 0;
-    struct stat sb;
-    if (stat(src, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        char f[PATH_MAX];
-        snprintf(f, sizeof f, "%s/adapter_config.json", src);
-        cfg = read_all(f, &cfg_n);
-        snprintf(f, sizeof f, "%s/adapter_model.safetensors", src);
-        st = read_all(f, &st_n);
-    } else if ((tar = read_all(src, &tar_n))) {
-        const uint8_t *d;
-        size_t dn;
-        if (reg_tar_get(tar, tar_n, "adapter_config.json", &d, &dn) == 0) { cfg = malloc(dn + 1); memcpy(cfg, d, dn); cfg[dn] = 0; cfg_n = dn; }
-        if (reg_tar_get(tar, tar_n, "adapter_model.safetensors", &d, &dn) == 0) { st = malloc(dn ? dn : 1); memcpy(st, d, dn); st_n = dn; }
+    uint8_t *files[2] = {NULL, NULL};
+    size_t sizes[2] = {0, 0};
+    if (read_adapter(src, files, sizes, err, sizeof err) < 0) {
+        free(files[0]);
+        free(files[1]);
+        return cli_fail(o, NULL, "%s", err);
     }
-    free(tar);
-    if (!cfg || !st) return fail(NULL, "import", "need adapter_config.json and adapter_model.safetensors (a directory or a tar)");
+    uint8_t *cfgj = files[0], *st = files[1];
+    size_t st_n = sizes[1];
 
-    PGconn *c = connect_db(argc, argv);
+    PGconn *c = cli_connect(o);
     const char *pb[1] = {base};
     PGresult *r = db_query(c, SQL_CLI_BASE_CONFIG, 1, pb, err, sizeof err);
-    if (!r) return fail(c, "import", err);
-    if (!PQntuples(r)) { PQclear(r); return fail(c, "import", "unknown base model (see base_models)"); }
+    if (!r) return cli_fail(o, c, "%s", err);
+    if (!PQntuples(r)) {
+        PQclear(r);
+        return cli_fail(o, c, "unknown base model '%s' (the models executors serve: SELECT name FROM base_models)", base);
+    }
     model_config mc;
     int rc = model_config_parse(PQgetvalue(r, 0, 0), &mc, err, sizeof err);
     PQclear(r);
-    if (rc < 0) return fail(c, "import", err);
+    if (rc < 0) return cli_fail(o, c, "%s", err);
     uint8_t *blob;
     size_t blen;
     adapter_io_info info;
-    if (adapter_io_import(&mc, (const char *)cfg, st, st_n, &blob, &blen, &info, err, sizeof err) < 0)
-        return fail(c, "import", err);
-    const char *pt[1] = {tenant};
-    r = db_query(c, SQL_CLI_TENANT, 1, pt, err, sizeof err);
-    if (!r) return fail(c, "import", err);
-    if (!PQntuples(r)) { PQclear(r); return fail(c, "import", "unknown tenant"); }
+    if (adapter_io_import(&mc, (const char *)cfgj, st, st_n, &blob, &blen, &info, err, sizeof err) < 0)
+        return cli_fail(o, c, "%s", err);
+    int64_t tid_n;
+    if (keys_tenant_find(c, tenant, &tid_n, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
     char tid[24];
-    snprintf(tid, sizeof tid, "%s", PQgetvalue(r, 0, 0));
-    PQclear(r);
+    snprintf(tid, sizeof tid, "%lld", (long long)tid_n);
 
-    blobstore *bs = open_blobs(argc, argv);
+    blobstore *bs = open_blobs(o);
     char digest[BLOB_DIGEST_HEX], size[24], rank[16];
-    if (blob_put(bs, blob, blen, digest, err, sizeof err) < 0) return fail(c, "import", err);
+    if (blob_put(bs, blob, blen, digest, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
     snprintf(size, sizeof size, "%zu", blen);
     snprintf(rank, sizeof rank, "%d", info.cfg.rank);
-    json_t *cj = json_loads((const char *)cfg, 0, NULL);
+    json_t *cj = json_loads((const char *)cfgj, 0, NULL);
     char *cjs = json_dumps(cj, JSON_COMPACT);
     json_decref(cj);
     if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, digest, err, sizeof err) < 0) goto dberr;
@@ -289,50 +408,53 @@ static int cmd_import(int argc, char **argv) {
     const char *pv[12] = {aid, name, path, base, rank, info.cfg.train_attn ? "t" : "f", info.cfg.train_mlp ? "t" : "f",
                           info.cfg.train_unembed ? "t" : "f", digest, size, src, cjs};
     r = db_query(c, SQL_CLI_IMPORT_VERSION, 12, pv, err, sizeof err);
-    if (!r) goto dberr;
+    if (!r) {
+        if (!strcmp(db_last_sqlstate(), "23505"))
+            snprintf(err, sizeof err, "%s exists already (`loom adapter delete %s` first, or another --name)", path,
+                     path);
+        goto dberr;
+    }
     PQclear(r);
     char details[160];
     snprintf(details, sizeof details, "{\"blob_digest\": \"%s\"}", digest);
-    if (reg_audit(c, atoll(tid), "cli", "checkpoint.import", path, details, err, sizeof err) < 0 ||
+    if (reg_audit(c, tid_n, "cli", "checkpoint.import", path, details, err, sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0)
         goto dberr;
     printf("imported %s (rank %d,%s%s%s; %zu bytes, blob %s)\n", path, info.cfg.rank, info.cfg.train_attn ? " attn" : "",
            info.cfg.train_mlp ? " mlp" : "", info.cfg.train_unembed ? " head" : "", blen, digest);
-    free(cjs); free(blob); free(cfg); free(st);
+    free(cjs); free(blob); free(cfgj); free(st);
     blob_close(bs);
     PQfinish(c);
     return 0;
 dberr:
     db_rollback(c);
-    return fail(c, "import", err);
+    return cli_fail(o, c, "%s", err);
 }
 
 /* ---- share / publish / delete --------------------------------------------------------------- */
 
-static int cmd_share(int argc, char **argv) {
-    const char *run = positional(argc, argv), *tenant = opt(argc, argv, "--tenant");
-    if (!run || !tenant) { fprintf(stderr, USAGE); return 2; }
-    bool revoke = flag(argc, argv, "--revoke");
-    PGconn *c = connect_db(argc, argv);
+static int cmd_share(const cfg *o) {
+    const char *run = o->pos[0], *tenant = cfg_str(o, "tenant");
+    bool revoke = cfg_flag(o, "revoke");
+    PGconn *c = cli_connect(o);
     char err[512];
-    const char *pr[1] = {run}, *pt[1] = {tenant};
+    const char *pr[1] = {run};
     PGresult *r = db_query(c, SQL_CLI_RUN_ADAPTER, 1, pr, err, sizeof err);
-    if (!r) return fail(c, "share", err);
+    if (!r) return cli_fail(o, c, "%s", err);
     if (PQntuples(r) != 1) {
         PQclear(r);
-        return fail(c, "share", "no single adapter with that run name (a run has an adapter once it saved a checkpoint)");
+        return cli_fail(o, c, "no single adapter with run name %s (a run has an adapter once it saved a checkpoint)",
+                        run);
     }
     char aid[24], owner[24];
     snprintf(aid, sizeof aid, "%s", PQgetvalue(r, 0, 0));
     snprintf(owner, sizeof owner, "%s", PQgetvalue(r, 0, 1));
     PQclear(r);
-    r = db_query(c, SQL_CLI_TENANT, 1, pt, err, sizeof err);
-    if (!r) return fail(c, "share", err);
-    if (!PQntuples(r)) { PQclear(r); return fail(c, "share", "unknown tenant"); }
+    int64_t tid_n;
+    if (keys_tenant_find(c, tenant, &tid_n, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
     char tid[24];
-    snprintf(tid, sizeof tid, "%s", PQgetvalue(r, 0, 0));
-    PQclear(r);
-    if (!strcmp(tid, owner)) return fail(c, "share", "that tenant owns the run already");
+    snprintf(tid, sizeof tid, "%lld", (long long)tid_n);
+    if (!strcmp(tid, owner)) return cli_fail(o, c, "tenant %s owns %s already", tenant, run);
     const char *pg[2] = {aid, tid};
     char details[160];
     snprintf(details, sizeof details, "{\"grantee\": \"%s\", \"grantee_id\": %s}", tenant, tid);
@@ -343,20 +465,19 @@ static int cmd_share(int argc, char **argv) {
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
         db_rollback(c);
-        return fail(c, "share", err);
+        return cli_fail(o, c, "%s", err);
     }
     printf("%s read access to %s for tenant %s\n", revoke ? "revoked" : "granted", run, tenant);
     PQfinish(c);
     return 0;
 }
 
-static int cmd_publish(int argc, char **argv) {
-    const char *path = positional(argc, argv);
-    if (!path) { fprintf(stderr, USAGE); return 2; }
-    bool undo = flag(argc, argv, "--undo");
-    PGconn *c = connect_db(argc, argv);
+static int cmd_publish(const cfg *o) {
+    const char *path = o->pos[0];
+    bool undo = cfg_flag(o, "undo");
+    PGconn *c = cli_connect(o);
     reg_version v;
-    if (find_path(c, path, &v, "publish") < 0) { PQfinish(c); return 1; }
+    if (find_path(o, c, path, &v) < 0) { PQfinish(c); return 1; }
     char err[512], id[24];
     snprintf(id, sizeof id, "%lld", (long long)v.id);
     const char *p[2] = {id, undo ? "private" : "public"};
@@ -367,19 +488,18 @@ static int cmd_publish(int argc, char **argv) {
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
         db_rollback(c);
-        return fail(c, "publish", err);
+        return cli_fail(o, c, "%s", err);
     }
     printf("%s is now %s\n", path, undo ? "private" : "public");
     PQfinish(c);
     return 0;
 }
 
-static int cmd_delete(int argc, char **argv) {
-    const char *path = positional(argc, argv);
-    if (!path) { fprintf(stderr, USAGE); return 2; }
-    PGconn *c = connect_db(argc, argv);
+static int cmd_delete(const cfg *o) {
+    const char *path = o->pos[0];
+    PGconn *c = cli_connect(o);
     reg_version v;
-    if (find_path(c, path, &v, "delete") < 0) { PQfinish(c); return 1; }
+    if (find_path(o, c, path, &v) < 0) { PQfinish(c); return 1; }
     char err[512], id[24];
     snprintf(id, sizeof id, "%lld", (long long)v.id);
     const char *p[1] = {id};
@@ -387,19 +507,11 @@ static int cmd_delete(int argc, char **argv) {
         reg_audit(c, v.tenant_id, "cli", "checkpoint.delete", path, NULL, err, sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
         db_rollback(c);
-        return fail(c, "delete", err);
+        return cli_fail(o, c, "%s", err);
     }
     printf("deleted %s (its blob is removed by the next `loom adapter gc` unless another version uses it)\n", path);
     PQfinish(c);
     return 0;
-}
-
-static bool parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    long v = s && *s ? strtol(s, &end, 10) : 0;
-    if (!s || !*s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
 }
 
 static int gc_pass(PGconn *c, blobstore *bs, const reg_gc_opts *o) {
@@ -417,38 +529,25 @@ static int gc_pass(PGconn *c, blobstore *bs, const reg_gc_opts *o) {
     return 0;
 }
 
-static int cmd_gc(int argc, char **argv) {
-    const char *keep = opt(argc, argv, "--keep-last"), *grace = opt(argc, argv, "--orphan-grace-s"),
-               *every = opt(argc, argv, "--every");
-    reg_gc_opts o = {.run = opt(argc, argv, "--run"), .dry_run = flag(argc, argv, "--dry-run"), .orphan_grace_s = 3600};
-    long v;
-    if (keep) {
-        if (!parse_long(keep, 1, 1000000, &v)) { fprintf(stderr, "--keep-last must be a positive integer\n"); return 2; }
-        o.keep_last = (int)v;
-    }
-    if (grace) {
-        if (!parse_long(grace, 0, 100L * 365 * 86400, &v)) { fprintf(stderr, "--orphan-grace-s must be >= 0\n"); return 2; }
-        o.orphan_grace_s = v;
-    }
-    long period = 0;
-    if (every && !parse_long(every, 1, 365L * 86400, &period)) { fprintf(stderr, "--every must be >= 1 seconds\n"); return 2; }
+static int cmd_gc(const cfg *co) {
+    reg_gc_opts o = {.run = cfg_str(co, "run"), .dry_run = cfg_flag(co, "dry-run"),
+                     .keep_last = (int)cfg_int(co, "keep-last"), .orphan_grace_s = cfg_int(co, "orphan-grace-s")};
+    long period = cfg_int(co, "every");
     /* Orphans belong to no run, so a pass limited to one run leaves them alone. */
     o.sweep_orphans = !o.run;
-    blobstore *bs = open_blobs(argc, argv);
+    blobstore *bs = open_blobs(co);
     if (!period) {
-        PGconn *c = connect_db(argc, argv);
+        PGconn *c = cli_connect(co);
         int rc = gc_pass(c, bs, &o);
         blob_close(bs);
         PQfinish(c);
         return rc < 0 ? 1 : 0;
     }
     /* Periodic: a fresh connection per pass, so a database restart costs one pass. */
-    const char *ci = admin_conninfo(argc, argv);
-    if (!ci) { fprintf(stderr, "loom adapter: set DATABASE_URL or pass --db CONNINFO\n"); return 2; }
     for (;;) {
-        char err[512];
-        PGconn *c = db_connect(ci, 5000, err, sizeof err);
-        if (!c) fprintf(stderr, "loom adapter gc: cannot connect to database: %s\n", err);
+        char err[2048];
+        PGconn *c = cfg_connect(co, 5000, err, sizeof err);
+        if (!c) fprintf(stderr, "loom adapter gc: %s\n", err);
         else {
             gc_pass(c, bs, &o);
             PQfinish(c);
@@ -458,18 +557,17 @@ static int cmd_gc(int argc, char **argv) {
 }
 
 int adapter_cli_main(int argc, char **argv) {
-    const char *verb = argc > 1 ? argv[1] : "";
+    static const cli_verb verbs[] = {
+        {"list", &LIST_CMD, cmd_list, "checkpoints (live ones unless --deleted)"},
+        {"show", &SHOW_CMD, cmd_show, "one version with its provenance"},
+        {"lineage", &LINEAGE_CMD, cmd_lineage, "the version's ancestors, nearest first"},
+        {"export", &EXPORT_CMD, cmd_export, "the checkpoint archive of a version"},
+        {"import", &IMPORT_CMD, cmd_import, "a PEFT/Tinker adapter as tinker://RUN/sampler_weights/NAME"},
+        {"share", &SHARE_CMD, cmd_share, "grant (or revoke) read access to a run's checkpoints"},
+        {"publish", &PUBLISH_CMD, cmd_publish, "make a checkpoint public (or private again)"},
+        {"delete", &DELETE_CMD, cmd_delete, "delete a checkpoint (its blob goes at the next gc)"},
+        {"gc", &GC_CMD, cmd_gc, "expire, prune, remove unreferenced and orphan blobs"},
+        {0}};
     if (sodium_init() < 0) { fprintf(stderr, "loom adapter: libsodium initialisation failed\n"); return 1; }
-    if (!strcmp(verb, "list")) return cmd_list(argc, argv);
-    if (!strcmp(verb, "show")) return cmd_show(argc, argv);
-    if (!strcmp(verb, "lineage")) return cmd_lineage(argc, argv);
-    if (!strcmp(verb, "export")) return cmd_export(argc, argv);
-    if (!strcmp(verb, "import")) return cmd_import(argc, argv);
-    if (!strcmp(verb, "share")) return cmd_share(argc, argv);
-    if (!strcmp(verb, "publish")) return cmd_publish(argc, argv);
-    if (!strcmp(verb, "delete")) return cmd_delete(argc, argv);
-    if (!strcmp(verb, "gc")) return cmd_gc(argc, argv);
-    bool help = !strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help");
-    fprintf(help ? stdout : stderr, USAGE);
-    return help ? 0 : 2;
+    return cli_dispatch("adapter", "Checkpoints in the adapter registry.", verbs, argc, argv);
 }

@@ -3,5 +3,5 @@
 int admin_migrate_main(int argc, char **argv);
 int admin_tenant_main(int argc, char **argv);
 int admin_key_main(int argc, char **argv);
-/* Resolves --db, else DATABASE_URL. NULL if neither. */
-const char *admin_conninfo(int argc, char **argv);
+int admin_pg_main(int argc, char **argv);
+int admin_config_main(int argc, char **argv);

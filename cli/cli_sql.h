@@ -22,7 +22,7 @@
     " WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.id"
 /* $1 key id -> a row when an active key was revoked (and audited) */
 #define SQL_CLI_KEY_REVOKE                                                                      \
-    "WITH k AS (UPDATE api_keys SET revoked_at = now() WHERE id::text = $1"                     \
+    "WITH k AS (UPDATE api_keys SET revoked_at = now() WHERE id = $1::bigint"                   \
     " AND revoked_at IS NULL RETURNING id, tenant_id, prefix)"                                   \
     " INSERT INTO audit_log (tenant_id, actor, action, object)"                                  \
     " SELECT tenant_id, 'cli', 'key.revoke', 'tml-' || prefix FROM k RETURNING id"

@@ -4,7 +4,7 @@
  * or --db) with the console's statements (service/console_sql.h), so it works while the
  * api is down. */
 #include "cli/status.h"
-#include "cli/admin.h"
+#include "cli/cli.h"
 #include "common/db.h"
 #include "service/console_sql.h"
 #include <jansson.h>
@@ -12,11 +12,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: loom status [--db CONNINFO] [--cycles N] [--json]\n"
-               "  executors (device, memory, GPU), the queue, tenants (usage), the newest N cycles\n"
-               "  (default 10) and which tenants shared them; --json prints the same as JSON.\n");
-}
+static const opt_spec STATUS_OPTS[] = {
+    {.name = "cycles", .kind = OPT_INT, .arg = "N", .def = "10", .lo = 0, .hi = 500,
+     .help = "the newest N cycles and which tenants shared them"},
+    {.name = "json", .kind = OPT_FLAG, .help = "print the same as JSON"},
+    {0}};
+static const cfg_cmd STATUS_CMD = {
+    .cmd = "loom status",
+    .about = "Executors (device, memory, GPU), the queue, tenants (usage) and the newest cycles, read from\n"
+             "PostgreSQL (works while the api is down).",
+    .tables = {STATUS_OPTS, CFG_DB, CFG_DATA_DIR}};
 
 static const char *str(json_t *o, const char *k) {
     const char *s = json_string_value(json_object_get(o, k));
@@ -125,24 +130,13 @@ static json_t *query_json(PGconn *c, const char *sql, int n, const char *const *
 }
 
 int status_main(int argc, char **argv) {
-    int ncycles = 10;
-    bool as_json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(argv[i], "--json")) as_json = true;
-        else if (!strcmp(argv[i], "--db") && i + 1 < argc) i++;
-        else if (!strcmp(argv[i], "--cycles") && i + 1 < argc) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 0 || v > 500) { fprintf(stderr, "loom status: --cycles takes 0..500\n"); return 2; }
-            ncycles = (int)v;
-        } else { usage(stderr); return 2; }
-    }
-    const char *ci = admin_conninfo(argc, argv);
-    if (!ci) { fprintf(stderr, "loom status: set DATABASE_URL or pass --db CONNINFO\n"); return 2; }
+    cfg o;
+    int prc = 2;
+    if (!cfg_parse(&STATUS_CMD, argc, argv, &o, &prc)) return prc;
+    int ncycles = (int)cfg_int(&o, "cycles");
+    bool as_json = cfg_flag(&o, "json");
     char err[1024], limit[16];
-    PGconn *c = db_connect(ci, 5000, err, sizeof err);
-    if (!c) { fprintf(stderr, "loom status: cannot connect to the database: %s\n", err); return 1; }
+    PGconn *c = cli_connect(&o);
     snprintf(limit, sizeof limit, "%d", ncycles ? ncycles : 1);
     const char *p[1] = {limit};
     json_t *over = NULL, *cyc = NULL;

@@ -12,6 +12,7 @@
  * (a token sequence cut inside a character) has U+FFFD in place of the bad bytes, as
  * Hugging Face's decode gives. */
 #include "cli/tokenize.h"
+#include "common/config.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -115,29 +116,43 @@ static void tz_print(json_t *j)
     fflush(stdout);
 }
 
+static const opt_spec TZ_OPTS[] = {
+    {.name = "model-dir", .kind = OPT_STR, .arg = "DIR",
+     .help = "a model directory with tokenizer.json (and a chat template); default: the model `loom up` "
+             "generates, <data-dir>/models/tiny-llama"},
+    {0}};
+static const cfg_cmd TZ_CMD = {
+    .cmd = "loom tokenize", .synopsis = "[--model-dir DIR] [TEXT]",
+    .about = "TEXT: prints its token ids and pieces. Without TEXT: JSON lines on stdin,\n"
+             "{\"text\": S}, {\"decode\": [ids]} or {\"messages\": [...], \"add_generation_prompt\": true},\n"
+             "one JSON answer per line on stdout.",
+    .tables = {TZ_OPTS, CFG_DATA_DIR}, .max_pos = 1};
+
 int tokenize_main(int argc, char **argv)
 {
-    const char *dir = NULL, *text = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model-dir") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) dir = text = NULL, i = argc;
-        else if (argv[i][0] != '-' && !text) text = argv[i];
-        else { dir = NULL; break; }
-    }
+    cfg o;
+    int rc = 0;
+    if (!cfg_parse(&TZ_CMD, argc, argv, &o, &rc)) return rc;
+    const char *dir = cfg_str(&o, "model-dir"), *text = o.npos ? o.pos[0] : NULL;
+    char path[4096], err[512], def[4096];
+    /* Without --model-dir: the default model of `loom up` on this data directory, found
+     * as every command finds the data directory. */
     if (!dir) {
-        fprintf(stderr, "usage: loom tokenize --model-dir DIR [TEXT]\n"
-                        "  TEXT: prints its token ids and pieces. Without TEXT: JSON lines on stdin,\n"
-                        "  {\"text\": S}, {\"decode\": [ids]} or {\"messages\": [...], \"add_generation_prompt\": true},\n"
-                        "  one JSON answer per line on stdout.\n");
-        return 2;
+        char data[4000];
+        cfg_data_dir(&o, data, sizeof data);
+        snprintf(def, sizeof def, "%s/models/tiny-llama", data);
+        dir = def;
     }
-    char path[4096], err[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tokenizer *t = tok_load(path, err, sizeof err);
-    if (!t) { fprintf(stderr, "loom tokenize: %s\n", err); return 1; }
+    if (!t) {
+        fprintf(stderr, "loom tokenize: %s%s\n", err,
+                cfg_str(&o, "model-dir") ? "" : " (the default model, which `loom up` generates on its first start; "
+                                                 "--model-dir DIR names another)");
+        return 1;
+    }
     if (!tok_exact(t)) fprintf(stderr, "loom tokenize: warning: this pre-tokenizer is approximated\n");
     chat_template *ct = NULL;
-    int rc = 0;
     if (text) {
         json_t *ids = tz_encode(t, text, strlen(text), false, err, sizeof err), *pieces = json_array();
         for (size_t i = 0; ids && i < json_array_size(ids); i++) {

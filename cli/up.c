@@ -15,12 +15,16 @@
  * children create is private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
 #include "cli/cli_sql.h"
+#include "common/config.h"
 #include "common/db.h"
 #include "common/keys.h"
 #include "common/log.h"
 #include "common/migrate.h"
 #include "common/pgcluster.h"
 #include "backend/backend.h"
+#include "executor/executor.h"
+#include "scheduler/sched.h"
+#include "service/api.h"
 #include "model/mkmodel.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -40,8 +44,8 @@
 #define BACKOFF_MAX_S 30.0
 #define STABLE_S 60.0            /* a child that ran this long starts its backoff over */
 #define EXECUTOR_SILENT_S 30     /* the reaper's "gone" threshold (scheduler/sched_sql.h) */
-#define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
 #define MAX_EXECUTORS 64         /* one per GPU at most */
+#define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
 
 typedef struct {
     const char *role;
@@ -213,7 +217,7 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
         if (ok) return 0;
     }
     int64_t tid;
-    if (keys_tenant_ensure(c, "default", &tid, err, errlen) < 0) return -1;
+    if (keys_tenant_create(c, "default", &tid, NULL, err, errlen) < 0) return -1;
     if (keys_create(c, secret, tid, "loom up", NULL, NULL, key, err, errlen) < 0) return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || write(fd, key, strlen(key)) < 0 || write(fd, "\n", 1) < 0) {
@@ -225,67 +229,117 @@ static int ensure_key(PGconn *c, const char *data_dir, const unsigned char *secr
     return 0;
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: loom up [--data-dir DIR] [--host 127.0.0.1] [--port 8000]\n"
-            "               [--model-dir DIR --model-name NAME] [--backend NAME] [--device N]\n"
-            "               [--threads N] [--api-threads N] [--seq-gap-timeout-s 30]\n"
-            "  With DATABASE_URL set, uses that server instead of a private cluster.\n"
-            "  Without --backend: one cuda executor per GPU found, else one cpu executor. --backend cuda\n"
-            "  without --device: one executor per GPU; --device N: one executor on device N.\n"
-            "  --seq-gap-timeout-s: operations waiting longer for a missing seq_id fail (scheduler).\n"
-            "  --port 0 picks any free port. Default data dir: /var/lib/loom as root, else ~/.loom.\n");
+static const opt_spec UP_OPTS[] = {
+    {.name = "host", .kind = OPT_STR, .arg = "H", .def = "127.0.0.1", .help = "address the api listens on"},
+    {.name = "port", .kind = OPT_INT, .arg = "N", .def = "8000", .lo = 0, .hi = 65535,
+     .help = "the api's port; 0 picks a free one (the printed URL tells which)"},
+    {.name = "api-threads", .kind = OPT_INT, .arg = "N", .def = "2", .lo = 1, .hi = 256, .help = "api event-loop threads"},
+    {.name = "model-dir", .kind = OPT_STR, .arg = "DIR",
+     .help = "a Hugging Face model directory (default: a tiny Llama generated in <data-dir>/models)"},
+    {.name = "model-name", .kind = OPT_STR, .arg = "NAME",
+     .help = "its name for clients (default: loom/tiny-llama, or the directory's name)"},
+    {.name = "gc-every", .kind = OPT_INT, .arg = "S", .def = "3600", .lo = 1, .hi = 31536000,
+     .help = "registry garbage collection every S seconds"},
+    {0}};
+
+static const cfg_cmd UP_CMD = {
+    .cmd = "loom up", .section = "up",
+    .about = "Everything on this machine: a private PostgreSQL cluster under the data directory (unless a\n"
+             "database is configured), the api, the scheduler, the executors (without --backend: one cuda\n"
+             "executor per GPU found, else one cpu executor; --backend cuda without --device: one per GPU)\n"
+             "and the registry GC, restarted when they die. Prints DATABASE_URL, TINKER_BASE_URL and TINKER_API_KEY once ready.\n"
+             "The api's, scheduler's and executor's options below are passed through to them.",
+    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, API_TUNING_OPTS, CFG_SECRET, CFG_BLOBS}};
+
+/* A child's argument vector, built from the settings (strings live as long as the
+ * process). */
+typedef struct {
+    char *v[96];
+    int n;
+} argvec;
+
+static void av_add(argvec *a, const char *s) {
+    if (a->n < (int)(sizeof a->v / sizeof a->v[0]) - 1) a->v[a->n++] = (char *)s;
+    a->v[a->n] = NULL;
+}
+
+static void av_opt(argvec *a, const char *name, const char *value) {
+    char flag[128];
+    snprintf(flag, sizeof flag, "--%s", name);
+    av_add(a, strdup(flag));
+    av_add(a, value);
+}
+
+/* The options of table set for up (on its command line, in the environment or in [up]),
+ * but for `skip` (NULL-terminated; options up sets itself). */
+static void av_pass(argvec *a, const cfg *o, const opt_spec *tab, const char *const *skip) {
+    for (const opt_spec *s = tab; s->name; s++) {
+        if (cfg_level(o, s->name) == CFG_DEFAULT) continue;
+        bool skipped = false;
+        for (int i = 0; skip && skip[i]; i++) skipped |= !strcmp(skip[i], s->name);
+        if (skipped) continue;
+        if (s->kind == OPT_FLAG) {
+            char flag[128];
+            snprintf(flag, sizeof flag, "--%s", s->name);
+            if (cfg_flag(o, s->name)) av_add(a, strdup(flag));
+        } else {
+            av_opt(a, s->name, cfg_str(o, s->name));
+        }
+    }
+}
+
+/* What can be checked before anything starts, beyond each option's syntax. */
+static int check_up_opts(const cfg *o) {
+    char err[1024];
+    if (exe_check_opts(o, err, sizeof err) < 0) return cfg_usage_error(&UP_CMD, "%s", err);
+    const char *cert = cfg_str(o, "tls-cert"), *key = cfg_str(o, "tls-key"), *mdir = cfg_str(o, "model-dir");
+    if ((cert != NULL) != (key != NULL)) return cfg_usage_error(&UP_CMD, "--tls-cert and --tls-key go together");
+    const char *files[2] = {cert, key};
+    for (int i = 0; i < 2; i++)
+        if (files[i] && access(files[i], R_OK) != 0)
+            return cfg_usage_error(&UP_CMD, "%s %s: %s", i ? "--tls-key" : "--tls-cert", files[i], strerror(errno));
+    char cfgjson[PATH_MAX];
+    snprintf(cfgjson, sizeof cfgjson, "%s/config.json", mdir ? mdir : "");
+    if (mdir && access(cfgjson, R_OK) != 0)
+        return cfg_usage_error(&UP_CMD, "--model-dir %s: no readable config.json (%s)", mdir, strerror(errno));
+    if (cfg_str(o, "model-name") && !mdir) return cfg_usage_error(&UP_CMD, "--model-name goes with --model-dir");
+    return 0;
 }
 
 int up_main(int argc, char **argv) {
-    const char *data_dir = NULL, *host = "127.0.0.1", *port = "8000", *model_dir = NULL, *model_name = NULL;
-    const char *threads = "0", *api_threads = "2", *backend = NULL, *device = NULL, *gap_timeout = "30";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) { usage(); return 0; }
-        if (!v) { usage(); return 2; }
-        if (!strcmp(a, "--data-dir")) data_dir = argv[++i];
-        else if (!strcmp(a, "--host")) host = argv[++i];
-        else if (!strcmp(a, "--port")) port = argv[++i];
-        else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
-        else if (!strcmp(a, "--model-name")) model_name = argv[++i];
-        else if (!strcmp(a, "--backend")) backend = argv[++i];
-        else if (!strcmp(a, "--device")) device = argv[++i];
-        else if (!strcmp(a, "--threads")) threads = argv[++i];
-        else if (!strcmp(a, "--api-threads")) api_threads = argv[++i];
-        else if (!strcmp(a, "--seq-gap-timeout-s") && atoi(v) > 0) gap_timeout = argv[++i];
-        else { usage(); return 2; }
-    }
-    if (backend && !exe_backend_find(backend)) {
-        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
-        return 2;
-    }
+    cfg o;
+    int rc = 2;
+    if (!cfg_parse(&UP_CMD, argc, argv, &o, &rc)) return rc;
+    if (check_up_opts(&o)) return 2;
+    const char *host = cfg_str(&o, "host"), *model_dir = cfg_str(&o, "model-dir"),
+               *model_name = cfg_str(&o, "model-name");
     /* The executors: one on --device, else one per device of the backend (cuda: every GPU
      * found; cpu: its one device); no --backend: cuda where it finds GPUs, else cpu. */
+    const char *backend = cfg_level(&o, "backend") == CFG_DEFAULT ? NULL : cfg_str(&o, "backend");
+    const char *device = cfg_level(&o, "device") == CFG_DEFAULT ? NULL : cfg_str(&o, "device");
     int n_exec = 1, gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
     if (!backend) backend = gpus > 0 ? "cuda" : "cpu";
     if (!device && !strcmp(backend, "cuda")) {
-        if (gpus == 0) { log_error("--backend cuda: no CUDA device on this machine"); return 2; }
+        if (gpus == 0) return cfg_usage_error(&UP_CMD, "--backend cuda: no CUDA device on this machine");
         n_exec = gpus < MAX_EXECUTORS ? gpus : MAX_EXECUTORS;
     }
     log_info("%d %s executor%s%s%s", n_exec, backend, n_exec > 1 ? "s" : "", device ? " on device " : "",
              device ? device : "");
-    char defdir[PATH_MAX], absdata[PATH_MAX];
-    if (!data_dir) {
-        const char *home = getenv("HOME");
-        if (geteuid() == 0) snprintf(defdir, sizeof defdir, "/var/lib/loom");
-        else snprintf(defdir, sizeof defdir, "%s/.loom", home ? home : ".");
-        data_dir = defdir;
-    }
+    char data_dir[PATH_MAX], absdata[PATH_MAX];
+    cfg_data_dir(&o, data_dir, sizeof data_dir);
     /* Keys, the secret, blobs (tenants' weights), the model, logs: for the service user
      * only, in this process and every child (PostgreSQL sets its own modes). */
     umask(077);
     mkdir(data_dir, 0700);
     if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
-    data_dir = absdata;
-    const char *env_db = getenv("DATABASE_URL");
-    bool own_cluster = !env_db || !*env_db;
-    char err[1024], conninfo[1024];
+    char err[1024], conninfo[4096], db_from[PATH_MAX + 400];
+    bool own_cluster = cfg_db(&o, conninfo, sizeof conninfo, db_from, sizeof db_from);
+    /* Say which database, and which setting was passed over (the surprise of issue 14). */
+    log_info("database: %s", db_from);
+    if (own_cluster && cfg_str(&o, "db"))
+        log_warn("not using the db from %s: the data directory was given on a stronger level (--data-dir on the "
+                 "command line beats the environment); pass --db to combine them", cfg_where(&o, "db"));
+    snprintf(data_dir, sizeof data_dir, "%s", absdata);
     if (own_cluster ? pgc_private_dir(data_dir, err, sizeof err) < 0 : chmod(data_dir, 0700) < 0) {
         log_error("data directory %s: %s", data_dir, own_cluster ? err : strerror(errno));
         return 1;
@@ -297,14 +351,12 @@ int up_main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (!own_cluster) {
-        snprintf(conninfo, sizeof conninfo, "%s", env_db);
-    } else {
+    if (own_cluster) {
         pgcluster pc;
         if (pgc_start(data_dir, &pc, err, sizeof err) < 0) { log_error("%s", err); return 1; }
         snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
     }
-    int rc = 1;
+    rc = 1;
     /* children: the executors first, then the scheduler, the api and the registry GC */
     const int SCH = n_exec, API = n_exec + 1, GC = n_exec + 2, NC = n_exec + 3;
     child cs[MAX_EXECUTORS + 3];
@@ -320,8 +372,8 @@ int up_main(int argc, char **argv) {
 
     char secret_path[PATH_MAX], key[KEY_MAX_LEN];
     unsigned char secret[KEY_SECRET_BYTES];
-    snprintf(secret_path, sizeof secret_path, "%s/secret.key", data_dir);
-    if (keys_init() < 0 || keys_load_secret(secret_path, true, secret, err, sizeof err) < 0 ||
+    cfg_secret_file(&o, secret_path, sizeof secret_path);
+    if (keys_init() < 0 || cfg_secret(&o, true, secret, err, sizeof err) < 0 ||
         ensure_key(c, data_dir, secret, key, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
@@ -350,27 +402,40 @@ int up_main(int argc, char **argv) {
     }
 
     char blob_dir[PATH_MAX];
-    snprintf(blob_dir, sizeof blob_dir, "%s/blobs", data_dir);
+    cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
+    /* The children read no config file: what they run with is what up was given. */
+    static argvec exe[MAX_EXECUTORS];
     char dev_s[MAX_EXECUTORS][16];
-    char *exe_argv[MAX_EXECUTORS][17];
+    static const char *const per_executor[] = {"backend", "device", NULL};
     for (int i = 0; i < n_exec; i++) {
+        argvec *e = &exe[i];
         snprintf(dev_s[i], sizeof dev_s[i], "%s", device ? device : "0");
         if (!device) snprintf(dev_s[i], sizeof dev_s[i], "%d", i);
-        char *a[17] = {"loom", "executor", "--db", conninfo, "--model-dir", (char *)model_dir, "--model-name",
-                       (char *)model_name, "--backend", (char *)backend, "--device", dev_s[i],
-                       "--threads", (char *)threads, "--blob-dir", blob_dir, NULL};
-        memcpy(exe_argv[i], a, sizeof a);
+        av_add(e, "loom"), av_add(e, "executor"), av_opt(e, "config", "/dev/null"), av_opt(e, "db", conninfo);
+        av_opt(e, "model-dir", model_dir), av_opt(e, "model-name", model_name), av_opt(e, "blob-dir", blob_dir);
+        av_opt(e, "backend", backend), av_opt(e, "device", dev_s[i]);
+        av_pass(e, &o, EXE_OPTS, per_executor);
     }
-    char *sch_argv[] = {"loom", "scheduler", "--db", conninfo, "--seq-gap-timeout-s", (char *)gap_timeout, NULL};
-    char *api_argv[] = {"loom", "api", "--db", conninfo, "--host", (char *)host, "--port", (char *)port,
-                        "--threads", (char *)api_threads, "--secret-file", secret_path, "--blob-dir", blob_dir, NULL};
+    argvec sch = {0}, api = {0}, gc = {0};
+    av_add(&sch, "loom"), av_add(&sch, "scheduler"), av_opt(&sch, "config", "/dev/null"), av_opt(&sch, "db", conninfo);
+    av_pass(&sch, &o, SCHED_OPTS, NULL);
+    av_add(&api, "loom"), av_add(&api, "api"), av_opt(&api, "config", "/dev/null"), av_opt(&api, "db", conninfo);
+    av_opt(&api, "host", host), av_opt(&api, "threads", cfg_str(&o, "api-threads"));
+    av_opt(&api, "blob-dir", blob_dir);
+    if (secret_path[0]) av_opt(&api, "secret-file", secret_path);   /* else LOOM_SECRET, inherited */
+    av_pass(&api, &o, API_TUNING_OPTS, NULL);
+    int port_at = api.n + 1;
+    av_opt(&api, "port", cfg_str(&o, "port"));
+    av_add(&gc, "loom"), av_add(&gc, "adapter"), av_add(&gc, "gc"), av_opt(&gc, "config", "/dev/null");
+    av_opt(&gc, "db", conninfo), av_opt(&gc, "blob-dir", blob_dir), av_opt(&gc, "every", cfg_str(&o, "gc-every"));
+    char **sch_argv = sch.v, **api_argv = api.v, **gc_argv = gc.v;
     int api_out = -1;
     int64_t floor0 = executor_id_floor(c);
     bool forked = true;
     for (int i = 0; i < n_exec; i++) {
         cs[i].id_floor = floor0;
-        cs[i].argv = exe_argv[i];
-        forked &= (cs[i].pid = spawn(exe_argv[i], NULL)) > 0;
+        cs[i].argv = exe[i].v;
+        forked &= (cs[i].pid = spawn(exe[i].v, NULL)) > 0;
     }
     forked &= (cs[SCH].pid = spawn(sch_argv, NULL)) > 0;
     forked &= (cs[API].pid = spawn(api_argv, &api_out)) > 0;
@@ -383,7 +448,7 @@ int up_main(int argc, char **argv) {
     /* A restarted api must come back on the same port (the printed URL stays valid). */
     char api_port_s[16];
     snprintf(api_port_s, sizeof api_port_s, "%d", api_port);
-    api_argv[7] = api_port_s;
+    api_argv[port_at] = api_port_s;
 
     /* Ready = every executor registered for this model and is idle. */
     bool ready = true;
@@ -406,12 +471,11 @@ int up_main(int argc, char **argv) {
     if (!ready) goto out;
 
     /* Registry GC, hourly (expired versions, unreferenced and orphan blobs). */
-    char *gc_argv[] = {"loom", "adapter", "gc", "--db", conninfo, "--blob-dir", blob_dir, "--every", "3600", NULL};
     cs[GC].argv = gc_argv;
     if (start_child(&cs[GC], c) < 0) child_died(&cs[GC], -1);
 
     printf("DATABASE_URL=%s\n", conninfo);
-    printf("TINKER_BASE_URL=http://%s:%d\n", host, api_port);
+    printf("TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
     printf("TINKER_API_KEY=%s\n", key);
     fflush(stdout);
     log_info("Loom is up: model %s on %d %s executor%s; Ctrl-C stops it", model_name, n_exec, backend,

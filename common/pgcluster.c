@@ -220,23 +220,3 @@ int pgc_stop(const char *data_dir, char *err, size_t errlen) {
     }
     return 0;
 }
-
-int pgc_main(int argc, char **argv) {
-    const char *dir = NULL, *verb = argc > 1 ? argv[1] : NULL;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) dir = argv[++i];
-    }
-    if (!verb || !dir || (strcmp(verb, "start") && strcmp(verb, "stop"))) {
-        fprintf(stderr, "usage: loom pg start|stop --data-dir DIR\n");
-        return 2;
-    }
-    char err[1024];
-    if (!strcmp(verb, "stop")) {
-        if (pgc_stop(dir, err, sizeof err) < 0) { fprintf(stderr, "loom pg: %s\n", err); return 1; }
-        return 0;
-    }
-    pgcluster c;
-    if (pgc_start(dir, &c, err, sizeof err) < 0) { fprintf(stderr, "loom pg: %s\n", err); return 1; }
-    printf("DATABASE_URL=%s\n", c.conninfo);
-    return 0;
-}

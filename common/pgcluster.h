@@ -19,5 +19,3 @@ int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen);
 int pgc_private_dir(const char *data_dir, char *err, size_t errlen);
 /* Stops the cluster (fast shutdown). */
 int pgc_stop(const char *data_dir, char *err, size_t errlen);
-/* `loom pg start|stop --data-dir DIR`: prints DATABASE_URL=<conninfo> after start. */
-int pgc_main(int argc, char **argv);

@@ -13,6 +13,11 @@ PKGS=(
   libjansson-dev                    # JSON: strict UTF-8, int64 vs real kept apart
   libopenblas-dev                   # CPU backend GEMMs
   libutf8proc-dev                   # tokenizer: Unicode categories and NFC, as Hugging Face tokenizers use them
+  libinih-dev                       # the config file (/etc/loom/loom.conf)
+  libarchive-dev                    # `loom adapter import`: tars of any layout, compressed or not
+  dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
+  mmdebstrap systemd                # tests: a clean Debian root for the .deb; systemd-analyze verify
+  curl                              # tests: the README's commands (readme_test)
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   python3 python3-numpy python3-torch                  # independent numeric reference in tests
   python3-zstandard                 # tests: zstd-compressed protobuf request bodies

@@ -369,12 +369,40 @@ static size_t parse_bytes(const char *s) {
     return (size_t)v;
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: loom executor --db CONNINFO --model-dir DIR --model-name NAME\n"
-                    "                     [--backend %s] [--device N] [--threads N] [--memory-budget BYTES]\n"
-                    "                     [--token-budget N] [--name NAME]\n"
-                    "                     [--blob-dir DIR]   (registry blob store for checkpoints)\n",
-            exe_backend_names());
+/* What `loom up` takes too and passes through (cli/up.c). */
+const opt_spec EXE_OPTS[] = {
+    {.name = "backend", .kind = OPT_STR, .arg = "NAME", .def = "cpu", .help = "executor backend"},
+    {.name = "device", .kind = OPT_INT, .arg = "N", .def = "0", .lo = 0, .hi = 1023, .help = "the backend's device"},
+    {.name = "threads", .kind = OPT_INT, .arg = "N", .def = "0", .lo = 0, .hi = 4096,
+     .help = "CPU backend threads (0: all cores)"},
+    {.name = "memory-budget", .kind = OPT_STR, .arg = "BYTES",
+     .help = "adapters' memory, e.g. 8G (default: half the device memory left after the weights)"},
+    {.name = "token-budget", .kind = OPT_INT, .arg = "N", .def = "32768", .lo = 1, .hi = 100000000,
+     .help = "tokens per cycle"},
+    {0}};
+
+static const opt_spec EXE_OWN_OPTS[] = {
+    {.name = "model-dir", .kind = OPT_STR, .arg = "DIR", .required = true,
+     .help = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"},
+    {.name = "model-name", .kind = OPT_STR, .arg = "NAME", .required = true,
+     .help = "the base model's name for clients"},
+    {.name = "name", .kind = OPT_STR, .arg = "NAME", .def = "executor", .help = "this executor's name in its row"},
+    {0}};
+
+static const cfg_cmd EXE_CMD = {.cmd = "loom executor", .section = "executor",
+                                .about = "Runs the cycles the scheduler assigns to it on one device.",
+                                .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
+
+int exe_check_opts(const cfg *o, char *err, size_t errlen) {
+    if (!exe_backend_find(cfg_str(o, "backend"))) {
+        snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), exe_backend_names());
+        return -1;
+    }
+    if (cfg_str(o, "memory-budget") && !parse_bytes(cfg_str(o, "memory-budget"))) {
+        snprintf(err, errlen, "--memory-budget '%s' is not a size in bytes (e.g. 8G, 512M)", cfg_str(o, "memory-budget"));
+        return -1;
+    }
+    return 0;
 }
 
 /* Connects the loop's connection: named in pg_stat_activity, listening for cycles. */
@@ -393,39 +421,22 @@ static PGconn *connect_loop(const char *db, int64_t exe_id, int wait_ms, char *e
 }
 
 int exe_main(int argc, char **argv) {
-    const char *db = getenv("DATABASE_URL"), *model_dir = NULL, *model_name = NULL, *backend = "cpu";
-    const char *name = "executor", *blob_dir = NULL, *mem_budget = NULL;
-    int threads = 0, budget = 32768, device = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) { usage(); return 2; }
-        if (!strcmp(a, "--db")) db = argv[++i];
-        else if (!strcmp(a, "--model-dir")) model_dir = argv[++i];
-        else if (!strcmp(a, "--model-name")) model_name = argv[++i];
-        else if (!strcmp(a, "--backend")) backend = argv[++i];
-        else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
-        else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--memory-budget")) mem_budget = argv[++i];
-        else if (!strcmp(a, "--token-budget")) budget = atoi(argv[++i]);
-        else if (!strcmp(a, "--name")) name = argv[++i];
-        else if (!strcmp(a, "--blob-dir")) blob_dir = argv[++i];
-        else { usage(); return 2; }
-    }
-    if (!db || !model_dir || !model_name) { usage(); return 2; }
-    exe_state st = {.be = exe_backend_find(backend), .model_dir = model_dir};
-    if (!st.be) {
-        log_error("unknown backend '%s' (this build has: %s)", backend, exe_backend_names());
-        return 2;
-    }
+    cfg o;
+    int rc;
+    if (!cfg_parse(&EXE_CMD, argc, argv, &o, &rc)) return rc;
+    char err[1024], db[4096], db_from[4600], blob_dir[4096];
+    if (exe_check_opts(&o, err, sizeof err) < 0) return cfg_usage_error(&EXE_CMD, "%s", err);
+    const char *model_dir = cfg_str(&o, "model-dir"), *model_name = cfg_str(&o, "model-name"),
+               *name = cfg_str(&o, "name"), *mem_budget = cfg_str(&o, "memory-budget");
+    int threads = (int)cfg_int(&o, "threads"), budget = (int)cfg_int(&o, "token-budget"),
+        device = (int)cfg_int(&o, "device");
+    cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
+    cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
+    exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir};
     size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
-    if (mem_budget && !store_budget) {
-        log_error("--memory-budget '%s' is not a size in bytes (e.g. 8G, 512M)", mem_budget);
-        return 2;
-    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    char err[1024];
     model_files *mf;
     if (model_open(model_dir, &mf, err, sizeof err) < 0) {
         log_error("cannot load model %s: %s", model_dir, err);
@@ -444,12 +455,12 @@ int exe_main(int argc, char **argv) {
     /* By default adapters may take half of what the device has left after the weights. */
     if (!store_budget) store_budget = dev.memory_free / 2;
     exe_store_init(&st.store, st.be, st.ctx, store_budget);
-    if (blob_dir && !(st.blobs = blob_open_dir(blob_dir, err, sizeof err))) {
+    if (!(st.blobs = blob_open_dir(blob_dir, err, sizeof err))) {
         log_error("blob store %s: %s", blob_dir, err);
         return 1;
     }
     PGconn *c = db_connect(db, 30000, err, sizeof err);
-    if (!c) { log_error("cannot connect: %s", err); return 1; }
+    if (!c) { log_error("cannot connect to the database (%s): %s", db_from, err); return 1; }
     if (migrate_run(c, err, sizeof err) < 0 || register_base_model(c, model_name, model_dir, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;

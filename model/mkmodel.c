@@ -1,5 +1,7 @@
 /* mkmodel.c — random-initialised HF-layout models (config.json + model.safetensors). */
 #include "model/mkmodel.h"
+#include "common/config.h"
+#include <limits.h>
 #include "model/rng.h"
 #include "model/safetensors.h"
 #include "common/err.h"
@@ -207,9 +209,19 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
         err_set(err, errlen, "mkmodel: bad geometry (need positive sizes, even head_dim, heads %% kv_heads == 0)");
         return -1;
     }
-    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
-        err_set(err, errlen, "mkmodel: mkdir %s: %s", o->out_dir, strerror(errno));
-        return -1;
+    /* Like mkdir -p: `--out /var/lib/loom/models/tiny-llama` on a fresh install. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", o->out_dir);
+    for (char *p = dir + 1; ; p++) {
+        bool last = !*p;
+        if (*p != '/' && !last) continue;
+        *p = 0;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            err_set(err, errlen, "mkmodel: mkdir %s: %s", dir, strerror(errno));
+            return -1;
+        }
+        if (last) break;
+        *p = '/';
     }
     size_t pl = strlen(o->out_dir) + 32;
     char *path = malloc(pl);
@@ -241,63 +253,68 @@ out:
 
 /* ---- CLI ---------------------------------------------------------------------------- */
 
-static void mk_usage(FILE *f)
+static const opt_spec MK_OPTS[] = {
+    {.name = "arch", .kind = OPT_STR, .arg = "llama|qwen2|qwen3", .required = true, .help = "architecture"},
+    {.name = "out", .kind = OPT_STR, .arg = "DIR", .required = true, .help = "where to write the model"},
+    {.name = "preset", .kind = OPT_STR, .arg = "tiny|qwen3-0.6b", .def = "tiny", .help = "geometry the rest overrides"},
+    {.name = "layers", .kind = OPT_INT, .arg = "N", .lo = 1, .hi = 1 << 30, .help = "layers"},
+    {.name = "hidden", .kind = OPT_INT, .arg = "H", .lo = 1, .hi = 1 << 30, .help = "hidden size"},
+    {.name = "inter", .kind = OPT_INT, .arg = "I", .lo = 1, .hi = 1 << 30, .help = "MLP size"},
+    {.name = "heads", .kind = OPT_INT, .arg = "N", .lo = 1, .hi = 1 << 30, .help = "attention heads"},
+    {.name = "kv-heads", .kind = OPT_INT, .arg = "N", .lo = 1, .hi = 1 << 30, .help = "key/value heads"},
+    {.name = "head-dim", .kind = OPT_INT, .arg = "D", .lo = 1, .hi = 1 << 30, .help = "head dimension"},
+    {.name = "vocab", .kind = OPT_INT, .arg = "V", .lo = 1, .hi = 1 << 30, .help = "vocabulary size"},
+    {.name = "max-pos", .kind = OPT_INT, .arg = "P", .lo = 1, .hi = 1 << 30, .help = "context length"},
+    {.name = "tie", .kind = OPT_INT, .arg = "0|1", .lo = 0, .hi = 1, .help = "tie the output head to the embedding"},
+    {.name = "seed", .kind = OPT_INT, .arg = "S", .lo = 0, .hi = LONG_MAX, .help = "random seed"},
+    {.name = "dtype", .kind = OPT_STR, .arg = "f32|bf16", .help = "weight type"},
+    {.name = "init-std", .kind = OPT_STR, .arg = "X", .help = "weights' standard deviation"},
+    {.name = "norm-noise", .kind = OPT_STR, .arg = "X", .help = "noise on the norm weights"},
+    {.name = "rope-theta", .kind = OPT_STR, .arg = "X", .help = "RoPE base"},
+    {.name = "rope-scaling", .kind = OPT_STR, .arg = "llama3", .help = "RoPE scaling"},
+    {0}};
+static const cfg_cmd MK_CMD = {.cmd = "loom mkmodel", .synopsis = "--arch A --out DIR [options]",
+                               .about = "Writes a model with random weights in Hugging Face layout.",
+                               .tables = {MK_OPTS}};
+
+/* A real-valued option; false (after the usage) if it is not a number. */
+static bool real_opt(const cfg *c, const char *name, double *out)
 {
-    fprintf(f, "usage: loom mkmodel --arch llama|qwen2|qwen3 --out DIR [--preset tiny|qwen3-0.6b]\n"
-               "         [--layers N] [--hidden H] [--inter I] [--heads N] [--kv-heads N] [--head-dim D]\n"
-               "         [--vocab V] [--max-pos P] [--tie 0|1] [--seed S] [--dtype f32|bf16]\n"
-               "         [--init-std X] [--norm-noise X] [--rope-theta X] [--rope-scaling llama3]\n");
+    const char *v = cfg_str(c, name);
+    if (!v) return true;
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end) { cfg_usage_error(&MK_CMD, "--%s must be a number, got '%s'", name, v); return false; }
+    *out = x;
+    return true;
 }
 
 int mkmodel_main(int argc, char **argv)
 {
-    const char *arch = NULL, *preset = NULL;
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "mkmodel") == 0) first = 2;
-    /* Pass 1: arch and preset decide the defaults the other flags override. */
-    for (int i = first; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { mk_usage(stdout); return 0; }
-        if (i + 1 < argc && strcmp(argv[i], "--arch") == 0) arch = argv[i + 1];
-        if (i + 1 < argc && strcmp(argv[i], "--preset") == 0) preset = argv[i + 1];
-    }
+    cfg c;
+    int rc;
+    if (!cfg_parse(&MK_CMD, argc, argv, &c, &rc)) return rc;
     char err[512];
     mkmodel_opts o;
-    if (mkmodel_defaults(&o, arch, preset, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
-        mk_usage(stderr);
+    if (mkmodel_defaults(&o, cfg_str(&c, "arch"), cfg_str(&c, "preset"), err, sizeof err) != 0)
+        return cfg_usage_error(&MK_CMD, "%s", err);
+    static const char *const ints[] = {"layers", "hidden", "inter", "heads", "kv-heads", "head-dim", "vocab", "max-pos"};
+    int *dst[] = {&o.layers, &o.hidden, &o.inter, &o.heads, &o.kv_heads, &o.head_dim, &o.vocab, &o.max_pos};
+    for (int i = 0; i < 8; i++)
+        if (cfg_str(&c, ints[i])) *dst[i] = (int)cfg_int(&c, ints[i]);
+    if (cfg_str(&c, "tie")) o.tie = cfg_int(&c, "tie") == 1;
+    if (cfg_str(&c, "seed")) o.seed = (uint64_t)cfg_int(&c, "seed");
+    const char *dtype = cfg_str(&c, "dtype"), *scaling = cfg_str(&c, "rope-scaling");
+    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16"))
+        return cfg_usage_error(&MK_CMD, "--dtype is f32 or bf16, got '%s'", dtype);
+    if (dtype) o.bf16 = !strcmp(dtype, "bf16");
+    if (scaling && strcmp(scaling, "llama3")) return cfg_usage_error(&MK_CMD, "--rope-scaling is llama3, got '%s'", scaling);
+    if (scaling) o.rope_llama3 = true;
+    if (!real_opt(&c, "init-std", &o.init_std) || !real_opt(&c, "norm-noise", &o.norm_noise) ||
+        !real_opt(&c, "rope-theta", &o.rope_theta))
         return 2;
-    }
-    for (int i = first; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) { fprintf(stderr, "mkmodel: %s needs a value\n", a); return 2; }
-        char *end = NULL;
-        long long iv = strtoll(v, &end, 10);
-        bool isint = end && *end == '\0' && end != v;
-        int *ip = NULL;
-        if (!strcmp(a, "--arch") || !strcmp(a, "--preset")) { i++; continue; }
-        else if (!strcmp(a, "--out")) { o.out_dir = v; i++; continue; }
-        else if (!strcmp(a, "--layers")) ip = &o.layers;
-        else if (!strcmp(a, "--hidden")) ip = &o.hidden;
-        else if (!strcmp(a, "--inter")) ip = &o.inter;
-        else if (!strcmp(a, "--heads")) ip = &o.heads;
-        else if (!strcmp(a, "--kv-heads")) ip = &o.kv_heads;
-        else if (!strcmp(a, "--head-dim")) ip = &o.head_dim;
-        else if (!strcmp(a, "--vocab")) ip = &o.vocab;
-        else if (!strcmp(a, "--max-pos")) ip = &o.max_pos;
-        else if (!strcmp(a, "--tie") && isint && (iv == 0 || iv == 1)) { o.tie = iv == 1; i++; continue; }
-        else if (!strcmp(a, "--seed") && isint) { o.seed = (uint64_t)iv; i++; continue; }
-        else if (!strcmp(a, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16"))) { o.bf16 = !strcmp(v, "bf16"); i++; continue; }
-        else if (!strcmp(a, "--init-std")) { o.init_std = atof(v); i++; continue; }
-        else if (!strcmp(a, "--norm-noise")) { o.norm_noise = atof(v); i++; continue; }
-        else if (!strcmp(a, "--rope-theta")) { o.rope_theta = atof(v); i++; continue; }
-        else if (!strcmp(a, "--rope-scaling") && !strcmp(v, "llama3")) { o.rope_llama3 = true; i++; continue; }
-        else { fprintf(stderr, "mkmodel: bad option %s %s\n", a, v); mk_usage(stderr); return 2; }
-        if (!isint || iv < 1 || iv > (1 << 30)) { fprintf(stderr, "mkmodel: %s needs a positive integer\n", a); return 2; }
-        *ip = (int)iv;
-        i++;
-    }
-    if (!o.out_dir) { fprintf(stderr, "mkmodel: --out DIR is required\n"); mk_usage(stderr); return 2; }
-    if (mkmodel_write(&o, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    o.out_dir = cfg_str(&c, "out");
+    if (mkmodel_write(&o, err, sizeof err) != 0) { fprintf(stderr, "loom mkmodel: %s\n", err); return 1; }
     printf("mkmodel: wrote %s (%s, %d layers, hidden %d, vocab %d, %s, %s)\n", o.out_dir, o.arch, o.layers, o.hidden,
            o.vocab, o.tie ? "tied" : "untied", o.bf16 ? "bf16" : "f32");
     return 0;

@@ -1,6 +1,7 @@
 /* reg_tar.c: a minimal ustar writer for checkpoint archives (docs/protocol.md §17.1): regular files
  * at the archive root, mode 0644, uid/gid 0, one mtime, two zero blocks at the end.
- * Deterministic: the same members give the same bytes. */
+ * Deterministic: the same members give the same bytes. Reading archives (`loom adapter
+ * import`) is libarchive's. */
 #include "registry/registry.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,44 +61,4 @@ int reg_tar_build(const reg_tar_member *m, int n, int64_t mtime, uint8_t **out, 
     *out = buf;
     *outlen = total;
     return 0;
-}
-
-static uint64_t parse_octal(const char *f, size_t width) {
-    if ((unsigned char)f[0] & 0x80) { /* base-256 */
-        uint64_t v = 0;
-        for (size_t i = 1; i < width; i++) v = (v << 8) | (unsigned char)f[i];
-        return v;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < width && f[i]; i++) {
-        if (f[i] == ' ') continue;
-        if (f[i] < '0' || f[i] > '7') break;
-        v = v * 8 + (uint64_t)(f[i] - '0');
-    }
-    return v;
-}
-
-int reg_tar_get(const uint8_t *tar, size_t len, const char *name, const uint8_t **data, size_t *dlen) {
-    size_t off = 0;
-    while (off + TAR_BLOCK <= len) {
-        const char *h = (const char *)tar + off;
-        if (!h[0]) return -1;                         /* end-of-archive block */
-        uint64_t size = parse_octal(h + 124, 12);
-        size_t padded = (size_t)((size + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK);
-        if (size > len || off + TAR_BLOCK + padded > len + TAR_BLOCK) return -1;
-        char mname[101];
-        memcpy(mname, h, 100);
-        mname[100] = 0;
-        const char *base = mname;
-        if (!strncmp(base, "./", 2)) base += 2;
-        char type = h[156];
-        if ((type == '0' || type == 0) && !strcmp(base, name)) {
-            if (off + TAR_BLOCK + size > len) return -1;
-            *data = tar + off + TAR_BLOCK;
-            *dlen = (size_t)size;
-            return 0;
-        }
-        off += TAR_BLOCK + padded;
-    }
-    return -1;
 }

@@ -159,6 +159,3 @@ typedef struct {
  * *out is malloc'd. 0, or -1 with err. */
 int reg_tar_build(const reg_tar_member *m, int n, int64_t mtime, uint8_t **out, size_t *outlen, char *err,
                   size_t errlen);
-/* The bytes of regular file `name` in a ustar archive (a leading "./" is ignored);
- * 0, or -1 when absent or the archive is malformed. *data points into tar. */
-int reg_tar_get(const uint8_t *tar, size_t len, const char *name, const uint8_t **data, size_t *dlen);

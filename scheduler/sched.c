@@ -4,6 +4,7 @@
  * then builds a cycle for every idle executor. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
+#include "common/config.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
@@ -22,33 +23,39 @@ static int listen_all(PGconn *c, char *err, size_t errlen) {
                ? -1 : 0;
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: loom scheduler --db CONNINFO [--gather-ms 15] [--poll-ms 500] [--lease-s 300]\n"
-                    "                      [--pair-hold-ms 100] [--seq-gap-timeout-s 30]\n"
-                    "  --seq-gap-timeout-s N  operations that wait longer than N s for a missing seq_id\n"
-                    "                         of their model fail with a message naming it\n");
-}
+/* All but --db, for `loom up` to take and pass through (cli/up.c). */
+const opt_spec SCHED_OPTS[] = {
+    {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "15", .lo = 0, .hi = 10000,
+     .help = "after a wake-up, wait this long for more work before building cycles"},
+    {.name = "poll-ms", .kind = OPT_INT, .arg = "MS", .def = "500", .lo = 1, .hi = 60000,
+     .help = "look for work at least this often"},
+    {.name = "lease-s", .kind = OPT_INT, .arg = "S", .def = "300", .lo = 10, .hi = 86400,
+     .help = "a cycle's lease at creation (the executor's heartbeat extends it)"},
+    {.name = "pair-hold-ms", .kind = OPT_INT, .arg = "MS", .def = "100", .lo = 0, .hi = 10000,
+     .help = "hold a model whose run ends in a forward_backward for its optim_step"},
+    {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
+     .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
+    {0}};
+
+static const cfg_cmd SCHED_CMD = {.cmd = "loom scheduler", .section = "scheduler",
+                                  .about = "Builds clock cycles from queued operations and reaps expired leases.",
+                                  .tables = {CFG_DB, SCHED_OPTS, CFG_DATA_DIR}};
 
 int sched_main(int argc, char **argv) {
-    const char *db = getenv("DATABASE_URL");
-    int gather_ms = 15, poll_ms = 500, gap_timeout_s = 30;
-    sched_opts o = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--db") && v) db = argv[++i];
-        else if (!strcmp(a, "--gather-ms") && v) gather_ms = atoi(argv[++i]);
-        else if (!strcmp(a, "--poll-ms") && v) poll_ms = atoi(argv[++i]);
-        else if (!strcmp(a, "--lease-s") && v) o.lease_s = atoi(argv[++i]);
-        else if (!strcmp(a, "--pair-hold-ms") && v) o.pair_hold_ms = atoi(argv[++i]);
-        else if (!strcmp(a, "--seq-gap-timeout-s") && v && atoi(v) > 0) gap_timeout_s = atoi(argv[++i]);
-        else { usage(); return 2; }
-    }
-    if (!db) { usage(); return 2; }
+    cfg co;
+    int rc;
+    if (!cfg_parse(&SCHED_CMD, argc, argv, &co, &rc)) return rc;
+    int gather_ms = (int)cfg_int(&co, "gather-ms"), poll_ms = (int)cfg_int(&co, "poll-ms"),
+        gap_timeout_s = (int)cfg_int(&co, "seq-gap-timeout-s");
+    sched_opts o = {.lease_s = (int)cfg_int(&co, "lease-s"), .max_models = 256,
+                    .pair_hold_ms = (int)cfg_int(&co, "pair-hold-ms")};
+    char db[4096], db_from[4600];
+    cfg_db(&co, db, sizeof db, db_from, sizeof db_from);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     char err[1024];
     PGconn *c = db_connect(db, 30000, err, sizeof err);
-    if (!c) { log_error("cannot connect: %s", err); return 1; }
+    if (!c) { log_error("cannot connect to the database (%s): %s", db_from, err); return 1; }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); return 1; }
     if (listen_all(c, err, sizeof err) < 0) {
         log_error("listen: %s", err);

@@ -36,3 +36,6 @@ int sched_skip_settled(PGconn *c, char *err, size_t errlen);
 int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen);
 
 int sched_main(int argc, char **argv);
+/* Its options but --db, for `loom up` to take and pass through. */
+#include "common/config.h"
+extern const opt_spec SCHED_OPTS[];

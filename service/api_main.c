@@ -1,6 +1,7 @@
 /* api_main.c: `loom api` options and start-up: secret, database workers, event loops,
  * the LISTEN thread, then the one stdout line `loom up` waits for. */
 #include "service/api.h"
+#include "common/config.h"
 #include "common/keys.h"
 #include "common/log.h"
 #include "service/api_json.h"
@@ -11,7 +12,6 @@
 #include "service/api_sql.h"
 #include "service/api_weights.h"
 #include "service/http_server.h"
-#include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -19,95 +19,50 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: loom api --db CONNINFO --secret-file PATH [options]\n"
-            "  --db CONNINFO        PostgreSQL connection string (default: $DATABASE_URL)\n"
-            "  --host H             address to listen on (default 127.0.0.1)\n"
-            "  --port N             port (default 8000; 0 = any free port)\n"
-            "  --threads N          event-loop threads (default 2)\n"
-            "  --db-workers N       database worker threads, one connection each\n"
-            "                       (default 2 x threads, at least 4)\n"
-            "  --secret-file PATH   server secret for API key hashes ($LOOM_SECRET overrides)\n"
-            "  --max-body-mb N      largest request body in MiB (default 64)\n"
-            "  --tls-cert F --tls-key F   serve HTTPS (HTTP/2 via ALPN)\n"
-            "  --path-prefix /x     also serve the API under /x/api/v1/...\n"
-            "  --max-queued-samples N  asample answers 429 (Retry-After: 1) while the tenant\n"
-            "                       has more than N sample operations queued (default 1000)\n"
-            "  --proto              client/config asks SDKs 0.19-0.24 to send forward_backward\n"
-            "                       (and forward) as protobuf (proto_write_fwdbwd, fwd_via_fwdbwd)\n"
-            "  --proto-compress     ... and to zstd-compress it (proto_compress_fwdbwd)\n"
-            "  --blob-dir DIR       registry blob store (checkpoint archive downloads)\n"
-            "Prints 'LOOM_API_LISTENING port=<n>' on stdout once listening; logs go to stderr.\n");
-}
+/* What `loom up` passes through to its api (cli/up.c). */
+const opt_spec API_TUNING_OPTS[] = {
+    {.name = "db-workers", .kind = OPT_INT, .arg = "N", .lo = 1, .hi = 1024,
+     .help = "database worker threads, one connection each (default 2 x threads, at least 4)"},
+    {.name = "max-body-mb", .kind = OPT_INT, .arg = "N", .def = "64", .lo = 1, .hi = 4096,
+     .help = "largest request body in MiB"},
+    {.name = "tls-cert", .kind = OPT_STR, .arg = "FILE", .help = "serve HTTPS (HTTP/2 via ALPN) with this certificate..."},
+    {.name = "tls-key", .kind = OPT_STR, .arg = "FILE", .help = "... and this key"},
+    {.name = "path-prefix", .kind = OPT_STR, .arg = "/X", .help = "also serve the API under /X/api/v1/..."},
+    {.name = "max-queued-samples", .kind = OPT_INT, .arg = "N", .def = "1000", .lo = 0, .hi = 100000000,
+     .help = "asample answers 429 (Retry-After: 1) while the tenant has more than N samples queued"},
+    {.name = "proto", .kind = OPT_FLAG,
+     .help = "client/config asks SDKs 0.19-0.24 to send forward_backward (and forward) as protobuf"},
+    {.name = "proto-compress", .kind = OPT_FLAG, .help = "... zstd-compressed (implies --proto)"},
+    {0}};
 
-static int parse_int(const char *s, const char *name, int lo, int hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        fprintf(stderr, "loom api: %s must be an integer in [%d, %d], got '%s'\n", name, lo, hi, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
+static const opt_spec API_OPTS[] = {
+    {.name = "host", .kind = OPT_STR, .arg = "H", .def = "127.0.0.1", .help = "address to listen on"},
+    {.name = "port", .kind = OPT_INT, .arg = "N", .def = "8000", .lo = 0, .hi = 65535,
+     .help = "port; 0 picks a free one"},
+    {.name = "threads", .kind = OPT_INT, .arg = "N", .def = "2", .lo = 1, .hi = 256, .help = "event-loop threads"},
+    {0}};
+
+static const cfg_cmd API_CMD = {
+    .cmd = "loom api", .section = "api",
+    .about = "The HTTP front end (Tinker API). Prints 'LOOM_API_LISTENING port=<n>' on stdout once\n"
+             "listening; logs go to stderr.",
+    .tables = {CFG_DB, API_OPTS, API_TUNING_OPTS, CFG_DATA_DIR, CFG_SECRET, CFG_BLOBS}};
 
 int api_main(int argc, char **argv) {
-    enum { O_DB = 1, O_HOST, O_PORT, O_THREADS, O_WORKERS, O_SECRET, O_MAXBODY, O_CERT, O_KEY,
-           O_PREFIX, O_MAXQ, O_PROTO, O_PROTO_ZSTD, O_BLOBS, O_HELP };
-    static const struct option opts[] = {
-        {"db", required_argument, 0, O_DB},
-        {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},
-        {"threads", required_argument, 0, O_THREADS},
-        {"db-workers", required_argument, 0, O_WORKERS},
-        {"secret-file", required_argument, 0, O_SECRET},
-        {"max-body-mb", required_argument, 0, O_MAXBODY},
-        {"tls-cert", required_argument, 0, O_CERT},
-        {"tls-key", required_argument, 0, O_KEY},
-        {"path-prefix", required_argument, 0, O_PREFIX},
-        {"max-queued-samples", required_argument, 0, O_MAXQ},
-        {"proto", no_argument, 0, O_PROTO},
-        {"proto-compress", no_argument, 0, O_PROTO_ZSTD},
-        {"blob-dir", required_argument, 0, O_BLOBS},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
-    const char *db = getenv("DATABASE_URL"), *secret_file = NULL, *blob_dir = NULL;
-    http_conf hc = {.host = "127.0.0.1", .port = 8000, .nthreads = 2, .prefix = ""};
-    int workers = 0, max_body_mb = 64, max_queued = 1000;
-    bool proto = false, proto_zstd = false;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case O_DB: db = optarg; break;
-        case O_HOST: hc.host = optarg; break;
-        case O_PORT: if (parse_int(optarg, "--port", 0, 65535, &hc.port) < 0) return 2; break;
-        case O_THREADS: if (parse_int(optarg, "--threads", 1, 256, &hc.nthreads) < 0) return 2; break;
-        case O_WORKERS: if (parse_int(optarg, "--db-workers", 1, 1024, &workers) < 0) return 2; break;
-        case O_SECRET: secret_file = optarg; break;
-        case O_MAXBODY: if (parse_int(optarg, "--max-body-mb", 1, 4096, &max_body_mb) < 0) return 2; break;
-        case O_CERT: hc.tls_cert = optarg; break;
-        case O_KEY: hc.tls_key = optarg; break;
-        case O_PREFIX: hc.prefix = optarg; break;
-        case O_MAXQ: if (parse_int(optarg, "--max-queued-samples", 0, 100000000, &max_queued) < 0) return 2; break;
-        case O_PROTO: proto = true; break;
-        case O_PROTO_ZSTD: proto = proto_zstd = true; break;
-        case O_BLOBS: blob_dir = optarg; break;
-        case O_HELP: usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "loom api: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
-    if (!db) {
-        fprintf(stderr, "loom api: pass --db CONNINFO or set DATABASE_URL\n");
-        return 2;
-    }
+    cfg o;
+    int rc;
+    if (!cfg_parse(&API_CMD, argc, argv, &o, &rc)) return rc;
+    if ((cfg_str(&o, "tls-cert") != NULL) != (cfg_str(&o, "tls-key") != NULL))
+        return cfg_usage_error(&API_CMD, "--tls-cert and --tls-key go together");
+    http_conf hc = {.host = cfg_str(&o, "host"), .port = (int)cfg_int(&o, "port"), .nthreads = (int)cfg_int(&o, "threads"),
+                    .prefix = cfg_str(&o, "path-prefix") ? cfg_str(&o, "path-prefix") : "",
+                    .tls_cert = cfg_str(&o, "tls-cert"), .tls_key = cfg_str(&o, "tls-key")};
+    int workers = (int)cfg_int(&o, "db-workers"), max_body_mb = (int)cfg_int(&o, "max-body-mb"),
+        max_queued = (int)cfg_int(&o, "max-queued-samples");
+    bool proto_zstd = cfg_flag(&o, "proto-compress"), proto = proto_zstd || cfg_flag(&o, "proto");
+    char db[4096], db_from[4600], blob_dir[4096];
+    cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
+    cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
     hc.max_body = (size_t)max_body_mb << 20;
     if (!workers) workers = hc.nthreads * 2 < 4 ? 4 : hc.nthreads * 2;
 
@@ -129,7 +84,7 @@ int api_main(int argc, char **argv) {
         log_error("libsodium initialisation failed");
         return 1;
     }
-    if (keys_load_secret(secret_file, false, pc.secret, err, sizeof err) < 0) {
+    if (cfg_secret(&o, false, pc.secret, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }
@@ -139,7 +94,7 @@ int api_main(int argc, char **argv) {
     }
     api_pool *pool = api_pool_start(&pc, 30000, err, sizeof err);
     if (!pool) {
-        log_error("cannot connect to the database: %s", err);
+        log_error("cannot connect to the database (%s): %s", db_from, err);
         return 1;
     }
     api_metrics_init();

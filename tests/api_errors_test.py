@@ -94,6 +94,7 @@ def main():
     # long poll: the scheduler must not give up on the gap meanwhile.
     with Stack(extra_args=["--seq-gap-timeout-s", "600"]) as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "other-tenant")
         other_key = loom_cli(s, "key", "create", "--tenant", "other-tenant", "--secret-file", secret)
 
         # ---- no key needed (telemetry needs one: it is after authentication) -------------

@@ -65,6 +65,7 @@ def add_checkpoint(s, tenant_id, adapter, model_id, name, base, kind="sampler", 
 def main():
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "other")
         other_key = loom_cli(s, "key", "create", "--tenant", "other", "--secret-file", secret)
         base = s.get("/api/v1/get_server_capabilities")[1]["supported_models"][0]["model_name"]
         vocab, ctx = (int(x) for x in s.psql(

@@ -128,6 +128,8 @@ def sign(secret, run, ckpt, fmt, expires, key_id):
 
 
 def new_key(s, tenant):
+    subprocess.run([LOOM_BIN, "tenant", "create", tenant], env=dict(os.environ, DATABASE_URL=s.db), check=True,
+                   capture_output=True)
     out = subprocess.run([LOOM_BIN, "key", "create", "--tenant", tenant, "--secret-file",
                           os.path.join(s.dir, "secret.key")], env=dict(os.environ, DATABASE_URL=s.db),
                          check=True, capture_output=True, text=True)

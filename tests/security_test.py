@@ -47,6 +47,7 @@ def fetch(url):
 def main():
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "bob")
         key_b = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
         key_a2 = loom_cli(s, "key", "create", "--tenant", "default", "--secret-file", secret)
 

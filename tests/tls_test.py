@@ -18,7 +18,7 @@ def main():
                         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
                         "-keyout", key, "-out", cert], check=True, capture_output=True)
         p = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1",
-                              "--secret-file", os.path.join(s.dir, "secret.key"),
+                              "--data-dir", s.dir,
                               "--tls-cert", cert, "--tls-key", key],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:

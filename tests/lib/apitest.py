@@ -24,7 +24,7 @@ def loom_cli(s, *args):
 def start_second_api(s, *args):
     """Another `loom api` on the same database; returns (process, base url)."""
     p = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1",
-                          "--secret-file", os.path.join(s.dir, "secret.key")] + list(args),
+                          "--data-dir", s.dir] + list(args),
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     line = p.stdout.readline().decode()
     if not line.startswith("LOOM_API_LISTENING port="):

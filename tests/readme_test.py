@@ -1,0 +1,141 @@
+"""The README's commands work as printed: every ```sh block of README.md, in order, in one
+shell session (variables carry over from block to block), against a fresh `loom up` with
+the default data directory, as a user would run them after the Quick start.
+
+A block preceded by `<!-- readme-test: skip (why) -->` is left out: the Quick start's
+build itself, the test suite, and what installs on the host or needs systemd, vLLM or
+other machines (tests/deb_test.py covers the package's steps). The test provides what the
+README says the reader has: `loom` on PATH, TINKER_BASE_URL and TINKER_API_KEY exported
+as `loom up` printed them, and RUN, a training run with a sampler checkpoint `step100`.
+
+As root, it runs everything as the unprivileged user `nobody` with its own HOME, so that
+the default data directory (~/.loom) is the test's and nothing lands in /var/lib/loom.
+"""
+import os, pwd, re, select, shutil, signal, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "lib"))
+from stack import LOOM_BIN, Results, Stack  # noqa: E402
+
+README = os.path.join(HERE, "..", "README.md")
+SKIP = re.compile(r"<!-- readme-test: skip \((.+?)\) -->\s*$")
+
+
+def blocks():
+    """[(line, skip reason or None, text)] of the README's sh blocks."""
+    out, lines, i = [], open(README).read().splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() == "```sh":
+            start, body = i + 1, []
+            m = SKIP.match(lines[i - 1].strip()) if i else None
+            i += 1
+            while lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            out.append((start, m.group(1) if m else None, "\n".join(body) + "\n"))
+        i += 1
+    return out
+
+
+class User:
+    """Who runs the README: nobody (when we are root) with HOME in a fresh directory."""
+
+    def __init__(self):
+        self.home = tempfile.mkdtemp(prefix="loom-readme-", dir="/tmp")
+        os.chmod(self.home, 0o755)
+        bindir = os.path.join(self.home, "bin")
+        os.makedirs(bindir)
+        # A copy the user can surely execute, whatever the build directory's modes.
+        shutil.copy2(LOOM_BIN, os.path.join(bindir, "loom"))
+        self.work = os.path.join(self.home, "work")
+        os.makedirs(self.work)
+        self.prefix = []
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("nobody")
+            for d in (self.home, self.work):
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+            # setpriv keeps the environment (runuser would set HOME to nobody's).
+            self.prefix = [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={pw.pw_uid}",
+                           f"--regid={pw.pw_gid}", "--clear-groups"]
+        self.env = {"HOME": self.home, "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                    "USER": "nobody" if self.prefix else os.environ.get("USER", "")}
+
+    def popen(self, argv, **kw):
+        return subprocess.Popen(self.prefix + argv, env=self.env, cwd=self.work, **kw)
+
+
+def start_up(user):
+    """`loom up --port 0` with the default data directory; the three lines it prints."""
+    log = open(os.path.join(user.home, "up.log"), "wb")
+    p = user.popen(["loom", "up", "--port", "0"], stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    got, buf, deadline = {}, b"", time.time() + 120
+    while time.time() < deadline and len(got) < 3 and p.poll() is None:
+        if select.select([p.stdout], [], [], 0.5)[0]:
+            buf += os.read(p.stdout.fileno(), 4096)
+            got = dict(line.split("=", 1) for line in buf.decode().splitlines() if "=" in line)
+    return p, got
+
+
+def make_run(url, key):
+    """A training run with a sampler checkpoint step100 (what the README calls RUN)."""
+    s = Stack()
+    s.url, s.key = url, key
+    st, sess = s.post("/api/v1/create_session", {"tags": []})
+    mid = s.result(s.post("/api/v1/create_model", {"session_id": sess["session_id"], "model_seq_id": 0,
+                                                   "base_model": "loom/tiny-llama",
+                                                   "lora_config": {"rank": 4}})[1]["request_id"])["model_id"]
+    res = s.result(s.post("/api/v1/save_weights_for_sampler", {"model_id": mid, "seq_id": 1,
+                                                               "path": "step100"})[1]["request_id"])
+    return mid if res.get("path", "").endswith("/sampler_weights/step100") else None
+
+
+def main():
+    R = Results()
+    found = blocks()
+    runnable = [b for b in found if not b[1]]
+    skipped = [b for b in found if b[1]]
+    R.check(len(runnable) >= 10 and len(skipped) <= 6,
+            f"{len(found)} sh blocks: {len(runnable)} to run, {len(skipped)} marked skip")
+    for line, why, _ in skipped:
+        print(f"     skip README.md:{line}: {why}")
+    user = User()
+    up, env = start_up(user)
+    try:
+        if not R.check({"DATABASE_URL", "TINKER_BASE_URL", "TINKER_API_KEY"} <= set(env),
+                       f"loom up with the default data directory printed its three lines {env}"):
+            print(open(os.path.join(user.home, "up.log")).read()[-3000:])
+            R.finish()
+        R.check(env["DATABASE_URL"].startswith(f"host={user.home}/.loom/pg "), "the data directory is ~/.loom")
+        run = make_run(env["TINKER_BASE_URL"], env["TINKER_API_KEY"])
+        R.check(bool(run), f"a run with checkpoint step100: {run}")
+        state = os.path.join(user.work, ".readme-state")
+        with open(state, "w") as f:
+            f.write(f"export TINKER_BASE_URL='{env['TINKER_BASE_URL']}' TINKER_API_KEY='{env['TINKER_API_KEY']}'"
+                    f" RUN='{run}'\n")
+        if user.prefix:
+            os.chown(state, pwd.getpwnam("nobody").pw_uid, -1)
+        for line, _, text in runnable:
+            # One session: what a block sets (set -a exports it) is there for the next.
+            script = (f"set -a\n. {state}\nset -eo pipefail\n{text}\nset +e\n"
+                      f"export -p | grep -v -e ' PWD=' -e ' OLDPWD=' -e ' SHLVL=' > {state}.new\n"
+                      f"mv {state}.new {state}\n")
+            p = user.popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = p.communicate(timeout=300)
+            first = text.strip().splitlines()[0]
+            R.check(p.returncode == 0, f"README.md:{line}: {first}" +
+                    ("" if p.returncode == 0 else f"\n--- exit {p.returncode}\n{out.decode()[-1500:]}\n"
+                                                  f"{err.decode()[-1500:]}"))
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGTERM)
+            try:
+                up.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+        shutil.rmtree(user.home, ignore_errors=True)
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
