@@ -72,6 +72,13 @@ typedef struct {
                                      0 ≤ topk ≤ min(vocab, LIMIT_TOPK_PROMPT_LOGPROBS) */
     int32_t *topk_ids_out;
     float *topk_lp_out;
+    int group;                    /* the operation this sequence belongs to: consecutive
+                                     sequences of one adapter and one group form one gradient
+                                     reduction; each group's gradient is added to the
+                                     accumulator on its own, in batch order, so that a pass
+                                     of several groups equals one pass per group (an
+                                     operation's gradient does not depend on the cycle that
+                                     carried it) */
 } exe_seq;
 
 /* One sampling request (docs/protocol.md §11): num_samples completions of one prompt, which is
@@ -123,6 +130,12 @@ typedef struct {
 
 typedef struct exe_backend {
     const char *name;
+    /* Batch invariance (docs/architecture.md, "Batch invariance"): every output of a
+     * sequence and every group's gradient are the same bits whatever else shares the
+     * pass, wherever the sequence lies in it, and whatever the thread count. The executor
+     * then recovers a model by replaying its operations alone (exact); a backend without
+     * it has its models' state written at every optim_step instead. */
+    bool batch_invariant;
     /* Devices on this machine (0 where there are none or no driver); never fails hard, so
      * a binary built with a device backend still starts where that device is missing. */
     int (*device_count)(void);

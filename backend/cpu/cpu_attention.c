@@ -4,7 +4,7 @@
  * and so needs no locking) over threads. */
 #include "backend/cpu/cpu_attention.h"
 
-#include <cblas.h>
+#include "backend/cpu/cpu_gemm.h"
 #include <math.h>
 #include <string.h>
 
@@ -45,7 +45,7 @@ static void cpu_attn_probs(const cpu_attn_shape *s, const float *Q, const float 
                            int i0, const float *lse_in, float *lse_out, int lse_stride)
 {
     int qd = s->nq * s->d, kvd = s->nkv * s->d;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, s->d, s->scale, Q, qd, K, kvd, 0.0f, S, ctx);
+    cpu_gemm(false, true, rows, ctx, s->d, s->scale, Q, qd, K, kvd, 0.0f, S, ctx);
     for (int r = 0; r < rows; r++) {
         float *row = S + (long)r * ctx;
         int valid = i0 + r + 1; /* keys 0..i0+r */
@@ -78,7 +78,7 @@ static void cpu_attn_fwd_task(void *va, int task, int thread)
     const float *Q = j->q + (long)(s0 + i0) * qd + h * s->d;
     const float *K = j->k + (long)s0 * kvd + g * s->d, *V = j->v + (long)s0 * kvd + g * s->d;
     cpu_attn_probs(s, Q, K, S, rows, ctx, i0, NULL, j->lse_out + (long)(s0 + i0) * s->nq + h, s->nq);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s->d, ctx, 1.0f, S, ctx, V, kvd, 0.0f,
+    cpu_gemm(false, false, rows, s->d, ctx, 1.0f, S, ctx, V, kvd, 0.0f,
                 j->o + (long)(s0 + i0) * qd + h * s->d, qd);
 }
 
@@ -111,8 +111,8 @@ static void cpu_attn_bwd_task(void *va, int task, int thread)
             long roff = (long)(s0 + i0) * qd + h * d;
             const float *Q = j->q + roff, *O = j->out + roff, *dO = j->dout + roff;
             cpu_attn_probs(s, Q, K, P, rows, ctx, i0, j->lse + (long)(s0 + i0) * s->nq + h, NULL, s->nq);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ctx, d, rows, 1.0f, P, ctx, dO, qd, 1.0f, dV, kvd);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, d, 1.0f, dO, qd, V, kvd, 0.0f, dP, ctx);
+            cpu_gemm(true, false, ctx, d, rows, 1.0f, P, ctx, dO, qd, 1.0f, dV, kvd);
+            cpu_gemm(false, true, rows, ctx, d, 1.0f, dO, qd, V, kvd, 0.0f, dP, ctx);
             for (int r = 0; r < rows; r++) {
                 const float *o = O + (long)r * qd, *dor = dO + (long)r * qd;
                 double D = 0;
@@ -122,9 +122,9 @@ static void cpu_attn_bwd_task(void *va, int task, int thread)
                 for (int c = 0; c < valid; c++) dpr[c] = pr[c] * (dpr[c] - (float)D) * s->scale;
                 for (int c = valid; c < ctx; c++) dpr[c] = 0.0f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, ctx, 1.0f, dP, ctx, K, kvd, 0.0f,
+            cpu_gemm(false, false, rows, d, ctx, 1.0f, dP, ctx, K, kvd, 0.0f,
                         j->dq + roff, qd);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ctx, d, rows, 1.0f, dP, ctx, Q, qd, 1.0f, dK, kvd);
+            cpu_gemm(true, false, ctx, d, rows, 1.0f, dP, ctx, Q, qd, 1.0f, dK, kvd);
         }
     }
 }

@@ -195,6 +195,7 @@ static int cpu_device_count(void) { return 1; }
 
 const exe_backend exe_backend_cpu = {
     .name = "cpu",
+    .batch_invariant = true,
     .device_count = cpu_device_count,
     .create = cpu_create,
     .destroy = cpu_destroy,

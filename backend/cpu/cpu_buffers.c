@@ -119,7 +119,7 @@ int cpu_reserve_seqs(cpu_ctx *c, int nseq)
 }
 
 /* Packs the non-empty sequences back to back (tokens, positions, row → sequence) and
- * builds the LoRA segments: runs of consecutive sequences with one adapter. */
+ * builds the LoRA segments: runs of consecutive sequences of one adapter and group. */
 int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
 {
     if (cpu_reserve_seqs(c, nseq) != 0) return -1;
@@ -138,10 +138,12 @@ int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
         const cpu_adapter *ad = s->ad ? cpu_adapter_of(s->ad) : NULL;
         bool grad = any_grad && ad && ad->pub.trainable && !s->forward_only;
         cpu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
-        if (ad && last && last->ad == ad && last->grad == grad && last->row_end == row) {
+        /* One segment per operation (group): its gradient is one reduction over its own
+         * rows, the same however the cycle packed it (backend.h, exe_seq.group). */
+        if (ad && last && last->ad == ad && last->grad == grad && last->group == s->group && last->row_end == row) {
             last->row_end = row + s->n;
         } else if (ad) {
-            c->segs[c->nsegs++] = (cpu_segment){ad, row, row + s->n, grad};
+            c->segs[c->nsegs++] = (cpu_segment){ad, row, row + s->n, grad, s->group};
         }
         row += s->n;
         np++;

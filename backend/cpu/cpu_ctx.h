@@ -21,11 +21,13 @@
 #include "backend/cpu/cpu_pool.h"
 #include "backend/cpu/cpu_weights.h"
 
-/* A run of consecutive sequences sharing one adapter: the LoRA GEMMs are done per segment. */
+/* A run of consecutive sequences sharing one adapter and one group (operation): the LoRA
+ * GEMMs are done per segment, so a segment's gradient is one reduction over its rows. */
 typedef struct {
     const cpu_adapter *ad;
     int row_begin, row_end;
     bool grad; /* its rows carry a loss gradient (backward pass, not forward_only) */
+    int group;
 } cpu_segment;
 
 typedef struct {

@@ -94,14 +94,29 @@ void cpu_head_logits_chunk(cpu_ctx *c, const float *xf, long c0, int n)
     }
 }
 
+/* Where the head's chunk that starts at row c0 ends: after head_rows rows, or at the next
+ * segment boundary. Chunks start where segments start, so a segment's head-LoRA gradient
+ * is the same sum of chunks wherever the segment lies in the batch (batch invariance). */
+static long cb_chunk_end(const cpu_ctx *c, long c0, long T)
+{
+    long end = c0 + c->head_rows < T ? c0 + c->head_rows : T;
+    for (int s = 0; s < c->nsegs; s++) {
+        const cpu_segment *sg = &c->segs[s];
+        if (sg->row_begin > c0 && sg->row_begin < end) end = sg->row_begin;
+        if (sg->row_end > c0 && sg->row_end < end) end = sg->row_end;
+    }
+    return end;
+}
+
 /* Runs the head over all rows in chunks: xf [T, H] → outputs; with gradients, adds the
  * head-LoRA gradients and (want_dxf) writes dL/dxf into dxf. */
 void cpu_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any_grad, float *dxf)
 {
     const model_config *mc = &c->m->cfg;
     int V = mc->vocab_size, H = mc->hidden_size;
-    for (long c0 = 0; c0 < T; c0 += c->head_rows) {
-        int n = (int)(T - c0 < c->head_rows ? T - c0 : c->head_rows);
+    for (long c0 = 0, c1; c0 < T; c0 = c1) {
+        c1 = cb_chunk_end(c, c0, T);
+        int n = (int)(c1 - c0);
         cpu_head_logits_chunk(c, xf, c0, n);
         cb_head_job j = {c, seqs, c0, any_grad};
         cpu_pool_for(c->pool, n, 1, cb_head_rows, &j);

@@ -2,7 +2,7 @@
  * CPU backend stays a trustworthy reference for the CUDA one. */
 #include "backend/cpu/cpu_ops.h"
 
-#include <cblas.h>
+#include "backend/cpu/cpu_gemm.h"
 #include <math.h>
 #include <string.h>
 
@@ -37,32 +37,27 @@ static void cpu_gemm_task(void *va, int task, int thread)
         C += (long)b * j->ldc;
         M = e - b;
     }
-    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, M, N, j->K,
-                j->alpha, A, j->lda, B, j->ldb, j->beta, C, j->ldc);
+    cpu_gemm(j->ta, j->tb, M, N, j->K, j->alpha, A, j->lda, B, j->ldb, j->beta, C, j->ldc);
 }
 
 void cpu_sgemm(cpu_pool *p, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                const float *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) { /* cblas with K = 0 still scales C by beta; do it explicitly */
-        for (int i = 0; i < M; i++)
-            for (int k = 0; k < N; k++) C[(long)i * ldc + k] = beta == 0.0f ? 0.0f : beta * C[(long)i * ldc + k];
-        return;
-    }
     int nt = p ? cpu_pool_size(p) : 1;
     double flops = 2.0 * M * N * K;
     cpu_gemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, N >= M, 0};
     int total = j.split_n ? N : M;
-    /* Below ~1 MFLOP the hand-off costs more than it saves. */
+    /* Below ~1 MFLOP the hand-off costs more than it saves. Every element is computed the
+     * same way however the work is split (cpu_gemm.h), so the split is free to follow the
+     * pool's size. */
     if (nt == 1 || flops < 1e6 || total < 2) {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                    lda, B, ldb, beta, C, ldc);
+        cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* One chunk per thread, rounded to 16 so panels stay vector-friendly. */
+    /* One chunk per thread, rounded to 32 so that panels stay whole. */
     int chunk = (total + nt - 1) / nt;
-    chunk = (chunk + 15) / 16 * 16;
+    chunk = (chunk + 31) / 32 * 32;
     j.chunk = chunk;
     cpu_pool_run(p, (total + chunk - 1) / chunk, cpu_gemm_task, &j);
 }

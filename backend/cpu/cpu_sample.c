@@ -75,7 +75,7 @@ static void cs_segments(cpu_ctx *c, const cpu_adapter *const *ads, long R)
         if (!ads[t]) continue;
         cpu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
         if (last && last->ad == ads[t] && last->row_end == t) last->row_end = (int)t + 1;
-        else c->segs[c->nsegs++] = (cpu_segment){ads[t], (int)t, (int)t + 1, false};
+        else c->segs[c->nsegs++] = (cpu_segment){ads[t], (int)t, (int)t + 1, false, 0};
     }
 }
 

@@ -62,6 +62,7 @@ set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
 add_library(loom_gpu_test_support STATIC
   ${CMAKE_SOURCE_DIR}/tests/gpu/ref_blas.c
   ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
+  ${LOOM_CPU_TWIN_DIR}/cpu_gemm.c
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
   ${LOOM_CPU_TWIN_DIR}/cpu_attention.c
   ${LOOM_CPU_TWIN_DIR}/cpu_choose.c

@@ -171,12 +171,12 @@ int cu_segs_reserve(cu_ctx *c, int nseq, char *err, size_t errlen)
     return 0;
 }
 
-void cu_segs_add(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad)
+void cu_segs_add_group(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad, int group)
 {
     if (!ad || b == e) return;
     cu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
-    if (last && last->ad == ad && last->grad == grad && last->row_end == b) last->row_end = e;
-    else c->segs[c->nsegs++] = (cu_segment){ad, b, e, grad};
+    if (last && last->ad == ad && last->grad == grad && last->group == group && last->row_end == b) last->row_end = e;
+    else c->segs[c->nsegs++] = (cu_segment){ad, b, e, grad, group};
 }
 
 int cu_meta_reserve(cu_ctx *c, long T, int nseq, long nnz, long ntopk, char *err, size_t errlen)
@@ -246,7 +246,7 @@ int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
             }
             tk += s->topk > 0 ? s->topk : 0;
         }
-        cu_segs_add(c, ad, q_start[np], row, grad);
+        cu_segs_add_group(c, ad, q_start[np], row, grad, s->group);
         np++;
     }
     q_start[np] = (int32_t)row;

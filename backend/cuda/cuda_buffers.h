@@ -33,7 +33,11 @@ int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
 
 /* Appends row run [b, e) of adapter ad (NULL: none) to c->segs, merging with the last
  * segment when it continues it. */
-void cu_segs_add(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad);
+void cu_segs_add_group(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad, int group);
+static inline void cu_segs_add(cu_ctx *c, const cu_adapter *ad, long b, long e, bool grad)
+{
+    cu_segs_add_group(c, ad, b, e, grad, 0);
+}
 
 void cu_buffers_free(cu_ctx *c);
 

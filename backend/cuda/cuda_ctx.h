@@ -63,11 +63,13 @@ typedef struct {
 
 static inline cu_adapter *cu_adapter_of(exe_adapter *a) { return (cu_adapter *)a; }
 
-/* A run of consecutive packed rows sharing one adapter (the LoRA products are per run). */
+/* A run of consecutive packed rows sharing one adapter and one group (operation, see
+ * exe_seq.group): the LoRA products are per run. */
 typedef struct {
     const cu_adapter *ad;
     long row_begin, row_end;
     bool grad; /* its rows carry a loss gradient */
+    int group;
 } cu_segment;
 
 /* ---- workspace (cuda_buffers.c) ------------------------------------------------------------ */
