@@ -1,6 +1,7 @@
 /* cli_sql.h: every SQL statement of the operator commands and `loom up` (cli/), by
  * name. Parameters are always bound. */
 #pragma once
+#include "common/contract.h"
 #include "registry/reg_sql.h"
 
 /* ---- loom tenant / loom key (admin.c) --------------------------------------------------- */
@@ -93,6 +94,13 @@
     " WHERE pid = $1 AND hostname = $2 AND id > $3 AND (state = 'gone'"                          \
     " OR heartbeat_at < now() - make_interval(secs => $4::int))"                                 \
     " ORDER BY id DESC LIMIT 1"
+/* $1 pid, $2 hostname, $3 id floor: the child executor died; its registration is gone at
+ * once (the reaper then moves its models without waiting for its silence), and the
+ * scheduler is woken to reap. */
+#define SQL_UP_EXECUTOR_DIED                                                                    \
+    "WITH g AS (UPDATE executors SET state = 'gone' WHERE pid = $1 AND hostname = $2"           \
+    " AND id > $3 AND state <> 'gone' RETURNING id)"                                            \
+    " SELECT pg_notify('" CHAN_EXECUTOR_READY "', id::text) FROM g"
 /* $1 key hash (bytea text) -> a row while the key is valid */
 #define SQL_UP_KEY_VALID                                                                        \
     "SELECT 1 FROM api_keys WHERE hash = $1::bytea AND revoked_at IS NULL"                      \

@@ -10,9 +10,10 @@
  * never given up on: one part failing again and again must not stop the others. An
  * executor that stops heartbeating (stopped, hung on a device) is killed and replaced:
  * the scheduler writes it off after 30 s of silence and never schedules it again, so
- * without a new one no work would run. (An executor's in-memory training state dies with
- * it: the scheduler's reaper fails that work with a message.) Everything loom up and its
- * children create is private to the service user (umask 077, data directory 0700). */
+ * without a new one no work would run. An executor that dies is marked gone at once, so
+ * that its models are restored elsewhere (docs/architecture.md, "Durable training
+ * state") without waiting for its silence. Everything loom up and its children create is
+ * private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
 #include "cli/cli_sql.h"
 #include "common/config.h"
@@ -138,6 +139,19 @@ static void child_died(child *ch, int status) {
     ch->restart_at = now_s() + delay;
     log_warn("%s exited unexpectedly (status %d) after %.1f s; restarting it in %.2f s", ch->role,
              status, ran, delay);
+}
+
+/* An executor child died (crash, kill -9): its row says gone at once, so that its models
+ * are restored on another executor (or the restarted one) without waiting 30 s for the
+ * reaper to notice the silence. */
+static void executor_died(child *ch, PGconn *c, const char *host) {
+    if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+    char pid[16], floor[24], err[256];
+    snprintf(pid, sizeof pid, "%d", (int)ch->pid);
+    snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
+    const char *p[3] = {pid, host, floor};
+    if (db_exec(c, SQL_UP_EXECUTOR_DIED, 3, p, err, sizeof err) < 0)
+        log_warn("executor pid %d: could not mark it gone (the reaper will, after its silence): %s", (int)ch->pid, err);
 }
 
 /* The executor child's newest row says it is gone or silent beyond EXECUTOR_SILENT_S: it
@@ -492,8 +506,10 @@ int up_main(int argc, char **argv) {
         pid_t pid;
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
             for (int i = 0; i < NC; i++)
-                if (cs[i].pid == pid && !g_stop)
+                if (cs[i].pid == pid && !g_stop) {
+                    if (i < n_exec) executor_died(&cs[i], c, hostname);
                     child_died(&cs[i], WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+                }
         }
         for (int i = 0; i < NC && !g_stop; i++) {
             if (cs[i].pid || cs[i].restart_at <= 0 || now_s() < cs[i].restart_at) continue;

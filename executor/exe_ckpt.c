@@ -132,17 +132,15 @@ static bool still_readable(exe_state *st, exe_op *op, const char *path, int64_t 
     return true;
 }
 
-static void run_load_weights(exe_state *st, exe_op *op) {
+void exe_load_checkpoint(exe_state *st, exe_op *op) {
     json_t *p = op->payload;
     const char *path = json_string_value(json_object_get(p, "path"));
     const char *digest = json_string_value(json_object_get(p, "blob_digest"));
     bool optimizer = json_is_true(json_object_get(p, "optimizer"));
-    json_int_t version_id = json_integer_value(json_object_get(p, "version_id"));
     if (!path || !digest || !blob_digest_valid(digest)) {
         exe_op_fail(op, "server", "load_weights payload lacks the checkpoint's path or blob digest");
         return;
     }
-    if (!still_readable(st, op, path, version_id)) return;
     if (!st->blobs) {
         exe_op_fail(op, "server", "this executor has no registry blob store (start it with --blob-dir)");
         return;
@@ -188,9 +186,17 @@ static void run_load_weights(exe_state *st, exe_op *op) {
         exe_op_fail(op, "server", "cannot load the checkpoint into the model's adapter: %s", err);
         return;
     }
+    op->applied = true;
     log_info("load_weights %s into %s (optimizer %s, step %lld)", path, op->model_id, optimizer ? "yes" : "no",
              (long long)ad->step);
     op->result = json_pack("{s:s, s:s, s:s}", "path", path, "model_id", op->model_id, "type", OP_LOAD_WEIGHTS);
+}
+
+static void run_load_weights(exe_state *st, exe_op *op) {
+    const char *path = json_string_value(json_object_get(op->payload, "path"));
+    json_int_t version_id = json_integer_value(json_object_get(op->payload, "version_id"));
+    if (path && !still_readable(st, op, path, version_id)) return;
+    exe_load_checkpoint(st, op);
 }
 
 const exe_handler_entry exe_ckpt_handlers[] = {

@@ -23,6 +23,9 @@ typedef struct exe_state_ {
     const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
     int64_t executor_id;
     PGconn *db;                /* the loop's connection while a cycle runs (access checks) */
+    const char *db_conninfo;   /* for the snapshot writer's own connection */
+    int snapshot_every;        /* optimizer steps between a model's snapshots */
+    struct snap_writer *writer;   /* exe_durable.c */
     tokenizer *tok;            /* for stop strings, loaded on first use (exe_sample.c) */
     bool tok_tried;
     char tok_err[512];
@@ -41,6 +44,9 @@ typedef struct exe_op_ {
     char error[512];
     const char *category;   /* NULL = success */
     int64_t seq_id;
+    int64_t state_seq;         /* its model's committed state_seq when the cycle started */
+    bool applied;              /* it changed its model's training state (set by the handler;
+                                  such operations are replayed on recovery) */
     char sampling_session_id[256];  /* sample ops */
     /* Optional: runs inside the cycle's commit transaction, before the op's row is
      * updated (e.g. inserting the adapter_versions row of a checkpoint). A failure fails

@@ -20,6 +20,17 @@
     " device_index, memory_total, memory_budget)"                                             \
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id"
 
+/* $1 hostname, $2 name, $3 this registration -> id, pid of earlier live registrations under
+ * the same name on this host (a restarted executor: systemd, loom up) */
+#define SQL_EXE_PREVIOUS                                                                      \
+    "SELECT id, pid FROM executors WHERE hostname = $1 AND name = $2 AND id <> $3"            \
+    " AND state <> 'gone'"
+/* $1 executor: a registration whose process is no longer there is gone (its models move
+ * at the reaper's next pass instead of after 30 s of silence). */
+#define SQL_EXE_MARK_GONE                                                                     \
+    "WITH g AS (UPDATE executors SET state = 'gone' WHERE id = $1 AND state <> 'gone' RETURNING id)" \
+    " SELECT pg_notify('" CHAN_EXECUTOR_READY "', id::text) FROM g"
+
 /* $1 application_name: tells this executor's connections apart in pg_stat_activity. */
 #define SQL_EXE_APP_NAME "SELECT set_config('application_name', $1, false)"
 
@@ -46,19 +57,23 @@
     "   WHERE id = $1 AND executor_id = $2 AND state IN ('assigned','running') RETURNING id)"  \
     " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
     " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id"                              \
+    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq"                 \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"
 
 /* ---- committing a cycle (one transaction) --------------------------------------------- */
 
-/* $1 op, $2 state, $3 result, $4 error, $5 category, $6 cycle: only while still claimed
- * by this cycle, so a cycle the reaper took back cannot write. */
+/* $1 op, $2 state, $3 result, $4 error, $5 category, $6 cycle, $7 applied (it changed its
+ * model's training state): only while still claimed by this cycle, so a cycle the reaper
+ * took back cannot write. */
 #define SQL_EXE_FINISH_OP                                                                     \
     "UPDATE operations SET state = $2, result = $3::jsonb, error = $4,"                       \
-    " error_category = $5, finished_at = now()"                                               \
+    " error_category = $5, finished_at = now(), applied = $7"                                 \
     " WHERE id = $1 AND cycle_id = $6 AND state = 'claimed'"
+
+/* $1 model, $2 seq_id of its last operation in the cycle that changed its state. */
+#define SQL_EXE_MODEL_STATE "UPDATE models SET state_seq = $2 WHERE id = $1 AND state_seq < $2"
 
 /* A commit hook's work is undone alone when it fails. */
 #define SQL_EXE_HOOK_SAVEPOINT "SAVEPOINT op_hook"
@@ -110,3 +125,30 @@
 
 /* $1 executor, $2 sampling session: the snapshot of the session's weights is here. */
 #define SQL_EXE_SNAPSHOT_EXECUTOR "UPDATE sampling_sessions SET executor_id = $1 WHERE id = $2"
+
+/* ---- durable training state (exe_durable.c) -------------------------------------------- */
+
+/* $1 model, $2 its committed state_seq -> the newest snapshot not past it */
+#define SQL_EXE_SNAPSHOT_GET                                                                  \
+    "SELECT seq_id, step, blob_digest FROM model_snapshots WHERE model_id = $1 AND seq_id <= $2"
+
+/* $1 model, $2 after seq, $3 up to seq (the committed state_seq), $4 limit -> the
+ * operations that changed the model's state, in seq order, to replay: seq_id, kind,
+ * payload, the loss:sum they reported (a forward_backward's, to check the replay) */
+#define SQL_EXE_REPLAY_OPS                                                                    \
+    "SELECT seq_id, kind, payload::text, metrics->>'loss:sum' FROM operations"                \
+    " WHERE model_id = $1 AND applied AND seq_id > $2 AND seq_id <= $3"                       \
+    " ORDER BY seq_id LIMIT $4"
+
+/* $1 model, $2 seq_id, $3 step, $4 digest, $5 size, $6 executor: the model's snapshot,
+ * when the operation it is taken after is committed as applied (a fenced executor's
+ * copy, ahead of what was committed, is never recorded) and it is newer than the one
+ * recorded. The caller holds the digest's shared lock (registry GC). */
+#define SQL_EXE_SNAPSHOT_PUT                                                                  \
+    "INSERT INTO model_snapshots (model_id, seq_id, step, blob_digest, size_bytes, executor_id)" \
+    " SELECT $1::text, $2::int, $3::bigint, $4::text, $5::bigint, $6::bigint WHERE EXISTS"    \
+    " (SELECT 1 FROM operations WHERE model_id = $1::text AND seq_id = $2::int AND applied)"  \
+    " ON CONFLICT (model_id) DO UPDATE SET seq_id = EXCLUDED.seq_id, step = EXCLUDED.step,"   \
+    " blob_digest = EXCLUDED.blob_digest, size_bytes = EXCLUDED.size_bytes,"                  \
+    " executor_id = EXCLUDED.executor_id, created_at = now()"                                 \
+    " WHERE model_snapshots.seq_id < EXCLUDED.seq_id"

@@ -111,8 +111,14 @@ int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *a
     e->ad = ad;
     e->pins = pinned ? 1 : 0;
     e->last_use = ++s->clock;
+    e->seqs = (slot_seqs){-1, -1, -1, 0};
     s->used += ad->device_bytes;
     return 0;
+}
+
+slot_seqs *exe_store_seqs(exe_store *s, const char *model_id) {
+    int i = find(s, STORE_TRAINING, model_id);
+    return i < 0 ? NULL : &s->e[i].seqs;
 }
 
 void exe_store_drop(exe_store *s, store_kind kind, const char *key) {

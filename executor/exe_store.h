@@ -2,8 +2,10 @@
  * its backend's device, by kind and key, within a memory budget.
  *
  *   training    a model's training slot (weights, gradients, Adam state), keyed by model
- *               id; created by create_model or load_weights, freed on unload_model. Never
- *               evicted: its state exists nowhere else (until eviction to host or disk).
+ *               id; created by create_model, load_weights or a recovery (exe_durable.h),
+ *               freed on unload_model or when the model moves. Never evicted by the store
+ *               itself: the executor evicts idle ones (exe_durable.h), whose state the
+ *               database and the blob store can rebuild.
  *   snapshot    the weights of a model at an unnamed save_weights_for_sampler, keyed by
  *               the sampling session id.
  *   checkpoint  a registry checkpoint loaded for sampling, keyed by its blob digest.
@@ -20,12 +22,22 @@
 
 typedef enum { STORE_TRAINING, STORE_SNAPSHOT, STORE_CHECKPOINT, STORE_NKINDS } store_kind;
 
+/* What a training slot holds, by operation seq_id of its model (executor/exe_durable.h):
+ * the state after state_seq; its weights and moments as of base_seq (the last
+ * create_model, optim_step or load_weights: gradients added since by forward_backward);
+ * snap_seq and snap_step, the seq_id and optimizer step of its newest snapshot written or
+ * being written (-1: none). */
+typedef struct {
+    int64_t state_seq, base_seq, snap_seq, snap_step;
+} slot_seqs;
+
 typedef struct {
     store_kind kind;
     char key[256];
     exe_adapter *ad;
     int pins;
     uint64_t last_use;
+    slot_seqs seqs;     /* training slots */
 } store_entry;
 
 typedef struct {
@@ -55,7 +67,7 @@ exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key);
 void exe_store_release(exe_store *s, exe_adapter *ad);
 
 /* Adds ad under (kind, key), the store taking ownership; an adapter already there under
- * that key is freed (a retried operation). Snapshots and checkpoints are evicted to fit
+ * that key is freed (a retried operation). A training slot starts with seqs -1. Snapshots and checkpoints are evicted to fit
  * the budget (never ad itself); a training slot is added even when they cannot make room
  * (it is logged). pinned: ad comes back pinned (as exe_store_acquire). 0, or -1 with err
  * and ad freed (key too long). */
@@ -63,6 +75,9 @@ int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *a
                   size_t errlen);
 /* Frees the adapter of (kind, key) if there is one (unload_model). */
 void exe_store_drop(exe_store *s, store_kind kind, const char *key);
+
+/* The seq_ids of a training slot (NULL when there is none); valid until the store changes. */
+slot_seqs *exe_store_seqs(exe_store *s, const char *model_id);
 
 void exe_store_get_stats(const exe_store *s, exe_store_stats *out);
 /* The keys of one kind (pointers into the store, valid until it changes); returns n. */

@@ -225,6 +225,7 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
                 snprintf(where, sizeof where, "data[%zu]", d);
                 if (read_datum(st, json_array_get(data, d), &ls, where, &seqs[ns], why, sizeof why) < 0) break;
                 seqs[ns].ad = ad;
+                seqs[ns].group = i + 1;   /* each op's gradient on its own (batch invariance) */
                 risk |= backward && seq_at_risk(&seqs[ns]);
                 ns++;
             }
@@ -254,6 +255,9 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
     for (int i = 0; i < nspan; i++) {
         fb_span *sp = &spans[i];
         if (sp->dropped) continue;
+        /* Its gradient is in, even when the op then fails for a loss out of range at some
+         * positions (those added nothing): a replay must add it again. */
+        sp->op->applied = backward && rc == 0;
         if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
         else if (!span_in_range(seqs, sp, false, why, sizeof why))
             exe_op_fail(sp->op, "user", "%s.%s", why, backward ? " Positions whose loss is not finite added no gradient." : "");
@@ -275,6 +279,7 @@ void exe_run_create(exe_state *st, exe_op *op) {
             return;
         }
     }
+    op->applied = true;
     op->result = json_pack("{s:s, s:s}", "model_id", op->model_id, "type", OP_CREATE_MODEL);
 }
 
@@ -292,6 +297,7 @@ void exe_run_optim(exe_state *st, exe_op *op) {
     };
     double gnorm = 0;
     char err[512] = "";
+    op->applied = true;   /* a step that fails (non-finite gradient) still clears the gradients */
     if (st->be->optim_step(st->ctx, ad, &p, &gnorm, err, sizeof err) < 0) {
         exe_op_fail(op, "server", "optimizer step failed: %s", err);
         return;

@@ -11,13 +11,19 @@
  * written this executor off as gone, the heartbeat fences it: it touches no cycle again
  * and exits, so that a supervisor starts a new registration.
  *
+ * Durable state (exe_durable.h): before a cycle runs, every model of it is brought to its
+ * committed state (kept, or rebuilt from its snapshot and a replay); the commit records
+ * which operations changed a model's state, and snapshots are written after it.
+ *
  * Database errors in a cycle: marking it running and reading its operations is one
  * statement, so an error there leaves the cycle assigned and the next poll (on a fresh
- * connection if it broke) takes it again; the commit gets three tries. An executor that
- * cannot do either exits rather than hold a lease it cannot honour: the lease lapses and
- * the reaper recovers the operations. */
+ * connection if it broke) takes it again. The commit is retried until the database is
+ * back (an outage only pauses the executor), unless the cycle was taken back meanwhile:
+ * then its results are dropped with the copies of its models, which are rebuilt from what
+ * was committed. A cycle that cannot be started three times in a row ends the process. */
 #include "executor/executor.h"
 #include "executor/exe_ckpt.h"
+#include "executor/exe_durable.h"
 #include "executor/exe_obs.h"
 #include "executor/exe_ops.h"
 #include "executor/exe_sample.h"
@@ -27,6 +33,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
@@ -68,7 +75,29 @@ static void capacity_of(const exe_state *st, capacity_params *cp) {
     snprintf(cp->cached, sizeof cp->cached, "%d", s.count[STORE_CHECKPOINT]);
 }
 
-static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, char *err, size_t errlen) {
+/* The model's last operation of the cycle that changed its state, for models.state_seq:
+ * ops are in seq order per model. */
+static int record_model_states(PGconn *c, const exe_op *ops, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        if (!ops[i].model_id[0]) continue;
+        bool last_of_model = i + 1 == n || strcmp(ops[i + 1].model_id, ops[i].model_id);
+        if (!last_of_model) continue;
+        int64_t seq = -1;
+        for (int j = i; j >= 0 && !strcmp(ops[j].model_id, ops[i].model_id); j--)
+            if (ops[j].applied && ops[j].seq_id > seq) seq = ops[j].seq_id;
+        if (seq < 0) continue;
+        char sseq[24];
+        fmt_i64(sseq, sizeof sseq, seq);
+        const char *p[2] = {ops[i].model_id, sseq};
+        if (db_exec(c, SQL_EXE_MODEL_STATE, 2, p, err, errlen) < 0) return -1;
+    }
+    return 0;
+}
+
+/* 0 committed; -1 a database error (worth another try); -2 the cycle is no longer this
+ * executor's (the reaper took it back): its results must never be committed. */
+static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps, char *err,
+                        size_t errlen) {
     char cyc[24], eid[24];
     fmt_i64(cyc, sizeof cyc, cycle);
     fmt_i64(eid, sizeof eid, st->executor_id);
@@ -89,18 +118,21 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
             }
         }
         char *res = op->category ? NULL : json_dumps(op->result, JSON_COMPACT | JSON_REAL_PRECISION(9));
-        const char *p[6] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
-                            op->category, cyc};
-        PGresult *r = db_query(c, SQL_EXE_FINISH_OP, 6, p, err, errlen);
+        const char *p[7] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
+                            op->category, cyc, op->applied ? "t" : "f"};
+        PGresult *r = db_query(c, SQL_EXE_FINISH_OP, 7, p, err, errlen);
         free(res);
         if (!r) goto fail;
         int changed = atoi(PQcmdTuples(r));
         PQclear(r);
         if (changed != 1) {
             snprintf(err, errlen, "operation %s is no longer claimed by cycle %s (lease expired?)", id, cyc);
-            goto fail;
+            db_rollback(c);
+            return -2;
         }
     }
+    if (record_model_states(c, ops, n, err, errlen) < 0 || exe_snapshots_record(st, c, snaps, err, errlen) < 0)
+        goto fail;
     capacity_params cp;
     capacity_of(st, &cp);
     const char *pc[1] = {cyc}, *pi[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
@@ -150,6 +182,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, in
         op->seq_id = db_int(r, i, 10);
         snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
         op->tenant_id = db_int(r, i, 12);
+        op->state_seq = PQgetisnull(r, i, 13) ? -1 : db_int(r, i, 13);
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
@@ -207,9 +240,51 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     free(fwd);
 }
 
+/* Every model of the cycle gets its committed state in the store before anything runs
+ * (exe_durable.h); the operations of a model that cannot be restored fail. */
+static void restore_slots(exe_state *st, PGconn *c, exe_op *ops, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!ops[i].model_id[0] || (i && !strcmp(ops[i - 1].model_id, ops[i].model_id))) continue;
+        char err[512];
+        if (exe_slot_restore(st, c, ops[i].model_id, &ops[i].lcfg, ops[i].state_seq, err, sizeof err) == 0) continue;
+        log_error("model %s: restoring its training state failed: %s", ops[i].model_id, err);
+        for (int j = i; j < n && !strcmp(ops[j].model_id, ops[i].model_id); j++)
+            if (!ops[j].category)
+                exe_op_fail(&ops[j], "server", "this model's training state could not be restored on this executor "
+                            "(%s); the operation did not run: submit it again", err);
+    }
+}
+
+/* The cycle's results were refused: the copies of its models here are ahead of what was
+ * committed, and are rebuilt when their models come back. */
+static void drop_slots(exe_state *st, const exe_op *ops, int n) {
+    for (int i = 0; i < n; i++)
+        if (ops[i].model_id[0] && exe_store_seqs(&st->store, ops[i].model_id))
+            exe_store_drop(&st->store, STORE_TRAINING, ops[i].model_id);
+}
+
+/* Commits the cycle's results. A database error is retried (a PostgreSQL restart or
+ * outage: the executor waits for it instead of exiting, its state would only have to be
+ * rebuilt elsewhere) until it commits, it is fenced, or the cycle turns out to be taken
+ * back. true when committed. */
+static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps) {
+    char err[1024];
+    for (int attempt = 0;; attempt++) {
+        if (attempt) {
+            sleep(attempt < 5 ? 1 : 2);
+            if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+        }
+        int rc = commit_cycle(c, st, cycle, ops, n, snaps, err, sizeof err);
+        if (rc == 0) return true;
+        log_error("cycle %lld: commit failed (try %d): %s", (long long)cycle, attempt + 1, err);
+        if (rc == -2) return false;
+        exit_if_fenced("instead of committing a cycle");
+        if (g_stop && attempt >= 2) return false;
+    }
+}
+
 /* Runs one cycle. -1 when it could not be started (database error: the caller polls
- * again, reconnecting if needed); 0 otherwise. A cycle whose results cannot be committed
- * ends the process. */
+ * again, reconnecting if needed); 0 otherwise. */
 static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     char err[1024], cyc[24];
     fmt_i64(cyc, sizeof cyc, cycle);
@@ -226,27 +301,23 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
         return 0;
     }
     st->db = c;
+    restore_slots(st, c, ops, n);
     run_ops(st, ops, n);
     st->db = NULL;
+    exe_slots_advance(st, ops, n);
+    exe_snap_set *snaps = exe_snapshots_before_commit(st, ops, n);
     exit_if_fenced("before committing a cycle");
 
-    /* A transient database error gets a few tries (on a fresh connection if it broke).
-     * If the results still cannot be committed, this executor must not keep heartbeating
-     * a lease it cannot honour: it exits, the lease lapses, and the reaper fails the
-     * cycle's operations with a message instead of leaving them pending forever. */
-    int rc = -1;
-    for (int attempt = 0; attempt < 3 && rc < 0; attempt++) {
-        if (attempt) {
-            sleep(1);
-            if (PQstatus(c) != CONNECTION_OK) PQreset(c);
-        }
-        rc = commit_cycle(c, st, cycle, ops, n, err, sizeof err);
-        if (rc < 0) log_error("cycle %s: commit failed (try %d of 3): %s", cyc, attempt + 1, err);
+    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps);
+    exe_snapshots_done(st, snaps, committed);
+    if (!committed) {
+        log_error("cycle %s was not committed: the reaper requeues its operations; the models' copies here are "
+                  "dropped", cyc);
+        drop_slots(st, ops, n);
+        free_ops(ops, n);
+        return 0;
     }
-    if (rc < 0) {
-        log_error("cycle %s could not be committed; exiting so that the reaper recovers its operations", cyc);
-        exit(1);
-    }
+    exe_snapshots_after_commit(st, ops, n);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     exe_log_cycle(c, cycle, ops, n, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     free_ops(ops, n);
@@ -379,6 +450,8 @@ const opt_spec EXE_OPTS[] = {
      .help = "adapters' memory, e.g. 8G (default: half the device memory left after the weights)"},
     {.name = "token-budget", .kind = OPT_INT, .arg = "N", .def = "32768", .lo = 1, .hi = 100000000,
      .help = "tokens per cycle"},
+    {.name = "snapshot-every", .kind = OPT_INT, .arg = "STEPS", .def = "20", .lo = 1, .hi = 1000000,
+     .help = "write a model's state to the blob store every STEPS optimizer steps (its recovery replays the rest)"},
     {0}};
 
 static const opt_spec EXE_OWN_OPTS[] = {
@@ -403,6 +476,24 @@ int exe_check_opts(const cfg *o, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+/* Earlier registrations of this executor (same name and host) whose process is gone are
+ * marked gone: a restart moves their models at once. A live process under the same name
+ * (two executors misconfigured alike) is left alone. */
+static void retire_previous(PGconn *c, const char *host, const char *name, const char *self) {
+    char err[512];
+    const char *p[3] = {host, name, self};
+    PGresult *r = db_query(c, SQL_EXE_PREVIOUS, 3, p, err, sizeof err);
+    if (!r) { log_warn("earlier registrations: %s", err); return; }
+    for (int i = 0; i < PQntuples(r); i++) {
+        pid_t pid = (pid_t)db_int(r, i, 1);
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+        const char *pg[1] = {PQgetvalue(r, i, 0)};
+        if (db_exec(c, SQL_EXE_MARK_GONE, 1, pg, err, sizeof err) == 0)
+            log_info("executor %s (pid %d) is no longer running: marked gone, its models move", pg[0], (int)pid);
+    }
+    PQclear(r);
 }
 
 /* Connects the loop's connection: named in pg_stat_activity, listening for cycles. */
@@ -432,7 +523,8 @@ int exe_main(int argc, char **argv) {
         device = (int)cfg_int(&o, "device");
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
-    exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir};
+    exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
+                    .snapshot_every = (int)cfg_int(&o, "snapshot-every")};
     size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
@@ -479,6 +571,7 @@ int exe_main(int argc, char **argv) {
     char sid[24];
     snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
+    retire_previous(c, host, name, sid);
     PQfinish(c);
     if (!(c = connect_loop(db, st.executor_id, 30000, err, sizeof err)) ||
         db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, sizeof err) < 0) {
@@ -487,6 +580,11 @@ int exe_main(int argc, char **argv) {
     }
     log_info("executor %s ready: model %s (%s), backend %s on %s, adapters up to %.1f GiB, token budget %d", sid,
              model_name, model_dir, st.be->name, dev.device, store_budget / 1073741824.0, budget);
+    st.db_conninfo = db;
+    if (exe_snapshot_writer_start(&st, err, sizeof err) < 0) {
+        log_error("%s", err);
+        return 1;
+    }
     hb_args hb = {db, st.executor_id, exe_gpu_open(st.be->name, device)};
     pthread_t hbt;
     pthread_create(&hbt, NULL, heartbeat_thread, &hb);
@@ -523,6 +621,10 @@ int exe_main(int argc, char **argv) {
         }
         if (db_wait_notify(c, 500) >= 0) free_inactive_slots(&st, c);
     }
+    /* A clean stop leaves every model's snapshot current (before the row says gone and
+     * its models move): the next executor restores them without replaying. */
+    exe_snapshot_slots(&st, NULL, true);
+    exe_snapshot_writer_stop(&st);
     if (c) {
         db_exec(c, SQL_EXE_GONE, 1, pid1, err, sizeof err);
         PQfinish(c);

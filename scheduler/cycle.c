@@ -245,14 +245,15 @@ fail:
     return -1;
 }
 
-int sched_reap(PGconn *c, char *err, size_t errlen) {
+int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen) {
     int changed = 0;
     if (db_begin(c, err, errlen) < 0) return -1;
+    const char *pj[1] = {judge_silence ? "t" : "f"};
     PGresult *r;
-    if (!(r = db_query(c, SQL_REAP_EXECUTORS, 0, NULL, err, errlen))) goto fail;
+    if (!(r = db_query(c, SQL_REAP_EXECUTORS, 1, pj, err, errlen))) goto fail;
     changed += atoi(PQcmdTuples(r));
     PQclear(r);
-    if (!(r = db_query(c, SQL_REAP_CYCLES, 0, NULL, err, errlen))) goto fail;
+    if (!(r = db_query(c, SQL_REAP_CYCLES, 1, pj, err, errlen))) goto fail;
     int expired = PQntuples(r);
     PQclear(r);
     if (expired > 0) {
@@ -263,11 +264,15 @@ int sched_reap(PGconn *c, char *err, size_t errlen) {
     if (!(r = db_query(c, SQL_REQUEUE_SAMPLES, 0, NULL, err, errlen))) goto fail;
     changed += PQntuples(r);
     PQclear(r);
+    if (!(r = db_query(c, SQL_REQUEUE_MODEL_OPS, 0, NULL, err, errlen))) goto fail;
+    if (PQntuples(r) > 0) log_warn("reaper: %d operation(s) of expired cycles queued again", PQntuples(r));
+    changed += PQntuples(r);
+    PQclear(r);
     if (!(r = db_query(c, SQL_FAIL_ORPHANED_SAMPLES, 0, NULL, err, errlen))) goto fail;
     changed += PQntuples(r);
     PQclear(r);
-    if (!(r = db_query(c, SQL_FAIL_ORPHANED_MODELS, 0, NULL, err, errlen))) goto fail;
-    if (PQntuples(r) > 0) log_warn("reaper: failed %d operation(s) of models on gone executors", PQntuples(r));
+    if (!(r = db_query(c, SQL_UNPIN_GONE, 0, NULL, err, errlen))) goto fail;
+    if (PQntuples(r) > 0) log_warn("reaper: %d model(s) of gone executors to be placed again", PQntuples(r));
     changed += PQntuples(r);
     PQclear(r);
     if (db_commit(c, err, errlen) < 0) return -1;

@@ -15,6 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* An executor silent this long is gone (SQL_REAP_EXECUTORS). */
+#define SCHED_SILENCE_S 30
+
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 
@@ -63,7 +66,7 @@ int sched_main(int argc, char **argv) {
     }
     log_info("scheduler running (gather %d ms, lease %d s, seq gap timeout %d s)", gather_ms, o.lease_s,
              gap_timeout_s);
-    time_t last_reap = 0;
+    time_t last_reap = 0, connected_at = time(NULL);
     int held = 0;
     while (!g_stop) {
         /* While a model is held for its optim_step, look again soon. */
@@ -74,6 +77,7 @@ int sched_main(int argc, char **argv) {
             while (!g_stop && !(c = db_connect(db, 5000, err, sizeof err))) log_warn("reconnect: %s", err);
             if (g_stop) break;
             if (listen_all(c, err, sizeof err) < 0) log_warn("listen: %s", err);
+            connected_at = time(NULL);
             continue;
         }
         if (w > 0 && gather_ms > 0) {
@@ -81,7 +85,10 @@ int sched_main(int argc, char **argv) {
             db_wait_notify(c, 0);   /* drain what arrived while gathering */
         }
         if (time(NULL) - last_reap >= 2) {
-            if (sched_reap(c, err, sizeof err) < 0) log_warn("reap: %s", err);
+            /* Silence is judged once executors had as long as the reaper's threshold to
+             * heartbeat on this connection's database (after an outage, all are silent). */
+            if (sched_reap(c, time(NULL) - connected_at >= SCHED_SILENCE_S, err, sizeof err) < 0)
+                log_warn("reap: %s", err);
             if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_warn("seq gaps: %s", err);
             last_reap = time(NULL);
         }

@@ -3,6 +3,7 @@
  * claim locks its executor, model and operation rows with FOR UPDATE SKIP LOCKED. */
 #pragma once
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,11 +21,13 @@ typedef struct {
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
                       int *held, char *err, size_t errlen);
 
-/* Expires cycles whose lease ran out (their operations go back to the queue with
- * attempt + 1, or fail after too many attempts), marks silent executors gone and
- * fails the queued work of models whose in-memory state was on a gone executor.
- * Returns the number of rows changed or -1. */
-int sched_reap(PGconn *c, char *err, size_t errlen);
+/* Expires cycles whose lease ran out or whose executor is gone, puts their model
+ * operations back in the queue (their models' state is restored wherever they run next:
+ * docs/architecture.md, "Durable training state"), requeues stateless samples, marks
+ * silent executors gone and unpins their models. judge_silence false: heartbeat age and
+ * leases are not judged (right after the scheduler (re)connects: after a database outage
+ * every heartbeat is old). Returns the number of rows changed or -1. */
+int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen);
 
 /* Keeps seq order from wedging. sched_skip_settled moves each model's next_seq past
  * operations settled without running (submits the api refused); run it before building

@@ -63,15 +63,18 @@
 #define SQL_IDLE_EXECUTORS \
     "SELECT id FROM executors WHERE state = 'idle' ORDER BY heartbeat_at DESC"
 
-/* Reaper, in one transaction. Executors silent for 30 s are gone. */
+/* Reaper, in one transaction. $1: whether silence counts (false for a while after the
+ * scheduler (re)connects: after a database outage every heartbeat is old, and executors
+ * need a moment to reconnect). Executors silent for 30 s are gone. */
 #define SQL_REAP_EXECUTORS \
-    "UPDATE executors SET state = 'gone' WHERE state <> 'gone'" \
+    "UPDATE executors SET state = 'gone' WHERE $1::boolean AND state <> 'gone'" \
     " AND heartbeat_at < now() - interval '30 seconds'"
 
-/* Cycles past their lease (or on a gone executor) expire. */
+/* $1 as above. Cycles past their lease (when silence counts), or on a gone executor,
+ * expire. */
 #define SQL_REAP_CYCLES \
     "UPDATE cycles c SET state = 'expired', finished_at = now(), error = 'lease expired'" \
-    " WHERE c.state IN ('assigned','running') AND (c.lease_expires_at < now()" \
+    " WHERE c.state IN ('assigned','running') AND (($1::boolean AND c.lease_expires_at < now())" \
     "   OR EXISTS (SELECT 1 FROM executors e WHERE e.id = c.executor_id AND e.state = 'gone'))" \
     " RETURNING id"
 
@@ -81,6 +84,33 @@
     "UPDATE executors e SET state = 'gone' FROM cycles c" \
     " WHERE c.executor_id = e.id AND c.state = 'expired'" \
     " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'"
+
+/* The operations of models in expired cycles go back to the queue: they never committed,
+ * so the state of their model (docs/architecture.md, "Durable training state") does not
+ * have them, and they run again wherever the model is restored; the model's next_seq
+ * moves back to the first of them. One that was claimed 3 times fails instead (it may be
+ * what ends its executors), unapplied. */
+#define SQL_REQUEUE_MODEL_OPS \
+    "WITH r AS (UPDATE operations o SET" \
+    "   state = CASE WHEN o.attempt >= 2 THEN 'failed' ELSE 'queued' END," \
+    "   attempt = o.attempt + 1, cycle_id = CASE WHEN o.attempt >= 2 THEN o.cycle_id END," \
+    "   error = CASE WHEN o.attempt >= 2 THEN 'the executors that ran this operation stopped during it 3 times in" \
+    " a row (it may be what stops them); it was not applied' END," \
+    "   error_category = CASE WHEN o.attempt >= 2 THEN 'server' END," \
+    "   finished_at = CASE WHEN o.attempt >= 2 THEN now() END" \
+    " FROM cycles c" \
+    " WHERE o.cycle_id = c.id AND c.state = 'expired' AND o.state = 'claimed' AND o.model_id IS NOT NULL" \
+    " RETURNING o.model_id, o.seq_id, o.request_id, o.state)," \
+    " back AS (UPDATE models m SET next_seq = x.seq FROM (SELECT model_id, min(seq_id) AS seq FROM r" \
+    "   WHERE state = 'queued' GROUP BY model_id) x WHERE m.id = x.model_id AND m.next_seq > x.seq RETURNING 1)" \
+    " SELECT pg_notify(CASE WHEN state = 'failed' THEN '" CHAN_OP_DONE "' ELSE '" CHAN_OP_QUEUED "' END," \
+    "   request_id), (SELECT count(*) FROM back) FROM r"
+
+/* Models whose executor is gone are placed again (their state is restored there). */
+#define SQL_UNPIN_GONE \
+    "UPDATE models m SET executor_id = NULL WHERE m.status = 'active' AND m.executor_id IS NOT NULL" \
+    " AND EXISTS (SELECT 1 FROM executors e WHERE e.id = m.executor_id AND e.state = 'gone')" \
+    " RETURNING m.id"
 
 /* Sample ops of expired cycles that need no in-memory state (base model or checkpoint)
  * go back to the queue; after 3 attempts they fail. */
@@ -106,20 +136,6 @@
     " WHERE o.sampling_session_id = s.id AND e.state = 'gone' AND o.state IN ('queued','claimed')" \
     " RETURNING o.request_id)" \
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
-
-/* The adapter of a model lived in its executor's memory: when that executor is gone
- * the training state is gone too (until checkpoints can restore it), so the model
- * fails, and every operation still pending on it fails with a message that says so.
- * Acknowledged operations are never dropped silently. */
-#define SQL_FAIL_ORPHANED_MODELS \
-    "WITH dead AS (UPDATE models m SET status = 'failed' FROM executors e" \
-    "   WHERE m.executor_id = e.id AND e.state = 'gone' AND m.status = 'active' RETURNING m.id)," \
-    " ops AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'server'," \
-    "   error = 'the executor holding this model''s training state stopped; the state is lost." \
-    " Create a new model (or load a checkpoint) to continue'" \
-    "   FROM dead WHERE o.model_id = dead.id AND o.state IN ('queued','claimed')" \
-    "   RETURNING o.request_id)" \
-    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM ops"
 
 /* ---- settling seq order ------------------------------------------------------------- */
 

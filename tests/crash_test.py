@@ -1,9 +1,10 @@
-"""Crashes: an acknowledged operation is never left pending forever.
+"""Crashes: an acknowledged operation is never left pending forever, nor lost.
 
-`loom up` restarts a child that dies. kill -9 of the executor loses the training state
-it held in memory: the operations of that model fail with a message saying so (after the
-reaper notices the silent executor), a new model trains on the restarted executor, and no
-operation stays queued or claimed. kill -9 of the api: it comes back on the same URL.
+`loom up` restarts a child that dies. kill -9 of the executor: `loom up` marks it gone at
+once, and the model's next operations run on the restarted executor, which restores the
+model's state (docs/architecture.md, "Durable training state"; tests/durable_test.py
+checks that bit for bit); no operation stays queued or claimed. kill -9 of the api: it
+comes back on the same URL.
 """
 import os, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -49,9 +50,8 @@ def main():
         t0 = time.time()
         f1, f2 = step(s, a, 3)
         waited = time.time() - t0
-        R.check(f1.get("category") == "server" and "state is lost" in f1.get("error", ""),
-                f"the lost model's next operation fails with a message after {waited:.0f} s: {f1}")
-        R.check("error" in f2, "so does the optim_step after it")
+        R.check("metrics" in f1 and f2.get("metrics", {}).get("step:max") == 2,
+                f"the model's next step runs on the restarted executor, its state restored ({waited:.1f} s): {f1}, {f2}")
         b = new_model(s)
         r1, r2 = step(s, b, 1)
         R.check("metrics" in r1 and "metrics" in r2, "a new model trains on the restarted executor")

@@ -209,7 +209,7 @@ static void test_samples(void) {
     n = build(2, &cyc);
     sql("UPDATE cycles SET lease_expires_at = now() - interval '1 second' WHERE state = 'assigned'");
     char err[512];
-    sched_reap(C, err, sizeof err);
+    sched_reap(C, true, err, sizeof err);
     CHECK(n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'sa:sample:0-s2'"
                            " AND state = 'queued' AND attempt = 1 AND cycle_id IS NULL") == 1,
           "a sample of an expired cycle goes back to the queue (attempt 1)");
@@ -225,13 +225,29 @@ static void test_reaper(void) {
     op("a1", 2, "optim_step", 0);
     sql("UPDATE cycles SET lease_expires_at = now() - interval '1 second'");
     char err[512];
-    int n = sched_reap(C, err, sizeof err);
+    int n = sched_reap(C, false, err, sizeof err);
+    CHECK(n == 0 && scalar("SELECT count(*) FROM cycles WHERE state = 'expired'") == 0,
+          "right after the scheduler connects, leases and silence are not judged (%d)", n);
+    n = sched_reap(C, true, err, sizeof err);
     CHECK(n > 0, "reaper acted (%d)", n);
     CHECK(scalar("SELECT count(*) FROM cycles WHERE state = 'expired'") == 1, "expired cycle marked");
-    CHECK(scalar("SELECT count(*) FROM operations WHERE state = 'failed' AND error_category = 'server'"
-                 " AND error LIKE '%state is lost%'") == 3,
-          "claimed and queued ops of the lost model fail with a message (never silently dropped)");
+    CHECK(scalar("SELECT count(*) FROM operations WHERE state = 'queued' AND cycle_id IS NULL AND attempt = 1") == 2 &&
+              scalar("SELECT count(*) FROM operations WHERE state = 'queued'") == 3,
+          "the claimed ops of the expired cycle are queued again (attempt 1), nothing failed");
+    CHECK(scalar("SELECT next_seq FROM models WHERE id = 'a1'") == 0, "the model's next_seq moved back to them");
     CHECK(scalar("SELECT count(*) FROM executors WHERE id = 1 AND state = 'gone'") == 1, "executor marked gone");
+    CHECK(scalar("SELECT count(*) FROM models WHERE id = 'a1' AND executor_id IS NULL AND status = 'active'") == 1,
+          "the model of the gone executor is unpinned, still active (its state is restored elsewhere)");
+    /* the same ops claimed and lost twice more: the third loss fails them, unapplied */
+    for (int k = 0; k < 2; k++) {
+        sql("UPDATE executors SET state = 'idle', heartbeat_at = now() WHERE id = 2");
+        build(2, &cyc);
+        sql("UPDATE executors SET state = 'gone' WHERE id = 2");
+        sched_reap(C, true, err, sizeof err);
+    }
+    CHECK(scalar("SELECT count(*) FROM operations WHERE model_id = 'a1' AND state = 'failed' AND NOT applied"
+                 " AND error LIKE '%3 times%'") == 2,
+          "an operation lost with its executor 3 times fails, naming why");
 }
 
 /* Seq order cannot wedge: a refused submit (recorded failed, never claimed) is passed
