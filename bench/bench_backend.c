@@ -8,16 +8,25 @@
  *   bench_backend [--backend NAME] [--device N] [--model DIR] [--layers N] [--tokens T] [--seqs S]
  *                 [--threads N] [--rank R] [--iters K]
  *                 [--gen G] [--samples K]   (sampling: S prompts of ≤128 tokens, K samples each, G new tokens)
+ *                 [--snapshot-every N]
  *   bench_backend --help
  *
  * FLOPs counted are model FLOPs: 2·T·(linear + head weights) + causal attention for the
  * forward; the backward adds input gradients of the same GEMMs and twice the attention
  * (LoRA terms and the backward's layer recompute are not counted).
+ *
+ * Durability (docs/architecture.md, "Durable training state"): what writing the adapter's
+ * state (weights, Adam moments) to the registry's blob store at every optimizer step
+ * would cost, what restoring it costs, and the price of the alternative Loom takes on a
+ * batch-invariant backend: a snapshot every --snapshot-every steps (default 20) plus an
+ * exact replay, which needs the CPU backend's own GEMM (next to OpenBLAS's rate).
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"    /* the CPU anchor: cpu_sgemm on the backend's thread pool */
 #include "backend/cpu/cpu_pool.h"
 #include "backend/loss.h"
+#include "model/adapter_io.h"
+#include "registry/blobstore.h"
 #include "model/mkmodel.h"
 #include "model/model.h"
 
@@ -72,6 +81,80 @@ static double gemm_rate(int threads)
     return 2.0 * M * N * K / dt / 1e9;
 }
 
+/* OpenBLAS's own rate on the anchor's shape, with its own threads. */
+static double openblas_rate(int threads)
+{
+    int M = 512, N = 3072, K = 1024;
+    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)N * K, 4), *c = calloc((size_t)M * N, 4);
+    for (long i = 0; i < (long)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
+    for (long i = 0; i < (long)N * K; i++) b[i] = (float)(i % 5) * 0.1f;
+    openblas_set_num_threads(threads);
+    double dt = 1e30;
+    for (int r = 0; r < 8; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        double t = now() - t0;
+        dt = r && t < dt ? t : dt;
+    }
+    openblas_set_num_threads(1);
+    free(a); free(b); free(c);
+    return 2.0 * M * N * K / dt / 1e9;
+}
+
+/* The durability figures (see the file's comment), printed; step_s: one forward_backward
+ * + optim_step of the batch, the unit they are put in proportion to. */
+static void durability(const exe_backend *be, void *ctx, exe_adapter *ad, double step_s, int every, int iters)
+{
+    char err[512], dir[64] = "/tmp/loom_bench_blobs_XXXXXX", dg[BLOB_DIGEST_HEX];
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return; }
+    blobstore *bs = blob_open_dir(dir, err, sizeof err);
+    if (!bs) { fprintf(stderr, "%s\n", err); return; }
+    double t_dl = 1e30, t_enc = 1e30, t_put = 1e30, t_get = 1e30, t_up = 1e30;
+    size_t len = 0;
+    for (int it = 0; it < iters; it++) {
+        adapter_state host;
+        double t0 = now();
+        if (exe_adapter_to_state(be, ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, &host, err, sizeof err) < 0) break;
+        double t1 = now();
+        uint8_t *bytes;
+        host.params[it] += 1e-3f;   /* another state each time: the store really writes */
+        if (adapter_io_encode(&host, true, &bytes, &len, err, sizeof err) < 0) break;
+        double t2 = now();
+        if (blob_put(bs, bytes, len, dg, err, sizeof err) < 0) break;
+        double t3 = now();
+        void *back;
+        size_t blen;
+        if (blob_get(bs, dg, &back, &blen, err, sizeof err) < 0) break;
+        int rc = adapter_io_restore(&host, back, blen, true, err, sizeof err);
+        double t4 = now();
+        if (rc == 0) rc = be->adapter_upload(ctx, ad, &host, ADAPTER_PARAMS | ADAPTER_OPTIM, err, sizeof err);
+        double t5 = now();
+        free(back);
+        free(bytes);
+        adapter_state_free(&host);
+        if (rc < 0) break;
+        t_dl = t1 - t0 < t_dl ? t1 - t0 : t_dl;
+        t_enc = t2 - t1 < t_enc ? t2 - t1 : t_enc;
+        t_put = t3 - t2 < t_put ? t3 - t2 : t_put;
+        t_get = t4 - t3 < t_get ? t4 - t3 : t_get;
+        t_up = t5 - t4 < t_up ? t5 - t4 : t_up;
+    }
+    blob_close(bs);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", dir);
+    if (t_dl >= 1e30) { fprintf(stderr, "durability: %s\n", err); return; }
+    double w = t_dl + t_enc + t_put;
+    printf("durability: the adapter's state (weights + Adam moments) is %.1f MB; one forward_backward + optim_step "
+           "of this batch %.3f s\n", len / 1e6, step_s);
+    printf("  written every step   %8.4f s per step (%.1f%% of the step): download %.4f, encode %.4f, "
+           "sha256 + write + fsync %.4f\n", w, 100 * w / step_s, t_dl, t_enc, t_put);
+    printf("  restored             %8.4f s (read + verify + decode %.4f, upload %.4f)\n", t_get + t_up, t_get, t_up);
+    printf("  snapshot every %d steps + exact replay: %.4f s per step (%.2f%%, by a writer thread beside the compute);"
+           " a recovery replays %d steps on average (%.2f s here)\n", every, w / every, 100 * w / every / step_s,
+           every / 2, every / 2.0 * step_s);
+}
+
 /* Anchor for decode: the best of a few sequential reads of a buffer far larger than cache. */
 static double read_rate(void)
 {
@@ -103,13 +186,16 @@ static void usage(FILE *f)
                "  --rank R      LoRA rank, all modules + head (default 32)\n"
                "  --iters K     timed repetitions, best kept (default 3)\n"
                "  --gen G       new tokens per sample (default 32)\n"
-               "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n", exe_backend_names());
+               "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n"
+               "  --snapshot-every N  steps between snapshots, for the durability figures (default 20)\n",
+               exe_backend_names());
 }
 
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *backend = "cpu";
-    int device = 0, layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1;
+    int device = 0, layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1,
+        every = 20;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
     if (argc % 2 == 0) { usage(stderr); return 2; }
@@ -125,6 +211,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gen")) gen = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--samples")) nsamples = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--snapshot-every")) every = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); usage(stderr); return 2; }
     }
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -234,7 +321,9 @@ int main(int argc, char **argv)
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
     double anchor = on_cpu ? gemm_rate(threads) : 0;
-    if (on_cpu) printf("machine: %s, %d threads; anchor GEMM 512x3072x1024: %.1f GFLOP/s\n", cpu, threads, anchor);
+    if (on_cpu)
+        printf("machine: %s, %d threads; anchor GEMM 512x3072x1024: %.1f GFLOP/s (the backend's batch-invariant GEMM;"
+               " OpenBLAS: %.1f)\n", cpu, threads, anchor, openblas_rate(threads));
     printf("backend: %s on %s\n", be->name, dev.device);
     printf("model: %s %d layers, hidden %d, heads %d/%d x %d, inter %d, vocab %d (load %.1f s)\n", c->architecture,
            c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
@@ -259,6 +348,7 @@ int main(int argc, char **argv)
     if (on_cpu)
         printf("  decode weights %8.1f GB/s streamed (%.0f MB per step)  vs memory read %.1f GB/s (%.0f%%)\n",
                steps * wbytes / t_decode / 1e9, wbytes / 1e6, bw, bw > 0 ? 100 * steps * wbytes / t_decode / 1e9 / bw : 0);
+    durability(be, ctx, ad, best_fb + best_opt, every, iters);
     free(rq); free(stok); free(slp); free(sn); free(sstop);
     be->adapter_free(ctx, ad);
     be->destroy(ctx);

@@ -202,13 +202,19 @@ static void pack_b(bool tb, const float *B, int ldb, int k0, int kc, int j0, int
     for (int p = 0; p < nc; p += NR) {
         float *dst = Bp + (size_t)p * kc;
         int cols = nc - p < NR ? nc - p : NR;
-        if (tb) {   /* op(B)'s column c is B's row c: read it along k, 8 values of k at a time */
-            for (int c = 0; c < cols; c++) {
+        if (tb) {   /* op(B)'s column c is B's row c: transposed in 8 × 8 tiles (cache lines both ways) */
+            int c8 = cols / 8 * 8, k8 = kc / 8 * 8;
+            for (int c = 0; c < c8; c += 8)
+                for (int k = 0; k < k8; k += 8) {
+                    const float *src = B + (long)(j0 + p + c) * ldb + k0 + k;
+                    float *d = dst + (size_t)k * NR + c;
+                    for (int i = 0; i < 8; i++)
+                        for (int j = 0; j < 8; j++) d[(size_t)i * NR + j] = src[(long)j * ldb + i];
+                }
+            for (int c = 0; c < NR; c++) {   /* the edges: k past k8, columns past c8 (zero past cols) */
                 const float *src = B + (long)(j0 + p + c) * ldb + k0;
-                for (int k = 0; k < kc; k++) dst[(size_t)k * NR + c] = src[k];
+                for (int k = c < c8 ? k8 : 0; k < kc; k++) dst[(size_t)k * NR + c] = c < cols ? src[k] : 0.0f;
             }
-            for (int k = 0; k < kc && cols < NR; k++)
-                for (int c = cols; c < NR; c++) dst[(size_t)k * NR + c] = 0.0f;
             continue;
         }
         for (int k = 0; k < kc; k++) {
