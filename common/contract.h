@@ -22,6 +22,10 @@
 #define OP_SAMPLE "sample"
 #define OP_UNLOAD_MODEL "unload_model"                   /* done at once by the api */
 
+/* The checkpoint name (weights/<name>) a model's state is saved under when its session
+ * expires (scheduler), as the error of its canceled operations says (api, scheduler). */
+#define SESSION_EXPIRED_CHECKPOINT "session-expired"
+
 /* ---- NOTIFY channels (a wake-up hint only: every waiter also polls) ------------------- */
 
 #define CHAN_OP_QUEUED "loom_op_queued"             /* api, reaper -> scheduler */

@@ -95,11 +95,12 @@
 
 /* ---- between cycles ------------------------------------------------------------------ */
 
-/* $1 JSON array of the model ids holding training slots here -> those whose models are
- * no longer active (unloaded, or failed): their slots are freed. */
+/* $1 JSON array of the model ids holding training slots here, $2 executor -> those whose
+ * models are no longer active (unloaded, expired, failed) or no longer placed here (moved
+ * to another executor): their slots are freed. */
 #define SQL_EXE_INACTIVE_MODELS                                                               \
     "SELECT id FROM models WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb))"          \
-    " AND status <> 'active'"
+    " AND (status <> 'active' OR executor_id IS DISTINCT FROM $2::bigint)"
 
 /* $1 executor, $2 memory used, $3 training slots, $4 snapshots, $5 cached checkpoints */
 #define SQL_EXE_CAPACITY                                                                      \

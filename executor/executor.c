@@ -35,6 +35,7 @@
 #include "common/migrate.h"
 #include <errno.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -326,8 +327,9 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
 
 /* ---- between cycles ------------------------------------------------------------------ */
 
-/* Frees the training slots of models that were unloaded (or failed) since the last look,
- * and records the store's figures when that changed them. */
+/* Frees the training slots of models that were unloaded, expired or failed, or moved to
+ * another executor, since the last look, and records the store's figures when that
+ * changed them. */
 static void free_inactive_slots(exe_state *st, PGconn *c) {
     exe_store_stats ss;
     exe_store_get_stats(&st->store, &ss);
@@ -339,20 +341,20 @@ static void free_inactive_slots(exe_state *st, PGconn *c) {
     json_t *ids = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
     free(keys);
-    char *text = json_dumps(ids, JSON_COMPACT), err[512];
+    char *text = json_dumps(ids, JSON_COMPACT), err[512], eid[24];
     json_decref(ids);
-    const char *p[1] = {text};
-    PGresult *r = db_query(c, SQL_EXE_INACTIVE_MODELS, 1, p, err, sizeof err);
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *p[2] = {text, eid};
+    PGresult *r = db_query(c, SQL_EXE_INACTIVE_MODELS, 2, p, err, sizeof err);
     free(text);
     if (!r) { log_warn("unloaded models: %s", err); return; }
     for (int i = 0; i < PQntuples(r); i++) exe_store_drop(&st->store, STORE_TRAINING, PQgetvalue(r, i, 0));
     int freed = PQntuples(r);
     PQclear(r);
     if (!freed) return;
+    malloc_trim(0);   /* what the adapters held goes back to the system (see exe_main's mallopt) */
     capacity_params cp;
     capacity_of(st, &cp);
-    char eid[24];
-    fmt_i64(eid, sizeof eid, st->executor_id);
     const char *pc[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
     if (db_exec(c, SQL_EXE_CAPACITY, 5, pc, err, sizeof err) < 0) log_warn("capacity: %s", err);
 }
@@ -528,6 +530,10 @@ int exe_main(int argc, char **argv) {
     size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    /* Adapters and their host copies are large and come and go with models: allocations
+     * of 1 MiB and more are mapped on their own (glibc would otherwise raise this threshold
+     * as they are freed, and keep their memory in its heap after unload_model). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
     model_files *mf;
     if (model_open(model_dir, &mf, err, sizeof err) < 0) {

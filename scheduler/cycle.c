@@ -275,6 +275,7 @@ int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen) {
     if (PQntuples(r) > 0) log_warn("reaper: %d model(s) of gone executors to be placed again", PQntuples(r));
     changed += PQntuples(r);
     PQclear(r);
+    if (db_exec(c, SQL_DROP_INACTIVE_SNAPSHOTS, 0, NULL, err, errlen) < 0) goto fail;
     if (db_commit(c, err, errlen) < 0) return -1;
     return changed;
 fail:
@@ -304,4 +305,20 @@ int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen) {
     int late = PQntuples(r);
     PQclear(r);
     return failed + late;
+}
+
+int sched_expire_sessions(PGconn *c, int timeout_s, char *err, size_t errlen) {
+    char secs[16];
+    snprintf(secs, sizeof secs, "%d", timeout_s);
+    const char *p[1] = {secs};
+    PGresult *r = db_query(c, SQL_EXPIRE_SESSIONS, 1, p, err, errlen);
+    if (!r) return -1;
+    int n = PQntuples(r);
+    PQclear(r);
+    if (!(r = db_query(c, SQL_EXPIRE_MODELS, 0, NULL, err, errlen))) return -1;
+    int models = atoi(PQcmdTuples(r));
+    PQclear(r);
+    if (models) log_info("sessions: %d model(s) of expired sessions saved and expired", models);
+    if (n) log_info("sessions: expired after %d s of silence; %d operation(s) canceled or queued", timeout_s, n);
+    return n + models;
 }

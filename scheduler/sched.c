@@ -38,6 +38,8 @@ const opt_spec SCHED_OPTS[] = {
      .help = "hold a model whose run ends in a forward_backward for its optim_step"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
      .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
+    {.name = "session-timeout-s", .kind = OPT_INT, .arg = "S", .def = "600", .lo = 0, .hi = 31536000,
+     .help = "a session with no heartbeat and no request for S seconds expires (0: never)"},
     {0}};
 
 static const cfg_cmd SCHED_CMD = {.cmd = "loom scheduler", .section = "scheduler",
@@ -49,7 +51,7 @@ int sched_main(int argc, char **argv) {
     int rc;
     if (!cfg_parse(&SCHED_CMD, argc, argv, &co, &rc)) return rc;
     int gather_ms = (int)cfg_int(&co, "gather-ms"), poll_ms = (int)cfg_int(&co, "poll-ms"),
-        gap_timeout_s = (int)cfg_int(&co, "seq-gap-timeout-s");
+        gap_timeout_s = (int)cfg_int(&co, "seq-gap-timeout-s"), session_timeout_s = (int)cfg_int(&co, "session-timeout-s");
     sched_opts o = {.lease_s = (int)cfg_int(&co, "lease-s"), .max_models = 256,
                     .pair_hold_ms = (int)cfg_int(&co, "pair-hold-ms")};
     char db[4096], db_from[4600];
@@ -90,6 +92,11 @@ int sched_main(int argc, char **argv) {
             if (sched_reap(c, time(NULL) - connected_at >= SCHED_SILENCE_S, err, sizeof err) < 0)
                 log_warn("reap: %s", err);
             if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_warn("seq gaps: %s", err);
+            /* Likewise a session is judged silent only after the scheduler has watched for
+             * as long as the timeout (heartbeats do not reach a database that is down). */
+            if (session_timeout_s > 0 && time(NULL) - connected_at >= session_timeout_s &&
+                sched_expire_sessions(c, session_timeout_s, err, sizeof err) < 0)
+                log_warn("session expiry: %s", err);
             last_reap = time(NULL);
         }
         if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);

@@ -38,6 +38,12 @@ int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen);
 int sched_skip_settled(PGconn *c, char *err, size_t errlen);
 int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen);
 
+/* Sessions silent (no heartbeat, no submit) for timeout_s expire: their queued work is
+ * canceled with a message, each active model's state is saved as the checkpoint
+ * weights/session-expired, and then the model is 'expired' (its executor frees it).
+ * Returns the rows changed or -1 with err. */
+int sched_expire_sessions(PGconn *c, int timeout_s, char *err, size_t errlen);
+
 int sched_main(int argc, char **argv);
 /* Its options but --db, for `loom up` to take and pass through. */
 #include "common/config.h"

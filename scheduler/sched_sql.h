@@ -187,3 +187,47 @@
     " FROM models m WHERE m.id = o.model_id AND o.state = 'queued' AND o.seq_id < m.next_seq" \
     " RETURNING o.request_id)" \
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
+
+/* ---- session expiry (migration 0011) ---------------------------------------------------- */
+
+/* $1 timeout seconds. Up to 100 sessions silent (no heartbeat, no submit: the api counts
+ * both) for longer expire: the queued operations of their models and samplers are
+ * canceled, naming the session and the checkpoint; each active model gets a last
+ * save_weights (weights/session-expired, kept 7 days) after its other operations, and its
+ * next_seq moves to it (a seq_id never sent cannot hold it up). */
+#define SQL_EXPIRE_SESSIONS \
+    "WITH s AS (UPDATE sessions SET expired_at = now() WHERE id IN (SELECT id FROM sessions" \
+    "   WHERE expired_at IS NULL AND last_heartbeat_at < now() - make_interval(secs => $1::int)" \
+    "   ORDER BY last_heartbeat_at LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING id)," \
+    " m AS (SELECT mm.id, mm.tenant_id, mm.session_id, (SELECT coalesce(max(x.seq_id), 0) + 1" \
+    "   FROM operations x WHERE x.model_id = mm.id) AS save_seq FROM models mm JOIN s ON s.id = mm.session_id" \
+    "   WHERE mm.status = 'active')," \
+    " adv AS (UPDATE models mm SET next_seq = m.save_seq FROM m WHERE mm.id = m.id)," \
+    " c AS (UPDATE operations o SET state = 'canceled', finished_at = now(), error_category = 'user'," \
+    "   error = 'session ' || m.session_id || ' expired (no heartbeat and no request for ' || $1::int" \
+    "     || ' s) before this operation ran; the model''s state is saved as tinker://' || m.id" \
+    "     || '/weights/" SESSION_EXPIRED_CHECKPOINT ": create a new model and load_weights it to continue'" \
+    "   FROM m WHERE o.model_id = m.id AND o.state = 'queued' RETURNING o.request_id)," \
+    " cs AS (UPDATE operations o SET state = 'canceled', finished_at = now(), error_category = 'user'," \
+    "   error = 'session ' || ss.session_id || ' expired (no heartbeat and no request for ' || $1::int" \
+    "     || ' s) before this sample ran'" \
+    "   FROM sampling_sessions ss JOIN s ON s.id = ss.session_id" \
+    "   WHERE o.sampling_session_id = ss.id AND o.state = 'queued' RETURNING o.request_id)," \
+    " sv AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload)" \
+    "   SELECT 'req-' || md5(m.id || clock_timestamp()::text), m.tenant_id, m.id, m.save_seq, '" OP_SAVE_WEIGHTS "'," \
+    "   jsonb_build_object('path', '" SESSION_EXPIRED_CHECKPOINT "', 'overwrite', true, 'ttl_seconds', 604800)" \
+    "   FROM m ON CONFLICT DO NOTHING RETURNING request_id)" \
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM c" \
+    " UNION ALL SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM cs" \
+    " UNION ALL SELECT pg_notify('" CHAN_OP_QUEUED "', request_id) FROM sv"
+
+/* Active models of expired sessions with nothing pending (their last save done or
+ * failed) become 'expired': their executors free them. */
+#define SQL_EXPIRE_MODELS \
+    "UPDATE models m SET status = 'expired' FROM sessions s" \
+    " WHERE m.status = 'active' AND s.id = m.session_id AND s.expired_at IS NOT NULL" \
+    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state IN ('queued', 'claimed'))"
+/* Snapshots of models that are no longer active (unloaded, expired, failed) are dropped;
+ * the registry GC then removes their blobs. */
+#define SQL_DROP_INACTIVE_SNAPSHOTS \
+    "DELETE FROM model_snapshots ms USING models m WHERE m.id = ms.model_id AND m.status <> 'active'"

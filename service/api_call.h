@@ -73,6 +73,11 @@ size_t api_url_decode(char *s);
  * in SQL parameters and JSON answers). 0, or -1 with the 400 answered. */
 int api_check_request_text(api_call *c);
 
+/* Inside a transaction: locks the tenant's session (it serialises seq_id allocation in the
+ * session). 0 when it is there and live; 1 when the answer (404 unknown, 400 expired) is
+ * given and the transaction rolled back; -1 on a database error (err in c->err). */
+int api_session_lock(api_call *c, const char *session_id);
+
 /* Route handlers (api_session.c, api_training.c, api_futures.c, api_sampling.c,
  * api_rest.c). */
 int api_h_create_session(api_call *c);

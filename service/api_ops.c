@@ -30,6 +30,14 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
         return 404;
     }
     const char *status = PQgetvalue(r, 0, 0);
+    if (!strcmp(status, "expired") || (!strcmp(status, "active") && db_bool(r, 0, 5))) {
+        snprintf(err, errlen, "model %.200s expired with its session %.100s (no heartbeat and no request for a "
+                 "while) and takes no more operations; its state is saved as tinker://%.200s/weights/"
+                 SESSION_EXPIRED_CHECKPOINT ": create a new model and load_weights it to continue", model_id,
+                 PQgetvalue(r, 0, 3), model_id);
+        PQclear(r);
+        return 400;
+    }
     if (strcmp(status, "active") != 0) {
         snprintf(err, errlen, "model %.200s is %s and takes no more operations", model_id, status);
         PQclear(r);

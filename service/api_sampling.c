@@ -125,15 +125,10 @@ int api_h_create_sampling_session(api_call *c) {
     api_fmt_i64(tid, c->tenant_id);
     if (db_begin(c->db, c->err, sizeof c->err) < 0) goto dberr;
     /* The session row lock serialises sampling_session_seq_id allocation. */
-    const char *sp[2] = {sid, tid};
-    PGresult *r = db_query(c->db, SQL_SESSION_LOCK, 2, sp, c->err, sizeof c->err);
-    if (!r) goto dberr;
-    int have_session = PQntuples(r) > 0;
-    PQclear(r);
-    if (!have_session) {
-        db_rollback(c->db);
-        return api_error(c, 404, "session %.200s not found (call create_session first)", sid);
-    }
+    int locked = api_session_lock(c, sid);
+    if (locked < 0) goto dberr;
+    if (locked > 0) return 0;
+    PGresult *r;
     if (!has_seq) {
         const char *p1[1] = {sid};
         r = db_query(c->db, SQL_SESSION_NEXT_SAMPLING_SEQ, 1, p1, c->err, sizeof c->err);

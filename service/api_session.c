@@ -71,8 +71,11 @@ int api_h_session_heartbeat(api_call *c) {
     const char *p[2] = {sid, tid};
     PGresult *r = db_query(c->db, SQL_SESSION_HEARTBEAT, 2, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "session_heartbeat", c->err);
-    int n = atoi(PQcmdTuples(r));
+    int64_t n = db_int(r, 0, 0);
+    bool expired = !PQgetisnull(r, 0, 1) && db_bool(r, 0, 1);
     PQclear(r);
+    if (expired) return api_error(c, 404, "session %.200s expired (no heartbeat and no request for a while); "
+                                          "create a new session", sid);
     if (n == 0) return api_error(c, 404, "session %.200s not found", sid);
     return api_reply_text(c, 200, "{\"type\": \"session_heartbeat\"}");
 }
@@ -184,4 +187,21 @@ int api_h_telemetry(api_call *c) {
         }
     }
     return api_reply_text(c, 200, TELEMETRY_ACCEPTED);
+}
+
+int api_session_lock(api_call *c, const char *session_id) {
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[2] = {session_id, tid};
+    PGresult *r = db_query(c->db, SQL_SESSION_LOCK, 2, p, c->err, sizeof c->err);
+    if (!r) return -1;
+    int found = PQntuples(r) > 0;
+    bool expired = found && db_bool(r, 0, 0);
+    PQclear(r);
+    if (found && !expired) return 0;
+    db_rollback(c->db);
+    if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
+                                   "new session", session_id);
+    else api_error(c, 404, "session %.200s not found (call create_session first)", session_id);
+    return 1;
 }

@@ -34,8 +34,12 @@
     " VALUES ($1, $2, ARRAY(SELECT jsonb_array_elements_text($3::jsonb)), $4::jsonb, $5, $6)"
 /* $1 id, $2 tenant */
 #define SQL_SESSION_HEARTBEAT                                                               \
-    "UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 AND tenant_id = $2"
-#define SQL_SESSION_LOCK "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+    "WITH u AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 AND tenant_id = $2" \
+    " AND expired_at IS NULL RETURNING 1) SELECT (SELECT count(*) FROM u),"                 \
+    " (SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2)"
+/* $1 id, $2 tenant -> whether it expired; locks the row */
+#define SQL_SESSION_LOCK                                                                    \
+    "SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 /* $1 session -> next free model_seq_id */
 #define SQL_SESSION_NEXT_MODEL_SEQ                                                          \
     "SELECT COALESCE(max(model_seq_id) + 1, 0) FROM models WHERE session_id = $1"
@@ -47,10 +51,17 @@
     " lora_seed, train_attn, train_mlp, train_unembed, user_metadata)"                      \
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)"                         \
     " ON CONFLICT DO NOTHING RETURNING id"
-/* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model */
+/* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
+ * its session expired. A submit counts as a sign of life of the session (as a heartbeat
+ * does: clients without heartbeats keep theirs by working), written at most every 5 s. */
 #define SQL_MODEL_FOR_OP                                                                    \
-    "SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model FROM models m" \
-    " JOIN base_models b ON b.name = m.base_model WHERE m.id = $1 AND m.tenant_id = $2"
+    "WITH touch AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = (SELECT"       \
+    " session_id FROM models WHERE id = $1 AND tenant_id = $2) AND expired_at IS NULL"      \
+    " AND last_heartbeat_at < now() - interval '5 seconds')"                                \
+    " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
+    " s.expired_at IS NOT NULL FROM models m"                                               \
+    " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
+    " WHERE m.id = $1 AND m.tenant_id = $2"
 /* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id */
 #define SQL_MODEL_INFO                                                                      \
     "SELECT m.id, m.lora_rank, m.base_model, b.arch,"                                       \

@@ -115,16 +115,9 @@ int api_h_create_model(api_call *c) {
     api_fmt_i64(seed, q.seed);
     if (db_begin(c->db, c->err, sizeof c->err) < 0) return api_db_error(c, "create_model", c->err);
     /* The session row lock also serialises model_seq_id allocation within the session. */
-    const char *sp[2] = {q.session_id, tid};
-    r = db_query(c->db, SQL_SESSION_LOCK, 2, sp, c->err, sizeof c->err);
-    if (!r) goto dberr;
-    int have_session = PQntuples(r) > 0;
-    PQclear(r);
-    if (!have_session) {
-        db_rollback(c->db);
-        return api_error(c, 404, "session %.200s not found (call create_session first)",
-                         q.session_id);
-    }
+    int locked = api_session_lock(c, q.session_id);
+    if (locked < 0) goto dberr;
+    if (locked > 0) return 0;
     if (!q.has_model_seq_id) {
         const char *p1[1] = {q.session_id};
         r = db_query(c->db, SQL_SESSION_NEXT_MODEL_SEQ, 1, p1, c->err, sizeof c->err);
