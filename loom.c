@@ -26,7 +26,7 @@ static const subcommand commands[] = {
     {"up", up_main, "run everything on this machine (embedded PostgreSQL, api, scheduler, executor)"},
     {"api", api_main, "HTTP front end (Tinker API)"},
     {"scheduler", sched_main, "builds clock cycles from queued operations"},
-    {"executor", exe_main, "runs cycles on one device"},
+    {"executor", pool_executor_main, "runs cycles on one device; drain|undrain one"},
     {"migrate", admin_migrate_main, "apply database migrations"},
     {"status", status_main, "operator view: executors and devices, the queue, tenants' usage, recent cycles"},
     {"tenant", admin_tenant_main, "tenants: create|list"},

@@ -5,3 +5,5 @@ int admin_tenant_main(int argc, char **argv);
 int admin_key_main(int argc, char **argv);
 int admin_pg_main(int argc, char **argv);
 int admin_config_main(int argc, char **argv);
+/* `loom executor drain|undrain`, else `loom executor` itself (pool.c). */
+int pool_executor_main(int argc, char **argv);

@@ -107,3 +107,13 @@
     " AND (expires_at IS NULL OR expires_at > now())"
 /* $1 pid -> a row once that executor is registered and idle */
 #define SQL_UP_EXECUTOR_READY "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'"
+
+/* ---- loom executor drain|undrain (pool.c) ------------------------------------------------ */
+/* $1 executor id or name, $2 draining -> id, name, host, base model of the live executors
+ * it names */
+#define SQL_CLI_EXECUTOR_DRAIN                                                                  \
+    "UPDATE executors SET draining = $2::boolean WHERE state <> 'gone'"                         \
+    " AND (id::text = $1 OR name = $1) RETURNING id, name, hostname, base_model"
+/* $1 bigint[] executors -> active models still placed on them */
+#define SQL_CLI_EXECUTOR_MODELS                                                                 \
+    "SELECT count(*) FROM models WHERE executor_id = ANY($1::bigint[]) AND status = 'active'"

@@ -44,7 +44,6 @@
 #define BACKOFF_FIRST_S 0.25
 #define BACKOFF_MAX_S 30.0
 #define STABLE_S 60.0            /* a child that ran this long starts its backoff over */
-#define EXECUTOR_SILENT_S 30     /* the reaper's "gone" threshold (scheduler/sched_sql.h) */
 #define MAX_EXECUTORS 64         /* one per GPU at most */
 #define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
 
@@ -154,16 +153,17 @@ static void executor_died(child *ch, PGconn *c, const char *host) {
         log_warn("executor pid %d: could not mark it gone (the reaper will, after its silence): %s", (int)ch->pid, err);
 }
 
-/* The executor child's newest row says it is gone or silent beyond EXECUTOR_SILENT_S: it
+/* The executor child's newest row says it is gone or silent beyond silent_s (the
+ * scheduler's --executor-timeout-s): it
  * is stopped or hung, and will never be scheduled again. Kill it; the reaping in the main
  * loop then starts a new one. A database that cannot be asked is no reason to kill. */
-static void watch_executor(child *ch, PGconn *c, const char *host) {
+static void watch_executor(child *ch, PGconn *c, const char *host, int silent_s) {
     if (ch->pid <= 0 || !ch->argv) return;
     if (PQstatus(c) != CONNECTION_OK) PQreset(c);
     char pid[16], floor[24], silent[16], err[256];
     snprintf(pid, sizeof pid, "%d", (int)ch->pid);
     snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
-    snprintf(silent, sizeof silent, "%d", EXECUTOR_SILENT_S);
+    snprintf(silent, sizeof silent, "%d", silent_s);
     const char *p[4] = {pid, host, floor, silent};
     PGresult *r = db_query(c, SQL_UP_EXECUTOR_SILENT, 4, p, err, sizeof err);
     if (!r) return;
@@ -252,6 +252,10 @@ static const opt_spec UP_OPTS[] = {
      .help = "a Hugging Face model directory (default: a tiny Llama generated in <data-dir>/models)"},
     {.name = "model-name", .kind = OPT_STR, .arg = "NAME",
      .help = "its name for clients (default: loom/tiny-llama, or the directory's name)"},
+    {.name = "models", .kind = OPT_STR, .arg = "NAME=DIR,...",
+     .help = "several base models at once, each NAME served from its Hugging Face directory DIR"},
+    {.name = "executors-per-model", .kind = OPT_INT, .arg = "N", .def = "1", .lo = 1, .hi = 16,
+     .help = "executors per base model on the CPU backend (with GPUs: one per GPU, GPUs shared out among the models)"},
     {.name = "gc-every", .kind = OPT_INT, .arg = "S", .def = "3600", .lo = 1, .hi = 31536000,
      .help = "registry garbage collection every S seconds"},
     {0}};
@@ -302,6 +306,46 @@ static void av_pass(argvec *a, const cfg *o, const opt_spec *tab, const char *co
     }
 }
 
+/* ---- the base models ----------------------------------------------------------------------- */
+
+#define MAX_MODELS 16
+
+typedef struct {
+    char name[256], dir[PATH_MAX];
+} up_model;
+
+/* --models "NAME=DIR,NAME=DIR": the count, or -1 with err (a missing '=', an empty part,
+ * a repeated name, a directory without a readable config.json). */
+static int parse_models(const char *spec, up_model *out, char *err, size_t errlen) {
+    int n = 0;
+    for (const char *p = spec; *p;) {
+        size_t len = strcspn(p, ","), eq = strcspn(p, "=");
+        if (eq >= len || eq == 0 || eq + 1 == len) {
+            snprintf(err, errlen, "--models takes NAME=DIR[,NAME=DIR...], got '%.*s'", (int)len, p);
+            return -1;
+        }
+        if (n == MAX_MODELS) { snprintf(err, errlen, "--models: at most %d models", MAX_MODELS); return -1; }
+        snprintf(out[n].name, sizeof out[n].name, "%.*s", (int)eq, p);
+        snprintf(out[n].dir, sizeof out[n].dir, "%.*s", (int)(len - eq - 1), p + eq + 1);
+        for (int i = 0; i < n; i++)
+            if (!strcmp(out[i].name, out[n].name)) {
+                snprintf(err, errlen, "--models: %s is named twice", out[n].name);
+                return -1;
+            }
+        char cfgjson[PATH_MAX + 16];
+        snprintf(cfgjson, sizeof cfgjson, "%s/config.json", out[n].dir);
+        if (access(cfgjson, R_OK) != 0) {
+            snprintf(err, errlen, "--models %s=%s: no readable config.json (%s)", out[n].name, out[n].dir, strerror(errno));
+            return -1;
+        }
+        n++;
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (!n) { snprintf(err, errlen, "--models is empty"); return -1; }
+    return n;
+}
+
 /* What can be checked before anything starts, beyond each option's syntax. */
 static int check_up_opts(const cfg *o) {
     char err[1024];
@@ -317,6 +361,11 @@ static int check_up_opts(const cfg *o) {
     if (mdir && access(cfgjson, R_OK) != 0)
         return cfg_usage_error(&UP_CMD, "--model-dir %s: no readable config.json (%s)", mdir, strerror(errno));
     if (cfg_str(o, "model-name") && !mdir) return cfg_usage_error(&UP_CMD, "--model-name goes with --model-dir");
+    if (cfg_str(o, "models")) {
+        if (mdir) return cfg_usage_error(&UP_CMD, "--models names every model: leave --model-dir out");
+        up_model ms[MAX_MODELS];
+        if (parse_models(cfg_str(o, "models"), ms, err, sizeof err) < 0) return cfg_usage_error(&UP_CMD, "%s", err);
+    }
     return 0;
 }
 
@@ -327,18 +376,29 @@ int up_main(int argc, char **argv) {
     if (check_up_opts(&o)) return 2;
     const char *host = cfg_str(&o, "host"), *model_dir = cfg_str(&o, "model-dir"),
                *model_name = cfg_str(&o, "model-name");
-    /* The executors: one on --device, else one per device of the backend (cuda: every GPU
-     * found; cpu: its one device); no --backend: cuda where it finds GPUs, else cpu. */
+    /* The base models: --models, else --model-dir (or the generated tiny model). */
+    static up_model models[MAX_MODELS];
+    char err[1024];
+    int n_models = cfg_str(&o, "models") ? parse_models(cfg_str(&o, "models"), models, err, sizeof err) : 1;
+    /* The executors: on the CPU, --executors-per-model of each model; with GPUs (cuda
+     * without --device), one per GPU, the GPUs shared out among the models in turn; with
+     * --device, that device for each model's executors. No --backend: cuda where it finds
+     * GPUs, else cpu. */
     const char *backend = cfg_level(&o, "backend") == CFG_DEFAULT ? NULL : cfg_str(&o, "backend");
     const char *device = cfg_level(&o, "device") == CFG_DEFAULT ? NULL : cfg_str(&o, "device");
-    int n_exec = 1, gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
+    int per_model = (int)cfg_int(&o, "executors-per-model"), n_exec = n_models * per_model,
+        gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
     if (!backend) backend = gpus > 0 ? "cuda" : "cpu";
-    if (!device && !strcmp(backend, "cuda")) {
+    bool per_gpu = !device && !strcmp(backend, "cuda");
+    if (per_gpu) {
         if (gpus == 0) return cfg_usage_error(&UP_CMD, "--backend cuda: no CUDA device on this machine");
+        if (gpus < n_models)
+            return cfg_usage_error(&UP_CMD, "%d base models need at least as many GPUs (found %d)", n_models, gpus);
         n_exec = gpus < MAX_EXECUTORS ? gpus : MAX_EXECUTORS;
     }
-    log_info("%d %s executor%s%s%s", n_exec, backend, n_exec > 1 ? "s" : "", device ? " on device " : "",
-             device ? device : "");
+    if (n_exec > MAX_EXECUTORS) return cfg_usage_error(&UP_CMD, "at most %d executors", MAX_EXECUTORS);
+    log_info("%d %s executor%s for %d base model%s%s%s", n_exec, backend, n_exec > 1 ? "s" : "", n_models,
+             n_models > 1 ? "s" : "", device ? " on device " : "", device ? device : "");
     char data_dir[PATH_MAX], absdata[PATH_MAX];
     cfg_data_dir(&o, data_dir, sizeof data_dir);
     /* Keys, the secret, blobs (tenants' weights), the model, logs: for the service user
@@ -346,7 +406,7 @@ int up_main(int argc, char **argv) {
     umask(077);
     mkdir(data_dir, 0700);
     if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
-    char err[1024], conninfo[4096], db_from[PATH_MAX + 400];
+    char conninfo[4096], db_from[PATH_MAX + 400];
     bool own_cluster = cfg_db(&o, conninfo, sizeof conninfo, db_from, sizeof db_from);
     /* Say which database, and which setting was passed over (the surprise of issue 14). */
     log_info("database: %s", db_from);
@@ -394,7 +454,7 @@ int up_main(int argc, char **argv) {
     }
 
     char mdir[PATH_MAX];
-    if (!model_dir) {
+    if (!cfg_str(&o, "models") && !model_dir) {
         snprintf(mdir, sizeof mdir, "%s/models", data_dir);
         mkdir(mdir, 0755);
         snprintf(mdir, sizeof mdir, "%s/models/tiny-llama", data_dir);
@@ -410,24 +470,30 @@ int up_main(int argc, char **argv) {
         }
         model_dir = mdir;
         if (!model_name) model_name = "loom/tiny-llama";
-    } else if (!model_name) {
+    } else if (model_dir && !model_name) {
         const char *slash = strrchr(model_dir, '/');
         model_name = slash && slash[1] ? slash + 1 : model_dir;
+    }
+    if (!cfg_str(&o, "models")) {
+        snprintf(models[0].name, sizeof models[0].name, "%s", model_name);
+        snprintf(models[0].dir, sizeof models[0].dir, "%s", model_dir);
     }
 
     char blob_dir[PATH_MAX];
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
     /* The children read no config file: what they run with is what up was given. */
     static argvec exe[MAX_EXECUTORS];
-    char dev_s[MAX_EXECUTORS][16];
+    char dev_s[MAX_EXECUTORS][16], name_s[MAX_EXECUTORS][32];
     static const char *const per_executor[] = {"backend", "device", NULL};
     for (int i = 0; i < n_exec; i++) {
         argvec *e = &exe[i];
-        snprintf(dev_s[i], sizeof dev_s[i], "%s", device ? device : "0");
-        if (!device) snprintf(dev_s[i], sizeof dev_s[i], "%d", i);
+        const up_model *m = &models[per_gpu ? i % n_models : i / per_model];
+        snprintf(dev_s[i], sizeof dev_s[i], "%s", device ? device : per_gpu ? "" : "0");
+        if (per_gpu) snprintf(dev_s[i], sizeof dev_s[i], "%d", i);
+        snprintf(name_s[i], sizeof name_s[i], "up-%d", i);
         av_add(e, "loom"), av_add(e, "executor"), av_opt(e, "config", "/dev/null"), av_opt(e, "db", conninfo);
-        av_opt(e, "model-dir", model_dir), av_opt(e, "model-name", model_name), av_opt(e, "blob-dir", blob_dir);
-        av_opt(e, "backend", backend), av_opt(e, "device", dev_s[i]);
+        av_opt(e, "model-dir", m->dir), av_opt(e, "model-name", m->name), av_opt(e, "blob-dir", blob_dir);
+        av_opt(e, "backend", backend), av_opt(e, "device", dev_s[i]), av_opt(e, "name", name_s[i]);
         av_pass(e, &o, EXE_OPTS, per_executor);
     }
     argvec sch = {0}, api = {0}, gc = {0};
@@ -492,8 +558,10 @@ int up_main(int argc, char **argv) {
     printf("TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
     printf("TINKER_API_KEY=%s\n", key);
     fflush(stdout);
-    log_info("Loom is up: model %s on %d %s executor%s; Ctrl-C stops it", model_name, n_exec, backend,
-             n_exec > 1 ? "s" : "");
+    for (int m = 0; m < n_models; m++)
+        log_info("Loom is up: model %s (%s) on %d %s executor%s; Ctrl-C stops it", models[m].name, models[m].dir,
+                 per_gpu ? (n_exec - m + n_models - 1) / n_models : per_model, backend,
+                 (per_gpu ? (n_exec - m + n_models - 1) / n_models : per_model) > 1 ? "s" : "");
 
     /* The api's stdout is no longer needed; drain it so a full pipe never blocks it. */
     close(api_out);
@@ -522,7 +590,7 @@ int up_main(int argc, char **argv) {
             }
         }
         if (now_s() >= next_watch) {
-            for (int i = 0; i < n_exec; i++) watch_executor(&cs[i], c, hostname);
+            for (int i = 0; i < n_exec; i++) watch_executor(&cs[i], c, hostname, (int)cfg_int(&o, "executor-timeout-s"));
             next_watch = now_s() + WATCH_EVERY_S;
         }
         usleep(100 * 1000);   /* a signal cuts it short */

@@ -258,7 +258,7 @@ exe_snap_set *exe_snapshots_before_commit(exe_state *st, exe_op *ops, int n) {
         snprintf(b->model_id, sizeof b->model_id, "%s", ops[i].model_id);
         b->seq = ops[i].seq_id;
         char err[512] = "";
-        exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, ops[i].model_id);
+        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
         adapter_state host;
         int rc = ad ? download(st, ad, &host, err, sizeof err) : (err_set(err, sizeof err, "no training slot"), -1);
         if (rc == 0) {
@@ -415,7 +415,7 @@ void exe_snapshots_after_commit(exe_state *st, const exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         if (!ops[i].applied || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
         slot_seqs *q = exe_store_seqs(&st->store, ops[i].model_id);
-        exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, ops[i].model_id);
+        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
         if (q && ad && q->base_seq > q->snap_seq && ad->step - q->snap_step >= st->snapshot_every)
             enqueue(st, ops[i].model_id, q, ad, false);
     }
@@ -430,7 +430,7 @@ void exe_snapshot_slots(exe_state *st, const char *model_id, bool wait) {
     for (int i = 0; i < n; i++) {
         if (model_id && strcmp(keys[i], model_id)) continue;
         slot_seqs *q = exe_store_seqs(&st->store, keys[i]);
-        exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, keys[i]);
+        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, keys[i]);
         if (q && ad && q->base_seq > q->snap_seq) enqueue(st, keys[i], q, ad, true);
     }
     free(keys);
@@ -449,4 +449,19 @@ void exe_snapshot_writer_stop(exe_state *st) {
     pthread_cond_destroy(&w->cv);
     free(w);
     st->writer = NULL;
+}
+
+/* ---- handing a model over ---------------------------------------------------------------- */
+
+int exe_hand_over(exe_state *st, PGconn *c, const char *model_id, char *err, size_t errlen) {
+    exe_snapshot_slots(st, model_id, true);
+    char eid[24];
+    snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
+    const char *p[2] = {model_id, eid};
+    PGresult *r = db_query(c, SQL_EXE_UNPIN, 2, p, err, errlen);
+    if (!r) return -1;
+    int moved = PQntuples(r) > 0;
+    PQclear(r);
+    if (moved) exe_store_drop(&st->store, STORE_TRAINING, model_id);
+    return moved;
 }

@@ -56,3 +56,9 @@ void exe_snapshot_slots(exe_state *st, const char *model_id, bool wait);
 int exe_snapshot_writer_start(exe_state *st, char *err, size_t errlen);
 /* Writes what is queued, then stops it. */
 void exe_snapshot_writer_stop(exe_state *st);
+
+/* Hands the model over to the pool (drain, eviction): its snapshot brought up to date,
+ * then, when none of its operations is claimed, it is placed nowhere (the scheduler places
+ * it again with its next operation, restored wherever that is) and its slot is freed.
+ * 1 handed over, 0 kept (an operation of it is claimed: try later), -1 with err. */
+int exe_hand_over(exe_state *st, PGconn *c, const char *model_id, char *err, size_t errlen);

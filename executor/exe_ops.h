@@ -25,6 +25,7 @@ typedef struct exe_state_ {
     PGconn *db;                /* the loop's connection while a cycle runs (access checks) */
     const char *db_conninfo;   /* for the snapshot writer's own connection */
     int snapshot_every;        /* optimizer steps between a model's snapshots */
+    int evict_idle_s;          /* over budget, training slots idle this long are evicted */
     struct snap_writer *writer;   /* exe_durable.c */
     tokenizer *tok;            /* for stop strings, loaded on first use (exe_sample.c) */
     bool tok_tried;

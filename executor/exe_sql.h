@@ -14,11 +14,12 @@
     " vocab_size = EXCLUDED.vocab_size, config = EXCLUDED.config"
 
 /* $1 name, $2 hostname, $3 pid, $4 backend, $5 device description, $6 base model, $7 token
- * budget, $8 device index, $9 device memory, $10 adapter memory budget -> id */
+ * budget, $8 device index, $9 device memory, $10 adapter memory budget, $11 bytes of a
+ * trainable rank-1 adapter on every module (placement) -> id */
 #define SQL_EXE_REGISTER                                                                      \
     "INSERT INTO executors (name, hostname, pid, backend, device, base_model, token_budget,"  \
-    " device_index, memory_total, memory_budget)"                                             \
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id"
+    " device_index, memory_total, memory_budget, adapter_bytes_per_rank)"                     \
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id"
 
 /* $1 hostname, $2 name, $3 this registration -> id, pid of earlier live registrations under
  * the same name on this host (a restarted executor: systemd, loom up) */
@@ -102,6 +103,14 @@
     "SELECT id FROM models WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb))"          \
     " AND (status <> 'active' OR executor_id IS DISTINCT FROM $2::bigint)"
 
+/* $1 model, $2 executor: the model leaves this executor (drain, eviction) when none of its
+ * operations is claimed (the scheduler locks the model row while it claims, so no cycle
+ * can be building with it); the scheduler is woken to place it again. */
+#define SQL_EXE_UNPIN                                                                         \
+    "WITH u AS (UPDATE models SET executor_id = NULL WHERE id = $1 AND executor_id = $2::bigint" \
+    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = $1 AND o.state = 'claimed')" \
+    " RETURNING id) SELECT pg_notify('" CHAN_OP_QUEUED "', id) FROM u"
+
 /* $1 executor, $2 memory used, $3 training slots, $4 snapshots, $5 cached checkpoints */
 #define SQL_EXE_CAPACITY                                                                      \
     "UPDATE executors SET memory_used = $2, training_slots = $3, sampler_snapshots = $4,"     \
@@ -110,14 +119,15 @@
 /* ---- heartbeat (its own connection) ---------------------------------------------------- */
 
 /* $1 executor -> 1 while the executor is alive, 0 once the reaper has written it off as
- * gone: then nothing is extended and the executor is fenced (it stops and exits). */
+ * gone: then nothing is extended and the executor is fenced (it stops and exits); and
+ * whether it is draining (`loom executor drain`). */
 #define SQL_EXE_HEARTBEAT                                                                     \
     "WITH me AS (UPDATE executors SET heartbeat_at = now() WHERE id = $1 AND state <> 'gone'" \
-    "   RETURNING id),"                                                                       \
+    "   RETURNING id, draining),"                                                             \
     " lease AS (UPDATE cycles SET lease_expires_at = greatest(lease_expires_at,"              \
     "   now() + interval '60 seconds')"                                                       \
     "   WHERE executor_id IN (SELECT id FROM me) AND state IN ('assigned','running'))"        \
-    " SELECT count(*) FROM me"
+    " SELECT count(*), coalesce(bool_or(draining), false) FROM me"
 
 /* $1 executor: a clean stop */
 #define SQL_EXE_GONE "UPDATE executors SET state = 'gone' WHERE id = $1"

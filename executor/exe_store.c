@@ -6,6 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static const char *const kind_names[STORE_NKINDS] = {"training slot", "sampler snapshot", "cached checkpoint"};
 
@@ -41,13 +48,20 @@ exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
+    s->e[i].used_at = now_s();
     return s->e[i].ad;
+}
+
+exe_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key) {
+    int i = find(s, kind, key);
+    return i < 0 ? NULL : s->e[i].ad;
 }
 
 exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
+    s->e[i].used_at = now_s();
     s->e[i].pins++;
     return s->e[i].ad;
 }
@@ -111,6 +125,7 @@ int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *a
     e->ad = ad;
     e->pins = pinned ? 1 : 0;
     e->last_use = ++s->clock;
+    e->used_at = now_s();
     e->seqs = (slot_seqs){-1, -1, -1, 0};
     s->used += ad->device_bytes;
     return 0;
@@ -133,6 +148,24 @@ void exe_store_get_stats(const exe_store *s, exe_store_stats *out) {
     out->budget = s->budget;
     out->used = s->used;
     for (int i = 0; i < s->n; i++) out->count[s->e[i].kind]++;
+}
+
+int exe_store_idle_training(const exe_store *s, double idle_s, const char **keys, int cap) {
+    double now = now_s();
+    uint64_t taken = 0;   /* clock values taken so far: entries come out in last_use order */
+    int n = 0;
+    while (n < cap) {
+        int best = -1;
+        for (int i = 0; i < s->n; i++) {
+            const store_entry *e = &s->e[i];
+            if (e->kind != STORE_TRAINING || e->pins || now - e->used_at < idle_s || e->last_use <= taken) continue;
+            if (best < 0 || e->last_use < s->e[best].last_use) best = i;
+        }
+        if (best < 0) break;
+        taken = s->e[best].last_use;
+        keys[n++] = s->e[best].key;
+    }
+    return n;
 }
 
 int exe_store_keys(const exe_store *s, store_kind kind, const char **keys, int cap) {

@@ -37,6 +37,7 @@ typedef struct {
     exe_adapter *ad;
     int pins;
     uint64_t last_use;
+    double used_at;     /* CLOCK_MONOTONIC seconds of the last use */
     slot_seqs seqs;     /* training slots */
 } store_entry;
 
@@ -62,6 +63,8 @@ void exe_store_free(exe_store *s);
 
 /* The adapter of (kind, key), or NULL; counts as a use for the LRU order. */
 exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key);
+/* Same, without counting as a use (bookkeeping: snapshots, eviction). */
+exe_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key);
 /* Same, pinned until exe_store_release (which evicts what pins kept over the budget). */
 exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key);
 void exe_store_release(exe_store *s, exe_adapter *ad);
@@ -80,5 +83,8 @@ void exe_store_drop(exe_store *s, store_kind kind, const char *key);
 slot_seqs *exe_store_seqs(exe_store *s, const char *model_id);
 
 void exe_store_get_stats(const exe_store *s, exe_store_stats *out);
+/* The training slots unused for idle_s seconds or more, least recently used first (pointers
+ * into the store, valid until it changes); returns n. */
+int exe_store_idle_training(const exe_store *s, double idle_s, const char **keys, int cap);
 /* The keys of one kind (pointers into the store, valid until it changes); returns n. */
 int exe_store_keys(const exe_store *s, store_kind kind, const char **keys, int cap);

@@ -49,6 +49,8 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 /* Set by the heartbeat thread when the executor row says 'gone'. */
 static atomic_bool g_fenced;
+/* Set by the heartbeat thread from the row's draining flag (`loom executor drain`). */
+static atomic_bool g_draining;
 
 /* Exit status of an executor that was written off as gone (a supervisor restarts it). */
 #define EXE_EXIT_FENCED 3
@@ -327,6 +329,8 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
 
 /* ---- between cycles ------------------------------------------------------------------ */
 
+static void record_capacity(exe_state *st, PGconn *c);
+
 /* Frees the training slots of models that were unloaded, expired or failed, or moved to
  * another executor, since the last look, and records the store's figures when that
  * changed them. */
@@ -353,10 +357,76 @@ static void free_inactive_slots(exe_state *st, PGconn *c) {
     PQclear(r);
     if (!freed) return;
     malloc_trim(0);   /* what the adapters held goes back to the system (see exe_main's mallopt) */
+    record_capacity(st, c);
+}
+
+/* ---- pools: drain and eviction (docs/architecture.md, "Pools and placement") ------------ */
+
+/* Records the store's figures in the executors row. */
+static void record_capacity(exe_state *st, PGconn *c) {
     capacity_params cp;
     capacity_of(st, &cp);
+    char eid[24], err[512];
+    fmt_i64(eid, sizeof eid, st->executor_id);
     const char *pc[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
     if (db_exec(c, SQL_EXE_CAPACITY, 5, pc, err, sizeof err) < 0) log_warn("capacity: %s", err);
+}
+
+/* Hands over the slots named (copied: the store changes as they go) while keep_going says
+ * so; returns how many went. */
+static int hand_over_slots(exe_state *st, PGconn *c, const char **keys, int n, bool (*keep_going)(exe_state *),
+                           const char *why) {
+    char (*ids)[256] = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) return 0;
+    for (int i = 0; i < n; i++) snprintf(ids[i], sizeof ids[i], "%s", keys[i]);
+    int moved = 0;
+    for (int i = 0; i < n && keep_going(st); i++) {
+        char err[512];
+        int rc = exe_hand_over(st, c, ids[i], err, sizeof err);
+        if (rc < 0) log_warn("model %s: could not hand it over (%s): %s", ids[i], why, err);
+        else if (rc > 0) {
+            log_info("model %s handed over (%s): its state is in its snapshot, the scheduler places it again", ids[i],
+                     why);
+            moved++;
+        }
+    }
+    free(ids);
+    if (moved) {
+        malloc_trim(0);
+        record_capacity(st, c);
+    }
+    return moved;
+}
+
+static bool always_go(exe_state *st) { return true; }
+static bool over_budget(exe_state *st) { return st->store.used > st->store.budget; }
+
+/* A draining executor hands every model it holds over to its pool. */
+static void drain_slots(exe_state *st, PGconn *c) {
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_TRAINING];
+    if (!n) return;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) return;
+    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
+    hand_over_slots(st, c, keys, n, always_go, "draining");
+    free(keys);
+}
+
+/* Over its memory budget, the executor evicts the training slots idle longest (none used
+ * for --evict-idle-s) until it fits: their state is in their snapshots, and they are
+ * loaded again, wherever the scheduler places them, with their next operation. */
+static void evict_idle(exe_state *st, PGconn *c) {
+    if (!over_budget(st)) return;
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_TRAINING];
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys) return;
+    n = exe_store_idle_training(&st->store, st->evict_idle_s, keys, n);
+    hand_over_slots(st, c, keys, n, over_budget, "evicted: memory is short");
+    free(keys);
 }
 
 /* ---- heartbeat -------------------------------------------------------------------- */
@@ -385,6 +455,10 @@ static void *heartbeat_thread(void *arg) {
                 log_error("heartbeat: this executor is marked gone; fencing it (no cycle is touched again)");
                 atomic_store(&g_fenced, true);
             }
+            bool draining = db_bool(r, 0, 1);
+            if (draining != atomic_exchange(&g_draining, draining))
+                log_info("this executor is %s", draining ? "draining: its models move to the other executors of its "
+                                                           "pool" : "no longer draining");
             PQclear(r);
             if (a->gpu && exe_gpu_report(a->gpu, c, a->executor_id, err, sizeof err) < 0)
                 log_debug("GPU figures: %s", err);
@@ -454,6 +528,8 @@ const opt_spec EXE_OPTS[] = {
      .help = "tokens per cycle"},
     {.name = "snapshot-every", .kind = OPT_INT, .arg = "STEPS", .def = "20", .lo = 1, .hi = 1000000,
      .help = "write a model's state to the blob store every STEPS optimizer steps (its recovery replays the rest)"},
+    {.name = "evict-idle-s", .kind = OPT_INT, .arg = "S", .def = "5", .lo = 0, .hi = 86400,
+     .help = "over the memory budget, models idle for S seconds are evicted to the blob store"},
     {0}};
 
 static const opt_spec EXE_OWN_OPTS[] = {
@@ -465,7 +541,8 @@ static const opt_spec EXE_OWN_OPTS[] = {
     {0}};
 
 static const cfg_cmd EXE_CMD = {.cmd = "loom executor", .section = "executor",
-                                .about = "Runs the cycles the scheduler assigns to it on one device.",
+                                .about = "Runs the cycles the scheduler assigns to it on one device. `loom executor drain\n"
+                                         "NAME|ID` moves an executor's models to the others of its pool (`undrain`: back).",
                                 .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
 
 int exe_check_opts(const cfg *o, char *err, size_t errlen) {
@@ -478,6 +555,19 @@ int exe_check_opts(const cfg *o, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+/* Device bytes of a trainable rank-1 adapter on every module and the head: the unit in
+ * which the scheduler counts what the models placed here take (an adapter's size is about
+ * linear in its rank). */
+static size_t adapter_bytes_per_rank(exe_state *st) {
+    lora_config lc = {.rank = 1, .train_attn = true, .train_mlp = true, .train_unembed = true};
+    char err[256];
+    exe_adapter *a = st->be->adapter_alloc(st->ctx, &lc, true, err, sizeof err);
+    if (!a) return 0;
+    size_t n = a->device_bytes;
+    st->be->adapter_free(st->ctx, a);
+    return n;
 }
 
 /* Earlier registrations of this executor (same name and host) whose process is gone are
@@ -526,7 +616,8 @@ int exe_main(int argc, char **argv) {
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
     exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
-                    .snapshot_every = (int)cfg_int(&o, "snapshot-every")};
+                    .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
+                    .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
     size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
@@ -570,8 +661,10 @@ int exe_main(int argc, char **argv) {
     snprintf(sdev, sizeof sdev, "%d", device);
     snprintf(smem, sizeof smem, "%zu", dev.memory_total);
     snprintf(sstore, sizeof sstore, "%zu", store_budget);
-    const char *p[10] = {name, host, pid, st.be->name, dev.device, model_name, sbudget, sdev, smem, sstore};
-    PGresult *r = db_query(c, SQL_EXE_REGISTER, 10, p, err, sizeof err);
+    char sper[24];
+    snprintf(sper, sizeof sper, "%zu", adapter_bytes_per_rank(&st));
+    const char *p[11] = {name, host, pid, st.be->name, dev.device, model_name, sbudget, sdev, smem, sstore, sper};
+    PGresult *r = db_query(c, SQL_EXE_REGISTER, 11, p, err, sizeof err);
     if (!r) { log_error("register: %s", err); return 1; }
     st.executor_id = db_int(r, 0, 0);
     char sid[24];
@@ -614,7 +707,11 @@ int exe_main(int argc, char **argv) {
         int64_t cycle = PQntuples(r) ? db_int(r, 0, 0) : 0;
         PQclear(r);
         if (cycle) {
-            if (run_cycle(&st, c, cycle) == 0) { fails = 0; continue; }
+            if (run_cycle(&st, c, cycle) == 0) {
+                fails = 0;
+                evict_idle(&st, c);
+                continue;
+            }
             fails = cycle == failing ? fails + 1 : 1;
             failing = cycle;
             if (fails >= 3) {
@@ -625,7 +722,11 @@ int exe_main(int argc, char **argv) {
             sleep(1);
             continue;
         }
-        if (db_wait_notify(c, 500) >= 0) free_inactive_slots(&st, c);
+        if (db_wait_notify(c, 500) >= 0) {
+            free_inactive_slots(&st, c);
+            if (atomic_load(&g_draining)) drain_slots(&st, c);
+            else evict_idle(&st, c);
+        }
     }
     /* A clean stop leaves every model's snapshot current (before the row says gone and
      * its models move): the next executor restores them without replaying. */

@@ -245,12 +245,14 @@ fail:
     return -1;
 }
 
-int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen) {
+int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen) {
     int changed = 0;
     if (db_begin(c, err, errlen) < 0) return -1;
-    const char *pj[1] = {judge_silence ? "t" : "f"};
+    char secs[16];
+    snprintf(secs, sizeof secs, "%d", silence_s);
+    const char *pj[2] = {judge_silence ? "t" : "f", secs};
     PGresult *r;
-    if (!(r = db_query(c, SQL_REAP_EXECUTORS, 1, pj, err, errlen))) goto fail;
+    if (!(r = db_query(c, SQL_REAP_EXECUTORS, 2, pj, err, errlen))) goto fail;
     changed += atoi(PQcmdTuples(r));
     PQclear(r);
     if (!(r = db_query(c, SQL_REAP_CYCLES, 1, pj, err, errlen))) goto fail;
@@ -321,4 +323,63 @@ int sched_expire_sessions(PGconn *c, int timeout_s, char *err, size_t errlen) {
     if (models) log_info("sessions: %d model(s) of expired sessions saved and expired", models);
     if (n) log_info("sessions: expired after %d s of silence; %d operation(s) canceled or queued", timeout_s, n);
     return n + models;
+}
+
+/* ---- placement ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t id;
+    char base[256];
+    double free;   /* bytes of adapter memory left, by the ranks placed there */
+    double per_rank, budget;
+} place_exe;
+
+int sched_place(PGconn *c, int silence_s, char *err, size_t errlen) {
+    if (db_begin(c, err, errlen) < 0) return -1;
+    PGresult *rm = db_query(c, SQL_PLACE_MODELS, 0, NULL, err, errlen);
+    if (!rm) goto fail;
+    if (PQntuples(rm) == 0) { PQclear(rm); db_rollback(c); return 0; }
+    char secs[16];
+    snprintf(secs, sizeof secs, "%d", silence_s);
+    const char *ps[1] = {secs};
+    PGresult *re = db_query(c, SQL_PLACE_EXECUTORS, 1, ps, err, errlen);
+    if (!re) { PQclear(rm); goto fail; }
+    int ne = PQntuples(re), placed = 0;
+    place_exe *ex = calloc(ne ? ne : 1, sizeof *ex);
+    for (int i = 0; i < ne; i++) {
+        ex[i].id = db_int(re, i, 0);
+        snprintf(ex[i].base, sizeof ex[i].base, "%s", PQgetvalue(re, i, 1));
+        ex[i].free = strtod(PQgetvalue(re, i, 2), NULL);
+        ex[i].per_rank = strtod(PQgetvalue(re, i, 3), NULL);
+        ex[i].budget = strtod(PQgetvalue(re, i, 4), NULL);
+    }
+    PQclear(re);
+    /* Each model, oldest request first, to the executor of its base model with the largest
+     * share of its budget left (executors of different sizes fill in proportion; equal
+     * ones take turns, whatever a few bytes of difference in their budgets); what it will
+     * take is counted at once, so a burst of new models spreads. */
+    for (int k = 0; k < PQntuples(rm); k++) {
+        const char *base = PQgetvalue(rm, k, 1);
+        place_exe *best = NULL;
+        for (int i = 0; i < ne; i++) {
+            if (strcmp(ex[i].base, base)) continue;
+            double share = ex[i].free / ex[i].budget, best_share = best ? best->free / best->budget : 0;
+            if (!best || share > best_share + 1e-9 || (share > best_share - 1e-9 && ex[i].free > best->free)) best = &ex[i];
+        }
+        if (!best) continue;   /* no live executor serves it: it waits (paused_capacity) */
+        char eid[24];
+        snprintf(eid, sizeof eid, "%lld", (long long)best->id);
+        const char *pp[2] = {PQgetvalue(rm, k, 0), eid};
+        if (db_exec(c, SQL_PLACE, 2, pp, err, errlen) < 0) { free(ex); PQclear(rm); goto fail; }
+        best->free -= (double)db_int(rm, k, 2) * best->per_rank;
+        placed++;
+        log_debug("placed model %s on executor %s", PQgetvalue(rm, k, 0), eid);
+    }
+    free(ex);
+    PQclear(rm);
+    if (db_commit(c, err, errlen) < 0) return -1;
+    return placed;
+fail:
+    db_rollback(c);
+    return -1;
 }

@@ -15,9 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* An executor silent this long is gone (SQL_REAP_EXECUTORS). */
-#define SCHED_SILENCE_S 30
-
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 
@@ -38,6 +35,8 @@ const opt_spec SCHED_OPTS[] = {
      .help = "hold a model whose run ends in a forward_backward for its optim_step"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
      .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
+    {.name = "executor-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 2, .hi = 3600,
+     .help = "an executor without a heartbeat for S seconds is gone: its models move (executors beat every 3 s)"},
     {.name = "session-timeout-s", .kind = OPT_INT, .arg = "S", .def = "600", .lo = 0, .hi = 31536000,
      .help = "a session with no heartbeat and no request for S seconds expires (0: never)"},
     {0}};
@@ -51,7 +50,8 @@ int sched_main(int argc, char **argv) {
     int rc;
     if (!cfg_parse(&SCHED_CMD, argc, argv, &co, &rc)) return rc;
     int gather_ms = (int)cfg_int(&co, "gather-ms"), poll_ms = (int)cfg_int(&co, "poll-ms"),
-        gap_timeout_s = (int)cfg_int(&co, "seq-gap-timeout-s"), session_timeout_s = (int)cfg_int(&co, "session-timeout-s");
+        gap_timeout_s = (int)cfg_int(&co, "seq-gap-timeout-s"), session_timeout_s = (int)cfg_int(&co, "session-timeout-s"),
+        silence_s = (int)cfg_int(&co, "executor-timeout-s");
     sched_opts o = {.lease_s = (int)cfg_int(&co, "lease-s"), .max_models = 256,
                     .pair_hold_ms = (int)cfg_int(&co, "pair-hold-ms")};
     char db[4096], db_from[4600];
@@ -89,7 +89,7 @@ int sched_main(int argc, char **argv) {
         if (time(NULL) - last_reap >= 2) {
             /* Silence is judged once executors had as long as the reaper's threshold to
              * heartbeat on this connection's database (after an outage, all are silent). */
-            if (sched_reap(c, time(NULL) - connected_at >= SCHED_SILENCE_S, err, sizeof err) < 0)
+            if (sched_reap(c, time(NULL) - connected_at >= silence_s, silence_s, err, sizeof err) < 0)
                 log_warn("reap: %s", err);
             if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_warn("seq gaps: %s", err);
             /* Likewise a session is judged silent only after the scheduler has watched for
@@ -100,6 +100,7 @@ int sched_main(int argc, char **argv) {
             last_reap = time(NULL);
         }
         if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
+        if (sched_place(c, silence_s, err, sizeof err) < 0) log_warn("placement: %s", err);
         PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
         if (!r) { log_warn("executors: %s", err); continue; }
         held = 0;

@@ -24,10 +24,16 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
 /* Expires cycles whose lease ran out or whose executor is gone, puts their model
  * operations back in the queue (their models' state is restored wherever they run next:
  * docs/architecture.md, "Durable training state"), requeues stateless samples, marks
- * silent executors gone and unpins their models. judge_silence false: heartbeat age and
+ * executors silent for silence_s gone and unpins their models. judge_silence false: heartbeat age and
  * leases are not judged (right after the scheduler (re)connects: after a database outage
  * every heartbeat is old). Returns the number of rows changed or -1. */
-int sched_reap(PGconn *c, bool judge_silence, char *err, size_t errlen);
+int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen);
+
+/* Places models that wait for an executor (new ones, those moved off a gone or draining
+ * executor, evicted ones) on the live, not draining executor of their base model with the
+ * most adapter memory left; a placed model stays (affinity). Returns how many were placed,
+ * or -1 with err. */
+int sched_place(PGconn *c, int silence_s, char *err, size_t errlen);
 
 /* Keeps seq order from wedging. sched_skip_settled moves each model's next_seq past
  * operations settled without running (submits the api refused); run it before building

@@ -11,12 +11,11 @@
     "SELECT base_model, token_budget FROM executors" \
     " WHERE id = $1 AND state = 'idle' FOR UPDATE SKIP LOCKED"
 
-/* $1 base model, $2 executor id, $3 limit. Models with their next operation queued,
- * pinned to this executor or to none; the least recently served first. */
+/* $1 base model, $2 executor id, $3 limit. Models placed on this executor (sched_place)
+ * with their next operation queued; the least recently served first. */
 #define SQL_LOCK_READY_MODELS \
     "SELECT m.id, m.next_seq, m.tenant_id FROM models m" \
-    " WHERE m.base_model = $1 AND m.status = 'active'" \
-    "   AND (m.executor_id IS NULL OR m.executor_id = $2)" \
+    " WHERE m.base_model = $1 AND m.status = 'active' AND m.executor_id = $2" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
@@ -60,15 +59,42 @@
 
 #define SQL_NOTIFY_CYCLE "SELECT pg_notify('" CHAN_CYCLE "', $1)"
 
+/* Executors to build cycles for: idle and not draining (a draining executor's models
+ * wait for it to hand them over). */
 #define SQL_IDLE_EXECUTORS \
-    "SELECT id FROM executors WHERE state = 'idle' ORDER BY heartbeat_at DESC"
+    "SELECT id FROM executors WHERE state = 'idle' AND NOT draining ORDER BY heartbeat_at DESC"
+
+/* ---- placement (docs/architecture.md, "Pools and placement") ------------------------------ */
+
+/* Models waiting for an executor: active, placed nowhere (new, moved off a gone or
+ * draining executor, evicted), their next operation queued. Found from the queue, so the
+ * cost follows the work waiting, not the models kept. Locked: one scheduler places each. */
+#define SQL_PLACE_MODELS \
+    "SELECT m.id, m.base_model, m.lora_rank FROM models m" \
+    " WHERE m.id IN (SELECT o.model_id FROM operations o WHERE o.state = 'queued' AND o.model_id IS NOT NULL)" \
+    "   AND m.status = 'active' AND m.executor_id IS NULL" \
+    "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
+    " ORDER BY m.last_request_at LIMIT 256 FOR UPDATE OF m SKIP LOCKED"
+
+/* $1 silence seconds -> live executors that take models: id, base model, adapter memory
+ * left (the budget minus what the ranks of the models placed there take), bytes per rank,
+ * the budget. */
+#define SQL_PLACE_EXECUTORS \
+    "SELECT e.id, e.base_model, coalesce(e.memory_budget, 0) - coalesce(e.adapter_bytes_per_rank, 1)" \
+    " * coalesce((SELECT sum(m.lora_rank) FROM models m WHERE m.executor_id = e.id AND m.status = 'active'), 0)," \
+    " coalesce(e.adapter_bytes_per_rank, 1), greatest(coalesce(e.memory_budget, 1), 1)" \
+    " FROM executors e WHERE e.state <> 'gone' AND NOT e.draining" \
+    " AND e.heartbeat_at > now() - make_interval(secs => $1::int) ORDER BY e.id"
+
+/* $1 model, $2 executor */
+#define SQL_PLACE "UPDATE models SET executor_id = $2 WHERE id = $1 AND executor_id IS NULL"
 
 /* Reaper, in one transaction. $1: whether silence counts (false for a while after the
  * scheduler (re)connects: after a database outage every heartbeat is old, and executors
- * need a moment to reconnect). Executors silent for 30 s are gone. */
+ * need a moment to reconnect). Executors silent for $2 seconds are gone. */
 #define SQL_REAP_EXECUTORS \
     "UPDATE executors SET state = 'gone' WHERE $1::boolean AND state <> 'gone'" \
-    " AND heartbeat_at < now() - interval '30 seconds'"
+    " AND heartbeat_at < now() - make_interval(secs => $2::int)"
 
 /* $1 as above. Cycles past their lease (when silence counts), or on a gone executor,
  * expire. */

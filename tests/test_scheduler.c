@@ -39,8 +39,13 @@ static void op(const char *model, int seq, const char *kind, int tokens) {
     sql(q);
 }
 
+/* Builds a cycle for executor exe, after placing the models that wait for a place there
+ * (placement itself is test_placement's subject). */
 static int build(int64_t exe, int64_t *cycle) {
-    char err[512];
+    char err[512], q[160];
+    snprintf(q, sizeof q, "UPDATE models SET executor_id = %lld WHERE executor_id IS NULL AND status = 'active'",
+             (long long)exe);
+    sql(q);
     sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
     int n = sched_build_cycle(C, exe, &o, cycle, NULL, err, sizeof err);
     if (n < 0) fprintf(stderr, "build: %s\n", err);
@@ -115,6 +120,7 @@ static void *racer(void *p) {
     sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
     for (int i = 0; i < 50; i++) {
         int64_t cyc;
+        if (sched_place(c, 30, err, sizeof err) < 0) fprintf(stderr, "place: %s\n", err);
         int n = sched_build_cycle(c, a->exe, &o, &cyc, NULL, err, sizeof err);
         if (n > 0) {
             a->claimed += n;
@@ -130,7 +136,7 @@ static void *racer(void *p) {
 
 static void test_race(void) {
     reset();
-    sql("UPDATE executors SET token_budget = 30");
+    sql("UPDATE executors SET token_budget = 30, memory_budget = 1000000, adapter_bytes_per_rank = 1000");
     char id[16];
     for (int m = 0; m < 20; m++) {
         snprintf(id, sizeof id, "a%d", m);
@@ -151,6 +157,9 @@ static void test_race(void) {
     long split = scalar("SELECT count(*) FROM (SELECT model_id FROM operations o JOIN cycles c ON c.id = o.cycle_id"
                         " GROUP BY model_id HAVING count(DISTINCT c.executor_id) > 1) s");
     CHECK(split == 0, "each model stayed on the executor that holds its adapter");
+    long e1 = scalar("SELECT count(*) FROM models WHERE executor_id = 1"), e2 = scalar("SELECT count(*) FROM models"
+                                                                                     " WHERE executor_id = 2");
+    CHECK(e1 + e2 == 20 && e1 >= 8 && e2 >= 8, "placed by free memory, the 20 models spread (%ld + %ld)", e1, e2);
     long order = scalar("SELECT count(*) FROM operations a JOIN operations b ON a.model_id = b.model_id"
                         " AND a.seq_id < b.seq_id WHERE a.cycle_id > b.cycle_id");
     CHECK(order == 0, "per model, cycles follow seq order");
@@ -159,7 +168,7 @@ static void test_race(void) {
 static void test_pair_hold(void) {
     reset();
     model("a1", 1);
-    sql("UPDATE models SET next_seq = 1");
+    sql("UPDATE models SET next_seq = 1, executor_id = 1");
     op("a1", 1, "forward_backward", 10);
     sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 400};
     int64_t cyc;
@@ -209,7 +218,7 @@ static void test_samples(void) {
     n = build(2, &cyc);
     sql("UPDATE cycles SET lease_expires_at = now() - interval '1 second' WHERE state = 'assigned'");
     char err[512];
-    sched_reap(C, true, err, sizeof err);
+    sched_reap(C, true, 30, err, sizeof err);
     CHECK(n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'sa:sample:0-s2'"
                            " AND state = 'queued' AND attempt = 1 AND cycle_id IS NULL") == 1,
           "a sample of an expired cycle goes back to the queue (attempt 1)");
@@ -225,10 +234,10 @@ static void test_reaper(void) {
     op("a1", 2, "optim_step", 0);
     sql("UPDATE cycles SET lease_expires_at = now() - interval '1 second'");
     char err[512];
-    int n = sched_reap(C, false, err, sizeof err);
+    int n = sched_reap(C, false, 30, err, sizeof err);
     CHECK(n == 0 && scalar("SELECT count(*) FROM cycles WHERE state = 'expired'") == 0,
           "right after the scheduler connects, leases and silence are not judged (%d)", n);
-    n = sched_reap(C, true, err, sizeof err);
+    n = sched_reap(C, true, 30, err, sizeof err);
     CHECK(n > 0, "reaper acted (%d)", n);
     CHECK(scalar("SELECT count(*) FROM cycles WHERE state = 'expired'") == 1, "expired cycle marked");
     CHECK(scalar("SELECT count(*) FROM operations WHERE state = 'queued' AND cycle_id IS NULL AND attempt = 1") == 2 &&
@@ -243,11 +252,58 @@ static void test_reaper(void) {
         sql("UPDATE executors SET state = 'idle', heartbeat_at = now() WHERE id = 2");
         build(2, &cyc);
         sql("UPDATE executors SET state = 'gone' WHERE id = 2");
-        sched_reap(C, true, err, sizeof err);
+        sched_reap(C, true, 30, err, sizeof err);
     }
     CHECK(scalar("SELECT count(*) FROM operations WHERE model_id = 'a1' AND state = 'failed' AND NOT applied"
                  " AND error LIKE '%3 times%'") == 2,
           "an operation lost with its executor 3 times fails, naming why");
+}
+
+/* Placement (docs/architecture.md, "Pools and placement"): a model waiting for a place goes
+ * to the live, not draining executor of its base model with the most adapter memory left
+ * (the budget minus the ranks placed there), counted as it goes; placed models stay. */
+static void test_placement(void) {
+    reset();
+    char err[512];
+    sql("INSERT INTO base_models (name, path, arch, max_context, vocab_size, config)"
+        " VALUES ('m2', '/y', 'LlamaForCausalLM', 128, 256, '{}')");
+    sql("INSERT INTO executors (name, hostname, pid, backend, device, base_model, token_budget)"
+        " VALUES ('e3', 'h', 3, 'cpu', 'cpu', 'm', 100), ('e4', 'h', 4, 'cpu', 'cpu', 'm2', 100)");
+    /* e1 3000, e2 1000, e3 2000 bytes free (10 bytes a rank); e3 drains later, e1 falls silent */
+    sql("UPDATE executors SET adapter_bytes_per_rank = 10, memory_budget = CASE id WHEN 1 THEN 3000 WHEN 2 THEN 1000"
+        " WHEN 3 THEN 2000 ELSE 500 END");
+    char id[16];
+    for (int m = 0; m < 6; m++) {
+        snprintf(id, sizeof id, "a%d", m);
+        model(id, 1);
+        op(id, 0, "create_model", 0);
+    }
+    sql("UPDATE models SET base_model = 'm2' WHERE id = 'a5'");
+    model("a6", 1);   /* no queued work: waits unplaced */
+    int n = sched_place(C, 30, err, sizeof err);
+    CHECK(n == 6, "the 6 models with queued work are placed, the idle one is not (%d)", n);
+    /* rank 8 = 80 bytes each: turns by the largest share of the budget left (ties: the
+     * most bytes left): e1, e3, e2, e1, e3 */
+    long on1 = scalar("SELECT count(*) FROM models WHERE executor_id = 1"), on2 = scalar("SELECT count(*) FROM models"
+                                                                                        " WHERE executor_id = 2"),
+         on3 = scalar("SELECT count(*) FROM models WHERE executor_id = 3");
+    CHECK(on1 == 2 && on2 == 1 && on3 == 2 && scalar("SELECT executor_id FROM models WHERE id = 'a5'") == 4,
+          "each goes where the largest share of the budget is left, of its own base model (e1 %ld, e2 %ld, e3 %ld)",
+          on1, on2, on3);
+    sql("UPDATE executors SET memory_budget = 100000 WHERE id = 3");
+    sql("UPDATE executors SET draining = true WHERE id = 3");
+    model("a7", 1);
+    op("a7", 0, "create_model", 0);
+    sched_place(C, 30, err, sizeof err);
+    CHECK(scalar("SELECT executor_id FROM models WHERE id = 'a7'") == 1, "a draining executor takes no model");
+    CHECK(scalar("SELECT count(*) FROM models WHERE executor_id = 1 AND id <> 'a7'") == 2 &&
+              scalar("SELECT count(*) FROM models WHERE executor_id = 3") == 2,
+          "placed models stay where they are (affinity), on the draining one too until it hands them over");
+    sql("UPDATE executors SET heartbeat_at = now() - interval '40 seconds' WHERE id = 1");
+    model("a8", 1);
+    op("a8", 0, "create_model", 0);
+    sched_place(C, 30, err, sizeof err);
+    CHECK(scalar("SELECT executor_id FROM models WHERE id = 'a8'") == 2, "nor does a silent one");
 }
 
 /* Seq order cannot wedge: a refused submit (recorded failed, never claimed) is passed
@@ -309,6 +365,7 @@ int main(void) {
     test_pair_hold();
     test_samples();
     test_reaper();
+    test_placement();
     test_settle();
     dbt_stop();
     return check_summary();

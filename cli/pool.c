@@ -1,0 +1,89 @@
+/* pool.c: `loom executor drain|undrain NAME|ID`, and `loom executor` itself otherwise.
+ * Draining an executor (docs/architecture.md, "Pools and placement") stops new cycles and
+ * placements there; the executor hands each model it holds over to its pool (snapshot
+ * brought up to date, then placed nowhere), and the scheduler places them on the other
+ * executors of the base model as their next operations come. */
+#include "cli/admin.h"
+#include "cli/cli.h"
+#include "cli/cli_sql.h"
+#include "common/db.h"
+#include "executor/executor.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const opt_spec DRAIN_OPTS[] = {
+    {.name = "wait", .kind = OPT_INT, .arg = "S", .def = "0", .lo = 0, .hi = 86400,
+     .help = "wait up to S seconds for the executor to hold no model (exit 1 if it still does)"},
+    {0}};
+
+static const cfg_cmd DRAIN = {.cmd = "loom executor drain", .synopsis = "NAME|ID [options]",
+                              .about = "Moves the models of the live executor(s) with this name or id to the other\n"
+                                       "executors of their base model; it then takes no new work (until undrain).",
+                              .tables = {DRAIN_OPTS, CFG_DB, CFG_DATA_DIR}, .min_pos = 1, .max_pos = 1,
+                              .pos_name = "NAME|ID"};
+static const cfg_cmd UNDRAIN = {.cmd = "loom executor undrain", .synopsis = "NAME|ID [options]",
+                                .about = "Lets a drained executor take models and work again.",
+                                .tables = {CFG_DB, CFG_DATA_DIR}, .min_pos = 1, .max_pos = 1, .pos_name = "NAME|ID"};
+
+/* Sets draining on the executors named; their ids as a bigint[] literal in ids. */
+static int set_draining(const cfg *o, PGconn *c, bool on, char *ids, size_t idslen) {
+    char err[1024];
+    const char *p[2] = {o->pos[0], on ? "t" : "f"};
+    PGresult *r = db_query(c, SQL_CLI_EXECUTOR_DRAIN, 2, p, err, sizeof err);
+    if (!r) return cli_fail(o, c, "%s", err);
+    int n = PQntuples(r);
+    snprintf(ids, idslen, "{");
+    for (int i = 0; i < n; i++) {
+        printf("executor %s (%s on %s, base model %s) %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+               PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), on ? "draining" : "takes work again");
+        snprintf(ids + strlen(ids), idslen - strlen(ids), "%s%s", i ? "," : "", PQgetvalue(r, i, 0));
+    }
+    snprintf(ids + strlen(ids), idslen - strlen(ids), "}");
+    PQclear(r);
+    if (n == 0) return cli_fail(o, c, "no live executor has the name or id '%s' (see `loom status`)", o->pos[0]);
+    return 0;
+}
+
+static int drain(const cfg *o) {
+    PGconn *c = cli_connect(o);
+    char ids[4096], err[1024];
+    if (set_draining(o, c, true, ids, sizeof ids)) return 1;
+    long wait = cfg_int(o, "wait");
+    time_t until = time(NULL) + wait;
+    const char *p[1] = {ids};
+    for (;;) {
+        PGresult *r = db_query(c, SQL_CLI_EXECUTOR_MODELS, 1, p, err, sizeof err);
+        if (!r) return cli_fail(o, c, "%s", err);
+        long left = (long)db_int(r, 0, 0);
+        PQclear(r);
+        if (left == 0) { printf("drained: no model is placed there any more\n"); break; }
+        if (time(NULL) >= until) {
+            printf("%ld model(s) still placed there%s\n", left, wait ? "" : " (they move as the executor hands them over)");
+            PQfinish(c);
+            return wait ? 1 : 0;
+        }
+        usleep(250 * 1000);
+    }
+    PQfinish(c);
+    return 0;
+}
+
+static int undrain(const cfg *o) {
+    PGconn *c = cli_connect(o);
+    char ids[4096];
+    if (set_draining(o, c, false, ids, sizeof ids)) return 1;
+    PQfinish(c);
+    return 0;
+}
+
+int pool_executor_main(int argc, char **argv) {
+    static const cli_verb verbs[] = {{"drain", &DRAIN, drain, "move an executor's models to the rest of its pool"},
+                                     {"undrain", &UNDRAIN, undrain, "let a drained executor take work again"},
+                                     {0}};
+    if (argc > 1 && (!strcmp(argv[1], "drain") || !strcmp(argv[1], "undrain")))
+        return cli_dispatch("executor", "An executor's place in its pool.", verbs, argc, argv);
+    return exe_main(argc, argv);
+}

@@ -1,0 +1,146 @@
+"""Executor pools (docs/architecture.md, "Pools and placement").
+
+One `loom up` serves two base models (tiny Llama and tiny Qwen3, `--models`); a second
+Llama executor joins from outside with the database URL, as one on another machine would.
+Six Llama models spread over the two. Every model trains with the same seed and data, so
+all must report the same losses at every step, wherever they run and whatever happens:
+
+  - kill -9 of the joined executor (no supervisor): after `--executor-timeout-s` its models
+    continue on the other;
+  - another joins with a small memory budget; `loom executor drain` of the first moves
+    every model to it; over its budget it evicts the idle ones to the blob store, and they
+    are loaded again (placed anew) with their next step;
+  - a Qwen3 model trains on the Qwen3 executor.
+"""
+import os, shutil, signal, subprocess, sys, tempfile, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from stack import Stack, Results, LOOM_BIN, backend_args
+from apitest import loom_cli
+from resilient import Client, datum, ADAM
+
+R = Results()
+LLAMA, QWEN = "loom/tiny-llama", "loom/tiny-qwen"
+
+
+def wait_for(cond, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class Model:
+    def __init__(self, c, sid, n, base=LLAMA):
+        self.c, self.seq, self.losses = c, 1, []
+        self.id = c.call("/api/v1/create_model", {"session_id": sid, "model_seq_id": n, "base_model": base,
+                                                  "lora_config": {"rank": 8, "seed": 5}})["model_id"]
+
+    def step(self):
+        k = len(self.losses) + 1
+        fb = self.c.post("/api/v1/forward_backward", {"model_id": self.id, "seq_id": self.seq, "forward_backward_input": {
+            "data": [datum("p", k, i) for i in range(4)], "loss_fn": "cross_entropy"}})
+        op = self.c.post("/api/v1/optim_step", {"model_id": self.id, "seq_id": self.seq + 1, "adam_params": ADAM})
+        r1, r2 = self.c.result(fb["request_id"]), self.c.result(op["request_id"])
+        self.seq += 2
+        assert "error" not in r1 and r2["metrics"]["step:max"] == k, (r1, r2)
+        self.losses.append(r1["metrics"]["loss:sum"])
+
+
+def join_executor(s, model_dir, name, *extra):
+    p = subprocess.Popen([LOOM_BIN, "executor", "--config", "/dev/null", "--db", s.db, "--model-dir", model_dir,
+                          "--model-name", LLAMA, "--blob-dir", os.path.join(s.dir, "blobs"), "--name", name,
+                          "--snapshot-every", "3", "--evict-idle-s", "1"] + backend_args() + list(extra),
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(s.dir, name + ".log"), "wb"))
+    ok = wait_for(lambda: s.psql(f"SELECT count(*) FROM executors WHERE pid = {p.pid} AND state = 'idle'") == "1", 60)
+    R.check(ok, f"executor {name} joined with the database URL alone")
+    return p, int(s.psql(f"SELECT id FROM executors WHERE pid = {p.pid}"))
+
+
+def placement(s, models):
+    ids = ",".join(f"'{m.id}'" for m in models)
+    rows = s.psql(f"SELECT coalesce(executor_id, 0) FROM models WHERE id IN ({ids})").split()
+    return {int(e): rows.count(e) for e in set(rows)}
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="loom-pools-", dir="/tmp")
+    llama, qwen = os.path.join(tmp, "llama"), os.path.join(tmp, "qwen")
+    for arch, d, seed in (("llama", llama, "1"), ("qwen3", qwen, "2")):
+        subprocess.run([LOOM_BIN, "mkmodel", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", d],
+                       check=True, capture_output=True)
+    try:
+        with Stack(["--models", f"{LLAMA}={llama},{QWEN}={qwen}", "--executor-timeout-s", "5",
+                    "--snapshot-every", "3", "--evict-idle-s", "1"]) as s:
+            run(s, llama)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    R.finish()
+
+
+def run(s, llama):
+    c = Client(s.url, s.key)
+    names = {m["model_name"] for m in c.post("/api/v1/get_server_capabilities", {})["supported_models"]}
+    R.check({LLAMA, QWEN} <= names, f"one loom up serves both base models: {sorted(names)}")
+    up_llama = int(s.psql(f"SELECT id FROM executors WHERE base_model = '{LLAMA}' AND state <> 'gone'"))
+    j1, j1_id = join_executor(s, llama, "joined-1")
+    sid = c.post("/api/v1/create_session", {})["session_id"]
+    models = [Model(c, sid, n) for n in range(6)]
+    for m in models:
+        m.step()
+    spread = placement(s, models)
+    R.check(spread.get(up_llama) == 3 and spread.get(j1_id) == 3,
+            f"6 models spread over the 2 Llama executors by free memory: {spread}")
+
+    # kill -9 of the joined executor: nobody restarts it; its models continue on the other
+    moved = [m for m in models if s.psql(f"SELECT executor_id FROM models WHERE id = '{m.id}'") == str(j1_id)]
+    j1.send_signal(signal.SIGKILL)
+    j1.wait()
+    t0 = time.time()
+    for m in moved:
+        m.step()
+    R.check(placement(s, moved) == {up_llama: len(moved)},
+            f"after kill -9 of the joined executor its {len(moved)} models continue on the other "
+            f"({time.time() - t0:.1f} s, with the 5 s timeout)")
+    for m in models:
+        if m not in moved:
+            m.step()
+
+    # a small executor joins; draining the first moves everything to it, which evicts idle ones
+    per_rank = int(s.psql(f"SELECT adapter_bytes_per_rank FROM executors WHERE id = {up_llama}"))
+    budget = per_rank * 8 * 3   # three rank-8 adapters
+    j2, j2_id = join_executor(s, llama, "joined-2", "--memory-budget", str(budget))
+    out = loom_cli(s, "executor", "drain", "up-0", "--wait", "60")
+    R.check("drained" in out, f"loom executor drain up-0 --wait: {out.splitlines()[-1] if out else out}")
+    for m in models:
+        m.step()
+    R.check(placement(s, models).get(up_llama, 0) == 0, f"no model runs on the drained executor: {placement(s, models)}")
+    log = open(os.path.join(s.dir, "joined-2.log"), errors="replace").read()
+    R.check(wait_for(lambda: "evicted: memory is short" in open(os.path.join(s.dir, "joined-2.log"),
+                                                                  errors="replace").read(), 20),
+            "over its memory budget the small executor evicts idle models to the blob store")
+    evicted = int(s.psql(f"SELECT count(*) FROM models WHERE id IN ({','.join(repr(m.id) for m in models)})"
+                         " AND executor_id IS NULL"))
+    R.check(evicted >= 3, f"{evicted} models evicted (placed nowhere until their next operation)")
+    loom_cli(s, "executor", "undrain", "up-0")
+    for m in models:
+        m.step()
+    log = open(os.path.join(s.dir, "joined-2.log"), errors="replace").read() + s.read_log()
+    R.check(log.count("restored from its snapshot") >= 3, "evicted and moved models are restored from their snapshots")
+    same = all(m.losses == models[0].losses for m in models)
+    R.check(same and len(models[0].losses) == 4,
+            f"all 6 models report the same 4 losses, through kill, drain and eviction: {models[0].losses}")
+    R.check(s.psql("SELECT count(*) FROM operations WHERE state IN ('queued', 'claimed')") == "0",
+            "no operation left pending")
+
+    q = Model(c, sid, 6, base=QWEN)
+    q.step()
+    exe = s.psql(f"SELECT e.base_model FROM models m JOIN executors e ON e.id = m.executor_id WHERE m.id = '{q.id}'")
+    R.check(exe == QWEN and q.losses[0] != models[0].losses[0], f"a Qwen3 model trains on the Qwen3 executor ({exe})")
+    j2.terminate()
+    j2.wait(30)
+
+
+if __name__ == "__main__":
+    main()
