@@ -83,6 +83,7 @@ int api_session_lock(api_call *c, const char *session_id);
 int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
 int api_h_capabilities(api_call *c);
+int api_h_readyz(api_call *c);
 int api_h_telemetry(api_call *c);
 int api_h_create_model(api_call *c);
 int api_h_get_info(api_call *c);

@@ -16,7 +16,10 @@ char api_client_config[256] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_tran
 
 static const api_route routes[] = {
     /* bootstrap (§2): static answers, no key needed */
+    /* liveness: the process and its event loops answer (no database needed) */
     {"GET", V1 "/healthz", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, "{\"status\": \"ok\"}"},
+    /* readiness: the database answers and which base models a live executor serves */
+    {"GET", V1 "/readyz", ROUTE_NO_AUTH | ROUTE_DB_OPTIONAL, api_h_readyz, NULL},
     {"POST", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
     {"GET", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
     {"POST", V1 "/client/dynamic_config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,

@@ -91,6 +91,31 @@ int api_h_capabilities(api_call *c) {
     return api_reply_json(c, 200, json_pack("{s:o}", "supported_models", models));
 }
 
+/* Readiness (README "Health"): 200 when the database answers and at least one base model
+ * has a live executor that takes work, else 503; the body says which base models are
+ * served (a load balancer or an orchestrator reads the status, an operator the body). */
+int api_h_readyz(api_call *c) {
+    if (!c->db)
+        return api_reply_json(c, 503, json_pack("{s:b, s:b, s:[], s:s}", "ready", 0, "database", 0, "base_models",
+                                                "detail", "the database is not reachable"));
+    PGresult *r = db_query(c->db, SQL_READY, 0, NULL, c->err, sizeof c->err);
+    if (!r)
+        return api_reply_json(c, 503, json_pack("{s:b, s:b, s:[], s:s}", "ready", 0, "database", 0, "base_models",
+                                                "detail", c->err));
+    json_t *models = json_array();
+    bool any = false;
+    for (int i = 0; i < PQntuples(r); i++) {
+        int64_t live = db_int(r, i, 1);
+        any |= live > 0;
+        json_array_append_new(models, json_pack("{s:s, s:b, s:I, s:I}", "name", PQgetvalue(r, i, 0), "ready",
+                                                live > 0, "executors", (json_int_t)live, "draining",
+                                                (json_int_t)db_int(r, i, 2)));
+    }
+    PQclear(r);
+    return api_reply_json(c, any ? 200 : 503, json_pack("{s:b, s:b, s:o}", "ready", any, "database", 1,
+                                                        "base_models", models));
+}
+
 /* ---- telemetry (§13) ---------------------------------------------------------------- */
 
 /* The SDK sends a batch every 10 s (at most 100 events). Batches are authenticated like

@@ -23,6 +23,12 @@
 #define SQL_BASE_MODELS_LIST "SELECT name, max_context FROM base_models ORDER BY name"
 /* $1 name -> max_context, vocab_size */
 #define SQL_BASE_MODEL_GET "SELECT max_context, vocab_size FROM base_models WHERE name = $1"
+/* -> every base model with the live executors serving it that take work, and those
+ * draining (readiness) */
+#define SQL_READY                                                                           \
+    "SELECT b.name, count(e.id) FILTER (WHERE NOT e.draining), count(e.id) FILTER (WHERE e.draining)" \
+    " FROM base_models b LEFT JOIN executors e ON e.base_model = b.name AND e.state <> 'gone'" \
+    " AND e.heartbeat_at > now() - interval '30 seconds' GROUP BY b.name ORDER BY b.name"
 #define SQL_BASE_MODEL_NAMES                                                                \
     "SELECT COALESCE(string_agg(name, ', ' ORDER BY name), '') FROM base_models"
 

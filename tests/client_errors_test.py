@@ -91,6 +91,10 @@ def main():
         time.sleep(3)
         tel = s.post("/api/v1/telemetry", {"session_id": sid, "events": []}, timeout=45)
         R.check(tel == (200, {"status": "accepted"}), f"telemetry while the database is down: 200, dropped ({tel})")
+        st, ready = s.get("/api/v1/readyz", key=None, timeout=45)
+        R.check(st == 503 and ready.get("database") is False and ready.get("ready") is False,
+                f"readyz while the database is down: 503, not ready ({st} {ready})")
+        R.check(s.get("/api/v1/healthz", key=None)[0] == 200, "healthz (liveness) still answers 200")
         time.sleep(5)
         during = len(answers)
         subprocess.run([LOOM_BIN, "pg", "start", "--data-dir", s.dir], check=True, env=env, capture_output=True)

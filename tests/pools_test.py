@@ -85,6 +85,10 @@ def run(s, llama):
     R.check({LLAMA, QWEN} <= names, f"one loom up serves both base models: {sorted(names)}")
     up_llama = int(s.psql(f"SELECT id FROM executors WHERE base_model = '{LLAMA}' AND state <> 'gone'"))
     j1, j1_id = join_executor(s, llama, "joined-1")
+    st, ready = s.get("/api/v1/readyz", key=None)
+    served = {m["name"]: (m["ready"], m["executors"]) for m in ready.get("base_models", [])}
+    R.check(st == 200 and ready.get("ready") and ready.get("database") and served == {LLAMA: (True, 2), QWEN: (True, 1)},
+            f"readyz (no key): the database answers, and which base models live executors serve: {st} {ready}")
     sid = c.post("/api/v1/create_session", {})["session_id"]
     models = [Model(c, sid, n) for n in range(6)]
     for m in models:
@@ -113,6 +117,10 @@ def run(s, llama):
     j2, j2_id = join_executor(s, llama, "joined-2", "--memory-budget", str(budget))
     out = loom_cli(s, "executor", "drain", "up-0", "--wait", "60")
     R.check("drained" in out, f"loom executor drain up-0 --wait: {out.splitlines()[-1] if out else out}")
+    st, ready = s.get("/api/v1/readyz", key=None)
+    llama_row = [m for m in ready["base_models"] if m["name"] == LLAMA]
+    R.check(st == 200 and llama_row and llama_row[0]["executors"] == 1 and llama_row[0]["draining"] == 1,
+            f"readyz counts the draining executor apart: {llama_row}")
     for m in models:
         m.step()
     R.check(placement(s, models).get(up_llama, 0) == 0, f"no model runs on the drained executor: {placement(s, models)}")
