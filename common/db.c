@@ -41,10 +41,80 @@ PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) 
     }
 }
 
+/* ---- prepared statements -----------------------------------------------------------------
+ * Every process runs a fixed set of statements (the *_sql.h headers) again and again, and
+ * several are joins whose planning costs more than their execution. Each thread keeps,
+ * per connection, which statements it has prepared there: the key is the connection and
+ * its server process (a reconnect, even at the same address, is a new session without
+ * them) and the statement's text. Statements that cannot be prepared (BEGIN, NOTIFY,
+ * LISTEN, SET) and texts the table has no room for run unprepared. */
+
+#define STMT_SLOTS 256
+
+typedef struct {
+    const PGconn *conn;
+    int pid;
+    uint64_t hash;
+    size_t len;
+} stmt_slot;
+
+static __thread stmt_slot t_stmts[STMT_SLOTS];
+
+static uint64_t fnv1a(const char *s, size_t *len) {
+    uint64_t h = 1469598103934665603ULL;
+    const char *p = s;
+    for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    *len = (size_t)(p - s);
+    return h;
+}
+
+static bool preparable(const char *sql) {
+    while (*sql == ' ' || *sql == '(') sql++;
+    return !strncmp(sql, "SELECT", 6) || !strncmp(sql, "WITH", 4) || !strncmp(sql, "INSERT", 6) ||
+           !strncmp(sql, "UPDATE", 6) || !strncmp(sql, "DELETE", 6);
+}
+
+/* The name sql is prepared under on c ("" when it runs unprepared), preparing it if needed.
+ * A slot of this connection object from an earlier session (PQreset, or a new connection
+ * at a freed one's address) is taken over; the session's own slots are never evicted, so
+ * the server never holds a statement the table does not know of. */
+static void prepared_name(PGconn *c, const char *sql, int nparams, char name[24]) {
+    name[0] = 0;
+    if (!preparable(sql)) return;
+    size_t len;
+    uint64_t h = fnv1a(sql, &len);
+    int pid = PQbackendPID(c);
+    stmt_slot *slot = NULL;
+    for (unsigned i = 0; i < STMT_SLOTS; i++) {
+        stmt_slot *e = &t_stmts[(h + i) % STMT_SLOTS];
+        if (e->conn == c && e->hash == h && e->len == len) {
+            if (e->pid == pid) { snprintf(name, 24, "loom_%016llx", (unsigned long long)h); return; }
+            slot = e;   /* prepared in an earlier session of this connection */
+            break;
+        }
+        if (!slot && (!e->conn || (e->conn == c && e->pid != pid))) slot = e;
+        if (!e->conn) break;
+    }
+    if (!slot) return;   /* the table is full: run it unprepared */
+    snprintf(name, 24, "loom_%016llx", (unsigned long long)h);
+    PGresult *r = PQprepare(c, name, sql, nparams, NULL);
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok) { name[0] = 0; return; }
+    *slot = (stmt_slot){c, pid, h, len};
+}
+
 PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *params,
                    char *err, size_t errlen) {
     t_sqlstate[0] = 0;
-    PGresult *r = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+    char name[24] = "";
+    /* Outside a transaction a statement that cannot be prepared (its tables do not exist
+     * yet) just runs unprepared; inside one its prepare would abort the transaction just
+     * as running it would. */
+    if (PQtransactionStatus(c) == PQTRANS_IDLE || PQtransactionStatus(c) == PQTRANS_INTRANS)
+        prepared_name(c, sql, nparams, name);
+    PGresult *r = name[0] ? PQexecPrepared(c, name, nparams, params, NULL, NULL, 0)
+                          : PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);

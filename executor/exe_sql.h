@@ -40,59 +40,61 @@
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
-/* $1 executor -> the oldest cycle assigned to it. A cycle of its own that is already
- * 'running' while it polls is one whose start it did not see complete (the connection
- * broke after the server marked it): it is taken again. */
-#define SQL_EXE_NEXT_CYCLE                                                                    \
-    "SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')"        \
-    " ORDER BY id LIMIT 1"
-
-/* $1 cycle, $2 executor. Marks the cycle running and reads its operations in ONE
- * statement: an error (a canceled statement, a lost connection) leaves the cycle
- * 'assigned' for the next poll instead of 'running' with nobody reading it. One row per
- * claimed operation (sample operations have no model and come after the model ops), or
- * one row of NULLs when none is left; no row when the cycle is not this executor's to run
- * (the reaper took it back). */
+/* $1 executor. Starts its oldest open cycle and reads its operations in ONE statement (a
+ * NOTIFY to read, one round trip): an error (a canceled statement, a lost connection)
+ * leaves the cycle 'assigned' for the next poll instead of 'running' with nobody reading
+ * it; a cycle of its own already 'running' is one whose start it did not see complete,
+ * taken again. One row per claimed operation (sample operations have no model and come
+ * after the model ops), or one row of NULLs but the cycle id when none is left; no row
+ * when the executor has no open cycle. The cycle id is the last column. */
 #define SQL_EXE_START_CYCLE                                                                   \
     "WITH c AS (UPDATE cycles SET state = 'running', started_at = coalesce(started_at, now())" \
-    "   WHERE id = $1 AND executor_id = $2 AND state IN ('assigned','running') RETURNING id)"  \
+    "   WHERE id = (SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')" \
+    "   ORDER BY id LIMIT 1) RETURNING id)"                                                   \
     " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
     " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq"                 \
+    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq, c.id"           \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"
 
 /* ---- committing a cycle (one transaction) --------------------------------------------- */
 
-/* $1 op, $2 state, $3 result, $4 error, $5 category, $6 cycle, $7 applied (it changed its
- * model's training state): only while still claimed by this cycle, so a cycle the reaper
- * took back cannot write. */
-#define SQL_EXE_FINISH_OP                                                                     \
-    "UPDATE operations SET state = $2, result = $3::jsonb, error = $4,"                       \
-    " error_category = $5, finished_at = now(), applied = $7"                                 \
-    " WHERE id = $1 AND cycle_id = $6 AND state = 'claimed'"
+/* $1 JSON array of the cycle's outcomes [{"id", "state", "result", "error", "category",
+ * "applied"}], $2 cycle: every operation's result in one statement, each only while still
+ * claimed by this cycle (so a cycle the reaper took back cannot write: the caller checks
+ * that every one was written). */
+#define SQL_EXE_FINISH_OPS                                                                    \
+    "UPDATE operations o SET state = v.state, result = v.result, error = v.error,"            \
+    " error_category = v.category, finished_at = now(), applied = v.applied"                  \
+    " FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text, result jsonb, error text," \
+    " category text, applied boolean)"                                                        \
+    " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"
 
-/* $1 model, $2 seq_id of its last operation in the cycle that changed its state. */
-#define SQL_EXE_MODEL_STATE "UPDATE models SET state_seq = $2 WHERE id = $1 AND state_seq < $2"
+/* $1 text[] models, $2 int[] the seq_id of each one's last operation in the cycle that
+ * changed its state. */
+#define SQL_EXE_MODEL_STATES                                                                  \
+    "UPDATE models m SET state_seq = v.seq FROM unnest($1::text[], $2::int[]) AS v(id, seq)"  \
+    " WHERE m.id = v.id AND m.state_seq < v.seq"
 
 /* A commit hook's work is undone alone when it fails. */
 #define SQL_EXE_HOOK_SAVEPOINT "SAVEPOINT op_hook"
 #define SQL_EXE_HOOK_ROLLBACK "ROLLBACK TO SAVEPOINT op_hook"
 #define SQL_EXE_HOOK_RELEASE "RELEASE SAVEPOINT op_hook"
 
-/* $1 cycle */
-#define SQL_EXE_FINISH_CYCLE "UPDATE cycles SET state = 'done', finished_at = now() WHERE id = $1"
-
-/* $1 executor, $2 memory used, $3 training slots, $4 snapshots, $5 cached checkpoints:
- * idle again, with what its adapter store holds now. */
-#define SQL_EXE_IDLE                                                                          \
-    "UPDATE executors SET state = 'idle', heartbeat_at = now(), memory_used = $2,"            \
-    " training_slots = $3, sampler_snapshots = $4, cached_checkpoints = $5"                   \
-    " WHERE id = $1 AND state <> 'gone'"
-
-/* $1 cycle: wakes the futures of its operations */
-#define SQL_EXE_NOTIFY_DONE "SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1"
+/* $1 cycle, $2 seconds the executor spent in it before the commit (restore + compute), $3
+ * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints: the
+ * cycle is done, the executor idle again with what its adapter store holds now (unless
+ * written off as gone), the futures of the cycle's operations and the scheduler woken;
+ * one statement. */
+#define SQL_EXE_FINISH_CYCLE                                                                  \
+    "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
+    "   WHERE id = $1::bigint),"                                                              \
+    " exe AS (UPDATE executors SET state = 'idle', heartbeat_at = now(), memory_used = $4::bigint," \
+    "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int"   \
+    "   WHERE id = $3::bigint AND state <> 'gone')"                                           \
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1::bigint" \
+    " UNION ALL SELECT pg_notify('" CHAN_EXECUTOR_READY "', '')"
 
 /* ---- between cycles ------------------------------------------------------------------ */
 

@@ -64,7 +64,7 @@ static void exit_if_fenced(const char *when) {
 
 static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (long long)v); }
 
-/* The store's figures as the parameters $2.. of SQL_EXE_IDLE / SQL_EXE_CAPACITY. */
+/* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
     char used[24], training[16], snapshots[16], cached[16];
 } capacity_params;
@@ -78,37 +78,47 @@ static void capacity_of(const exe_state *st, capacity_params *cp) {
     snprintf(cp->cached, sizeof cp->cached, "%d", s.count[STORE_CHECKPOINT]);
 }
 
-/* The model's last operation of the cycle that changed its state, for models.state_seq:
- * ops are in seq order per model. */
+/* Each model's last operation of the cycle that changed its state, for models.state_seq
+ * (ops are in seq order per model), in one statement. */
 static int record_model_states(PGconn *c, const exe_op *ops, int n, char *err, size_t errlen) {
+    json_t *ids = json_array(), *seqs = json_array();
     for (int i = 0; i < n; i++) {
-        if (!ops[i].model_id[0]) continue;
-        bool last_of_model = i + 1 == n || strcmp(ops[i + 1].model_id, ops[i].model_id);
-        if (!last_of_model) continue;
+        if (!ops[i].model_id[0] || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
         int64_t seq = -1;
         for (int j = i; j >= 0 && !strcmp(ops[j].model_id, ops[i].model_id); j--)
             if (ops[j].applied && ops[j].seq_id > seq) seq = ops[j].seq_id;
         if (seq < 0) continue;
-        char sseq[24];
-        fmt_i64(sseq, sizeof sseq, seq);
-        const char *p[2] = {ops[i].model_id, sseq};
-        if (db_exec(c, SQL_EXE_MODEL_STATE, 2, p, err, errlen) < 0) return -1;
+        json_array_append_new(ids, json_string(ops[i].model_id));
+        json_array_append_new(seqs, json_integer(seq));
     }
-    return 0;
+    int rc = 0;
+    if (json_array_size(ids)) {
+        /* text[] and int[] literals: model ids are server-made (uuid:train:N), JSON quoting
+         * is also array-literal quoting for them */
+        char *a = json_dumps(ids, JSON_COMPACT), *b = json_dumps(seqs, JSON_COMPACT);
+        a[0] = b[0] = '{';
+        a[strlen(a) - 1] = b[strlen(b) - 1] = '}';
+        const char *p[2] = {a, b};
+        rc = db_exec(c, SQL_EXE_MODEL_STATES, 2, p, err, errlen);
+        free(a);
+        free(b);
+    }
+    json_decref(ids);
+    json_decref(seqs);
+    return rc;
 }
 
 /* 0 committed; -1 a database error (worth another try); -2 the cycle is no longer this
  * executor's (the reaper took it back): its results must never be committed. */
-static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps, char *err,
-                        size_t errlen) {
-    char cyc[24], eid[24];
+static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps,
+                        double compute_s, char *err, size_t errlen) {
+    char cyc[24], eid[24], comp[32];
+    snprintf(comp, sizeof comp, "%.6f", compute_s);
     fmt_i64(cyc, sizeof cyc, cycle);
     fmt_i64(eid, sizeof eid, st->executor_id);
     if (db_begin(c, err, errlen) < 0) return -1;
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
-        char id[24];
-        fmt_i64(id, sizeof id, op->id);
         if (!op->category && op->commit_hook) {
             /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
             char herr[512] = "";
@@ -120,16 +130,28 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
                 goto fail;
             }
         }
-        char *res = op->category ? NULL : json_dumps(op->result, JSON_COMPACT | JSON_REAL_PRECISION(9));
-        const char *p[7] = {id, op->category ? "failed" : "done", res, op->category ? op->error : NULL,
-                            op->category, cyc, op->applied ? "t" : "f"};
-        PGresult *r = db_query(c, SQL_EXE_FINISH_OP, 7, p, err, errlen);
-        free(res);
+    }
+    if (n > 0) {
+        json_t *outs = json_array();
+        for (int i = 0; i < n; i++) {
+            exe_op *op = &ops[i];
+            json_array_append_new(outs, json_pack("{s:I, s:s, s:O?, s:s?, s:s?, s:b}", "id", (json_int_t)op->id,
+                                                  "state", op->category ? "failed" : "done", "result",
+                                                  op->category ? NULL : op->result, "error",
+                                                  op->category ? op->error : NULL, "category", op->category,
+                                                  "applied", op->applied));
+        }
+        char *text = json_dumps(outs, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(outs);
+        const char *p[2] = {text, cyc};
+        PGresult *r = text ? db_query(c, SQL_EXE_FINISH_OPS, 2, p, err, errlen) : NULL;
+        free(text);
         if (!r) goto fail;
         int changed = atoi(PQcmdTuples(r));
         PQclear(r);
-        if (changed != 1) {
-            snprintf(err, errlen, "operation %s is no longer claimed by cycle %s (lease expired?)", id, cyc);
+        if (changed != n) {
+            snprintf(err, errlen, "%d of the %d operations of cycle %s are no longer claimed by it (lease expired?)",
+                     n - changed, n, cyc);
             db_rollback(c);
             return -2;
         }
@@ -138,10 +160,8 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         goto fail;
     capacity_params cp;
     capacity_of(st, &cp);
-    const char *pc[1] = {cyc}, *pi[5] = {eid, cp.used, cp.training, cp.snapshots, cp.cached};
-    if (db_exec(c, SQL_EXE_FINISH_CYCLE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_IDLE, 5, pi, err, errlen) < 0 ||
-        db_exec(c, SQL_EXE_NOTIFY_DONE, 1, pc, err, errlen) < 0 || db_exec(c, SQL_EXE_NOTIFY_READY, 0, NULL, err, errlen) < 0)
-        goto fail;
+    const char *pc[7] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    if (db_exec(c, SQL_EXE_FINISH_CYCLE, 7, pc, err, errlen) < 0) goto fail;
     return db_commit(c, err, errlen);
 fail:
     db_rollback(c);
@@ -156,18 +176,18 @@ static exe_op_handler find_handler(const char *kind) {
     return NULL;
 }
 
-/* Marks the cycle running and reads its operations (SQL_EXE_START_CYCLE). 1 with *ops, *n
- * (free with free_ops); 0 when the cycle is no longer this executor's; -1 on a database
- * error, the cycle left as it was. */
-static int start_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op **ops, int *n, char *err, size_t errlen) {
-    char cyc[24], eid[24];
-    fmt_i64(cyc, sizeof cyc, cycle);
+/* Starts this executor's oldest open cycle and reads its operations (SQL_EXE_START_CYCLE).
+ * 1 with *cycle, *ops, *n (free with free_ops); 0 when it has no open cycle; -1 on a
+ * database error, the cycle left as it was. */
+static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, int *n, char *err, size_t errlen) {
+    char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
-    const char *p[2] = {cyc, eid};
-    PGresult *r = db_query(c, SQL_EXE_START_CYCLE, 2, p, err, errlen);
+    const char *p[1] = {eid};
+    PGresult *r = db_query(c, SQL_EXE_START_CYCLE, 1, p, err, errlen);
     if (!r) return -1;
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
+    *cycle = db_int(r, 0, 14);
     *ops = calloc(rows, sizeof **ops);
     *n = 0;
     for (int i = 0; i < rows; i++) {
@@ -270,14 +290,15 @@ static void drop_slots(exe_state *st, const exe_op *ops, int n) {
  * outage: the executor waits for it instead of exiting, its state would only have to be
  * rebuilt elsewhere) until it commits, it is fenced, or the cycle turns out to be taken
  * back. true when committed. */
-static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps) {
+static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps,
+                                double compute_s) {
     char err[1024];
     for (int attempt = 0;; attempt++) {
         if (attempt) {
             sleep(attempt < 5 ? 1 : 2);
             if (PQstatus(c) != CONNECTION_OK) PQreset(c);
         }
-        int rc = commit_cycle(c, st, cycle, ops, n, snaps, err, sizeof err);
+        int rc = commit_cycle(c, st, cycle, ops, n, snaps, compute_s, err, sizeof err);
         if (rc == 0) return true;
         log_error("cycle %lld: commit failed (try %d): %s", (long long)cycle, attempt + 1, err);
         if (rc == -2) return false;
@@ -286,23 +307,23 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     }
 }
 
-/* Runs one cycle. -1 when it could not be started (database error: the caller polls
- * again, reconnecting if needed); 0 otherwise. */
-static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
+/* Runs this executor's next cycle: 1 one ran; 0 none is open; -1 it could not be started
+ * (database error: the caller polls again, reconnecting if needed). */
+static int run_cycle(exe_state *st, PGconn *c) {
     char err[1024], cyc[24];
-    fmt_i64(cyc, sizeof cyc, cycle);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     exe_op *ops = NULL;
-    int n = 0, started = start_cycle(c, st, cycle, &ops, &n, err, sizeof err);
+    int64_t cycle = 0;
+    int n = 0, started = start_cycle(c, st, &cycle, &ops, &n, err, sizeof err);
     if (started < 0) {
-        log_error("cycle %s: starting it failed (it stays assigned and is tried again): %s", cyc, err);
+        log_error("starting the next cycle failed (it stays assigned and is tried again): %s", err);
         return -1;
     }
-    if (started == 0) {
-        log_warn("cycle %s is no longer this executor's (the reaper took it back); skipped", cyc);
-        return 0;
-    }
+    if (started == 0) return 0;
+    fmt_i64(cyc, sizeof cyc, cycle);
+    struct timespec tc;   /* the cycle's own time (restore, compute) starts once it is read */
+    clock_gettime(CLOCK_MONOTONIC, &tc);
     st->db = c;
     restore_slots(st, c, ops, n);
     run_ops(st, ops, n);
@@ -311,20 +332,22 @@ static int run_cycle(exe_state *st, PGconn *c, int64_t cycle) {
     exe_snap_set *snaps = exe_snapshots_before_commit(st, ops, n);
     exit_if_fenced("before committing a cycle");
 
-    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps,
+                                         (t1.tv_sec - tc.tv_sec) + (t1.tv_nsec - tc.tv_nsec) / 1e9);
     exe_snapshots_done(st, snaps, committed);
     if (!committed) {
         log_error("cycle %s was not committed: the reaper requeues its operations; the models' copies here are "
                   "dropped", cyc);
         drop_slots(st, ops, n);
         free_ops(ops, n);
-        return 0;
+        return 1;
     }
     exe_snapshots_after_commit(st, ops, n);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     exe_log_cycle(c, cycle, ops, n, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     free_ops(ops, n);
-    return 0;
+    return 1;
 }
 
 /* ---- between cycles ------------------------------------------------------------------ */
@@ -689,8 +712,7 @@ int exe_main(int argc, char **argv) {
     pthread_create(&hbt, NULL, heartbeat_thread, &hb);
 
     const char *pid1[1] = {sid};
-    int64_t failing = 0;   /* a cycle that could not be started, and how often in a row */
-    int fails = 0;
+    int fails = 0;   /* cycles that could not be started, in a row */
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
         if (!c || PQstatus(c) != CONNECTION_OK) {
@@ -698,30 +720,21 @@ int exe_main(int argc, char **argv) {
             c = connect_loop(db, st.executor_id, 5000, err, sizeof err);
             if (!c) { log_warn("reconnecting: %s", err); continue; }
         }
-        r = db_query(c, SQL_EXE_NEXT_CYCLE, 1, pid1, err, sizeof err);
-        if (!r) {
-            log_warn("poll: %s", err);
-            sleep(1);
+        int ran = run_cycle(&st, c);
+        if (ran > 0) {
+            fails = 0;
+            evict_idle(&st, c);
             continue;
         }
-        int64_t cycle = PQntuples(r) ? db_int(r, 0, 0) : 0;
-        PQclear(r);
-        if (cycle) {
-            if (run_cycle(&st, c, cycle) == 0) {
-                fails = 0;
-                evict_idle(&st, c);
-                continue;
-            }
-            fails = cycle == failing ? fails + 1 : 1;
-            failing = cycle;
-            if (fails >= 3) {
-                log_error("cycle %lld could not be started 3 times; exiting so that the reaper recovers it",
-                          (long long)cycle);
+        if (ran < 0) {
+            if (++fails >= 3) {
+                log_error("a cycle could not be started 3 times in a row; exiting so that the reaper recovers it");
                 exit(1);
             }
             sleep(1);
             continue;
         }
+        fails = 0;
         if (db_wait_notify(c, 500) >= 0) {
             free_inactive_slots(&st, c);
             if (atomic_load(&g_draining)) drain_slots(&st, c);

@@ -4,8 +4,8 @@
  * the model (out-of-order arrivals wait). A model contributes a run: create_model (seq 0)
  * first if pending, then forward/forward_backward operations, then at most one
  * optim_step, after which the model's run ends (later work must see the new weights and
- * waits for the next cycle). A run that ends in a forward_backward younger than
- * pair_hold_ms is held back until its optim_step arrives or the hold passes. The token
+ * waits for the next cycle). A run that ends in a forward_backward is held back for its
+ * optim_step when the model has shown that one follows (hold_left). The token
  * budget is shared between tenants round-robin: each round every tenant with work left
  * may add operations up to an equal share, so a tenant with a huge backlog cannot starve
  * a small one. A single operation larger than the budget still runs, alone. */
@@ -23,7 +23,7 @@ typedef struct {
     int seq;
     char kind[32];
     int tokens;
-    int age_ms;
+    double age_ms, created_ms;
 } qop;
 
 typedef struct {
@@ -34,7 +34,40 @@ typedef struct {
     int nops, taken;
     bool closed;       /* optim_step taken: nothing more this cycle */
     bool is_sample;    /* a single sample op: no model, no seq order */
+    /* its pattern (rule 5): P(the op after a forward_backward is an optim_step), the gap
+     * between their submits (ms, -1 unknown), the submit time of its last claimed op when
+     * that was a forward_backward (epoch ms, -1 none) */
+    double pair_p, pair_gap_ms, tail_fb_ms;
 } qmodel;
+
+/* Rule 5, learned per model: a run ending in a forward_backward is held for the
+ * optim_step only when the model's history says one follows (pair_p > 0.5), and only for
+ * about the gap its client leaves between the two submits (3 gaps + 1 ms), never longer
+ * than pair_hold_ms. A new model is not held (its first step may take two cycles); a
+ * model that sends forward_backwards alone, or accumulates gradients over several, is
+ * never held once it has shown it. Returns the hold left in ms (<= 0: none). */
+static double hold_left(const qmodel *m, const qop *last, int pair_hold_ms) {
+    if (pair_hold_ms <= 0 || strcmp(last->kind, OP_FORWARD_BACKWARD) || m->pair_p <= 0.5) return 0;
+    double window = m->pair_gap_ms >= 0 ? 3 * m->pair_gap_ms + 1 : pair_hold_ms;
+    if (window > pair_hold_ms) window = pair_hold_ms;
+    return window - last->age_ms;
+}
+
+#define PAIR_ALPHA 0.3   /* weight of the newest observation in the moving averages */
+
+/* Learns from the ops of m claimed now (m->ops[0..taken)), after its previous claim. */
+static void learn_pattern(qmodel *m) {
+    for (int i = 0; i < m->taken; i++) {
+        const qop *q = &m->ops[i];
+        if (m->tail_fb_ms >= 0) {
+            bool hit = !strcmp(q->kind, OP_OPTIM_STEP);
+            m->pair_p = (1 - PAIR_ALPHA) * m->pair_p + PAIR_ALPHA * (hit ? 1 : 0);
+            double gap = q->created_ms - m->tail_fb_ms;
+            if (hit && gap >= 0) m->pair_gap_ms = m->pair_gap_ms < 0 ? gap : (1 - PAIR_ALPHA) * m->pair_gap_ms + PAIR_ALPHA * gap;
+        }
+        m->tail_fb_ms = !strcmp(q->kind, OP_FORWARD_BACKWARD) ? q->created_ms : -1;
+    }
+}
 
 /* Length of the eligible run of a model's queued ops (sorted by seq). */
 static int eligible_run(qmodel *m) {
@@ -109,6 +142,9 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         snprintf(ms[i].id, sizeof ms[i].id, "%s", PQgetvalue(rm, i, 0));
         ms[i].next_seq = (int)db_int(rm, i, 1);
         ms[i].tenant = db_int(rm, i, 2);
+        ms[i].pair_p = strtod(PQgetvalue(rm, i, 3), NULL);
+        ms[i].pair_gap_ms = strtod(PQgetvalue(rm, i, 4), NULL);
+        ms[i].tail_fb_ms = strtod(PQgetvalue(rm, i, 5), NULL);
     }
     PQclear(rm);
 
@@ -131,18 +167,18 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         if (!m->ops) m->ops = &all[j];
         m->nops++;
         all[j] = (qop){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
-                       .age_ms = (int)db_int(ro, r, 5)};
+                       .age_ms = strtod(PQgetvalue(ro, r, 5), NULL), .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
         snprintf(all[j].kind, sizeof all[j].kind, "%s", PQgetvalue(ro, r, 3));
     }
     for (int i = 0; i < nm; i++) {
         ms[i].nops = eligible_run(&ms[i]);
-        /* docs/architecture.md, rule 5: a run that ends in a fresh forward_backward is probably about to be
-         * followed by its optim_step; hold the model briefly so both share a cycle. */
-        if (ms[i].nops > 0 && o->pair_hold_ms > 0) {
-            qop *last = &ms[i].ops[ms[i].nops - 1];
-            if (!strcmp(last->kind, OP_FORWARD_BACKWARD) && last->age_ms < o->pair_hold_ms) {
+        /* docs/architecture.md, rule 5: a run that ends in a fresh forward_backward of a model whose
+         * optim_step usually follows at once is held briefly, so that both share a cycle. */
+        if (ms[i].nops > 0) {
+            double left = hold_left(&ms[i], &ms[i].ops[ms[i].nops - 1], o->pair_hold_ms);
+            if (left > 0) {
                 ms[i].nops = 0;
-                if (held) (*held)++;
+                if (held && (*held <= 0 || left < *held)) *held = (int)left + 1;
             }
         }
     }
@@ -196,6 +232,8 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
             }
         }
     }
+    for (int i = 0; i < nm; i++)
+        if (ms[i].taken && !ms[i].is_sample) learn_pattern(&ms[i]);
     free(all);
     if (nclaimed == 0) { free(ms); free(claimed); db_rollback(c); return 0; }
 
@@ -219,23 +257,37 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     sprintf(w, "}");
     free(claimed);
     int nadv = 0;
-    for (int i = 0; i < nm; i++) if (ms[i].taken && !ms[i].is_sample) ms[nadv++] = ms[i];
+    for (int i = 0; i < nm; i++)
+        if (ms[i].taken && !ms[i].is_sample) ms[nadv++] = ms[i];
     char *mids = array_literal_text(ms, nadv);
     char *seqs = malloc(16 + (size_t)nadv * 12), *s = seqs;
     s += sprintf(s, "{");
     for (int i = 0; i < nadv; i++) s += sprintf(s, "%s%d", i ? "," : "", ms[i].next_seq + ms[i].taken);
     sprintf(s, "}");
+    char *pp = malloc(16 + (size_t)nadv * 96), *pg = pp + 8 + (size_t)nadv * 32, *pt = pg + 4 + (size_t)nadv * 32;
+    char *a = pp, *b = pg, *t = pt;
+    a += sprintf(a, "{");
+    b += sprintf(b, "{");
+    t += sprintf(t, "{");
+    for (int i = 0; i < nadv; i++) {
+        a += sprintf(a, "%s%.4f", i ? "," : "", ms[i].pair_p);
+        b += sprintf(b, "%s%.3f", i ? "," : "", ms[i].pair_gap_ms);
+        t += sprintf(t, "%s%.3f", i ? "," : "", ms[i].tail_fb_ms);
+    }
+    sprintf(a, "}");
+    sprintf(b, "}");
+    sprintf(t, "}");
     free(ms);
 
     const char *p5[2] = {cyc, oplist};
-    const char *p6[3] = {mids, seqs, exe};
+    const char *p6[5] = {mids, seqs, pp, pg, pt};
     const char *p7[1] = {exe};
     const char *p8[1] = {exe};
     int rc2 = db_exec(c, SQL_CLAIM_OPS, 2, p5, err, errlen);
-    if (!rc2) rc2 = db_exec(c, SQL_ADVANCE_MODELS, 3, p6, err, errlen);
+    if (!rc2) rc2 = db_exec(c, SQL_ADVANCE_MODELS, 5, p6, err, errlen);
     if (!rc2) rc2 = db_exec(c, SQL_EXECUTOR_BUSY, 1, p7, err, errlen);
     if (!rc2) rc2 = db_exec(c, SQL_NOTIFY_CYCLE, 1, p8, err, errlen);
-    free(oplist); free(mids); free(seqs);
+    free(oplist); free(mids); free(seqs); free(pp);
     if (rc2 < 0) goto fail;
     if (db_commit(c, err, errlen) < 0) return -1;
     log_debug("cycle %s: %d ops, %d tokens for executor %s", cyc, nclaimed, used, exe);

@@ -1,7 +1,8 @@
 /* sched.c: `loom scheduler`, the loop. Wakes on NOTIFY (CHAN_OP_QUEUED, CHAN_EXECUTOR_READY)
- * or every poll interval, waits a short gather window so that a forward_backward and the
- * optim_step the client sends right after it land in one cycle, reaps expired leases,
- * then builds a cycle for every idle executor. */
+ * or every poll interval (or when a forward_backward's hold for its optim_step ends),
+ * reaps expired leases and expires sessions every 2 s, places waiting models, then builds
+ * a cycle for every idle executor at once: work that arrives while an executor computes
+ * fills its next cycle (an optional --gather-ms waits before building). */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
 #include "common/config.h"
@@ -18,21 +19,29 @@
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
 
+/* Listens for work, and commits without waiting for the disk: everything the scheduler
+ * writes (claims, placements, the reaper's requeues) is derived from durable rows and
+ * done again if a crash loses it, and an executor's commit, which is waited for, makes
+ * everything written before it durable too. */
 static int listen_all(PGconn *c, char *err, size_t errlen) {
-    return db_exec(c, SQL_LISTEN_OPS, 0, NULL, err, errlen) < 0 || db_exec(c, SQL_LISTEN_EXECUTORS, 0, NULL, err, errlen) < 0
+    return db_exec(c, SQL_LISTEN_OPS, 0, NULL, err, errlen) < 0 ||
+                   db_exec(c, SQL_LISTEN_EXECUTORS, 0, NULL, err, errlen) < 0 ||
+                   db_exec(c, SQL_ASYNC_COMMIT, 0, NULL, err, errlen) < 0
                ? -1 : 0;
 }
 
 /* All but --db, for `loom up` to take and pass through (cli/up.c). */
 const opt_spec SCHED_OPTS[] = {
-    {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "15", .lo = 0, .hi = 10000,
-     .help = "after a wake-up, wait this long for more work before building cycles"},
+    {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "0", .lo = 0, .hi = 10000,
+     .help = "after a wake-up, wait this long for more work before building cycles (0: build at once; work "
+             "that arrives while an executor computes fills its next cycle)"},
     {.name = "poll-ms", .kind = OPT_INT, .arg = "MS", .def = "500", .lo = 1, .hi = 60000,
      .help = "look for work at least this often"},
     {.name = "lease-s", .kind = OPT_INT, .arg = "S", .def = "300", .lo = 10, .hi = 86400,
      .help = "a cycle's lease at creation (the executor's heartbeat extends it)"},
     {.name = "pair-hold-ms", .kind = OPT_INT, .arg = "MS", .def = "100", .lo = 0, .hi = 10000,
-     .help = "hold a model whose run ends in a forward_backward for its optim_step"},
+     .help = "the longest a forward_backward waits for the optim_step its model usually sends next (learned "
+             "per model: about 3 times the gap between its submits)"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
      .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
     {.name = "executor-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 2, .hi = 3600,
@@ -71,8 +80,8 @@ int sched_main(int argc, char **argv) {
     time_t last_reap = 0, connected_at = time(NULL);
     int held = 0;
     while (!g_stop) {
-        /* While a model is held for its optim_step, look again soon. */
-        int w = db_wait_notify(c, held ? 10 : poll_ms);
+        /* While a model is held for its optim_step, look again when its hold ends. */
+        int w = db_wait_notify(c, held > 0 ? held : poll_ms);
         if (w < 0) {
             log_warn("database connection lost; reconnecting");
             PQfinish(c);
@@ -87,6 +96,8 @@ int sched_main(int argc, char **argv) {
             db_wait_notify(c, 0);   /* drain what arrived while gathering */
         }
         if (time(NULL) - last_reap >= 2) {
+            /* refused submits the api could not pass over at once (rare: out of order) */
+            if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
             /* Silence is judged once executors had as long as the reaper's threshold to
              * heartbeat on this connection's database (after an outage, all are silent). */
             if (sched_reap(c, time(NULL) - connected_at >= silence_s, silence_s, err, sizeof err) < 0)
@@ -99,7 +110,6 @@ int sched_main(int argc, char **argv) {
                 log_warn("session expiry: %s", err);
             last_reap = time(NULL);
         }
-        if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
         if (sched_place(c, silence_s, err, sizeof err) < 0) log_warn("placement: %s", err);
         PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
         if (!r) { log_warn("executors: %s", err); continue; }

@@ -10,14 +10,15 @@
 typedef struct {
     int lease_s;        /* a cycle's lease; the executor extends it while it works */
     int max_models;     /* models considered per cycle */
-    int pair_hold_ms;   /* a run ending in a forward_backward younger than this waits for
-                           the optim_step the client usually sends right after it
+    int pair_hold_ms;   /* the longest a run ending in a forward_backward waits for the
+                           optim_step its model usually sends right after it
                            (docs/architecture.md, rule 5) */
 } sched_opts;
 
 /* Builds one cycle for an idle executor if there is eligible work. Returns the number
  * of operations claimed (0 = none, executor left idle) or -1 with err. *held (may be
- * NULL) counts models held back by pair_hold_ms: the caller should look again soon. */
+ * NULL; start it at 0): when models are held back for their optim_step (rule 5), the ms
+ * until the first hold ends, at most what it was: the caller should look again then. */
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
                       int *held, char *err, size_t errlen);
 

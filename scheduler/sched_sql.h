@@ -2,6 +2,9 @@
 #pragma once
 #include "common/contract.h"
 
+/* The scheduler's session commits without waiting for the disk (sched.c, listen_all). */
+#define SQL_ASYNC_COMMIT "SET synchronous_commit = off"
+
 /* What wakes the scheduler: operations queued, executors ready for a cycle. */
 #define SQL_LISTEN_OPS "LISTEN " CHAN_OP_QUEUED
 #define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
@@ -12,9 +15,12 @@
     " WHERE id = $1 AND state = 'idle' FOR UPDATE SKIP LOCKED"
 
 /* $1 base model, $2 executor id, $3 limit. Models placed on this executor (sched_place)
- * with their next operation queued; the least recently served first. */
+ * with their next operation queued, the least recently served first, with what was
+ * learned of their pattern (rule 5): pair_p, pair_gap_ms (-1 unknown), tail_fb_at in
+ * epoch ms (-1 none). */
 #define SQL_LOCK_READY_MODELS \
-    "SELECT m.id, m.next_seq, m.tenant_id FROM models m" \
+    "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
+    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) FROM models m" \
     " WHERE m.base_model = $1 AND m.status = 'active' AND m.executor_id = $2" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
@@ -24,7 +30,8 @@
  * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
 #define SQL_LOCK_QUEUED_OPS \
     "SELECT o.id, m.i - 1 AS model_index, o.seq_id, o.kind, o.n_tokens," \
-    " (extract(epoch FROM clock_timestamp() - o.created_at) * 1000)::int AS age_ms" \
+    " extract(epoch FROM clock_timestamp() - o.created_at) * 1000 AS age_ms," \
+    " extract(epoch FROM o.created_at) * 1000 AS created_ms" \
     " FROM unnest($1::text[]) WITH ORDINALITY AS m(id, i) JOIN operations o ON o.model_id = m.id" \
     " WHERE o.state = 'queued'" \
     " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
@@ -49,11 +56,15 @@
     "UPDATE operations SET state = 'claimed', cycle_id = $1, claimed_at = now()" \
     " WHERE id = ANY($2::bigint[]) AND state = 'queued'"
 
-/* $1 text[] model ids, $2 int[] next seq, $3 executor. Pins models to the executor
- * that now holds their adapter in memory. */
+/* $1 text[] model ids, $2 int[] next seq, $3 real[] pair_p, $4 real[] pair_gap_ms (-1:
+ * unknown), $5 float8[] tail_fb_at in epoch ms (-1: none): what the claimed runs taught
+ * of each model's pattern (rule 5). */
 #define SQL_ADVANCE_MODELS \
-    "UPDATE models m SET next_seq = v.next_seq, executor_id = $3, last_request_at = now()" \
-    " FROM unnest($1::text[], $2::int[]) AS v(id, next_seq) WHERE m.id = v.id"
+    "UPDATE models m SET next_seq = v.next_seq, last_request_at = now(), pair_p = v.p," \
+    " pair_gap_ms = nullif(v.gap, -1), tail_fb_at = CASE WHEN v.tail < 0 THEN NULL" \
+    " ELSE to_timestamp(v.tail / 1000) END" \
+    " FROM unnest($1::text[], $2::int[], $3::real[], $4::real[], $5::float8[]) AS v(id, next_seq, p, gap, tail)" \
+    " WHERE m.id = v.id"
 
 #define SQL_EXECUTOR_BUSY "UPDATE executors SET state = 'busy' WHERE id = $1"
 

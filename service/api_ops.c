@@ -75,12 +75,33 @@ static int existing_op(PGconn *db, const char *model_id, const char *seq, const 
     return found;
 }
 
+/* The common submit: an explicit seq_id and nothing else to write: one statement. 1 when
+ * (model, seq_id) was taken (the caller looks at what took it), 0 inserted, -1 error. */
+static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, const char *tid, const char *ntok,
+                      char request_id[API_REQUEST_ID_MAX], char *err, size_t errlen) {
+    char seq[24];
+    api_fmt_i64(seq, q->seq_id);
+    const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
+    PGresult *r = db_query(db, SQL_OP_SUBMIT, 7, p, err, errlen);
+    if (!r) return -1;
+    int inserted = PQntuples(r) > 0;
+    PQclear(r);
+    if (!inserted) return 1;
+    snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
+    return 0;
+}
+
 int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID_MAX], char *err,
               size_t errlen) {
     char tid[24], seq[24], ntok[24], fresh[API_REQUEST_ID_MAX];
     api_fmt_i64(tid, q->tenant_id);
     api_fmt_i64(ntok, q->n_tokens);
     op_new_request_id(fresh);
+    if (q->has_seq_id && !q->in_tx) {
+        int rc = submit_one(db, q, fresh, tid, ntok, request_id, err, errlen);
+        if (rc <= 0) return rc;
+        /* taken: the same op resubmitted (its first future), or a conflict (below) */
+    }
     if (db_begin(db, err, errlen) < 0) return -1;
     const char *mp[1] = {q->model_id};
     if (!q->has_seq_id && db_exec(db, SQL_MODEL_LOCK, 1, mp, err, errlen) < 0) goto fail;

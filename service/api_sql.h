@@ -83,18 +83,28 @@
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
     " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
+/* The same in one statement, its own transaction, waking the scheduler: the common submit
+ * (an explicit seq_id), one round trip and one commit. No row back: (model, seq_id) was
+ * taken. */
+#define SQL_OP_SUBMIT                                                                       \
+    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
+    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
+    " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
+    " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 /* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 error, $7 HTTP status: a
  * submit the api refused, kept as a failed operation (payload {"rejected": status}) so
  * that the model's later seq_ids run (the client has used the seq_id up). Only on the
- * tenant's own active model and a free seq_id; wakes the scheduler, which then passes
- * over it. */
+ * tenant's own active model and a free seq_id. When the model waits for just this seq_id
+ * it moves past it at once; the scheduler passes over any others (sched_skip_settled). */
 #define SQL_OP_RECORD_REJECTED                                                              \
     "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind,"   \
     " payload, state, error, error_category, finished_at)"                                  \
     " SELECT $1, $2, m.id, $4, $5, jsonb_build_object('rejected', $7::int), 'failed', $6,"  \
     " 'user', now() FROM models m"                                                          \
     " WHERE m.id = $3 AND m.tenant_id = $2 AND m.status = 'active'"                         \
-    " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING 1)"                              \
+    " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING model_id, seq_id),"               \
+    " adv AS (UPDATE models m SET next_seq = m.next_seq + 1 FROM ins"                       \
+    "   WHERE m.id = ins.model_id AND m.next_seq = ins.seq_id)"                              \
     " SELECT pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 /* $1 model, $2 seq_id -> request_id, kind, refused at submit, error */
 #define SQL_OP_EXISTING                                                                     \

@@ -89,12 +89,13 @@ def run(s, R, proto):
         n_done = int(s.psql(f"SELECT count(*) FROM operations WHERE model_id = '{model_id}'"
                             " AND state = 'done' AND result IS NOT NULL AND cycle_id IS NOT NULL"))
         R.check(n_done == n_ops, f"all done with a result and a cycle: {n_done}")
-        # Each step's forward_backward and optim_step ran in the same cycle.
+        # Each step's forward_backward and optim_step ran in the same cycle, but the first:
+        # it teaches the scheduler that this model's optim_step follows (rule 5).
         same = int(s.psql(
             "SELECT count(*) FROM operations f JOIN operations o ON o.model_id = f.model_id"
             " AND o.seq_id = f.seq_id + 1 AND o.kind = 'optim_step'"
             f" WHERE f.model_id = '{model_id}' AND f.kind = 'forward_backward' AND f.cycle_id = o.cycle_id"))
-        R.check(same == STEPS, f"forward_backward + optim_step in the same cycle for {same}/{STEPS} steps")
+        R.check(same >= STEPS - 1, f"forward_backward + optim_step in the same cycle for {same}/{STEPS} steps")
         # Results in the table are what the client got.
         stored = s.psql(f"SELECT result->'metrics'->>'loss:sum' FROM operations WHERE request_id = '{fb_ids[-1]}'")
         R.check(stored and math.isfinite(float(stored)), f"stored result has loss:sum {stored}")

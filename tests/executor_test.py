@@ -84,8 +84,8 @@ CREATE TRIGGER loom_test_slow_start BEFORE UPDATE ON cycles FOR EACH ROW EXECUTE
 
 def backend_pid(s):
     """The PostgreSQL backend of the executor's loop connection (its last statement is the
-    poll for cycles)."""
-    return s.psql("SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT id FROM cycles WHERE executor_id%'"
+    poll for cycles, which starts the next one)."""
+    return s.psql("SELECT pid FROM pg_stat_activity WHERE query LIKE 'WITH c AS (UPDATE cycles SET state = ''running''%'"
                   " ORDER BY backend_start DESC LIMIT 1")
 
 

@@ -68,7 +68,7 @@ def main():
 
         def paused(submit):
             """Runs submit() with the scheduler stopped, so that what it queues lands in one
-            cycle (past the 100 ms pair hold, which would keep a model back alone)."""
+            cycle (whatever the scheduler would build as they arrive one by one)."""
             os.kill(sched, signal.SIGSTOP)
             try:
                 out = submit()

@@ -165,26 +165,53 @@ static void test_race(void) {
     CHECK(order == 0, "per model, cycles follow seq order");
 }
 
+/* Rule 5, learned per model: a new model's forward_backward is not held; once its
+ * optim_steps follow its forward_backwards, a fresh trailing forward_backward waits for
+ * its optim_step, about as long as the gap its client leaves (not the whole
+ * pair_hold_ms); a model that sends forward_backwards alone is never held. */
 static void test_pair_hold(void) {
     reset();
     model("a1", 1);
+    model("a2", 1);
     sql("UPDATE models SET next_seq = 1, executor_id = 1");
-    op("a1", 1, "forward_backward", 10);
     sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 400};
     int64_t cyc;
     int held = 0;
     char err[512];
+    op("a1", 1, "forward_backward", 10);
     int n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
-    CHECK(n == 0 && held == 1, "a fresh trailing forward_backward is held for its optim_step (%d claimed, %d held)", n, held);
+    CHECK(n == 1 && held == 0, "a new model's forward_backward is not held: nothing learned yet (%d claimed)", n);
+    finish_cycle(cyc);
+    usleep(20 * 1000);
     op("a1", 2, "optim_step", 0);
+    n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+    finish_cycle(cyc);
+    long gap = scalar("SELECT round(pair_gap_ms) FROM models WHERE id = 'a1'");
+    CHECK(n == 1 && scalar("SELECT (pair_p > 0.5)::int FROM models WHERE id = 'a1'") == 1 && gap >= 20 && gap < 400,
+          "its optim_step teaches that one follows, about %ld ms after", gap);
+    op("a1", 3, "forward_backward", 10);
+    held = 0;
+    n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+    CHECK(n == 0 && held > 0 && held <= 3 * gap + 2, "now a fresh trailing forward_backward is held, %d ms (not %d)",
+          held, o.pair_hold_ms);
+    op("a1", 4, "optim_step", 0);
     held = 0;
     n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
     CHECK(n == 2 && held == 0, "once the optim_step arrives both run in one cycle (%d)", n);
     finish_cycle(cyc);
-    op("a1", 3, "forward_backward", 10);
-    usleep(450 * 1000);
+    op("a1", 5, "forward_backward", 10);
+    usleep((3 * gap + 5) * 1000);
     n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
-    CHECK(n == 1, "after the hold a lone forward_backward runs (gradient accumulation) (%d)", n);
+    CHECK(n == 1, "after its hold a forward_backward runs alone (%d)", n);
+    finish_cycle(cyc);
+    /* a2 sends forward_backwards only (evaluation, gradient accumulation) */
+    for (int k = 1; k <= 3; k++) {
+        op("a2", k, "forward_backward", 10);
+        held = 0;
+        n = sched_build_cycle(C, 1, &o, &cyc, &held, err, sizeof err);
+        if (n > 0) finish_cycle(cyc);
+        if (k == 3) CHECK(n == 1 && held == 0, "a model whose forward_backwards come alone is never held (%d)", n);
+    }
 }
 
 static void sample_op(const char *ss, int seq, int tokens) {

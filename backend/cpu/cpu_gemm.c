@@ -1,9 +1,9 @@
-/* cpu_gemm.c — the batch-invariant SGEMM (see cpu_gemm.h). Goto's loop order: a block of
- * op(B) (CPU_GEMM_KC × NC) and of op(A) (MC × CPU_GEMM_KC) are packed into panels of the
- * kernel's NR columns and MR rows (zero-padded at the edges), and a micro-kernel computes
- * an MR × NR tile of fma chains into a scratch tile that one scalar routine adds into C.
- * Padding rows and columns are computed like the others and never written, so an element
- * at the edge of C goes through exactly the instructions of one in the middle.
+/* cpu_gemm.c — the batch-invariant SGEMM (see cpu_gemm.h). A block of op(B) (CPU_GEMM_KC ×
+ * NC) is packed into panels of the kernel's NR columns (zero-padded at the edge), and a
+ * micro-kernel computes an MR × NR tile of fma chains, reading op(A) in place (rows past
+ * the edge repeat a row), into a scratch tile that one routine adds into C. Padding rows
+ * and columns are computed like the others and never written, so an element at the edge
+ * of C goes through exactly the instructions of one in the middle.
  *
  * Own code rather than a library: no packaged BLAS states per-element invariance, and
  * OpenBLAS measurably lacks it (rows and columns of one product round differently by
@@ -21,10 +21,11 @@
 #define CPU_GEMM_X86 1
 #endif
 
-#define MC 96     /* rows of op(A) packed at a time (a multiple of every MR) */
 #define NC 2048   /* columns of op(B) packed at a time (a multiple of every NR) */
 
-typedef void (*kernel_fn)(int kc, const float *Ap, const float *Bp, float *acc);
+/* acc[r·NR + c] = Σ_k a(r, k) · Bp[k·NR + c] with a(r, k) = A[r'·rs + k·ks] (r' = r for
+ * r < rows, else 0: rows past the edge repeat row 0 and are never written back). */
+typedef void (*kernel_fn)(int kc, const float *A, long rs, long ks, int rows, const float *Bp, float *acc);
 
 typedef struct {
     const char *name;
@@ -33,33 +34,40 @@ typedef struct {
     bool (*supported)(void);
 } gemm_kernel;
 
-/* ---- kernels: acc[r·NR + c] = Σ_k Ap[k·MR + r] · Bp[k·NR + c] as one fma chain each ---- */
+/* ---- kernels: each acc[r·NR + c] one fma chain over k ------------------------------------ */
 
-static void kern_generic(int kc, const float *Ap, const float *Bp, float *acc)
+static void kern_generic(int kc, const float *A, long rs, long ks, int rows, const float *Bp, float *acc)
 {
     enum { MR = 4, NR = 8 };
     float c[MR][NR] = {{0}};
+    const float *a[MR];
+    for (int r = 0; r < MR; r++) a[r] = A + (r < rows ? r : 0) * rs;
     for (int k = 0; k < kc; k++)
         for (int r = 0; r < MR; r++)
-            for (int j = 0; j < NR; j++) c[r][j] = fmaf(Ap[k * MR + r], Bp[k * NR + j], c[r][j]);
+            for (int j = 0; j < NR; j++) c[r][j] = fmaf(a[r][k * ks], Bp[k * NR + j], c[r][j]);
     memcpy(acc, c, sizeof c);
 }
 
 static bool always(void) { return true; }
 
 #ifdef CPU_GEMM_X86
-__attribute__((target("avx2,fma"))) static void kern_avx2(int kc, const float *Ap, const float *Bp, float *acc)
+__attribute__((target("avx2,fma"))) static void kern_avx2(int kc, const float *A, long rs, long ks, int rows,
+                                                          const float *Bp, float *acc)
 {
     __m256 c[6][2];
+    const float *a[6];
 #pragma GCC unroll 6
-    for (int r = 0; r < 6; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+    for (int r = 0; r < 6; r++) {
+        c[r][0] = c[r][1] = _mm256_setzero_ps();
+        a[r] = A + (r < rows ? r : 0) * rs;
+    }
     for (int k = 0; k < kc; k++) {
         __m256 b0 = _mm256_loadu_ps(Bp + 16 * k), b1 = _mm256_loadu_ps(Bp + 16 * k + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
-            __m256 a = _mm256_broadcast_ss(Ap + 6 * k + r);
-            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+            __m256 v = _mm256_broadcast_ss(a[r] + k * ks);
+            c[r][0] = _mm256_fmadd_ps(v, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(v, b1, c[r][1]);
         }
     }
 #pragma GCC unroll 6
@@ -69,18 +77,23 @@ __attribute__((target("avx2,fma"))) static void kern_avx2(int kc, const float *A
     }
 }
 
-__attribute__((target("avx512f"))) static void kern_avx512(int kc, const float *Ap, const float *Bp, float *acc)
+__attribute__((target("avx512f"))) static void kern_avx512(int kc, const float *A, long rs, long ks, int rows,
+                                                          const float *Bp, float *acc)
 {
     __m512 c[12][2];
+    const float *a[12];
 #pragma GCC unroll 12
-    for (int r = 0; r < 12; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+    for (int r = 0; r < 12; r++) {
+        c[r][0] = c[r][1] = _mm512_setzero_ps();
+        a[r] = A + (r < rows ? r : 0) * rs;
+    }
     for (int k = 0; k < kc; k++) {
         __m512 b0 = _mm512_loadu_ps(Bp + 32 * k), b1 = _mm512_loadu_ps(Bp + 32 * k + 16);
 #pragma GCC unroll 12
         for (int r = 0; r < 12; r++) {
-            __m512 a = _mm512_set1_ps(Ap[12 * k + r]);
-            c[r][0] = _mm512_fmadd_ps(a, b0, c[r][0]);
-            c[r][1] = _mm512_fmadd_ps(a, b1, c[r][1]);
+            __m512 v = _mm512_set1_ps(a[r][k * ks]);
+            c[r][0] = _mm512_fmadd_ps(v, b0, c[r][0]);
+            c[r][1] = _mm512_fmadd_ps(v, b1, c[r][1]);
         }
     }
 #pragma GCC unroll 12
@@ -137,8 +150,8 @@ bool cpu_gemm_use_kernel(const char *name)
 /* ---- per-thread packing buffers --------------------------------------------------------- */
 
 typedef struct {
-    float *a, *b;
-    size_t cap_a, cap_b;
+    float *b;
+    size_t cap_b;
 } pack_bufs;
 
 static pthread_key_t g_key;
@@ -147,7 +160,6 @@ static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static void free_bufs(void *p)
 {
     pack_bufs *b = p;
-    free(b->a);
     free(b->b);
     free(b);
 }
@@ -172,29 +184,6 @@ static pack_bufs *bufs(void)
 }
 
 /* ---- packing ------------------------------------------------------------------------------ */
-
-/* op(A)[i0.., k0..] (mc × kc) into panels of MR rows: Ap[p][k][r], zero rows past mc. */
-static void pack_a(bool ta, const float *A, int lda, int i0, int mc, int k0, int kc, int MR, float *Ap)
-{
-    for (int p = 0; p < mc; p += MR) {
-        float *dst = Ap + (size_t)p * kc;
-        int rows = mc - p < MR ? mc - p : MR;
-        if (ta) {   /* op(A)'s column k is A's row k: MR contiguous values per k */
-            for (int k = 0; k < kc; k++) {
-                const float *src = A + (long)(k0 + k) * lda + i0 + p;
-                float *d = dst + (size_t)k * MR;
-                for (int r = 0; r < rows; r++) d[r] = src[r];
-                for (int r = rows; r < MR; r++) d[r] = 0.0f;
-            }
-            continue;
-        }
-        for (int r = 0; r < MR; r++) {
-            if (r >= rows) { for (int k = 0; k < kc; k++) dst[(size_t)k * MR + r] = 0.0f; continue; }
-            const float *src = A + (long)(i0 + p + r) * lda + k0;
-            for (int k = 0; k < kc; k++) dst[(size_t)k * MR + r] = src[k];
-        }
-    }
-}
 
 /* op(B)[k0.., j0..] (kc × nc) into panels of NR columns: Bp[p][k][c], zero columns past nc. */
 static void pack_b(bool tb, const float *B, int ldb, int k0, int kc, int j0, int nc, int NR, float *Bp)
@@ -227,16 +216,19 @@ static void pack_b(bool tb, const float *B, int ldb, int k0, int kc, int j0, int
 
 /* ---- the driver ----------------------------------------------------------------------------- */
 
-/* The one place C changes: the same roundings for every element and kernel. */
+/* The one place C changes: the same roundings for every element and kernel (separate
+ * multiplies and adds, each rounded: vectorised or not, the same bits). */
 static void update(float *C, int ldc, const float *acc, int NR, int rows, int cols, float alpha, float beta, bool first)
 {
     for (int r = 0; r < rows; r++) {
-        float *c = C + (long)r * ldc;
-        const float *a = acc + (size_t)r * NR;
-        for (int j = 0; j < cols; j++) {
-            float t = alpha * a[j];
-            c[j] = !first ? c[j] + t : beta == 0.0f ? t : beta * c[j] + t;
-        }
+        float *restrict c = C + (long)r * ldc;
+        const float *restrict a = acc + (size_t)r * NR;
+        if (!first)
+            for (int j = 0; j < cols; j++) c[j] = c[j] + alpha * a[j];
+        else if (beta == 0.0f)
+            for (int j = 0; j < cols; j++) c[j] = alpha * a[j];
+        else
+            for (int j = 0; j < cols; j++) c[j] = beta * c[j] + alpha * a[j];
     }
 }
 
@@ -252,25 +244,27 @@ void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A
     const gemm_kernel *kn = kernel();
     int MR = kn->mr, NR = kn->nr;
     pack_bufs *pb = bufs();
-    int kcmax = K < CPU_GEMM_KC ? K : CPU_GEMM_KC, ncmax = N < NC ? N : NC, mcmax = M < MC ? M : MC;
-    size_t need_b = (size_t)kcmax * ((ncmax + NR - 1) / NR * NR), need_a = (size_t)kcmax * ((mcmax + MR - 1) / MR * MR);
-    float *Bp = pb ? grow(&pb->b, &pb->cap_b, need_b) : NULL, *Ap = pb ? grow(&pb->a, &pb->cap_a, need_a) : NULL;
-    if (!Ap || !Bp) abort();   /* a few hundred KB of scratch: nothing sensible is left to do */
+    int kcmax = K < CPU_GEMM_KC ? K : CPU_GEMM_KC, ncmax = N < NC ? N : NC;
+    size_t need_b = (size_t)kcmax * ((ncmax + NR - 1) / NR * NR);
+    float *Bp = pb ? grow(&pb->b, &pb->cap_b, need_b) : NULL;
+    if (!Bp) abort();   /* a few hundred KB of scratch: nothing sensible is left to do */
+    /* op(A) is read in place (a(i, k) = A[i·rs + k·ks]): the kernels broadcast one value
+     * per row and k, so packing it would only copy it once more. */
+    long rs = ta ? 1 : lda, ks = ta ? lda : 1;
     float acc[12 * 32];
     for (int jc = 0; jc < N; jc += NC) {
         int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < K; pc += CPU_GEMM_KC) {
             int kc = K - pc < CPU_GEMM_KC ? K - pc : CPU_GEMM_KC;
             pack_b(tb, B, ldb, pc, kc, jc, nc, NR, Bp);
-            for (int ic = 0; ic < M; ic += MC) {
-                int mc = M - ic < MC ? M - ic : MC;
-                pack_a(ta, A, lda, ic, mc, pc, kc, MR, Ap);
-                for (int jr = 0; jr < nc; jr += NR)
-                    for (int ir = 0; ir < mc; ir += MR) {
-                        kn->run(kc, Ap + (size_t)ir * kc, Bp + (size_t)jr * kc, acc);
-                        update(C + (long)(ic + ir) * ldc + jc + jr, ldc, acc, NR, mc - ir < MR ? mc - ir : MR,
-                               nc - jr < NR ? nc - jr : NR, alpha, beta, pc == 0);
-                    }
+            for (int ir = 0; ir < M; ir += MR) {
+                int rows = M - ir < MR ? M - ir : MR;
+                const float *a = A + ir * rs + pc * ks;
+                for (int jr = 0; jr < nc; jr += NR) {
+                    kn->run(kc, a, rs, ks, rows, Bp + (size_t)jr * kc, acc);
+                    update(C + (long)ir * ldc + jc + jr, ldc, acc, NR, rows, nc - jr < NR ? nc - jr : NR, alpha, beta,
+                           pc == 0);
+                }
             }
         }
     }

@@ -1,0 +1,281 @@
+"""The whole stack's figures (issue 10): a fresh `loom up` (its own PostgreSQL, the tiny
+model, the CPU backend) driven over HTTP like the SDK drives it. Prints figures; never
+passes or fails.
+
+  latency     submit -> result of a lone forward_backward (1 datum of 8 tokens), p50/p99,
+              split into api (submit -> row), queue (row -> claimed into a cycle),
+              dispatch (claimed -> the executor starts the cycle), execution (the
+              backend's work), commit + notify + answer; and of forward_backward +
+              optim_step sent back to back (cycles per step)
+  throughput  queue operations per second: 64 models submitting forward_backwards at once
+  tenants     1, 8, 32 tenants each stepping (forward_backward + optim_step) with small
+              batches, the same total tokens per round: aggregate tokens/s, cycles per
+              step, per-tenant step latency
+  durability  the cost of durable state per optim_step, end to end: steps with a snapshot
+              every step against the default
+
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability]
+"""
+import argparse, http.client, json, os, statistics, sys, threading, time, urllib.parse
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+import stack  # noqa: E402
+
+ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+BASE = "loom/tiny-llama"
+
+
+class Conn:
+    """One keep-alive HTTP connection (as an SDK client holds one)."""
+    def __init__(self, url, key):
+        u = urllib.parse.urlparse(url)
+        self.host, self.port, self.key = u.hostname, u.port, key
+        self.c = http.client.HTTPConnection(self.host, self.port, timeout=120)
+
+    def post(self, path, body):
+        data = json.dumps(body)
+        for attempt in range(3):
+            try:
+                self.c.request("POST", path, data, {"Content-Type": "application/json", "X-API-Key": self.key})
+                r = self.c.getresponse()
+                out = json.loads(r.read())
+                if r.status != 200:
+                    raise RuntimeError(f"{path}: {r.status} {out}")
+                return out
+            except (http.client.HTTPException, ConnectionError):
+                self.c.close()
+                self.c = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        raise RuntimeError(f"{path}: connection failed")
+
+    def result(self, rid):
+        while True:
+            r = self.post("/api/v1/retrieve_future", {"request_id": rid})
+            if r.get("type") != "try_again":
+                if "error" in r:
+                    raise RuntimeError(r["error"])
+                return r
+
+    def model(self, sid, n, rank=4):
+        fut = self.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": n, "base_model": BASE,
+                                                 "lora_config": {"rank": rank, "seed": n}})
+        return self.result(fut["request_id"])["model_id"]
+
+
+def datum(k, i, n):
+    seq = [(7 * k + 13 * i + 5 * j) % 250 + 1 for j in range(n + 1)]
+    return {"model_input": {"chunks": [{"tokens": seq[:-1], "type": "encoded_text"}]},
+            "loss_fn_inputs": {"target_tokens": {"data": seq[1:], "dtype": "int64"}}}
+
+
+def fb_body(mid, seq, k, datums, tokens):
+    return {"model_id": mid, "seq_id": seq, "forward_backward_input": {
+        "data": [datum(k, i, tokens) for i in range(datums)], "loss_fn": "cross_entropy"}}
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def ms(x):
+    return f"{1000 * x:7.2f}"
+
+
+def op_times(s, rids):
+    """Server-side times (epoch seconds) of operations: created, claimed, cycle started,
+    finished (the executor's commit), the cycle's compute seconds."""
+    ids = ",".join(f"'{r}'" for r in rids)
+    rows = s.psql("SELECT o.request_id, extract(epoch FROM o.created_at), extract(epoch FROM o.claimed_at),"
+                  " extract(epoch FROM c.started_at), extract(epoch FROM o.finished_at), coalesce(c.compute_s, 0),"
+                  f" o.cycle_id FROM operations o JOIN cycles c ON c.id = o.cycle_id WHERE o.request_id IN ({ids})")
+    out = {}
+    for line in rows.splitlines():
+        f = line.split("|")
+        out[f[0]] = [float(x) for x in f[1:6]] + [int(f[6])]
+    return out
+
+
+def latency(s, n=300):
+    c = Conn(s.url, s.key)
+    sid = c.post("/api/v1/create_session", {})["session_id"]
+    mid = c.model(sid, 0)
+    for k in range(20):   # warm-up: buffers, the model's learned pattern (no optim_step follows)
+        c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
+    seq, samples = 21, []
+    for k in range(n):
+        t0 = time.time()
+        rid = c.post("/api/v1/forward_backward", fb_body(mid, seq, k, 1, 8))["request_id"]
+        c.result(rid)
+        samples.append((rid, t0, time.time()))
+        seq += 1
+    times = op_times(s, [r for r, _, _ in samples])
+    parts = {"total": [], "api": [], "queue": [], "dispatch": [], "execution": [], "commit+notify": [],
+             "overhead": []}
+    for rid, t0, t1 in samples:
+        created, claimed, started, finished, compute, _ = times[rid]
+        parts["total"].append(t1 - t0)
+        parts["api"].append(created - t0)
+        parts["queue"].append(claimed - created)
+        parts["dispatch"].append(started - claimed)
+        parts["execution"].append(compute)
+        parts["commit+notify"].append(t1 - started - compute)
+        parts["overhead"].append(t1 - t0 - compute)
+    print(f"latency: a lone forward_backward (1 datum, 8 tokens), {n} in a row, ms")
+    print(f"  {'':16s} {'p50':>7s} {'p99':>7s}")
+    for k, v in parts.items():
+        print(f"  {k:16s} {ms(pct(v, 50))} {ms(pct(v, 99))}")
+    ov = pct(parts["overhead"], 50) * 1000
+    print(f"  overhead beyond compute p50 {ov:.2f} ms   (target <= 2 ms: {'met' if ov <= 2 else 'NOT met'})")
+    # forward_backward + optim_step back to back
+    mid2 = c.model(sid, 1)
+    steps, seq, cyc = [], 1, []
+    for k in range(n // 3):
+        t0 = time.time()
+        f1 = c.post("/api/v1/forward_backward", fb_body(mid2, seq, k, 1, 8))["request_id"]
+        f2 = c.post("/api/v1/optim_step", {"model_id": mid2, "seq_id": seq + 1, "adam_params": ADAM})["request_id"]
+        c.result(f1)
+        c.result(f2)
+        steps.append(time.time() - t0)
+        cyc += [f1, f2]
+        seq += 2
+    t = op_times(s, cyc)
+    per_step = len({t[r][5] for r in cyc}) / (len(cyc) / 2)
+    print(f"  forward_backward + optim_step back to back: p50 {ms(pct(steps, 50))} p99 {ms(pct(steps, 99))} ms,"
+          f" {per_step:.2f} cycles per step")
+
+
+def throughput(s, models=64, per_model=40):
+    c0 = Conn(s.url, s.key)
+    sid = c0.post("/api/v1/create_session", {})["session_id"]
+    mids = [c0.model(sid, n) for n in range(models)]
+    done, rids, lock = [], [], threading.Lock()
+
+    def client(mid):
+        c = Conn(s.url, s.key)
+        mine = [c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"] for k in range(per_model)]
+        for r in mine:
+            c.result(r)
+        with lock:
+            rids.extend(mine)
+    t0 = time.time()
+    ts = [threading.Thread(target=client, args=(m,)) for m in mids]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.time() - t0
+    times = op_times(s, rids)
+    first = min(v[0] for v in times.values())
+    last = max(v[3] for v in times.values())
+    cycles = len({v[5] for v in times.values()})
+    n = len(rids)
+    print(f"throughput: {models} models x {per_model} forward_backwards (1 datum, 8 tokens), submitted at once")
+    print(f"  {n / (last - first):8.1f} operations/s in the queue (first row -> last commit), "
+          f"{n / wall:8.1f} end to end; {cycles} cycles, {n / cycles:.1f} operations per cycle")
+
+
+def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32):
+    """Each of T tenants steps with round_tokens/T tokens (of `tokens`-token datums) per
+    step: the same total tokens per round whatever T."""
+    import subprocess
+    secret = os.path.join(s.dir, "secret.key")
+    keys = [s.key]
+    env = dict(os.environ, DATABASE_URL=s.db)
+    for i in range(1, max(counts)):
+        subprocess.run([stack.LOOM_BIN, "tenant", "create", f"bench-{i}"], env=env, capture_output=True, check=True)
+        keys.append(subprocess.run([stack.LOOM_BIN, "key", "create", "--tenant", f"bench-{i}", "--secret-file", secret],
+                                   env=env, capture_output=True, text=True, check=True).stdout.strip())
+    print(f"tenants: each steps (forward_backward + optim_step) {rounds} times; {round_tokens} tokens per round in all")
+    base = None
+    for T in counts:
+        datums = max(1, round_tokens // T // tokens)
+        lat, rids, lock = [], [], threading.Lock()
+        ready = threading.Barrier(T + 1)
+
+        def tenant(i):
+            c = Conn(s.url, keys[i])
+            sid = c.post("/api/v1/create_session", {})["session_id"]
+            mid = c.model(sid, 0, rank=8)
+            ready.wait()
+            mine, seq = [], 1
+            for k in range(rounds):
+                t0 = time.time()
+                f1 = c.post("/api/v1/forward_backward", fb_body(mid, seq, k, datums, tokens))["request_id"]
+                f2 = c.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": ADAM})["request_id"]
+                c.result(f1)
+                c.result(f2)
+                with lock:
+                    lat.append(time.time() - t0)
+                mine += [f1, f2]
+                seq += 2
+            with lock:
+                rids.extend(mine)
+        ts = [threading.Thread(target=tenant, args=(i,)) for i in range(T)]
+        for t in ts:
+            t.start()
+        ready.wait()
+        t0 = time.time()
+        for t in ts:
+            t.join()
+        wall = time.time() - t0
+        times = op_times(s, rids)
+        cyc = sorted({v[5] for v in times.values()})
+        busy = float(s.psql("SELECT sum(extract(epoch FROM finished_at - started_at)) FROM cycles WHERE id IN ("
+                            + ",".join(map(str, cyc)) + ")"))
+        tok = T * datums * tokens * rounds
+        rate, erate = tok / wall, tok / busy
+        base = base or (rate, erate)
+        print(f"  {T:3d} tenant(s) x {datums:3d} datum(s): {rate:8.0f} tokens/s ({100 * rate / base[0]:5.1f}% of one tenant;"
+              f" executor {erate:8.0f} tokens/s busy, {100 * erate / base[1]:5.1f}%),"
+              f" {len(cyc) / rounds:5.2f} cycles per round ({len(cyc) / (T * rounds):.2f} per step),"
+              f" step latency p50 {ms(pct(lat, 50))} p99 {ms(pct(lat, 99))} ms")
+    print("  target: 32 tenants >= 90% of one tenant's tokens/s (the clients run on the same machine: their own"
+          " work, 4 requests per step, is in the wall-clock figure)")
+
+
+def durability(loom_args, steps=60):
+    print(f"durability: {steps} steps (forward_backward of 8 datums x 32 tokens + optim_step), one tenant")
+    res = {}
+    for every in (1, 20):
+        with stack.Stack(["--snapshot-every", str(every)] + loom_args) as s:
+            c = Conn(s.url, s.key)
+            sid = c.post("/api/v1/create_session", {})["session_id"]
+            mid = c.model(sid, 0, rank=8)
+            lat, seq = [], 1
+            for k in range(steps):
+                t0 = time.time()
+                f1 = c.post("/api/v1/forward_backward", fb_body(mid, seq, k, 8, 32))["request_id"]
+                f2 = c.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": ADAM})["request_id"]
+                c.result(f1)
+                c.result(f2)
+                lat.append(time.time() - t0)
+                seq += 2
+            n = s.read_log().count("snapshot after seq_id")
+            res[every] = pct(lat, 50)
+            print(f"  snapshot every {every:2d} step(s): step p50 {ms(pct(lat, 50))} p99 {ms(pct(lat, 99))} ms,"
+                  f" {n} snapshots written")
+    print(f"  cost of a snapshot every step: {1000 * (res[1] - res[20]):+.2f} ms per step at p50"
+          " (snapshots are written beside the compute; bench_backend prints the bytes and seconds of one)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
+    ap.add_argument("--parts", default="latency,throughput,tenants,durability")
+    ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
+    a = ap.parse_args()
+    stack.LOOM_BIN = a.loom
+    parts = a.parts.split(",")
+    print(f"machine: {os.cpu_count()} CPUs; loom up (CPU backend, tiny Llama), its own PostgreSQL")
+    with stack.Stack(a.loom_arg) as s:
+        if "latency" in parts:
+            latency(s)
+        if "throughput" in parts:
+            throughput(s)
+        if "tenants" in parts:
+            tenants(s)
+    if "durability" in parts:
+        durability(a.loom_arg)
+
+
+if __name__ == "__main__":
+    main()
