@@ -68,6 +68,8 @@ static int tenant_list(const cfg *o) {
 int admin_tenant_main(int argc, char **argv) {
     static const cli_verb verbs[] = {{"create", &TENANT_CREATE, tenant_create, "create a tenant"},
                                      {"list", &TENANT_LIST, tenant_list, "list tenants"},
+                                     {"set-limits", &TENANT_SET_LIMITS, tenant_set_limits,
+                                      "set a tenant's limits (queued operations, tokens per minute, models, bytes)"},
                                      {0}};
     return cli_dispatch("tenant", "Tenants: who owns sessions, models, checkpoints and keys.", verbs, argc, argv);
 }

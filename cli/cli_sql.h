@@ -117,3 +117,37 @@
 /* $1 bigint[] executors -> active models still placed on them */
 #define SQL_CLI_EXECUTOR_MODELS                                                                 \
     "SELECT count(*) FROM models WHERE executor_id = ANY($1::bigint[]) AND status = 'active'"
+
+/* ---- limits and usage (usage.c) ------------------------------------------------------------ */
+/* $1 tenant name, $2 max queued ops, $3 tokens per minute, $4 max live models, $5 max
+ * checkpoint bytes: NULL leaves a limit as it is, 0 removes it -> the tenant's limits now */
+#define SQL_CLI_SET_LIMITS                                                                      \
+    "INSERT INTO tenant_limits AS l (tenant_id, max_queued_ops, tokens_per_minute, max_live_models," \
+    " max_checkpoint_bytes) SELECT t.id, nullif($2::int, 0), nullif($3::bigint, 0), nullif($4::int, 0)," \
+    " nullif($5::bigint, 0) FROM tenants t WHERE t.name = $1"                                   \
+    " ON CONFLICT (tenant_id) DO UPDATE SET"                                                     \
+    " max_queued_ops = CASE WHEN $2 IS NULL THEN l.max_queued_ops ELSE nullif($2::int, 0) END,"  \
+    " tokens_per_minute = CASE WHEN $3 IS NULL THEN l.tokens_per_minute ELSE nullif($3::bigint, 0) END," \
+    " max_live_models = CASE WHEN $4 IS NULL THEN l.max_live_models ELSE nullif($4::int, 0) END," \
+    " max_checkpoint_bytes = CASE WHEN $5 IS NULL THEN l.max_checkpoint_bytes"                   \
+    "   ELSE nullif($5::bigint, 0) END, updated_at = now()"                                      \
+    " RETURNING coalesce(max_queued_ops::text, '-'), coalesce(tokens_per_minute::text, '-'),"    \
+    " coalesce(max_live_models::text, '-'), coalesce(max_checkpoint_bytes::text, '-')"
+#define SQL_CLI_USAGE_FOLD "SELECT loom_usage_fold()"
+/* $1 tenant name -> its id */
+#define SQL_CLI_TENANT_ID "SELECT id FROM tenants WHERE name = $1"
+/* $1 days -> per tenant: train, prefill, sample tokens over the last $1 days (UTC, today
+ * included), live checkpoints and their bytes, operations queued or running, limits */
+#define SQL_CLI_USAGE_ALL                                                                       \
+    "SELECT t.name, coalesce(u.train, 0), coalesce(u.prefill, 0), coalesce(u.sample, 0),"        \
+    " coalesce(st.checkpoints, 0), coalesce(st.bytes, 0),"                                        \
+    " (SELECT count(*) FROM operations q WHERE q.tenant_id = t.id AND q.state IN ('queued', 'claimed')),"  \
+    " coalesce(l.max_queued_ops::text, '-') || '/' || coalesce(l.tokens_per_minute::text, '-') || '/'"   \
+    " || coalesce(l.max_live_models::text, '-') || '/' || coalesce(l.max_checkpoint_bytes::text, '-')" \
+    " FROM tenants t LEFT JOIN tenant_limits l ON l.tenant_id = t.id"                            \
+    " LEFT JOIN (SELECT tenant_id, sum(tokens) FILTER (WHERE kind = 'train') AS train,"          \
+    "   sum(tokens) FILTER (WHERE kind = 'prefill') AS prefill, sum(tokens) FILTER (WHERE kind = 'sample') AS sample" \
+    "   FROM usage_daily WHERE day > (now() AT TIME ZONE 'UTC')::date - $1::int GROUP BY tenant_id) u" \
+    "   ON u.tenant_id = t.id"                                                                    \
+    " LEFT JOIN (SELECT tenant_id, sum(checkpoints) AS checkpoints, sum(bytes) AS bytes FROM usage_storage" \
+    "   GROUP BY tenant_id) st ON st.tenant_id = t.id ORDER BY t.name"

@@ -411,3 +411,12 @@ void cfg_blob_dir(const cfg *o, char *out, size_t n) {
     cfg_data_dir(o, dir, sizeof dir);
     snprintf(out, n, "%s/blobs", dir);
 }
+
+size_t cfg_parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    const char *units = "KMGT", *u = *end ? strchr(units, *end) : NULL;
+    if (end == s || v <= 0 || (*end && (!u || end[1]))) return 0;
+    for (const char *k = units; u && k <= u; k++) v *= 1024;
+    return (size_t)v;
+}

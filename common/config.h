@@ -103,3 +103,6 @@ void cfg_secret_file(const cfg *o, char *out, size_t n);
 int cfg_secret(const cfg *o, bool create, unsigned char *out, char *err, size_t errlen);
 /* The blob store directory (blob-dir, else <data-dir>/blobs). */
 void cfg_blob_dir(const cfg *o, char *out, size_t n);
+
+/* "8G", "512M", "1048576": bytes (K, M, G, T are powers of 1024); 0 if not a size. */
+size_t cfg_parse_bytes(const char *s);

@@ -529,16 +529,6 @@ static int register_base_model(PGconn *c, const char *name, const char *dir, cha
     return rc;
 }
 
-/* "8G", "512M", "1048576": bytes (K, M, G, T are powers of 1024). 0 if not a size. */
-static size_t parse_bytes(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    const char *units = "KMGT", *u = *end ? strchr(units, *end) : NULL;
-    if (end == s || v <= 0 || (*end && (!u || end[1]))) return 0;
-    for (const char *k = units; u && k <= u; k++) v *= 1024;
-    return (size_t)v;
-}
-
 /* What `loom up` takes too and passes through (cli/up.c). */
 const opt_spec EXE_OPTS[] = {
     {.name = "backend", .kind = OPT_STR, .arg = "NAME", .def = "cpu", .help = "executor backend"},
@@ -573,7 +563,7 @@ int exe_check_opts(const cfg *o, char *err, size_t errlen) {
         snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), exe_backend_names());
         return -1;
     }
-    if (cfg_str(o, "memory-budget") && !parse_bytes(cfg_str(o, "memory-budget"))) {
+    if (cfg_str(o, "memory-budget") && !cfg_parse_bytes(cfg_str(o, "memory-budget"))) {
         snprintf(err, errlen, "--memory-budget '%s' is not a size in bytes (e.g. 8G, 512M)", cfg_str(o, "memory-budget"));
         return -1;
     }
@@ -641,7 +631,7 @@ int exe_main(int argc, char **argv) {
     exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
                     .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
                     .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
-    size_t store_budget = mem_budget ? parse_bytes(mem_budget) : 0;
+    size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     /* Adapters and their host copies are large and come and go with models: allocations

@@ -53,6 +53,13 @@ static double hold_left(const qmodel *m, const qop *last, int pair_hold_ms) {
     return window - last->age_ms;
 }
 
+/* A tenant's rate limit in this cycle: tokens it may still claim. */
+typedef struct {
+    int64_t tenant;
+    int64_t left;
+    bool claimed;   /* it claimed something already in this cycle */
+} rate_left;
+
 #define PAIR_ALPHA 0.3   /* weight of the newest observation in the moving averages */
 
 /* Learns from the ops of m claimed now (m->ops[0..taken)), after its previous claim. */
@@ -128,14 +135,28 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     int budget = (int)db_int(re, 0, 1);
     PQclear(re);
 
-    const char *p2[3] = {base, exe, lim};
-    PGresult *rm = db_query(c, SQL_LOCK_READY_MODELS, 3, p2, err, errlen);
-    if (!rm) goto fail;
-    int nm = PQntuples(rm);
-    PGresult *rs = db_query(c, SQL_LOCK_QUEUED_SAMPLES, 3, p2, err, errlen);
-    if (!rs) { PQclear(rm); goto fail; }
-    int nsamp = PQntuples(rs);
-    if (nm == 0 && nsamp == 0) { PQclear(rm); PQclear(rs); db_rollback(c); return 0; }
+    /* Rate limits: tenants with no tokens left in this minute are held (their futures say
+     * paused_rate_limit); the others may claim at most what they have left. */
+    PGresult *rr = db_query(c, SQL_TENANT_RATE, 0, NULL, err, errlen);
+    if (!rr) goto fail;
+    int nrate = PQntuples(rr);
+    rate_left *rates = calloc(nrate ? nrate : 1, sizeof *rates);
+    char *held_tenants = malloc(16 + (size_t)nrate * 22), *hp = held_tenants;
+    hp += sprintf(hp, "{");
+    for (int i = 0; i < nrate; i++) {
+        rates[i] = (rate_left){db_int(rr, i, 0), db_int(rr, i, 1), false};
+        if (rates[i].left <= 0) hp += sprintf(hp, "%s%lld", hp[-1] == '{' ? "" : ",", (long long)rates[i].tenant);
+    }
+    sprintf(hp, "}");
+    PQclear(rr);
+
+    const char *p2[4] = {base, exe, lim, held_tenants};
+    PGresult *rm = db_query(c, SQL_LOCK_READY_MODELS, 4, p2, err, errlen);
+    PGresult *rs = rm ? db_query(c, SQL_LOCK_QUEUED_SAMPLES, 4, p2, err, errlen) : NULL;
+    free(held_tenants);
+    if (!rs) { if (rm) PQclear(rm); free(rates); goto fail; }
+    int nm = PQntuples(rm), nsamp = PQntuples(rs);
+    if (nm == 0 && nsamp == 0) { PQclear(rm); PQclear(rs); free(rates); db_rollback(c); return 0; }
     /* Runs: one per model, then one per sample op (samples have no order between them). */
     qmodel *ms = calloc(nm + nsamp, sizeof *ms);
     for (int i = 0; i < nm; i++) {
@@ -216,6 +237,8 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         if (share < 1) share = 1;
         for (int t = 0; t < nt && used < budget; t++) {
             int tused = 0;
+            rate_left *rl = NULL;   /* the tenant's rate limit, if it has one */
+            for (int k = 0; k < nrate; k++) if (rates[k].tenant == tenants_seen[t]) rl = &rates[k];
             for (int i = 0; i < nm; i++) {
                 qmodel *m = &ms[i];
                 if (m->tenant != tenants_seen[t]) continue;
@@ -223,9 +246,13 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
                     qop *q = &m->ops[m->taken];
                     bool first_of_cycle = nclaimed == 0;
                     if (!first_of_cycle && (tused + q->tokens > share || used + q->tokens > budget)) break;
+                    /* past its rate limit only with its first operation (one larger than a
+                     * minute's tokens still runs: it then waits out the minute) */
+                    if (rl && q->tokens > rl->left && rl->claimed) break;
                     claimed[nclaimed++] = q->id;
                     tused += q->tokens;
                     used += q->tokens;
+                    if (rl) { rl->left -= q->tokens; rl->claimed = true; }
                     m->taken++;
                     progress = true;
                 }
@@ -235,6 +262,7 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     for (int i = 0; i < nm; i++)
         if (ms[i].taken && !ms[i].is_sample) learn_pattern(&ms[i]);
     free(all);
+    free(rates);
     if (nclaimed == 0) { free(ms); free(claimed); db_rollback(c); return 0; }
 
     char sops[16], stok[16], slease[16];

@@ -96,6 +96,9 @@ int sched_main(int argc, char **argv) {
             db_wait_notify(c, 0);   /* drain what arrived while gathering */
         }
         if (time(NULL) - last_reap >= 2) {
+            PGresult *uf = db_query(c, SQL_USAGE_FOLD, 0, NULL, err, sizeof err);
+            if (uf) PQclear(uf);
+            else log_warn("usage: %s", err);
             /* refused submits the api could not pass over at once (rare: out of order) */
             if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
             /* Silence is judged once executors had as long as the reaper's threshold to

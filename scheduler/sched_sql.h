@@ -14,14 +14,15 @@
     "SELECT base_model, token_budget FROM executors" \
     " WHERE id = $1 AND state = 'idle' FOR UPDATE SKIP LOCKED"
 
-/* $1 base model, $2 executor id, $3 limit. Models placed on this executor (sched_place)
- * with their next operation queued, the least recently served first, with what was
+/* $1 base model, $2 executor id, $3 limit, $4 bigint[] tenants held by their rate limit.
+ * Models placed on this executor (sched_place) with their next operation queued, of
+ * tenants not held, the least recently served first, with what was
  * learned of their pattern (rule 5): pair_p, pair_gap_ms (-1 unknown), tail_fb_at in
  * epoch ms (-1 none). */
 #define SQL_LOCK_READY_MODELS \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
     " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) FROM models m" \
-    " WHERE m.base_model = $1 AND m.status = 'active' AND m.executor_id = $2" \
+    " WHERE m.base_model = $1 AND m.status = 'active' AND m.executor_id = $2 AND m.tenant_id <> ALL($4::bigint[])" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
@@ -36,15 +37,25 @@
     " WHERE o.state = 'queued'" \
     " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
-/* $1 base model, $2 executor id, $3 limit. Queued sample ops this executor can run:
+/* $1 base model, $2 executor id, $3 limit, $4 tenants held. Queued sample ops this executor can run:
  * from the base model or a checkpoint (any executor of the base model), or from a
  * live-weights snapshot held in this executor's memory. Oldest first. */
 #define SQL_LOCK_QUEUED_SAMPLES \
     "SELECT o.id, o.n_tokens, o.tenant_id FROM operations o" \
     " JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
-    " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = $1" \
+    " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = $1 AND o.tenant_id <> ALL($4::bigint[])" \
     "   AND (s.source_model_id IS NULL OR s.executor_id = $2)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
+
+/* -> tenants with a rate limit and the tokens they may still claim in this minute (their
+ * tokens_per_minute minus what their operations claimed in the last minute). */
+#define SQL_TENANT_RATE \
+    "SELECT l.tenant_id, l.tokens_per_minute - (SELECT coalesce(sum(o.n_tokens), 0) FROM operations o" \
+    " WHERE o.tenant_id = l.tenant_id AND o.claimed_at > now() - interval '1 minute')" \
+    " FROM tenant_limits l WHERE l.tokens_per_minute IS NOT NULL"
+
+/* Usage events into the daily totals (migration 0014). */
+#define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
 
 /* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds. */
 #define SQL_INSERT_CYCLE \

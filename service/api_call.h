@@ -84,6 +84,7 @@ int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
 int api_h_capabilities(api_call *c);
 int api_h_readyz(api_call *c);
+int api_h_usage(api_call *c);
 int api_h_telemetry(api_call *c);
 int api_h_create_model(api_call *c);
 int api_h_get_info(api_call *c);

@@ -54,6 +54,12 @@ static int reply_waiting(api_call *c, const PGresult *r) {
                  "the operation runs when one is back", PQgetvalue(r, 0, 8));
         return reply_pending(c, "paused_capacity", reason);
     }
+    if (!PQgetisnull(r, 0, 13) && db_int(r, 0, 14) >= db_int(r, 0, 13)) {
+        snprintf(reason, sizeof reason, "this tenant's operations claimed %lld tokens in the last minute, its limit "
+                 "is %lld tokens per minute; they run as the minute frees up", (long long)db_int(r, 0, 14),
+                 (long long)db_int(r, 0, 13));
+        return reply_pending(c, "paused_rate_limit", reason);
+    }
     if (!PQgetisnull(r, 0, 12) && limit > 0 && samples >= limit) {
         snprintf(reason, sizeof reason, "this tenant has %lld sample operations queued (the limit "
                  "is %lld); they run in turn", (long long)samples, (long long)limit);

@@ -43,12 +43,47 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
         PQclear(r);
         return 400;
     }
+    if (!PQgetisnull(r, 0, 6) && db_int(r, 0, 7) >= db_int(r, 0, 6)) {
+        snprintf(err, errlen, "this tenant has %lld operations queued or running, its limit (loom tenant set-limits "
+                 "--max-queued-ops); retry when some have finished", (long long)db_int(r, 0, 6));
+        PQclear(r);
+        return 429;
+    }
     out->vocab_size = db_int(r, 0, 1);
     out->max_context = db_int(r, 0, 2);
     snprintf(out->session_id, sizeof out->session_id, "%s", PQgetvalue(r, 0, 3));
     snprintf(out->base_model, sizeof out->base_model, "%s", PQgetvalue(r, 0, 4));
     PQclear(r);
     return 0;
+}
+
+/* One of the tenant's limits (SQL returning the limit and the count, no row without a
+ * limit): 0 under it, else `status` with err from fmt(limit); -1 database error. */
+static int limit_check(PGconn *db, int64_t tenant_id, const char *sql, int status, const char *fmt, char *err,
+                       size_t errlen) {
+    char tid[24];
+    api_fmt_i64(tid, tenant_id);
+    const char *p[1] = {tid};
+    PGresult *r = db_query(db, sql, 1, p, err, errlen);
+    if (!r) return -1;
+    int over = PQntuples(r) > 0 && db_int(r, 0, 1) >= db_int(r, 0, 0);
+    if (over) snprintf(err, errlen, fmt, (long long)db_int(r, 0, 0), (long long)db_int(r, 0, 1));
+    PQclear(r);
+    return over ? status : 0;
+}
+
+int op_check_live_models(PGconn *db, int64_t tenant_id, char *err, size_t errlen) {
+    return limit_check(db, tenant_id, SQL_TENANT_LIVE_MODELS, 429,
+                       "this tenant has %lld active models, its limit (%lld counted; loom tenant set-limits "
+                       "--max-live-models): unload one (unload_model) or wait for an idle session to expire", err,
+                       errlen);
+}
+
+int op_check_storage(PGconn *db, int64_t tenant_id, char *err, size_t errlen) {
+    return limit_check(db, tenant_id, SQL_TENANT_STORAGE, 400,
+                       "this tenant's checkpoints are at its storage limit of %lld bytes (%lld bytes live; loom "
+                       "tenant set-limits --max-checkpoint-bytes): delete checkpoints or give them a TTL first", err,
+                       errlen);
 }
 
 /* Inside the transaction: the request_id already stored for (model, seq). 1 found, 0 none. */
@@ -166,6 +201,12 @@ int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, in
     char msg[sizeof c->err];
     snprintf(msg, sizeof msg, "%s", c->err);
     api_error(c, status, "%s", msg);
+    /* A 429 is a limit for now: the SDK backs off and sends the same seq_id again, so it
+     * is not recorded. */
+    if (status == 429) {
+        c->job->retry_after = 1;
+        return 0;
+    }
     if (!model_id || !has_seq_id || seq_id < 1 || seq_id > INT32_MAX || status < 400 || status >= 500)
         return 0;
     char rid[API_REQUEST_ID_MAX], tid[24], seq[24], st[24], error[sizeof msg + 64], err[512];

@@ -18,9 +18,16 @@ typedef struct {
 } op_model_info;
 
 /* Finds the tenant's model and checks that it can take work. Returns 0, or an HTTP status
- * (404 unknown / other tenant, 400 not active) with err, or -1 on a database error. */
+ * (404 unknown / other tenant, 400 not active or expired, 429 the tenant's queued
+ * operations at its limit) with err, or -1 on a database error. */
 int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
                    char *err, size_t errlen);
+
+/* The tenant's limits (loom tenant set-limits) at create_model and at a save: 0 under
+ * them; 429 (active models at the limit: retry after unloading or a session's expiry) or
+ * 400 (checkpoint bytes at the limit: delete some) with err; -1 on a database error. */
+int op_check_live_models(PGconn *db, int64_t tenant_id, char *err, size_t errlen);
+int op_check_storage(PGconn *db, int64_t tenant_id, char *err, size_t errlen);
 
 typedef struct {
     int64_t tenant_id;
@@ -48,7 +55,8 @@ int op_submit(PGconn *db, const op_submit_req *r, char request_id[API_REQUEST_ID
  * kept for the audit trail): the SDK has used the seq_id up and never sends it again, so
  * the model's later operations must not wait for it; a later submit with that seq_id is
  * a 400 that quotes the refusal. Nothing is recorded for another tenant's or an inactive
- * model, or when the seq_id is taken. Returns 0. */
+ * model, or when the seq_id is taken, nor a 429 (a limit for now, answered with
+ * Retry-After: the SDK sends the same seq_id again). Returns 0. */
 typedef struct api_call api_call;
 int op_reject(api_call *c, int status, const char *model_id, bool has_seq_id, int64_t seq_id,
               const char *kind);

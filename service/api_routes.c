@@ -53,6 +53,9 @@ static const api_route routes[] = {
     {"POST", V1 "/asample", ROUTE_SAMPLE, api_h_asample, NULL},
     {"POST", V1 "/sample", ROUTE_SAMPLE, api_h_asample, NULL},
 
+    /* the tenant's own usage, limits and live work (README "Quotas and usage") */
+    {"GET", V1 "/usage", 0, api_h_usage, NULL},
+
     /* REST reads (§12.2) other than checkpoints */
     {"GET", V1 "/sessions", 0, api_h_list_sessions, NULL},
     {"GET", V1 "/sessions/+", 0, api_h_get_session, NULL},

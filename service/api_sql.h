@@ -58,15 +58,20 @@
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)"                         \
     " ON CONFLICT DO NOTHING RETURNING id"
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
- * its session expired. A submit counts as a sign of life of the session (as a heartbeat
- * does: clients without heartbeats keep theirs by working), written at most every 5 s. */
+ * its session expired, the tenant's queued-operations limit and its operations queued or
+ * running (at most the limit). A submit counts as a sign of life of the session (as a
+ * heartbeat does: clients without heartbeats keep theirs by working), written at most
+ * every 5 s. */
 #define SQL_MODEL_FOR_OP                                                                    \
     "WITH touch AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = (SELECT"       \
     " session_id FROM models WHERE id = $1 AND tenant_id = $2) AND expired_at IS NULL"      \
     " AND last_heartbeat_at < now() - interval '5 seconds')"                                \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
-    " s.expired_at IS NOT NULL FROM models m"                                               \
+    " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
+    " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
+    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END FROM models m"    \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
+    " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
     " WHERE m.id = $1 AND m.tenant_id = $2"
 /* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id */
 #define SQL_MODEL_INFO                                                                      \
@@ -113,14 +118,19 @@
 #define SQL_OP_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
 /* The LISTEN thread (api_listen.c): finished operations wake their parked futures. */
 #define SQL_LISTEN_OP_DONE "LISTEN " CHAN_OP_DONE
+/* Tokens the tenant's operations claimed into cycles in the last minute (its rate limit). */
+#define SQL_TENANT_TOKENS_LAST_MINUTE(tenant)                                               \
+    "(SELECT coalesce(sum(r.n_tokens), 0) FROM operations r WHERE r.tenant_id = " tenant    \
+    " AND r.claimed_at > now() - interval '1 minute')"
 /* $1 request_id, $2 tenant, $3 the tenant's queued-sample limit -> state, result text,
  * error, error_category, kind, model_id, seq_id, cycle_id, and for a pending operation
  * why it waits: base model, whether a live executor serves it, the model's next_seq,
  * whether no operation exists at next_seq (a gap), the tenant's queued samples (at most
- * $3, for samples). */
+ * $3, for samples), its tokens per minute limit and the tokens claimed in the last minute. */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
-    " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples"    \
+    " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples,"   \
+    " x.tokens_per_minute, x.tokens_last_minute"                                            \
     " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
     "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE e.state <> 'gone'"           \
     "   AND e.base_model = COALESCE(m.base_model, s.base_model)"                            \
@@ -129,9 +139,12 @@
     "   operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq) AS gap,"            \
     "   CASE WHEN o.kind = '" OP_SAMPLE "' THEN (SELECT count(*) FROM (SELECT 1 FROM operations q" \
     "   WHERE q.tenant_id = o.tenant_id AND q.kind = '" OP_SAMPLE "' AND q.state = 'queued'"       \
-    "   LIMIT $3) q) END AS queued_samples"                                                 \
+    "   LIMIT $3) q) END AS queued_samples, l.tokens_per_minute,"                          \
+    "   CASE WHEN l.tokens_per_minute IS NOT NULL THEN " SQL_TENANT_TOKENS_LAST_MINUTE("o.tenant_id") \
+    "   END AS tokens_last_minute"                                                          \
     "   FROM (SELECT 1) one LEFT JOIN models m ON m.id = o.model_id"                        \
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
+    "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
     " WHERE o.request_id = $1 AND o.tenant_id = $2"
 
@@ -297,3 +310,44 @@
 /* A stuck lock must not hold a worker forever; the client retries a 503. */
 #define SQL_WORKER_TIMEOUT "SET statement_timeout = '30s'"
 #define SQL_WORKER_NAME "SET application_name = 'loom-api'"
+
+/* ---- limits and usage (migration 0014) ----------------------------------------------- */
+/* $1 tenant -> its live-models limit and active models (at most the limit) */
+#define SQL_TENANT_LIVE_MODELS                                                              \
+    "SELECT l.max_live_models, (SELECT count(*) FROM (SELECT 1 FROM models m WHERE"         \
+    " m.tenant_id = $1 AND m.status = 'active' LIMIT l.max_live_models) q)"                 \
+    " FROM tenant_limits l WHERE l.tenant_id = $1 AND l.max_live_models IS NOT NULL"
+/* $1 tenant -> its checkpoint storage limit and the bytes of its live checkpoints */
+#define SQL_TENANT_STORAGE                                                                  \
+    "SELECT l.max_checkpoint_bytes, (SELECT coalesce(sum(v.size_bytes), 0)" REG_FROM        \
+    " WHERE a.tenant_id = $1 AND " REG_LIVE ") FROM tenant_limits l"                        \
+    " WHERE l.tenant_id = $1 AND l.max_checkpoint_bytes IS NOT NULL"
+/* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
+ * over the last $2 days (UTC, today included), checkpoint storage, live work, limits */
+#define SQL_USAGE                                                                           \
+    "WITH u AS (SELECT run, kind, sum(tokens) AS tokens FROM usage_daily WHERE tenant_id = $1" \
+    "   AND day > (now() AT TIME ZONE 'UTC')::date - $2::int GROUP BY run, kind),"          \
+    " st AS (SELECT a.name AS run, count(*) AS checkpoints, sum(v.size_bytes) AS bytes" REG_FROM \
+    "   WHERE a.tenant_id = $1 AND " REG_LIVE " GROUP BY a.name)"                           \
+    " SELECT json_build_object('tenant', t.name, 'days', $2::int, 'since',"                 \
+    " to_char((now() AT TIME ZONE 'UTC')::date - $2::int + 1, 'YYYY-MM-DD'),"               \
+    " 'tokens', json_build_object('train', coalesce((SELECT sum(tokens) FROM u WHERE kind = 'train'), 0)," \
+    "   'prefill', coalesce((SELECT sum(tokens) FROM u WHERE kind = 'prefill'), 0),"        \
+    "   'sample', coalesce((SELECT sum(tokens) FROM u WHERE kind = 'sample'), 0)),"         \
+    " 'storage', json_build_object('checkpoints', coalesce((SELECT sum(checkpoints) FROM st), 0)," \
+    "   'bytes', coalesce((SELECT sum(bytes) FROM st), 0)),"                               \
+    " 'runs', coalesce((SELECT json_agg(json_build_object('run', r.run,"                    \
+    "   'train', coalesce((SELECT tokens FROM u WHERE u.run = r.run AND kind = 'train'), 0)," \
+    "   'prefill', coalesce((SELECT tokens FROM u WHERE u.run = r.run AND kind = 'prefill'), 0)," \
+    "   'sample', coalesce((SELECT tokens FROM u WHERE u.run = r.run AND kind = 'sample'), 0)," \
+    "   'checkpoints', coalesce((SELECT checkpoints FROM st WHERE st.run = r.run), 0),"     \
+    "   'storage_bytes', coalesce((SELECT bytes FROM st WHERE st.run = r.run), 0)) ORDER BY r.run)" \
+    "   FROM (SELECT run FROM u UNION SELECT run FROM st) r), '[]'),"                       \
+    " 'now', json_build_object('queued_operations', (SELECT count(*) FROM operations q"     \
+    "   WHERE q.tenant_id = $1 AND q.state IN ('queued', 'claimed')),"                      \
+    "   'active_models', (SELECT count(*) FROM models m WHERE m.tenant_id = $1 AND m.status = 'active')," \
+    "   'tokens_last_minute', " SQL_TENANT_TOKENS_LAST_MINUTE("$1") "),"                    \
+    " 'limits', json_build_object('max_queued_ops', l.max_queued_ops, 'tokens_per_minute',"  \
+    "   l.tokens_per_minute, 'max_live_models', l.max_live_models, 'max_checkpoint_bytes',"  \
+    "   l.max_checkpoint_bytes))::text"                                                     \
+    " FROM tenants t LEFT JOIN tenant_limits l ON l.tenant_id = t.id WHERE t.id = $1"

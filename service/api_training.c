@@ -108,6 +108,12 @@ int api_h_create_model(api_call *c) {
     int known = PQntuples(r) > 0;
     PQclear(r);
     if (!known) return base_model_unknown(c, q.base_model);
+    int lim = op_check_live_models(c->db, c->tenant_id, c->err, sizeof c->err);
+    if (lim < 0) return api_db_error(c, "create_model", c->err);
+    if (lim > 0) {
+        c->job->retry_after = 10;
+        return api_error(c, lim, "%s", c->err);
+    }
 
     char tid[24], mseq[24], rank[24], seed[24], model_id[MODEL_ID_MAX], request_id[API_REQUEST_ID_MAX];
     api_fmt_i64(tid, c->tenant_id);

@@ -113,6 +113,7 @@ static int submit_save(api_call *c, const char *kind) {
     }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
+    if (st == 0) st = op_check_storage(c->db, c->tenant_id, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, kind, c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, op_kind);
 

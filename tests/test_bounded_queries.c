@@ -45,6 +45,9 @@ static const char *HISTORY[] = {
     "INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model, source_model_id, executor_id)"
     " SELECT 's' || i || ':sample:0', 1 + i % 50, 's' || i, 0, 'm', 's' || i || ':train:0', 1 + i % 3000"
     " FROM generate_series(1, 20000) i",
+    /* limits for tenant 1 (the queries that read them run), a rate-limited tenant */
+    "INSERT INTO tenant_limits (tenant_id, max_queued_ops, tokens_per_minute, max_live_models,"
+    " max_checkpoint_bytes) VALUES (1, 100, 10000, 5, 1000000)",
     /* live work: queued operations of the live models */
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload)"
     " SELECT 'q' || i, 1, 'live' || i || ':train:0', 3, 'forward_backward', '{}' FROM generate_series(1, 10) i",
@@ -61,8 +64,9 @@ static const stmt STMTS[] = {
     {"scheduler: placement, models", SQL_PLACE_MODELS, ""},
     {"scheduler: placement, executors", SQL_PLACE_EXECUTORS, "(30)"},
     {"scheduler: lock an idle executor", SQL_LOCK_IDLE_EXECUTOR, "(3001)"},
-    {"scheduler: ready models", SQL_LOCK_READY_MODELS, "('m', 3001, 256)"},
-    {"scheduler: queued samples", SQL_LOCK_QUEUED_SAMPLES, "('m', 3001, 256)"},
+    {"scheduler: rate limits", SQL_TENANT_RATE, ""},
+    {"scheduler: ready models", SQL_LOCK_READY_MODELS, "('m', 3001, 256, '{}')"},
+    {"scheduler: queued samples", SQL_LOCK_QUEUED_SAMPLES, "('m', 3001, 256, '{}')"},
     {"scheduler: queued ops", SQL_LOCK_QUEUED_OPS, "('{live1:train:0,live2:train:0}')"},
     /* the scheduler: every 2 s */
     {"reaper: silent executors", SQL_REAP_EXECUTORS, "(true, 30)"},
@@ -85,6 +89,9 @@ static const stmt STMTS[] = {
     /* the api: every retrieve_future, readiness probe */
     {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000)"},
     {"api: readyz", SQL_READY, ""},
+    {"api: a submit's model check", SQL_MODEL_FOR_OP, "('live1:train:0', 1)"},
+    {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
+    {"api: GET usage", SQL_USAGE, "(1, 30)"},
 };
 
 static const char *BIG[] = {"operations", "cycles", "executors", "models", "sessions", "sampling_sessions"};
