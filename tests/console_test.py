@@ -85,7 +85,9 @@ def main():
     R = Results()
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "bob")
         bob_key = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
+        loom_cli(s, "tenant", "create", "ops")
         op_key = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "admin", "--secret-file", secret)
         alice = Trainer(s, s.key)
         run = alice.create()
