@@ -193,6 +193,9 @@ def main():
                               stdout=subprocess.PIPE, stderr=log2, env=env)
         try:
             line = p2.stdout.readline().decode()
+            if "=" not in line:
+                log2.flush()
+                raise RuntimeError("the second api did not start: " + open(os.path.join(s.dir, "api2.log")).read()[-2000:])
             url2 = "http://127.0.0.1:" + line.split("=", 1)[1].strip()
             req = urllib.request.Request(url2 + "/api/v1/training_runs", headers={"X-API-Key": s.key, "X-Request-Id": "test-req-1"})
             with urllib.request.urlopen(req) as r:
