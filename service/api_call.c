@@ -4,6 +4,7 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_json.h"
+#include "service/api_openai.h"
 #include "service/api_routes.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -61,7 +62,8 @@ int api_error(api_call *c, int status, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t len;
-    char *body = jx_detail(msg, &len);
+    const api_route *r = c->job->route;
+    char *body = r && (r->flags & ROUTE_OPENAI) ? oai_error_body(status, msg, NULL, NULL, &len) : jx_detail(msg, &len);
     c->job->park = false;
     return api_reply_take(c, status, body, len);
 }

@@ -14,6 +14,8 @@
 typedef struct {
     int64_t max_queued_samples;  /* asample answers 429 above this many queued per tenant */
     size_t max_body;             /* bytes; also the cap on a decompressed body */
+    int64_t max_streams;         /* OpenAI requests in flight per tenant (429 above) */
+    int64_t openai_max_tokens;   /* the largest max_tokens of an OpenAI request */
 } api_settings;
 
 /* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
