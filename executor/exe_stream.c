@@ -210,19 +210,13 @@ static void *publisher_main(void *arg) {
             uint64_t v;
             if (read(g.wake_fd, &v, sizeof v) < 0 && errno != EAGAIN) log_warn("stream: read: %s", strerror(errno));
         }
-        if (c && (p[1].revents & POLLIN)) {
-            if (!PQconsumeInput(c)) {
-                log_warn("stream: connection lost: %s", PQerrorMessage(c));
-                PQfinish(c);
-                c = NULL;
-            } else {
-                PGnotify *n;
-                while ((n = PQnotifies(c))) {
-                    on_cancel(n->extra);
-                    PQfreemem(n);
-                }
-            }
+        if (c && (p[1].revents & POLLIN) && !PQconsumeInput(c)) {
+            log_warn("stream: connection lost: %s", PQerrorMessage(c));
+            PQfinish(c);
+            c = NULL;
         }
+        /* also those that arrived while a publication ran (libpq keeps them) */
+        for (PGnotify *n; c && (n = PQnotifies(c)); PQfreemem(n)) on_cancel(n->extra);
         /* one publication per tick at most: the tokens of a tick go out together */
         double wait = last_send + STREAM_TICK_MS - mono_ms();
         if (wait > 0) usleep((useconds_t)(wait * 1000));

@@ -34,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #define TICK_MS 1000               /* each request looks at its state this often */
@@ -66,7 +68,7 @@ typedef struct oai_stream {
     oai_spec *spec;
     h2o_generator_t gen;
     strbuf pending, inflight;
-    bool started, sending, final_sent, finished, observed, overflow;
+    bool started, sending, final_sent, finished, observed, aborted;  /* aborted: end with an error */
     oai_choice *ch;
     int nch;
     bool *op_done, *op_notified;   /* per prompt: the result was applied / NOTIFY named it */
@@ -292,7 +294,7 @@ static void flush(oai_stream *st) {
     h2o_iovec_t v = h2o_iovec_init(st->inflight.data, st->inflight.len);
     bool final = st->finished;
     if (final) st->final_sent = true;
-    h2o_send(st->req, &v, 1, final ? (st->overflow ? H2O_SEND_STATE_ERROR : H2O_SEND_STATE_FINAL)
+    h2o_send(st->req, &v, 1, final ? (st->aborted ? H2O_SEND_STATE_ERROR : H2O_SEND_STATE_FINAL)
                                    : H2O_SEND_STATE_IN_PROGRESS);
 }
 
@@ -491,7 +493,7 @@ static void progress_made(oai_stream *st) {
     if (st->pending.len > OAI_MAX_PENDING) {
         log_warn("openai %s: the client reads too slowly (%zu bytes waiting); ending the stream", st->spec->id,
                  st->pending.len);
-        st->overflow = true;
+        st->aborted = true;
         observe(st, 499);
         settle(st);
         flush(st);
@@ -672,9 +674,40 @@ static void maybe_fetch(oai_stream *st, bool due) {
     st->fetch = j;
 }
 
+/* Whether an HTTP/1 client closed its connection. h2o does not read an HTTP/1 connection
+ * while it answers a request, so a client that leaves would only be noticed at a failing
+ * write; a look at the socket (EOF or a reset, never data: a client sends nothing more
+ * before the answer) notices it within a tick. HTTP/2 clients reset the stream, which h2o
+ * reads and turns into the request's disposal. */
+static bool peer_closed(h2o_req_t *req) {
+    if (req->version >= 0x200 || !req->conn->callbacks->get_socket) return false;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    if (!sock) return false;
+    char b;
+    ssize_t r = recv(h2o_socket_get_fd(sock), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The client left: its operations are canceled and the answer ends (an aborted stream, or
+ * an error body nobody reads); h2o then closes the connection and disposes the request. */
+static void client_gone(oai_stream *st) {
+    cancel_ops(st->ol, st->spec);
+    observe(st, 499);
+    if (!st->started) {
+        size_t len;
+        char *body = oai_error_body(400, "the client closed the connection", NULL, NULL, &len);
+        send_whole(st, 400, body, len);
+        return;
+    }
+    st->aborted = true;   /* ends the response with an error: the connection is closed */
+    settle(st);
+    flush(st);
+}
+
 static void on_tick(h2o_timeout_entry_t *e) {
     oai_stream *st = H2O_STRUCT_FROM_MEMBER(oai_stream, timer, e);
     uint64_t now = h2o_now(st->ol->ev);
+    if (peer_closed(st->req)) return client_gone(st);
     maybe_fetch(st, now - st->last_progress >= RECHECK_MS);
     if (st->spec->stream && st->started && !st->sending && now - st->last_bytes >= KEEPALIVE_MS) {
         sb_puts(&st->pending, ": keep-alive\n\n");
