@@ -248,3 +248,42 @@ def assemble(chunks, chat):
             if c.get("finish_reason"):
                 e["finish_reason"] = c["finish_reason"]
     return res
+
+
+def run_streams(client, path, bodies, timeout=600):
+    """Streams every body at once (one thread each); per stream a dict: ttft (seconds to
+    the first chunk with text), t_done, tokens (usage.completion_tokens), finish (the
+    finish_reasons), text, error (None, or what went wrong)."""
+    import threading
+    out = [None] * len(bodies)
+    start = threading.Barrier(len(bodies))
+
+    def one(i):
+        res = {"ttft": None, "t_done": None, "tokens": 0, "finish": [], "text": "", "error": None}
+        chat = path.endswith("chat/completions")
+        start.wait()
+        t0 = time.time()
+
+        def on_chunk(t, o):
+            for c in o["choices"]:
+                txt = (c["delta"].get("content") if chat else c["text"]) or ""
+                if txt and res["ttft"] is None:
+                    res["ttft"] = t
+                res["text"] += txt
+                if c.get("finish_reason"):
+                    res["finish"].append(c["finish_reason"])
+            if o.get("usage"):
+                res["tokens"] = o["usage"]["completion_tokens"]
+        try:
+            client.stream(path, dict(bodies[i], stream_options={"include_usage": True}), on_chunk)
+            res["t_done"] = time.time() - t0
+        except Exception as e:  # noqa: BLE001 - reported per stream
+            res["error"] = repr(e)
+        out[i] = res
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return out
