@@ -14,6 +14,7 @@ on the CPU that a long answer takes a while to decode):
     with the same logprob;
   * streaming delivers tokens as they are made: the first chunk arrives long before the
     executor commits the operation, in many separate bursts;
+  * `loom chat` holds a conversation through them (piped: one message a line);
   * isolation (another tenant's checkpoint or alias is a 404), errors in OpenAI's shape
     (401, 400 naming the param, 404 for an unknown route, context length);
   * bounds and clients that go away: while a long request keeps the executor busy,
@@ -194,6 +195,22 @@ def run(model_dir):
         R.check(first < done_at - 0.3 and first < last - 0.3, "the first chunk arrives well before the last token "
                                                                "is generated")
         R.check(bursts >= 5, "tokens arrive in many separate bursts, not at the end")
+
+        # ---- loom chat ---------------------------------------------------------------------------------
+        chat = subprocess.run([LOOM_BIN, "chat", "my-ft", "--url", s.url, "--seed", "9", "--max-tokens", "12",
+                               "--system", "be brief"], input="Hello there\nAnd again\n", capture_output=True,
+                              text=True, env=dict(os.environ, TINKER_API_KEY=s.key), timeout=120)
+        conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello there"}]
+        want1 = A.create("/v1/chat/completions", {"model": "my-ft", "messages": conv, "seed": 9, "max_tokens": 12,
+                                                  "temperature": 0.7})["choices"][0]["message"]["content"]
+        conv += [{"role": "assistant", "content": want1}, {"role": "user", "content": "And again"}]
+        want2 = A.create("/v1/chat/completions", {"model": "my-ft", "messages": conv, "seed": 9, "max_tokens": 12,
+                                                  "temperature": 0.7})["choices"][0]["message"]["content"]
+        R.check(chat.returncode == 0 and chat.stdout == want1 + "\n" + want2 + "\n",
+                "loom chat: two turns, each answer streamed = the API's answer to the same conversation")
+        bad = subprocess.run([LOOM_BIN, "chat", "nope", "--url", s.url, "--api-key", s.key], input="hi\n",
+                             capture_output=True, text=True, timeout=60)
+        R.check(bad.returncode == 1 and "does not exist" in bad.stderr, "loom chat: an unknown model is named")
 
         # ---- isolation and errors ------------------------------------------------------------------
         expect_error(lambda: B.create("/v1/chat/completions", {"model": path, "messages": msgs}), 404, "model",
