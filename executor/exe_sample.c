@@ -14,6 +14,11 @@
  * resolved from the payload the api wrote: "source" base | snapshot | checkpoint (with
  * "blob_digest", loaded through exe_load_sampler_adapter).
  *
+ * The OpenAI routes' operations (docs/protocol.md §18) also ask for "top_logprobs" (the
+ * most likely tokens of each step's distribution, kept in the result per sequence) and
+ * "progress": their tokens are published while the batch decodes (exe_stream.h), and a
+ * request whose client went away ends early (its result says "canceled": true).
+ *
  * Stops (§11.2): a stop token or the model's EOS ends a sample and is kept as its last
  * token; a stop string (needs the model's tokenizer.json) ends it at the token whose
  * bytes complete the string, that token included. The decoded text of the generated
