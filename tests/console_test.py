@@ -85,6 +85,8 @@ def main():
     R = Results()
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "bob")
+        loom_cli(s, "tenant", "create", "ops")
         bob_key = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
         op_key = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "admin", "--secret-file", secret)
         alice = Trainer(s, s.key)

@@ -65,6 +65,7 @@ def main():
     parser_refuses(R)
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "ops")
         mkey = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "metrics", "--secret-file", secret)
         akey = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "admin", "--secret-file", secret)
 
