@@ -57,14 +57,11 @@ char *oai_error_body(int status, const char *msg, const char *param, const char 
 /* An error naming the field (param) and OpenAI's code; returns 0 like api_error. */
 static int __attribute__((format(printf, 5, 6))) oai_fail(api_call *c, int status, const char *param,
                                                           const char *code, const char *fmt, ...) {
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    api_error_v(c, status, param, code, fmt, ap);
     va_end(ap);
-    size_t len;
-    char *body = oai_error_body(status, msg, param, code, &len);
-    return api_reply_take(c, status, body, len);
+    return 0;
 }
 
 /* ---- the model a request names ------------------------------------------------------------- */

@@ -188,7 +188,8 @@ def main():
         # 6. two api processes
         env = dict(os.environ, LOOM_LOG_FORMAT="json")
         log2 = open(os.path.join(s.dir, "api2.log"), "wb")
-        p2 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret],
+        p2 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret,
+                               "--data-dir", s.dir],
                               stdout=subprocess.PIPE, stderr=log2, env=env)
         try:
             line = p2.stdout.readline().decode()
@@ -245,7 +246,8 @@ def main():
         # LOOM_LOG_LEVEL=warn: no 2xx access lines
         env = dict(os.environ, LOOM_LOG_LEVEL="warn")
         log3 = open(os.path.join(s.dir, "api3.log"), "wb")
-        p3 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret],
+        p3 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret,
+                               "--data-dir", s.dir],
                               stdout=subprocess.PIPE, stderr=log3, env=env)
         try:
             url3 = "http://127.0.0.1:" + p3.stdout.readline().decode().split("=", 1)[1].strip()
