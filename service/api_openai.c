@@ -22,6 +22,7 @@
 
 #define OAI_MAX_MESSAGES 4096
 #define OAI_DEFAULT_MAX_TOKENS 1024   /* max_tokens absent: min(this, the context left) */
+#define OAI_MAX_ANSWER_TOKENS (1 << 18) /* n x max_tokens: bounds an answer's memory, here and in the executor */
 
 void oai_spec_free(oai_spec *s) {
     free(s->model);
@@ -574,6 +575,11 @@ static int completion(api_call *c, bool chat) {
             if (d > c->settings->openai_max_tokens) d = c->settings->openai_max_tokens;
             if (i == 0 || d < max_tokens) max_tokens = d;
         }
+    }
+    if (q.n * max_tokens > OAI_MAX_ANSWER_TOKENS) {
+        prompts_free(&p);
+        return oai_fail(c, 400, "n", NULL, "n x max_tokens is %lld; at most %d tokens are generated for one prompt "
+                        "(lower n or max_tokens)", (long long)(q.n * max_tokens), OAI_MAX_ANSWER_TOKENS);
     }
     int64_t seed = q.seed;
     if (!q.has_seed) {

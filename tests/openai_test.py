@@ -235,6 +235,8 @@ def run(model_dir):
                      "max_tokens", "context_length_exceeded", "prompt + max_tokens over the context")
         expect_error(lambda: A.create("/v1/completions", {"model": name, "prompt": [1, 99999]}), 400, "prompt",
                      what="token id outside the vocabulary")
+        expect_error(lambda: A.create("/v1/completions", {"model": name, "prompt": "x", "n": 128, "max_tokens": 4000}),
+                     400, "n", what="n x max_tokens over the bound")
         st, e, _ = A.call("POST", "/v1/embeddings", {"model": name, "input": "x"})
         R.check(st == 404 and isinstance(e, dict) and "error" in e, "unknown /v1 route: 404 in OpenAI's shape")
         c = A._conn()
