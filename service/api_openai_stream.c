@@ -605,9 +605,12 @@ static void apply_result(oai_stream *st, int op, const char *text) {
     if (!strcmp(state, "done")) {
         st->op_done[op] = true;
         const json_t *seqs = json_object_get(json_object_get(v, "result"), "sequences");
+        if (json_array_size(seqs) != (size_t)st->spec->n) {
+            json_decref(v);
+            return fail(st, 500, "the operation finished without a usable result");
+        }
         for (int s = 0; s < st->spec->n; s++) {
             const json_t *q = json_array_get(seqs, s);
-            if (!q) continue;
             if (!feed(st, &st->ch[op * st->spec->n + s], 0, json_object_get(q, "tokens"), json_object_get(q, "logprobs"),
                       json_object_get(q, "top_logprobs"), json_string_value(json_object_get(q, "stop_reason")), true)) {
                 json_decref(v);
