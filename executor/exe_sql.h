@@ -110,3 +110,13 @@
 
 /* $1 executor, $2 sampling session: the snapshot of the session's weights is here. */
 #define SQL_EXE_SNAPSHOT_EXECUTOR "UPDATE sampling_sessions SET executor_id = $1 WHERE id = $2"
+
+/* ---- streaming (exe_stream.c): the publisher's own connection ---------------------------- */
+
+/* Progress is a hint the api can do without (it falls back to the committed result), so
+ * its notifications need not wait for a WAL flush. */
+#define SQL_EXE_STREAM_ASYNC "SET synchronous_commit = off"
+#define SQL_EXE_STREAM_NAME "SET application_name = 'loom executor stream'"
+#define SQL_EXE_LISTEN_CANCEL "LISTEN " CHAN_SAMPLE_CANCEL
+/* $1 text[] of payloads (each at most 8000 bytes, PostgreSQL's limit), in order. */
+#define SQL_EXE_PUBLISH "SELECT pg_notify('" CHAN_SAMPLE_PROGRESS "', x) FROM unnest($1::text[]) WITH ORDINALITY AS p(x, i) ORDER BY i"
