@@ -8,6 +8,7 @@
 #include "cli/admin.h"
 #include "cli/status.h"
 #include "cli/tokenize.h"
+#include "cli/chat.h"
 #include "cli/up.h"
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static const subcommand commands[] = {
     {"config", admin_config_main, "where the data directory, database, secret and blob store are"},
     {"mkmodel", mkmodel_main, "write a random model in Hugging Face layout"},
     {"tokenize", tokenize_main, "a model directory's tokenizer and chat template on text or JSON lines"},
+    {"chat", chat_main, "a terminal chat with a model of a running server (its OpenAI routes)"},
     {"pg", admin_pg_main, "start|stop a private PostgreSQL cluster under a data directory"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -59,6 +59,7 @@ void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos)
     s->done = stop || s->n_gen >= r->max_tokens || r->n_prompt + s->n_gen > max_pos;
     r->n_out[s->index] = s->n_gen;
     r->stopped_out[s->index] = stop;
+    if (r->on_token && r->on_token(r, s->index, s->n_gen, s->done)) s->done = true;
 }
 
 /* ---- adapters ------------------------------------------------------------------------------ */

@@ -33,6 +33,7 @@
 
 #include "backend/adamw.h"
 #include "backend/loss.h"
+#include "common/contract.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/rng.h"
@@ -108,6 +109,21 @@ typedef struct exe_sample_req {
      * the stop string itself), so it must be a pure function of its arguments. */
     bool (*stop_check)(const struct exe_sample_req *r, int sample, const int32_t *tokens, int n);
     void *stop_user;              /* for stop_check */
+    /* Optional (NULL = none): told after each token is recorded for a sample (tokens_out,
+     * logprobs_out, top_*_out, n_out and stopped_out hold it; done: the sample has
+     * ended), so that the executor can publish tokens while the batch decodes
+     * (streaming, docs/architecture.md "Streaming"). Called from any of the backend's
+     * threads, for different samples at once: it must be cheap and thread-safe. True ends
+     * the sample there (its client went away), as at max_tokens. */
+    bool (*on_token)(const struct exe_sample_req *r, int sample, int n, bool done);
+    void *on_token_user;          /* for on_token */
+    /* Optional: the top_logprobs most likely tokens of the distribution each token was
+     * drawn from (the one its logprob is taken from: after temperature, top-k, top-p;
+     * greedy: the model's own), most likely first; tokens the filters removed are not
+     * listed (their ids are −1). 0 = none; at most LIMIT_TOPK_PROMPT_LOGPROBS. */
+    int top_logprobs;
+    int32_t *top_ids_out;         /* [num_samples, max_tokens, top_logprobs] */
+    float *top_lp_out;            /* [num_samples, max_tokens, top_logprobs] */
     /* outputs, caller-allocated */
     int32_t *tokens_out;          /* [num_samples, max_tokens] */
     float *logprobs_out;          /* [num_samples, max_tokens] */
@@ -215,6 +231,21 @@ void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index);
  * (kept as the last token), stop_check, max_tokens, or the context limit max_pos (the next
  * pass would feed the token at position n_prompt + n_gen − 1). */
 void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos);
+/* The choice's arithmetic (sample_pick.c), shared by the CPU sampler (cpu_choose.c) and exe_sample_top.
+ * exe_sample_weights: *best = the argmax of z; greedy (temperature 0): returns
+ * Σ exp(z − max) (w untouched); else w[v] = exp((z − max) / temperature), zero below the
+ * top-k threshold, and returns Σ w. keys: V uint64 of scratch. */
+double exe_sample_weights(const exe_sample_req *r, const float *z, long V, float *w, uint64_t *keys, long *best);
+/* The top-p nucleus of w (sum Σ w): keys[0..keep) = (bits(w) << 32 | id) of the smallest
+ * set of most likely tokens whose mass *cum reaches top_p·sum, most likely first; returns
+ * keep. */
+long exe_sample_nucleus(const exe_sample_req *r, const float *w, long V, double sum, uint64_t *keys, double *cum);
+/* When s's request asks for top_logprobs: the most likely tokens of the distribution the
+ * next token of s is drawn from, given that row's logits z[0..V), into the request's
+ * top_*_out at s's next position (call before exe_sample_record). w: V floats and keys: V
+ * uint64 of scratch. The same arithmetic as the CPU backend's choice (cpu_choose.c), so
+ * that the sampled token's entry equals its logprob. */
+void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w, uint64_t *keys);
 
 /* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
  * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed

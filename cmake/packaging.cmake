@@ -41,6 +41,9 @@ on shared hardware: an api, a scheduler and one executor per device, with Postgr
 queue and system of record. Ships systemd units for each, a config file and a registry GC timer.")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_GENERATOR DEB)
+# The package: everything but the CUDA backend module (component `cuda`), which needs the
+# CUDA toolkit's libraries, no Debian package; GPU hosts install it with `cmake --install`.
+set(CPACK_COMPONENTS_ALL Unspecified)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 # DESTDIR staging with prefix /usr while installing: the units name /usr/bin/loom, and
 # /etc/loom lands in the package. (file(INSTALL) adds DESTDIR to absolute destinations.)

@@ -32,6 +32,12 @@
 #define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
 #define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executors (payload: executor id) */
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
+/* Streaming (docs/protocol.md §18.5): the tokens of sample operations that asked for
+ * progress ("progress": true in the payload) as the executor's decode loop makes them
+ * (payload: lines of JSON, one per request and sample), and the request_id of such an
+ * operation whose client went away (the executor ends its samples early). */
+#define CHAN_SAMPLE_PROGRESS "loom_sample_progress" /* executors -> api */
+#define CHAN_SAMPLE_CANCEL "loom_sample_cancel"     /* api -> executors (payload: request_id) */
 
 /* ---- limits of a request (checked by the api before memory is taken for them) --------- */
 

@@ -15,6 +15,7 @@ PKGS=(
   libutf8proc-dev                   # tokenizer: Unicode categories and NFC, as Hugging Face tokenizers use them
   libinih-dev                       # the config file (/etc/loom/loom.conf)
   libarchive-dev                    # `loom adapter import`: tars of any layout, compressed or not
+  libcurl4-openssl-dev              # `loom chat`: the OpenAI routes of a running server, streamed
   dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
   mmdebstrap systemd                # tests: a clean Debian root for the .deb; systemd-analyze verify
   curl                              # tests: the README's commands (readme_test)

@@ -14,6 +14,11 @@
  * resolved from the payload the api wrote: "source" base | snapshot | checkpoint (with
  * "blob_digest", loaded through exe_load_sampler_adapter).
  *
+ * The OpenAI routes' operations (docs/protocol.md §18) also ask for "top_logprobs" (the
+ * most likely tokens of each step's distribution, kept in the result per sequence) and
+ * "progress": their tokens are published while the batch decodes (exe_stream.h), and a
+ * request whose client went away ends early (its result says "canceled": true).
+ *
  * Stops (§11.2): a stop token or the model's EOS ends a sample and is kept as its last
  * token; a stop string (needs the model's tokenizer.json) ends it at the token whose
  * bytes complete the string, that token included. The decoded text of the generated
@@ -22,6 +27,7 @@
 #include "executor/exe_sample.h"
 #include "executor/exe_ckpt.h"
 #include "executor/exe_sql.h"
+#include "executor/exe_stream.h"
 #include "backend/loss.h"
 #include "model/tokenizer.h"
 #include "common/db.h"
@@ -167,6 +173,12 @@ typedef struct {
     bool *stopped;
     float *plp, *ploss, *tk_lp;  /* prompt logprobs [n_prompt − 1], scratch, top-k [n_prompt − 1, k] */
     int32_t *tk_ids;
+    int top_logprobs;            /* per generated token (the OpenAI routes' top_logprobs) */
+    int32_t *top_ids;            /* [num_samples, max_tokens, top_logprobs] */
+    float *top_lp;
+    bool progress;               /* publish tokens as they come (exe_stream.h) */
+    exe_stream_op *stream;
+    bool canceled;               /* its client went away: samples ended early */
 } sample_job;
 
 static void job_free(exe_state *st, sample_job *j) {
@@ -174,6 +186,7 @@ static void job_free(exe_state *st, sample_job *j) {
     free(j->prompt); free(j->stop_tokens); free(j->ss.s); free(j->ss.len);
     free(j->tokens); free(j->logprobs); free(j->n_out); free(j->stopped);
     free(j->plp); free(j->ploss); free(j->tk_lp); free(j->tk_ids);
+    free(j->top_ids); free(j->top_lp);
 }
 
 static bool get_int(json_t *p, const char *key, long long lo, long long hi, long long dflt, long long *out) {
@@ -215,11 +228,12 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
         }
         j->prompt[i] = (int32_t)json_integer_value(v);
     }
-    long long ns, mt, tk, tpk, seed;
+    long long ns, mt, tk, tpk, seed, tlp;
     int room = mc->max_position_embeddings - np + 1;   /* the backend stops at the context */
     if (!get_int(p, "num_samples", 1, LIMIT_NUM_SAMPLES, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
         !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tpk) ||
         !get_int(p, "seed", LLONG_MIN, LLONG_MAX, 0, &seed) || !get_real(p, "temperature", 1.0, &j->temperature) ||
+        !get_int(p, "top_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tlp) ||
         !get_real(p, "top_p", 1.0, &j->top_p)) {
         exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p or "
                     "topk_prompt_logprobs)");
@@ -235,6 +249,8 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     j->topk_prompt = (int)(tpk < mc->vocab_size ? tpk : mc->vocab_size);
     j->seed = (uint64_t)seed;
     j->prompt_logprobs = json_is_true(json_object_get(p, "prompt_logprobs"));
+    j->top_logprobs = (int)(tlp < mc->vocab_size ? tlp : mc->vocab_size);
+    j->progress = json_is_true(json_object_get(p, "progress"));
 
     /* stop tokens: the client's, then the model's EOS ids */
     json_t *stops = json_object_get(p, "stop_tokens");
@@ -303,6 +319,10 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     j->logprobs = malloc(cells * sizeof *j->logprobs);
     j->n_out = calloc(j->num_samples, sizeof *j->n_out);
     j->stopped = calloc(j->num_samples, sizeof *j->stopped);
+    if (j->top_logprobs) {
+        j->top_ids = malloc(cells * j->top_logprobs * sizeof *j->top_ids);
+        j->top_lp = malloc(cells * j->top_logprobs * sizeof *j->top_lp);
+    }
     if (j->prompt_logprobs || j->topk_prompt > 0) {
         j->plp = calloc(np, sizeof *j->plp);
         j->ploss = calloc(np, sizeof *j->ploss);
@@ -311,7 +331,7 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
             j->tk_lp = calloc((size_t)np * j->topk_prompt, sizeof *j->tk_lp);
         }
     }
-    if (!j->tokens || !j->logprobs || !j->n_out || !j->stopped ||
+    if (!j->tokens || !j->logprobs || !j->n_out || !j->stopped || (j->top_logprobs && (!j->top_ids || !j->top_lp)) ||
         ((j->prompt_logprobs || j->topk_prompt) && (!j->plp || !j->ploss || (j->topk_prompt && (!j->tk_ids || !j->tk_lp))))) {
         exe_op_fail(op, "server", "out of memory for %d samples of %d tokens", j->num_samples, j->max_tokens);
         return false;
@@ -324,6 +344,8 @@ static exe_sample_req job_req(sample_job *j) {
                             .max_tokens = j->max_tokens, .temperature = j->temperature, .top_k = j->top_k,
                             .top_p = j->top_p, .seed = j->seed, .stop_tokens = j->stop_tokens, .n_stop = j->n_stop,
                             .stop_check = j->ss.n ? stop_check : NULL, .stop_user = &j->ss,
+                            .on_token = j->stream ? exe_stream_on_token : NULL, .on_token_user = j->stream,
+                            .top_logprobs = j->top_logprobs, .top_ids_out = j->top_ids, .top_lp_out = j->top_lp,
                             .tokens_out = j->tokens, .logprobs_out = j->logprobs, .n_out = j->n_out,
                             .stopped_out = j->stopped};
 }
@@ -363,6 +385,20 @@ static void run_jobs(exe_state *st, sample_job **jobs, int n, bool prompt) {
 
 static json_t *lp_json(float x) { return json_real(isfinite(x) ? (double)x : x < 0 ? -FLT_MAX : 0.0); }
 
+/* The top_logprobs of sample s's first n tokens: per token [[id, logprob], ...], most likely first. */
+static json_t *top_json(const sample_job *j, int s, int n) {
+    json_t *a = json_array();
+    for (int k = 0; k < n; k++) {
+        size_t c = ((size_t)s * j->max_tokens + k) * j->top_logprobs;
+        json_t *row = json_array();
+        for (int i = 0; i < j->top_logprobs; i++)
+            if (j->top_ids[c + i] >= 0)
+                json_array_append_new(row, json_pack("[i, o]", j->top_ids[c + i], lp_json(j->top_lp[c + i])));
+        json_array_append_new(a, row);
+    }
+    return a;
+}
+
 /* Cuts each sample at its first completed stop string, then writes op->result. */
 static void job_result(sample_job *j) {
     json_t *seqs = json_array();
@@ -379,8 +415,9 @@ static void job_result(sample_job *j) {
             json_array_append_new(t, json_integer(tok[k]));
             json_array_append_new(l, lp_json(lp[k]));
         }
-        json_array_append_new(seqs, json_pack("{s:o, s:o, s:s}", "tokens", t, "logprobs", l, "stop_reason",
-                                              stopped ? "stop" : "length"));
+        json_t *seq = json_pack("{s:o, s:o, s:s}", "tokens", t, "logprobs", l, "stop_reason", stopped ? "stop" : "length");
+        if (j->top_logprobs) json_object_set_new(seq, "top_logprobs", top_json(j, s, n));
+        json_array_append_new(seqs, seq);
     }
     json_t *r = json_pack("{s:s, s:o}", "type", OP_SAMPLE, "sequences", seqs);
     if (j->prompt_logprobs) {
@@ -403,6 +440,7 @@ static void job_result(sample_job *j) {
         json_object_set_new(r, "topk_prompt_logprobs", a);
     }
     json_object_set_new(r, "prompt_cache_hit_tokens", json_integer(0));
+    if (j->canceled) json_object_set_new(r, "canceled", json_true());
     j->op->result = r;
 }
 
@@ -417,13 +455,29 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
         run[nrun++] = &jobs[i];
         if ((jobs[i].prompt_logprobs || jobs[i].topk_prompt > 0) && jobs[i].n_prompt > 1) fwd[nfwd++] = &jobs[i];
     }
+    for (int i = 0; i < nrun; i++) {
+        sample_job *j = run[i];
+        if (j->progress)
+            j->stream = exe_stream_track(st, j->op->request_id, j->num_samples, j->max_tokens, j->tokens, j->logprobs,
+                                         j->top_logprobs, j->top_ids, j->top_lp);
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     run_jobs(st, fwd, nfwd, true);
     int k = 0;
-    for (int i = 0; i < nrun; i++) if (!run[i]->op->category) run[k++] = run[i];
+    for (int i = 0; i < nrun; i++) {
+        if (!run[i]->op->category) run[k++] = run[i];
+        else exe_stream_untrack(run[i]->stream, NULL, NULL), run[i]->stream = NULL;
+    }
     nrun = k;
     run_jobs(st, run, nrun, false);
+    for (int i = 0; i < nrun; i++) {
+        sample_job *j = run[i];
+        bool ok = !j->op->category;
+        j->canceled = exe_stream_canceled(j->stream);
+        exe_stream_untrack(j->stream, ok ? j->n_out : NULL, ok ? j->stopped : NULL);
+        j->stream = NULL;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int nseq = 0;
     for (int i = 0; i < nrun; i++) {

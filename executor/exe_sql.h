@@ -165,3 +165,13 @@
     " blob_digest = EXCLUDED.blob_digest, size_bytes = EXCLUDED.size_bytes,"                  \
     " executor_id = EXCLUDED.executor_id, created_at = now()"                                 \
     " WHERE model_snapshots.seq_id < EXCLUDED.seq_id"
+
+/* ---- streaming (exe_stream.c): the publisher's own connection ---------------------------- */
+
+/* Progress is a hint the api can do without (it falls back to the committed result), so
+ * its notifications need not wait for a WAL flush. */
+#define SQL_EXE_STREAM_ASYNC "SET synchronous_commit = off"
+#define SQL_EXE_STREAM_NAME "SET application_name = 'loom executor stream'"
+#define SQL_EXE_LISTEN_CANCEL "LISTEN " CHAN_SAMPLE_CANCEL
+/* $1 text[] of payloads (each at most 8000 bytes, PostgreSQL's limit), in order. */
+#define SQL_EXE_PUBLISH "SELECT pg_notify('" CHAN_SAMPLE_PROGRESS "', x) FROM unnest($1::text[]) WITH ORDINALITY AS p(x, i) ORDER BY i"

@@ -242,10 +242,13 @@
  * both) for longer expire: the queued operations of their models and samplers are
  * canceled, naming the session and the checkpoint; each active model gets a last
  * save_weights (weights/session-expired, kept 7 days) after its other operations, and its
- * next_seq moves to it (a seq_id never sent cannot hold it up). */
+ * next_seq moves to it (a seq_id never sent cannot hold it up). The service's own session
+ * per tenant behind the OpenAI routes ("openai-<tenant>", migration 0020; client sessions
+ * are UUIDs) has no client to heartbeat it and never expires. */
 #define SQL_EXPIRE_SESSIONS \
     "WITH s AS (UPDATE sessions SET expired_at = now() WHERE id IN (SELECT id FROM sessions" \
     "   WHERE expired_at IS NULL AND last_heartbeat_at < now() - make_interval(secs => $1::int)" \
+    "   AND id NOT LIKE 'openai-%'" \
     "   ORDER BY last_heartbeat_at LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING id)," \
     " m AS (SELECT mm.id, mm.tenant_id, mm.session_id, (SELECT coalesce(max(x.seq_id), 0) + 1" \
     "   FROM operations x WHERE x.model_id = mm.id) AS save_seq FROM models mm JOIN s ON s.id = mm.session_id" \

@@ -4,6 +4,7 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_json.h"
+#include "service/api_openai.h"
 #include "service/api_routes.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -54,16 +55,22 @@ int api_reply_json(api_call *c, int status, json_t *v) {
     return api_reply_take(c, status, s, strlen(s));
 }
 
-int api_error(api_call *c, int status, const char *fmt, ...) {
+int api_error_v(api_call *c, int status, const char *param, const char *code, const char *fmt, va_list ap) {
     char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     size_t len;
-    char *body = jx_detail(msg, &len);
+    const api_route *r = c->job->route;
+    char *body = r && (r->flags & ROUTE_OPENAI) ? oai_error_body(status, msg, param, code, &len) : jx_detail(msg, &len);
     c->job->park = false;
     return api_reply_take(c, status, body, len);
+}
+
+int api_error(api_call *c, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    api_error_v(c, status, NULL, NULL, fmt, ap);
+    va_end(ap);
+    return 0;
 }
 
 int api_db_error(api_call *c, const char *what, const char *err) {

@@ -5,6 +5,7 @@
 #pragma once
 #include "service/api_job.h"
 #include <jansson.h>
+#include <stdarg.h>
 #include <libpq-fe.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,6 +15,8 @@
 typedef struct {
     int64_t max_queued_samples;  /* asample answers 429 above this many queued per tenant */
     size_t max_body;             /* bytes; also the cap on a decompressed body */
+    int64_t max_streams;         /* OpenAI requests in flight per tenant (429 above) */
+    int64_t openai_max_tokens;   /* the largest max_tokens of an OpenAI request */
 } api_settings;
 
 /* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
@@ -41,6 +44,9 @@ int api_reply_take(api_call *c, int status, char *json, size_t len); /* takes ma
 /* A binary body (takes malloc'd bytes) with its Content-Type (a static string). */
 int api_reply_bytes(api_call *c, int status, const char *content_type, void *data, size_t len);
 int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same with the field (param) and a code for OpenAI's error shape (docs/protocol.md
+ * §18.1), which a route flagged ROUTE_OPENAI answers in; NULL: none. */
+int api_error_v(api_call *c, int status, const char *param, const char *code, const char *fmt, va_list ap);
 /* A database failure: logged with `what`, answered 503 (the SDK retries 5xx). On a
  * long-poll route (retrieve_future) the answer is held instead: the loop parks the job
  * and tries it again every second, and sends the 503 only at the long-poll deadline,

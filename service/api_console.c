@@ -110,27 +110,17 @@ int api_h_console_download_link(api_call *c) {
     return api_reply_json(c, 200, v);
 }
 
-/* ---- the playground's tokenizer -------------------------------------------------------------
- * The api reads the base model's tokenizer from the directory the executor registered
- * (base_models.path). Loaded once per base model and kept: a tokenizer is read-only
- * after loading, so the worker threads share it. */
+/* ---- the playground's tokenizer (api_tokenizer_for: also the OpenAI routes') --------------- */
 
 #define MAX_TOKENIZERS 16
 #define MAX_TEXT (64 * 1024)
 #define MAX_IDS 65536
 
-typedef struct {
-    char name[256];
-    tokenizer *tok;
-    chat_template *chat;   /* NULL: the model has none */
-} tok_entry;
-
 static pthread_mutex_t g_tok_mu = PTHREAD_MUTEX_INITIALIZER;
-static tok_entry g_toks[MAX_TOKENIZERS];
+static api_tokenizer g_toks[MAX_TOKENIZERS];
 static int g_ntoks;
 
-/* The entry for base_model, loading it on first use. NULL with the error answered. */
-static const tok_entry *tokenizer_for(api_call *c, const char *base_model) {
+const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model) {
     pthread_mutex_lock(&g_tok_mu);
     for (int i = 0; i < g_ntoks; i++)
         if (!strcmp(g_toks[i].name, base_model)) {
@@ -168,7 +158,7 @@ static const tok_entry *tokenizer_for(api_call *c, const char *base_model) {
         chat_template_free(ct);
         return api_error(c, 503, "this api holds the tokenizers of %d base models already", MAX_TOKENIZERS), NULL;
     }
-    tok_entry *e = &g_toks[g_ntoks];
+    api_tokenizer *e = &g_toks[g_ntoks];
     snprintf(e->name, sizeof e->name, "%s", base_model);
     e->tok = t;
     e->chat = ct;
@@ -190,7 +180,7 @@ int api_h_console_tokenize(api_call *c) {
         return api_error(c, 400, "%s", c->err);
     if (!text) text = "";
     if (strlen(text) > MAX_TEXT) return api_error(c, 400, "text is longer than %d bytes", MAX_TEXT);
-    const tok_entry *e = tokenizer_for(c, bm);
+    const api_tokenizer *e = api_tokenizer_for(c, bm);
     if (!e) return 0;
     char *rendered = NULL;
     size_t pre_n = 0;
@@ -240,7 +230,7 @@ int api_h_console_detokenize(api_call *c) {
         }
         ids[i] = (int32_t)v;
     }
-    const tok_entry *e = tokenizer_for(c, bm);
+    const api_tokenizer *e = api_tokenizer_for(c, bm);
     if (!e) {
         free(ids);
         return 0;

@@ -3,6 +3,8 @@
  * works offline), and the read-only JSON routes its pages read. The key never travels in
  * a URL: the page keeps it in sessionStorage and sends it as X-API-Key. */
 #pragma once
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
 #include "service/api_call.h"
 #include <stddef.h>
 
@@ -28,3 +30,16 @@ int api_h_console_detokenize(api_call *c);    /* POST console/detokenize {base_m
 /* Operator routes (admin scope). */
 int api_h_console_admin_overview(api_call *c); /* GET console/admin/overview */
 int api_h_console_admin_cycles(api_call *c);   /* GET console/admin/cycles?limit */
+
+/* A base model's tokenizer and chat template, as the api reads them from the directory the
+ * executor registered (base_models.path). Loaded once per base model and kept: both are
+ * read-only after loading, so worker threads and event loops share them. */
+typedef struct {
+    char name[256];
+    tokenizer *tok;
+    chat_template *chat;   /* NULL: the model has none */
+} api_tokenizer;
+
+/* The entry for base_model, loading it on first use. NULL with the error answered (404
+ * for a base model not served here, 503 when its tokenizer cannot be read). */
+const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model);

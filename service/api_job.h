@@ -57,6 +57,10 @@ typedef struct api_job {
     char tenant_name[API_TENANT_NAME_MAX];  /* set by the worker once the key is checked */
     double started;                /* wall clock (s) when h2o began reading the request */
 
+    /* The OpenAI routes (api_openai.h): set by a handler that accepted a request (what its
+     * loop needs to answer it), or on the loop's own jobs; NULL otherwise. */
+    struct oai_spec *oai;
+
     /* loop-thread-only state */
     http_req_ref *ref;  /* NULL once the client has gone away */
     int where;

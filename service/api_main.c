@@ -7,6 +7,8 @@
 #include "service/api_json.h"
 #include "service/api_listen.h"
 #include "service/api_metrics.h"
+#include "service/api_openai.h"
+#include "service/api_openai_sql.h"
 #include "service/api_pool.h"
 #include "service/api_routes.h"
 #include "service/api_sql.h"
@@ -30,6 +32,10 @@ const opt_spec API_TUNING_OPTS[] = {
     {.name = "path-prefix", .kind = OPT_STR, .arg = "/X", .help = "also serve the API under /X/api/v1/..."},
     {.name = "max-queued-samples", .kind = OPT_INT, .arg = "N", .def = "1000", .lo = 0, .hi = 100000000,
      .help = "asample answers 429 (Retry-After: 1) while the tenant has more than N samples queued"},
+    {.name = "max-streams", .kind = OPT_INT, .arg = "N", .def = "128", .lo = 1, .hi = 1000000,
+     .help = "OpenAI requests (/v1/...) a tenant may have in flight; more answer 429"},
+    {.name = "openai-max-tokens", .kind = OPT_INT, .arg = "N", .def = "4096", .lo = 1, .hi = 1 << 24,
+     .help = "the largest max_tokens an OpenAI request may ask for"},
     {.name = "proto", .kind = OPT_FLAG,
      .help = "client/config asks SDKs 0.19-0.24 to send forward_backward (and forward) as protobuf"},
     {.name = "proto-compress", .kind = OPT_FLAG, .help = "... zstd-compressed (implies --proto)"},
@@ -58,7 +64,8 @@ int api_main(int argc, char **argv) {
                     .prefix = cfg_str(&o, "path-prefix") ? cfg_str(&o, "path-prefix") : "",
                     .tls_cert = cfg_str(&o, "tls-cert"), .tls_key = cfg_str(&o, "tls-key")};
     int workers = (int)cfg_int(&o, "db-workers"), max_body_mb = (int)cfg_int(&o, "max-body-mb"),
-        max_queued = (int)cfg_int(&o, "max-queued-samples");
+        max_queued = (int)cfg_int(&o, "max-queued-samples"), max_streams = (int)cfg_int(&o, "max-streams"),
+        oai_max_tokens = (int)cfg_int(&o, "openai-max-tokens");
     bool proto_zstd = cfg_flag(&o, "proto-compress"), proto = proto_zstd || cfg_flag(&o, "proto");
     char db[4096], db_from[4600], blob_dir[4096];
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
@@ -74,7 +81,8 @@ int api_main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     char err[1024];
     api_pool_conf pc = {.conninfo = db, .nworkers = workers, .max_queue = 10000,
-                        .settings = {.max_queued_samples = max_queued, .max_body = hc.max_body}};
+                        .settings = {.max_queued_samples = max_queued, .max_body = hc.max_body,
+                                     .max_streams = max_streams, .openai_max_tokens = oai_max_tokens}};
     if (proto)
         snprintf(api_client_config, sizeof api_client_config,
                  "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false, "
@@ -107,7 +115,8 @@ int api_main(int argc, char **argv) {
         log_error("%s", err);
         return 1;
     }
-    if (api_listen_start(db, SQL_LISTEN_OP_DONE, http_server_notify, NULL, err, sizeof err) < 0) {
+    if (api_listen_start(db, SQL_LISTEN_OP_DONE, http_server_notify, NULL, err, sizeof err) < 0 ||
+        api_listen_start(db, SQL_OAI_LISTEN_PROGRESS, oai_progress, NULL, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }

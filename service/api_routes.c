@@ -5,6 +5,7 @@
 #include "service/api_routes.h"
 #include "service/api_console.h"
 #include "service/api_metrics.h"
+#include "service/api_openai.h"
 #include "service/api_weights.h"
 #include <string.h>
 
@@ -73,6 +74,15 @@ static const api_route routes[] = {
     {"DELETE", V1 "/training_runs/*", 0, api_h_run_checkpoints_delete, NULL},
     {"GET", V1 "/models/*", 0, api_h_models_checkpoints, NULL},
     {"GET", V1 "/checkpoint_archives/*", ROUTE_NO_AUTH, api_h_checkpoint_download, NULL},
+
+    /* the OpenAI-compatible routes (§18): api_openai.c; the aliases they take as models */
+    {"GET", "/v1/models", ROUTE_OPENAI, api_h_oai_models, NULL},
+    {"GET", "/v1/models/*", ROUTE_OPENAI, api_h_oai_model, NULL},
+    {"POST", "/v1/completions", ROUTE_OPENAI | ROUTE_SAMPLE, api_h_oai_completions, NULL},
+    {"POST", "/v1/chat/completions", ROUTE_OPENAI | ROUTE_SAMPLE, api_h_oai_chat, NULL},
+    {"GET", V1 "/aliases", 0, api_h_aliases_list, NULL},
+    {"PUT", V1 "/aliases/+", 0, api_h_alias_put, NULL},
+    {"DELETE", V1 "/aliases/+", 0, api_h_alias_delete, NULL},
 
     /* observability (README "Metrics", "Web console"): the console's files, its read-only
      * JSON (tenant-scoped like every route; /console/admin/ needs an operator key) */

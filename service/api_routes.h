@@ -24,6 +24,7 @@ enum {
     /* Answered even while the database is away: the handler runs with db NULL and no
      * tenant (the key cannot be checked) and must store nothing (telemetry). */
     ROUTE_DB_OPTIONAL = 4096,
+    ROUTE_OPENAI = 8192,  /* errors in OpenAI's shape {"error": {...}} (docs/protocol.md §18.1) */
 };
 
 struct api_route {

@@ -13,6 +13,7 @@
 #include "service/api_console.h"
 #include "service/api_json.h"
 #include "service/api_metrics.h"
+#include "service/api_openai.h"
 #include "service/api_routes.h"
 #include <errno.h>
 #include <netdb.h>
@@ -61,6 +62,7 @@ struct http_loop {
         uint64_t at;
     } recent[RECENT_NOTIFY];
     int recent_next;
+    oai_loop *oai;          /* the OpenAI routes' answers in progress (api_openai.h) */
 };
 
 static struct {
@@ -121,9 +123,21 @@ static void send_response(h2o_req_t *req, int status, const char *body, size_t l
     send_typed(req, status, "application/json", 0, body, len);
 }
 
+/* The OpenAI routes (/v1/...) answer errors in OpenAI's shape (docs/protocol.md §18.1). */
+static bool openai_path(h2o_req_t *req) {
+    const char *p = req->path_normalized.base;
+    size_t n = req->path_normalized.len;
+    if (g.prefix_len && n >= g.prefix_len && !memcmp(p, g.prefix, g.prefix_len)) p += g.prefix_len, n -= g.prefix_len;
+    return n >= 4 && !memcmp(p, "/v1/", 4);
+}
+
+static char *error_body(h2o_req_t *req, int status, const char *msg, size_t *len) {
+    return openai_path(req) ? oai_error_body(status, msg, NULL, NULL, len) : jx_detail(msg, len);
+}
+
 static void send_error(h2o_req_t *req, int status, const char *msg) {
     size_t len;
-    char *body = jx_detail(msg, &len);
+    char *body = error_body(req, status, msg, &len);
     send_response(req, status, body, len);
     free(body);
 }
@@ -202,7 +216,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
             snprintf(msg, sizeof msg, "%s", req->res.reason ? req->res.reason : "request failed");
         observe_inline(req, NULL, true, req->res.status, msg);
         size_t len;
-        char *body = jx_detail(msg, &len);
+        char *body = error_body(req, req->res.status, msg, &len);
         json_error_ostream *o = (json_error_ostream *)h2o_add_ostream(req, sizeof *o, slot);
         o->super.do_send = json_error_do_send;
         o->json = h2o_strdup(&req->pool, body, len);
@@ -218,6 +232,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
 /* ---- jobs --------------------------------------------------------------------------- */
 
 void api_job_free(api_job *job) {
+    if (job->oai) oai_spec_free(job->oai);
     free(job->body);
     free(job->api_key);
     free(job->accept);
@@ -363,12 +378,25 @@ static void park(http_loop *L, api_job *job) {
     h2o_timeout_link(L->evloop, &L->recheck_timeout, &job->timer);
 }
 
+int http_loop_submit(http_loop *L, api_job *job) {
+    job->loop = L;
+    job->reply_to = &L->job_receiver;
+    job->where = JOB_AT_WORKER;
+    return api_pool_submit(g.pool, job);
+}
+
 static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, job_receiver, receiver);
     uint64_t now = h2o_now(L->evloop);
     while (!h2o_linklist_is_empty(messages)) {
         api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, msg.link, messages->next);
         h2o_linklist_unlink(&job->msg.link);
+        if (job->oai) {   /* an accepted OpenAI request, or the loop's own look (api_openai.h) */
+            h2o_req_t *req = job->ref ? job->ref->req : NULL;
+            if (job->ref) job->ref->job = NULL, job->ref = NULL;
+            oai_job_back(L->oai, job, req);
+            continue;
+        }
         if (!job->ref) {
             api_job_free(job); /* the client went away meanwhile */
             continue;
@@ -390,6 +418,7 @@ static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mess
     while (!h2o_linklist_is_empty(messages)) {
         notify_msg *m = H2O_STRUCT_FROM_MEMBER(notify_msg, super.link, messages->next);
         h2o_linklist_unlink(&m->super.link);
+        oai_op_done(L->oai, m->all ? NULL : m->id);
         if (!m->all) {
             snprintf(L->recent[L->recent_next].id, API_REQUEST_ID_MAX, "%s", m->id);
             L->recent[L->recent_next].at = now;
@@ -598,6 +627,7 @@ static void *loop_main(void *arg) {
     h2o_multithread_register_receiver(L->queue, &L->notify_receiver, on_notify);
     h2o_timeout_init(L->evloop, &L->recheck_timeout, RECHECK_MS);
     h2o_linklist_init_anchor(&L->parked);
+    L->oai = oai_loop_new(L, L->evloop, L->queue);
     h2o_socket_t *sock = h2o_evloop_socket_create(L->evloop, L->fd, H2O_SOCKET_FLAG_DONT_READ);
     sock->data = L;
     h2o_socket_read_start(sock, on_accept);

@@ -21,5 +21,9 @@ int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char
 /* A NOTIFY loom_op_done arrived (any thread): wakes parked futures with this request_id;
  * NULL wakes them all (the LISTEN connection was re-established). */
 void http_server_notify(const char *request_id, void *unused);
+/* Sends a job the loop made itself (api_openai_stream.c) to a database worker; it comes
+ * back to L like a request's. -1 when the workers' queue is full. Loop thread. */
+typedef struct http_loop http_loop;
+int http_loop_submit(http_loop *L, api_job *job);
 /* Waits for the loop threads (they run until the process ends). */
 void http_server_join(void);

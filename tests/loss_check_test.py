@@ -44,6 +44,7 @@ def datum(loss, q=None, adv=1.0):
 def main():
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "bob")
         key_b = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
 
         def model(key, seed=None):

@@ -65,6 +65,7 @@ def main():
     parser_refuses(R)
     with Stack() as s:
         secret = os.path.join(s.dir, "secret.key")
+        loom_cli(s, "tenant", "create", "ops")
         mkey = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "metrics", "--secret-file", secret)
         akey = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "admin", "--secret-file", secret)
 
@@ -187,10 +188,14 @@ def main():
         # 6. two api processes
         env = dict(os.environ, LOOM_LOG_FORMAT="json")
         log2 = open(os.path.join(s.dir, "api2.log"), "wb")
-        p2 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret],
+        p2 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--data-dir", s.dir, "--port", "0", "--threads", "1",
+                               "--secret-file", secret],
                               stdout=subprocess.PIPE, stderr=log2, env=env)
         try:
             line = p2.stdout.readline().decode()
+            if "=" not in line:
+                log2.flush()
+                raise RuntimeError("the second api did not start: " + open(os.path.join(s.dir, "api2.log")).read()[-2000:])
             url2 = "http://127.0.0.1:" + line.split("=", 1)[1].strip()
             req = urllib.request.Request(url2 + "/api/v1/training_runs", headers={"X-API-Key": s.key, "X-Request-Id": "test-req-1"})
             with urllib.request.urlopen(req) as r:
@@ -244,7 +249,7 @@ def main():
         # LOOM_LOG_LEVEL=warn: no 2xx access lines
         env = dict(os.environ, LOOM_LOG_LEVEL="warn")
         log3 = open(os.path.join(s.dir, "api3.log"), "wb")
-        p3 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--port", "0", "--threads", "1", "--secret-file", secret],
+        p3 = subprocess.Popen([LOOM_BIN, "api", "--db", s.db, "--data-dir", s.dir, "--port", "0", "--threads", "1", "--secret-file", secret],
                               stdout=subprocess.PIPE, stderr=log3, env=env)
         try:
             url3 = "http://127.0.0.1:" + p3.stdout.readline().decode().split("=", 1)[1].strip()

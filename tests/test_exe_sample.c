@@ -354,6 +354,52 @@ int main(void)
         free_op(base);
     }
 
+    /* ---- top_logprobs (the OpenAI routes'): per token the distribution's most likely
+     * tokens, best first; the sampled one among them with its own logprob; the tokens
+     * drawn are those of the same seed without them ---- */
+    {
+        static const char *params[] = {"\"temperature\": 1.0", "\"temperature\": 0.7, \"top_k\": 20, \"top_p\": 0.9",
+                                       "\"temperature\": 0.0", "\"temperature\": 1.3, \"top_k\": 3"};
+        for (int v = 0; v < 4; v++) {
+            char pl[512], plain[512];
+            snprintf(plain, sizeof plain, "{\"prompt\": [4, 9, 30], \"num_samples\": 3, \"max_tokens\": 10, \"seed\": 21, "
+                     "%s, \"source\": \"base\"}", params[v]);
+            snprintf(pl, sizeof pl, "{\"prompt\": [4, 9, 30], \"num_samples\": 3, \"max_tokens\": 10, \"seed\": 21, "
+                     "%s, \"top_logprobs\": 5, \"source\": \"base\"}", params[v]);
+            exe_op *t = sample1(NULL, pl), *u = sample1(NULL, plain);
+            bool ok = !t->category && !u->category, found_all = true;
+            for (int q = 0; q < 3 && ok; q++) {
+                json_t *sq = seq_of(t, q), *tops = json_object_get(sq, "top_logprobs");
+                json_t *toks = json_object_get(sq, "tokens"), *lps = json_object_get(sq, "logprobs");
+                char *x = json_dumps(toks, JSON_COMPACT), *y = json_dumps(json_object_get(seq_of(u, q), "tokens"), JSON_COMPACT);
+                ok = x && y && !strcmp(x, y) && json_array_size(tops) == json_array_size(toks);
+                free(x);
+                free(y);
+                for (size_t i = 0; ok && i < json_array_size(toks); i++) {
+                    json_t *row = json_array_get(tops, i);
+                    int64_t tok = json_integer_value(json_array_get(toks, i));
+                    double lp = json_real_value(json_array_get(lps, i)), prev = 1;
+                    bool found = false;
+                    ok = json_array_size(row) >= 1 && json_array_size(row) <= 5;
+                    for (size_t k = 0; ok && k < json_array_size(row); k++) {
+                        json_t *e = json_array_get(row, k);
+                        double l = json_real_value(json_array_get(e, 1));
+                        ok = l <= prev && l <= 0;
+                        prev = l;
+                        if (json_integer_value(json_array_get(e, 0)) == tok) found = true, ok = ok && fabs(l - lp) < 1e-6;
+                    }
+                    if (v == 3) ok = ok && json_array_size(row) <= 3;   /* top_k 3 leaves at most 3 */
+                    if (v == 2) ok = ok && json_integer_value(json_array_get(json_array_get(row, 0), 0)) == tok;
+                    found_all &= found;
+                }
+            }
+            CHECK(ok, "top_logprobs (%s): sorted, the sampled token's equal, same tokens as without them", params[v]);
+            if (v >= 2) CHECK(found_all, "top_logprobs (%s): the sampled token is always listed", params[v]);
+            free_op(t);
+            free_op(u);
+        }
+    }
+
     /* ---- failures ---- */
     {
         exe_op *f[5];

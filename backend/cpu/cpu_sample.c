@@ -49,6 +49,7 @@ static void cs_pick_rows(void *va, long b, long e, int thread)
             exe_sample_stream *st = &j->st[s];
             if (st->done) continue;
             float lp;
+            if (st->req->top_logprobs > 0) exe_sample_top(st, c->logits + i * V, V, w, keys);
             int32_t tok = cpu_choose_token(st->req, c->logits + i * V, V, &st->rng, w, keys, &lp);
             exe_sample_record(st, tok, lp, c->m->cfg.max_position_embeddings);
         }

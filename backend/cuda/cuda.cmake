@@ -1,14 +1,15 @@
 # backend/cuda/cuda.cmake — the CUDA backend: its kernel layer (loom_cuda_ops), the backend
-# table on top of it (loom_backend_cuda, registered in loom_backends as "cuda" with
-# LOOM_HAVE_CUDA), its gpu tests (ctest label `gpu`, skipped with exit status 77 where no
-# device is present) and benchmarks. Built whenever nvcc is found (LOOM_CUDA_KERNELS=OFF
+# table on top of it (loom_backend_cuda; and as the module libloom_backend_cuda.so that
+# backend/backends.c loads for "cuda"), its gpu tests (ctest label `gpu`, skipped with exit
+# status 77 where no device is present) and benchmarks. Built whenever nvcc is found (LOOM_CUDA_KERNELS=OFF
 # opts out); a build without nvcc is unchanged and has the CPU backend only. (The
 # top-level option LOOM_CUDA is not used: option() stores its AUTO default as the boolean
 # OFF.)
 #
 # The CUDA runtime is linked statically: it loads the driver (libcuda.so.1) at the first
-# CUDA call, so `loom` still starts on a machine without a GPU or driver and simply finds
-# no cuda device there. cuBLAS/cuBLASLt are shared libraries of the toolkit.
+# CUDA call, so the module loads on a machine without a GPU or driver and simply finds no
+# cuda device there. cuBLAS/cuBLASLt are shared libraries of the toolkit, needed by the
+# module only.
 #
 # The gpu test and bench binaries link no service library (libpq, libsodium, h2o): they run
 # on a GPU machine that lacks them (bench/cuda/make_carry.sh, run_on_gpu.sh).
@@ -47,8 +48,17 @@ target_link_libraries(loom_cuda_ops PUBLIC CUDA::cudart_static CUDA::cublasLt CU
 file(GLOB LOOM_CUDA_BACKEND_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/backend/cuda/cuda_*.c)
 add_library(loom_backend_cuda STATIC ${LOOM_CUDA_BACKEND_SRC})
 target_link_libraries(loom_backend_cuda PUBLIC loom_cuda_ops loom_backend)
-target_compile_definitions(loom_backends PRIVATE LOOM_HAVE_CUDA)
-target_link_libraries(loom_backends PUBLIC loom_backend_cuda)
+# ... and as the module backend/backends.c loads on first use (libloom_backend_cuda.so,
+# next to the binaries in the build directory, lib/loom when installed): the loom binary
+# itself links no CUDA library, so it (and its Debian package) runs where none is
+# installed. Not part of the Debian package (cuBLAS is no Debian package): installed by
+# `cmake --install` as the component `cuda`.
+add_library(loom_backend_cuda_module MODULE ${LOOM_CUDA_BACKEND_SRC})
+target_link_libraries(loom_backend_cuda_module PRIVATE loom_cuda_ops loom_backend)
+set_target_properties(loom_backend_cuda_module PROPERTIES OUTPUT_NAME loom_backend_cuda
+                      LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+add_dependencies(loom loom_backend_cuda_module)
+install(TARGETS loom_backend_cuda_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/loom COMPONENT cuda)
 
 # The gpu test harness (tests/gpu/gt.h).
 add_library(loom_gpu_gt STATIC ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c)
@@ -66,6 +76,7 @@ add_library(loom_gpu_test_support STATIC
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
   ${LOOM_CPU_TWIN_DIR}/cpu_attention.c
   ${LOOM_CPU_TWIN_DIR}/cpu_choose.c
+  ${LOOM_EXE_TWIN_DIR}/sample_pick.c
   ${LOOM_EXE_TWIN_DIR}/adamw.c
   ${CMAKE_SOURCE_DIR}/common/contract.c)
 target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})

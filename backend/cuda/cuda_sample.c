@@ -62,6 +62,32 @@ static int cs_pick_rows(const cu_ctx *c)
     return (int)(r < 1 ? 1 : r > c->head_rows ? c->head_rows : r);
 }
 
+/* top_logprobs of stream s from row j of c->logits: the row comes to the host and
+ * exe_sample_top (backend.c) ranks it there. Correct first: one copy per row asking for
+ * them; a device top-k is speed work. */
+static int cs_top_on_host(cu_ctx *c, int j, const exe_sample_stream *s)
+{
+    long V = c->cfg.vocab_size;
+    float *z = malloc(V * sizeof *z), *w = malloc(V * sizeof *w);
+    uint64_t *keys = malloc(V * sizeof *keys);
+    int rc = -1;
+    if (!z || !w || !keys) {
+        cu_where(c, "sampling top_logprobs: out of host memory");
+        goto out;
+    }
+    cu_where(c, "sampling top_logprobs row %d", j);
+    if (cu_check(c, (int)cudaMemcpyAsync(z, c->logits + (size_t)j * V, V * sizeof *z, cudaMemcpyDeviceToHost, c->stream),
+                 "cudaMemcpyAsync", __FILE__, __LINE__) != 0 || cu_sync(c) < 0)
+        goto out;
+    exe_sample_top(s, z, V, w, keys);
+    rc = 0;
+out:
+    free(z);
+    free(w);
+    free(keys);
+    return rc;
+}
+
 /* Logits of the n rows of c->a.xn2 (final-normed; c->segs by row), and a token for each
  * row's stream (row_stream[i]) that is still live. */
 static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_stream *st, const cs_rows *L)
@@ -91,6 +117,7 @@ static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_str
             exe_sample_stream *s = &st[row_stream[c0 + j]];
             if (s->done) continue; /* its stream did not draw (max_tokens 0) */
             memcpy(s->rng.s, rng + 4L * j, 32);
+            if (s->req->top_logprobs > 0 && cs_top_on_host(c, j, s) < 0) return -1;
             exe_sample_record(s, tok[j], lp[j], maxp);
         }
     }

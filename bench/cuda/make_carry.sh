@@ -21,7 +21,7 @@ GPU_TESTS=$(cd tests/gpu && ls test_gpu_*.c | sed 's/\.c$//')
 SUITES="test_cpu_ref test_learning test_longseq test_exe_sample"
 BENCHES="bench_cuda_kernels bench_cuda_layer bench_cuda"
 # shellcheck disable=SC2086
-cmake --build "$B" -j2 --target $GPU_TESTS $SUITES $BENCHES
+cmake --build "$B" -j2 --target $GPU_TESTS $SUITES $BENCHES loom_backend_cuda_module
 rm -rf "$C"
 S=$(mktemp -d)
 trap 'rm -rf "$S"' EXIT
@@ -37,6 +37,8 @@ exec "\$here/real/$t" "\$@"
 EOF
     chmod +x "$S/bin/$t"
 done
+# The CUDA backend module, found next to the binaries (backend/backends.c).
+cp "$B/libloom_backend_cuda.so" "$S/real/"
 # Libraries: everything ldd resolves except glibc's own libraries, the C++ runtime and the
 # CUDA libraries.
 SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'

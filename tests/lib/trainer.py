@@ -48,10 +48,10 @@ class Trainer:
         return self.submit(mid, "/api/v1/forward_backward", {"forward_backward_input": {
             "data": [datum(step, i, n_tokens) for i in range(n_datums)], "loss_fn": "cross_entropy"}})
 
-    def step(self, mid, step, n_datums=2, n_tokens=12):
+    def step(self, mid, step, n_datums=2, n_tokens=12, adam=ADAM):
         """One forward_backward + optim_step, submitted back to back; their results."""
         f1 = self.fb(mid, step, n_datums, n_tokens)
-        f2 = self.submit(mid, "/api/v1/optim_step", {"adam_params": ADAM})
+        f2 = self.submit(mid, "/api/v1/optim_step", {"adam_params": adam})
         return self.s.result(f1, key=self.key), self.s.result(f2, key=self.key)
 
     def op(self, mid, path, body):
