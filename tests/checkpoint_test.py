@@ -12,7 +12,7 @@
    tokens -> 403; a deleted checkpoint -> 404. TTL and delete; audit rows.
 5. A corrupted blob (one flipped byte in <data dir>/blobs/sha256/...) fails load_weights
    and the download with a message saying so; `loom adapter gc` collects a deleted
-   checkpoint's blob.
+   checkpoint's blob once no live model's recovery snapshot is those same bytes.
 """
 import hashlib, hmac, io, json, os, struct, subprocess, sys, tarfile, time, urllib.error, urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -342,9 +342,23 @@ def main():
                 "deleted: load_weights 404")
         blob_file = os.path.join(s.dir, "blobs", "sha256", dig[:2], dig)
         R.check(os.path.exists(blob_file), "blob still on disk until gc")
+        # Models that loaded it (with its optimizer state) have it as their recovery snapshot
+        # (the same bytes, so the same blob): it stays while they are active.
+        holders = s.psql(f"SELECT string_agg(m.id || ' ' || m.tenant_id, ',') FROM model_snapshots ms"
+                         f" JOIN models m ON m.id = ms.model_id WHERE ms.blob_digest = '{dig}'").split(",")
+        out = loom_adapter(s, "gc")
+        R.check(out.returncode == 0 and os.path.exists(blob_file) and len(holders) >= 2,
+                f"loom adapter gc keeps it while the models that loaded it hold it as their snapshot: {holders}")
+        owner = s.psql("SELECT tenant_id FROM models WHERE id = %s" % repr(u))
+        for h in holders:
+            mid, tenant = h.split(" ")
+            (a if tenant == owner else b).op(mid, "/api/v1/unload_model", {})
+        deadline = time.time() + 20
+        while time.time() < deadline and s.psql(f"SELECT count(*) FROM model_snapshots WHERE blob_digest = '{dig}'") != "0":
+            time.sleep(0.2)
         out = loom_adapter(s, "gc")
         R.check(out.returncode == 0 and not os.path.exists(blob_file),
-                f"loom adapter gc removed the deleted checkpoint's blob: {out.stdout.strip()}")
+                f"once they are unloaded, loom adapter gc removes the deleted checkpoint's blob: {out.stdout.strip()}")
         actions = s.psql("SELECT string_agg(DISTINCT action, ',') FROM audit_log").split(",")
         R.check(all(x in actions for x in ["checkpoint.publish", "checkpoint.unpublish", "checkpoint.delete",
                                            "checkpoint.download", "checkpoint.download_url", "adapter.grant",

@@ -168,7 +168,7 @@ def decode_fwdbwd_output(buf):
         elif f == 2:
             out["loss_fn_outputs"].extend(_decode_array_record(v))
         elif f == 3:
-            k = val = None
+            k, val = None, 0.0   # proto3: a map entry's value 0.0 is not on the wire
             for f2, w2, v2 in fields(v):
                 if f2 == 1:
                     k = v2.decode()
