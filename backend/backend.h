@@ -5,7 +5,7 @@
  * (weights, gradient accumulators, AdamW moments). The executor holds adapters only as
  * opaque handles (exe_adapter) and moves their numbers with adapter_upload /
  * adapter_download through the host form of model/lora.h (adapter_state): checkpoints,
- * snapshots, imports and, later, eviction all go through those two calls, so a backend
+ * snapshots, imports, durable snapshots and eviction all go through those two calls, so a backend
  * always knows when its copy changes. Compute is three calls: one packed
  * forward/backward pass over many sequences (each with its own adapter and loss), one
  * AdamW step on one adapter, and batched sampling.

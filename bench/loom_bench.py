@@ -1,4 +1,4 @@
-"""The whole stack's figures (issue 10): a fresh `loom up` (its own PostgreSQL, the tiny
+"""The whole stack's figures: a fresh `loom up` (its own PostgreSQL, the tiny
 model, the CPU backend) driven over HTTP like the SDK drives it. Prints figures; never
 passes or fails.
 

@@ -408,7 +408,8 @@ int up_main(int argc, char **argv) {
     if (!realpath(data_dir, absdata)) { log_error("data directory %s: %s", data_dir, strerror(errno)); return 1; }
     char conninfo[4096], db_from[PATH_MAX + 400];
     bool own_cluster = cfg_db(&o, conninfo, sizeof conninfo, db_from, sizeof db_from);
-    /* Say which database, and which setting was passed over (the surprise of issue 14). */
+    /* Say which database, and which setting was passed over (an exported DATABASE_URL
+     * must not surprise anyone). */
     log_info("database: %s", db_from);
     if (own_cluster && cfg_str(&o, "db"))
         log_warn("not using the db from %s: the data directory was given on a stronger level (--data-dir on the "

@@ -113,6 +113,16 @@
     " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = $1 AND o.state = 'claimed')" \
     " RETURNING id) SELECT pg_notify('" CHAN_OP_QUEUED "', id) FROM u"
 
+/* $1 executor, $2 JSON array of the model ids holding training slots here. A draining
+ * executor lets go of the models placed on it that it holds no slot for (placed just
+ * before the drain, or a slot dropped after a refused commit or a failed restore): their
+ * state is their snapshot and the replay, wherever they go next. As SQL_EXE_UNPIN. */
+#define SQL_EXE_UNPIN_SLOTLESS                                                                \
+    "WITH u AS (UPDATE models m SET executor_id = NULL WHERE m.executor_id = $1::bigint"      \
+    " AND m.status = 'active' AND m.id NOT IN (SELECT jsonb_array_elements_text($2::jsonb))"  \
+    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state = 'claimed')" \
+    " RETURNING m.id) SELECT pg_notify('" CHAN_OP_QUEUED "', id) FROM u"
+
 /* $1 executor, $2 memory used, $3 training slots, $4 snapshots, $5 cached checkpoints */
 #define SQL_EXE_CAPACITY                                                                      \
     "UPDATE executors SET memory_used = $2, training_slots = $3, sampler_snapshots = $4,"     \

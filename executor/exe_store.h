@@ -13,7 +13,8 @@
  * Snapshots and checkpoints can be made again (a snapshot by saving again, a checkpoint
  * from its blob), so they are evicted, least recently used first, whenever an adapter
  * added would take the store over its budget. An adapter in use by a running batch is
- * pinned and stays. Eviction to host memory and recovery of training slots plug in here.
+ * pinned and stays. Training slots are evicted by the executor itself, to the blob store
+ * (docs/architecture.md, "Pools and placement"), and rebuilt by exe_slot_restore.
  * The store is used by the executor's main thread only. */
 #pragma once
 #include "backend/backend.h"

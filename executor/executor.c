@@ -424,17 +424,35 @@ static int hand_over_slots(exe_state *st, PGconn *c, const char **keys, int n, b
 static bool always_go(exe_state *st) { return true; }
 static bool over_budget(exe_state *st) { return st->store.used > st->store.budget; }
 
-/* A draining executor hands every model it holds over to its pool. */
+/* A draining executor hands every model it holds over to its pool, and lets go of the
+ * models placed on it that it holds nothing of. */
 static void drain_slots(exe_state *st, PGconn *c) {
     exe_store_stats ss;
     exe_store_get_stats(&st->store, &ss);
     int n = ss.count[STORE_TRAINING];
-    if (!n) return;
-    const char **keys = malloc(n * sizeof *keys);
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
     if (!keys) return;
     n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
-    hand_over_slots(st, c, keys, n, always_go, "draining");
+    if (n) hand_over_slots(st, c, keys, n, always_go, "draining");
     free(keys);
+
+    exe_store_get_stats(&st->store, &ss);   /* the slots whose hand-over failed stay */
+    n = ss.count[STORE_TRAINING];
+    keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys) return;
+    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
+    free(keys);
+    char *text = json_dumps(ids, JSON_COMPACT), err[512], eid[24];
+    json_decref(ids);
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *p[2] = {eid, text};
+    PGresult *r = db_query(c, SQL_EXE_UNPIN_SLOTLESS, 2, p, err, sizeof err);
+    free(text);
+    if (!r) { log_warn("draining: %s", err); return; }
+    if (PQntuples(r)) log_info("draining: %d model(s) placed here without a slot handed to the pool", PQntuples(r));
+    PQclear(r);
 }
 
 /* Over its memory budget, the executor evicts the training slots idle longest (none used

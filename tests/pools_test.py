@@ -121,6 +121,12 @@ def run(s, llama):
     llama_row = [m for m in ready["base_models"] if m["name"] == LLAMA]
     R.check(st == 200 and llama_row and llama_row[0]["executors"] == 1 and llama_row[0]["draining"] == 1,
             f"readyz counts the draining executor apart: {llama_row}")
+    # A model placed on the draining executor that holds nothing of it (placed just before
+    # the drain, or its slot dropped): the executor lets go of it too.
+    s.psql(f"UPDATE models SET executor_id = {up_llama} WHERE id = '{models[0].id}'")
+    R.check(wait_for(lambda: s.psql(f"SELECT coalesce(executor_id, 0) FROM models WHERE id = '{models[0].id}'")
+                     != str(up_llama), 10),
+            "the draining executor lets go of a model placed there without a slot")
     for m in models:
         m.step()
     R.check(placement(s, models).get(up_llama, 0) == 0, f"no model runs on the drained executor: {placement(s, models)}")

@@ -1,5 +1,5 @@
 /* test_bounded_queries.c — no periodic query's cost grows with the history the database
- * keeps (issue 10): the statements the scheduler runs on every wake-up and every 2 s, the
+ * keeps: the statements the scheduler runs on every wake-up and every 2 s, the
  * executor on every poll and heartbeat, and the api on every retrieve_future and
  * readiness probe must reach the history tables (operations, cycles, executors, models,
  * sessions, sampling sessions) through indexes, never a sequential scan.
@@ -86,6 +86,7 @@ static const stmt STMTS[] = {
     {"executor: start a cycle", SQL_EXE_START_CYCLE, "(3001)"},
     {"executor: heartbeat", SQL_EXE_HEARTBEAT, "(3001)"},
     {"executor: inactive models", SQL_EXE_INACTIVE_MODELS, "('[\"live1:train:0\"]', 3001)"},
+    {"executor: drain, models without a slot", SQL_EXE_UNPIN_SLOTLESS, "(3001, '[\"live1:train:0\"]')"},
     /* the api: every retrieve_future, readiness probe */
     {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000)"},
     {"api: readyz", SQL_READY, ""},

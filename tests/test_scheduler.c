@@ -287,8 +287,8 @@ static void test_reaper(void) {
 }
 
 /* Placement (docs/architecture.md, "Pools and placement"): a model waiting for a place goes
- * to the live, not draining executor of its base model with the most adapter memory left
- * (the budget minus the ranks placed there), counted as it goes; placed models stay. */
+ * to the live, not draining executor of its base model with the largest share of its adapter
+ * memory budget left (the budget minus the ranks placed there), counted as it goes; placed models stay. */
 static void test_placement(void) {
     reset();
     char err[512];

@@ -1,7 +1,8 @@
 /* cpu_backend.c — the CPU executor backend (exe_backend_cpu): the table's entry points:
  * the context (weights, pool), adapters (cpu_adapter.c), the packed forward/backward
  * driver and the AdamW step; sampling is cpu_sample.c.
- * Plain C + OpenBLAS; the reference that the CUDA backend is compared against.
+ * Plain C with its own batch-invariant GEMM (cpu_gemm.c; OpenBLAS only in sampling's
+ * KV-cache attention); the reference that the CUDA backend is compared against.
  *
  * Threads: the context's pool owns the cores. OpenBLAS is set to one thread so that its
  * own pool does not fight ours; cpu_sgemm splits big GEMMs across the pool instead.

@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_pool.h"
 
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, op = transpose when ta/tb. Splits the larger of M
- * and N across the pool (OpenBLAS itself runs single-threaded: the pool owns the cores). */
+ * and N across the pool (each piece is cpu_gemm.c's batch-invariant kernel: the pool owns the cores). */
 void cpu_sgemm(cpu_pool *p, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                const float *B, int ldb, float beta, float *C, int ldc);
 
