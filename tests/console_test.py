@@ -83,7 +83,9 @@ def sign_in(d, url, key):
 def main():
     os.makedirs(ART, exist_ok=True)
     R = Results()
-    with Stack() as s:
+    # The scheduler waits 30 ms after a wake-up (by default it builds at once), so that
+    # alice's and bob's submits below, sent one after the other, share cycles.
+    with Stack(["--gather-ms", "30"]) as s:
         secret = os.path.join(s.dir, "secret.key")
         loom_cli(s, "tenant", "create", "bob")
         bob_key = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
@@ -102,7 +104,7 @@ def main():
         smp = alice.op(run, "/api/v1/save_weights_for_sampler", {"path": "final"})
         bob = Trainer(s, bob_key)
         bob_run = bob.create()
-        # Cycles that alice and bob share: both submit at once (the scheduler gathers 15 ms),
+        # Cycles that alice and bob share: both submit at once (the scheduler gathers 30 ms),
         # on another run of alice's so that `run` keeps its STEPS steps.
         other = alice.create()
         shared = 0
