@@ -354,22 +354,32 @@ static int run_cycle(exe_state *st, PGconn *c) {
 
 static void record_capacity(exe_state *st, PGconn *c);
 
+/* The model ids of the store's training slots as a JSON array (malloc'd; NULL when out of
+ * memory), for the statements that compare them with the models' placement. */
+static char *training_keys_json(exe_state *st) {
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_TRAINING];
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys) return NULL;
+    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
+    free(keys);
+    char *text = json_dumps(ids, JSON_COMPACT);
+    json_decref(ids);
+    return text;
+}
+
 /* Frees the training slots of models that were unloaded, expired or failed, or moved to
  * another executor, since the last look, and records the store's figures when that
  * changed them. */
 static void free_inactive_slots(exe_state *st, PGconn *c) {
     exe_store_stats ss;
     exe_store_get_stats(&st->store, &ss);
-    int n = ss.count[STORE_TRAINING];
-    if (n == 0) return;
-    const char **keys = malloc(n * sizeof *keys);
-    if (!keys) return;
-    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
-    json_t *ids = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
-    free(keys);
-    char *text = json_dumps(ids, JSON_COMPACT), err[512], eid[24];
-    json_decref(ids);
+    if (ss.count[STORE_TRAINING] == 0) return;
+    char *text = training_keys_json(st), err[512], eid[24];
+    if (!text) return;
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[2] = {text, eid};
     PGresult *r = db_query(c, SQL_EXE_INACTIVE_MODELS, 2, p, err, sizeof err);
@@ -436,16 +446,9 @@ static void drain_slots(exe_state *st, PGconn *c) {
     if (n) hand_over_slots(st, c, keys, n, always_go, "draining");
     free(keys);
 
-    exe_store_get_stats(&st->store, &ss);   /* the slots whose hand-over failed stay */
-    n = ss.count[STORE_TRAINING];
-    keys = malloc((n ? n : 1) * sizeof *keys);
-    if (!keys) return;
-    n = exe_store_keys(&st->store, STORE_TRAINING, keys, n);
-    json_t *ids = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(ids, json_string(keys[i]));
-    free(keys);
-    char *text = json_dumps(ids, JSON_COMPACT), err[512], eid[24];
-    json_decref(ids);
+    /* the slots whose hand-over failed stay */
+    char *text = training_keys_json(st), err[512], eid[24];
+    if (!text) return;
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[2] = {eid, text};
     PGresult *r = db_query(c, SQL_EXE_UNPIN_SLOTLESS, 2, p, err, sizeof err);
