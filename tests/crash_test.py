@@ -8,7 +8,7 @@ comes back on the same URL.
 """
 import os, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from stack import Stack, Results
+from stack import wait_for, Stack, Results
 
 DATA = [{"model_input": {"chunks": [{"tokens": [1, 2, 3, 4]}]},
          "loss_fn_inputs": {"target_tokens": {"data": [2, 3, 4, 5], "dtype": "int64"}}}]
@@ -26,15 +26,6 @@ def step(s, model_id, seq):
                                              "forward_backward_input": {"data": DATA, "loss_fn": "cross_entropy"}})[1]
     op = s.post("/api/v1/optim_step", {"model_id": model_id, "seq_id": seq + 1})[1]
     return s.result(fb["request_id"], timeout=120), s.result(op["request_id"], timeout=120)
-
-
-def wait_for(cond, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def main():

@@ -19,21 +19,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from stack import LOOM_BIN, Results, Stack, backend_args  # noqa: E402
+from stack import wait_for, LOOM_BIN, Results, Stack, backend_args  # noqa: E402
 
 R = Results()
 BASE = "loom/tiny-llama"
 DATA = [{"model_input": {"chunks": [{"tokens": [1, 2, 3, 4]}]},
          "loss_fn_inputs": {"target_tokens": {"data": [2, 3, 4, 5], "dtype": "int64"}}}]
-
-
-def wait_for(cond, timeout, step=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return False
 
 
 def new_model(s):

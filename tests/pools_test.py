@@ -14,21 +14,12 @@ all must report the same losses at every step, wherever they run and whatever ha
 """
 import os, shutil, signal, subprocess, sys, tempfile, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from stack import Stack, Results, LOOM_BIN, backend_args
+from stack import wait_for, Stack, Results, LOOM_BIN, backend_args
 from apitest import loom_cli
 from resilient import Client, datum, ADAM
 
 R = Results()
 LLAMA, QWEN = "loom/tiny-llama", "loom/tiny-qwen"
-
-
-def wait_for(cond, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 class Model:

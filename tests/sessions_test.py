@@ -11,7 +11,7 @@ loads into a new model that then computes exactly what the live one computes.
 """
 import os, sys, threading, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from stack import Stack, Results
+from stack import wait_for, Stack, Results
 from resilient import Client, datum, ADAM
 
 R = Results()
@@ -25,15 +25,6 @@ def rss_mb(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def wait_for(cond, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def post_status(c, path, body):

@@ -11,6 +11,16 @@ import json, os, re, select, shutil, signal, subprocess, tempfile, time, urllib.
 LOOM_BIN = os.environ.get("LOOM_BIN", "build/loom")
 
 
+def wait_for(cond, timeout, step=0.2):
+    """Whether cond() became true within timeout seconds, asked every step seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return False
+
+
 def backend_args():
     """The executor backend the tests run on: LOOM_TEST_BACKEND (default cpu) on device
     LOOM_TEST_DEVICE (default 0), so that every suite can check any backend."""
