@@ -16,6 +16,8 @@
 #   bench        the kernel bench (quickbench: fewer shapes)                  bench.log bench.csv
 #   layer        bench_cuda_layer, attention version 1 then 2                 layer.log
 #   peer         bench/cuda/peft_peer.py, all rows (peer-table: the table)     peer.log peer.json
+#   sdpa         bench/cuda/sdpa_peer.py: PyTorch's flash/cuDNN/efficient     sdpa.log sdpa.json
+#                attention at the kernel bench's shapes (quicksdpa: ≤ 2K)
 #
 # e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh kernels backend",
 #                           carry=[".gpu-carry"])
@@ -135,6 +137,11 @@ run_peer() {
     SUMMARY+=("peft_peer --rows $1: exit $?")
 }
 
+run_sdpa() {
+    timeout 400 "$PY" bench/cuda/sdpa_peer.py $1 --json "$OUT/sdpa.json" > "$OUT/sdpa.log" 2>&1
+    SUMMARY+=("sdpa_peer $1: exit $? ($(grep -c ' ms ' "$OUT/sdpa.log") rows; see sdpa.log)")
+}
+
 for step in "$@"; do
     case $step in
         kernels|tests) run_kernels ;;
@@ -151,6 +158,8 @@ for step in "$@"; do
         layer) run_layer ;;
         peer) run_peer all ;;
         peer-table) run_peer table ;;
+        sdpa) run_sdpa "" ;;
+        quicksdpa) run_sdpa --quick ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done
@@ -163,6 +172,7 @@ done
 [ -f "$OUT/bench.log" ] && grep -E "ceiling|measured|attention|head fwd|lora" "$OUT/bench.log" | head -40
 [ -f "$OUT/layer.log" ] && grep -E "tok/s|====" "$OUT/layer.log"
 [ -f "$OUT/model.log" ] && grep -E " ad \||==|failed" "$OUT/model.log"
+[ -f "$OUT/sdpa.log" ] && grep -E "^attention" "$OUT/sdpa.log" | head -40
 [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
 echo "---- summary"
 printf '%s\n' "${SUMMARY[@]}"
