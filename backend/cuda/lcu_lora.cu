@@ -8,9 +8,12 @@
  *
  * Each segment uses its own rows of the z/dz workspaces, so a grouped kernel (all segments
  * in one launch, SGMV style) can replace the loops here without changing the interface;
- * the gradient products keep a fixed order either way (deterministic).
+ * the gradient products keep a fixed order either way (deterministic). Version 2 does
+ * that (lcu_sgmv.cu, LCU_LORA=sgmv): calls whose segments are sorted and disjoint in rows
+ * (the backend's always are) go there.
  */
 #include "backend/cuda/lcu_common.cuh"
+#include "backend/cuda/lcu_sgmv.cuh"
 
 int lcu_lora_ldz(int max_rank) { return ((max_rank > 1 ? max_rank : 1) + 7) / 8 * 8; }
 
@@ -27,6 +30,14 @@ static int lcu_lora_check(const lcu_lora_seg *segs, int nseg, int in, int out, c
     return 0;
 }
 
+/* Version 2 wants each row in at most one segment (its segments run at once). */
+static bool lcu_lora_disjoint(const lcu_lora_seg *segs, int nseg)
+{
+    for (int i = 1; i < nseg; i++)
+        if (segs[i].row_begin < segs[i - 1].row_end) return false;
+    return true;
+}
+
 static int lcu_lora_z(lcu_ctx *c, const lcu_lora_seg *g, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z, long ldz,
                       cudaStream_t s)
 {
@@ -40,6 +51,8 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
+    if (!rc && nseg && lcu_lora_sgmv_on() && lcu_lora_disjoint(segs, nseg))
+        return lcu_sgmv_lora_fwd(segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int rows = (int)(g->row_end - g->row_begin);
@@ -59,6 +72,11 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
     if (rc) return rc;
     if ((dx && lddx < in) || (nseg && !dz)) return LCU_EINVAL;
+    if (nseg && lcu_lora_sgmv_on() && lcu_lora_disjoint(segs, nseg)) {
+        for (int i = 0; i < nseg; i++)
+            if (segs[i].row_end > segs[i].row_begin && (!segs[i].gA || !segs[i].gB)) return LCU_EINVAL;
+        return lcu_sgmv_lora_bwd(segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
+    }
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int rows = (int)(g->row_end - g->row_begin), r = g->rank;

@@ -300,7 +300,9 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
     /* fwd: shrink + expand; bwd: shrink again, gB, dz, gA, dx */
     double flops = 2.0 * T * r * (in + out) + 2.0 * T * r * (3.0 * in + 2.0 * out);
     double bytes = T * (in * 2.0 * 3 + out * 2.0 * 2 + out * 8.0 + in * 8.0) + nad * (double)r * (in + out) * (2 + 8);
-    report("lora fwd+bwd r=32", g->name, shape, ms, flops, bytes);
+    char name[40];
+    snprintf(name, sizeof name, "lora fwd+bwd r=32 %s", getenv("LCU_LORA") ? getenv("LCU_LORA") : "gemm");
+    report(name, g->name, shape, ms, flops, bytes);
     if (one_ms > 0) printf("%-22s %-13s %-22s %.2fx the time of one adapter\n", "", "", "", ms / one_ms);
     gt_free(l.x); gt_free(l.dy); gt_free(l.y); gt_free(l.dx); gt_free(l.z); gt_free(l.dz);
     for (int s = 0; s < nad; s++) {
@@ -389,9 +391,13 @@ int main(int argc, char **argv)
             bench_head(g, T);
             bench_gemm_shape(g, T, "gate", g->I, g->H);
             bench_gemm_shape(g, T, "q", g->nq * g->d, g->H);
-            double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0);
-            bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one);
-            bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one);
+            for (int v = 0; v < 2; v++) { /* LoRA versions 1 and 2 (LCU_LORA) */
+                setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
+                double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0);
+                bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one);
+                bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one);
+            }
+            unsetenv("LCU_LORA");
             bench_elementwise(g, T);
         }
         printf("\n");

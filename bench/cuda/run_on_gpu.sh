@@ -9,10 +9,12 @@
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on them       sanitize.log
 #   backend      test_gpu_backend: the cuda backend against the cpu backend   backend.log
 #   backend-sync the same with LOOM_CUDA_SYNC=1 (a fault names its step)      backend-sync.log
+#   backend-sgmv the same with LCU_LORA=sgmv (LoRA version 2, lcu_sgmv.cu)     backend-sgmv.log
 #   suites       test_cpu_ref, test_learning, test_longseq, test_exe_sample
 #                with LOOM_TEST_BACKEND=cuda                                   suites.log
 #   ref          tests/ref/run_ref.py on the cuda backend, bf16 bars           ref.log
 #   model        bench_cuda: the model-level benchmark (quickmodel: ≤ 2K tokens) model.log model.json
+#   model-sgmv   the same with LCU_LORA=sgmv                      model-sgmv.log model-sgmv.json
 #   bench        the kernel bench (quickbench: fewer shapes)                  bench.log bench.csv
 #   layer        bench_cuda_layer, attention version 1 then 2                 layer.log
 #   peer         bench/cuda/peft_peer.py, all rows (peer-table: the table)     peer.log peer.json
@@ -114,9 +116,11 @@ run_ref() {
         --dump-bin "$W/bin/test_cpu_ref" --work "$W/ref-work" --tolerance bf16
 }
 
-run_model() {
-    timeout 540 "$W/bin/bench_cuda" $1 --json "$OUT/model.json" > "$OUT/model.log" 2>&1
-    SUMMARY+=("bench_cuda $1: exit $? ($(grep -c ' ad |' "$OUT/model.log") rows; see model.log)")
+run_model() {  # usage: run_model NAME [ARGS]  (writes NAME.log, NAME.json)
+    local n=$1
+    shift
+    timeout 540 "$W/bin/bench_cuda" "$@" --json "$OUT/$n.json" > "$OUT/$n.log" 2>&1
+    SUMMARY+=("bench_cuda $* ($n): exit $? ($(grep -c ' ad |' "$OUT/$n.log") rows; see $n.log)")
 }
 
 run_bench() {
@@ -149,10 +153,13 @@ for step in "$@"; do
         backend) : > "$OUT/backend.log"; run_one backend.log 500 test_gpu_backend "$W/bin/test_gpu_backend" ;;
         backend-sync) : > "$OUT/backend-sync.log"
                       LOOM_CUDA_SYNC=1 run_one backend-sync.log 500 "test_gpu_backend (sync)" "$W/bin/test_gpu_backend" ;;
+        backend-sgmv) : > "$OUT/backend-sgmv.log"
+                      LCU_LORA=sgmv run_one backend-sgmv.log 500 "test_gpu_backend (sgmv)" "$W/bin/test_gpu_backend" ;;
         suites) run_suites ;;
         ref) run_ref ;;
-        model) run_model "" ;;
-        quickmodel) run_model --quick ;;
+        model) run_model model ;;
+        quickmodel) run_model model --quick ;;
+        model-sgmv) LCU_LORA=sgmv run_model model-sgmv ;;
         bench) run_bench "" ;;
         quickbench) run_bench --quick ;;
         layer) run_layer ;;
@@ -166,12 +173,14 @@ done
 
 echo
 grep -h "misses:" "$OUT/env.txt" 2>/dev/null
-for f in kernels.log sanitize.log backend.log backend-sync.log suites.log ref.log; do
+for f in kernels.log sanitize.log backend.log backend-sync.log backend-sgmv.log suites.log ref.log; do
     [ -f "$OUT/$f" ] && grep -hE "^(FAIL|FATAL)|  FAIL " "$OUT/$f" | head -25
 done
 [ -f "$OUT/bench.log" ] && grep -E "ceiling|measured|attention|head fwd|lora" "$OUT/bench.log" | head -40
 [ -f "$OUT/layer.log" ] && grep -E "tok/s|====" "$OUT/layer.log"
-[ -f "$OUT/model.log" ] && grep -E " ad \||==|failed" "$OUT/model.log"
+for f in model.log model-sgmv.log; do
+    [ -f "$OUT/$f" ] && { echo "== $f"; grep -E " ad \||==|failed" "$OUT/$f"; }
+done
 [ -f "$OUT/sdpa.log" ] && grep -E "^attention" "$OUT/sdpa.log" | head -40
 [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
 echo "---- summary"

@@ -3,7 +3,8 @@
  * against the fp64 products of the CPU backend (cpu_lora_fwd_rows / cpu_lora_bwd_rows);
  * the packed call equal, bit for bit, to each segment run alone; two segments sharing one
  * adapter accumulate into the same gradients; bitwise reruns; the fp64 reference gradients
- * against finite differences.
+ * against finite differences. Both versions of the kernel layer (LCU_LORA=gemm, sgmv) run
+ * every check.
  *
  * Tolerances (relative L2, on the LoRA contribution): y delta 5e-3 (z rounded to bf16
  * before the expand); dx delta, gA, gB delta 1e-2 (dz rounded to bf16 as well).
@@ -272,8 +273,13 @@ int main(void)
     test_ref_fd();
     lcu_ctx *c;
     GT_LCU(lcu_ctx_create(&c, 0));
-    test_lora(c, 256, 192);
-    test_lora(c, gt_int(8, 300), gt_int(8, 300)); /* odd widths: unaligned rows, gemmEx fallback */
+    int in = gt_int(8, 300), out = gt_int(8, 300);
+    for (int v = 0; v < 2; v++) { /* version 1 (cuBLASLt per segment), version 2 (lcu_sgmv.cu) */
+        setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
+        printf("== LCU_LORA=%s\n", v ? "sgmv" : "gemm");
+        test_lora(c, 256, 192);
+        test_lora(c, in, out); /* odd widths: unaligned rows, gemmEx fallback */
+    }
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
     lcu_ctx_destroy(c);

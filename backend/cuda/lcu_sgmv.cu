@@ -1,0 +1,282 @@
+/* lcu_sgmv.cu — LoRA version 2: the products of every segment of a call in one launch per
+ * product (SGMV style), instead of version 1's cuBLASLt calls per segment and product
+ * (lcu_lora.cu). With 32 adapters in a pass, version 1 issues 32 × 7 small GEMMs per module
+ * and layer (launch-bound); this issues 2 launches for the forward and 5 for the backward,
+ * whatever the number of adapters.
+ *
+ * One kernel, a segmented GEMM: C = alpha·op(A)·op(B) (+ C), bf16 inputs, fp32 tensor-core
+ * accumulation (WMMA 16×16×16), fp32 or bf16 output, with a table of items (one per
+ * segment: its pointers, sizes and strides) passed by value as the kernel parameter. Every
+ * 64×64 output tile is computed by one block with a fixed K order, so
+ *   - runs are bitwise reproducible, and a segment's results do not depend on the other
+ *     segments of the call (packed == alone, bit for bit, as version 1);
+ *   - segments sharing an adapter (the same gA/gB) must not run in one launch: the
+ *     gradient products go in waves (wave w holds the w-th segment of each adapter), so each
+ *     accumulator sees its segments in segment order, as in version 1.
+ * It is not bitwise equal to version 1 (cuBLASLt orders its K loop differently): both are
+ * checked against the same fp64 products (tests/gpu/test_gpu_lora.c runs both).
+ *
+ * The products per segment (rows = the segment's rows, r its rank; row-major everywhere):
+ *   forward   z  = x·Aᵀ          [rows×r],   K = in     (z bf16)
+ *             y += scale·z·Bᵀ    [rows×out], K = r
+ *   backward  z  = x·Aᵀ (recomputed)
+ *             gB += scale·dyᵀ·z  [out×r],    K = rows   (waves)
+ *             dz = scale·dy·B    [rows×r],   K = out    (dz bf16)
+ *             gA += dzᵀ·x        [r×in],     K = rows   (waves)
+ *             dx += dz·A         [rows×in],  K = r
+ * Correct-first: scalar loads into shared memory, no double buffering; the gradient
+ * products with K = rows run one block per output tile over all rows (no split-K, which
+ * would need a second reduction pass to stay deterministic).
+ */
+#include <mma.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/lcu_common.cuh"
+#include "backend/cuda/lcu_sgmv.cuh"
+
+using namespace nvcuda;
+typedef __nv_bfloat16 bf16;
+
+enum { SG_BM = 64, SG_BN = 64, SG_BK = 32, SG_THREADS = 128, SG_MAX = 32 };
+enum { SG_LDA = SG_BK + 8, SG_LDB = SG_BN + 8, SG_LDC = SG_BN + 4 }; /* wmma: ld multiple of 8 (bf16) / 4 (fp32) */
+
+typedef struct {
+    const bf16 *a, *b;
+    void *c;
+    int m, n, k;
+    int lda, ldb, ldc;
+    float alpha;
+    int tiles_n;  /* ceil(n / SG_BN) */
+    int tile_end; /* first tile of the next item (a running sum over the table) */
+} sg_item;
+
+typedef struct {
+    int count;
+    sg_item it[SG_MAX];
+} sg_table; /* ~2 KiB: well inside the 4 KiB of kernel parameters */
+
+template <bool TA, bool TB, typename OutT, bool ACC>
+__global__ void __launch_bounds__(SG_THREADS) lcu_sgmv_k(const __grid_constant__ sg_table t)
+{
+    __shared__ __align__(128) bf16 As[SG_BM * SG_LDA]; /* op(A) tile, [m][k] */
+    __shared__ __align__(128) bf16 Bs[SG_BK * SG_LDB]; /* op(B) tile, [k][n] */
+    __shared__ __align__(128) float Cs[SG_BM * SG_LDC];
+    int item = 0;
+    while (item < t.count - 1 && (int)blockIdx.x >= t.it[item].tile_end) item++;
+    const sg_item &g = t.it[item];
+    int local = (int)blockIdx.x - (item ? t.it[item - 1].tile_end : 0);
+    int m0 = local / g.tiles_n * SG_BM, n0 = local % g.tiles_n * SG_BN;
+    int mv = min(SG_BM, g.m - m0), nv = min(SG_BN, g.n - n0);
+    int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const bf16 zero = __float2bfloat16_rn(0.0f);
+    for (int k0 = 0; k0 < g.k; k0 += SG_BK) {
+        int kv = min(SG_BK, g.k - k0);
+        /* op(A)[i][kk]: A[i][kk] (lda per row of m), or A[kk][i] when transposed; the
+         * fastest-moving index follows memory so that a warp reads consecutive elements */
+        for (int e = threadIdx.x; e < SG_BM * SG_BK; e += SG_THREADS) {
+            int i = TA ? e % SG_BM : e / SG_BK, kk = TA ? e / SG_BM : e % SG_BK;
+            bf16 v = zero;
+            if (i < mv && kk < kv)
+                v = TA ? g.a[(long)(k0 + kk) * g.lda + m0 + i] : g.a[(long)(m0 + i) * g.lda + k0 + kk];
+            As[i * SG_LDA + kk] = v;
+        }
+        /* op(B)[kk][j]: B[kk][j], or B[j][kk] when transposed */
+        for (int e = threadIdx.x; e < SG_BK * SG_BN; e += SG_THREADS) {
+            int kk = TB ? e % SG_BK : e / SG_BN, j = TB ? e / SG_BK : e % SG_BN;
+            bf16 v = zero;
+            if (j < nv && kk < kv)
+                v = TB ? g.b[(long)(n0 + j) * g.ldb + k0 + kk] : g.b[(long)(k0 + kk) * g.ldb + n0 + j];
+            Bs[kk * SG_LDB + j] = v;
+        }
+        __syncthreads();
+        for (int ks = 0; ks < SG_BK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb[2];
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * SG_LDA + ks, SG_LDA);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + ks * SG_LDB + wn + 16 * j, SG_LDB);
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads(); /* the tiles are overwritten by the next K step */
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * SG_LDC + wn + 16 * j, acc[i][j], SG_LDC, wmma::mem_row_major);
+    __syncthreads();
+    OutT *c = (OutT *)g.c;
+    for (int e = threadIdx.x; e < SG_BM * SG_BN; e += SG_THREADS) {
+        int i = e / SG_BN, j = e % SG_BN;
+        if (i >= mv || j >= nv) continue;
+        long at = (long)(m0 + i) * g.ldc + n0 + j;
+        float v = g.alpha * Cs[i * SG_LDC + j];
+        if (ACC) v += lcu_ld(c, at);
+        lcu_st(c, at, v);
+    }
+}
+
+/* A table filled item by item and launched when full or flushed. */
+typedef struct {
+    sg_table t;
+    int tiles;
+    bool ta, tb, acc, bf16_out;
+    cudaStream_t s;
+    int rc;
+} sg_batch;
+
+static void sg_flush(sg_batch *b)
+{
+    if (b->rc || !b->t.count) return;
+#define SG_GO(TA, TB, OT, AC) lcu_sgmv_k<TA, TB, OT, AC><<<b->tiles, SG_THREADS, 0, b->s>>>(b->t)
+    /* the five (transpose, output) combinations the LoRA products use */
+    if (!b->ta && b->tb && b->bf16_out && !b->acc) SG_GO(false, true, bf16, false);        /* z = x·Aᵀ */
+    else if (!b->ta && b->tb && !b->bf16_out && b->acc) SG_GO(false, true, float, true);   /* y += z·Bᵀ */
+    else if (b->ta && !b->tb && !b->bf16_out && b->acc) SG_GO(true, false, float, true);   /* gB, gA */
+    else if (!b->ta && !b->tb && b->bf16_out && !b->acc) SG_GO(false, false, bf16, false); /* dz = dy·B */
+    else if (!b->ta && !b->tb && !b->bf16_out && b->acc) SG_GO(false, false, float, true); /* dx += dz·A */
+    else b->rc = LCU_EINVAL;
+#undef SG_GO
+    if (!b->rc) b->rc = lcu_launch_status();
+    b->t.count = 0;
+    b->tiles = 0;
+}
+
+static void sg_begin(sg_batch *b, bool ta, bool tb, bool bf16_out, bool acc, cudaStream_t s)
+{
+    memset(&b->t, 0, sizeof b->t);
+    b->tiles = 0;
+    b->ta = ta;
+    b->tb = tb;
+    b->bf16_out = bf16_out;
+    b->acc = acc;
+    b->s = s;
+    b->rc = 0;
+}
+
+static void sg_add(sg_batch *b, const void *a, long lda, const void *bb, long ldb, void *c, long ldc, long m, long n,
+                   long k, float alpha)
+{
+    if (b->rc || m <= 0 || n <= 0 || k <= 0) return; /* an empty segment: version 1 skips it too */
+    long tiles_n = (n + SG_BN - 1) / SG_BN, tiles = (m + SG_BM - 1) / SG_BM * tiles_n;
+    if (lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
+        tiles > INT32_MAX / 2) {
+        b->rc = LCU_EINVAL;
+        return;
+    }
+    if (b->t.count == SG_MAX || (long)b->tiles + tiles > INT32_MAX) sg_flush(b);
+    sg_item *it = &b->t.it[b->t.count++];
+    *it = (sg_item){(const bf16 *)a, (const bf16 *)bb, c, (int)m, (int)n, (int)k, (int)lda, (int)ldb, (int)ldc,
+                    alpha, (int)tiles_n, 0};
+    b->tiles += (int)tiles;
+    it->tile_end = b->tiles;
+}
+
+bool lcu_lora_sgmv_on(void)
+{
+    const char *e = getenv("LCU_LORA");
+    return e && strcmp(e, "sgmv") == 0;
+}
+
+/* z = x·Aᵀ for every segment (forward, and recomputed in the backward). */
+static int sg_z(const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z, long ldz,
+                cudaStream_t s)
+{
+    sg_batch b;
+    sg_begin(&b, false, true, true, false, s);
+    for (int i = 0; i < nseg; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        sg_add(&b, x + g->row_begin * ldx, ldx, g->A, in, z + g->row_begin * ldz, ldz, g->row_end - g->row_begin,
+               g->rank, in, 1.0f);
+    }
+    sg_flush(&b);
+    return b.rc;
+}
+
+int lcu_sgmv_lora_fwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx, float *y,
+                      long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    int rc = sg_z(segs, nseg, in, x, ldx, z, ldz, s);
+    if (rc) return rc;
+    sg_batch b;
+    sg_begin(&b, false, true, false, true, s);
+    for (int i = 0; i < nseg; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        sg_add(&b, z + g->row_begin * ldz, ldz, g->B, g->rank, y + g->row_begin * ldy, ldy, g->row_end - g->row_begin,
+               out, g->rank, g->scale);
+    }
+    sg_flush(&b);
+    return b.rc;
+}
+
+/* The wave of each segment: how many earlier segments of the call accumulate into the same
+ * gradients (the same adapter). Returns the number of waves. */
+static int sg_waves(const lcu_lora_seg *segs, int nseg, int *wave)
+{
+    int waves = 0;
+    for (int i = 0; i < nseg; i++) {
+        wave[i] = 0;
+        for (int j = 0; j < i; j++)
+            if (segs[j].gA == segs[i].gA || segs[j].gB == segs[i].gB) wave[i] = max(wave[i], wave[j] + 1);
+        waves = max(waves, wave[i] + 1);
+    }
+    return waves;
+}
+
+int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                      const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                      cudaStream_t s)
+{
+    int *wave = (int *)malloc((size_t)(nseg > 0 ? nseg : 1) * sizeof(int));
+    if (!wave) return LCU_EINVAL;
+    int waves = sg_waves(segs, nseg, wave);
+    int rc = sg_z(segs, nseg, in, x, ldx, z, ldz, s);
+    sg_batch b;
+    for (int w = 0; w < waves && !rc; w++) { /* gB += scale·dyᵀ·z */
+        sg_begin(&b, true, false, false, true, s);
+        for (int i = 0; i < nseg; i++) {
+            const lcu_lora_seg *g = &segs[i];
+            if (wave[i] == w)
+                sg_add(&b, dy + g->row_begin * lddy, lddy, z + g->row_begin * ldz, ldz, g->gB, g->rank, out, g->rank,
+                       g->row_end - g->row_begin, g->scale);
+        }
+        sg_flush(&b);
+        rc = b.rc;
+    }
+    if (!rc) { /* dz = scale·dy·B */
+        sg_begin(&b, false, false, true, false, s);
+        for (int i = 0; i < nseg; i++) {
+            const lcu_lora_seg *g = &segs[i];
+            sg_add(&b, dy + g->row_begin * lddy, lddy, g->B, g->rank, dz + g->row_begin * ldz, ldz,
+                   g->row_end - g->row_begin, g->rank, out, g->scale);
+        }
+        sg_flush(&b);
+        rc = b.rc;
+    }
+    for (int w = 0; w < waves && !rc; w++) { /* gA += dzᵀ·x */
+        sg_begin(&b, true, false, false, true, s);
+        for (int i = 0; i < nseg; i++) {
+            const lcu_lora_seg *g = &segs[i];
+            if (wave[i] == w)
+                sg_add(&b, dz + g->row_begin * ldz, ldz, x + g->row_begin * ldx, ldx, g->gA, in, g->rank, in,
+                       g->row_end - g->row_begin, 1.0f);
+        }
+        sg_flush(&b);
+        rc = b.rc;
+    }
+    if (!rc && dx) { /* dx += dz·A */
+        sg_begin(&b, false, false, false, true, s);
+        for (int i = 0; i < nseg; i++) {
+            const lcu_lora_seg *g = &segs[i];
+            sg_add(&b, dz + g->row_begin * ldz, ldz, g->A, in, dx + g->row_begin * lddx, lddx,
+                   g->row_end - g->row_begin, in, g->rank, 1.0f);
+        }
+        sg_flush(&b);
+        rc = b.rc;
+    }
+    free(wave);
+    return rc;
+}

@@ -1,0 +1,19 @@
+/* lcu_sgmv.cuh — LoRA version 2 (lcu_sgmv.cu): every segment of a call in one launch per
+ * product (SGMV style) instead of version 1's cuBLASLt calls per segment (lcu_lora.cu).
+ * Chosen per call by the environment variable LCU_LORA (`gemm`, the default: version 1;
+ * `sgmv`: version 2), like LCU_ATTN for the attention. Same interface and semantics as
+ * lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has checked the arguments and that
+ * the segments are sorted and disjoint in rows. */
+#ifndef LOOM_BACKEND_CUDA_SGMV_CUH
+#define LOOM_BACKEND_CUDA_SGMV_CUH
+
+#include "backend/cuda/cuda_ops.h"
+
+bool lcu_lora_sgmv_on(void);
+int lcu_sgmv_lora_fwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx, float *y,
+                      long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                      const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                      cudaStream_t s);
+
+#endif
