@@ -183,7 +183,8 @@ typedef struct {
 /* For rows row0 .. row0+rows of the batch, whose logits [rows, V] (fp32, row stride ld)
  * the caller computed (a chunk: never [T, V] at once): logprobs, losses and, when dlogits
  * is not NULL, dℓ/dlogits = Σ_j dℓ/dlp_j·(onehot(t_j) − softmax) as bf16 [rows, V] (row
- * stride ldd), zero rows where the sequence has no gradient or dℓ/dlp = 0 (as the CPU). */
+ * stride ldd), zero rows where the sequence has no gradient, dℓ/dlp = 0 or the sum of the
+ * row's dℓ/dlp is not finite (as the CPU). */
 int lcu_head_loss(const float *logits, long ld, long row0, int rows, int V, const lcu_head_batch *b,
                   lcu_bf16 *dlogits, long ldd, cudaStream_t s);
 

@@ -7,8 +7,10 @@
  *
  * Forward: one block (4 warps) per (query tile, query head); warp w owns query rows
  * 16w..16w+15 and needs only __syncwarp between its own S → P → PV steps. Online softmax
- * with the running output in registers; P is rounded to bf16 for the PV product and the
- * row sum adds the rounded values (so the weights used sum to exactly the normaliser).
+ * with the running output in registers; P is rounded to bf16 for the PV product, and the
+ * row sum adds the fp32 values before rounding (as FlashAttention-2 and the CPU twin), so
+ * lse is the log-sum-exp of the fp32 scores: summing the rounded values instead would put
+ * ~1e-3 (bf16 rounding over a row) into lse and into the backward's P = exp(S − lse).
  *
  * Backward (deterministic, no atomics): D = rowsum(dO ⊙ O) first; then one block per (key
  * tile, kv head) recomputes P = exp(scale·QKᵀ − lse) for every query tile and query head of
@@ -212,9 +214,9 @@ __global__ void __launch_bounds__(128) lcu_attn_fwd_k(lcu_attn_p p, const bf16 *
             alpha = expf(m - m_new);
 #pragma unroll
             for (int c = 0; c < 32; c++) {
-                bf16 pb = __float2bfloat16_rn(expf(sv[c] - m_new));
-                Pw[r * C::LDP + half * 32 + c] = pb;
-                ls += __bfloat162float(pb);
+                float pv = expf(sv[c] - m_new);
+                Pw[r * C::LDP + half * 32 + c] = __float2bfloat16_rn(pv);
+                ls += pv; /* the fp32 value: lse stays exact (see the file comment) */
             }
         }
         ls += __shfl_xor_sync(LCU_FULL, ls, 1);
@@ -487,7 +489,7 @@ __global__ void __launch_bounds__(256) lcu_attn_dq_k(lcu_attn_p p, const bf16 *q
 /* ---- version 2: mma.sync with the operands in registers (FlashAttention-2 style) ---------- */
 /* Selected with LCU_ATTN=mma (version 1 stays the default until a GPU run has passed the
  * tests with both and the bench says which is faster). Same tiles, same tile tables, same
- * arithmetic (fp32 softmax, P and dS rounded to bf16, the row sum over the rounded P), but
+ * arithmetic (fp32 softmax, P and dS rounded to bf16, the row sum over the fp32 P), but
  * S, P, dP, dS and the accumulators never leave registers: P and dS become the A operands
  * of the next product directly from the accumulator layout. Every operand is read from
  * shared memory with 32-bit loads of two consecutive bf16, so a product whose k index
@@ -666,9 +668,8 @@ __global__ void __launch_bounds__(128) lcu_attn_fwd2_k(lcu_attn_p p, const bf16 
                     int n = 2 * j + hn;
                     float p0 = mn[r] == -INFINITY ? 0.0f : expf(sc[n][2 * r] - mn[r]);
                     float p1 = mn[r] == -INFINITY ? 0.0f : expf(sc[n][2 * r + 1] - mn[r]);
-                    __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
-                    ls[r] += __low2float(pb) + __high2float(pb);
-                    pa[j][hn * 2 + r] = *reinterpret_cast<uint32_t *>(&pb);
+                    ls[r] += p0 + p1; /* before rounding, as version 1 */
+                    pa[j][hn * 2 + r] = lcu_pack(p0, p1);
                 }
 #pragma unroll
         for (int r = 0; r < 2; r++) {

@@ -103,7 +103,9 @@ __global__ void __launch_bounds__(LCU_HEAD_THREADS) lcu_head_loss_k(const float 
     if (!dlog) return;
 
     __nv_bfloat16 *g = dlog + (long)blockIdx.x * ldd;
-    bool grad = ls->grad != 0;
+    /* a row whose dℓ/dlp is not finite adds no gradient (backend/backend.h; the CPU's
+     * !isfinite(dsum)): dsum is the block's sum, the same bits in every thread */
+    bool grad = ls->grad != 0 && isfinite(dsum);
     if (grad && K == 1) { /* a row whose only dℓ/dlp is 0 stays exactly zero (as the CPU) */
         float lp, l, dlp;
         lcu_head_target(b, ls, z, t, k0, lse, &lp, &l, &dlp);

@@ -104,8 +104,8 @@ __device__ double lcu_block_exscan(double v, double *tot, double *total)
     return ex + (w > 0 ? tot[w - 1] : 0.0);
 }
 
-/* The first index i < n whose running sum (in this fixed order) satisfies
- * sum ≥ thr (ge) or sum > thr (!ge); -1 if none. *at = the sum there (the total if none).
+/* The first index i < n with weight(i) > 0 whose running sum (in this fixed order)
+ * satisfies sum ≥ thr (ge) or sum > thr (!ge); -1 if none. *at = the sum there (the total if none).
  * weight(i) gives item i. Tiles of blockDim·8 items; each thread sums 8 in a row. */
 template <typename F>
 __device__ long lcu_first_prefix(F weight, long n, double thr, bool ge, double *at, double *tot, int *s_best,
@@ -124,8 +124,13 @@ __device__ long lcu_first_prefix(F weight, long n, double thr, bool ge, double *
         long hit = -1;
         double hit_at = 0;
         for (int j = 0; j < LCU_SCAN_IPT && b + j < n; j++) {
-            run += weight(b + j);
-            if (ge ? run >= thr : run > thr) { hit = b + j; hit_at = run; break; }
+            double x = weight(b + j);
+            run += x;
+            /* Only an item with weight can be the hit (the CPU skips zero weights): this
+             * thread's start (the block scan) and the previous thread's end (its own
+             * sequential sum) may differ in the last bit, and a threshold between them would
+             * otherwise pick this thread's first item, weight 0 or not. */
+            if (x > 0 && (ge ? run >= thr : run > thr)) { hit = b + j; hit_at = run; break; }
         }
         if (hit >= 0) atomicMin(s_best, (int)(hit - base));
         __syncthreads();

@@ -1,6 +1,7 @@
 /* test_gpu_head.c — lcu_head_loss and lcu_head_topk against an fp64 reference that uses
  * the CPU backend's own per-token loss (backend/loss.h loss_token) and its dlogits rule (zero
- * rows for sequences without gradient and for 1-target rows whose dℓ/dlp is 0): all five
+ * rows for sequences without gradient, for 1-target rows whose dℓ/dlp is 0 and for rows
+ * whose dℓ/dlp is not finite): all five
  * losses with their default clip/beta, 2-D cross entropy with duplicate targets and
  * negative or zero weights, RL rows masked by zero advantages, two chunks (row0 offset,
  * padded strides), the Qwen vocabulary (151936), bitwise reruns, poisoned outputs.
@@ -100,7 +101,7 @@ static void ref_rows(const batch *b, const float *z, long ld, int V, double *lp,
             g[b->targets[k0 + k]] += dl;
         }
         loss[t] = L;
-        bool grad = b->seqs[b->row_seq[t]].grad && !(K == 1 && dlp0 == 0.0f);
+        bool grad = b->seqs[b->row_seq[t]].grad && !(K == 1 && dlp0 == 0.0f) && isfinite(dsum);
         for (int v = 0; v < V; v++) g[v] = grad ? g[v] - dsum * exp(r[v] - lse[t]) : 0.0;
     }
 }
@@ -262,6 +263,46 @@ static void test_fd(void)
     gt_free(dlp); gt_free(dloss); gt_free(dg);
 }
 
+/* A row whose dℓ/dlp is not finite adds no gradient (backend/backend.h): importance
+ * sampling with a sampler log-prob of −1000 makes r = exp(lp − q) overflow, so dℓ/dlp is
+ * −inf; its dlogits row must be zero (the CPU's !isfinite(dsum)), the other rows not. */
+static void test_nonfinite(void)
+{
+    enum { R = 3, V = 64 };
+    lcu_loss_seq seqs[R];
+    const int kinds[R] = {1, 0, 1};
+    int32_t row_seq[R], targets[R];
+    int64_t ts[R + 1];
+    float q[R] = {-1000.0f, 0.0f, -1.0f}, adv[R] = {1.0f, 0.0f, 1.0f}, z[R * V];
+    gt_fill(z, R * V, -3, 3);
+    for (int r = 0; r < R; r++) {
+        loss_spec sp = loss_spec_default((loss_kind)kinds[r]);
+        seqs[r] = (lcu_loss_seq){kinds[r], 1, sp.clip_low, sp.clip_high, sp.beta};
+        row_seq[r] = r;
+        ts[r] = r;
+        targets[r] = gt_int(0, V - 1);
+    }
+    ts[R] = R;
+    void *dz = gt_dev_f32(z, R * V), *drs = gt_dev_copy(row_seq, sizeof row_seq), *dseq = gt_dev_copy(seqs, sizeof seqs);
+    void *dts = gt_dev_copy(ts, sizeof ts), *dtg = gt_dev_copy(targets, sizeof targets);
+    void *dq = gt_dev_f32(q, R), *da = gt_dev_f32(adv, R), *dlp = gt_dev_poison(R * 4), *dloss = gt_dev_poison(R * 4);
+    lcu_bf16 *dg = gt_dev_poison(R * V * 2);
+    lcu_head_batch hb = {drs, dseq, dts, dtg, NULL, dq, da, dlp, dloss, NULL};
+    GT_LCU(lcu_head_loss(dz, V, 0, R, V, &hb, dg, V, 0));
+    float g[R * V];
+    gt_get_bf16(g, dg, R * V);
+    int nonzero[R] = {0, 0, 0}, nonfinite = 0;
+    for (int i = 0; i < R * V; i++) {
+        nonzero[i / V] += g[i] != 0.0f;
+        nonfinite += !isfinite(g[i]);
+    }
+    gt_check(nonzero[0] == 0 && nonfinite == 0, "head dlogits: a row with dℓ/dlp = -inf is zero (%d nonzero, %d non-finite "
+             "values in the batch)", nonzero[0], nonfinite);
+    gt_check(nonzero[1] > 0 && nonzero[2] > 0, "head dlogits: the finite rows beside it keep their gradient");
+    gt_free(dz); gt_free(drs); gt_free(dseq); gt_free(dts); gt_free(dtg); gt_free(dq); gt_free(da); gt_free(dlp);
+    gt_free(dloss); gt_free(dg);
+}
+
 /* ---- top-k ------------------------------------------------------------------------------ */
 
 static const float *cmp_z;
@@ -324,6 +365,7 @@ int main(void)
     test_loss(10, gt_int(50, 3000));
     if (!gt_small()) test_loss(5, 151936);
     test_fd();
+    test_nonfinite();
     test_topk(20, gt_int(1, 2000), true, 1024);
     test_topk(20, gt_int(1, 2000), false, 1024);
     if (!gt_small()) {
