@@ -125,10 +125,12 @@ run_sanitize() {
     san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
           /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
     [ -n "$san" ] || { SUMMARY+=("sanitize: compute-sanitizer not found"); return; }
-    # memcheck everywhere; racecheck/synccheck on the kernels with shared memory and barriers
+    # memcheck everywhere; racecheck/synccheck on the kernels with shared memory and barriers.
+    # racecheck on the attention (the slowest job by far) goes last, so that a call whose
+    # budget it outlasts still has every other result.
     for job in "memcheck test_gpu_attention" "memcheck test_gpu_head" "memcheck test_gpu_sample" \
-               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "racecheck test_gpu_attention" \
-               "racecheck test_gpu_head" "racecheck test_gpu_sample" "synccheck test_gpu_attention"; do
+               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "racecheck test_gpu_head" \
+               "racecheck test_gpu_sample" "synccheck test_gpu_attention" "racecheck test_gpu_attention"; do
         set -- $job
         GT_SMALL=1 LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" \
             timed "$OUT/sanitize.log" 1 200 "$1 $2 (GT_SMALL=1)" \
