@@ -161,12 +161,12 @@ run_ref() {
 # at its limit still leaves the rows it finished.
 run_model() {
     timed "$OUT/model.log" 0 540 bench_cuda "$W/bin/bench_cuda" $1 --json "$OUT/model.json"
-    SUMMARY+=("bench_cuda $1: $(status_word $TIMED_RC) ($(grep -c ' ad |' "$OUT/model.log") rows; see model.log)")
+    SUMMARY+=("bench_cuda${1:+ $1}: $(status_word $TIMED_RC) ($(grep -c ' ad |' "$OUT/model.log") rows; see model.log)")
 }
 
 run_bench() {
     timed "$OUT/bench.log" 0 420 bench_cuda_kernels "$W/bin/bench_cuda_kernels" $1 --csv "$OUT/bench.csv"
-    SUMMARY+=("bench_cuda_kernels $1: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
+    SUMMARY+=("bench_cuda_kernels${1:+ $1}: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
 }
 
 run_layer() {  # with attention version 1 (default), then version 2
@@ -184,7 +184,7 @@ run_peer() {
 
 run_sdpa() {
     timed "$OUT/sdpa.log" 0 400 sdpa_peer "$PY" bench/cuda/sdpa_peer.py $1 --json "$OUT/sdpa.json"
-    SUMMARY+=("sdpa_peer $1: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/sdpa.log") rows; see sdpa.log)")
+    SUMMARY+=("sdpa_peer${1:+ $1}: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/sdpa.log") rows; see sdpa.log)")
 }
 
 for step in "$@"; do
