@@ -138,7 +138,7 @@ def run_row(pm, name, batch, n, ckpt, iters):
         row["fb_tok_s"] = batch * n / t
         row["fb_mfu"] = flops(g, batch, n, True) / t / PEAK
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:
         row["oom"] = True
     pm.zero_grad(set_to_none=True)
     gc.collect()
@@ -182,6 +182,13 @@ def fmt(r):
             f"  MFU {100 * r['fb_mfu']:5.1f}%  peak {r['peak_gib']:5.1f} GiB")
 
 
+def dump(rows, path):
+    """Writes the rows so far: a run stopped at its time limit keeps the rows it finished."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
@@ -205,19 +212,18 @@ def main():
             r = run_row(pm, name, batch, n, ckpt, a.iters)
             rows.append(r)
             print(fmt(r), flush=True)
+            dump(rows, a.json)
         if want_tenants and name == "Qwen3-0.6B":
             r = run_tenants(pm, a.iters)
             rows.append(r)
             print(fmt(r), flush=True)
+            dump(rows, a.json)
         del pm, model
         gc.collect()
         torch.cuda.empty_cache()
     print("\nPyTorch + PEFT peer:")
     for r in rows:
         print("  " + fmt(r))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
     return 0
 
 

@@ -23,10 +23,16 @@
 #
 # e.g. the device tool: run(command="bash bench/cuda/run_on_gpu.sh kernels backend",
 #                           carry=[".gpu-carry"])
-# Each step has its own time limit so that a call stays inside 10 minutes: see NOTES.md
-# for the calls in order. Tests print their seed (GT_SEED=...); GT_VERBOSE=1 prints passes.
+# Each step has its own time limit, and all steps of one call share a budget of
+# LOOM_GPU_BUDGET seconds (default 560: the device tool stops a call at 600 s, and a call
+# stopped there prints no summary; set it lower when the session has less device time
+# left than that, or when the call's timeout_s is lower): a step gets its own limit or what is left of the budget,
+# whichever is less, and a step the budget has no room for is reported as not run. See
+# NOTES.md for the calls in order. Tests print their seed (GT_SEED=...); GT_VERBOSE=1
+# prints passes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+BUDGET=${LOOM_GPU_BUDGET:-560}
 OUT=${OUT:-/tmp/loom-gpu-out}
 mkdir -p "$OUT"
 C=.gpu-carry
@@ -55,27 +61,54 @@ tar -C "$W" -xzf "$C/carry.tar.gz"
     "$PY" -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1
 } > "$OUT/env.txt" 2>&1
 
+# Seconds a step may run: its own limit ($1) or what is left of the call's budget.
+step_limit() {
+    local left=$((BUDGET - SECONDS))
+    echo $((left < $1 ? left : $1))
+}
+
+# Runs COMMAND under the step's time limit (step_limit), its output into FILE, or appended
+# to FILE under a header when APPEND is 1 (then also kept in $W/last.out); sets TIMED_RC
+# (124/137: stopped at the limit; 125: not run, the budget is spent) and TIMED_LIMIT.
+# usage: timed FILE APPEND LIMIT_S LABEL COMMAND...
+timed() {
+    local file=$1 append=$2 label=$4
+    TIMED_LIMIT=$(step_limit "$3")
+    shift 4
+    : > "$W/last.out"
+    if [ "$TIMED_LIMIT" -lt 15 ]; then
+        TIMED_RC=125
+        echo "===== $label: not run (the call's ${BUDGET}s budget is spent)" >> "$file"
+    elif [ "$append" = 1 ]; then
+        timeout -k 10 "$TIMED_LIMIT" "$@" > "$W/last.out" 2>&1
+        TIMED_RC=$?
+        { echo "===== $label (exit $TIMED_RC)"; cat "$W/last.out"; } >> "$file"
+    else
+        timeout -k 10 "$TIMED_LIMIT" "$@" > "$file" 2>&1
+        TIMED_RC=$?
+    fi
+}
+
+# How a step ended, for the summary.
+status_word() {
+    case $1 in
+        0) echo "PASS" ;;
+        77) echo "SKIPPED (no device seen: a failure on the GPU machine)" ;;
+        124|137) echo "TIMEOUT after ${TIMED_LIMIT}s" ;;
+        125) echo "NOT RUN (no time left in this call: run it in another call)" ;;
+        *) echo "FAIL (exit $1)" ;;
+    esac
+}
+
 # Runs one binary of the carry with a time limit; appends to a log; records a summary line.
 # usage: run_one LOG LIMIT_S LABEL COMMAND...
 run_one() {
     local log=$1 limit=$2 label=$3
     shift 3
-    local tmp
-    tmp=$(mktemp)
-    timeout "$limit" "$@" > "$tmp" 2>&1
-    local rc=$?
-    { echo "===== $label (exit $rc)"; cat "$tmp"; } >> "$OUT/$log"
-    local s
-    case $rc in
-        0) s="PASS" ;;
-        77) s="SKIPPED (no device seen: a failure on the GPU machine)" ;;
-        124) s="TIMEOUT after ${limit}s" ;;
-        *) s="FAIL (exit $rc)" ;;
-    esac
-    local line
-    line=$(grep -E "passed, [0-9]+ failed" "$tmp" | tail -1)
-    rm -f "$tmp"
-    SUMMARY+=("$(printf '%-26s %s  %s' "$label" "$s" "${line#*: }")")
+    local t0=$SECONDS line
+    timed "$OUT/$log" 1 "$limit" "$label" "$@"
+    line=$(grep -E "passed, [0-9]+ failed" "$W/last.out" | tail -1)
+    SUMMARY+=("$(printf '%-26s %s %4ds  %s' "$label" "$(status_word $TIMED_RC)" $((SECONDS - t0)) "${line#*: }")")
 }
 
 run_kernels() {
@@ -89,17 +122,27 @@ run_kernels() {
 
 run_sanitize() {
     : > "$OUT/sanitize.log"
-    command -v compute-sanitizer >/dev/null || { SUMMARY+=("sanitize: compute-sanitizer not found"); return; }
-    # memcheck everywhere; racecheck/synccheck on the kernels with shared memory and barriers
+    # the toolkit's bin/ need not be on PATH there
+    local san
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+          /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+    [ -n "$san" ] || { SUMMARY+=("sanitize: compute-sanitizer not found"); return; }
+    # memcheck everywhere; racecheck/synccheck on the kernels with shared memory and barriers.
+    # racecheck on the attention (the slowest job by far) goes last, so that a call whose
+    # budget it outlasts still has every other result.
     for job in "memcheck test_gpu_attention" "memcheck test_gpu_head" "memcheck test_gpu_sample" \
-               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "racecheck test_gpu_attention" \
-               "racecheck test_gpu_head" "racecheck test_gpu_sample" "synccheck test_gpu_attention"; do
+               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "racecheck test_gpu_head" \
+               "racecheck test_gpu_sample" "synccheck test_gpu_attention" "racecheck test_gpu_attention"; do
         set -- $job
-        echo "===== $1 $2 (GT_SMALL=1)" >> "$OUT/sanitize.log"
-        GT_SMALL=1 LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" timeout 200 \
-            compute-sanitizer --tool "$1" --error-exitcode 9 "$W/real/$2" >> "$OUT/sanitize.log" 2>&1
-        rc=$?
-        SUMMARY+=("$(printf 'sanitize %-9s %-20s %s' "$1" "$2" "$([ $rc = 0 ] && echo clean || echo "exit $rc")")")
+        GT_SMALL=1 LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" \
+            timed "$OUT/sanitize.log" 1 200 "$1 $2 (GT_SMALL=1)" \
+            "$san" --tool "$1" --error-exitcode 9 "$W/real/$2"
+        case $TIMED_RC in
+            0) r=clean ;;
+            9) r="ERRORS (exit 9)" ;;
+            *) r=$(status_word $TIMED_RC) ;;
+        esac
+        SUMMARY+=("$(printf 'sanitize %-9s %-20s %s' "$1" "$2" "$r")")
     done
 }
 
@@ -116,34 +159,36 @@ run_ref() {
         --dump-bin "$W/bin/test_cpu_ref" --work "$W/ref-work" --tolerance bf16
 }
 
+# The benchmarks write their rows as they go (model.json, bench.csv too), so a step stopped
+# at its limit still leaves the rows it finished.
 run_model() {  # usage: run_model NAME [ARGS]  (writes NAME.log, NAME.json)
     local n=$1
     shift
-    timeout 540 "$W/bin/bench_cuda" "$@" --json "$OUT/$n.json" > "$OUT/$n.log" 2>&1
-    SUMMARY+=("bench_cuda $* ($n): exit $? ($(grep -c ' ad |' "$OUT/$n.log") rows; see $n.log)")
+    timed "$OUT/$n.log" 0 540 bench_cuda "$W/bin/bench_cuda" "$@" --json "$OUT/$n.json"
+    SUMMARY+=("bench_cuda $* ($n): $(status_word $TIMED_RC) ($(grep -c ' ad |' "$OUT/$n.log") rows; see $n.log)")
 }
 
 run_bench() {
-    timeout 420 "$W/bin/bench_cuda_kernels" $1 --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
-    SUMMARY+=("bench_cuda_kernels $1: exit $? ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
+    timed "$OUT/bench.log" 0 420 bench_cuda_kernels "$W/bin/bench_cuda_kernels" $1 --csv "$OUT/bench.csv"
+    SUMMARY+=("bench_cuda_kernels${1:+ $1}: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/bench.log") rows; see bench.log)")
 }
 
 run_layer() {  # with attention version 1 (default), then version 2
-    timeout 240 "$W/bin/bench_cuda_layer" > "$OUT/layer.log" 2>&1
-    SUMMARY+=("bench_cuda_layer: exit $?")
-    echo "==== LCU_ATTN=mma" >> "$OUT/layer.log"
-    LCU_ATTN=mma timeout 240 "$W/bin/bench_cuda_layer" >> "$OUT/layer.log" 2>&1
-    SUMMARY+=("bench_cuda_layer LCU_ATTN=mma: exit $?")
+    : > "$OUT/layer.log"
+    timed "$OUT/layer.log" 1 240 "bench_cuda_layer" "$W/bin/bench_cuda_layer"
+    SUMMARY+=("bench_cuda_layer: $(status_word $TIMED_RC)")
+    LCU_ATTN=mma timed "$OUT/layer.log" 1 240 "LCU_ATTN=mma bench_cuda_layer" "$W/bin/bench_cuda_layer"
+    SUMMARY+=("bench_cuda_layer LCU_ATTN=mma: $(status_word $TIMED_RC)")
 }
 
 run_peer() {
-    timeout 540 "$PY" bench/cuda/peft_peer.py --rows "$1" --json "$OUT/peer.json" > "$OUT/peer.log" 2>&1
-    SUMMARY+=("peft_peer --rows $1: exit $?")
+    timed "$OUT/peer.log" 0 540 peft_peer "$PY" bench/cuda/peft_peer.py --rows "$1" --json "$OUT/peer.json"
+    SUMMARY+=("peft_peer --rows $1: $(status_word $TIMED_RC)")
 }
 
 run_sdpa() {
-    timeout 400 "$PY" bench/cuda/sdpa_peer.py $1 --json "$OUT/sdpa.json" > "$OUT/sdpa.log" 2>&1
-    SUMMARY+=("sdpa_peer $1: exit $? ($(grep -c ' ms ' "$OUT/sdpa.log") rows; see sdpa.log)")
+    timed "$OUT/sdpa.log" 0 400 sdpa_peer "$PY" bench/cuda/sdpa_peer.py $1 --json "$OUT/sdpa.json"
+    SUMMARY+=("sdpa_peer${1:+ $1}: $(status_word $TIMED_RC) ($(grep -c ' ms ' "$OUT/sdpa.log") rows; see sdpa.log)")
 }
 
 for step in "$@"; do

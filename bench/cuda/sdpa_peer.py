@@ -89,13 +89,13 @@ def attention(rows, name, nq, nkv, d, T, seqlen):
                 report(rows, f"attention bwd {tag}", name, shape, bwd, 2.5 * fwd_flops, bwd_bytes)
                 del out
                 break
+            except torch.cuda.OutOfMemoryError:  # before RuntimeError: it is one
+                print(f"attention {label:<13} {name:<13} {shape:<22} out of memory", flush=True)
+                break
             except (RuntimeError, TypeError) as e:  # this backend refuses the shape/GQA form
                 if not gqa:
                     print(f"attention {label:<13} {name:<13} {shape:<22} not available: {str(e).splitlines()[0][:90]}",
                           flush=True)
-            except torch.OutOfMemoryError:
-                print(f"attention {label:<13} {name:<13} {shape:<22} out of memory", flush=True)
-                break
             finally:
                 torch.cuda.empty_cache()
 
@@ -115,9 +115,9 @@ def main():
             attention(rows, name, nq, nkv, d, T, T)
             if T > 512:
                 attention(rows, name, nq, nkv, d, T, 512)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            if a.json:  # as it goes: a run stopped at its time limit keeps the rows it finished
+                with open(a.json, "w") as f:
+                    json.dump(rows, f, indent=1)
     return 0
 
 

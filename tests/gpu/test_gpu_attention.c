@@ -162,7 +162,7 @@ static void check_case(const shape *s, bool self, const char *label)
     ref_fwd(s, q, k, v, oref, lref);
 
     int32_t *qs = malloc((s->nseq + 1) * 4);
-    int64_t *ks = malloc((s->nseq + 1) * 8);
+    int64_t *ks = calloc(s->nseq + 1, 8); /* all nseq + 1 entries are copied */
     for (int i = 0; i <= s->nseq; i++) qs[i] = s->q_start[i];
     for (int i = 0; i < s->nseq; i++) ks[i] = s->kv_start[i];
     void *dqs = gt_dev_copy(qs, (s->nseq + 1) * 4), *dks = gt_dev_copy(ks, s->nseq * 8 + 8);

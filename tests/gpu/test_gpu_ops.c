@@ -389,7 +389,9 @@ int main(void)
     test_convert();
     test_copy_rows();
     test_embed_add();
-    test_rmsnorm(gt_int(1, 200), gt_int(1, 200));
+    /* dim ≥ 2: at dim 1 the backward is pure cancellation (x̂² = 1 − eps/x², so dx ~ 1e-6·g
+     * from rounding noise of order 1e-7): no fp32 kernel meets a relative bar there */
+    test_rmsnorm(gt_int(1, 200), gt_int(2, 200));
     test_rmsnorm(gt_int(1, 64), 4096);
     test_rmsnorm(gt_int(100, 3000), 128); /* q/k norm shape: rows·heads of head_dim */
     test_rmsnorm_fd();
