@@ -125,6 +125,82 @@ PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *p
     return NULL;
 }
 
+/* Reads what is left of a pipeline up to its sync; false when the connection broke
+ * (two NULLs in a row: nothing more will come). */
+static bool pipeline_drain(PGconn *c) {
+    bool after_null = false;
+    for (;;) {
+        PGresult *r = PQgetResult(c);
+        if (!r) {
+            if (after_null || PQstatus(c) != CONNECTION_OK) return false;
+            after_null = true; /* the end of one statement's results */
+            continue;
+        }
+        after_null = false;
+        ExecStatusType st = PQresultStatus(r);
+        PQclear(r);
+        if (st == PGRES_PIPELINE_SYNC) return true;
+    }
+}
+
+/* Leaves pipeline mode after a broken batch. When libpq refuses (results it will never
+ * get are still pending, e.g. the server ended the session), the connection is reset:
+ * every other helper here needs one out of pipeline mode, and the transaction is lost
+ * with the session anyway. */
+static void pipeline_abandon(PGconn *c) {
+    if (PQpipelineStatus(c) == PQ_PIPELINE_OFF || PQexitPipelineMode(c) == 1) return;
+    PQreset(c);
+}
+
+int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen) {
+    t_sqlstate[0] = 0;
+    if (err && errlen) err[0] = 0;
+    for (int i = 0; i < n; i++) res[i] = NULL;
+    /* Prepared before the batch (PQprepare is a round trip of its own, once per
+     * connection and statement) while the transaction status still allows it. */
+    char (*names)[24] = calloc(n > 0 ? n : 1, sizeof *names);
+    if (!names) { set_err(err, errlen, "out of memory"); return 0; }
+    if (PQtransactionStatus(c) == PQTRANS_IDLE || PQtransactionStatus(c) == PQTRANS_INTRANS)
+        for (int i = 0; i < n; i++) prepared_name(c, st[i].sql, st[i].nparams, names[i]);
+    bool sent = PQenterPipelineMode(c) == 1;
+    for (int i = 0; sent && i < n; i++)
+        sent = (names[i][0] ? PQsendQueryPrepared(c, names[i], st[i].nparams, st[i].params, NULL, NULL, 0)
+                            : PQsendQueryParams(c, st[i].sql, st[i].nparams, NULL, st[i].params, NULL, NULL, 0)) == 1;
+    free(names);
+    if (sent) sent = PQpipelineSync(c) == 1;
+    int ok = 0;
+    bool failed = !sent, broken = !sent;
+    if (!sent) set_err(err, errlen, PQerrorMessage(c));
+    for (int i = 0; i < n && !broken; i++) {
+        PGresult *r = PQgetResult(c);
+        if (!r) { broken = true; break; }
+        ExecStatusType s = PQresultStatus(r);
+        if (!failed && (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK)) {
+            res[i] = r;
+            ok++;
+        } else {
+            if (!failed && s != PGRES_PIPELINE_ABORTED) {
+                const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+                snprintf(t_sqlstate, sizeof t_sqlstate, "%s", state ? state : "");
+                set_err(err, errlen, PQresultErrorMessage(r));
+            }
+            failed = true;
+            PQclear(r);
+        }
+        PGresult *end = PQgetResult(c); /* NULL: the end of this statement's results */
+        if (end) { PQclear(end); broken = true; }
+    }
+    if (broken || !pipeline_drain(c) || PQexitPipelineMode(c) != 1) {
+        for (int i = 0; i < n; i++) { PQclear(res[i]); res[i] = NULL; }
+        if (err && errlen && !err[0]) set_err(err, errlen, PQerrorMessage(c));
+        if (err && errlen && !err[0]) set_err(err, errlen, "the connection to the database broke");
+        pipeline_abandon(c);
+        return 0;
+    }
+    if (failed && err && errlen && !err[0]) set_err(err, errlen, "a statement of the batch was skipped");
+    return ok;
+}
+
 int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, char *err,
             size_t errlen) {
     PGresult *r = db_query(c, sql, nparams, params, err, errlen);

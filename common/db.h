@@ -17,6 +17,24 @@ PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *p
 int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, char *err,
             size_t errlen);
 
+/* One statement of a db_pipeline batch. */
+typedef struct {
+    const char *sql;
+    int nparams;
+    const char *const *params;
+} db_stmt;
+
+/* Sends n statements at once and reads their results (libpq's pipeline mode): one round
+ * trip to the server for all, where db_query would take n. They run in order; a failure
+ * makes the server skip the rest of the batch. res[i] gets statement i's result
+ * (COMMAND_OK or TUPLES_OK) or NULL for a failed or skipped one (the caller PQclears the
+ * non-NULL ones). Returns the number of leading statements that succeeded (n when all
+ * did), with the first failure's message in err and its SQLSTATE for db_last_sqlstate.
+ * A batch that starts with BEGIN and does not end with COMMIT leaves the transaction
+ * open (aborted after a failure: the caller rolls back). Statements are prepared as
+ * db_query prepares them, so they may not depend on a table created earlier in the batch. */
+int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen);
+
 int db_begin(PGconn *c, char *err, size_t errlen);
 int db_commit(PGconn *c, char *err, size_t errlen);
 void db_rollback(PGconn *c);

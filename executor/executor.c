@@ -30,6 +30,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_train.h"
 #include "registry/blobstore.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/migrate.h"
@@ -79,8 +80,9 @@ static void capacity_of(const exe_state *st, capacity_params *cp) {
 }
 
 /* Each model's last operation of the cycle that changed its state, for models.state_seq
- * (ops are in seq order per model), in one statement. */
-static int record_model_states(PGconn *c, const exe_op *ops, int n, char *err, size_t errlen) {
+ * (ops are in seq order per model): the text[] and int[] parameters of
+ * SQL_EXE_MODEL_STATES (malloc'd), or false when no model's state changed. */
+static bool model_states_params(const exe_op *ops, int n, char **models, char **seqs_out) {
     json_t *ids = json_array(), *seqs = json_array();
     for (int i = 0; i < n; i++) {
         if (!ops[i].model_id[0] || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
@@ -91,77 +93,99 @@ static int record_model_states(PGconn *c, const exe_op *ops, int n, char *err, s
         json_array_append_new(ids, json_string(ops[i].model_id));
         json_array_append_new(seqs, json_integer(seq));
     }
-    int rc = 0;
-    if (json_array_size(ids)) {
+    bool any = json_array_size(ids) > 0;
+    if (any) {
         /* text[] and int[] literals: model ids are server-made (uuid:train:N), JSON quoting
          * is also array-literal quoting for them */
         char *a = json_dumps(ids, JSON_COMPACT), *b = json_dumps(seqs, JSON_COMPACT);
         a[0] = b[0] = '{';
         a[strlen(a) - 1] = b[strlen(b) - 1] = '}';
-        const char *p[2] = {a, b};
-        rc = db_exec(c, SQL_EXE_MODEL_STATES, 2, p, err, errlen);
-        free(a);
-        free(b);
+        *models = a;
+        *seqs_out = b;
     }
     json_decref(ids);
     json_decref(seqs);
-    return rc;
+    return any;
+}
+
+/* The cycle's outcomes as the JSON parameter of SQL_EXE_FINISH_OPS (malloc'd). */
+static char *outcomes_json(const exe_op *ops, int n) {
+    json_t *outs = json_array();
+    for (int i = 0; i < n; i++) {
+        const exe_op *op = &ops[i];
+        json_array_append_new(outs, json_pack("{s:I, s:s, s:O?, s:s?, s:s?, s:b}", "id", (json_int_t)op->id,
+                                              "state", op->category ? "failed" : "done", "result",
+                                              op->category ? NULL : op->result, "error",
+                                              op->category ? op->error : NULL, "category", op->category,
+                                              "applied", op->applied));
+    }
+    char *text = json_dumps(outs, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(outs);
+    return text;
+}
+
+/* Runs the operations' commit hooks (checkpoint rows and the like) inside the open
+ * transaction; a failing hook fails its operation only. -1 on a database error. */
+static int run_commit_hooks(PGconn *c, exe_state *st, exe_op *ops, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        exe_op *op = &ops[i];
+        if (op->category || !op->commit_hook) continue;
+        /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
+        char herr[512] = "";
+        if (db_exec(c, SQL_EXE_HOOK_SAVEPOINT, 0, NULL, err, errlen) < 0) return -1;
+        if (op->commit_hook(c, st, op, herr, sizeof herr) < 0) {
+            if (db_exec(c, SQL_EXE_HOOK_ROLLBACK, 0, NULL, err, errlen) < 0) return -1;
+            exe_op_fail(op, "server", "%s", herr);
+        } else if (db_exec(c, SQL_EXE_HOOK_RELEASE, 0, NULL, err, errlen) < 0) {
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* 0 committed; -1 a database error (worth another try); -2 the cycle is no longer this
- * executor's (the reaper took it back): its results must never be committed. */
+ * executor's (the reaper took it back): its results must never be committed.
+ * Two round trips in the usual case (no commit hooks, no snapshot to record): the
+ * statements up to the cycle's end go in one batch (db_pipeline), and COMMIT follows once
+ * every operation is known to have been written. */
 static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps,
                         double compute_s, char *err, size_t errlen) {
     char cyc[24], eid[24], comp[32];
     snprintf(comp, sizeof comp, "%.6f", compute_s);
     fmt_i64(cyc, sizeof cyc, cycle);
     fmt_i64(eid, sizeof eid, st->executor_id);
-    if (db_begin(c, err, errlen) < 0) return -1;
-    for (int i = 0; i < n; i++) {
-        exe_op *op = &ops[i];
-        if (!op->category && op->commit_hook) {
-            /* A savepoint keeps a failing hook from aborting the whole cycle's transaction. */
-            char herr[512] = "";
-            if (db_exec(c, SQL_EXE_HOOK_SAVEPOINT, 0, NULL, err, errlen) < 0) goto fail;
-            if (op->commit_hook(c, st, op, herr, sizeof herr) < 0) {
-                if (db_exec(c, SQL_EXE_HOOK_ROLLBACK, 0, NULL, err, errlen) < 0) goto fail;
-                exe_op_fail(op, "server", "%s", herr);
-            } else if (db_exec(c, SQL_EXE_HOOK_RELEASE, 0, NULL, err, errlen) < 0) {
-                goto fail;
-            }
-        }
-    }
-    if (n > 0) {
-        json_t *outs = json_array();
-        for (int i = 0; i < n; i++) {
-            exe_op *op = &ops[i];
-            json_array_append_new(outs, json_pack("{s:I, s:s, s:O?, s:s?, s:s?, s:b}", "id", (json_int_t)op->id,
-                                                  "state", op->category ? "failed" : "done", "result",
-                                                  op->category ? NULL : op->result, "error",
-                                                  op->category ? op->error : NULL, "category", op->category,
-                                                  "applied", op->applied));
-        }
-        char *text = json_dumps(outs, JSON_COMPACT | JSON_REAL_PRECISION(9));
-        json_decref(outs);
-        const char *p[2] = {text, cyc};
-        PGresult *r = text ? db_query(c, SQL_EXE_FINISH_OPS, 2, p, err, errlen) : NULL;
-        free(text);
-        if (!r) goto fail;
-        int changed = atoi(PQcmdTuples(r));
-        PQclear(r);
-        if (changed != n) {
-            snprintf(err, errlen, "%d of the %d operations of cycle %s are no longer claimed by it (lease expired?)",
-                     n - changed, n, cyc);
-            db_rollback(c);
-            return -2;
-        }
-    }
-    if (record_model_states(c, ops, n, err, errlen) < 0 || exe_snapshots_record(st, c, snaps, err, errlen) < 0)
-        goto fail;
+    bool hooks = false;
+    for (int i = 0; i < n; i++) hooks |= !ops[i].category && ops[i].commit_hook;
+    if (hooks && (db_begin(c, err, errlen) < 0 || run_commit_hooks(c, st, ops, n, err, errlen) < 0)) goto fail;
+
+    char *outcomes = n > 0 ? outcomes_json(ops, n) : NULL, *models = NULL, *seqs = NULL;
+    if (n > 0 && !outcomes) { snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
+    bool states = model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
+    const char *pf[2] = {outcomes, cyc}, *pm[2] = {models, seqs};
     const char *pc[7] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached};
-    if (db_exec(c, SQL_EXE_FINISH_CYCLE, 7, pc, err, errlen) < 0) goto fail;
+    db_stmt b[4];
+    int nb = 0, finish_at = -1;
+    if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
+    if (n > 0) { finish_at = nb; b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 2, pf}; }
+    if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
+    b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 7, pc};
+    PGresult *r[4];
+    int got = db_pipeline(c, b, nb, r, err, errlen);
+    free(outcomes);
+    free(models);
+    free(seqs);
+    int changed = finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
+    for (int i = 0; i < nb; i++) PQclear(r[i]);
+    if (got < nb) goto fail;
+    if (changed != n) {
+        snprintf(err, errlen, "%d of the %d operations of cycle %s are no longer claimed by it (lease expired?)",
+                 n - changed, n, cyc);
+        db_rollback(c);
+        return -2;
+    }
+    if (exe_snapshots_record(st, c, snaps, err, errlen) < 0) goto fail;
     return db_commit(c, err, errlen);
 fail:
     db_rollback(c);

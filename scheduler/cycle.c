@@ -11,6 +11,7 @@
  * a small one. A single operation larger than the budget still runs, alone. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <stdbool.h>
@@ -125,11 +126,19 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     snprintf(exe, sizeof exe, "%lld", (long long)executor_id);
     snprintf(lim, sizeof lim, "%d", o->max_models);
     *cycle_id = 0;
-    if (db_begin(c, err, errlen) < 0) return -1;
+    /* Four round trips in all (db_pipeline): lock the executor and read the rate limits;
+     * lock the ready models and queued samples; lock their operations; claim, advance,
+     * notify and commit. */
     const char *p1[1] = {exe};
-    PGresult *re = db_query(c, SQL_LOCK_IDLE_EXECUTOR, 1, p1, err, errlen);
-    if (!re) goto fail;
-    if (PQntuples(re) == 0) { PQclear(re); db_rollback(c); return 0; }
+    db_stmt b1[3] = {{SQL_BEGIN, 0, NULL}, {SQL_LOCK_IDLE_EXECUTOR, 1, p1}, {SQL_TENANT_RATE, 0, NULL}};
+    PGresult *r1[3];
+    if (db_pipeline(c, b1, 3, r1, err, errlen) < 3) {
+        for (int i = 0; i < 3; i++) PQclear(r1[i]);
+        goto fail;
+    }
+    PQclear(r1[0]);
+    PGresult *re = r1[1], *rr = r1[2];
+    if (PQntuples(re) == 0) { PQclear(re); PQclear(rr); db_rollback(c); return 0; }
     char base[256];
     snprintf(base, sizeof base, "%s", PQgetvalue(re, 0, 0));
     int budget = (int)db_int(re, 0, 1);
@@ -137,8 +146,6 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
 
     /* Rate limits: tenants with no tokens left in this minute are held (their futures say
      * paused_rate_limit); the others may claim at most what they have left. */
-    PGresult *rr = db_query(c, SQL_TENANT_RATE, 0, NULL, err, errlen);
-    if (!rr) goto fail;
     int nrate = PQntuples(rr);
     rate_left *rates = calloc(nrate ? nrate : 1, sizeof *rates);
     char *held_tenants = malloc(16 + (size_t)nrate * 22), *hp = held_tenants;
@@ -151,10 +158,12 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     PQclear(rr);
 
     const char *p2[4] = {base, exe, lim, held_tenants};
-    PGresult *rm = db_query(c, SQL_LOCK_READY_MODELS, 4, p2, err, errlen);
-    PGresult *rs = rm ? db_query(c, SQL_LOCK_QUEUED_SAMPLES, 4, p2, err, errlen) : NULL;
+    db_stmt b2[2] = {{SQL_LOCK_READY_MODELS, 4, p2}, {SQL_LOCK_QUEUED_SAMPLES, 4, p2}};
+    PGresult *r2[2];
+    int got2 = db_pipeline(c, b2, 2, r2, err, errlen);
     free(held_tenants);
-    if (!rs) { if (rm) PQclear(rm); free(rates); goto fail; }
+    if (got2 < 2) { PQclear(r2[0]); PQclear(r2[1]); free(rates); goto fail; }
+    PGresult *rm = r2[0], *rs = r2[1];
     int nm = PQntuples(rm), nsamp = PQntuples(rs);
     if (nm == 0 && nsamp == 0) { PQclear(rm); PQclear(rs); free(rates); db_rollback(c); return 0; }
     /* Runs: one per model, then one per sample op (samples have no order between them). */
@@ -269,13 +278,6 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     snprintf(sops, sizeof sops, "%d", nclaimed);
     snprintf(stok, sizeof stok, "%d", used);
     snprintf(slease, sizeof slease, "%d", o->lease_s);
-    const char *p4[4] = {exe, sops, stok, slease};
-    PGresult *rc = db_query(c, SQL_INSERT_CYCLE, 4, p4, err, errlen);
-    if (!rc) { free(ms); free(claimed); goto fail; }
-    *cycle_id = db_int(rc, 0, 0);
-    char cyc[24];
-    snprintf(cyc, sizeof cyc, "%s", PQgetvalue(rc, 0, 0));
-    PQclear(rc);
 
     /* {id,id,...} literals for the claim and the model advance. */
     size_t cap = 32 + (size_t)nclaimed * 22;
@@ -307,17 +309,21 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     sprintf(t, "}");
     free(ms);
 
-    const char *p5[2] = {cyc, oplist};
+    const char *p5[5] = {exe, sops, stok, slease, oplist};
     const char *p6[5] = {mids, seqs, pp, pg, pt};
     const char *p7[1] = {exe};
-    const char *p8[1] = {exe};
-    int rc2 = db_exec(c, SQL_CLAIM_OPS, 2, p5, err, errlen);
-    if (!rc2) rc2 = db_exec(c, SQL_ADVANCE_MODELS, 5, p6, err, errlen);
-    if (!rc2) rc2 = db_exec(c, SQL_EXECUTOR_BUSY, 1, p7, err, errlen);
-    if (!rc2) rc2 = db_exec(c, SQL_NOTIFY_CYCLE, 1, p8, err, errlen);
+    db_stmt b4[5] = {{SQL_INSERT_CYCLE_CLAIM, 5, p5}, {SQL_ADVANCE_MODELS, 5, p6}, {SQL_EXECUTOR_BUSY, 1, p7},
+                     {SQL_NOTIFY_CYCLE, 1, p7}, {SQL_COMMIT, 0, NULL}};
+    PGresult *r4[5];
+    int got4 = db_pipeline(c, b4, 5, r4, err, errlen);
     free(oplist); free(mids); free(seqs); free(pp);
-    if (rc2 < 0) goto fail;
-    if (db_commit(c, err, errlen) < 0) return -1;
+    char cyc[24] = "";
+    if (got4 >= 1) {
+        snprintf(cyc, sizeof cyc, "%s", PQgetvalue(r4[0], 0, 0));
+        *cycle_id = db_int(r4[0], 0, 0);
+    }
+    for (int i = 0; i < 5; i++) PQclear(r4[i]);
+    if (got4 < 5) { *cycle_id = 0; goto fail; }
     log_debug("cycle %s: %d ops, %d tokens for executor %s", cyc, nclaimed, used, exe);
     return nclaimed;
 fail:
@@ -415,8 +421,15 @@ typedef struct {
 } place_exe;
 
 int sched_place(PGconn *c, int silence_s, char *err, size_t errlen) {
-    if (db_begin(c, err, errlen) < 0) return -1;
+    /* Runs before every cycle build and almost always finds nothing: looked at first
+     * outside a transaction (one round trip), then again under the transaction's locks. */
     PGresult *rm = db_query(c, SQL_PLACE_MODELS, 0, NULL, err, errlen);
+    if (!rm) return -1;
+    int waiting = PQntuples(rm);
+    PQclear(rm);
+    if (waiting == 0) return 0;
+    if (db_begin(c, err, errlen) < 0) return -1;
+    rm = db_query(c, SQL_PLACE_MODELS, 0, NULL, err, errlen);
     if (!rm) goto fail;
     if (PQntuples(rm) == 0) { PQclear(rm); db_rollback(c); return 0; }
     char secs[16];

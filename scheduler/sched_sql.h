@@ -57,15 +57,14 @@
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
 
-/* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds. */
-#define SQL_INSERT_CYCLE \
-    "INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
-    " VALUES ($1, $2, $3, now() + make_interval(secs => $4::int)) RETURNING id"
-
-/* $1 cycle, $2 bigint[] operation ids. */
-#define SQL_CLAIM_OPS \
-    "UPDATE operations SET state = 'claimed', cycle_id = $1, claimed_at = now()" \
-    " WHERE id = ANY($2::bigint[]) AND state = 'queued'"
+/* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds, $5 bigint[] operation ids: the
+ * cycle, and its operations claimed by it -> the cycle's id. */
+#define SQL_INSERT_CYCLE_CLAIM \
+    "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
+    " VALUES ($1, $2, $3, now() + make_interval(secs => $4::int)) RETURNING id)," \
+    " claim AS (UPDATE operations SET state = 'claimed', cycle_id = (SELECT id FROM cyc), claimed_at = now()" \
+    " WHERE id = ANY($5::bigint[]) AND state = 'queued')" \
+    " SELECT id FROM cyc"
 
 /* $1 text[] model ids, $2 int[] next seq, $3 real[] pair_p, $4 real[] pair_gap_ms (-1:
  * unknown), $5 float8[] tail_fb_at in epoch ms (-1: none): what the claimed runs taught

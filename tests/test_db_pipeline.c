@@ -1,0 +1,90 @@
+/* test_db_pipeline.c — db_pipeline (common/db.c), the batch the scheduler's cycle build
+ * and the executor's commit send in one round trip, on a private PostgreSQL: results in
+ * order, parameters and prepared statements, a failure in the middle (the rest skipped,
+ * the transaction left to roll back, the connection usable after), the same batch many
+ * times (the prepared path), and a session the server ends under it (no hang, the
+ * connection out of pipeline mode and usable again). */
+#include "tests/check.h"
+#include "tests/dbtest.h"
+#include <time.h>
+
+static void clear_all(PGresult **r, int n) {
+    for (int i = 0; i < n; i++) PQclear(r[i]);
+}
+
+static void test_ok(void) {
+    char err[512];
+    const char *p[1] = {"41"};
+    db_stmt b[4] = {{"BEGIN", 0, NULL}, {"SELECT $1::int + 1", 1, p}, {"INSERT INTO pipe_t VALUES (7)", 0, NULL},
+                    {"COMMIT", 0, NULL}};
+    PGresult *r[4];
+    int got = db_pipeline(C, b, 4, r, err, sizeof err);
+    CHECK(got == 4, "a batch of 4 statements: all 4 succeed (got %d: %s)", got, err);
+    CHECK(got == 4 && PQntuples(r[1]) == 1 && !strcmp(PQgetvalue(r[1], 0, 0), "42"),
+          "the parameterised SELECT's own result comes back in its place");
+    CHECK(got == 4 && !strcmp(PQcmdTuples(r[2]), "1"), "the INSERT's row count comes back in its place");
+    clear_all(r, 4);
+    CHECK(PQpipelineStatus(C) == PQ_PIPELINE_OFF, "the connection is out of pipeline mode after the batch");
+    CHECK(scalar("SELECT count(*) FROM pipe_t WHERE v = 7") == 1, "the batch's COMMIT committed");
+    for (int k = 0; k < 50; k++) { /* the second and later runs take the prepared path */
+        got = db_pipeline(C, b, 4, r, err, sizeof err);
+        clear_all(r, 4);
+        if (got != 4) break;
+    }
+    CHECK(got == 4 && scalar("SELECT count(*) FROM pipe_t WHERE v = 7") == 51, "50 more runs of the batch all commit");
+}
+
+static void test_failure(void) {
+    char err[512];
+    db_stmt b[4] = {{"BEGIN", 0, NULL}, {"INSERT INTO pipe_t VALUES (8)", 0, NULL}, {"SELECT 1 / (v - v) FROM pipe_t", 0, NULL},
+                    {"INSERT INTO pipe_t VALUES (9)", 0, NULL}};
+    PGresult *r[4];
+    int got = db_pipeline(C, b, 4, r, err, sizeof err);
+    CHECK(got == 2, "a failure in the 3rd statement: 2 leading successes reported (got %d)", got);
+    CHECK(r[0] && r[1] && !r[2] && !r[3], "results for the two that ran, NULL for the failed and the skipped one");
+    CHECK(strstr(err, "division by zero") != NULL, "err carries the server's message (%s)", err);
+    CHECK(!strcmp(db_last_sqlstate(), "22012"), "db_last_sqlstate gives the failure's SQLSTATE (%s)", db_last_sqlstate());
+    clear_all(r, 4);
+    CHECK(PQpipelineStatus(C) == PQ_PIPELINE_OFF && PQtransactionStatus(C) == PQTRANS_INERROR,
+          "out of pipeline mode, the transaction aborted and left for the caller");
+    db_rollback(C);
+    CHECK(scalar("SELECT count(*) FROM pipe_t WHERE v IN (8, 9)") == 0, "after the rollback nothing of the batch stayed");
+}
+
+static void test_terminated(void) {
+    char err[512];
+    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
+    if (!c) dbt_die("connect", err);
+    char q[96];
+    snprintf(q, sizeof q, "SELECT pg_terminate_backend(%d)", PQbackendPID(c));
+    text(q);
+    db_stmt b[3] = {{"BEGIN", 0, NULL}, {"SELECT 1", 0, NULL}, {"COMMIT", 0, NULL}};
+    PGresult *r[3];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = db_pipeline(c, b, 3, r, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    clear_all(r, 3);
+    CHECK(got == 0 && err[0], "a session the server ended: the batch fails with a message (%s)", err);
+    CHECK(s < 10, "... at once, not hanging on results that never come (%.2f s)", s);
+    CHECK(PQpipelineStatus(c) == PQ_PIPELINE_OFF, "the connection is out of pipeline mode");
+    if (PQstatus(c) != CONNECTION_OK) PQreset(c); /* what the callers do on a broken connection */
+    PGresult *ok = db_query(c, "SELECT 5", 0, NULL, err, sizeof err);
+    CHECK(ok && !strcmp(PQgetvalue(ok, 0, 0), "5"), "and usable again for ordinary statements (%s)", ok ? "" : err);
+    PQclear(ok);
+    got = db_pipeline(c, b, 3, r, err, sizeof err);
+    clear_all(r, 3);
+    CHECK(got == 3, "and for batches (%s)", err);
+    PQfinish(c);
+}
+
+int main(void) {
+    dbt_start("loom-pipe");
+    sql("CREATE TABLE pipe_t (v int)");
+    test_ok();
+    test_failure();
+    test_terminated();
+    dbt_stop();
+    return check_summary();
+}
