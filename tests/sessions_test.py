@@ -84,6 +84,9 @@ def main():
 
         # from now on only the last session sends heartbeats (the api counts requests as
         # signs of life too); one silent client left work queued behind a seq_id it never sent
+        gap_sampler = c.post("/api/v1/create_sampling_session", {"session_id": clients[10][0],
+                                                                 "sampling_session_seq_id": 0,
+                                                                 "base_model": "loom/tiny-llama"})["sampling_session_id"]
         alive.intersection_update({live_sid})
         t_silent = time.time()
         # a client that only samples, from a sampler of the base model in its own session
@@ -123,6 +126,10 @@ def main():
         R.check(st == 400 and "expired" in text and "session-expired" in text, f"a submit to it is a 400: {text[:160]}")
         st, text = post_status(c, "/api/v1/session_heartbeat", {"session_id": gap_sid})
         R.check(st == 404 and "expired" in text, f"its session's heartbeat is a 404: {text[:120]}")
+        st, text = post_status(c, "/api/v1/asample", {"sampling_session_id": gap_sampler, "num_samples": 1,
+                                                      "prompt": {"chunks": [{"tokens": [1, 2]}]},
+                                                      "sampling_params": {"max_tokens": 1}})
+        R.check(st == 400 and "expired" in text, f"a sample from a sampler of it is a 400: {text[:120]}")
         R.check(wait_for(lambda: slots() == 1, 10), f"the executor freed their slots ({slots()} left)")
         time.sleep(0.5)
         rss3 = rss_mb(pid)
