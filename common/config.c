@@ -177,10 +177,10 @@ static int on_entry(void *user, const char *section, const char *name, const cha
     if (!*section) {
         /* The top of the file holds the shared settings, whichever command reads it. */
         bool shared = !strcmp(name, "db") || !strcmp(name, "data-dir") || !strcmp(name, "secret-file") ||
-                      !strcmp(name, "blob-dir");
+                      !strcmp(name, "blob-dir") || !strcmp(name, "executor-timeout-s");
         if (!shared) {
             snprintf(fc->msg, sizeof fc->msg, "unknown setting '%s' at the top (shared settings: db, data-dir, "
-                     "secret-file, blob-dir; a command's own options go in its section)", name);
+                     "secret-file, blob-dir, executor-timeout-s; a command's own options go in its section)", name);
             return 0;
         }
         if (i < 0) return 1;   /* shared, but not this command's */

@@ -93,7 +93,11 @@ static int hand_over_sampler(exe_state *st, PGconn *c, const char *sid, char *er
     uint8_t *bytes;
     size_t len;
     char digest[BLOB_DIGEST_HEX], eid[24];
-    if (!ad || exe_adapter_to_blob(st, ad, false, &bytes, &len, digest, err, errlen) < 0) return -1;
+    if (!ad) {
+        snprintf(err, errlen, "it is no longer in the store");
+        return -1;
+    }
+    if (exe_adapter_to_blob(st, ad, false, &bytes, &len, digest, err, errlen) < 0) return -1;
     snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
     const char *p[3] = {sid, digest, eid};
     int rc = db_begin(c, err, errlen);
