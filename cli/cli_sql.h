@@ -114,9 +114,11 @@
 #define SQL_CLI_EXECUTOR_DRAIN                                                                  \
     "UPDATE executors SET draining = $2::boolean WHERE state <> 'gone'"                         \
     " AND (id::text = $1 OR name = $1) RETURNING id, name, hostname, base_model"
-/* $1 bigint[] executors -> active models still placed on them */
+/* $1 bigint[] executors -> active models still placed on them, and the sampler snapshots
+ * they still hold (as they last recorded) */
 #define SQL_CLI_EXECUTOR_MODELS                                                                 \
-    "SELECT count(*) FROM models WHERE executor_id = ANY($1::bigint[]) AND status = 'active'"
+    "SELECT (SELECT count(*) FROM models WHERE executor_id = ANY($1::bigint[]) AND status = 'active'),"  \
+    " (SELECT coalesce(sum(sampler_snapshots), 0) FROM executors WHERE id = ANY($1::bigint[]))"
 
 /* ---- limits and usage (usage.c) ------------------------------------------------------------ */
 /* $1 tenant name, $2 max queued ops, $3 tokens per minute, $4 max live models, $5 max

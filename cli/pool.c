@@ -2,7 +2,8 @@
  * Draining an executor (docs/architecture.md, "Pools and placement") stops new cycles and
  * placements there; the executor hands each model it holds over to its pool (snapshot
  * brought up to date, then placed nowhere), and the scheduler places them on the other
- * executors of the base model as their next operations come. */
+ * executors of the base model as their next operations come; each sampler snapshot it
+ * holds goes to the blob store, where any executor of the base model loads it. */
 #include "cli/admin.h"
 #include "cli/cli.h"
 #include "cli/cli_sql.h"
@@ -16,12 +17,12 @@
 
 static const opt_spec DRAIN_OPTS[] = {
     {.name = "wait", .kind = OPT_INT, .arg = "S", .def = "0", .lo = 0, .hi = 86400,
-     .help = "wait up to S seconds for the executor to hold no model (exit 1 if it still does)"},
+     .help = "wait up to S seconds for the executor to hold no model and no sampler snapshot (exit 1 if it still does)"},
     {0}};
 
 static const cfg_cmd DRAIN = {.cmd = "loom executor drain", .synopsis = "NAME|ID [options]",
-                              .about = "Moves the models of the live executor(s) with this name or id to the other\n"
-                                       "executors of their base model; it then takes no new work (until undrain).",
+                              .about = "Moves the models and sampler snapshots of the live executor(s) with this name or\n"
+                                       "id to the other executors of their base model; it then takes no new work (until undrain).",
                               .tables = {DRAIN_OPTS, CFG_DB, CFG_DATA_DIR}, .min_pos = 1, .max_pos = 1,
                               .pos_name = "NAME|ID"};
 static const cfg_cmd UNDRAIN = {.cmd = "loom executor undrain", .synopsis = "NAME|ID [options]",
@@ -57,11 +58,15 @@ static int drain(const cfg *o) {
     for (;;) {
         PGresult *r = db_query(c, SQL_CLI_EXECUTOR_MODELS, 1, p, err, sizeof err);
         if (!r) return cli_fail(o, c, "%s", err);
-        long left = (long)db_int(r, 0, 0);
+        long models = (long)db_int(r, 0, 0), samplers = (long)db_int(r, 0, 1);
         PQclear(r);
-        if (left == 0) { printf("drained: no model is placed there any more\n"); break; }
+        if (models == 0 && samplers == 0) {
+            printf("drained: no model or sampler snapshot is held there any more\n");
+            break;
+        }
         if (time(NULL) >= until) {
-            printf("%ld model(s) still placed there%s\n", left, wait ? "" : " (they move as the executor hands them over)");
+            printf("%ld model(s) and %ld sampler snapshot(s) still there%s\n", models, samplers,
+                   wait ? "" : " (they move as the executor hands them over)");
             PQfinish(c);
             return wait ? 1 : 0;
         }

@@ -9,8 +9,8 @@
  * quick death (0.25 s up to 30 s; back to the start once a child ran for a minute), and
  * never given up on: one part failing again and again must not stop the others. An
  * executor that stops heartbeating (stopped, hung on a device) is killed and replaced:
- * the scheduler writes it off after 30 s of silence and never schedules it again, so
- * without a new one no work would run. An executor that dies is marked gone at once, so
+ * the scheduler writes it off after --executor-timeout-s of silence and never schedules
+ * it again, so without a new one no work would run. An executor that dies is marked gone at once, so
  * that its models are restored elsewhere (docs/architecture.md, "Durable training
  * state") without waiting for its silence. Everything loom up and its children create is
  * private to the service user (umask 077, data directory 0700). */
@@ -141,7 +141,7 @@ static void child_died(child *ch, int status) {
 }
 
 /* An executor child died (crash, kill -9): its row says gone at once, so that its models
- * are restored on another executor (or the restarted one) without waiting 30 s for the
+ * are restored on another executor (or the restarted one) without waiting --executor-timeout-s for the
  * reaper to notice the silence. */
 static void executor_died(child *ch, PGconn *c, const char *host) {
     if (PQstatus(c) != CONNECTION_OK) PQreset(c);
@@ -153,10 +153,10 @@ static void executor_died(child *ch, PGconn *c, const char *host) {
         log_warn("executor pid %d: could not mark it gone (the reaper will, after its silence): %s", (int)ch->pid, err);
 }
 
-/* The executor child's newest row says it is gone or silent beyond silent_s (the
- * scheduler's --executor-timeout-s): it
- * is stopped or hung, and will never be scheduled again. Kill it; the reaping in the main
- * loop then starts a new one. A database that cannot be asked is no reason to kill. */
+/* The executor child's newest row says it is gone or silent beyond silent_s
+ * (--executor-timeout-s, the scheduler's and the api's too): it is stopped or hung, and
+ * will never be scheduled again. Kill it; the reaping in the main loop then starts a new
+ * one. A database that cannot be asked is no reason to kill. */
 static void watch_executor(child *ch, PGconn *c, const char *host, int silent_s) {
     if (ch->pid <= 0 || !ch->argv) return;
     if (PQstatus(c) != CONNECTION_OK) PQreset(c);
@@ -267,7 +267,8 @@ static const cfg_cmd UP_CMD = {
              "executor per GPU found, else one cpu executor; --backend cuda without --device: one per GPU)\n"
              "and the registry GC, restarted when they die. Prints DATABASE_URL, TINKER_BASE_URL and TINKER_API_KEY once ready.\n"
              "The api's, scheduler's and executor's options below are passed through to them.",
-    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, API_TUNING_OPTS, CFG_SECRET, CFG_BLOBS}};
+    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, CFG_EXECUTOR_TIMEOUT, API_TUNING_OPTS, CFG_SECRET,
+               CFG_BLOBS}};
 
 /* A child's argument vector, built from the settings (strings live as long as the
  * process). */
@@ -500,11 +501,13 @@ int up_main(int argc, char **argv) {
     argvec sch = {0}, api = {0}, gc = {0};
     av_add(&sch, "loom"), av_add(&sch, "scheduler"), av_opt(&sch, "config", "/dev/null"), av_opt(&sch, "db", conninfo);
     av_pass(&sch, &o, SCHED_OPTS, NULL);
+    av_pass(&sch, &o, CFG_EXECUTOR_TIMEOUT, NULL);
     av_add(&api, "loom"), av_add(&api, "api"), av_opt(&api, "config", "/dev/null"), av_opt(&api, "db", conninfo);
     av_opt(&api, "host", host), av_opt(&api, "threads", cfg_str(&o, "api-threads"));
     av_opt(&api, "blob-dir", blob_dir);
     if (secret_path[0]) av_opt(&api, "secret-file", secret_path);   /* else LOOM_SECRET, inherited */
     av_pass(&api, &o, API_TUNING_OPTS, NULL);
+    av_pass(&api, &o, CFG_EXECUTOR_TIMEOUT, NULL);
     int port_at = api.n + 1;
     av_opt(&api, "port", cfg_str(&o, "port"));
     av_add(&gc, "loom"), av_add(&gc, "adapter"), av_add(&gc, "gc"), av_opt(&gc, "config", "/dev/null");

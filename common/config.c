@@ -33,6 +33,11 @@ const opt_spec CFG_BLOBS[] = {
     {.name = "blob-dir", .kind = OPT_STR, .arg = "DIR", .env = "LOOM_BLOB_DIR",
      .help = "registry blob store (default: <data-dir>/blobs)"},
     {0}};
+const opt_spec CFG_EXECUTOR_TIMEOUT[] = {
+    {.name = "executor-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 2, .hi = 3600,
+     .help = "an executor without a heartbeat for S seconds is gone: its models move, and it no longer counts as "
+             "serving its base model (executors beat every 3 s)"},
+    {0}};
 static const opt_spec CFG_COMMON[] = {
     {.name = "config", .kind = OPT_STR, .arg = "FILE", .env = "LOOM_CONFIG",
      .help = "config file (default: " CFG_DEFAULT_FILE " when it exists; /dev/null: none)"},
@@ -59,7 +64,7 @@ void cfg_usage(const cfg_cmd *cmd, bool to_stdout) {
     fprintf(f, "usage: %s %s\n", cmd->cmd, cmd->synopsis ? cmd->synopsis : "[options]");
     if (cmd->about) fprintf(f, "%s\n", cmd->about);
     fprintf(f, "options:\n");
-    for (int t = 0; cmd->tables[t]; t++)
+    for (int t = 0; t < CFG_MAX_TABLES && cmd->tables[t]; t++)
         for (const opt_spec *s = cmd->tables[t]; s->name; s++) print_opt(f, s);
     for (const opt_spec *s = CFG_COMMON; s->name; s++) print_opt(f, s);
     if (cmd->section)
@@ -172,10 +177,10 @@ static int on_entry(void *user, const char *section, const char *name, const cha
     if (!*section) {
         /* The top of the file holds the shared settings, whichever command reads it. */
         bool shared = !strcmp(name, "db") || !strcmp(name, "data-dir") || !strcmp(name, "secret-file") ||
-                      !strcmp(name, "blob-dir");
+                      !strcmp(name, "blob-dir") || !strcmp(name, "executor-timeout-s");
         if (!shared) {
             snprintf(fc->msg, sizeof fc->msg, "unknown setting '%s' at the top (shared settings: db, data-dir, "
-                     "secret-file, blob-dir; a command's own options go in its section)", name);
+                     "secret-file, blob-dir, executor-timeout-s; a command's own options go in its section)", name);
             return 0;
         }
         if (i < 0) return 1;   /* shared, but not this command's */
@@ -247,8 +252,8 @@ bool cfg_parse(const cfg_cmd *cmd, int argc, char **argv, cfg *o, int *rc) {
     memset(o, 0, sizeof *o);
     o->cmd = cmd;
     *rc = 2;
-    for (int t = 0; t < 9; t++) {
-        const opt_spec *tab = t < 8 && cmd->tables[t] ? cmd->tables[t] : CFG_COMMON;
+    for (int t = 0; t <= CFG_MAX_TABLES; t++) {
+        const opt_spec *tab = t < CFG_MAX_TABLES && cmd->tables[t] ? cmd->tables[t] : CFG_COMMON;
         for (const opt_spec *s = tab; s->name && o->n < CFG_MAX_OPTS; s++) {
             o->spec[o->n] = s;
             set(o, o->n, s->def, CFG_DEFAULT, "default");

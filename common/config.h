@@ -44,16 +44,20 @@ extern const opt_spec CFG_DB[];        /* db */
 extern const opt_spec CFG_DATA_DIR[];  /* data-dir */
 extern const opt_spec CFG_SECRET[];    /* secret-file */
 extern const opt_spec CFG_BLOBS[];     /* blob-dir */
+/* executor-timeout-s: the scheduler writes off an executor silent that long, and the api
+ * counts an executor as serving (readiness, futures) only while it beat within it. */
+extern const opt_spec CFG_EXECUTOR_TIMEOUT[];
 
 #define CFG_MAX_OPTS 64
 #define CFG_MAX_POS 8
+#define CFG_MAX_TABLES 10
 
 typedef struct {
     const char *cmd;                 /* "loom key create": messages and usage */
     const char *section;             /* its config file section, or NULL */
     const char *synopsis;            /* after the command in the usage line: "NAME [options]" */
     const char *about;               /* a paragraph after the synopsis (NULL: none) */
-    const opt_spec *tables[8];       /* NULL-terminated */
+    const opt_spec *tables[CFG_MAX_TABLES];   /* NULL-terminated (at most CFG_MAX_TABLES - 1) */
     int min_pos, max_pos;            /* positional arguments */
     const char *pos_name;            /* what they are, for "missing NAME" */
 } cfg_cmd;

@@ -28,14 +28,46 @@ typedef struct {
     uint8_t bytes[];               /* the blob, to store again if GC took it */
 } save_hook_data;
 
+int exe_adapter_to_blob(exe_state *st, exe_adapter *ad, bool training, uint8_t **bytes, size_t *len,
+                        char digest[BLOB_DIGEST_HEX], char *err, size_t errlen) {
+    if (!st->blobs) {
+        snprintf(err, errlen, "this executor has no registry blob store (start it with --blob-dir)");
+        return -1;
+    }
+    adapter_state host;
+    char why[512];
+    if (exe_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | (training ? ADAPTER_OPTIM : 0), &host, why,
+                             sizeof why) < 0) {
+        snprintf(err, errlen, "reading the adapter from the device failed: %s", why);
+        return -1;
+    }
+    int rc = adapter_io_encode(&host, training, bytes, len, why, sizeof why);
+    adapter_state_free(&host);
+    if (rc < 0) {
+        snprintf(err, errlen, "serialising the adapter failed: %s", why);
+        return -1;
+    }
+    if (blob_put(st->blobs, *bytes, *len, digest, why, sizeof why) < 0) {
+        free(*bytes);
+        *bytes = NULL;
+        snprintf(err, errlen, "storing it failed: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+int exe_blob_hold(exe_state *st, PGconn *c, const char *digest, const void *bytes, size_t len, char *err,
+                  size_t errlen) {
+    if (reg_blob_lock_shared(c, digest, err, errlen) < 0) return -1;
+    if (blob_exists(st->blobs, digest)) return 0;
+    char dg[BLOB_DIGEST_HEX];
+    log_warn("blob %s vanished before the row naming it was written (registry GC?); storing it again", digest);
+    return blob_put(st->blobs, bytes, len, dg, err, errlen);
+}
+
 static int save_hook(PGconn *c, exe_state *st, exe_op *op, char *err, size_t errlen) {
     save_hook_data *h = op->hook_data;
-    if (reg_blob_lock_shared(c, h->digest, err, errlen) < 0) return -1;
-    if (!blob_exists(st->blobs, h->digest)) {
-        char dg[BLOB_DIGEST_HEX];
-        log_warn("checkpoint %s: blob %s vanished before commit (gc?); storing it again", h->name, h->digest);
-        if (blob_put(st->blobs, h->bytes, h->len, dg, err, errlen) < 0) return -1;
-    }
+    if (exe_blob_hold(st, c, h->digest, h->bytes, h->len, err, errlen) < 0) return -1;
     reg_new_version v = {.model_id = op->model_id, .seq_id = op->seq_id, .kind = h->kind, .name = h->name,
                          .digest = h->digest, .size_bytes = (int64_t)h->len, .step = h->step,
                          .ttl_seconds = h->ttl_seconds, .overwrite = h->overwrite, .key_id = h->key_id};
@@ -58,25 +90,14 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
         exe_op_fail(op, "user", "checkpoint name: %s", name ? err : "missing");
         return;
     }
-    if (!st->blobs) {
-        exe_op_fail(op, "server", "this executor has no registry blob store (start it with --blob-dir)");
-        return;
-    }
     exe_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
     bool training = !strcmp(kind, "training");
     uint8_t *bytes;
     size_t len;
-    adapter_state host;
-    if (exe_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | (training ? ADAPTER_OPTIM : 0), &host, err,
-                             sizeof err) < 0) {
-        exe_op_fail(op, "server", "reading the adapter from the device failed: %s", err);
-        return;
-    }
-    int rc = adapter_io_encode(&host, training, &bytes, &len, err, sizeof err);
-    adapter_state_free(&host);
-    if (rc < 0) {
-        exe_op_fail(op, "server", "serialising the adapter failed: %s", err);
+    char digest[BLOB_DIGEST_HEX];
+    if (exe_adapter_to_blob(st, ad, training, &bytes, &len, digest, err, sizeof err) < 0) {
+        exe_op_fail(op, "server", "checkpoint: %s", err);
         return;
     }
     save_hook_data *h = malloc(sizeof *h + len);
@@ -86,12 +107,7 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
         return;
     }
     memset(h, 0, sizeof *h);
-    if (blob_put(st->blobs, bytes, len, h->digest, err, sizeof err) < 0) {
-        free(bytes);
-        free(h);
-        exe_op_fail(op, "server", "storing the checkpoint failed: %s", err);
-        return;
-    }
+    snprintf(h->digest, sizeof h->digest, "%s", digest);
     snprintf(h->kind, sizeof h->kind, "%s", kind);
     snprintf(h->name, sizeof h->name, "%s", name);
     h->step = ad->step;

@@ -2,8 +2,20 @@
  * named save_weights_for_sampler, load_weights, and checkpoints loaded for sampling. */
 #pragma once
 #include "executor/exe_ops.h"
+#include "registry/blobstore.h"
 
 extern const exe_handler_entry exe_ckpt_handlers[];   /* ends with {NULL, NULL} */
+
+/* The adapter's weights (and its Adam moments: training) in the checkpoint format, put
+ * into the blob store: *bytes (malloc'd: to store again if the registry GC takes the blob
+ * before a row names it), *len and its digest. 0, or -1 with err. */
+int exe_adapter_to_blob(exe_state *st, exe_adapter *ad, bool training, uint8_t **bytes, size_t *len,
+                        char digest[BLOB_DIGEST_HEX], char *err, size_t errlen);
+/* Inside the transaction that writes the row naming a blob: the digest's shared lock (the
+ * registry GC takes it exclusive before it removes a blob no row names), and the blob
+ * stored again if GC took it meanwhile. 0, or -1 with err. */
+int exe_blob_hold(exe_state *st, PGconn *c, const char *digest, const void *bytes, size_t len, char *err,
+                  size_t errlen);
 
 /* A registry blob (sampler or training checkpoint, by sha256 digest) as an inference
  * adapter for this executor's base model, cached in the store. The blob is read verified

@@ -47,11 +47,7 @@ static int store_blob(exe_state *st, const adapter_state *host, snap_blob *b, ch
 /* Inside a transaction: the row, under the digest's shared lock (registry GC takes it
  * exclusive before it removes a blob no row names), storing the blob again if GC took it. */
 static int record_blob(exe_state *st, PGconn *c, const snap_blob *b, char *err, size_t errlen) {
-    if (reg_blob_lock_shared(c, b->digest, err, errlen) < 0) return -1;
-    if (!blob_exists(st->blobs, b->digest)) {
-        char dg[BLOB_DIGEST_HEX];
-        if (blob_put(st->blobs, b->bytes, b->len, dg, err, errlen) < 0) return -1;
-    }
+    if (exe_blob_hold(st, c, b->digest, b->bytes, b->len, err, errlen) < 0) return -1;
     char seq[24], step[24], size[24], eid[24];
     snprintf(seq, sizeof seq, "%lld", (long long)b->seq);
     snprintf(step, sizeof step, "%lld", (long long)b->step);
@@ -291,6 +287,7 @@ void exe_snapshots_done(exe_state *st, exe_snap_set *set, bool committed) {
         } else if (committed) {
             q->snap_seq = b->seq;
             q->snap_step = b->step;
+            q->snap_retry = false;
         }
     }
     free_set(set);
@@ -306,6 +303,12 @@ typedef struct {
     adapter_state host;
 } snap_job;
 
+/* A write that failed, for the loop thread to learn of (it owns the slots). */
+typedef struct {
+    char model_id[256];
+    int64_t seq;
+} snap_failure;
+
 struct snap_writer {
     exe_state *st;
     pthread_t thread;
@@ -315,6 +318,9 @@ struct snap_writer {
     int n, busy;
     bool stop;
     PGconn *c;
+    snap_failure *failed;   /* not yet taken by the loop thread */
+    int nfailed;
+    bool failing;           /* the last write failed (logged once until one succeeds) */
 };
 
 static void write_job(struct snap_writer *w, snap_job *j) {
@@ -335,10 +341,29 @@ static void write_job(struct snap_writer *w, snap_job *j) {
             rc = -1;
         }
     }
-    if (rc < 0) log_warn("model %s: snapshot after seq_id %lld not written (a later one will be): %s", j->model_id,
-                         (long long)j->seq, err);
-    else log_info("model %s: snapshot after seq_id %lld (step %lld, %zu bytes) written in %.3f s", j->model_id,
-                  (long long)j->seq, (long long)b.step, b.len, now_s() - t0);
+    pthread_mutex_lock(&w->mu);
+    bool was_failing = w->failing;
+    w->failing = rc < 0;
+    if (rc < 0) {
+        snap_failure *nf = realloc(w->failed, (size_t)(w->nfailed + 1) * sizeof *nf);
+        if (nf) {
+            w->failed = nf;
+            snprintf(nf[w->nfailed].model_id, sizeof nf[w->nfailed].model_id, "%s", j->model_id);
+            nf[w->nfailed++].seq = j->seq;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    /* A store that cannot be written fails every write until it is mended: said once. */
+    if (rc < 0 && !was_failing)
+        log_error("model %s: snapshot after seq_id %lld not written: %s; a recovery replays the operations since "
+                  "the last snapshot written, and the snapshot is tried again with the model's next operation "
+                  "(further failures are not logged until one is written)", j->model_id, (long long)j->seq, err);
+    else if (rc < 0)
+        log_debug("model %s: snapshot after seq_id %lld not written: %s", j->model_id, (long long)j->seq, err);
+    else
+        log_info("model %s: snapshot after seq_id %lld (step %lld, %zu bytes) written in %.3f s%s", j->model_id,
+                 (long long)j->seq, (long long)b.step, b.len, now_s() - t0,
+                 was_failing ? " (snapshots are written again)" : "");
     free(b.bytes);
 }
 
@@ -395,8 +420,9 @@ static void enqueue(exe_state *st, const char *model_id, slot_seqs *q, exe_adapt
         log_warn("model %s: snapshot: %s", model_id, err);
         return;
     }
-    q->snap_seq = q->base_seq;   /* the writer says so in the log when it fails; a later one then catches up */
+    q->snap_seq = q->base_seq;   /* being written; take_failures undoes it if the write fails */
     q->snap_step = ad->step;
+    q->snap_retry = false;
     pthread_mutex_lock(&w->mu);
     w->q[w->n++] = j;   /* only this thread adds: the room is still there */
     pthread_cond_broadcast(&w->cv);
@@ -411,17 +437,45 @@ static void wait_idle(exe_state *st) {
     pthread_mutex_unlock(&w->mu);
 }
 
+/* The slots whose snapshot the writer failed to write learn of it (unless a newer one
+ * was handed over since): no snapshot is being written for them, and the next is due at
+ * once rather than --snapshot-every steps after the failed one (a recovery would replay
+ * up to twice as many steps). */
+static void take_failures(exe_state *st) {
+    struct snap_writer *w = st->writer;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    snap_failure *f = w->failed;
+    int n = w->nfailed;
+    w->failed = NULL;
+    w->nfailed = 0;
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < n; i++) {
+        slot_seqs *q = exe_store_seqs(&st->store, f[i].model_id);
+        if (!q || q->snap_seq != f[i].seq) continue;
+        q->snap_seq = -1;   /* the one written before is not known here: -1 makes any state newer */
+        q->snap_retry = true;
+    }
+    free(f);
+}
+
+/* Whether the slot's snapshot is due after a committed cycle that changed its state. */
+static bool snapshot_due(const exe_state *st, const slot_seqs *q, const exe_adapter *ad) {
+    return q->base_seq > q->snap_seq && (q->snap_retry || ad->step - q->snap_step >= st->snapshot_every);
+}
+
 void exe_snapshots_after_commit(exe_state *st, const exe_op *ops, int n) {
+    take_failures(st);
     for (int i = 0; i < n; i++) {
         if (!ops[i].applied || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
         slot_seqs *q = exe_store_seqs(&st->store, ops[i].model_id);
         exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
-        if (q && ad && q->base_seq > q->snap_seq && ad->step - q->snap_step >= st->snapshot_every)
-            enqueue(st, ops[i].model_id, q, ad, false);
+        if (q && ad && snapshot_due(st, q, ad)) enqueue(st, ops[i].model_id, q, ad, false);
     }
 }
 
 void exe_snapshot_slots(exe_state *st, const char *model_id, bool wait) {
+    take_failures(st);
     exe_store_stats ss;
     exe_store_get_stats(&st->store, &ss);
     int n = ss.count[STORE_TRAINING];
@@ -447,6 +501,7 @@ void exe_snapshot_writer_stop(exe_state *st) {
     pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    free(w->failed);
     free(w);
     st->writer = NULL;
 }

@@ -49,6 +49,8 @@ typedef struct exe_op_ {
     bool applied;              /* it changed its model's training state (set by the handler;
                                   such operations are replayed on recovery) */
     char sampling_session_id[256];  /* sample ops */
+    char snapshot_digest[65];       /* sample ops (BLOB_DIGEST_HEX): the blob of a sampler snapshot handed over
+                                       by a draining executor ("": none) */
     /* Optional: runs inside the cycle's commit transaction, before the op's row is
      * updated (e.g. inserting the adapter_versions row of a checkpoint). A failure fails
      * the op (message in err, category server) without losing the rest of the cycle. */

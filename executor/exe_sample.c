@@ -5,7 +5,9 @@
  * keyed by its sampling session id and evicted least recently used first when the store
  * needs room. Its commit hook records this executor on the sampling session, so the
  * scheduler sends that session's samples here. A sample from an evicted snapshot fails
- * (category server).
+ * (category server). A draining executor hands its snapshots over to the pool
+ * (exe_hand_over_samplers): their weights go to the blob store, and any executor of the
+ * base model loads them from there for the session's samples.
  *
  * Samples: every 'sample' op of the cycle runs in ONE backend->sample call (prompts
  * packed, then one decode pass per step for all live samples); prompt_logprobs and
@@ -82,6 +84,55 @@ void exe_run_snapshot(exe_state *st, exe_op *op) {
              ad->layout.num_params);
     op->result = json_pack("{s:s, s:s}", "sampling_session_id", sid, "type", OP_SAVE_FOR_SAMPLER);
     op->commit_hook = snapshot_hook;
+}
+
+/* One snapshot into the blob store and its sampling session pointed at it, in one
+ * transaction on c. 0, or -1 with err. */
+static int hand_over_sampler(exe_state *st, PGconn *c, const char *sid, char *err, size_t errlen) {
+    exe_adapter *ad = exe_store_peek(&st->store, STORE_SNAPSHOT, sid);
+    uint8_t *bytes;
+    size_t len;
+    char digest[BLOB_DIGEST_HEX], eid[24];
+    if (!ad) {
+        snprintf(err, errlen, "it is no longer in the store");
+        return -1;
+    }
+    if (exe_adapter_to_blob(st, ad, false, &bytes, &len, digest, err, errlen) < 0) return -1;
+    snprintf(eid, sizeof eid, "%lld", (long long)st->executor_id);
+    const char *p[3] = {sid, digest, eid};
+    int rc = db_begin(c, err, errlen);
+    if (rc == 0 && (exe_blob_hold(st, c, digest, bytes, len, err, errlen) < 0 ||
+                    db_exec(c, SQL_EXE_SNAPSHOT_HAND_OVER, 3, p, err, errlen) < 0 || db_commit(c, err, errlen) < 0)) {
+        db_rollback(c);
+        rc = -1;
+    }
+    free(bytes);
+    return rc;
+}
+
+int exe_hand_over_samplers(exe_state *st, PGconn *c) {
+    exe_store_stats ss;
+    exe_store_get_stats(&st->store, &ss);
+    int n = ss.count[STORE_SNAPSHOT];
+    if (!n) return 0;
+    const char **keys = malloc(n * sizeof *keys);
+    char (*ids)[sizeof st->store.e[0].key] = malloc(n * sizeof *ids);
+    n = keys && ids ? exe_store_keys(&st->store, STORE_SNAPSHOT, keys, n) : 0;
+    for (int i = 0; i < n; i++) snprintf(ids[i], sizeof ids[i], "%s", keys[i]);   /* the store changes below */
+    int moved = 0;
+    for (int i = 0; i < n; i++) {
+        char err[768];
+        if (hand_over_sampler(st, c, ids[i], err, sizeof err) < 0) {
+            log_warn("sampler %s: could not hand its snapshot over (draining; its samples wait here): %s", ids[i], err);
+            continue;
+        }
+        exe_store_drop(&st->store, STORE_SNAPSHOT, ids[i]);
+        log_info("sampler %s handed over (draining): its snapshot is in the blob store for the pool", ids[i]);
+        moved++;
+    }
+    free(keys);
+    free(ids);
+    return moved;
 }
 
 /* ---- the model's tokenizer (stop strings) ---------------------------------------------- */
@@ -292,8 +343,17 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     if (!strcmp(source, "base")) {
         j->ad = NULL;
     } else if (!strcmp(source, "snapshot")) {
-        /* pinned: a checkpoint loaded for a later job of this batch must not evict it */
-        if (!(j->ad = exe_store_acquire(&st->store, STORE_SNAPSHOT, op->sampling_session_id))) {
+        /* pinned: a checkpoint loaded for a later job of this batch must not evict it. A
+         * snapshot handed over by the draining executor that took it is in the blob store. */
+        char err[512];
+        j->ad = exe_store_acquire(&st->store, STORE_SNAPSHOT, op->sampling_session_id);
+        if (!j->ad && op->snapshot_digest[0] &&
+            exe_load_sampler_adapter(st, op->snapshot_digest, &j->ad, err, sizeof err) < 0) {
+            exe_op_fail(op, "server", "cannot load the snapshot of sampler %s from the blob store: %s",
+                        op->sampling_session_id, err);
+            return false;
+        }
+        if (!j->ad) {
             exe_op_fail(op, "server", "the weights of sampler %s are no longer in this executor's memory (evicted or "
                         "the executor restarted); save weights for the sampler again",
                         op->sampling_session_id[0] ? op->sampling_session_id : "(none)");

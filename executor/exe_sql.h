@@ -45,17 +45,20 @@
  * leaves the cycle 'assigned' for the next poll instead of 'running' with nobody reading
  * it; a cycle of its own already 'running' is one whose start it did not see complete,
  * taken again. One row per claimed operation (sample operations have no model and come
- * after the model ops), or one row of NULLs but the cycle id when none is left; no row
- * when the executor has no open cycle. The cycle id is the last column. */
+ * after the model ops; with the blob of their sampler's snapshot when one was handed
+ * over), or one row of NULLs but the cycle id when none is left; no row when the executor
+ * has no open cycle. The cycle id is the last column. */
 #define SQL_EXE_START_CYCLE                                                                   \
     "WITH c AS (UPDATE cycles SET state = 'running', started_at = coalesce(started_at, now())" \
     "   WHERE id = (SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')" \
     "   ORDER BY id LIMIT 1) RETURNING id)"                                                   \
     " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
     " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq, c.id"           \
+    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq,"                \
+    " coalesce(s.snapshot_digest, ''), c.id"                                                   \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
+    " LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                           \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"
 
 /* ---- committing a cycle (one transaction) --------------------------------------------- */
@@ -148,6 +151,11 @@
 
 /* $1 executor, $2 sampling session: the snapshot of the session's weights is here. */
 #define SQL_EXE_SNAPSHOT_EXECUTOR "UPDATE sampling_sessions SET executor_id = $1 WHERE id = $2"
+/* $1 sampling session, $2 blob digest, $3 executor: a draining executor hands the
+ * snapshot it holds over to its pool (the caller holds the digest's shared lock). */
+#define SQL_EXE_SNAPSHOT_HAND_OVER                                                            \
+    "UPDATE sampling_sessions SET snapshot_digest = $2, executor_id = NULL"                   \
+    " WHERE id = $1 AND executor_id = $3::bigint"
 
 /* ---- durable training state (exe_durable.c) -------------------------------------------- */
 

@@ -126,7 +126,7 @@ int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *a
     e->pins = pinned ? 1 : 0;
     e->last_use = ++s->clock;
     e->used_at = now_s();
-    e->seqs = (slot_seqs){-1, -1, -1, 0};
+    e->seqs = (slot_seqs){.state_seq = -1, .base_seq = -1, .snap_seq = -1, .snap_step = 0};
     s->used += ad->device_bytes;
     return 0;
 }

@@ -18,6 +18,7 @@
  * The store is used by the executor's main thread only. */
 #pragma once
 #include "backend/backend.h"
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,9 +28,10 @@ typedef enum { STORE_TRAINING, STORE_SNAPSHOT, STORE_CHECKPOINT, STORE_NKINDS } 
  * the state after state_seq; its weights and moments as of base_seq (the last
  * create_model, optim_step or load_weights: gradients added since by forward_backward);
  * snap_seq and snap_step, the seq_id and optimizer step of its newest snapshot written or
- * being written (-1: none). */
+ * being written (-1: none); snap_retry, the last write failed: the next is due at once. */
 typedef struct {
     int64_t state_seq, base_seq, snap_seq, snap_step;
+    bool snap_retry;
 } slot_seqs;
 
 typedef struct {

@@ -58,8 +58,8 @@ static atomic_bool g_draining;
 
 static void exit_if_fenced(const char *when) {
     if (!atomic_load(&g_fenced)) return;
-    log_error("this executor was written off as gone (no heartbeat for 30 s, e.g. paused); exiting %s so that a new "
-              "registration replaces it", when);
+    log_error("this executor was written off as gone (no heartbeat for the scheduler's --executor-timeout-s, e.g. "
+              "paused); exiting %s so that a new registration replaces it", when);
     exit(EXE_EXIT_FENCED);
 }
 
@@ -211,7 +211,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, i
     if (!r) return -1;
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
-    *cycle = db_int(r, 0, 14);
+    *cycle = db_int(r, 0, 15);
     *ops = calloc(rows, sizeof **ops);
     *n = 0;
     for (int i = 0; i < rows; i++) {
@@ -230,6 +230,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, i
         snprintf(op->sampling_session_id, sizeof op->sampling_session_id, "%s", PQgetvalue(r, i, 11));
         op->tenant_id = db_int(r, i, 12);
         op->state_seq = PQgetisnull(r, i, 13) ? -1 : db_int(r, i, 13);
+        snprintf(op->snapshot_digest, sizeof op->snapshot_digest, "%s", PQgetvalue(r, i, 14));
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
     }
     PQclear(r);
@@ -458,9 +459,13 @@ static int hand_over_slots(exe_state *st, PGconn *c, const char **keys, int n, b
 static bool always_go(exe_state *st) { return true; }
 static bool over_budget(exe_state *st) { return st->store.used > st->store.budget; }
 
-/* A draining executor hands every model it holds over to its pool, and lets go of the
- * models placed on it that it holds nothing of. */
+/* A draining executor hands every model and sampler snapshot it holds over to its pool,
+ * and lets go of the models placed on it that it holds nothing of. */
 static void drain_slots(exe_state *st, PGconn *c) {
+    if (exe_hand_over_samplers(st, c) > 0) {
+        malloc_trim(0);
+        record_capacity(st, c);
+    }
     exe_store_stats ss;
     exe_store_get_stats(&st->store, &ss);
     int n = ss.count[STORE_TRAINING];

@@ -131,22 +131,25 @@
 #define SQL_REG_GC_CANDIDATES                                                                 \
     "SELECT DISTINCT v.blob_digest FROM adapter_versions v"                                   \
     " WHERE v.blob_removed_at IS NULL AND NOT (" REG_LIVE ") ORDER BY 1"
-/* $1 digest -> live versions using it, and models' snapshots (durable training state) */
+/* $1 digest -> live versions using it, models' snapshots (durable training state) and
+ * sampler snapshots handed over by draining executors */
 #define SQL_REG_GC_LIVE_REFS                                                                  \
     "SELECT (SELECT count(*) FROM adapter_versions v WHERE v.blob_digest = $1 AND " REG_LIVE ")" \
-    " + (SELECT count(*) FROM model_snapshots s WHERE s.blob_digest = $1)"
+    " + (SELECT count(*) FROM model_snapshots s WHERE s.blob_digest = $1)"                    \
+    " + (SELECT count(*) FROM sampling_sessions s WHERE s.snapshot_digest = $1)"
 /* $1 digest -> total size of the dead versions' blob (one blob, same size) */
 #define SQL_REG_GC_MARK_REMOVED                                                               \
     "UPDATE adapter_versions v SET blob_removed_at = now() WHERE v.blob_digest = $1"          \
     " AND v.blob_removed_at IS NULL AND NOT (" REG_LIVE ") RETURNING v.size_bytes"
 /* $1 text[] of digests -> the ones no version row still counts on (no row whose blob was
- * not collected yet) and no model's snapshot names: orphans of failed saves, crashes
- * between put and commit, blobs stored again after GC took them, and snapshots replaced
- * by newer ones; their 1-based positions in $1 */
+ * not collected yet) and no model's or sampler's snapshot names: orphans of failed saves,
+ * crashes between put and commit, blobs stored again after GC took them, and snapshots
+ * replaced by newer ones or let go of; their 1-based positions in $1 */
 #define SQL_REG_GC_ORPHANS                                                                    \
     "SELECT u.i FROM unnest($1::text[]) WITH ORDINALITY AS u(d, i) WHERE NOT EXISTS"          \
     " (SELECT 1 FROM adapter_versions v WHERE v.blob_digest = u.d AND v.blob_removed_at IS NULL)" \
-    " AND NOT EXISTS (SELECT 1 FROM model_snapshots s WHERE s.blob_digest = u.d)"
+    " AND NOT EXISTS (SELECT 1 FROM model_snapshots s WHERE s.blob_digest = u.d)"             \
+    " AND NOT EXISTS (SELECT 1 FROM sampling_sessions s WHERE s.snapshot_digest = u.d)"
 
 /* ---- audit ------------------------------------------------------------------------------- */
 /* $1 tenant or NULL, $2 actor, $3 action, $4 object, $5 details (JSON or NULL) */

@@ -406,6 +406,7 @@ int sched_expire_sessions(PGconn *c, int timeout_s, char *err, size_t errlen) {
     if (!(r = db_query(c, SQL_EXPIRE_MODELS, 0, NULL, err, errlen))) return -1;
     int models = atoi(PQcmdTuples(r));
     PQclear(r);
+    if (db_exec(c, SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS, 0, NULL, err, errlen) < 0) return -1;
     if (models) log_info("sessions: %d model(s) of expired sessions saved and expired", models);
     if (n) log_info("sessions: expired after %d s of silence; %d operation(s) canceled or queued", timeout_s, n);
     return n + models;

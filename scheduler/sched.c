@@ -30,7 +30,8 @@ static int listen_all(PGconn *c, char *err, size_t errlen) {
                ? -1 : 0;
 }
 
-/* All but --db, for `loom up` to take and pass through (cli/up.c). */
+/* All but --db and --executor-timeout-s (CFG_EXECUTOR_TIMEOUT, which the api reads too),
+ * for `loom up` to take and pass through (cli/up.c). */
 const opt_spec SCHED_OPTS[] = {
     {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "0", .lo = 0, .hi = 10000,
      .help = "after a wake-up, wait this long for more work before building cycles (0: build at once; work "
@@ -44,15 +45,13 @@ const opt_spec SCHED_OPTS[] = {
              "per model: about 3 times the gap between its submits)"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
      .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
-    {.name = "executor-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 2, .hi = 3600,
-     .help = "an executor without a heartbeat for S seconds is gone: its models move (executors beat every 3 s)"},
     {.name = "session-timeout-s", .kind = OPT_INT, .arg = "S", .def = "600", .lo = 0, .hi = 31536000,
      .help = "a session with no heartbeat and no request for S seconds expires (0: never)"},
     {0}};
 
 static const cfg_cmd SCHED_CMD = {.cmd = "loom scheduler", .section = "scheduler",
                                   .about = "Builds clock cycles from queued operations and reaps expired leases.",
-                                  .tables = {CFG_DB, SCHED_OPTS, CFG_DATA_DIR}};
+                                  .tables = {CFG_DB, SCHED_OPTS, CFG_EXECUTOR_TIMEOUT, CFG_DATA_DIR}};
 
 int sched_main(int argc, char **argv) {
     cfg co;

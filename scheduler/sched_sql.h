@@ -38,13 +38,14 @@
     " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* $1 base model, $2 executor id, $3 limit, $4 tenants held. Queued sample ops this executor can run:
- * from the base model or a checkpoint (any executor of the base model), or from a
- * live-weights snapshot held in this executor's memory. Oldest first. */
+ * from the base model or a checkpoint (any executor of the base model), from a
+ * live-weights snapshot held in this executor's memory, or from one a draining executor
+ * handed over to the blob store (any executor). Oldest first. */
 #define SQL_LOCK_QUEUED_SAMPLES \
     "SELECT o.id, o.n_tokens, o.tenant_id FROM operations o" \
     " JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
     " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = $1 AND o.tenant_id <> ALL($4::bigint[])" \
-    "   AND (s.source_model_id IS NULL OR s.executor_id = $2)" \
+    "   AND (s.source_model_id IS NULL OR s.executor_id = $2 OR s.snapshot_digest IS NOT NULL)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
 
 /* -> tenants with a rate limit and the tokens they may still claim in this minute (their
@@ -159,8 +160,8 @@
     " AND EXISTS (SELECT 1 FROM executors e WHERE e.id = m.executor_id AND e.state = 'gone')" \
     " RETURNING m.id"
 
-/* Sample ops of expired cycles that need no in-memory state (base model or checkpoint)
- * go back to the queue; after 3 attempts they fail. */
+/* Sample ops of expired cycles that need no in-memory state (base model, checkpoint, a
+ * snapshot handed over to the blob store) go back to the queue; after 3 attempts they fail. */
 #define SQL_REQUEUE_SAMPLES \
     "WITH r AS (UPDATE operations o SET" \
     "   state = CASE WHEN o.attempt >= 2 THEN 'failed' ELSE 'queued' END," \
@@ -170,7 +171,7 @@
     "   finished_at = CASE WHEN o.attempt >= 2 THEN now() END" \
     " FROM cycles c, sampling_sessions s" \
     " WHERE o.cycle_id = c.id AND c.state = 'expired' AND o.state = 'claimed' AND o.kind = '" OP_SAMPLE "'" \
-    "   AND s.id = o.sampling_session_id AND s.source_model_id IS NULL" \
+    "   AND s.id = o.sampling_session_id AND (s.source_model_id IS NULL OR s.snapshot_digest IS NOT NULL)" \
     " RETURNING o.request_id, o.state)" \
     " SELECT pg_notify(CASE WHEN state = 'failed' THEN '" CHAN_OP_DONE "' ELSE '" CHAN_OP_QUEUED "' END," \
     "   request_id) FROM r"
@@ -277,6 +278,14 @@
     "UPDATE models m SET status = 'expired' FROM sessions s" \
     " WHERE m.status = 'active' AND s.id = m.session_id AND s.expired_at IS NOT NULL" \
     " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state IN ('queued', 'claimed'))"
+/* Sampler snapshots handed over to the blob store by a draining executor are let go of
+ * once their session has expired and none of their samples is pending; the registry GC
+ * then removes their blobs. */
+#define SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS \
+    "UPDATE sampling_sessions s SET snapshot_digest = NULL FROM sessions ss" \
+    " WHERE s.snapshot_digest IS NOT NULL AND ss.id = s.session_id AND ss.expired_at IS NOT NULL" \
+    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.sampling_session_id = s.id" \
+    "   AND o.state IN ('queued', 'claimed'))"
 /* Snapshots of models that are no longer active (unloaded, expired, failed) are dropped;
  * the registry GC then removes their blobs. */
 #define SQL_DROP_INACTIVE_SNAPSHOTS \

@@ -17,6 +17,7 @@ typedef struct {
     size_t max_body;             /* bytes; also the cap on a decompressed body */
     int64_t max_streams;         /* OpenAI requests in flight per tenant (429 above) */
     int64_t openai_max_tokens;   /* the largest max_tokens of an OpenAI request */
+    int64_t executor_timeout_s;  /* an executor that beat within this serves its base model */
 } api_settings;
 
 /* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
@@ -80,7 +81,7 @@ size_t api_url_decode(char *s);
 int api_check_request_text(api_call *c);
 
 /* Inside a transaction: locks the tenant's session (it serialises seq_id allocation in the
- * session). 0 when it is there and live; 1 when the answer (404 unknown, 400 expired) is
+ * session) and counts the submit as its sign of life. 0 when it is there and live; 1 when the answer (404 unknown, 400 expired) is
  * given and the transaction rolled back; -1 on a database error (err in c->err). */
 int api_session_lock(api_call *c, const char *session_id);
 

@@ -54,6 +54,15 @@ static int reply_waiting(api_call *c, const PGresult *r) {
                  "the operation runs when one is back", PQgetvalue(r, 0, 8));
         return reply_pending(c, "paused_capacity", reason);
     }
+    if (!PQgetisnull(r, 0, 15)) {
+        /* Its executor hands a snapshot over to the pool as it drains; this one was not
+         * (evicted before, or the write to the blob store failed: its log says). */
+        const char *holder = PQgetvalue(r, 0, 15);
+        snprintf(reason, sizeof reason, "the weights of this sampler are held only by executor %.200s, which is "
+                 "draining (it takes no work) and did not hand them over; the sample runs there after `loom executor "
+                 "undrain %.200s`, or save weights for the sampler again to sample elsewhere", holder, holder);
+        return reply_pending(c, "paused_capacity", reason);
+    }
     if (!PQgetisnull(r, 0, 13) && db_int(r, 0, 14) >= db_int(r, 0, 13)) {
         snprintf(reason, sizeof reason, "this tenant's operations claimed %lld tokens in the last minute, its limit "
                  "is %lld tokens per minute; they run as the minute frees up", (long long)db_int(r, 0, 14),
@@ -107,11 +116,12 @@ int api_h_retrieve_future(api_call *c) {
         job->tenant_id = c->tenant_id;
         job->recheck = true; /* the loop's later looks skip auth and parsing */
     }
-    char tid[24], lim[24];
+    char tid[24], lim[24], timeout[24];
     api_fmt_i64(tid, job->tenant_id);
     api_fmt_i64(lim, c->settings->max_queued_samples);
-    const char *p[3] = {job->request_id, tid, lim};
-    PGresult *r = db_query(c->db, SQL_FUTURE_GET, 3, p, c->err, sizeof c->err);
+    api_fmt_i64(timeout, c->settings->executor_timeout_s);
+    const char *p[4] = {job->request_id, tid, lim, timeout};
+    PGresult *r = db_query(c->db, SQL_FUTURE_GET, 4, p, c->err, sizeof c->err);
     if (!r) {
         /* A long poll outlives a database outage: keep waiting, look again in a second. */
         log_warn("retrieve_future %s: database error, still waiting: %s", job->request_id, c->err);

@@ -52,7 +52,7 @@ static const cfg_cmd API_CMD = {
     .cmd = "loom api", .section = "api",
     .about = "The HTTP front end (Tinker API). Prints 'LOOM_API_LISTENING port=<n>' on stdout once\n"
              "listening; logs go to stderr.",
-    .tables = {CFG_DB, API_OPTS, API_TUNING_OPTS, CFG_DATA_DIR, CFG_SECRET, CFG_BLOBS}};
+    .tables = {CFG_DB, API_OPTS, API_TUNING_OPTS, CFG_EXECUTOR_TIMEOUT, CFG_DATA_DIR, CFG_SECRET, CFG_BLOBS}};
 
 int api_main(int argc, char **argv) {
     cfg o;
@@ -65,7 +65,8 @@ int api_main(int argc, char **argv) {
                     .tls_cert = cfg_str(&o, "tls-cert"), .tls_key = cfg_str(&o, "tls-key")};
     int workers = (int)cfg_int(&o, "db-workers"), max_body_mb = (int)cfg_int(&o, "max-body-mb"),
         max_queued = (int)cfg_int(&o, "max-queued-samples"), max_streams = (int)cfg_int(&o, "max-streams"),
-        oai_max_tokens = (int)cfg_int(&o, "openai-max-tokens");
+        oai_max_tokens = (int)cfg_int(&o, "openai-max-tokens"),
+        executor_timeout_s = (int)cfg_int(&o, "executor-timeout-s");
     bool proto_zstd = cfg_flag(&o, "proto-compress"), proto = proto_zstd || cfg_flag(&o, "proto");
     char db[4096], db_from[4600], blob_dir[4096];
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
@@ -82,7 +83,8 @@ int api_main(int argc, char **argv) {
     char err[1024];
     api_pool_conf pc = {.conninfo = db, .nworkers = workers, .max_queue = 10000,
                         .settings = {.max_queued_samples = max_queued, .max_body = hc.max_body,
-                                     .max_streams = max_streams, .openai_max_tokens = oai_max_tokens}};
+                                     .max_streams = max_streams, .openai_max_tokens = oai_max_tokens,
+                                     .executor_timeout_s = executor_timeout_s}};
     if (proto)
         snprintf(api_client_config, sizeof api_client_config,
                  "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false, "

@@ -318,7 +318,7 @@ static int executor_metrics(PGconn *db, strbuf *b, char *err, size_t errlen) {
         sample(b, "loom_executor_info", kv, 7, 1);
     }
     family(b, "loom_executor_up", "gauge",
-           "1 while an executor heartbeats (every 3 s; written off after 30 s of silence), else 0.");
+           "1 while an executor heartbeats (every 3 s; written off after --executor-timeout-s of silence), else 0.");
     for (int i = 0; i < n; i++) {
         const char *kv[] = {"executor", PQgetvalue(r, i, 0), "host", PQgetvalue(r, i, 2), "device",
                             PQgetvalue(r, i, 3), "backend", PQgetvalue(r, i, 4), "base_model", PQgetvalue(r, i, 5)};

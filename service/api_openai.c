@@ -134,8 +134,10 @@ static int resolve_model(api_call *c, const char *name, oai_model *m) {
     }
     if (st < 0) return api_db_error(c, "openai model", c->err), -1;
     if (st > 0) return -1;
-    const char *bp[1] = {m->base_model};
-    PGresult *r = db_query(c->db, SQL_OAI_BASE_MODEL, 1, bp, c->err, sizeof c->err);
+    char timeout[24];
+    api_fmt_i64(timeout, c->settings->executor_timeout_s);
+    const char *bp[2] = {m->base_model, timeout};
+    PGresult *r = db_query(c->db, SQL_OAI_BASE_MODEL, 2, bp, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "openai model", c->err), -1;
     if (!PQntuples(r) || !db_bool(r, 0, 2)) {
         PQclear(r);

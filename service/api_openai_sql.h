@@ -4,12 +4,14 @@
 #pragma once
 #include "common/contract.h"
 #include "registry/reg_sql.h"
+#include "service/api_sql.h"   /* SQL_EXECUTOR_LIVE */
 
-/* $1 base model -> max_context, vocab_size, whether a live executor serves it */
+/* $1 base model, $2 executor timeout seconds -> max_context, vocab_size, whether a live
+ * executor serves it */
 #define SQL_OAI_BASE_MODEL                                                                  \
     "SELECT b.max_context, b.vocab_size, EXISTS (SELECT 1 FROM executors e"                 \
-    " WHERE e.base_model = b.name AND e.state <> 'gone'"                                    \
-    " AND e.heartbeat_at > now() - interval '30 seconds') FROM base_models b WHERE b.name = $1"
+    " WHERE e.base_model = b.name AND " SQL_EXECUTOR_LIVE("e", "$2") ")"                    \
+    " FROM base_models b WHERE b.name = $1"
 /* $1 alias, $2 tenant -> tinker path */
 #define SQL_OAI_ALIAS_GET "SELECT tinker_path FROM adapter_aliases WHERE alias = $1 AND tenant_id = $2"
 

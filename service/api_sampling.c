@@ -315,6 +315,11 @@ int api_h_asample(api_call *c) {
                   q.sampling_session_id);
         goto out;
     }
+    if (db_bool(r, 0, 7)) {
+        api_error(c, 400, "the session of sampling session %.200s expired (no heartbeat and no request for a "
+                          "while); create a new session and sampler", q.sampling_session_id);
+        goto out;
+    }
     if (db_bool(r, 0, 4)) {
         api_error(c, 400, "the checkpoint behind sampling session %.200s (%.300s) was deleted or "
                           "has expired; create a new sampling session", q.sampling_session_id,

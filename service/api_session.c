@@ -92,13 +92,16 @@ int api_h_capabilities(api_call *c) {
 }
 
 /* Readiness (README "Health"): 200 when the database answers and at least one base model
- * has a live executor that takes work, else 503; the body says which base models are
+ * has a live executor (one that beat within --executor-timeout-s) that takes work, else 503; the body says which base models are
  * served (a load balancer or an orchestrator reads the status, an operator the body). */
 int api_h_readyz(api_call *c) {
     if (!c->db)
         return api_reply_json(c, 503, json_pack("{s:b, s:b, s:[], s:s}", "ready", 0, "database", 0, "base_models",
                                                 "detail", "the database is not reachable"));
-    PGresult *r = db_query(c->db, SQL_READY, 0, NULL, c->err, sizeof c->err);
+    char timeout[24];
+    api_fmt_i64(timeout, c->settings->executor_timeout_s);
+    const char *p[1] = {timeout};
+    PGresult *r = db_query(c->db, SQL_READY, 1, p, c->err, sizeof c->err);
     if (!r)
         return api_reply_json(c, 503, json_pack("{s:b, s:b, s:[], s:s}", "ready", 0, "database", 0, "base_models",
                                                 "detail", c->err));
@@ -223,7 +226,10 @@ int api_session_lock(api_call *c, const char *session_id) {
     int found = PQntuples(r) > 0;
     bool expired = found && db_bool(r, 0, 0);
     PQclear(r);
-    if (found && !expired) return 0;
+    if (found && !expired) {
+        const char *pt[1] = {session_id};
+        return db_exec(c->db, SQL_SESSION_TOUCH_ID, 1, pt, c->err, sizeof c->err) < 0 ? -1 : 0;
+    }
     db_rollback(c->db);
     if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
                                    "new session", session_id);

@@ -23,12 +23,16 @@
 #define SQL_BASE_MODELS_LIST "SELECT name, max_context FROM base_models ORDER BY name"
 /* $1 name -> max_context, vocab_size */
 #define SQL_BASE_MODEL_GET "SELECT max_context, vocab_size FROM base_models WHERE name = $1"
-/* -> every base model with the live executors serving it that take work, and those
- * draining (readiness) */
+/* A live executor: not written off, and it beat within $N seconds (--executor-timeout-s,
+ * the silence after which the scheduler writes it off). */
+#define SQL_EXECUTOR_LIVE(e, secs)                                                          \
+    e ".state <> 'gone' AND " e ".heartbeat_at > now() - make_interval(secs => " secs "::int)"
+/* $1 executor timeout seconds -> every base model with the live executors serving it
+ * that take work, and those draining (readiness) */
 #define SQL_READY                                                                           \
     "SELECT b.name, count(e.id) FILTER (WHERE NOT e.draining), count(e.id) FILTER (WHERE e.draining)" \
-    " FROM base_models b LEFT JOIN executors e ON e.base_model = b.name AND e.state <> 'gone'" \
-    " AND e.heartbeat_at > now() - interval '30 seconds' GROUP BY b.name ORDER BY b.name"
+    " FROM base_models b LEFT JOIN executors e ON e.base_model = b.name"                    \
+    " AND " SQL_EXECUTOR_LIVE("e", "$1") " GROUP BY b.name ORDER BY b.name"
 #define SQL_BASE_MODEL_NAMES                                                                \
     "SELECT COALESCE(string_agg(name, ', ' ORDER BY name), '') FROM base_models"
 
@@ -46,6 +50,15 @@
 /* $1 id, $2 tenant -> whether it expired; locks the row */
 #define SQL_SESSION_LOCK                                                                    \
     "SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+/* Every submit bound to a session (an operation of one of its models or samplers, a model
+ * or sampler created in it) counts as a sign of life of the session, as a heartbeat does:
+ * clients without heartbeats keep theirs by working. Written at most every 5 s. `session`:
+ * an SQL expression for the session's id. */
+#define SQL_SESSION_TOUCH(session)                                                          \
+    "UPDATE sessions SET last_heartbeat_at = now() WHERE id = (" session ")"                \
+    " AND expired_at IS NULL AND last_heartbeat_at < now() - interval '5 seconds'"
+/* $1 id (locked by SQL_SESSION_LOCK: the caller's) */
+#define SQL_SESSION_TOUCH_ID SQL_SESSION_TOUCH("$1")
 /* $1 session -> next free model_seq_id */
 #define SQL_SESSION_NEXT_MODEL_SEQ                                                          \
     "SELECT COALESCE(max(model_seq_id) + 1, 0) FROM models WHERE session_id = $1"
@@ -59,13 +72,9 @@
     " ON CONFLICT DO NOTHING RETURNING id"
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
- * running (at most the limit). A submit counts as a sign of life of the session (as a
- * heartbeat does: clients without heartbeats keep theirs by working), written at most
- * every 5 s. */
+ * running (at most the limit). The submit touches the session (SQL_SESSION_TOUCH). */
 #define SQL_MODEL_FOR_OP                                                                    \
-    "WITH touch AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = (SELECT"       \
-    " session_id FROM models WHERE id = $1 AND tenant_id = $2) AND expired_at IS NULL"      \
-    " AND last_heartbeat_at < now() - interval '5 seconds')"                                \
+    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
@@ -122,26 +131,28 @@
 #define SQL_TENANT_TOKENS_LAST_MINUTE(tenant)                                               \
     "(SELECT coalesce(sum(r.n_tokens), 0) FROM operations r WHERE r.tenant_id = " tenant    \
     " AND r.claimed_at > now() - interval '1 minute')"
-/* $1 request_id, $2 tenant, $3 the tenant's queued-sample limit -> state, result text,
- * error, error_category, kind, model_id, seq_id, cycle_id, and for a pending operation
- * why it waits: base model, whether a live executor serves it, the model's next_seq,
- * whether no operation exists at next_seq (a gap), the tenant's queued samples (at most
- * $3, for samples), its tokens per minute limit and the tokens claimed in the last minute. */
+/* $1 request_id, $2 tenant, $3 the tenant's queued-sample limit, $4 executor timeout
+ * seconds -> state, result text, error, error_category, kind, model_id, seq_id, cycle_id,
+ * and for a pending operation why it waits: base model, whether a live executor serves
+ * it, the model's next_seq, whether no operation exists at next_seq (a gap), the tenant's
+ * queued samples (at most $3, for samples), its tokens per minute limit, the tokens
+ * claimed in the last minute, and the name of the draining executor that holds the
+ * weights of a sample's sampler snapshot (not handed over to the pool). */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
     " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples,"   \
-    " x.tokens_per_minute, x.tokens_last_minute"                                            \
+    " x.tokens_per_minute, x.tokens_last_minute, x.holder_draining"                         \
     " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
-    "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE e.state <> 'gone'"           \
-    "   AND e.base_model = COALESCE(m.base_model, s.base_model)"                            \
-    "   AND e.heartbeat_at > now() - interval '30 seconds') AS served, m.next_seq,"         \
+    "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE " SQL_EXECUTOR_LIVE("e", "$4") \
+    "   AND e.base_model = COALESCE(m.base_model, s.base_model)) AS served, m.next_seq,"   \
     "   m.id IS NOT NULL AND o.seq_id > m.next_seq AND NOT EXISTS (SELECT 1 FROM"           \
     "   operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq) AS gap,"            \
     "   CASE WHEN o.kind = '" OP_SAMPLE "' THEN (SELECT count(*) FROM (SELECT 1 FROM operations q" \
     "   WHERE q.tenant_id = o.tenant_id AND q.kind = '" OP_SAMPLE "' AND q.state = 'queued'"       \
     "   LIMIT $3) q) END AS queued_samples, l.tokens_per_minute,"                          \
     "   CASE WHEN l.tokens_per_minute IS NOT NULL THEN " SQL_TENANT_TOKENS_LAST_MINUTE("o.tenant_id") \
-    "   END AS tokens_last_minute"                                                          \
+    "   END AS tokens_last_minute, (SELECT h.name FROM executors h WHERE h.id = s.executor_id" \
+    "   AND s.snapshot_digest IS NULL AND h.draining AND h.state <> 'gone') AS holder_draining" \
     "   FROM (SELECT 1) one LEFT JOIN models m ON m.id = o.model_id"                        \
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
@@ -172,13 +183,18 @@
     " FROM sampling_sessions WHERE id = $1 AND tenant_id = $2"
 /* $1 id, $2 tenant -> vocab_size, max_context, source, blob_digest, checkpoint gone,
  * model_path, checkpoint still readable by the tenant (access is checked again at every
- * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling) */
+ * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling),
+ * whether the sampler's session expired. The sample touches that session
+ * (SQL_SESSION_TOUCH). */
 #define SQL_SAMPLER_FOR_OP                                                                  \
-    "SELECT b.vocab_size, b.max_context,"                                                   \
+    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM sampling_sessions WHERE id = $1 AND tenant_id = $2") ")" \
+    " SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
-    " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE       \
+    " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE ","   \
+    " ss.expired_at IS NOT NULL"                                                            \
     " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
+    " JOIN sessions ss ON ss.id = s.session_id"                                             \
     " LEFT JOIN adapter_versions v ON v.id = s.adapter_version_id"                          \
     " LEFT JOIN adapters a ON a.id = v.adapter_id"                                          \
     " WHERE s.id = $1 AND s.tenant_id = $2"

@@ -8,12 +8,16 @@ must finish, and each tenant's per-step losses, optimizer steps and final checkp
 blob is content-addressed: the same digest is the same weights and Adam state, bit for
 bit) must equal the undisturbed run's; every optim_step is applied exactly once and no
 operation is left pending.
+
+Last, the blob store fails for three steps (its tmp directory replaced by a file): the
+snapshot due then is tried again with each step and written with the first step after the
+store is mended, not --snapshot-every steps later; the failure is logged once.
 """
 import os, signal, subprocess, sys, threading, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
-from stack import Stack, Results, LOOM_BIN
+from stack import Stack, Results, LOOM_BIN, wait_for
 from apitest import loom_cli
-from resilient import Client, Psql, sft_loop
+from resilient import Client, Psql, sft_loop, datum, ADAM
 
 STEPS = 40
 DISRUPT_AT = 12   # tenant A's step after which the disruption starts
@@ -114,6 +118,42 @@ def postgres_outage(s):
     raise RuntimeError("PostgreSQL did not start again: " + p.stderr)
 
 
+def snapshot_write_fault(s):
+    """Snapshots every 5 steps; the blob store cannot be written during steps 5-7."""
+    c = Client(s.url, s.key)
+    sid = c.post("/api/v1/create_session", {"tags": ["fault"]})["session_id"]
+    mid = c.call("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": "loom/tiny-llama",
+                                          "lora_config": {"rank": 4, "seed": 3}})["model_id"]
+
+    def step(k):
+        fb = c.call("/api/v1/forward_backward", {"model_id": mid, "seq_id": 2 * k - 1, "forward_backward_input": {
+            "data": [datum("f", k, i) for i in range(4)], "loss_fn": "cross_entropy"}})
+        op = c.call("/api/v1/optim_step", {"model_id": mid, "seq_id": 2 * k, "adam_params": ADAM})
+        assert "error" not in fb and op["metrics"]["step:max"] == k, (fb, op)
+
+    snap = lambda: s.psql(f"SELECT step FROM model_snapshots WHERE model_id = '{mid}'")
+    tmp = os.path.join(s.dir, "blobs", "tmp")
+    for k in range(1, 5):
+        step(k)
+    logged = s.read_log().count("not written")
+    os.rename(tmp, tmp + ".away")
+    open(tmp, "w").close()   # every blob put makes its temporary file in tmp/: now none can
+    try:
+        for k in range(5, 8):
+            step(k)
+            time.sleep(0.3)   # the writer thread tries (and fails) before the next step
+    finally:
+        os.remove(tmp)
+        os.rename(tmp + ".away", tmp)
+    R.check(snap() == "", "while the blob store fails no snapshot is recorded")
+    step(8)
+    R.check(wait_for(lambda: snap() in ("7", "8"), 10),
+            f"the snapshot due at step 5 is written with step 8, the first after the store is mended"
+            f" (not at step 10): its step is {snap() or 'none'}")
+    failures = s.read_log().count("not written") - logged
+    R.check(failures == 1, f"the failed writes (steps 5 to 7) are logged once ({failures})")
+
+
 def main():
     # Snapshots every 5 steps: the recovery below restores one and replays the rest.
     with Stack(["--snapshot-every", "5"]) as s:
@@ -139,6 +179,7 @@ def main():
         compare(s, "PostgreSQL killed for 10 s", base, scenario(s, keys, "PostgreSQL killed for 10 s", postgres_outage))
         exits = s.read_log().count("exited unexpectedly")
         print(f"     (loom up restarted children {exits} times in all)")
+        snapshot_write_fault(s)
     R.finish()
 
 

@@ -5,14 +5,19 @@ Llama executor joins from outside with the database URL, as one on another machi
 Six Llama models spread over the two. Every model trains with the same seed and data, so
 all must report the same losses at every step, wherever they run and whatever happens:
 
+  - readiness counts an executor only while it beats within `--executor-timeout-s` (one
+    stopped for longer is not counted, even before the scheduler writes it off);
   - kill -9 of the joined executor (no supervisor): after `--executor-timeout-s` its models
     continue on the other;
   - another joins with a small memory budget; `loom executor drain` of the first moves
-    every model to it; over its budget it evicts the idle ones to the blob store, and they
-    are loaded again (placed anew) with their next step;
+    every model to it, and hands the sampler snapshot it holds over to the blob store (its
+    samples run on the other, with the same tokens); a sample whose snapshot the draining
+    executor did not hand over waits, and its future says why; over its budget the small
+    executor evicts the idle models to the blob store, and they are loaded again (placed
+    anew) with their next step;
   - a Qwen3 model trains on the Qwen3 executor.
 """
-import os, shutil, signal, subprocess, sys, tempfile, time
+import os, shutil, signal, subprocess, sys, tempfile, threading, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import wait_for, Stack, Results, LOOM_BIN, backend_args
 from apitest import loom_cli
@@ -49,6 +54,43 @@ def join_executor(s, model_dir, name, *extra):
     return p, int(s.psql(f"SELECT id FROM executors WHERE pid = {p.pid}"))
 
 
+def sample(c, sampler, k):
+    """The tokens of one sample from the sampler (the same seed each time)."""
+    r = c.call("/api/v1/asample", {"sampling_session_id": sampler, "seq_id": k, "num_samples": 1,
+                                   "prompt": {"chunks": [{"tokens": [1, 2, 3, 4]}]},
+                                   "sampling_params": {"max_tokens": 8, "seed": 11}})
+    assert "sequences" in r, r
+    return r["sequences"][0]["tokens"]
+
+
+def snapshot(c, m):
+    """An unnamed save_weights_for_sampler of the model: its sampling session id."""
+    f = c.post("/api/v1/save_weights_for_sampler", {"model_id": m.id, "seq_id": m.seq})
+    m.seq += 1
+    return c.result(f["request_id"])["sampling_session_id"]
+
+
+def readiness_follows_timeout(s, j1, up_llama):
+    """The joined executor stopped for 7 s (the scheduler too, so that it is not written
+    off): past the 5 s timeout readyz no longer counts it."""
+    sched = s.children()["scheduler"]
+    os.kill(sched, signal.SIGSTOP)
+    j1.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(7)
+        st, ready = s.get("/api/v1/readyz", key=None)
+        served = {m["name"]: m["executors"] for m in ready.get("base_models", [])}
+        R.check(st == 200 and served.get(LLAMA) == 1,
+                f"readyz follows --executor-timeout-s 5: an executor silent for 7 s is not counted ({served})")
+    finally:
+        j1.send_signal(signal.SIGCONT)
+        # its heartbeat first, then the scheduler: the reaper must not find it silent
+        wait_for(lambda: s.psql(f"SELECT heartbeat_at > now() - interval '1 second' FROM executors"
+                                f" WHERE pid = {j1.pid}") == "t", 10)
+        os.kill(sched, signal.SIGCONT)
+    R.check(s.psql(f"SELECT state FROM executors WHERE pid = {j1.pid}") != "gone", "and it comes back when it beats")
+
+
 def placement(s, models):
     ids = ",".join(f"'{m.id}'" for m in models)
     rows = s.psql(f"SELECT coalesce(executor_id, 0) FROM models WHERE id IN ({ids})").split()
@@ -80,6 +122,7 @@ def run(s, llama):
     served = {m["name"]: (m["ready"], m["executors"]) for m in ready.get("base_models", [])}
     R.check(st == 200 and ready.get("ready") and ready.get("database") and served == {LLAMA: (True, 2), QWEN: (True, 1)},
             f"readyz (no key): the database answers, and which base models live executors serve: {st} {ready}")
+    readiness_follows_timeout(s, j1, up_llama)
     sid = c.post("/api/v1/create_session", {})["session_id"]
     models = [Model(c, sid, n) for n in range(6)]
     for m in models:
@@ -106,8 +149,36 @@ def run(s, llama):
     per_rank = int(s.psql(f"SELECT adapter_bytes_per_rank FROM executors WHERE id = {up_llama}"))
     budget = per_rank * 8 * 3   # three rank-8 adapters
     j2, j2_id = join_executor(s, llama, "joined-2", "--memory-budget", str(budget))
+    holder = next(m for m in models if s.psql(f"SELECT executor_id FROM models WHERE id = '{m.id}'") == str(up_llama))
+    sampler = snapshot(c, holder)
+    first = sample(c, sampler, 0)
+    R.check(s.psql(f"SELECT executor_id FROM sampling_sessions WHERE id = '{sampler}'") == str(up_llama),
+            "a sampler snapshot of a model on up-0 is held there")
     out = loom_cli(s, "executor", "drain", "up-0", "--wait", "60")
     R.check("drained" in out, f"loom executor drain up-0 --wait: {out.splitlines()[-1] if out else out}")
+    t0 = time.time()
+    try:
+        again = sample(Client(s.url, s.key, deadline_s=30), sampler, 1)
+    except (TimeoutError, AssertionError) as e:
+        again = f"not run: {e}"
+    ran_on = s.psql(f"SELECT c.executor_id FROM operations o JOIN cycles c ON c.id = o.cycle_id"
+                    f" WHERE o.sampling_session_id = '{sampler}' AND o.seq_id = 1")
+    R.check(again == first and ran_on == str(j2_id),
+            f"the draining executor handed the snapshot over: a sample from it runs on the other executor"
+            f" ({time.time() - t0:.1f} s), with the same tokens ({again} == {first})")
+    R.check(s.psql(f"SELECT executor_id IS NULL AND snapshot_digest IS NOT NULL FROM sampling_sessions"
+                   f" WHERE id = '{sampler}'") == "t", "the sampling session names the snapshot's blob instead")
+    # A snapshot the draining executor does not hold (evicted before the drain) cannot be
+    # handed over: its sample waits, and the future says why (after its 25 s long poll).
+    stuck = snapshot(c, models[1])
+    s.psql(f"UPDATE sampling_sessions SET executor_id = {up_llama} WHERE id = '{stuck}'")
+    stuck_rid = c.post("/api/v1/asample", {"sampling_session_id": stuck, "seq_id": 0, "num_samples": 1,
+                                           "prompt": {"chunks": [{"tokens": [1, 2]}]},
+                                           "sampling_params": {"max_tokens": 2}})["request_id"]
+    waiting = {}
+    poll = threading.Thread(target=lambda: waiting.update(c.post("/api/v1/retrieve_future",
+                                                                 {"request_id": stuck_rid})))
+    poll.start()
     st, ready = s.get("/api/v1/readyz", key=None)
     llama_row = [m for m in ready["base_models"] if m["name"] == LLAMA]
     R.check(st == 200 and llama_row and llama_row[0]["executors"] == 1 and llama_row[0]["draining"] == 1,
@@ -128,7 +199,15 @@ def run(s, llama):
     evicted = int(s.psql(f"SELECT count(*) FROM models WHERE id IN ({','.join(repr(m.id) for m in models)})"
                          " AND executor_id IS NULL"))
     R.check(evicted >= 3, f"{evicted} models evicted (placed nowhere until their next operation)")
+    poll.join()
+    reason = waiting.get("queue_state_reason", "")
+    R.check(waiting.get("type") == "try_again" and waiting.get("queue_state") == "paused_capacity" and
+            "up-0" in reason and "draining" in reason and "loom executor undrain up-0" in reason,
+            f"a sample whose snapshot only the draining executor holds waits, and its future says why: {waiting}")
     loom_cli(s, "executor", "undrain", "up-0")
+    stuck_res = c.result(stuck_rid)   # up-0 takes it again, and no longer holds the weights
+    R.check("no longer in this executor's memory" in stuck_res.get("error", ""),
+            f"after undrain it runs there, and fails saying the weights are gone: {stuck_res}")
     for m in models:
         m.step()
     log = open(os.path.join(s.dir, "joined-2.log"), errors="replace").read() + s.read_log()

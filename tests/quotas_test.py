@@ -7,8 +7,8 @@
   - max live models: create_model past it is a 429 until a model is unloaded;
   - max checkpoint bytes: a save past it is a 400 that says so;
   - usage: GET /api/v1/usage gives the key's own tenant's train, prefill and sample tokens
-    per run and its checkpoint storage; `loom usage` gives every tenant's; the views
-    usage_tokens and usage_storage hold the same numbers.
+    per run and its checkpoint storage (compact JSON); `loom usage` gives every tenant's;
+    the views usage_tokens and usage_storage hold the same numbers.
 """
 import json, os, sys, threading, time, urllib.error, urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -132,6 +132,11 @@ def main():
                 ma not in {r["run"] for r in uc["runs"]},
                 f"another key sees only its own tenant's usage, storage and limits: {uc.get('storage')}")
         R.check(s.get("/api/v1/usage?days=0", key=keys["A"])[0] == 400, "?days=0 is a 400")
+        req = urllib.request.Request(s.url + "/api/v1/usage", headers={"X-API-Key": keys["C"]})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            wire = r.read().decode()
+        R.check(wire == json.dumps(json.loads(wire), separators=(",", ":")),
+                f"GET /api/v1/usage is compact JSON, as the other answers built in C: {wire[:60]}...")
         out = loom_cli(s, "usage")
         R.check(all(t in out for t in ("default", "tenant-b", "tenant-c")) and str(5 * 4 * 24) in out,
                 "loom usage lists every tenant's tokens")

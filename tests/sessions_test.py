@@ -6,8 +6,9 @@ held. 9 others go silent (no heartbeat, no request) past `--session-timeout-s`: 
 queued work is canceled with an error naming the session and the checkpoint, their state
 is saved as tinker://<model>/weights/session-expired, their models expire (a later submit
 is a 400 that says so, a heartbeat a 404) and the RSS falls back to about where it
-started. The one session that keeps heartbeating stays. An expired model's checkpoint
-loads into a new model that then computes exactly what the live one computes.
+started. The one session that keeps heartbeating stays, and so does one that only samples
+(no heartbeat: its samples are its signs of life). An expired model's checkpoint loads
+into a new model that then computes exactly what the live one computes.
 """
 import os, sys, threading, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -15,7 +16,7 @@ from stack import wait_for, Stack, Results
 from resilient import Client, datum, ADAM
 
 R = Results()
-TIMEOUT_S = 4
+TIMEOUT_S = 8   # above the 5 s in which the api counts a session's submits once
 N = 20
 
 
@@ -83,7 +84,30 @@ def main():
 
         # from now on only the last session sends heartbeats (the api counts requests as
         # signs of life too); one silent client left work queued behind a seq_id it never sent
+        gap_sampler = c.post("/api/v1/create_sampling_session", {"session_id": clients[10][0],
+                                                                 "sampling_session_seq_id": 0,
+                                                                 "base_model": "loom/tiny-llama"})["sampling_session_id"]
         alive.intersection_update({live_sid})
+        t_silent = time.time()
+        # a client that only samples, from a sampler of the base model in its own session
+        samp_sid = c.post("/api/v1/create_session", {"tags": ["sampler"]})["session_id"]
+        sampler = c.post("/api/v1/create_sampling_session", {"session_id": samp_sid, "sampling_session_seq_id": 0,
+                                                             "base_model": "loom/tiny-llama"})["sampling_session_id"]
+        samples = []
+
+        def sample_loop():
+            k = 0
+            while not stop.is_set():
+                try:
+                    samples.append(c.call("/api/v1/asample", {
+                        "sampling_session_id": sampler, "seq_id": k, "num_samples": 1,
+                        "prompt": {"chunks": [{"tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 2}}))
+                except RuntimeError as e:   # a 4xx
+                    samples.append({"error": str(e)})
+                k += 1
+                stop.wait(0.5)
+        sampling = threading.Thread(target=sample_loop)
+        sampling.start()
         gap_sid, gap_mid = clients[10]
         gap = c.post("/api/v1/optim_step", {"model_id": gap_mid, "seq_id": 4, "adam_params": ADAM})
         t0 = time.time()
@@ -102,6 +126,10 @@ def main():
         R.check(st == 400 and "expired" in text and "session-expired" in text, f"a submit to it is a 400: {text[:160]}")
         st, text = post_status(c, "/api/v1/session_heartbeat", {"session_id": gap_sid})
         R.check(st == 404 and "expired" in text, f"its session's heartbeat is a 404: {text[:120]}")
+        st, text = post_status(c, "/api/v1/asample", {"sampling_session_id": gap_sampler, "num_samples": 1,
+                                                      "prompt": {"chunks": [{"tokens": [1, 2]}]},
+                                                      "sampling_params": {"max_tokens": 1}})
+        R.check(st == 400 and "expired" in text, f"a sample from a sampler of it is a 400: {text[:120]}")
         R.check(wait_for(lambda: slots() == 1, 10), f"the executor freed their slots ({slots()} left)")
         time.sleep(0.5)
         rss3 = rss_mb(pid)
@@ -110,6 +138,13 @@ def main():
                 f"the RSS falls back by about the {N - 1} adapters ({rss1 - rss3:.1f} MB of {rss1 - rss0:.1f})")
         R.check(s.psql(f"SELECT status FROM models WHERE id = '{live_mid}'") == "active",
                 "the heartbeating session's model is still active")
+        time.sleep(max(0.0, t_silent + 2 * TIMEOUT_S + 2 - time.time()))
+        silent_for = time.time() - t_silent
+        expired_at = s.psql(f"SELECT coalesce(expired_at::text, 'never') FROM sessions WHERE id = '{samp_sid}'")
+        failed = [r for r in samples if "sequences" not in r]
+        R.check(expired_at == "never" and samples and not failed,
+                f"a session that only samples, without heartbeats, stays alive past the timeout "
+                f"({silent_for:.0f} s, {len(samples)} samples; expired: {expired_at}; failed: {failed[:1]})")
 
         # an expired model's state continues in a new model, bit for bit
         new = c.call("/api/v1/create_model", {"session_id": live_sid, "model_seq_id": 1, "base_model": "loom/tiny-llama",
@@ -124,6 +159,7 @@ def main():
                 f"the restored model computes what the live twin computes ({a.get('metrics')} == {b.get('metrics')})")
         stop.set()
         hb.join()
+        sampling.join()
     R.finish()
 
 

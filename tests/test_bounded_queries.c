@@ -82,14 +82,15 @@ static const stmt STMTS[] = {
     {"seq order: stragglers", SQL_FAIL_STRAGGLERS, ""},
     {"sessions: expire", SQL_EXPIRE_SESSIONS, "(600)"},
     {"sessions: expire models", SQL_EXPIRE_MODELS, ""},
+    {"sessions: sampler snapshots of expired sessions", SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS, ""},
     /* the executor: every poll, heartbeat */
     {"executor: start a cycle", SQL_EXE_START_CYCLE, "(3001)"},
     {"executor: heartbeat", SQL_EXE_HEARTBEAT, "(3001)"},
     {"executor: inactive models", SQL_EXE_INACTIVE_MODELS, "('[\"live1:train:0\"]', 3001)"},
     {"executor: drain, models without a slot", SQL_EXE_UNPIN_SLOTLESS, "(3001, '[\"live1:train:0\"]')"},
     /* the api: every retrieve_future, readiness probe */
-    {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000)"},
-    {"api: readyz", SQL_READY, ""},
+    {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000, 30)"},
+    {"api: readyz", SQL_READY, "(30)"},
     {"api: a submit's model check", SQL_MODEL_FOR_OP, "('live1:train:0', 1)"},
     {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
     {"api: GET usage", SQL_USAGE, "(1, 30)"},

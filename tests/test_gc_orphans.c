@@ -5,10 +5,14 @@
  * the `loom adapter gc --orphan-grace-s` command; and saves racing the sweep, each save
  * stalling between blob_put and its commit as long as the grace period (its blob's mtime
  * is set back), some refused because the name exists: no committed live version may lose
- * its blob, and at the end the store holds exactly the live versions' blobs. */
+ * its blob, and at the end the store holds exactly the live versions' blobs. Last, a
+ * sampler snapshot a draining executor handed over to the store: its blob is kept while
+ * its sampling session names it, which the scheduler stops once the session expired and
+ * none of its samples is pending. */
 #include "check.h"
 #include "dbtest.h"
 #include "regtest.h"
+#include "scheduler/sched_sql.h"
 #include <fcntl.h>
 #include <sodium.h>
 #include <stdatomic.h>
@@ -215,6 +219,31 @@ static void test_race(void) {
           "after a final pass the store holds exactly the %d live blobs (%zu stored, %d missing)", nlive, n, missing);
 }
 
+static void test_sampler_snapshot(void) {
+    char err[512] = "", dg[BLOB_DIGEST_HEX], q[512];
+    put("handed-over sampler snapshot", dg);
+    age_blob(dg, 7200);
+    snprintf(q, sizeof q, "INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model,"
+             " source_model_id, source_seq_id, snapshot_digest) VALUES ('sa:sample:0', 1, 'sa', 0, 'm', 'sa:train:0',"
+             " 1, '%s')", dg);
+    sql(q);
+    sql("INSERT INTO operations (request_id, tenant_id, sampling_session_id, seq_id, kind, payload)"
+        " VALUES ('req-hs', 1, 'sa:sample:0', 0, 'sample', '{}')");
+    reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 0};
+    reg_gc_stats st;
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && blob_exists(B, dg),
+          "GC keeps the blob of a sampler snapshot its sampling session names: %s", err);
+    sql("UPDATE sessions SET expired_at = now() WHERE id = 'sa'");
+    sql(SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS);
+    CHECK(scalar("SELECT count(*) FROM sampling_sessions WHERE snapshot_digest IS NOT NULL") == 1,
+          "the session expired, but a sample of the sampler is still queued: its snapshot stays");
+    sql("UPDATE operations SET state = 'canceled' WHERE request_id = 'req-hs'");
+    sql(SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS);
+    CHECK(scalar("SELECT count(*) FROM sampling_sessions WHERE snapshot_digest IS NOT NULL") == 0,
+          "once nothing of it is pending, the scheduler lets go of the snapshot of the expired session");
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && !blob_exists(B, dg), "and GC removes its blob: %s", err);
+}
+
 int main(void) {
     char err[1024];
     if (sodium_init() < 0) return 2;
@@ -226,6 +255,7 @@ int main(void) {
     test_store();
     test_sweep();
     test_race();
+    test_sampler_snapshot();
     blob_close(B);
     dbt_stop();
     return check_summary();
