@@ -16,6 +16,8 @@
 
 #define NSEG 6
 
+static const char *version; /* LCU_LORA of the checks running: every check names it (a FAIL line alone says which) */
+
 typedef struct {
     int in, out, nseg;
     long rows;
@@ -142,7 +144,8 @@ static void test_lora(lcu_ctx *c, int in, int out)
     float *dl = malloc((R * (in > out ? in : out)) * 4);
     for (long i = 0; i < R * out; i++) dl[i] = y[i] - y0[i];
     char what[160];
-    snprintf(what, sizeof what, "lora fwd delta in=%d out=%d (%d segments, ranks 1..64)", in, out, S.nseg);
+    snprintf(what, sizeof what, "lora %s fwd delta in=%d out=%d (%d segments, ranks 1..64)", version, in, out,
+             S.nseg);
     gt_expect_close(what, dl, ry, R * out, 5e-3);
     bool untouched = true;
     for (long t = 0; t < R; t++) {
@@ -151,20 +154,20 @@ static void test_lora(lcu_ctx *c, int in, int out)
         if (!in_seg)
             for (int o = 0; o < out; o++) untouched &= y[t * out + o] == y0[t * out + o];
     }
-    gt_check(untouched, "lora fwd leaves rows outside every segment alone");
+    gt_check(untouched, "lora %s fwd leaves rows outside every segment alone", version);
     for (long i = 0; i < R * in; i++) dl[i] = dxo[i] - dx0[i];
-    snprintf(what, sizeof what, "lora bwd dx delta in=%d out=%d", in, out);
+    snprintf(what, sizeof what, "lora %s bwd dx delta in=%d out=%d", version, in, out);
     gt_expect_close(what, dl, rdx, R * in, 1e-2);
     for (int a = 0; a < 5; a++) {
         int r = S.rank[a];
         float *g = malloc((size_t)r * (in > out ? in : out) * 4);
         gt_get_f32(g, D[a].gA, (size_t)r * in);
         for (long i = 0; i < (long)r * in; i++) g[i] -= gA0[a][i];
-        snprintf(what, sizeof what, "lora gA adapter %d rank %d%s", a, r, a == 4 ? " (two segments)" : "");
+        snprintf(what, sizeof what, "lora %s gA adapter %d rank %d%s", version, a, r, a == 4 ? " (two segments)" : "");
         gt_expect_close(what, g, rgA[a], (size_t)r * in, 1e-2);
         gt_get_f32(g, D[a].gB, (size_t)out * r);
         for (long i = 0; i < (long)out * r; i++) g[i] -= gB0[a][i];
-        snprintf(what, sizeof what, "lora gB adapter %d rank %d", a, r);
+        snprintf(what, sizeof what, "lora %s gB adapter %d rank %d", version, a, r);
         gt_expect_close(what, g, rgB[a], (size_t)out * r, 1e-2);
         free(g);
     }
@@ -199,17 +202,21 @@ static void test_lora(lcu_ctx *c, int in, int out)
             gt_get_f32(dst[1], D[a].gB, (size_t)out * r);
         }
     }
-    gt_expect_bits("lora packed == alone: y", yp, ya, R * out * 4);
-    gt_expect_bits("lora packed == alone: dx", dxp, dxa, R * in * 4);
-    gt_expect_bits("lora packed rerun == first run: y", yp, y, R * out * 4);
-    gt_expect_bits("lora packed rerun == first run: dx", dxp, dxo, R * in * 4);
+    snprintf(what, sizeof what, "lora %s packed == alone: y", version);
+    gt_expect_bits(what, yp, ya, R * out * 4);
+    snprintf(what, sizeof what, "lora %s packed == alone: dx", version);
+    gt_expect_bits(what, dxp, dxa, R * in * 4);
+    snprintf(what, sizeof what, "lora %s packed rerun == first run: y", version);
+    gt_expect_bits(what, yp, y, R * out * 4);
+    snprintf(what, sizeof what, "lora %s packed rerun == first run: dx", version);
+    gt_expect_bits(what, dxp, dxo, R * in * 4);
     bool same = true;
     for (int a = 0; a < 5; a++) {
         int r = S.rank[a];
         same &= memcmp(gp[a][0], ga[a][0], (size_t)r * in * 4) == 0 && memcmp(gp[a][1], ga[a][1], (size_t)out * r * 4) == 0;
         free(gp[a][0]); free(gp[a][1]); free(ga[a][0]); free(ga[a][1]);
     }
-    gt_check(same, "lora packed == alone: gA, gB of every adapter, bit for bit");
+    gt_check(same, "lora %s packed == alone: gA, gB of every adapter, bit for bit", version);
 
     for (int a = 0; a < 5; a++) {
         gt_free(D[a].A); gt_free(D[a].B); gt_free(D[a].gA); gt_free(D[a].gB);
@@ -275,8 +282,9 @@ int main(void)
     GT_LCU(lcu_ctx_create(&c, 0));
     int in = gt_int(8, 300), out = gt_int(8, 300);
     for (int v = 0; v < 2; v++) { /* version 1 (cuBLASLt per segment), version 2 (lcu_sgmv.cu) */
-        setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
-        printf("== LCU_LORA=%s\n", v ? "sgmv" : "gemm");
+        version = v ? "sgmv" : "gemm";
+        setenv("LCU_LORA", version, 1);
+        printf("== LCU_LORA=%s\n", version);
         test_lora(c, 256, 192);
         test_lora(c, in, out); /* odd widths: unaligned rows, gemmEx fallback */
     }
