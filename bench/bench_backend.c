@@ -6,7 +6,7 @@
  * step); a device backend brings its own anchors with it. Prints figures; never pass/fail.
  *
  *   bench_backend [--backend NAME] [--device N] [--model DIR] [--layers N] [--tokens T] [--seqs S]
- *                 [--threads N] [--rank R] [--iters K]
+ *                 [--threads N] [--rank R] [--iters K] [--adapters A]
  *                 [--gen G] [--samples K]   (sampling: S prompts of ≤128 tokens, K samples each, G new tokens)
  *                 [--snapshot-every N]
  *   bench_backend --help
@@ -184,6 +184,8 @@ static void usage(FILE *f)
                "  --tokens T    tokens of the training batch (default 1024), in --seqs S sequences (default 4)\n"
                "  --threads N   worker threads (default: all CPUs)\n"
                "  --rank R      LoRA rank, all modules + head (default 32)\n"
+               "  --adapters A  A adapters, sequence s trained by adapter s mod A (default 1): the\n"
+               "                cost of many tenants in one pass against one adapter on the same tokens\n"
                "  --iters K     timed repetitions, best kept (default 3)\n"
                "  --gen G       new tokens per sample (default 32)\n"
                "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n"
@@ -194,7 +196,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *backend = "cpu";
-    int device = 0, layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1,
+    int device = 0, layers = 4, tokens = 1024, nseqs = 4, threads = 0, rank = 32, iters = 3, gen = 32, nsamples = 1, nad = 1,
         every = 20;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
@@ -209,6 +211,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rank")) rank = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--adapters")) nad = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gen")) gen = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--samples")) nsamples = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--snapshot-every")) every = atoi(argv[i + 1]);
@@ -216,6 +219,7 @@ int main(int argc, char **argv)
     }
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nseqs < 1 || tokens < nseqs) { fprintf(stderr, "need tokens >= seqs >= 1\n"); return 2; }
+    if (nad < 1 || nad > nseqs) { fprintf(stderr, "need 1 <= adapters <= seqs\n"); return 2; }
     if (gen < 2 || nsamples < 1) { fprintf(stderr, "need --gen >= 2 and --samples >= 1\n"); return 2; }
     const exe_backend *be = exe_backend_find(backend);
     if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
@@ -245,8 +249,12 @@ int main(int argc, char **argv)
     exe_device_info dev;
     be->device_info(ctx, &dev);
     lora_config lc = {rank, 1, true, true, true};
-    exe_adapter *ad = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
-    if (!ad) { fprintf(stderr, "%s\n", err); return 1; }
+    exe_adapter **ads = calloc(nad, sizeof *ads);
+    for (int a = 0; a < nad; a++) {
+        lc.seed = 1 + (uint64_t)a;
+        if (!(ads[a] = exe_adapter_new(be, ctx, &lc, true, err, sizeof err))) { fprintf(stderr, "%s\n", err); return 1; }
+    }
+    exe_adapter *ad = ads[0];
     size_t ad_params = ad->layout.num_params;
 
     /* nseqs sequences of equal length, cross-entropy, all with the adapter */
@@ -256,7 +264,7 @@ int main(int argc, char **argv)
     float *lp = malloc((size_t)tokens * 4), *loss = malloc((size_t)tokens * 4);
     for (int i = 0; i < tokens; i++) tok[i] = (int32_t)((i * 7919L) % c->vocab_size);
     for (int s = 0; s < nseqs; s++) {
-        seqs[s] = (exe_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = tok + s * n,
+        seqs[s] = (exe_seq){.ad = ads[s % nad], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = tok + s * n,
                             .targets = tok + s * n + 1, .logprobs_out = lp + s * n, .loss_out = loss + s * n};
         if (s == nseqs - 1) seqs[s].n = n - 1; /* targets stay inside the array */
     }
@@ -283,7 +291,7 @@ int main(int argc, char **argv)
         adam_params hp = {1e-4, 0.9, 0.95, 1e-8, 0.0, 1.0};
         double gn;
         t0 = now();
-        be->optim_step(ctx, ad, &hp, &gn, err, sizeof err);
+        for (int a = 0; a < nad; a++) be->optim_step(ctx, ads[a], &hp, &gn, err, sizeof err);
         dt = now() - t0;
         best_opt = dt < best_opt ? dt : best_opt;
     }
@@ -350,7 +358,8 @@ int main(int argc, char **argv)
                steps * wbytes / t_decode / 1e9, wbytes / 1e6, bw, bw > 0 ? 100 * steps * wbytes / t_decode / 1e9 / bw : 0);
     durability(be, ctx, ad, best_fb + best_opt, every, iters);
     free(rq); free(stok); free(slp); free(sn); free(sstop);
-    be->adapter_free(ctx, ad);
+    for (int a = 0; a < nad; a++) be->adapter_free(ctx, ads[a]);
+    free(ads);
     be->destroy(ctx);
     free(seqs); free(tok); free(lp); free(loss);
     if (tmpdir[0]) {
