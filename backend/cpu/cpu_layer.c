@@ -13,33 +13,117 @@
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- LoRA ---------------------------------------------------------------------------- */
 
-void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, float *y, int rows)
+/* The products of one segment's rows, on pool (NULL: on this thread) with z, dz as
+ * scratch of rows × rank. Every element comes out the same bits however cpu_sgemm splits
+ * the work (cpu_gemm.h), so running a segment on one thread changes nothing. */
+static void lora_fwd_rows(cpu_pool *pool, float *z, const lora_pair *p, float scale, const float *x, float *y,
+                          int rows)
 {
     int r = p->rank;
     /* z = x Aᵀ [rows, r];  y += scale · z Bᵀ */
-    cpu_sgemm(c->pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, c->z, r);
-    cpu_sgemm(c->pool, false, true, rows, p->out, r, scale, c->z, r, p->B, r, 1.0f, y, p->out);
+    cpu_sgemm(pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, z, r);
+    cpu_sgemm(pool, false, true, rows, p->out, r, scale, z, r, p->B, r, 1.0f, y, p->out);
+}
+
+static void lora_bwd_rows(cpu_pool *pool, float *z, float *dz, const lora_pair *p, float scale, const float *x,
+                          const float *dy, float *dx, int rows)
+{
+    int r = p->rank;
+    /* z = x Aᵀ (recomputed);  gB += scale·dyᵀ z;  dz = scale·dy B;  gA += dzᵀ x;  dx += dz A */
+    cpu_sgemm(pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, z, r);
+    cpu_sgemm(pool, true, false, p->out, r, rows, scale, dy, p->out, z, r, 1.0f, p->gB, r);
+    cpu_sgemm(pool, false, false, rows, r, p->out, scale, dy, p->out, p->B, r, 0.0f, dz, r);
+    cpu_sgemm(pool, true, false, r, p->in, rows, 1.0f, dz, r, x, p->in, 1.0f, p->gA, p->in);
+    if (dx) cpu_sgemm(pool, false, false, rows, p->in, r, 1.0f, dz, r, p->A, p->in, 1.0f, dx, p->in);
+}
+
+void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, float *y, int rows)
+{
+    lora_fwd_rows(c->pool, c->z, p, scale, x, y, rows);
 }
 
 void cpu_lora_bwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, const float *dy, float *dx,
                        int rows)
 {
-    int r = p->rank;
-    /* z = x Aᵀ (recomputed);  gB += scale·dyᵀ z;  dz = scale·dy B;  gA += dzᵀ x;  dx += dz A */
-    cpu_sgemm(c->pool, false, true, rows, r, p->in, 1.0f, x, p->in, p->A, p->in, 0.0f, c->z, r);
-    cpu_sgemm(c->pool, true, false, p->out, r, rows, scale, dy, p->out, c->z, r, 1.0f, p->gB, r);
-    cpu_sgemm(c->pool, false, false, rows, r, p->out, scale, dy, p->out, p->B, r, 0.0f, c->dz, r);
-    cpu_sgemm(c->pool, true, false, r, p->in, rows, 1.0f, c->dz, r, x, p->in, 1.0f, p->gA, p->in);
-    if (dx) cpu_sgemm(c->pool, false, false, rows, p->in, r, 1.0f, c->dz, r, p->A, p->in, 1.0f, dx, p->in);
+    lora_bwd_rows(c->pool, c->z, c->dz, p, scale, x, dy, dx, rows);
+}
+
+/* Many adapters in one pass (tenants packed into a cycle) give many small LoRA products,
+ * each too small for cpu_sgemm to split across the pool: the segments are run side by
+ * side instead, one task per adapter (its segments in order, as the sequential loop
+ * takes them, since they add into the same gradients), each on its own rows of z/dz. */
+typedef struct {
+    cpu_ctx *c;
+    int l;
+    lora_module mod;
+    const float *x, *dy;
+    float *y, *dx;
+    const int *order;  /* segment indices grouped by adapter, in segment order within a group */
+    const int *group;  /* group g is order[group[g] .. group[g + 1]) */
+} lora_tasks;
+
+static void lora_task(void *arg, int g, int thread)
+{
+    (void)thread;
+    const lora_tasks *t = arg;
+    cpu_ctx *c = t->c;
+    for (int k = t->group[g]; k < t->group[g + 1]; k++) {
+        const cpu_segment *sg = &c->segs[t->order[k]];
+        const lora_pair *p = cpu_adapter_module(sg->ad, t->l, t->mod);
+        long b = sg->row_begin;
+        int rows = sg->row_end - sg->row_begin;
+        float *z = c->z + b * c->cap_rank, *dz = c->dz + b * c->cap_rank;
+        if (t->dy)
+            lora_bwd_rows(NULL, z, dz, p, sg->ad->scale, t->x + b * p->in, t->dy + b * p->out,
+                          t->dx ? t->dx + b * p->in : NULL, rows);
+        else
+            lora_fwd_rows(NULL, z, p, sg->ad->scale, t->x + b * p->in, t->y + b * p->out, rows);
+    }
+}
+
+/* Runs the segments that have this module (and, backward, gradients) as one task per
+ * adapter when there are at least two adapters and a pool; false when that does not
+ * apply (the caller loops over the segments itself). */
+static bool lora_side_by_side(cpu_ctx *c, lora_tasks *t)
+{
+    if (!c->pool || cpu_pool_size(c->pool) < 2 || c->nsegs < 2) return false;
+    int n = c->nsegs, *order = malloc((size_t)n * sizeof *order), *group = malloc((size_t)(n + 1) * sizeof *group);
+    char *taken = calloc((size_t)n, 1);
+    if (!order || !group || !taken) { free(order); free(group); free(taken); return false; }
+    int k = 0, ng = 0;
+    for (int s = 0; s < n; s++) {
+        const cpu_segment *sg = &c->segs[s];
+        if (taken[s] || !cpu_adapter_module(sg->ad, t->l, t->mod) || (t->dy && !sg->grad)) continue;
+        group[ng++] = k;
+        for (int u = s; u < n; u++)
+            if (!taken[u] && c->segs[u].ad == sg->ad && (!t->dy || c->segs[u].grad)) {
+                taken[u] = 1;
+                order[k++] = u;
+            }
+    }
+    group[ng] = k;
+    bool ran = ng >= 2;
+    if (ran) {
+        t->order = order;
+        t->group = group;
+        cpu_pool_run(c->pool, ng, lora_task, t);
+    }
+    free(order);
+    free(group);
+    free(taken);
+    return ran;
 }
 
 /* y += LoRA(x) for every segment whose adapter trains this module of layer l. */
 static void cpu_lora_fwd(cpu_ctx *c, int l, lora_module mod, const float *x, float *y)
 {
+    lora_tasks t = {.c = c, .l = l, .mod = mod, .x = x, .y = y};
+    if (lora_side_by_side(c, &t)) return;
     for (int s = 0; s < c->nsegs; s++) {
         const cpu_segment *sg = &c->segs[s];
         const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
@@ -51,6 +135,8 @@ static void cpu_lora_fwd(cpu_ctx *c, int l, lora_module mod, const float *x, flo
 
 static void cpu_lora_bwd(cpu_ctx *c, int l, lora_module mod, const float *x, const float *dy, float *dx)
 {
+    lora_tasks t = {.c = c, .l = l, .mod = mod, .x = x, .dy = dy, .dx = dx};
+    if (lora_side_by_side(c, &t)) return;
     for (int s = 0; s < c->nsegs; s++) {
         const cpu_segment *sg = &c->segs[s];
         const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
