@@ -782,9 +782,12 @@ int exe_main(int argc, char **argv) {
         }
     }
     /* A clean stop leaves every model's snapshot current (before the row says gone and
-     * its models move): the next executor restores them without replaying. */
+     * its models move): the next executor restores them without replaying. Its sampler
+     * snapshots go to the blob store as a drain hands them over, so that their samples
+     * run on any executor of the base model instead of failing. */
     exe_snapshot_slots(&st, NULL, true);
     exe_snapshot_writer_stop(&st);
+    if (c && PQstatus(c) == CONNECTION_OK) exe_hand_over_samplers(&st, c);
     if (c) {
         db_exec(c, SQL_EXE_GONE, 1, pid1, err, sizeof err);
         PQfinish(c);

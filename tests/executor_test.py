@@ -6,6 +6,8 @@
   pg_terminate_backend), in the statement that starts the cycle and between marking it
   running and reading its operations (the executor's read made to wait on a lock), does
   not wedge the cycle: the operation completes and no cycle stays running.
+- A clean stop (SIGTERM) hands the executor's sampler snapshots over to the blob store:
+  a sample from one taken before the stop runs on the executor started next.
 - An executor paused (SIGSTOP) past the 30 s after which the reaper writes it off as gone
   is fenced when it resumes: a standalone `loom executor` exits by itself (status 3)
   without touching a cycle, `loom up`'s executor is replaced, and training goes on.
@@ -161,9 +163,41 @@ def test_fencing(s):
     R.check("loss_fn_outputs" in s.result(fb["request_id"], timeout=120), "training goes on")
 
 
+def sample_tokens(s, sampler, k):
+    """One sample's tokens from the sampler (the same seed each time), or its error."""
+    st, f = s.post("/api/v1/asample", {"sampling_session_id": sampler, "seq_id": k, "num_samples": 1,
+                                       "prompt": {"chunks": [{"tokens": [1, 2, 3, 4]}]},
+                                       "sampling_params": {"max_tokens": 8, "seed": 11}})
+    if st != 200:
+        return f"submit {st}: {f}"
+    r = s.result(f["request_id"], timeout=120)
+    return r["sequences"][0]["tokens"] if isinstance(r, dict) and "sequences" in r else r
+
+
+def test_clean_stop_hands_over_samplers(s):
+    """SIGTERM: the executor stops cleanly and hands its sampler snapshots to the blob store,
+    so a sample from one taken before the stop runs on the executor `loom up` starts next
+    (it used to fail: the weights were only in the stopped executor's memory)."""
+    m = new_model(s)
+    R.check("loss_fn_outputs" in s.result(submit_fb(s, m, 1)["request_id"]), "a step before the sampler snapshot")
+    st, f = s.post("/api/v1/save_weights_for_sampler", {"model_id": m, "seq_id": 2})
+    sampler = s.result(f["request_id"])["sampling_session_id"]
+    first = sample_tokens(s, sampler, 0)
+    R.check(isinstance(first, list) and len(first) == 8, f"a sample from the snapshot: {first}")
+    pid = live_executor_pid(s)
+    os.kill(pid, signal.SIGTERM)
+    R.check(wait_for(lambda: s.psql(f"SELECT count(*) FROM executors WHERE state = 'idle' AND pid <> {pid}") == "1",
+                     60), "`loom up` started a new executor after the clean stop")
+    R.check(s.psql(f"SELECT snapshot_digest IS NOT NULL FROM sampling_sessions WHERE id = '{sampler}'") == "t",
+            "the stopped executor handed the sampler snapshot over to the blob store")
+    again = sample_tokens(s, sampler, 1)
+    R.check(again == first, f"a sample from it after the stop runs on the new executor, same tokens: {again}")
+
+
 def main():
     with Stack() as s:
         test_capacity_and_unload(s)
+        test_clean_stop_hands_over_samplers(s)
         m = new_model(s)
         s.psql(SLOW_START)
         seq = 1
