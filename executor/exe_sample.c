@@ -123,7 +123,12 @@ int exe_hand_over_samplers(exe_state *st, PGconn *c) {
     for (int i = 0; i < n; i++) {
         char err[768];
         if (hand_over_sampler(st, c, ids[i], err, sizeof err) < 0) {
-            log_warn("sampler %s: could not hand its snapshot over (draining; its samples wait here): %s", ids[i], err);
+            /* retried on every idle pass while draining: a warning a minute, the rest at debug */
+            static time_t warned;
+            bool warn = time(NULL) - warned >= 60;
+            if (warn) warned = time(NULL);
+            log_msg(warn ? LOG_WARN_ : LOG_DEBUG_, "sampler %s: could not hand its snapshot over (draining; its samples "
+                    "wait here; retried on every idle pass, repeats logged at debug level for a minute): %s", ids[i], err);
             continue;
         }
         exe_store_drop(&st->store, STORE_SNAPSHOT, ids[i]);

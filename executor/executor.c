@@ -441,7 +441,14 @@ static int hand_over_slots(exe_state *st, PGconn *c, const char **keys, int n, b
     for (int i = 0; i < n && keep_going(st); i++) {
         char err[512];
         int rc = exe_hand_over(st, c, ids[i], err, sizeof err);
-        if (rc < 0) log_warn("model %s: could not hand it over (%s): %s", ids[i], why, err);
+        if (rc < 0) {
+            /* retried on every idle pass while draining or over budget: a warning a minute */
+            static time_t warned;
+            bool warn = time(NULL) - warned >= 60;
+            if (warn) warned = time(NULL);
+            log_msg(warn ? LOG_WARN_ : LOG_DEBUG_, "model %s: could not hand it over (%s; retried on every idle pass, "
+                    "repeats logged at debug level for a minute): %s", ids[i], why, err);
+        }
         else if (rc > 0) {
             log_info("model %s handed over (%s): its state is in its snapshot, the scheduler places it again", ids[i],
                      why);
