@@ -189,9 +189,7 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32):
     # A first, unmeasured pass of one tenant: the stack's first steps (buffers growing,
     # statements being prepared, pages faulted in) would otherwise count against the
     # one-tenant baseline and flatter every ratio to it.
-    for T in (0,) + tuple(counts):
-        warmup = T == 0
-        T = max(T, 1)
+    for T, warmup in [(1, True)] + [(T, False) for T in counts]:
         datums = max(1, round_tokens // T // tokens)
         lat, rids, lock = [], [], threading.Lock()
         ready = threading.Barrier(T + 1)

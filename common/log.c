@@ -29,6 +29,13 @@ void log_set_level(int level) { g_level = level; }
 
 bool log_enabled(int level) { return level >= g_level; }
 
+int log_level_every(time_t *last, int seconds, int level) {
+    time_t now = time(NULL);
+    if (now - *last < seconds) return LOG_DEBUG_;
+    *last = now;
+    return level;
+}
+
 /* msg with C0/C1 controls, DEL and invalid UTF-8 as \xNN. */
 static void escape_into(strbuf *out, const char *msg) {
     static const char hex[] = "0123456789abcdef";

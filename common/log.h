@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 
 enum { LOG_DEBUG_ = 0, LOG_INFO_ = 1, LOG_WARN_ = 2, LOG_ERROR_ = 3 };
 
@@ -17,6 +18,9 @@ void log_init(const char *role);           /* "api", "scheduler", "executor", "u
 void log_set_level(int level);
 bool log_enabled(int level);
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* For a message repeated by a retry loop: level at most once every `seconds` (*last, the
+ * caller's own clock of that message, is updated then), LOG_DEBUG_ in between. */
+int log_level_every(time_t *last, int seconds, int level);
 
 /* One named value of a structured line: a string (s) or a number (num). */
 typedef struct {

@@ -125,10 +125,9 @@ int exe_hand_over_samplers(exe_state *st, PGconn *c) {
         if (hand_over_sampler(st, c, ids[i], err, sizeof err) < 0) {
             /* retried on every idle pass while draining: a warning a minute, the rest at debug */
             static time_t warned;
-            bool warn = time(NULL) - warned >= 60;
-            if (warn) warned = time(NULL);
-            log_msg(warn ? LOG_WARN_ : LOG_DEBUG_, "sampler %s: could not hand its snapshot over (draining; its samples "
-                    "wait here; retried on every idle pass, repeats logged at debug level for a minute): %s", ids[i], err);
+            log_msg(log_level_every(&warned, 60, LOG_WARN_),
+                    "sampler %s: could not hand its snapshot over (draining; its samples wait here; retried on "
+                    "every idle pass, repeats logged at debug level for a minute): %s", ids[i], err);
             continue;
         }
         exe_store_drop(&st->store, STORE_SNAPSHOT, ids[i]);

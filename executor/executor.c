@@ -444,10 +444,9 @@ static int hand_over_slots(exe_state *st, PGconn *c, const char **keys, int n, b
         if (rc < 0) {
             /* retried on every idle pass while draining or over budget: a warning a minute */
             static time_t warned;
-            bool warn = time(NULL) - warned >= 60;
-            if (warn) warned = time(NULL);
-            log_msg(warn ? LOG_WARN_ : LOG_DEBUG_, "model %s: could not hand it over (%s; retried on every idle pass, "
-                    "repeats logged at debug level for a minute): %s", ids[i], why, err);
+            log_msg(log_level_every(&warned, 60, LOG_WARN_),
+                    "model %s: could not hand it over (%s; retried on every idle pass, repeats logged at debug "
+                    "level for a minute): %s", ids[i], why, err);
         }
         else if (rc > 0) {
             log_info("model %s handed over (%s): its state is in its snapshot, the scheduler places it again", ids[i],

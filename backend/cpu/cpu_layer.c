@@ -67,28 +67,38 @@ typedef struct {
     const int *group;  /* group g is order[group[g] .. group[g + 1]) */
 } lora_tasks;
 
+/* Whether segment s takes part: its adapter trains this module (and, backward, has gradients). */
+static bool lora_applies(const lora_tasks *t, int s)
+{
+    const cpu_segment *sg = &t->c->segs[s];
+    return cpu_adapter_module(sg->ad, t->l, t->mod) && (!t->dy || sg->grad);
+}
+
+/* Segment s's products on pool (NULL: this thread), on its own rows of z/dz. */
+static void lora_segment(const lora_tasks *t, int s, cpu_pool *pool)
+{
+    cpu_ctx *c = t->c;
+    const cpu_segment *sg = &c->segs[s];
+    const lora_pair *p = cpu_adapter_module(sg->ad, t->l, t->mod);
+    long b = sg->row_begin;
+    int rows = sg->row_end - sg->row_begin;
+    float *z = c->z + b * c->cap_rank, *dz = c->dz + b * c->cap_rank;
+    if (t->dy)
+        lora_bwd_rows(pool, z, dz, p, sg->ad->scale, t->x + b * p->in, t->dy + b * p->out,
+                      t->dx ? t->dx + b * p->in : NULL, rows);
+    else
+        lora_fwd_rows(pool, z, p, sg->ad->scale, t->x + b * p->in, t->y + b * p->out, rows);
+}
+
 static void lora_task(void *arg, int g, int thread)
 {
     (void)thread;
     const lora_tasks *t = arg;
-    cpu_ctx *c = t->c;
-    for (int k = t->group[g]; k < t->group[g + 1]; k++) {
-        const cpu_segment *sg = &c->segs[t->order[k]];
-        const lora_pair *p = cpu_adapter_module(sg->ad, t->l, t->mod);
-        long b = sg->row_begin;
-        int rows = sg->row_end - sg->row_begin;
-        float *z = c->z + b * c->cap_rank, *dz = c->dz + b * c->cap_rank;
-        if (t->dy)
-            lora_bwd_rows(NULL, z, dz, p, sg->ad->scale, t->x + b * p->in, t->dy + b * p->out,
-                          t->dx ? t->dx + b * p->in : NULL, rows);
-        else
-            lora_fwd_rows(NULL, z, p, sg->ad->scale, t->x + b * p->in, t->y + b * p->out, rows);
-    }
+    for (int k = t->group[g]; k < t->group[g + 1]; k++) lora_segment(t, t->order[k], NULL);
 }
 
-/* Runs the segments that have this module (and, backward, gradients) as one task per
- * adapter when there are at least two adapters and a pool; false when that does not
- * apply (the caller loops over the segments itself). */
+/* Runs the segments that take part as one task per adapter when there are at least two
+ * adapters and a pool; false when that does not apply. */
 static bool lora_side_by_side(cpu_ctx *c, lora_tasks *t)
 {
     if (!c->pool || cpu_pool_size(c->pool) < 2 || c->nsegs < 2) return false;
@@ -97,11 +107,10 @@ static bool lora_side_by_side(cpu_ctx *c, lora_tasks *t)
     if (!order || !group || !taken) { free(order); free(group); free(taken); return false; }
     int k = 0, ng = 0;
     for (int s = 0; s < n; s++) {
-        const cpu_segment *sg = &c->segs[s];
-        if (taken[s] || !cpu_adapter_module(sg->ad, t->l, t->mod) || (t->dy && !sg->grad)) continue;
+        if (taken[s] || !lora_applies(t, s)) continue;
         group[ng++] = k;
-        for (int u = s; u < n; u++)
-            if (!taken[u] && c->segs[u].ad == sg->ad && (!t->dy || c->segs[u].grad)) {
+        for (int u = s; u < n; u++) /* the same adapter: the same module and gradients */
+            if (!taken[u] && c->segs[u].ad == c->segs[s].ad) {
                 taken[u] = 1;
                 order[k++] = u;
             }
@@ -119,32 +128,26 @@ static bool lora_side_by_side(cpu_ctx *c, lora_tasks *t)
     return ran;
 }
 
+/* The LoRA products of every segment that takes part: side by side, else one segment
+ * after another with each GEMM split over the pool. */
+static void cpu_lora_run(cpu_ctx *c, lora_tasks *t)
+{
+    if (lora_side_by_side(c, t)) return;
+    for (int s = 0; s < c->nsegs; s++)
+        if (lora_applies(t, s)) lora_segment(t, s, c->pool);
+}
+
 /* y += LoRA(x) for every segment whose adapter trains this module of layer l. */
 static void cpu_lora_fwd(cpu_ctx *c, int l, lora_module mod, const float *x, float *y)
 {
     lora_tasks t = {.c = c, .l = l, .mod = mod, .x = x, .y = y};
-    if (lora_side_by_side(c, &t)) return;
-    for (int s = 0; s < c->nsegs; s++) {
-        const cpu_segment *sg = &c->segs[s];
-        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
-        if (!p) continue;
-        cpu_lora_fwd_rows(c, p, sg->ad->scale, x + (long)sg->row_begin * p->in, y + (long)sg->row_begin * p->out,
-                          sg->row_end - sg->row_begin);
-    }
+    cpu_lora_run(c, &t);
 }
 
 static void cpu_lora_bwd(cpu_ctx *c, int l, lora_module mod, const float *x, const float *dy, float *dx)
 {
     lora_tasks t = {.c = c, .l = l, .mod = mod, .x = x, .dy = dy, .dx = dx};
-    if (lora_side_by_side(c, &t)) return;
-    for (int s = 0; s < c->nsegs; s++) {
-        const cpu_segment *sg = &c->segs[s];
-        const lora_pair *p = cpu_adapter_module(sg->ad, l, mod);
-        if (!p || !sg->grad) continue;
-        long b = sg->row_begin;
-        cpu_lora_bwd_rows(c, p, sg->ad->scale, x + b * p->in, dy + b * p->out, dx ? dx + b * p->in : NULL,
-                          sg->row_end - sg->row_begin);
-    }
+    cpu_lora_run(c, &t);
 }
 
 /* y = x Wᵀ (+ bias) + LoRA: one adapted nn.Linear over all T rows. */
