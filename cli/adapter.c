@@ -400,8 +400,15 @@ static int cmd_import(const cfg *o) {
     if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, digest, err, sizeof err) < 0) goto dberr;
     if (!blob_exists(bs, digest) && blob_put(bs, blob, blen, digest, err, sizeof err) < 0) goto dberr;
     const char *pa[2] = {tid, run};
+    if (db_exec(c, SQL_CLI_IMPORT_RUN_LOCK, 1, pa + 1, err, sizeof err) < 0) goto dberr;
     r = db_query(c, SQL_CLI_IMPORT_ADAPTER, 2, pa, err, sizeof err);
     if (!r) goto dberr;
+    if (!PQntuples(r)) {
+        PQclear(r);
+        snprintf(err, sizeof err, "run name %s is taken by another tenant (a tinker://RUN/... path names one run "
+                 "for every tenant); choose another --run", run);
+        goto dberr;
+    }
     char aid[24];
     snprintf(aid, sizeof aid, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);

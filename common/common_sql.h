@@ -10,11 +10,11 @@
 #define SQL_ROLLBACK "ROLLBACK"
 
 /* ---- keys.c ----------------------------------------------------------------------------- */
-/* $1 name -> id of the tenant, created if needed */
+/* $1 name -> id of the tenant, created if needed; whether this statement created it */
 #define SQL_TENANT_ENSURE                                                                     \
     "WITH ins AS (INSERT INTO tenants (name) VALUES ($1)"                                     \
     " ON CONFLICT (name) DO NOTHING RETURNING id)"                                             \
-    " SELECT id FROM ins UNION ALL SELECT id FROM tenants WHERE name = $1"
+    " SELECT id, true FROM ins UNION ALL SELECT id, false FROM tenants WHERE name = $1"
 /* $1 tenant, $2 prefix, $3 hash (bytea text), $4 name, $5 scopes (text[] literal or NULL:
  * all), $6 expiry or NULL -> id */
 #define SQL_KEY_INSERT                                                                        \

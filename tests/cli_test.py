@@ -226,7 +226,10 @@ def check_with_stack(R):
         R.check(s.psql("SELECT count(*) FROM tenants") == "1", "no odd tenant was created")
         p = loom("tenant", "create", "bob", *dd, env=env)
         p2 = loom("tenant", "create", "bob", *dd, env=env)
-        R.check(p.returncode == 0 and p2.returncode == 0 and "exists already" in p2.stdout, "tenant create twice")
+        R.check(p.returncode == 0 and re.fullmatch(r"tenant bob id=\d+\n", p.stdout) and not p.stderr,
+                f"tenant create of a new tenant: created, nothing else said {p.stdout!r} {p.stderr!r}")
+        R.check(p2.returncode == 0 and re.fullmatch(r"tenant bob id=\d+ \(exists already\)\n", p2.stdout)
+                and not p2.stderr, f"tenant create twice: exists already {p2.stdout!r} {p2.stderr!r}")
         p = loom("key", "create", "--tenant", "bob", "--name", "n" * 200, *dd, env=env)
         R.check(p.returncode == 2 and "at most 128" in p.stderr, "a key name over 128 bytes: a message")
         p = loom("key", "revoke", "abc", *dd, env=env)
@@ -244,6 +247,14 @@ def check_with_stack(R):
         p = loom(*imp, env=env)
         R.check(p.returncode == 1 and "exists already" in p.stderr and "duplicate key" not in p.stderr,
                 f"importing the same path again: a message, not PostgreSQL's {p.stderr.strip()}")
+        other = ["adapter", "import", tgz, "--tenant", "default", "--base-model", "loom/tiny-llama", "--name", "n2", *dd]
+        p = loom(*other, "--run", "imp", env=env)
+        R.check(p.returncode == 1 and "run name imp is taken by another tenant" in p.stderr
+                and s.psql("SELECT count(*) FROM adapters WHERE name = 'imp'") == "1",
+                f"another tenant's import under the same --run is refused, nothing recorded: {p.stderr.strip()}")
+        p = loom(*other, "--run", "imp-default", env=env)
+        R.check(p.returncode == 0 and "imported tinker://imp-default/sampler_weights/n2" in p.stdout,
+                f"... and under its own run name it is imported {p.stderr.strip()}")
         p = loom("adapter", "show", "tinker://imp/sampler_weights/n1", *dd, env=env)
         R.check(p.returncode == 0 and '"lora_dropout": 0.1' in p.stdout and "0.10000000000000001" not in p.stdout,
                 "adapter show prints 0.1 as 0.1")
