@@ -1,6 +1,6 @@
 # Installation (`cmake --install build`) and the Debian package (`cpack -G DEB` in the
 # build directory): the loom binary, the systemd units, the config file (kept if one is
-# there), the README. The package adds a `loom` system user, /var/lib/loom with the
+# there), the README, the copyright (Apache-2.0), the Grafana dashboard. The package adds a `loom` system user, /var/lib/loom with the
 # server secret, and takes its Depends from dpkg-shlibdeps (deploy/debian/ has the
 # maintainer scripts; README "Install as a service" tells the rest).
 include(GNUInstallDirs)
@@ -18,7 +18,10 @@ install(CODE "
          DESTINATION \"\${CMAKE_INSTALL_PREFIX}/lib/systemd/system\")
   endforeach()")
 install(FILES deploy/systemd/loom-gc.timer DESTINATION lib/systemd/system)
-install(FILES README.md docs/architecture.md deploy/loom.conf DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES README.md docs/architecture.md deploy/loom.conf deploy/debian/copyright
+        DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# The Grafana dashboard of /metrics (README "Metrics"), for the operator to import.
+install(FILES deploy/grafana/loom.json DESTINATION ${CMAKE_INSTALL_DATADIR}/loom/grafana)
 # /etc/loom/loom.conf, where every loom command looks for it (common/config.c): installed
 # when absent, so that `cmake --install` never overwrites an operator's settings (the
 # package lists it as a conffile, and dpkg asks).
@@ -40,6 +43,7 @@ set(CPACK_PACKAGE_DESCRIPTION
 on shared hardware: an api, a scheduler and one executor per device, with PostgreSQL as the
 queue and system of record. Ships systemd units for each, a config file and a registry GC timer.")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_RESOURCE_FILE_LICENSE ${CMAKE_SOURCE_DIR}/LICENSE)
 set(CPACK_GENERATOR DEB)
 # The package: everything but the CUDA backend module (component `cuda`), which needs the
 # CUDA toolkit's libraries, no Debian package; GPU hosts install it with `cmake --install`.

@@ -239,6 +239,12 @@ def run_all(R):
         deb = os.path.join(WORK, debs[0])
         info = run(["dpkg-deb", "-f", deb, "Depends"]).stdout
         R.check("libpq5" in info and "libh2o" in info and "adduser" in info, f"Depends from shlibdeps: {info.strip()}")
+        files = run(["dpkg-deb", "-c", deb]).stdout
+        for f in ("./usr/share/loom/grafana/loom.json", "./usr/share/doc/loom/copyright"):
+            R.check(re.search(r"\s" + re.escape(f) + r"$", files, re.M) is not None, f"the package ships {f[1:]}")
+        src = os.path.join(HERE, "..")
+        R.check("Apache License" in open(os.path.join(src, "LICENSE")).read(2000) and "License: Apache-2.0" in
+                open(os.path.join(src, "deploy/debian/copyright")).read(), "LICENSE and the package's copyright agree")
         # A clean Debian 12 with systemd, then `apt install ./loom.deb`: apt resolves the
         # package's Depends from the mirror and runs its maintainer scripts.
         p = timed(R, "mmdebstrap (clean root + the package and its dependencies)", lambda: run(
