@@ -79,7 +79,7 @@ static void print_queue(json_t *queue) {
 }
 
 static void print_tenants(json_t *tenants) {
-    printf("\nTENANTS\n%-20s %6s %7s %8s %5s  %s\n", "name", "runs", "active", "pending", "keys", "tokens done");
+    printf("\nTENANTS\n%-20s %6s %7s %8s %5s  %s\n", "name", "runs", "active", "pending", "keys", "tokens used");
     size_t i;
     json_t *t;
     json_array_foreach(tenants, i, t) {
@@ -98,7 +98,7 @@ static void print_tenants(json_t *tenants) {
 
 static void print_cycles(json_t *cycles) {
     printf("\nRECENT CYCLES (newest first)\n%-8s %-16s %-8s %9s %5s %7s  %s\n", "id", "executor", "state", "ms",
-           "ops", "tokens", "tenants (ops)");
+           "ops", "budget", "tenants (ops)");
     size_t i;
     json_t *c;
     json_array_foreach(cycles, i, c) {

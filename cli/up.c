@@ -400,6 +400,12 @@ int up_main(int argc, char **argv) {
     if (n_exec > MAX_EXECUTORS) return cfg_usage_error(&UP_CMD, "at most %d executors", MAX_EXECUTORS);
     log_info("%d %s executor%s for %d base model%s%s%s", n_exec, backend, n_exec > 1 ? "s" : "", n_models,
              n_models > 1 ? "s" : "", device ? " on device " : "", device ? device : "");
+    /* stdout carries the three lines below and nothing else: what pg_ctl, mkmodel or a
+     * child prints goes to stderr with the log. */
+    int out_fd = dup(1);
+    FILE *announce = out_fd >= 0 ? fdopen(out_fd, "w") : NULL;
+    if (announce) dup2(2, 1);
+    else announce = stdout;
     char data_dir[PATH_MAX], absdata[PATH_MAX];
     cfg_data_dir(&o, data_dir, sizeof data_dir);
     /* Keys, the secret, blobs (tenants' weights), the model, logs: for the service user
@@ -487,6 +493,18 @@ int up_main(int argc, char **argv) {
     static argvec exe[MAX_EXECUTORS];
     char dev_s[MAX_EXECUTORS][16], name_s[MAX_EXECUTORS][32];
     static const char *const per_executor[] = {"backend", "device", NULL};
+    /* CPU executors share one RAM: without --memory-budget each would take half of it (an
+     * executor's default), so the adapters of two would take it all. Together they take
+     * the half: each half of what is available now, over their number. */
+    char share_s[32] = "";
+    if (!strcmp(backend, "cpu") && n_exec > 1 && !cfg_str(&o, "memory-budget")) {
+        FILE *mi = fopen("/proc/meminfo", "r");
+        char line[256];
+        unsigned long long kb = 0;
+        while (mi && fgets(line, sizeof line, mi) && sscanf(line, "MemAvailable: %llu kB", &kb) != 1) {}
+        if (mi) fclose(mi);
+        if (kb) snprintf(share_s, sizeof share_s, "%llu", (kb << 10) / 2 / (unsigned long long)n_exec);
+    }
     for (int i = 0; i < n_exec; i++) {
         argvec *e = &exe[i];
         const up_model *m = &models[per_gpu ? i % n_models : i / per_model];
@@ -497,6 +515,7 @@ int up_main(int argc, char **argv) {
         av_opt(e, "model-dir", m->dir), av_opt(e, "model-name", m->name), av_opt(e, "blob-dir", blob_dir);
         av_opt(e, "backend", backend), av_opt(e, "device", dev_s[i]), av_opt(e, "name", name_s[i]);
         av_pass(e, &o, EXE_OPTS, per_executor);
+        if (*share_s) av_opt(e, "memory-budget", share_s);
     }
     argvec sch = {0}, api = {0}, gc = {0};
     av_add(&sch, "loom"), av_add(&sch, "scheduler"), av_opt(&sch, "config", "/dev/null"), av_opt(&sch, "db", conninfo);
@@ -558,10 +577,10 @@ int up_main(int argc, char **argv) {
     cs[GC].argv = gc_argv;
     if (start_child(&cs[GC], c) < 0) child_died(&cs[GC], -1);
 
-    printf("DATABASE_URL=%s\n", conninfo);
-    printf("TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
-    printf("TINKER_API_KEY=%s\n", key);
-    fflush(stdout);
+    fprintf(announce, "DATABASE_URL=%s\n", conninfo);
+    fprintf(announce, "TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
+    fprintf(announce, "TINKER_API_KEY=%s\n", key);
+    fflush(announce);
     for (int m = 0; m < n_models; m++)
         log_info("Loom is up: model %s (%s) on %d %s executor%s; Ctrl-C stops it", models[m].name, models[m].dir,
                  per_gpu ? (n_exec - m + n_models - 1) / n_models : per_model, backend,

@@ -123,12 +123,14 @@ void api_observe(const api_access *a) {
     log_fields(level, "request", f, n);
 }
 
-void api_observe_job(const api_job *job, int status, double now) {
+void api_observe_answer(const api_job *job, int status, double now, const char *body, size_t len) {
     char *detail = NULL;
-    /* Error bodies are small {"detail": ...} objects; anything else has no reason. */
-    if (status >= 400 && job->resp && job->resp_len < 16384) {
-        json_t *v = json_loadb(job->resp, job->resp_len, 0, NULL);
+    /* Error bodies are small objects, Tinker's {"detail": ...} or OpenAI's {"error":
+     * {"message": ...}}; anything else has no reason. */
+    if (status >= 400 && body && len < 16384) {
+        json_t *v = json_loadb(body, len, 0, NULL);
         const char *d = json_string_value(json_object_get(v, "detail"));
+        if (!d) d = json_string_value(json_object_get(json_object_get(v, "error"), "message"));
         if (d) detail = strdup(d);
         json_decref(v);
     }
@@ -136,6 +138,10 @@ void api_observe_job(const api_job *job, int status, double now) {
                     .log_id = job->log_id, .seconds = now - job->started, .reason = detail};
     api_observe(&a);
     free(detail);
+}
+
+void api_observe_job(const api_job *job, int status, double now) {
+    api_observe_answer(job, status, now, job->resp, job->resp ? job->resp_len : 0);
 }
 
 /* ---- the exposition format ------------------------------------------------------------- */

@@ -34,8 +34,10 @@ typedef struct {
 
 /* Counts the request and writes its access-log line (info; warn for 5xx). Any thread. */
 void api_observe(const api_access *a);
-/* The same for a job coming back from a worker: the reason is the {"detail"} of its body. */
+/* The same for a job coming back from a worker: the reason is the message of its error body. */
 void api_observe_job(const api_job *job, int status, double now);
+/* The same for an answer whose body is not job->resp (the OpenAI routes' loop). */
+void api_observe_answer(const api_job *job, int status, double now, const char *body, size_t len);
 /* Requests being answered now (+1 when one arrives, -1 when it is answered). */
 void api_metrics_in_flight(int delta);
 

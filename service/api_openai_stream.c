@@ -307,11 +307,12 @@ static void on_proceed(h2o_generator_t *g, h2o_req_t *req) {
 
 static void on_stop(h2o_generator_t *g, h2o_req_t *req) { (void)g, (void)req; /* disposal follows */ }
 
-static void observe(oai_stream *st, int status) {
+/* body: the error answered, for the access line's reason (NULL: none). */
+static void observe(oai_stream *st, int status, const char *body, size_t len) {
     if (st->observed) return;
     st->observed = true;
     api_metrics_in_flight(-1);
-    api_observe_job(st->job, status, wall_now());
+    api_observe_answer(st->job, status, wall_now(), body, len);
 }
 
 /* The request is answered (or its stream is complete): nothing more is needed from the
@@ -328,7 +329,7 @@ static void send_whole(oai_stream *st, int status, char *body, size_t len) {
     req->res.reason = status == 200 ? "OK" : "Error";
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/json"));
     req->res.content_length = len;
-    observe(st, status);
+    observe(st, status, body, len);
     settle(st);
     h2o_send_inline(req, body, len);
     free(body);
@@ -345,8 +346,8 @@ static void fail(oai_stream *st, int status, const char *msg) {
     sb_puts(&st->pending, "data: ");
     sb_append(&st->pending, body, len);
     sb_puts(&st->pending, "\n\ndata: [DONE]\n\n");
+    observe(st, status, body, len);
     free(body);
-    observe(st, status);
     settle(st);
     flush(st);
 }
@@ -494,7 +495,7 @@ static void progress_made(oai_stream *st) {
         log_warn("openai %s: the client reads too slowly (%zu bytes waiting); ending the stream", st->spec->id,
                  st->pending.len);
         st->aborted = true;
-        observe(st, 499);
+        observe(st, 499, NULL, 0);
         settle(st);
         flush(st);
         return;
@@ -514,7 +515,7 @@ static void progress_made(oai_stream *st) {
         sb_puts(&st->pending, "}\n\n");
     }
     sb_puts(&st->pending, "data: [DONE]\n\n");
-    observe(st, 200);
+    observe(st, 200, NULL, 0);
     settle(st);
     flush(st);
 }
@@ -695,7 +696,7 @@ static bool peer_closed(h2o_req_t *req) {
  * an error body nobody reads); h2o then closes the connection and disposes the request. */
 static void client_gone(oai_stream *st) {
     cancel_ops(st->ol, st->spec);
-    observe(st, 499);
+    observe(st, 499, NULL, 0);
     if (!st->started) {
         size_t len;
         char *body = oai_error_body(400, "the client closed the connection", NULL, NULL, &len);
@@ -727,7 +728,7 @@ static void on_dispose(void *p) {
         cancel_ops(st->ol, st->spec);
         settle(st);
     }
-    observe(st, 499);
+    observe(st, 499, NULL, 0);
     if (h2o_linklist_is_linked(&st->link)) h2o_linklist_unlink(&st->link);
     if (st->fetch) st->fetch->oai->waiter = NULL;
     for (int i = 0; i < st->nch; i++) {

@@ -60,6 +60,37 @@ def hist_count(f, fam, **labels):
     return value(f, fam + "_count", **labels) or 0
 
 
+def one_token_count(R, s, mkey, akey, before):
+    """Tokens are counted one way everywhere: the metric, the console's operator view,
+    `loom status`, GET /api/v1/usage and `loom usage` all give what usage counts (train,
+    prefill, sample), and one chat adds to them what its answer's usage says it used
+    (not the prompt plus max_tokens that its cycle reserved)."""
+    st, ans = s.post("/v1/chat/completions", {"model": BASE, "messages": [{"role": "user", "content": "Hello there"}],
+                                              "max_tokens": 200, "seed": 3}, key=None,
+                     headers={"Authorization": "Bearer " + s.key})
+    used = ans.get("usage", {}).get("total_tokens") if st == 200 else None
+    time.sleep(2.5)   # the scheduler folds usage every 2 s
+    f = parse(scrape(s.url, mkey)[2])
+    kinds = ("train", "prefill", "sample")
+    metric = {k: value(f, "loom_tenant_tokens_total", tenant="default", kind=k) or 0 for k in kinds}
+    grew = sum(metric[k] - (value(before, "loom_tenant_tokens_total", tenant="default", kind=k) or 0)
+               for k in ("prefill", "sample"))
+    R.check(used is not None and used < 200 + 20 and grew == used,
+            f"one chat of {used} tokens adds {grew} to loom_tenant_tokens_total (prefill + sample)")
+    st, u = s.get("/api/v1/usage")
+    usage = {k: (u.get("tokens") or {}).get(k, 0) for k in kinds} if st == 200 else None
+    cli = json.loads(loom_cli(s, "usage", "--tenant", "default", "--json"))
+    cli = {k: (cli.get("tokens") or {}).get(k, 0) for k in kinds}
+    status = next((t for t in json.loads(loom_cli(s, "status", "--json"))["tenants"] if t["name"] == "default"), {})
+    status = {k: (status.get("tokens") or {}).get(k, 0) for k in kinds}
+    st, ov = s.get("/api/v1/console/admin/overview", key=akey)
+    con = next((t for t in ov.get("tenants", []) if t["name"] == "default"), {}) if st == 200 else {}
+    con = {k: (con.get("tokens") or {}).get(k, 0) for k in kinds}
+    R.check(metric["train"] > 0 and usage == metric == cli == status == con,
+            f"the same tokens everywhere: metric {metric}, usage route {usage}, loom usage {cli}, loom status "
+            f"{status}, console {con}")
+
+
 def main():
     R = Results()
     parser_refuses(R)
@@ -108,8 +139,8 @@ def main():
                 "loom_operations_total: +3 forward_backward, +3 optim_step done")
         R.check(delta("loom_operations_total", kind="forward_backward", state="failed") == 1,
                 "the refused submit counts as a failed forward_backward")
-        R.check(delta("loom_tenant_tokens_total", tenant="default", kind="forward_backward") == N * DATUMS * TOK,
-                f"loom_tenant_tokens_total: +{N * DATUMS * TOK} tokens for the tenant")
+        R.check(delta("loom_tenant_tokens_total", tenant="default", kind="train") == N * DATUMS * TOK,
+                f"loom_tenant_tokens_total: +{N * DATUMS * TOK} train tokens for the tenant")
         for fam in ("loom_operation_wait_seconds", "loom_operation_run_seconds", "loom_operation_latency_seconds"):
             d = hist_count(after, fam, kind="forward_backward") - hist_count(before, fam, kind="forward_backward")
             R.check(d == N, f"{fam}{{kind=forward_backward}} counted {d} = {N}")
@@ -129,6 +160,8 @@ def main():
         R.check(hist_count(after, "loom_http_request_duration_seconds", **fb_route) -
                 hist_count(before, "loom_http_request_duration_seconds", **fb_route) == N + 1,
                 "request duration histogram counted the 4 forward_backward requests")
+
+        one_token_count(R, s, mkey, akey, after)
 
         # 4. gauges
         gap = t.seq[mid] + 5   # a seq_id that has to wait for the ones before it
@@ -232,6 +265,12 @@ def main():
 
         # 7. the text log of loom up
         s.request("GET", "/api/v1/sessions/%1b%5b31mred", headers={"X-Request-Id": "evil id"})
+        # an OpenAI route's 4xx: its error has OpenAI's shape, the log line its reason
+        st, _ = s.post("/v1/chat/completions", {"model": BASE, "messages": [{"role": "user", "content": "x"}],
+                                                "logit_bias": {"1": 5}}, key=None,
+                       headers={"Authorization": "Bearer " + s.key})
+        st2, _ = s.post("/v1/completions", {"model": "no-such-model", "prompt": "x"}, key=None,
+                        headers={"Authorization": "Bearer " + s.key})
         time.sleep(0.3)
         log = open(os.path.join(s.dir, "up.log"), encoding="utf-8", errors="replace").read()
         acc = [l for l in log.splitlines() if " request method=POST route=/api/v1/forward_backward status=200 " in l]
@@ -239,6 +278,10 @@ def main():
                 f"access lines for the forward_backward submits ({len(acc)})")
         rej = [l for l in log.splitlines() if "route=/api/v1/forward_backward status=400" in l]
         R.check(len(rej) == 1 and "reason=" in rej[0] and "vocabulary" in rej[0], f"the 400 with its reason: {rej}")
+        oai = [l for l in log.splitlines() if re.search(r"route=/v1/(chat/)?completions status=4", l)]
+        R.check(st == 400 and st2 == 404 and len(oai) == 2 and "logit_bias" in oai[0] and "reason=" in oai[0]
+                and "reason=" in oai[1] and "no-such-model" in oai[1],
+                f"the OpenAI routes' 4xx lines carry their reason too: {oai}")
         R.check(s.key not in log and mkey not in log and akey not in log, "no API key in the log")
         R.check(not any(ord(c) < 0x20 and c not in "\n" for c in log), "no control character in the log")
         R.check("route=/api/v1/sessions/{id} status=404" in log, "the escaped path's request is logged by its route")

@@ -104,12 +104,31 @@ def main():
         subprocess.run([LOOM_BIN, "mkmodel", "--arch", arch, "--preset", "tiny", "--seed", seed, "--out", d],
                        check=True, capture_output=True)
     try:
+        avail = mem_available()
         with Stack(["--models", f"{LLAMA}={llama},{QWEN}={qwen}", "--executor-timeout-s", "5",
                     "--snapshot-every", "3", "--evict-idle-s", "1"]) as s:
+            shared_ram(s, max(avail, mem_available()))
             run(s, llama)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     R.finish()
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
+
+
+def shared_ram(s, avail):
+    """The CPU executors of one `loom up` share the RAM: their adapter budgets add up to
+    half of what was available, as one executor's default alone would be."""
+    if (os.environ.get("LOOM_TEST_BACKEND") or "cpu") != "cpu":
+        return
+    budgets = [int(x) for x in s.psql("SELECT memory_budget FROM executors WHERE name LIKE 'up-%' "
+                                      "AND state <> 'gone'").split()]
+    R.check(len(budgets) == 2 and sum(budgets) <= 0.55 * avail and min(budgets) > 0.2 * avail / 2,
+            f"two CPU executors budget half the available RAM between them: {[b >> 20 for b in budgets]} MiB "
+            f"of {avail >> 20} MiB available")
 
 
 def run(s, llama):
@@ -117,7 +136,9 @@ def run(s, llama):
     names = {m["model_name"] for m in c.post("/api/v1/get_server_capabilities", {})["supported_models"]}
     R.check({LLAMA, QWEN} <= names, f"one loom up serves both base models: {sorted(names)}")
     up_llama = int(s.psql(f"SELECT id FROM executors WHERE base_model = '{LLAMA}' AND state <> 'gone'"))
-    j1, j1_id = join_executor(s, llama, "joined-1")
+    # It shares this host's RAM with up's executors: the same budget as each of them.
+    same = s.psql(f"SELECT memory_budget FROM executors WHERE id = {up_llama}")
+    j1, j1_id = join_executor(s, llama, "joined-1", "--memory-budget", same)
     st, ready = s.get("/api/v1/readyz", key=None)
     served = {m["name"]: (m["ready"], m["executors"]) for m in ready.get("base_models", [])}
     R.check(st == 200 and ready.get("ready") and ready.get("database") and served == {LLAMA: (True, 2), QWEN: (True, 1)},
