@@ -177,14 +177,16 @@
     $("run-body").hidden = false;
     $("run-missing").hidden = true;
     const r = data.run, curve = data.curve;
-    const steps = curve.filter((p) => p.grad_norm !== null).length;
+    // The optimizer's step, as the runs list and the checkpoints count it; a run resumed
+    // from a checkpoint took fewer steps itself.
+    const taken = data.operations["optim_step:done"] || 0;
     const lastLoss = [...curve].reverse().find((p) => p.loss !== null);
     const facts = clear($("run-facts"));
     const fact = (k, v) => facts.append(el("div", {}, el("dt", { text: k }), el("dd", {}, v)));
     fact("Status", badge(r.status));
     fact("Base model", r.base_model);
     fact("LoRA rank", String(r.lora_rank) + " (" + ["attn", "mlp", "unembed"].filter((k) => r["train_" + k]).join(", ") + ")");
-    fact("Optimizer steps", fmtInt(steps));
+    fact("Optimizer step", fmtInt(r.step) + (taken !== r.step ? ` (${fmtInt(taken)} taken in this run)` : ""));
     fact("Last loss", lastLoss ? fmtNum(lastLoss.loss) : "–");
     fact("Created", fmtTime(r.created_at));
     fact("Last request", fmtTime(r.last_request_at));
@@ -325,7 +327,9 @@
       const req = {
         sampling_session_id: sid, seq_id: play.seq[source.key]++, num_samples: Number($("play-n").value),
         prompt: { chunks: [{ type: "encoded_text", tokens: tok.ids }] },
-        sampling_params: { max_tokens: Number($("play-max").value), temperature: Number($("play-temp").value), seed: Number($("play-seed").value) },
+        sampling_params: { max_tokens: Number($("play-max").value), temperature: Number($("play-temp").value), seed: Number($("play-seed").value),
+          // a chat prompt's answer ends with the assistant's turn, as /v1/chat/completions ends it
+          ...(tok.stop_tokens.length ? { stop: tok.stop_tokens } : {}) },
       };
       const t0 = performance.now();
       const fut = await api("POST", "asample", req);
@@ -408,7 +412,7 @@
       tb.append(el("tr", { "data-tenant": t.name }, el("td", {}, sw, t.name),
         el("td", { class: "num", text: t.runs }), el("td", { class: "num", text: t.active_runs }), el("td", { class: "num", text: t.pending }),
         el("td", { class: "num", text: t.keys }),
-        el("td", { class: "usage" }, ["forward_backward", "forward", "sample"].map((k) => fmtInt(tok[k] || 0)).join(" · "))));
+        el("td", { class: "usage" }, ["train", "prefill", "sample"].map((k) => fmtInt(tok[k] || 0)).join(" · "))));
     }
   }
 

@@ -120,6 +120,34 @@ static pthread_mutex_t g_tok_mu = PTHREAD_MUTEX_INITIALIZER;
 static api_tokenizer g_toks[MAX_TOKENIZERS];
 static int g_ntoks;
 
+/* The template's end of an assistant's turn: an assistant message rendered with a marker
+ * as its content; the token right after the marker, if it is a special one. Templates
+ * differ (<|im_end|>, <|eot_id|>, <end_of_turn>), and the model's eos_token is often
+ * another token (Qwen2.5's <|endoftext|>, Llama 3.1's <|end_of_text|>), so the template
+ * is asked rather than the config. */
+static void find_turn_end(api_tokenizer *e) {
+    e->n_turn_end = 0;
+    if (!e->chat) return;
+    static const char mark[] = "LOOM_END_OF_TURN_MARK";
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "user", "content", "Hi", "role", "assistant",
+                             "content", mark);
+    char *text = NULL, err[256];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (chat_template_render(e->chat, msgs, false, NULL, &text, NULL, err, sizeof err) == 0) {
+        const char *at = strstr(text, mark);
+        if (at && tok_encode(e->tok, at + strlen(mark), strlen(at + strlen(mark)), &ids, &n, NULL, err,
+                             sizeof err) == 0 && n > 0 && tok_is_special(e->tok, ids[0]))
+            e->turn_end[e->n_turn_end++] = ids[0];
+    }
+    json_decref(msgs);
+    free(text);
+    free(ids);
+    const char *eos = chat_template_var(e->chat, "eos_token");
+    int32_t id = eos ? tok_piece_to_id(e->tok, eos) : -1;
+    if (id >= 0 && (e->n_turn_end == 0 || e->turn_end[0] != id)) e->turn_end[e->n_turn_end++] = id;
+}
+
 const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model) {
     pthread_mutex_lock(&g_tok_mu);
     for (int i = 0; i < g_ntoks; i++)
@@ -162,15 +190,18 @@ const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model) {
     snprintf(e->name, sizeof e->name, "%s", base_model);
     e->tok = t;
     e->chat = ct;
+    find_turn_end(e);
     g_ntoks++;
     pthread_mutex_unlock(&g_tok_mu);
     log_info("console: tokenizer of %s loaded from %s%s", base_model, dir, ct ? " (with its chat template)" : "");
     return e;
 }
 
-/* POST {base_model, text, chat}: the prompt's token ids. chat: the text as one user message
- * through the model's chat template, ready for the assistant's answer; else the text as
- * Hugging Face's tokenizer(text) encodes it (with the model's special prefix). */
+/* POST {base_model, text, chat}: the prompt's token ids, its text, and stop_tokens. chat:
+ * the text as one user message through the model's chat template, ready for the
+ * assistant's answer, and stop_tokens the ids that end that answer; else the text as
+ * Hugging Face's tokenizer(text) encodes it (with the model's special prefix), and no
+ * stop_tokens. */
 int api_h_console_tokenize(api_call *c) {
     const char *bm, *text;
     bool chat;
@@ -208,7 +239,11 @@ int api_h_console_tokenize(api_call *c) {
     for (size_t i = 0; i < pre_n; i++) json_array_append_new(arr, json_integer(pre[i]));
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     free(ids);
-    return api_reply_json(c, 200, json_pack("{s:o, s:o}", "ids", arr, "text", shown));
+    /* A chat prompt's answer ends with the assistant's turn: the playground samples with
+     * these as stop tokens, as /v1/chat/completions does. */
+    json_t *stops = json_array();
+    for (int i = 0; chat && i < e->n_turn_end; i++) json_array_append_new(stops, json_integer(e->turn_end[i]));
+    return api_reply_json(c, 200, json_pack("{s:o, s:o, s:o}", "ids", arr, "text", shown, "stop_tokens", stops));
 }
 
 /* POST {base_model, ids}: their text (bytes that are not UTF-8 become U+FFFD). */

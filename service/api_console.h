@@ -38,6 +38,11 @@ typedef struct {
     char name[256];
     tokenizer *tok;
     chat_template *chat;   /* NULL: the model has none */
+    /* Where an answer to a chat-template prompt ends: the token the template writes after
+     * an assistant's message (ChatML's <|im_end|>, Llama 3's <|eot_id|>) and the
+     * template's eos_token, when they are tokens of the vocabulary. */
+    int32_t turn_end[2];
+    int n_turn_end;
 } api_tokenizer;
 
 /* The entry for base_model, loading it on first use. NULL with the error answered (404

@@ -589,12 +589,11 @@ static int completion(api_call *c, bool chat) {
         randombytes_buf(&r, sizeof r);
         seed = (int64_t)(r & ((UINT64_C(1) << 48) - 1));   /* exact in any JSON reader */
     }
-    /* Chat ends at the template's end-of-turn token too (ChatML's <|im_end|>, Llama 3's
-     * <|eot_id|>), which the model's config.json may not list among its EOS ids. */
-    int32_t stop_ids[1] = {0};
+    /* Chat ends at the template's end of the assistant's turn too (ChatML's <|im_end|>,
+     * Llama 3's <|eot_id|>), which the model's config.json may not list among its EOS ids. */
+    int32_t stop_ids[2] = {0};
     size_t nstop_ids = 0;
-    const char *eos = chat ? chat_template_var(t->chat, "eos_token") : NULL;
-    if (eos && (stop_ids[0] = tok_piece_to_id(t->tok, eos)) >= 0) nstop_ids = 1;
+    for (int i = 0; chat && i < t->n_turn_end; i++) stop_ids[nstop_ids++] = t->turn_end[i];
 
     oai_spec *s = calloc(1, sizeof *s);
     if (!s) abort();

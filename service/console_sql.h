@@ -14,15 +14,25 @@
     "(SELECT (o.metrics->>'" n "')::float8 FROM operations o WHERE o.model_id = m.id"          \
     " AND o.kind = '" k "' AND o.state = 'done' ORDER BY o.seq_id DESC LIMIT 1)"
 
+/* The optimizer step of run m now, as its checkpoints count it (Adam's step): step:max of
+ * its last optim_step, or, when a load_weights came after that, the step it loaded (the
+ * checkpoint's with the optimizer state, 0 without). A run resumed from a checkpoint of
+ * step 10 that took 15 steps is at step 25. */
+#define CON_RUN_STEP                                                                          \
+    "COALESCE((SELECT CASE o.kind WHEN 'optim_step' THEN (o.metrics->>'step:max')::bigint"     \
+    " ELSE (SELECT CASE WHEN o.payload->>'optimizer' = 'true' THEN v.step ELSE 0 END"           \
+    " FROM adapter_versions v WHERE v.id = (o.payload->>'version_id')::bigint) END"            \
+    " FROM operations o WHERE o.model_id = m.id AND o.kind IN ('optim_step','load_weights')"    \
+    " AND o.state = 'done' ORDER BY o.seq_id DESC LIMIT 1), 0)"
+
 /* $1 tenant, $2 limit, $3 offset -> {"runs": [...], "total": N}, newest first. steps: the
- * optimizer steps taken (step:max of the last optim_step); last_loss: loss:sum of the last
- * forward_backward. */
+ * optimizer step (CON_RUN_STEP); last_loss: loss:sum of the last forward_backward. */
 #define SQL_CON_RUNS                                                                          \
     "SELECT json_build_object('runs', COALESCE((SELECT json_agg(r ORDER BY r.created DESC,"    \
     " r.run_id) FROM (SELECT m.id AS run_id, m.base_model, m.status, m.lora_rank,"              \
     " m.created_at AS created, " CON_ISO("m.created_at") " AS created_at,"                     \
     " " CON_ISO("m.last_request_at") " AS last_request_at,"                                    \
-    " COALESCE(" CON_LAST_METRIC("optim_step", "step:max") ", 0) AS steps,"                    \
+    " " CON_RUN_STEP " AS steps,"                                                              \
     " " CON_LAST_METRIC("forward_backward", "loss:sum") " AS last_loss,"                       \
     " (SELECT count(*) FROM operations o WHERE o.model_id = m.id AND o.state = 'queued')"      \
     " AS queued FROM models m WHERE m.tenant_id = $1"                                          \
@@ -30,13 +40,16 @@
     " 'total', (SELECT count(*) FROM models WHERE tenant_id = $1))::text"
 
 /* The curve of run m: one point per optimizer step (the forward_backward losses that fed
- * it, summed, and the step's gradient norm and learning rate); a step still being
- * accumulated is the last point. The newest CON_MAX_POINTS steps. */
+ * it, summed, and the step's gradient norm and learning rate), at the step the optimizer
+ * counts (step:max, as CON_RUN_STEP: a resumed run goes on from its checkpoint's step); a
+ * step still being accumulated is the last point, the step after CON_RUN_STEP. The newest
+ * CON_MAX_POINTS steps. */
 #define CON_MAX_POINTS "5000"
 #define CON_CURVE                                                                             \
     "(SELECT COALESCE(json_agg(json_build_object('step', p.step, 'loss', p.loss, 'tokens',"    \
     " p.tokens, 'grad_norm', p.gn, 'learning_rate', p.lr, 'at', " CON_ISO("p.at") ")"          \
-    " ORDER BY p.step), '[]') FROM (SELECT * FROM (SELECT COALESCE(s.before, 0) + 1 AS step,"   \
+    " ORDER BY p.step), '[]') FROM (SELECT * FROM (SELECT COALESCE(max((s.metrics->>'step:max')" \
+    "::bigint) FILTER (WHERE s.kind = 'optim_step'), " CON_RUN_STEP " + 1) AS step,"            \
     " sum((s.metrics->>'loss:sum')::float8) FILTER (WHERE s.kind = 'forward_backward') AS loss," \
     " sum(s.n_tokens) FILTER (WHERE s.kind = 'forward_backward') AS tokens,"                   \
     " max((s.metrics->>'grad_norm:mean')::float8) FILTER (WHERE s.kind = 'optim_step') AS gn,"  \
@@ -44,7 +57,8 @@
     " max(s.finished_at) AS at FROM (SELECT o.kind, o.n_tokens, o.metrics, o.finished_at,"      \
     " count(*) FILTER (WHERE o.kind = 'optim_step') OVER (ORDER BY o.seq_id ROWS BETWEEN"       \
     " UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM operations o WHERE o.model_id = m.id" \
-    " AND o.kind IN ('forward_backward','optim_step') AND o.state = 'done') s GROUP BY 1) q"    \
+    " AND o.kind IN ('forward_backward','optim_step') AND o.state = 'done') s"                  \
+    " GROUP BY COALESCE(s.before, 0)) q"                                                        \
     " ORDER BY q.step DESC LIMIT " CON_MAX_POINTS ") p)"
 
 /* The live checkpoints of run m with their parents (lineage) and provenance. */
@@ -65,7 +79,7 @@
     " m.base_model, 'status', m.status, 'lora_rank', m.lora_rank, 'train_attn', m.train_attn," \
     " 'train_mlp', m.train_mlp, 'train_unembed', m.train_unembed, 'session_id', m.session_id," \
     " 'created_at', " CON_ISO("m.created_at") ", 'last_request_at', "                          \
-    CON_ISO("m.last_request_at") ", 'next_seq', m.next_seq),"                                  \
+    CON_ISO("m.last_request_at") ", 'next_seq', m.next_seq, 'step', " CON_RUN_STEP "),"       \
     " 'operations', (SELECT COALESCE(json_object_agg(x.k, x.n), '{}') FROM (SELECT o.kind"     \
     " || ':' || o.state AS k, count(*) AS n FROM operations o WHERE o.model_id = m.id"         \
     " GROUP BY 1) x), 'curve', " CON_CURVE ", 'checkpoints', " CON_RUN_CHECKPOINTS ")::text"   \

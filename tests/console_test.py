@@ -29,6 +29,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 STEPS = 5
+RESUMED = 2
 ART = os.environ.get("LOOM_TEST_ARTIFACTS") or os.path.join(os.path.dirname(os.path.abspath(LOOM_BIN)),
                                                              "test-artifacts", "console")
 
@@ -80,6 +81,12 @@ def sign_in(d, url, key):
     d.find_element(By.ID, "signin-submit").click()
 
 
+def ck_step_col(d):
+    """The checkpoint table's Step column."""
+    heads = [h.text for h in d.find_elements(By.CSS_SELECTOR, "#ckpt-table thead th")]
+    return heads.index("Step") if "Step" in heads else -1
+
+
 def main():
     os.makedirs(ART, exist_ok=True)
     R = Results()
@@ -102,6 +109,15 @@ def main():
             if i == 2:
                 alice.op(run, "/api/v1/save_weights", {"path": "step3"})
         smp = alice.op(run, "/api/v1/save_weights_for_sampler", {"path": "final"})
+        # A run resumed from step3 with its optimizer state: it takes RESUMED steps, so the
+        # optimizer (and its checkpoint) is at step 3 + RESUMED; then one forward_backward of
+        # the next step, still being accumulated.
+        resumed = alice.create()
+        alice.op(resumed, "/api/v1/load_weights", {"path": f"tinker://{run}/weights/step3", "optimizer": True})
+        for i in range(RESUMED):
+            alice.step(resumed, 0, adam=dict(ADAM, learning_rate=5e-3))
+        res_ck = alice.op(resumed, "/api/v1/save_weights", {"path": "resumed"})["path"]
+        s.result(alice.fb(resumed, 0))
         bob = Trainer(s, bob_key)
         bob_run = bob.create()
         # Cycles that alice and bob share: both submit at once (the scheduler gathers 30 ms),
@@ -121,6 +137,12 @@ def main():
         st, tok = s.post("/api/v1/console/tokenize", {"base_model": "loom/tiny-llama", "text": "hi there", "chat": True})
         R.check(st == 200 and "<|im_start|>user" in tok["text"] and tok["text"].rstrip().endswith("<|im_start|>assistant"),
                 f"tokenize with the chat template: {tok.get('text')!r}")
+        im_end = json.loads(loom_cli(s, "tokenize", "--model-dir", os.path.join(s.dir, "models", "tiny-llama"),
+                                     "<|im_end|>"))["ids"]
+        R.check(tok.get("stop_tokens") == im_end and len(im_end) == 1,
+                f"... and the answer's end, the template's end of turn <|im_end|> {im_end}: {tok.get('stop_tokens')}")
+        st, plain = s.post("/api/v1/console/tokenize", {"base_model": "loom/tiny-llama", "text": "hi there"})
+        R.check(st == 200 and plain.get("stop_tokens") == [], "without the chat template: no stop tokens")
         st, back = s.post("/api/v1/console/detokenize", {"base_model": "loom/tiny-llama", "ids": tok["ids"]})
         R.check(st == 200 and back["text"] == tok["text"], "detokenize gives the rendered prompt back")
         R.check(s.post("/api/v1/console/detokenize", {"base_model": "loom/tiny-llama", "ids": [-1]})[0] == 400,
@@ -144,7 +166,7 @@ def main():
             # 2. sign in
             sign_in(d, s.url, s.key)
             rows = wait(d, lambda x: x.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr"), "runs rows")
-            R.check(rows and len(rows) == 2, "runs: alice's two runs listed")
+            R.check(rows and len(rows) == 3, "runs: alice's three runs listed")
             R.check(d.execute_script("return sessionStorage.getItem('loom.key')") == s.key,
                     "the key is kept in sessionStorage")
             row = d.find_element(By.CSS_SELECTOR, f"#runs-table tbody tr[data-run='{run}']")
@@ -154,7 +176,27 @@ def main():
             R.check(abs(float(cells[5]) - fb_losses[-1]) <= 1e-3 * abs(fb_losses[-1]),
                     f"last loss shown: {cells[5]} ~ {fb_losses[-1]}")
             R.check(bob_run not in d.page_source, "bob's run is not listed for alice")
+            row = d.find_element(By.CSS_SELECTOR, f"#runs-table tbody tr[data-run='{resumed}']")
+            R.check(row.find_elements(By.TAG_NAME, "td")[4].text == str(3 + RESUMED),
+                    f"the resumed run is listed at step {3 + RESUMED}")
             shot(d, "02-runs.png")
+
+            # the resumed run: its page, its curves and its checkpoint say the same step
+            d.get(s.url + "/console/#/runs/" + urllib.parse.quote(resumed))
+            d.refresh()
+            wait(d, lambda x: len(x.find_elements(By.CSS_SELECTOR, "#chart-grad circle.pt")) == RESUMED, "grad points")
+            facts = dict(zip([e.text for e in d.find_elements(By.CSS_SELECTOR, "#run-facts dt")],
+                             [e.text for e in d.find_elements(By.CSS_SELECTOR, "#run-facts dd")]))
+            loss_x = [int(p.get_attribute("data-step")) for p in d.find_elements(By.CSS_SELECTOR, "#chart-loss circle.pt")]
+            grad_x = [int(p.get_attribute("data-step")) for p in d.find_elements(By.CSS_SELECTOR, "#chart-grad circle.pt")]
+            ck = [r for r in d.find_elements(By.CSS_SELECTOR, "#ckpt-table tbody tr") if r.get_attribute("data-path") == res_ck]
+            ck_step = ck[0].find_elements(By.TAG_NAME, "td")[ck_step_col(d)].text if ck else None
+            last = 3 + RESUMED
+            R.check(facts.get("Optimizer step", "").startswith(f"{last} ({RESUMED} taken in this run)")
+                    and grad_x == list(range(4, last + 1)) and loss_x == list(range(4, last + 2)) and ck_step == str(last),
+                    f"a resumed run: step {last} on its page ({facts.get('Optimizer step')!r}), steps {grad_x} on the "
+                    f"chart and the one being accumulated after them ({loss_x}), {ck_step} on its checkpoint")
+            shot(d, "02b-resumed-run.png")
 
             # 3. bob's run by id: not found
             d.get(s.url + "/console/#/runs/" + urllib.parse.quote(bob_run))
@@ -219,6 +261,14 @@ def main():
             R.check(shown == want and all(1 <= len(w.split()) - 1 <= 8 for w in want),
                     f"the samples shown are the sampled tokens (<= 8 each): {shown}")
             shot(d, "06-playground.png")
+            # with the chat template, the answer stops at the end of the assistant's turn
+            d.find_element(By.ID, "play-chat").click()
+            d.find_element(By.ID, "play-submit").click()
+            wait(d, lambda x: "<|im_start|>assistant" in " ".join(
+                e.text for e in x.find_elements(By.CSS_SELECTOR, "#play-results .sample .prompt")), "chat samples", 90)
+            sent = s.psql("SELECT payload->'stop_tokens' FROM operations WHERE kind = 'sample' ORDER BY id DESC LIMIT 1")
+            R.check(sent and json.loads(sent) == im_end, f"the playground's chat sample stops at <|im_end|>: {sent}")
+            shot(d, "06b-playground-chat.png")
 
             # nothing left the page with the key in its URL, nothing came from elsewhere
             urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)"

@@ -39,6 +39,12 @@ def make_model(d):
     subprocess.run([LOOM_BIN, "mkmodel", "--arch", "llama", "--out", out, "--layers", "8", "--hidden", "512",
                     "--inter", "1536", "--heads", "8", "--kv-heads", "4", "--head-dim", "64", "--max-pos", "4096",
                     "--seed", "5"], check=True, capture_output=True)
+    # As Qwen2.5's base models have it: the chat template ends a turn with <|im_end|>, the
+    # tokenizer's eos_token is another token (<|endoftext|>, the model's EOS).
+    tc = os.path.join(out, "tokenizer_config.json")
+    conf = json.load(open(tc))
+    conf["eos_token"] = "<|endoftext|>"
+    json.dump(conf, open(tc, "w"), indent=1)
     return out
 
 
@@ -163,6 +169,18 @@ def run(model_dir):
                                           "return_tokens_as_token_ids": True})
         R.check(ids_of(cb["choices"][0]["logprobs"]["tokens"]) == refb["tokens"] and
                 cb["choices"][0]["logprobs"]["token_logprobs"] == refb["logprobs"], "base model: completion = asample")
+
+        # ---- chat ends at the template's end of turn ----------------------------------------------
+        im_end = json.loads(subprocess.run([LOOM_BIN, "tokenize", "--model-dir", model_dir, "<|im_end|>"],
+                                           capture_output=True, text=True, check=True).stdout)["ids"]
+        hot = A.create("/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "Hi"}],
+                                                "max_tokens": 200, "n": 4, "seed": 3, "temperature": 20,
+                                                "logprobs": True, "return_tokens_as_token_ids": True})
+        seqs = [(ids_of([e["token"] for e in c["logprobs"]["content"]]), c["finish_reason"]) for c in hot["choices"]]
+        ended = [ids for ids, fin in seqs if fin == "stop" and len(ids) < 200]
+        R.check(len(im_end) == 1 and len(ended) >= 1 and all(im_end[0] not in ids[:-1] for ids, _ in seqs),
+                f"chat stops at <|im_end|> (id {im_end}), though eos_token is <|endoftext|>: "
+                f"{[(len(ids), fin, im_end[0] in ids) for ids, fin in seqs]}")
 
         # ---- stop strings -----------------------------------------------------------------------
         free = A.create("/v1/completions", {"model": name, "prompt": "Once upon a time", "max_tokens": 40, "seed": 5})
