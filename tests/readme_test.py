@@ -4,9 +4,16 @@ the default data directory, as a user would run them after the Quick start.
 
 A block preceded by `<!-- readme-test: skip (why) -->` is left out: the Quick start's
 build itself, the test suite, and what installs on the host or needs systemd, vLLM or
-other machines (tests/deb_test.py covers the package's steps). The test provides what the
-README says the reader has: `loom` on PATH, TINKER_BASE_URL and TINKER_API_KEY exported
-as `loom up` printed them, and RUN, a training run with a sampler checkpoint `step100`.
+other machines (tests/deb_test.py covers the package's steps). The test provides only what
+the Quick start leaves the reader with: `loom` on PATH, and TINKER_BASE_URL and
+TINKER_API_KEY exported as `loom up` printed them (its only output, the three lines the
+README shows). Everything else an example uses (a training run, its checkpoints, tenants,
+aliases) an earlier example made: the blocks run with `set -u`, and `curl` fails on an
+HTTP error (--fail-with-body), so an example that uses what nobody made fails.
+
+Also: the Quick start's packages are what Loom needs to build and run, the test-only ones
+are installed by the test command (deploy/test.sh runs deploy/install-test-deps.sh, and
+.ci/run runs deploy/install-deps.sh then deploy/test.sh).
 
 As root, it runs everything as the unprivileged user `nobody` with its own HOME, so that
 the default data directory (~/.loom) is the test's and nothing lands in /var/lib/loom.
@@ -15,7 +22,7 @@ import os, pwd, re, select, shutil, signal, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "lib"))
-from stack import LOOM_BIN, Results, Stack  # noqa: E402
+from stack import LOOM_BIN, Results  # noqa: E402
 
 README = os.path.join(HERE, "..", "README.md")
 SKIP = re.compile(r"<!-- readme-test: skip \((.+?)\) -->\s*$")
@@ -65,28 +72,50 @@ class User:
 
 
 def start_up(user):
-    """`loom up --port 0` with the default data directory; the three lines it prints."""
+    """`loom up --port 0` with the default data directory; the three lines it prints, and
+    every line it printed on stdout (read until 2 s after the third)."""
     log = open(os.path.join(user.home, "up.log"), "wb")
     p = user.popen(["loom", "up", "--port", "0"], stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     got, buf, deadline = {}, b"", time.time() + 120
-    while time.time() < deadline and len(got) < 3 and p.poll() is None:
+    while time.time() < deadline and p.poll() is None:
         if select.select([p.stdout], [], [], 0.5)[0]:
             buf += os.read(p.stdout.fileno(), 4096)
             got = dict(line.split("=", 1) for line in buf.decode().splitlines() if "=" in line)
-    return p, got
+        if len(got) >= 3 and deadline > time.time() + 2:
+            deadline = time.time() + 2
+    return p, got, buf.decode().splitlines()
 
 
-def make_run(url, key):
-    """A training run with a sampler checkpoint step100 (what the README calls RUN)."""
-    s = Stack()
-    s.url, s.key = url, key
-    st, sess = s.post("/api/v1/create_session", {"tags": []})
-    mid = s.result(s.post("/api/v1/create_model", {"session_id": sess["session_id"], "model_seq_id": 0,
-                                                   "base_model": "loom/tiny-llama",
-                                                   "lora_config": {"rank": 4}})[1]["request_id"])["model_id"]
-    res = s.result(s.post("/api/v1/save_weights_for_sampler", {"model_id": mid, "seq_id": 1,
-                                                               "path": "step100"})[1]["request_id"])
-    return mid if res.get("path", "").endswith("/sampler_weights/step100") else None
+# curl as the blocks call it, failing on an HTTP error unless the block asks for its own
+# --fail (-f): a 404 of an example is an error, not a JSON message printed and passed over.
+CURL_FAILS = """curl() {
+  local a
+  for a in "$@"; do [[ $a == --fail* || ( $a == -[!-]* && $a == *f* ) ]] && { command curl "$@"; return; }; done
+  command curl --fail-with-body "$@"
+}"""
+
+
+def packages(script):
+    """The Debian packages a deploy/ script's PKGS=( ... ) lists."""
+    text = open(os.path.join(HERE, "..", "deploy", script)).read()
+    body = re.search(r"^PKGS=\((.*?)^\)", text, re.S | re.M).group(1)
+    return {w for line in body.splitlines() for w in line.split("#")[0].split()}
+
+
+def test_packages_split(R):
+    run_pkgs, test_pkgs = packages("install-deps.sh"), packages("install-test-deps.sh")
+    test_only = {"python3-torch", "python3-numpy", "chromium", "chromium-driver", "python3-selenium", "nodejs", "npm",
+                 "mmdebstrap", "python3-zstandard"}
+    R.check(not run_pkgs & test_only and {"postgresql", "cmake", "libpq-dev", "curl", "python3"} <= run_pkgs,
+            f"the Quick start installs what Loom builds and runs with, no test-only package: {sorted(run_pkgs & test_only)}")
+    R.check(test_only - {"nodejs", "npm"} <= test_pkgs, "deploy/install-test-deps.sh installs the tests' packages")
+    test_sh = open(os.path.join(HERE, "..", "deploy", "test.sh")).read()
+    ci = open(os.path.join(HERE, "..", ".ci", "run")).read()
+    R.check(re.search(r"^bash deploy/install-test-deps.sh$", test_sh, re.M) is not None and
+            test_sh.index("install-test-deps.sh\n") < test_sh.index("\nctest "),
+            "the test command (deploy/test.sh) installs the test-only packages before it tests")
+    R.check(re.findall(r"^bash (deploy/\S+)", ci, re.M) == ["deploy/install-deps.sh", "deploy/test.sh"],
+            ".ci/run: deploy/install-deps.sh, then the test command")
 
 
 def main():
@@ -98,25 +127,27 @@ def main():
             f"{len(found)} sh blocks: {len(runnable)} to run, {len(skipped)} marked skip")
     for line, why, _ in skipped:
         print(f"     skip README.md:{line}: {why}")
+    test_packages_split(R)
     user = User()
-    up, env = start_up(user)
+    up, env, printed = start_up(user)
     try:
         if not R.check({"DATABASE_URL", "TINKER_BASE_URL", "TINKER_API_KEY"} <= set(env),
                        f"loom up with the default data directory printed its three lines {env}"):
             print(open(os.path.join(user.home, "up.log")).read()[-3000:])
             R.finish()
+        R.check([l.split("=", 1)[0] for l in printed] == ["DATABASE_URL", "TINKER_BASE_URL", "TINKER_API_KEY"],
+                f"... and nothing else, as the README says (on a fresh data directory): {printed}")
         R.check(env["DATABASE_URL"].startswith(f"host={user.home}/.loom/pg "), "the data directory is ~/.loom")
-        run = make_run(env["TINKER_BASE_URL"], env["TINKER_API_KEY"])
-        R.check(bool(run), f"a run with checkpoint step100: {run}")
         state = os.path.join(user.work, ".readme-state")
         with open(state, "w") as f:
-            f.write(f"export TINKER_BASE_URL='{env['TINKER_BASE_URL']}' TINKER_API_KEY='{env['TINKER_API_KEY']}'"
-                    f" RUN='{run}'\n")
+            f.write(f"export TINKER_BASE_URL='{env['TINKER_BASE_URL']}' TINKER_API_KEY='{env['TINKER_API_KEY']}'\n")
         if user.prefix:
             os.chown(state, pwd.getpwnam("nobody").pw_uid, -1)
         for line, _, text in runnable:
-            # One session: what a block sets (set -a exports it) is there for the next.
-            script = (f"set -a\n. {state}\nset -eo pipefail\n{text}\nset +e\n"
+            # One session: what a block sets (set -a exports it) is there for the next. A
+            # variable nobody set is an error (set -u), and so is an HTTP error of curl.
+            script = (f"set -a\n. {state}\nset -euo pipefail\n"
+                      f"{CURL_FAILS}\n{text}\nset +eu\n"
                       f"export -p | grep -v -e ' PWD=' -e ' OLDPWD=' -e ' SHLVL=' > {state}.new\n"
                       f"mv {state}.new {state}\n")
             p = user.popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
