@@ -168,9 +168,12 @@ const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model) {
     PQclear(r);
     snprintf(file, sizeof file, "%s/tokenizer.json", dir);
     tokenizer *t = tok_load(file, err, sizeof err);
+    /* The directory is the executor's (base_models.path): an api on another host needs a
+     * copy of the tokenizer files there (README "Several machines"). */
     if (!t)
-        return api_error(c, 503, "this api cannot read the tokenizer of %.200s (%.300s); type token ids "
-                                 "instead", base_model, err), NULL;
+        return api_error(c, 503, "this api cannot read the tokenizer of %.200s (%.300s): copy the model's "
+                                 "tokenizer.json and tokenizer_config.json (and chat_template.jinja, if it has "
+                                 "one) to %.300s on this api host, or send token ids", base_model, err, dir), NULL;
     chat_template *ct = chat_template_load(dir, err, sizeof err);
     pthread_mutex_lock(&g_tok_mu);
     for (int i = 0; i < g_ntoks; i++)   /* another worker loaded it meanwhile */
