@@ -193,7 +193,8 @@ def main():
         chat = {"model": "loom/tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "seed": 1}
         st, body = s.post("/v1/chat/completions", chat, key=None, headers={"Authorization": "Bearer " + key})
         msg = (body.get("error") or {}).get("message", "") if isinstance(body, dict) else ""
-        R.check(st == 503 and "tokenizer.json" in msg and mdir in msg,
+        R.check(st == 503 and "copy the model's tokenizer.json and tokenizer_config.json" in msg and
+                f"to {mdir} on this api host" in msg,
                 f"no tokenizer on the api host: chat answers 503 naming the files and the directory: {st} {msg}")
         st, body = s.post("/api/v1/console/tokenize", {"base_model": "loom/tiny-llama", "text": "hi", "chat": True})
         R.check(st == 503 and mdir in body.get("detail", ""), f"... and so does the playground's tokenizer: {st}")
