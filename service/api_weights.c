@@ -340,10 +340,35 @@ static void iso8601(time_t t, char *out, size_t n) {
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* Whether an Accept value (every Accept header of the request, joined by commas) lists
+ * the media type `type` itself, with a q above 0. Wildcards do not count: the question
+ * is what the client named. */
+static bool accept_names(const char *accept, const char *type) {
+    size_t tlen = strlen(type);
+    for (const char *p = accept; p && *p;) {
+        p += strspn(p, " \t,");
+        const char *end = p + strcspn(p, ",");
+        const char *semi = memchr(p, ';', (size_t)(end - p));
+        const char *tend = semi ? semi : end;
+        while (tend > p && (tend[-1] == ' ' || tend[-1] == '\t')) tend--;
+        bool named = (size_t)(tend - p) == tlen && !strncasecmp(p, type, tlen);
+        /* a parameter q=0 refuses the type */
+        for (const char *q = semi; named && q; q = memchr(q + 1, ';', (size_t)(end - q - 1))) {
+            const char *v = q + 1 + strspn(q + 1, " \t");
+            if ((v[0] == 'q' || v[0] == 'Q') && v[1] == '=') named = strtod(v + 2, NULL) > 0;
+        }
+        if (named) return true;
+        p = end;
+    }
+    return false;
+}
+
 /* GET .../archive: a signed, self-authorising download URL (docs/protocol.md §12.3): as
- * a 200 JSON {url, expires} to a client that accepts JSON (newer SDKs send Accept:
- * application/json), else as a 302 that every SDK version follows, with the same JSON
- * as its body. */
+ * a 200 JSON {url, expires} to a client that names JSON and not gzip in its Accept
+ * headers (SDK 0.22.2 and later send only application/json), else as a 302 with the same
+ * JSON as its body. SDK 0.15-0.22.1 send two Accept headers, their client's default
+ * application/json and the call's application/gzip, and take only the 302 (a 200 makes
+ * them raise "API Response types must subclass AsyncAPIResponse"). */
 static int archive_url(api_call *c, const ckpt_route *rt) {
     char fmt[32] = "tinker", unembed[8] = "";
     if (api_query_param(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
@@ -355,7 +380,7 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     char *url, exp_iso[32], exp_http[64];
     if (api_archive_link(c, rt->tinker_path, fmt, &url, exp_iso, exp_http) < 0) return 0;
     json_t *answer = json_pack("{s:s, s:s}", "url", url, "expires", exp_iso);
-    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
+    if (accept_names(c->job->accept, "application/json") && !accept_names(c->job->accept, "application/gzip")) {
         free(url);
         return api_reply_json(c, 200, answer);
     }
