@@ -89,6 +89,7 @@ int api_session_lock(api_call *c, const char *session_id);
  * api_rest.c). */
 int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
+int api_h_session_finish(api_call *c);   /* POST sessions/{id}/finish */
 int api_h_capabilities(api_call *c);
 int api_h_readyz(api_call *c);
 int api_h_usage(api_call *c);

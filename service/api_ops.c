@@ -53,6 +53,7 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
     out->max_context = db_int(r, 0, 2);
     snprintf(out->session_id, sizeof out->session_id, "%s", PQgetvalue(r, 0, 3));
     snprintf(out->base_model, sizeof out->base_model, "%s", PQgetvalue(r, 0, 4));
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", PQgetvalue(r, 0, 8));
     PQclear(r);
     return 0;
 }

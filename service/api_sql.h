@@ -38,15 +38,39 @@
 
 /* ---- sessions ----------------------------------------------------------------------- */
 /* $1 id, $2 tenant, $3 tags (JSON array of strings), $4 user_metadata (JSON or NULL),
- * $5 sdk_version, $6 project_id */
+ * $5 sdk_version, $6 project_id, $7 display_name */
 #define SQL_SESSION_CREATE                                                                  \
-    "INSERT INTO sessions (id, tenant_id, tags, user_metadata, sdk_version, project_id)"    \
-    " VALUES ($1, $2, ARRAY(SELECT jsonb_array_elements_text($3::jsonb)), $4::jsonb, $5, $6)"
-/* $1 id, $2 tenant */
+    "INSERT INTO sessions (id, tenant_id, tags, user_metadata, sdk_version, project_id,"    \
+    " display_name) VALUES ($1, $2, ARRAY(SELECT jsonb_array_elements_text($3::jsonb)),"    \
+    " $4::jsonb, $5, $6, $7)"
+/* $1 id, $2 tenant -> beats counted (0 or 1), whether it expired, how it finished (NULL:
+ * not finished, or not the tenant's session) */
 #define SQL_SESSION_HEARTBEAT                                                               \
     "WITH u AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 AND tenant_id = $2" \
-    " AND expired_at IS NULL RETURNING 1) SELECT (SELECT count(*) FROM u),"                 \
-    " (SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2)"
+    " AND expired_at IS NULL AND finished_at IS NULL RETURNING 1)"                          \
+    " SELECT (SELECT count(*) FROM u), s.expired_at IS NOT NULL, s.finish_reason"           \
+    " FROM (SELECT 1) one LEFT JOIN sessions s ON s.id = $1 AND s.tenant_id = $2"
+/* A session's SessionStatus (SDK ≈0.38): how its client finished it; active while it
+ * neither finished nor expired; NULL once it expired unfinished ("neither finished nor
+ * known to be running"). */
+#define SQL_SESSION_STATUS(s)                                                               \
+    "CASE WHEN " s ".finished_at IS NOT NULL THEN json_build_object('type', 'client_finished'," \
+    " 'reason', json_build_object('type', " s ".finish_reason), 'detail', " s ".finish_detail)" \
+    " WHEN " s ".expired_at IS NULL THEN json_build_object('type', 'active') END"
+/* The answer of sessions/{id}/finish for sessions row s */
+#define SQL_SESSION_FINISH_JSON(s)                                                          \
+    "json_build_object('session_id', " s ".id, 'reason', " s ".finish_reason, 'detail', "   \
+    s ".finish_detail, 'finished_at', " SQL_ISO_TIME(s ".finished_at") ", 'status', "      \
+    SQL_SESSION_STATUS(s) ")::text"
+/* $1 id, $2 tenant, $3 reason, $4 detail: the first finish of the session wins -> the
+ * answer, or no row when it had finished already (or is not the tenant's) */
+#define SQL_SESSION_FINISH                                                                  \
+    "UPDATE sessions s SET finished_at = now(), finish_reason = $3, finish_detail = $4"     \
+    " WHERE s.id = $1 AND s.tenant_id = $2 AND s.finished_at IS NULL"                       \
+    " RETURNING " SQL_SESSION_FINISH_JSON("s")
+/* $1 id, $2 tenant -> the answer of a later finish (the first one's reason) */
+#define SQL_SESSION_FINISHED                                                                \
+    "SELECT " SQL_SESSION_FINISH_JSON("s") " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
 /* $1 id, $2 tenant -> whether it expired; locks the row */
 #define SQL_SESSION_LOCK                                                                    \
     "SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
@@ -64,21 +88,24 @@
     "SELECT COALESCE(max(model_seq_id) + 1, 0) FROM models WHERE session_id = $1"
 
 /* ---- models --------------------------------------------------------------------------- */
-/* $1 id .. $11 user_metadata; no row back when (session_id, model_seq_id) exists */
+/* $1 id .. $11 user_metadata, $12 optimizer family; no row back when (session_id,
+ * model_seq_id) exists */
 #define SQL_MODEL_INSERT                                                                    \
     "INSERT INTO models (id, tenant_id, session_id, model_seq_id, base_model, lora_rank,"   \
-    " lora_seed, train_attn, train_mlp, train_unembed, user_metadata)"                      \
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)"                         \
+    " lora_seed, train_attn, train_mlp, train_unembed, user_metadata, optimizer)"           \
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12)"                    \
     " ON CONFLICT DO NOTHING RETURNING id"
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
- * running (at most the limit). The submit touches the session (SQL_SESSION_TOUCH). */
+ * running (at most the limit), the optimizer family. The submit touches the session
+ * (SQL_SESSION_TOUCH). */
 #define SQL_MODEL_FOR_OP                                                                    \
     "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
-    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END FROM models m"    \
+    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer"    \
+    " FROM models m"                                                                        \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
     " WHERE m.id = $1 AND m.tenant_id = $2"
@@ -243,7 +270,8 @@
     " ELSE 'sampler_weights/' END || av.name, 'checkpoint_type', av.kind,"                  \
     " 'time', " SQL_ISO_TIME("av.created_at") ", 'tinker_path', av.tinker_path,"            \
     " 'size_bytes', av.size_bytes, 'public', av.visibility = 'public',"                     \
-    " 'expires_at', " SQL_ISO_TIME("av.expires_at") ")"
+    " 'expires_at', " SQL_ISO_TIME("av.expires_at") ", 'user_metadata', av.user_metadata," \
+    " 'base_model', av.base_model)"
 /* The newest live Checkpoint of kind k of model m, or NULL. */
 #define SQL_LAST_CHECKPOINT(k)                                                              \
     "(SELECT " SQL_CHECKPOINT_JSON " FROM adapter_versions av"                              \
@@ -270,21 +298,43 @@
 #define SQL_TRAINING_RUN_GET                                                                \
     "SELECT " SQL_TRAINING_RUN_JSON "::text FROM models m JOIN tenants t"                   \
     " ON t.id = m.tenant_id WHERE m.id = $1 AND m.tenant_id = $2"
-/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first) */
+/* The live checkpoints of session s's models: a LATERAL row (n, bytes) */
+#define SQL_SESSION_CHECKPOINTS(s)                                                          \
+    " LEFT JOIN LATERAL (SELECT count(*) AS n, COALESCE(sum(v.size_bytes), 0) AS bytes"     \
+    " FROM models m JOIN adapters a ON a.tenant_id = m.tenant_id AND a.name = m.id"         \
+    " JOIN adapter_versions v ON v.adapter_id = a.id WHERE m.session_id = " s ".id AND "    \
+    REG_LIVE ") ck ON true"
+/* The SessionSummary fields (SDK ≈0.38) of sessions row s, owner tenants row t, and the
+ * SQL_SESSION_CHECKPOINTS row ck, as json_build_object arguments. project_id is a string
+ * in SessionSummary: "" when the session named none. */
+#define SQL_SESSION_SUMMARY_FIELDS(s)                                                       \
+    "'session_id', " s ".id, 'created_at', " SQL_ISO_TIME(s ".created_at") ","              \
+    " 'owner', t.name, 'project_id', COALESCE(" s ".project_id, ''), 'status', "            \
+    SQL_SESSION_STATUS(s) ", 'checkpoints_count', ck.n, 'display_name', " s ".display_name," \
+    " 'user_metadata', " s ".user_metadata, 'checkpoint_storage_bytes', ck.bytes"
+/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first): the ids the SDK
+ * reads, and (extension) a SessionSummary of each */
 #define SQL_SESSIONS_LIST                                                                   \
-    "SELECT json_build_object('sessions', COALESCE((SELECT json_agg(s.id ORDER BY"          \
-    " s.created_at DESC, s.id) FROM (SELECT id, created_at FROM sessions"                   \
+    "SELECT json_build_object('sessions', COALESCE((SELECT json_agg(x.id ORDER BY"          \
+    " x.created_at DESC, x.id) FROM (SELECT id, created_at FROM sessions"                   \
     " WHERE tenant_id = $1 ORDER BY created_at DESC, id LIMIT $2::bigint"                   \
-    " OFFSET $3::bigint) s), '[]'), 'cursor', json_build_object('offset', $3::bigint,"      \
+    " OFFSET $3::bigint) x), '[]'), 'session_summaries', COALESCE((SELECT json_agg("        \
+    " json_build_object(" SQL_SESSION_SUMMARY_FIELDS("s") ") ORDER BY s.created_at DESC, s.id)" \
+    " FROM (SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id"       \
+    " LIMIT $2::bigint OFFSET $3::bigint) s JOIN tenants t ON t.id = s.tenant_id"           \
+    SQL_SESSION_CHECKPOINTS("s") "), '[]'), 'cursor', json_build_object('offset', $3::bigint," \
     " 'limit', $2::bigint, 'total_count',"                                                  \
     " (SELECT count(*) FROM sessions WHERE tenant_id = $1)))::text"
-/* $1 session, $2 tenant -> {"training_run_ids", "sampler_ids"} */
+/* $1 session, $2 tenant -> GetSessionResponse {"training_run_ids", "sampler_ids",
+ * "user_metadata"} and the session's SessionSummary fields */
 #define SQL_SESSION_GET                                                                     \
-    "SELECT json_build_object('session_id', s.id, 'training_run_ids', COALESCE((SELECT"     \
-    " json_agg(m.id ORDER BY m.model_seq_id) FROM models m WHERE m.session_id = s.id), '[]')," \
-    " 'sampler_ids', COALESCE((SELECT json_agg(x.id ORDER BY x.seq_id) FROM"                \
-    " sampling_sessions x WHERE x.session_id = s.id), '[]'))::text"                         \
-    " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
+    "SELECT json_build_object(" SQL_SESSION_SUMMARY_FIELDS("s") ", 'training_run_ids',"     \
+    " COALESCE((SELECT json_agg(m.id ORDER BY m.model_seq_id) FROM models m"                \
+    " WHERE m.session_id = s.id), '[]'), 'sampler_ids', COALESCE((SELECT json_agg(x.id"     \
+    " ORDER BY x.seq_id) FROM sampling_sessions x WHERE x.session_id = s.id), '[]'),"       \
+    " 'finished_at', " SQL_ISO_TIME("s.finished_at") ")::text"                               \
+    " FROM sessions s JOIN tenants t ON t.id = s.tenant_id" SQL_SESSION_CHECKPOINTS("s")   \
+    " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- checkpoints and the registry (api_weights.c; REG_* from registry/reg_sql.h) ----- */
 /* $1 tenant or NULL, $2 key id, $3 action, $4 object, $5 details (JSON or NULL): an

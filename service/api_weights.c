@@ -53,11 +53,11 @@ static int audit(api_call *c, int64_t tenant, const char *action, const char *ob
     return rc;
 }
 
-/* The Checkpoint objects of a listing's rows (reg_version columns, then the total count
- * in column 17); frees the result. */
+/* The Checkpoint objects of a listing's rows (reg_version columns, then the total count);
+ * frees the result. */
 static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
     int n = PQntuples(r);
-    *total = n ? db_int(r, 0, 17) : 0;
+    *total = n ? db_int(r, 0, REG_VERSION_NCOLS) : 0;
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) {
         reg_version v;
@@ -89,9 +89,11 @@ static int submit_save(api_call *c, const char *kind) {
     bool has_seq, overwrite;
     if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
+    char *meta = NULL;   /* the checkpoint's user_metadata (SDK ≈0.33): strings, bounded */
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
-        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
+        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0 ||
+        jx_string_map(c->body, "user_metadata", REG_META_MAX, &meta, c->err, sizeof c->err) < 0)
         return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     /* Some clients pass a whole tinker:// path of their own model: take its name. */
     reg_path rp;
@@ -99,21 +101,22 @@ static int submit_save(api_call *c, const char *kind) {
     if (!strncmp(name, "tinker://", 9)) {
         if (reg_path_parse(name, &rp, why, sizeof why) < 0) {
             snprintf(c->err, sizeof c->err, "path: %s", why);
-            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+            return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
         }
         if (strcmp(rp.run, model_id) || strcmp(reg_kind_of_dir(rp.dir), kind)) {
             snprintf(c->err, sizeof c->err, "path %.300s does not name a %s checkpoint of model %.200s",
                      name, reg_dir_of_kind(kind), model_id);
-            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+            return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
         }
         name = rp.name;
     } else if (!reg_name_valid(name, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "path: %s", why);
-        return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+        return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st == 0) st = op_check_storage(c->db, c->tenant_id, c->err, sizeof c->err);
+    if (st != 0) free(meta);
     if (st < 0) return api_db_error(c, kind, c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, op_kind);
 
@@ -124,7 +127,14 @@ static int submit_save(api_call *c, const char *kind) {
     sb_puts(&pl, ", \"ttl_seconds\": ");
     if (ttl < 0) sb_puts(&pl, "null");
     else sb_int(&pl, ttl);
-    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld}", overwrite ? "true" : "false", (long long)c->key_id);
+    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld", overwrite ? "true" : "false", (long long)c->key_id);
+    /* the registry copies it from here into the version row (SQL_REG_VERSION_INSERT) */
+    if (meta) {
+        sb_puts(&pl, ", \"user_metadata\": ");
+        sb_puts(&pl, meta);
+    }
+    sb_putc(&pl, '}');
+    free(meta);
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = op_kind,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
     char request_id[API_REQUEST_ID_MAX];
