@@ -38,6 +38,11 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
         PQclear(r);
         return 400;
     }
+    if (!PQgetisnull(r, 0, 9)) {
+        api_session_finished_msg(err, errlen, PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 9));
+        PQclear(r);
+        return 400;
+    }
     if (strcmp(status, "active") != 0) {
         snprintf(err, errlen, "model %.200s is %s and takes no more operations", model_id, status);
         PQclear(r);

@@ -56,6 +56,7 @@ static const api_route routes[] = {
 
     /* the tenant's own usage, limits and live work (README "Quotas and usage") */
     {"GET", V1 "/usage", 0, api_h_usage, NULL},
+    {"GET", V1 "/billing/usage/checkpoints/current", 0, api_h_checkpoint_storage_current, NULL},
 
     /* REST reads (§12.2) other than checkpoints */
     {"GET", V1 "/sessions", 0, api_h_list_sessions, NULL},
@@ -70,6 +71,7 @@ static const api_route routes[] = {
     {"POST", V1 "/load_weights", 0, api_h_load_weights, NULL},
     {"POST", V1 "/weights_info", ROUTE_READ, api_h_weights_info, NULL},
     {"GET", V1 "/checkpoints", 0, api_h_list_checkpoints, NULL},
+    {"POST", V1 "/checkpoints/search", ROUTE_READ, api_h_search_checkpoints, NULL},
     {"GET", V1 "/training_runs/*", 0, api_h_run_checkpoints_get, NULL},
     {"POST", V1 "/training_runs/*", 0, api_h_run_checkpoints_post, NULL},
     {"PUT", V1 "/training_runs/*", 0, api_h_run_checkpoints_put, NULL},

@@ -91,14 +91,20 @@ int api_h_session_heartbeat(api_call *c) {
 
 /* ---- POST sessions/{id}/finish (§3.5) ------------------------------------------------- */
 
+void api_session_finished_msg(char *out, size_t outlen, const char *session_id, const char *reason) {
+    snprintf(out, outlen, "session %.200s was finished by its client (%s: ServiceClient.close) and takes no more "
+             "requests; create a new ServiceClient", session_id, reason);
+}
+
 #define FINISH_MAX_DETAIL 4096   /* bytes of the client's detail text kept */
 
 /* ServiceClient.close(reason, detail): {"reason": {"type": "success" | "errored" |
  * "interrupted"}, "detail": str | null}. The first finish of a session is kept; a later
- * one reads it back unchanged. Nothing else about the session changes: its models and
- * samplers keep taking work (a SamplingClient pickled into another process may still be
- * sampling when the process that made the session exits), and with its heartbeats
- * stopped (410) it expires as any idle session does. */
+ * one reads it back unchanged. As the SDK documents, the session is then terminal: its
+ * heartbeats are 410 (the SDK's heartbeat loop stops on it) and every request bound to it
+ * (create_model, create_sampling_session, a model's or a sampler's submits) is a 400;
+ * futures already submitted still run and can be read. With nothing coming in, the
+ * session expires after --session-timeout-s like any idle one, which frees its models. */
 static int session_finish(api_call *c, const char *sid) {
     json_t *reason;
     const char *type, *detail;
@@ -280,13 +286,18 @@ int api_session_lock(api_call *c, const char *session_id) {
     if (!r) return -1;
     int found = PQntuples(r) > 0;
     bool expired = found && db_bool(r, 0, 0);
+    char finished[16] = "";
+    if (found && !PQgetisnull(r, 0, 1)) snprintf(finished, sizeof finished, "%s", PQgetvalue(r, 0, 1));
     PQclear(r);
-    if (found && !expired) {
+    if (found && !expired && !finished[0]) {
         const char *pt[1] = {session_id};
         return db_exec(c->db, SQL_SESSION_TOUCH_ID, 1, pt, c->err, sizeof c->err) < 0 ? -1 : 0;
     }
     db_rollback(c->db);
-    if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
+    if (finished[0]) {
+        api_session_finished_msg(c->err, sizeof c->err, session_id, finished);
+        api_error(c, 400, "%s", c->err);
+    } else if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
                                    "new session", session_id);
     else api_error(c, 404, "session %.200s not found (call create_session first)", session_id);
     return 1;

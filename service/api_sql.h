@@ -71,9 +71,11 @@
 /* $1 id, $2 tenant -> the answer of a later finish (the first one's reason) */
 #define SQL_SESSION_FINISHED                                                                \
     "SELECT " SQL_SESSION_FINISH_JSON("s") " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
-/* $1 id, $2 tenant -> whether it expired; locks the row */
+/* $1 id, $2 tenant -> whether it expired, how its client finished it (NULL: it did not);
+ * locks the row */
 #define SQL_SESSION_LOCK                                                                    \
-    "SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+    "SELECT expired_at IS NOT NULL, finish_reason FROM sessions WHERE id = $1"              \
+    " AND tenant_id = $2 FOR UPDATE"
 /* Every submit bound to a session (an operation of one of its models or samplers, a model
  * or sampler created in it) counts as a sign of life of the session, as a heartbeat does:
  * clients without heartbeats keep theirs by working. Written at most every 5 s. `session`:
@@ -97,14 +99,15 @@
     " ON CONFLICT DO NOTHING RETURNING id"
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
- * running (at most the limit), the optimizer family. The submit touches the session
- * (SQL_SESSION_TOUCH). */
+ * running (at most the limit), the optimizer family, how its session's client finished
+ * it (NULL: it did not). The submit touches the session (SQL_SESSION_TOUCH). */
 #define SQL_MODEL_FOR_OP                                                                    \
     "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
-    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer"    \
+    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer,"   \
+    " s.finish_reason"                                                                      \
     " FROM models m"                                                                        \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
@@ -211,15 +214,15 @@
 /* $1 id, $2 tenant -> vocab_size, max_context, source, blob_digest, checkpoint gone,
  * model_path, checkpoint still readable by the tenant (access is checked again at every
  * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling),
- * whether the sampler's session expired. The sample touches that session
- * (SQL_SESSION_TOUCH). */
+ * whether the sampler's session expired, how its client finished it (NULL: it did not).
+ * The sample touches that session (SQL_SESSION_TOUCH). */
 #define SQL_SAMPLER_FOR_OP                                                                  \
     "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM sampling_sessions WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
     " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE ","   \
-    " ss.expired_at IS NOT NULL"                                                            \
+    " ss.expired_at IS NOT NULL, ss.finish_reason"                                          \
     " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
     " JOIN sessions ss ON ss.id = s.session_id"                                             \
     " LEFT JOIN adapter_versions v ON v.id = s.adapter_version_id"                          \
@@ -363,6 +366,27 @@
     " LIMIT $2 OFFSET $3"
 /* $1 tenant -> how many live versions it has */
 #define SQL_TENANT_CHECKPOINT_COUNT "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
+/* search_checkpoints (SDK 0.39): $1 page size + 1, $2 the caller's tenant, $3 owner
+ * ('own' | 'accessible' | 'user'), $4 owner tenant names (JSON array, for 'user'),
+ * $5 project ids (JSON array or NULL), $6 user_metadata that must be contained (JSON
+ * object or NULL), $7 kind or NULL, $8 base models (JSON array or NULL), $9 and $10 the
+ * cursor (created_at, version id) or NULL -> REG_VERSION_COLS of the live versions the
+ * caller may read (own; 'accessible' and 'user' add public and shared ones), newest
+ * first, from after the cursor. A checkpoint's project is its model's session's. */
+#define SQL_SEARCH_CHECKPOINTS                                                              \
+    "SELECT " REG_VERSION_COLS REG_FROM " JOIN tenants ot ON ot.id = a.tenant_id"           \
+    " LEFT JOIN models m ON m.tenant_id = a.tenant_id AND m.id = a.name"                    \
+    " LEFT JOIN sessions ss ON ss.id = m.session_id WHERE " REG_LIVE                        \
+    " AND CASE WHEN $3 = 'own' THEN a.tenant_id = $2 ELSE " REG_READABLE " END"             \
+    " AND ($3 <> 'user' OR ot.name IN (SELECT jsonb_array_elements_text($4::jsonb)))"      \
+    " AND ($5::jsonb IS NULL OR ss.project_id IN (SELECT jsonb_array_elements_text($5::jsonb)))" \
+    " AND ($6::jsonb IS NULL OR v.user_metadata @> $6::jsonb)"                              \
+    " AND ($7::text IS NULL OR v.kind = $7)"                                                \
+    " AND ($8::jsonb IS NULL OR v.base_model IN (SELECT jsonb_array_elements_text($8::jsonb)))" \
+    " AND ($9::timestamptz IS NULL OR (v.created_at, v.id) < ($9::timestamptz, $10::bigint))" \
+    " ORDER BY v.created_at DESC, v.id DESC LIMIT $1::int"
+/* $1 tenant, $2 project id -> a row when one of the tenant's sessions names the project */
+#define SQL_TENANT_HAS_PROJECT "SELECT 1 FROM sessions WHERE tenant_id = $1 AND project_id = $2 LIMIT 1"
 /* $1 version, $2 ttl seconds (< 0: never expires) */
 #define SQL_SET_TTL                                                                         \
     "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"           \
@@ -388,6 +412,16 @@
     "SELECT l.max_checkpoint_bytes, (SELECT coalesce(sum(v.size_bytes), 0)" REG_FROM        \
     " WHERE a.tenant_id = $1 AND " REG_LIVE ") FROM tenant_limits l"                        \
     " WHERE l.tenant_id = $1 AND l.max_checkpoint_bytes IS NOT NULL"
+/* $1 tenant, $2 project id or NULL -> per project of the checkpoints' sessions (NULL:
+ * no session names one, or an imported adapter): the tenant's name, live checkpoints,
+ * their bytes (billing/usage/checkpoints/current) */
+#define SQL_CHECKPOINT_STORAGE_CURRENT                                                      \
+    "SELECT ss.project_id, (SELECT name FROM tenants WHERE id = $1), count(*),"             \
+    " COALESCE(sum(v.size_bytes), 0)" REG_FROM                                              \
+    " LEFT JOIN models m ON m.tenant_id = a.tenant_id AND m.id = a.name"                    \
+    " LEFT JOIN sessions ss ON ss.id = m.session_id"                                        \
+    " WHERE a.tenant_id = $1 AND " REG_LIVE " AND ($2::text IS NULL OR ss.project_id = $2)" \
+    " GROUP BY ss.project_id ORDER BY ss.project_id NULLS FIRST"
 /* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
  * over the last $2 days (UTC, today included), checkpoint storage, live work, limits */
 #define SQL_USAGE                                                                           \
