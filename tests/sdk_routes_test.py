@@ -223,6 +223,8 @@ def checkpoints(s, alice, bob_key, mid):
     R.check(by[a1]["user_metadata"] == {"stage": "warm", "lr": "3e-3"} and by[a2]["user_metadata"] == {"stage": "final"}
             and by[a3]["user_metadata"] is None and all(c["base_model"] == BASE for c in by.values()),
             "each Checkpoint returns its user_metadata (null when none) and base_model")
+    shown = json.loads(loom_cli(s, "adapter", "show", a1))
+    R.check(shown.get("user_metadata") == {"stage": "warm", "lr": "3e-3"}, "`loom adapter show` prints the user_metadata")
     st, one = s.get(f"/api/v1/training_runs/{mid}/checkpoints/sampler_weights/a2")
     reads_as(one, CHECKPOINT, "one checkpoint reads as Checkpoint")
     st, runs = s.get("/api/v1/training_runs")
