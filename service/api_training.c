@@ -59,7 +59,8 @@ static int decode_optimizer_config(const json_t *b, const char **family, char *e
     const char *where = oc ? "optimizer_config" : "optimizer";
     *family = "adamw";
     if (oc && o && !json_equal(oc, o)) {
-        snprintf(err, errlen, "optimizer_config and optimizer name the same thing; send one of them");
+        snprintf(err, errlen, "optimizer_config and optimizer are one field under two names and differ here; "
+                 "send one of them");
         return -1;
     }
     if (!oc) oc = o;
@@ -71,7 +72,7 @@ static int decode_optimizer_config(const json_t *b, const char **family, char *e
                  "(the default); create the model without %s or with {\"type\": \"adamw\"}", where, type, where);
         return -1;
     }
-    *family = "adamw";
+    *family = type;
     return 0;
 }
 
