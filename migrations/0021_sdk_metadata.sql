@@ -22,22 +22,17 @@ ALTER TABLE sessions ADD CONSTRAINT sessions_finished_with_reason
 -- refuse anything else; create_session and create_model now refuse other values, and
 -- what earlier versions stored is made text here: a JSON null or a non-object becomes
 -- NULL, a non-string value its JSON text.
-UPDATE sessions SET user_metadata = NULL
-    WHERE user_metadata IS NOT NULL AND jsonb_typeof(user_metadata) <> 'object';
-UPDATE sessions s SET user_metadata = (
-        SELECT jsonb_object_agg(e.key, CASE WHEN jsonb_typeof(e.value) = 'string' THEN e.value
-                                            ELSE to_jsonb(e.value::text) END)
-        FROM jsonb_each(s.user_metadata) e)
-    WHERE jsonb_typeof(s.user_metadata) = 'object'
-      AND EXISTS (SELECT 1 FROM jsonb_each(s.user_metadata) e WHERE jsonb_typeof(e.value) <> 'string');
-UPDATE models SET user_metadata = NULL
-    WHERE user_metadata IS NOT NULL AND jsonb_typeof(user_metadata) <> 'object';
-UPDATE models m SET user_metadata = (
-        SELECT jsonb_object_agg(e.key, CASE WHEN jsonb_typeof(e.value) = 'string' THEN e.value
-                                            ELSE to_jsonb(e.value::text) END)
-        FROM jsonb_each(m.user_metadata) e)
-    WHERE jsonb_typeof(m.user_metadata) = 'object'
-      AND EXISTS (SELECT 1 FROM jsonb_each(m.user_metadata) e WHERE jsonb_typeof(e.value) <> 'string');
+CREATE FUNCTION pg_temp.string_map(m jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(m) <> 'object' THEN NULL
+                ELSE COALESCE((SELECT jsonb_object_agg(e.key, CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                                   THEN e.value ELSE to_jsonb(e.value::text) END)
+                               FROM jsonb_each(m) e), '{}') END
+$$;
+UPDATE sessions SET user_metadata = pg_temp.string_map(user_metadata)
+    WHERE user_metadata IS NOT NULL AND user_metadata IS DISTINCT FROM pg_temp.string_map(user_metadata);
+UPDATE models SET user_metadata = pg_temp.string_map(user_metadata)
+    WHERE user_metadata IS NOT NULL AND user_metadata IS DISTINCT FROM pg_temp.string_map(user_metadata);
+DROP FUNCTION pg_temp.string_map(jsonb);
 
 -- Checkpoints: the user_metadata of the save that made them (string values), returned in
 -- Checkpoint objects and matched exactly by search_checkpoints.
