@@ -47,7 +47,7 @@
     " 'expires_at', v.expires_at, 'deleted_at', v.deleted_at, 'blob_removed_at', v.blob_removed_at," \
     " 'grants', (SELECT COALESCE(jsonb_agg(gt.name ORDER BY gt.name), '[]') FROM adapter_grants g" \
     "   JOIN tenants gt ON gt.id = g.tenant_id WHERE g.adapter_id = a.id),"                      \
-    " 'provenance', v.provenance)::text"                                                         \
+    " 'provenance', v.provenance, 'user_metadata', v.user_metadata)::text"                      \
     " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id" \
     " LEFT JOIN adapter_versions p ON p.id = v.parent_id"                                         \
     " WHERE v.tinker_path = $1 ORDER BY v.deleted_at IS NULL DESC, v.id DESC LIMIT 1"

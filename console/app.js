@@ -44,6 +44,12 @@
   }
   const fmtTime = (iso) => iso ? iso.replace("T", " ").replace(/\.\d+Z$/, " UTC") : "–";
   const badge = (s) => el("span", { class: "badge " + s, text: s });
+  // user_metadata ({key: value} of strings) as chips; "–" when there is none
+  const metaChips = (m) => (m && Object.keys(m).length)
+    ? el("span", { class: "meta" }, ...Object.entries(m).map(([k, v]) => el("span", { class: "mono", text: k + "=" + v })))
+    : "–";
+  // a session's state: active, expired, or how its client finished it (ServiceClient.close)
+  const sessionBadge = (state, reason) => badge(state === "finished" ? reason : state);
   function tenantColour(name) {
     let h = 0;
     for (const ch of name) h = (h * 31 + ch.codePointAt(0)) >>> 0;
@@ -153,6 +159,8 @@
     for (const r of data.runs) {
       body.append(el("tr", { "data-run": r.run_id },
         el("td", { class: "mono wrap" }, el("a", { href: "#/runs/" + encodeURIComponent(r.run_id), text: r.run_id })),
+        el("td", { class: "session", title: r.session_id }, r.session_name || r.session_id.slice(0, 8), " ",
+           sessionBadge(r.session_state, r.finish_reason)),
         el("td", { text: r.base_model }), el("td", {}, badge(r.status)),
         el("td", { class: "num", text: r.lora_rank }), el("td", { class: "num", text: fmtInt(r.steps) }),
         el("td", { class: "num", text: fmtNum(r.last_loss) }), el("td", { class: "num", text: fmtInt(r.queued) }),
@@ -190,7 +198,14 @@
     fact("Last loss", lastLoss ? fmtNum(lastLoss.loss) : "–");
     fact("Created", fmtTime(r.created_at));
     fact("Last request", fmtTime(r.last_request_at));
-    fact("Session", r.session_id);
+    const ss = data.session;
+    fact("Session", ss.display_name ? ss.display_name + " (" + ss.session_id + ")" : ss.session_id);
+    fact("Session state", el("span", {}, sessionBadge(ss.state, ss.finish_reason),
+                              ss.state === "finished" ? " " + fmtTime(ss.finished_at) + (ss.finish_detail ? ": " + ss.finish_detail : "") : ""));
+    fact("Project", ss.project_id || "–");
+    fact("Optimizer", r.optimizer);
+    fact("Run metadata", metaChips(r.user_metadata));
+    fact("Session metadata", metaChips(ss.user_metadata));
     lineChart($("chart-loss"), curve.filter((p) => p.loss !== null).map((p) => [p.step, p.loss]), "loss", "loss");
     lineChart($("chart-grad"), curve.filter((p) => p.grad_norm !== null && p.grad_norm >= 0).map((p) => [p.step, p.grad_norm]), "grad", "grad norm");
     const ops = clear($("run-ops"));
@@ -228,7 +243,7 @@
         el("td", {}, el("span", { class: "mono", text: c.checkpoint_id }), " ", c.public ? badge("public") : null),
         el("td", { class: "num", text: fmtInt(c.step) }), el("td", { text: fmtTime(c.time) }),
         el("td", { class: "num", text: fmtBytes(c.size_bytes) }), el("td", {}, parentCell),
-        el("td", { class: "num", text: fmtNum(c.last_loss) }), linkCell, sampleCell));
+        el("td", { class: "num", text: fmtNum(c.last_loss) }), el("td", {}, metaChips(c.user_metadata)), linkCell, sampleCell));
     }
     $("ckpt-table").hidden = cks.length === 0;
     $("ckpt-empty").hidden = cks.length !== 0;

@@ -286,7 +286,17 @@ void exe_run_create(exe_state *st, exe_op *op) {
 void exe_run_optim(exe_state *st, exe_op *op) {
     exe_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
+    /* The api refuses every family but AdamW; an operation that names another one, or
+     * carries no Adam parameters, is not run as Adam with zeros or defaults. (Payloads
+     * queued before the family was recorded name none: they are Adam's.) */
+    const char *family = json_string_value(json_object_get(op->payload, "optimizer"));
     json_t *ap = json_object_get(op->payload, "adam_params");
+    if ((family && strcmp(family, "adamw") != 0) || !json_is_object(ap)) {
+        exe_op_fail(op, "server", "optimizer step: %s%.60s%s is not run by this executor",
+                    family ? "the " : "a step without adam_params", family ? family : "",
+                    family ? " optimizer" : "");
+        return;
+    }
     adam_params p = {
         .learning_rate = json_number_value(json_object_get(ap, "learning_rate")),
         .beta1 = json_number_value(json_object_get(ap, "beta1")),

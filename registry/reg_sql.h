@@ -19,7 +19,9 @@
     " v.visibility = 'public',"                                                               \
     " to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"         \
     " COALESCE(to_char(v.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), ''),"\
-    " extract(epoch FROM v.created_at)::bigint"
+    " extract(epoch FROM v.created_at)::bigint, COALESCE(v.user_metadata::text, '')"
+/* How many columns REG_VERSION_COLS has (a listing's total count follows them). */
+#define REG_VERSION_NCOLS 18
 #define REG_FROM " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id"
 
 /* $1 path, $2 tenant */
@@ -52,7 +54,8 @@
     " ORDER BY seq_id DESC LIMIT 1"
 /* $1 model, $2 seq_from, $3 save seq, $4 adapter, $5 kind, $6 name, $7 path, $8 step,
  * $9 parent id or NULL, $10 digest, $11 size, $12 key id or NULL, $13 ttl seconds (< 0
- * never) -> id. Provenance: the completed operations in [seq_from, save seq). */
+ * never) -> id. Provenance: the completed operations in [seq_from, save seq). The
+ * user_metadata is the save operation's (the api checked it: string values, bounded). */
 #define SQL_REG_VERSION_INSERT                                                                \
     "WITH ops AS (SELECT kind, seq_id, n_tokens, payload, result FROM operations"             \
     "  WHERE model_id = $1 AND seq_id >= $2 AND seq_id < $3 AND state = 'done'),"            \
@@ -72,7 +75,7 @@
     "     ORDER BY seq_id), ''), 'UTF8')), 'hex') FROM fb) AS data_digest)"                   \
     " INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, parent_id,"     \
     "  base_model, lora_config, blob_digest, size_bytes, provenance, created_by_key,"          \
-    "  expires_at, seq_id)"                                                                    \
+    "  expires_at, seq_id, user_metadata)"                                                     \
     " SELECT $4, $5, $6, $7, $8, $9::bigint, m.base_model,"                                    \
     "  jsonb_build_object('rank', m.lora_rank, 'seed', m.lora_seed, 'lora_alpha', 32,"        \
     "   'train_attn', m.train_attn, 'train_mlp', m.train_mlp, 'train_unembed', m.train_unembed),"\
@@ -85,7 +88,8 @@
     "   (SELECT 'tml-' || k.prefix || '...' FROM api_keys k WHERE k.id = $12::bigint)),"       \
     "  $12::bigint,"                                                                           \
     "  CASE WHEN $13::bigint < 0 THEN NULL ELSE now() + make_interval(secs => $13::float8) END,"\
-    "  $3::int"                                                                                \
+    "  $3::int, (SELECT NULLIF(o.payload->'user_metadata', 'null') FROM operations o"         \
+    "   WHERE o.model_id = $1 AND o.seq_id = $3::int)"                                         \
     " FROM models m, agg WHERE m.id = $1 RETURNING id"
 
 /* ---- locks ------------------------------------------------------------------------------- */

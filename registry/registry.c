@@ -101,10 +101,12 @@ void reg_path_format(const reg_path *p, char *out, size_t n) {
 json_t *reg_checkpoint_json(const reg_version *v) {
     char id[REG_NAME_MAX + 32];
     snprintf(id, sizeof id, "%s/%s", v->path.dir, v->path.name);
-    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:b, s:o}", "checkpoint_id", id, "checkpoint_type", v->kind,
-                     "time", v->time, "tinker_path", v->tinker_path, "size_bytes", (json_int_t)v->size_bytes,
-                     "public", v->is_public, "expires_at",
-                     v->expires_at[0] ? json_string(v->expires_at) : json_null());
+    json_t *meta = v->user_metadata[0] ? json_loads(v->user_metadata, 0, NULL) : NULL;
+    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:b, s:o, s:o, s:s}", "checkpoint_id", id, "checkpoint_type",
+                     v->kind, "time", v->time, "tinker_path", v->tinker_path, "size_bytes",
+                     (json_int_t)v->size_bytes, "public", v->is_public, "expires_at",
+                     v->expires_at[0] ? json_string(v->expires_at) : json_null(), "user_metadata",
+                     meta ? meta : json_null(), "base_model", v->base_model);
 }
 
 static void version_of_row(const PGresult *r, int i, reg_version *v) {
@@ -128,6 +130,8 @@ static void version_of_row(const PGresult *r, int i, reg_version *v) {
     snprintf(v->time, sizeof v->time, "%s", PQgetvalue(r, i, 14));
     snprintf(v->expires_at, sizeof v->expires_at, "%s", PQgetvalue(r, i, 15));
     v->created_epoch = db_int(r, i, 16);
+    /* longer than any the api stores: an operator's own write; shown as none */
+    if (PQgetlength(r, i, 17) <= REG_META_MAX) snprintf(v->user_metadata, sizeof v->user_metadata, "%s", PQgetvalue(r, i, 17));
 }
 
 /* Exported for the api and the CLI: one row of a query that selects REG_VERSION_COLS. */

@@ -18,6 +18,7 @@
 #define REG_NAME_MAX 128     /* checkpoint name */
 #define REG_RUN_MAX 400      /* training run id (= model id, or an imported adapter's name) */
 #define REG_PATH_MAX 600
+#define REG_META_MAX 16384   /* a checkpoint's user_metadata, bytes of compact JSON */
 
 /* ---- paths (docs/protocol.md §6) ------------------------------------------------------ */
 
@@ -55,9 +56,10 @@ typedef struct {
     char time[40];                      /* created_at, ISO 8601 UTC */
     char expires_at[40];                /* "" = never */
     int64_t created_epoch;              /* unix seconds */
+    char user_metadata[REG_META_MAX + 1];   /* JSON object text, "" = none */
 } reg_version;
 
-/* The Checkpoint JSON of docs/protocol.md §12.1. */
+/* The Checkpoint JSON of docs/protocol.md §12.1 (with user_metadata and base_model). */
 json_t *reg_checkpoint_json(const reg_version *v);
 /* Row i of a result whose columns are REG_VERSION_COLS (reg_sql.h). */
 void reg_version_of_row(const PGresult *r, int i, reg_version *v);

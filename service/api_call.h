@@ -18,6 +18,7 @@ typedef struct {
     int64_t max_streams;         /* OpenAI requests in flight per tenant (429 above) */
     int64_t openai_max_tokens;   /* the largest max_tokens of an OpenAI request */
     int64_t executor_timeout_s;  /* an executor that beat within this serves its base model */
+    double storage_usd_per_gb_month;  /* checkpoint storage price (billing/usage/...), 0 = free */
 } api_settings;
 
 /* API key scopes (api_keys.scopes). admin: an operator (every tenant in the console's
@@ -81,17 +82,24 @@ size_t api_url_decode(char *s);
 int api_check_request_text(api_call *c);
 
 /* Inside a transaction: locks the tenant's session (it serialises seq_id allocation in the
- * session) and counts the submit as its sign of life. 0 when it is there and live; 1 when the answer (404 unknown, 400 expired) is
- * given and the transaction rolled back; -1 on a database error (err in c->err). */
+ * session) and counts the submit as its sign of life. 0 when it is there and live; 1 when
+ * the answer (404 unknown, 400 expired or finished) is given and the transaction rolled
+ * back; -1 on a database error (err in c->err). */
 int api_session_lock(api_call *c, const char *session_id);
+
+/* "session S finished (reason) ...": the message of a request bound to a session its
+ * client finished (sessions/{id}/finish), which takes no more requests. */
+void api_session_finished_msg(char *out, size_t outlen, const char *session_id, const char *reason);
 
 /* Route handlers (api_session.c, api_training.c, api_futures.c, api_sampling.c,
  * api_rest.c). */
 int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
+int api_h_session_finish(api_call *c);   /* POST sessions/{id}/finish */
 int api_h_capabilities(api_call *c);
 int api_h_readyz(api_call *c);
 int api_h_usage(api_call *c);
+int api_h_checkpoint_storage_current(api_call *c);   /* GET billing/usage/checkpoints/current */
 int api_h_telemetry(api_call *c);
 int api_h_create_model(api_call *c);
 int api_h_get_info(api_call *c);

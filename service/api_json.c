@@ -203,3 +203,19 @@ char *jx_dump_bounded(const json_t *v, const char *what, size_t max, char *err, 
     }
     return s;
 }
+
+int jx_string_map(const json_t *obj, const char *key, size_t max, char **out, char *err, size_t errlen) {
+    json_t *m, *v;
+    const char *k;
+    *out = NULL;
+    if (jx_obj(obj, "", key, &m, err, errlen) < 0) return -1;
+    if (!m) return 0;
+    json_object_foreach(m, k, v) {
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "%s.%.100s: expected a string, got %s (%s values are strings)", key, k,
+                     jx_type_name(v), key);
+            return -1;
+        }
+    }
+    return (*out = jx_dump_bounded(m, key, max, err, errlen)) ? 0 : -1;
+}

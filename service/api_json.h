@@ -20,6 +20,12 @@ json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen, in
  * max bytes (`what` names the field). */
 char *jx_dump_bounded(const json_t *v, const char *what, size_t max, char *err, size_t errlen);
 
+/* The field `key` of obj as a user_metadata map (SDKs read it back as dict[str, str]):
+ * absent or null gives *out = NULL; else an object whose values are all strings, at most
+ * max bytes as compact JSON, returned as that JSON (malloc'd). -1 with err naming the
+ * field ("user_metadata.seed: expected a string, got an integer") otherwise. */
+int jx_string_map(const json_t *obj, const char *key, size_t max, char **out, char *err, size_t errlen);
+
 /* "a string", "an integer", ... for messages. */
 const char *jx_type_name(const json_t *v);
 

@@ -36,6 +36,8 @@ const opt_spec API_TUNING_OPTS[] = {
      .help = "OpenAI requests (/v1/...) a tenant may have in flight; more answer 429"},
     {.name = "openai-max-tokens", .kind = OPT_INT, .arg = "N", .def = "4096", .lo = 1, .hi = 1 << 24,
      .help = "the largest max_tokens an OpenAI request may ask for"},
+    {.name = "storage-usd-per-gb-month", .kind = OPT_STR, .arg = "USD", .def = "0",
+     .help = "checkpoint storage price per GB-month that billing/usage/checkpoints/current reports (0: free)"},
     {.name = "proto", .kind = OPT_FLAG,
      .help = "client/config asks SDKs 0.19-0.24 to send forward_backward (and forward) as protobuf"},
     {.name = "proto-compress", .kind = OPT_FLAG, .help = "... zstd-compressed (implies --proto)"},
@@ -68,6 +70,11 @@ int api_main(int argc, char **argv) {
         oai_max_tokens = (int)cfg_int(&o, "openai-max-tokens"),
         executor_timeout_s = (int)cfg_int(&o, "executor-timeout-s");
     bool proto_zstd = cfg_flag(&o, "proto-compress"), proto = proto_zstd || cfg_flag(&o, "proto");
+    char *price_end;
+    const char *price_text = cfg_str(&o, "storage-usd-per-gb-month");
+    double storage_price = strtod(price_text, &price_end);
+    if (!*price_text || *price_end || !(storage_price >= 0 && storage_price <= 1e6))
+        return cfg_usage_error(&API_CMD, "--storage-usd-per-gb-month must be a price from 0 to 1000000");
     char db[4096], db_from[4600], blob_dir[4096];
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
@@ -84,7 +91,8 @@ int api_main(int argc, char **argv) {
     api_pool_conf pc = {.conninfo = db, .nworkers = workers, .max_queue = 10000,
                         .settings = {.max_queued_samples = max_queued, .max_body = hc.max_body,
                                      .max_streams = max_streams, .openai_max_tokens = oai_max_tokens,
-                                     .executor_timeout_s = executor_timeout_s}};
+                                     .executor_timeout_s = executor_timeout_s,
+                                     .storage_usd_per_gb_month = storage_price}};
     if (proto)
         snprintf(api_client_config, sizeof api_client_config,
                  "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false, "

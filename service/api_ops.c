@@ -38,6 +38,11 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
         PQclear(r);
         return 400;
     }
+    if (!PQgetisnull(r, 0, 9)) {
+        api_session_finished_msg(err, errlen, PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 9));
+        PQclear(r);
+        return 400;
+    }
     if (strcmp(status, "active") != 0) {
         snprintf(err, errlen, "model %.200s is %s and takes no more operations", model_id, status);
         PQclear(r);
@@ -53,6 +58,7 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
     out->max_context = db_int(r, 0, 2);
     snprintf(out->session_id, sizeof out->session_id, "%s", PQgetvalue(r, 0, 3));
     snprintf(out->base_model, sizeof out->base_model, "%s", PQgetvalue(r, 0, 4));
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", PQgetvalue(r, 0, 8));
     PQclear(r);
     return 0;
 }

@@ -15,6 +15,7 @@ typedef struct {
     int64_t max_context;
     char session_id[OP_NAME_MAX];
     char base_model[OP_NAME_MAX];
+    char optimizer[32];      /* the optimizer family fixed at create_model ("adamw") */
 } op_model_info;
 
 /* Finds the tenant's model and checks that it can take work. Returns 0, or an HTTP status

@@ -56,10 +56,13 @@ static const api_route routes[] = {
 
     /* the tenant's own usage, limits and live work (README "Quotas and usage") */
     {"GET", V1 "/usage", 0, api_h_usage, NULL},
+    {"GET", V1 "/billing/usage/checkpoints/current", 0, api_h_checkpoint_storage_current, NULL},
 
     /* REST reads (§12.2) other than checkpoints */
     {"GET", V1 "/sessions", 0, api_h_list_sessions, NULL},
     {"GET", V1 "/sessions/+", 0, api_h_get_session, NULL},
+    /* ServiceClient.close: any key, like the heartbeat */
+    {"POST", V1 "/sessions/+/finish", ROUTE_READ, api_h_session_finish, NULL},
     {"GET", V1 "/training_runs", 0, api_h_list_training_runs, NULL},
     {"GET", V1 "/training_runs/+", 0, api_h_get_training_run, NULL},
 
@@ -68,6 +71,7 @@ static const api_route routes[] = {
     {"POST", V1 "/load_weights", 0, api_h_load_weights, NULL},
     {"POST", V1 "/weights_info", ROUTE_READ, api_h_weights_info, NULL},
     {"GET", V1 "/checkpoints", 0, api_h_list_checkpoints, NULL},
+    {"POST", V1 "/checkpoints/search", ROUTE_READ, api_h_search_checkpoints, NULL},
     {"GET", V1 "/training_runs/*", 0, api_h_run_checkpoints_get, NULL},
     {"POST", V1 "/training_runs/*", 0, api_h_run_checkpoints_post, NULL},
     {"PUT", V1 "/training_runs/*", 0, api_h_run_checkpoints_put, NULL},
@@ -110,9 +114,20 @@ size_t api_route_count(void) { return sizeof routes / sizeof routes[0]; }
 const api_route *api_route_at(size_t i) { return &routes[i]; }
 size_t api_route_index(const api_route *r) { return (size_t)(r - routes); }
 
-/* 0: no match; 1: match (suffix offset in *arg_off for wildcards). */
+/* 0: no match; 1: match (suffix offset in *arg_off for wildcards). A "+" segment inside
+ * a pattern ("/sessions/+/finish") is one path segment; the suffix then starts there. */
 static int path_matches(const char *pattern, const char *path, size_t plen, size_t *arg_off) {
     size_t n = strlen(pattern);
+    const char *mid = strstr(pattern, "/+/");
+    if (mid) {
+        size_t base = (size_t)(mid - pattern) + 1, tail = n - base - 1;   /* tail: "/finish" */
+        if (plen <= base + tail || memcmp(pattern, path, base) != 0 ||
+            memcmp(pattern + base + 1, path + plen - tail, tail) != 0 ||
+            memchr(path + base, '/', plen - tail - base))
+            return 0;
+        *arg_off = base;
+        return 1;
+    }
     if (n >= 2 && pattern[n - 2] == '/' && (pattern[n - 1] == '*' || pattern[n - 1] == '+')) {
         size_t base = n - 1; /* includes the '/' */
         if (plen <= base || memcmp(pattern, path, base) != 0) return 0;

@@ -320,6 +320,12 @@ int api_h_asample(api_call *c) {
                           "while); create a new session and sampler", q.sampling_session_id);
         goto out;
     }
+    if (!PQgetisnull(r, 0, 8)) {
+        api_error(c, 400, "the session of sampling session %.200s was finished by its client (%s: "
+                          "ServiceClient.close) and takes no more requests; create a new ServiceClient",
+                  q.sampling_session_id, PQgetvalue(r, 0, 8));
+        goto out;
+    }
     if (db_bool(r, 0, 4)) {
         api_error(c, 400, "the checkpoint behind sampling session %.200s (%.300s) was deleted or "
                           "has expired; create a new sampling session", q.sampling_session_id,

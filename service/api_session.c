@@ -13,7 +13,7 @@
 
 /* Sizes a session stores (bytes). */
 #define SESSION_MAX_JSON 65536   /* tags, user_metadata (as compact JSON) */
-#define SESSION_MAX_NAME 256     /* sdk_version, project_id */
+#define SESSION_MAX_NAME 256     /* sdk_version, project_id, display_name */
 
 /* A random UUID (version 4): no '/', '?', '#', ':' or spaces, safe in URL paths. */
 static void new_session_id(char out[37]) {
@@ -27,33 +27,38 @@ static void new_session_id(char out[37]) {
 }
 
 int api_h_create_session(api_call *c) {
-    json_t *tags, *meta;
-    const char *sdk, *project;
+    json_t *tags;
+    const char *sdk, *project, *display;
     if (jx_arr(c->body, "", "tags", &tags, c->err, sizeof c->err) < 0 ||
-        jx_obj(c->body, "", "user_metadata", &meta, c->err, sizeof c->err) < 0 ||
         jx_str(c->body, "", "sdk_version", &sdk, c->err, sizeof c->err) < 0 ||
-        jx_str(c->body, "", "project_id", &project, c->err, sizeof c->err) < 0)
+        jx_str(c->body, "", "project_id", &project, c->err, sizeof c->err) < 0 ||
+        jx_str(c->body, "", "display_name", &display, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
     for (size_t i = 0; tags && i < json_array_size(tags); i++)
         if (!json_is_string(json_array_get(tags, i)))
             return api_error(c, 400, "tags[%zu]: expected a string, got %s", i,
                              jx_type_name(json_array_get(tags, i)));
-    if ((sdk && strlen(sdk) > SESSION_MAX_NAME) || (project && strlen(project) > SESSION_MAX_NAME))
-        return api_error(c, 400, "sdk_version and project_id are at most %d bytes", SESSION_MAX_NAME);
+    const struct { const char *name, *value; } names[] = {
+        {"sdk_version", sdk}, {"project_id", project}, {"display_name", display}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].value && strlen(names[i].value) > SESSION_MAX_NAME)
+            return api_error(c, 400, "%s is %zu bytes; at most %d are stored", names[i].name,
+                             strlen(names[i].value), SESSION_MAX_NAME);
     char id[37], tid[24];
     new_session_id(id);
     api_fmt_i64(tid, c->tenant_id);
+    /* user_metadata: strings only, since SDKs read it back as dict[str, str] */
+    char *meta_json = NULL;
+    if (jx_string_map(c->body, "user_metadata", SESSION_MAX_JSON, &meta_json, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
     char *tags_json = tags ? jx_dump_bounded(tags, "tags", SESSION_MAX_JSON, c->err, sizeof c->err)
                            : strdup("[]");
-    if (!tags_json) return api_error(c, 400, "%s", c->err);
-    char *meta_json = NULL;
-    if (meta && !(meta_json = jx_dump_bounded(meta, "user_metadata", SESSION_MAX_JSON, c->err,
-                                               sizeof c->err))) {
-        free(tags_json);
+    if (!tags_json) {
+        free(meta_json);
         return api_error(c, 400, "%s", c->err);
     }
-    const char *p[6] = {id, tid, tags_json, meta_json, sdk, project};
-    int rc = db_exec(c->db, SQL_SESSION_CREATE, 6, p, c->err, sizeof c->err);
+    const char *p[7] = {id, tid, tags_json, meta_json, sdk, project, display};
+    int rc = db_exec(c->db, SQL_SESSION_CREATE, 7, p, c->err, sizeof c->err);
     free(tags_json);
     free(meta_json);
     if (rc < 0) return api_db_error(c, "create_session", c->err);
@@ -66,18 +71,74 @@ int api_h_session_heartbeat(api_call *c) {
     const char *sid;
     if (jx_req_str(c->body, "", "session_id", &sid, c->err, sizeof c->err) < 0)
         return api_error(c, 400, "%s", c->err);
-    char tid[24];
+    char tid[24], finished[16] = "";
     api_fmt_i64(tid, c->tenant_id);
     const char *p[2] = {sid, tid};
     PGresult *r = db_query(c->db, SQL_SESSION_HEARTBEAT, 2, p, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "session_heartbeat", c->err);
     int64_t n = db_int(r, 0, 0);
     bool expired = !PQgetisnull(r, 0, 1) && db_bool(r, 0, 1);
+    if (!PQgetisnull(r, 0, 2)) snprintf(finished, sizeof finished, "%s", PQgetvalue(r, 0, 2));
     PQclear(r);
+    /* 410 is what the SDK's heartbeat loop stops on: its client said it is done */
+    if (finished[0]) return api_error(c, 410, "session %.200s has finished (%s): it takes no more heartbeats",
+                                      sid, finished);
     if (expired) return api_error(c, 404, "session %.200s expired (no heartbeat and no request for a while); "
                                           "create a new session", sid);
     if (n == 0) return api_error(c, 404, "session %.200s not found", sid);
     return api_reply_text(c, 200, "{\"type\": \"session_heartbeat\"}");
+}
+
+/* ---- POST sessions/{id}/finish (§3.5) ------------------------------------------------- */
+
+void api_session_finished_msg(char *out, size_t outlen, const char *session_id, const char *reason) {
+    snprintf(out, outlen, "session %.200s was finished by its client (%s: ServiceClient.close) and takes no more "
+             "requests; create a new ServiceClient", session_id, reason);
+}
+
+#define FINISH_MAX_DETAIL 4096   /* bytes of the client's detail text kept */
+
+/* ServiceClient.close(reason, detail): {"reason": {"type": "success" | "errored" |
+ * "interrupted"}, "detail": str | null}. The first finish of a session is kept; a later
+ * one reads it back unchanged. As the SDK documents, the session is then terminal: its
+ * heartbeats are 410 (the SDK's heartbeat loop stops on it) and every request bound to it
+ * (create_model, create_sampling_session, a model's or a sampler's submits) is a 400;
+ * futures already submitted still run and can be read. With nothing coming in, the
+ * session expires after --session-timeout-s like any idle one, which frees its models. */
+static int session_finish(api_call *c, const char *sid) {
+    json_t *reason;
+    const char *type, *detail;
+    if (jx_obj(c->body, "", "reason", &reason, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (!reason) return api_error(c, 400, "reason is required: {\"type\": \"success\" | \"errored\" | \"interrupted\"}");
+    if (jx_req_str(reason, "reason", "type", &type, c->err, sizeof c->err) < 0 ||
+        jx_str(c->body, "", "detail", &detail, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (strcmp(type, "success") && strcmp(type, "errored") && strcmp(type, "interrupted"))
+        return api_error(c, 400, "reason.type must be \"success\", \"errored\" or \"interrupted\", got \"%.60s\"", type);
+    if (detail && strlen(detail) > FINISH_MAX_DETAIL)
+        return api_error(c, 400, "detail is %zu bytes; at most %d are kept", strlen(detail), FINISH_MAX_DETAIL);
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[4] = {sid, tid, type, detail};
+    PGresult *r = db_query(c->db, SQL_SESSION_FINISH, 4, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "finish", c->err);
+    if (PQntuples(r) == 0) {   /* finished before (its reason is the answer), or not the caller's */
+        PQclear(r);
+        return api_reply_sql_json(c, "finish", SQL_SESSION_FINISHED, 2, p, "session not found");
+    }
+    log_info("session %s finished by its client: %s%s%.200s", sid, type, detail ? ": " : "", detail ? detail : "");
+    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
+}
+
+/* The route's suffix is "{id}/finish" (api_routes.c matched the shape). */
+int api_h_session_finish(api_call *c) {
+    char *arg = (char *)api_path_id(c);
+    char *slash = strrchr(arg, '/');
+    if (slash) *slash = 0;
+    return session_finish(c, arg);
 }
 
 int api_h_capabilities(api_call *c) {
@@ -225,13 +286,18 @@ int api_session_lock(api_call *c, const char *session_id) {
     if (!r) return -1;
     int found = PQntuples(r) > 0;
     bool expired = found && db_bool(r, 0, 0);
+    char finished[16] = "";
+    if (found && !PQgetisnull(r, 0, 1)) snprintf(finished, sizeof finished, "%s", PQgetvalue(r, 0, 1));
     PQclear(r);
-    if (found && !expired) {
+    if (found && !expired && !finished[0]) {
         const char *pt[1] = {session_id};
         return db_exec(c->db, SQL_SESSION_TOUCH_ID, 1, pt, c->err, sizeof c->err) < 0 ? -1 : 0;
     }
     db_rollback(c->db);
-    if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
+    if (finished[0]) {
+        api_session_finished_msg(c->err, sizeof c->err, session_id, finished);
+        api_error(c, 400, "%s", c->err);
+    } else if (expired) api_error(c, 400, "session %.200s expired (no heartbeat and no request for a while); create a "
                                    "new session", session_id);
     else api_error(c, 404, "session %.200s not found (call create_session first)", session_id);
     return 1;

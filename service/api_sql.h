@@ -38,18 +38,44 @@
 
 /* ---- sessions ----------------------------------------------------------------------- */
 /* $1 id, $2 tenant, $3 tags (JSON array of strings), $4 user_metadata (JSON or NULL),
- * $5 sdk_version, $6 project_id */
+ * $5 sdk_version, $6 project_id, $7 display_name */
 #define SQL_SESSION_CREATE                                                                  \
-    "INSERT INTO sessions (id, tenant_id, tags, user_metadata, sdk_version, project_id)"    \
-    " VALUES ($1, $2, ARRAY(SELECT jsonb_array_elements_text($3::jsonb)), $4::jsonb, $5, $6)"
-/* $1 id, $2 tenant */
+    "INSERT INTO sessions (id, tenant_id, tags, user_metadata, sdk_version, project_id,"    \
+    " display_name) VALUES ($1, $2, ARRAY(SELECT jsonb_array_elements_text($3::jsonb)),"    \
+    " $4::jsonb, $5, $6, $7)"
+/* $1 id, $2 tenant -> beats counted (0 or 1), whether it expired, how it finished (NULL:
+ * not finished, or not the tenant's session) */
 #define SQL_SESSION_HEARTBEAT                                                               \
     "WITH u AS (UPDATE sessions SET last_heartbeat_at = now() WHERE id = $1 AND tenant_id = $2" \
-    " AND expired_at IS NULL RETURNING 1) SELECT (SELECT count(*) FROM u),"                 \
-    " (SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2)"
-/* $1 id, $2 tenant -> whether it expired; locks the row */
+    " AND expired_at IS NULL AND finished_at IS NULL RETURNING 1)"                          \
+    " SELECT (SELECT count(*) FROM u), s.expired_at IS NOT NULL, s.finish_reason"           \
+    " FROM (SELECT 1) one LEFT JOIN sessions s ON s.id = $1 AND s.tenant_id = $2"
+/* A session's SessionStatus (SDK ≈0.38): how its client finished it; active while it
+ * neither finished nor expired; NULL once it expired unfinished ("neither finished nor
+ * known to be running"). */
+#define SQL_SESSION_STATUS(s)                                                               \
+    "CASE WHEN " s ".finished_at IS NOT NULL THEN json_build_object('type', 'client_finished'," \
+    " 'reason', json_build_object('type', " s ".finish_reason), 'detail', " s ".finish_detail)" \
+    " WHEN " s ".expired_at IS NULL THEN json_build_object('type', 'active') END"
+/* The answer of sessions/{id}/finish for sessions row s */
+#define SQL_SESSION_FINISH_JSON(s)                                                          \
+    "json_build_object('session_id', " s ".id, 'reason', " s ".finish_reason, 'detail', "   \
+    s ".finish_detail, 'finished_at', " SQL_ISO_TIME(s ".finished_at") ", 'status', "      \
+    SQL_SESSION_STATUS(s) ")::text"
+/* $1 id, $2 tenant, $3 reason, $4 detail: the first finish of the session wins -> the
+ * answer, or no row when it had finished already (or is not the tenant's) */
+#define SQL_SESSION_FINISH                                                                  \
+    "UPDATE sessions s SET finished_at = now(), finish_reason = $3, finish_detail = $4"     \
+    " WHERE s.id = $1 AND s.tenant_id = $2 AND s.finished_at IS NULL"                       \
+    " RETURNING " SQL_SESSION_FINISH_JSON("s")
+/* $1 id, $2 tenant -> the answer of a later finish (the first one's reason) */
+#define SQL_SESSION_FINISHED                                                                \
+    "SELECT " SQL_SESSION_FINISH_JSON("s") " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
+/* $1 id, $2 tenant -> whether it expired, how its client finished it (NULL: it did not);
+ * locks the row */
 #define SQL_SESSION_LOCK                                                                    \
-    "SELECT expired_at IS NOT NULL FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+    "SELECT expired_at IS NOT NULL, finish_reason FROM sessions WHERE id = $1"              \
+    " AND tenant_id = $2 FOR UPDATE"
 /* Every submit bound to a session (an operation of one of its models or samplers, a model
  * or sampler created in it) counts as a sign of life of the session, as a heartbeat does:
  * clients without heartbeats keep theirs by working. Written at most every 5 s. `session`:
@@ -64,21 +90,25 @@
     "SELECT COALESCE(max(model_seq_id) + 1, 0) FROM models WHERE session_id = $1"
 
 /* ---- models --------------------------------------------------------------------------- */
-/* $1 id .. $11 user_metadata; no row back when (session_id, model_seq_id) exists */
+/* $1 id .. $11 user_metadata, $12 optimizer family; no row back when (session_id,
+ * model_seq_id) exists */
 #define SQL_MODEL_INSERT                                                                    \
     "INSERT INTO models (id, tenant_id, session_id, model_seq_id, base_model, lora_rank,"   \
-    " lora_seed, train_attn, train_mlp, train_unembed, user_metadata)"                      \
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)"                         \
+    " lora_seed, train_attn, train_mlp, train_unembed, user_metadata, optimizer)"           \
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12)"                    \
     " ON CONFLICT DO NOTHING RETURNING id"
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
- * running (at most the limit). The submit touches the session (SQL_SESSION_TOUCH). */
+ * running (at most the limit), the optimizer family, how its session's client finished
+ * it (NULL: it did not). The submit touches the session (SQL_SESSION_TOUCH). */
 #define SQL_MODEL_FOR_OP                                                                    \
     "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
-    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END FROM models m"    \
+    " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer,"   \
+    " s.finish_reason"                                                                      \
+    " FROM models m"                                                                        \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
     " WHERE m.id = $1 AND m.tenant_id = $2"
@@ -184,15 +214,15 @@
 /* $1 id, $2 tenant -> vocab_size, max_context, source, blob_digest, checkpoint gone,
  * model_path, checkpoint still readable by the tenant (access is checked again at every
  * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling),
- * whether the sampler's session expired. The sample touches that session
- * (SQL_SESSION_TOUCH). */
+ * whether the sampler's session expired, how its client finished it (NULL: it did not).
+ * The sample touches that session (SQL_SESSION_TOUCH). */
 #define SQL_SAMPLER_FOR_OP                                                                  \
     "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM sampling_sessions WHERE id = $1 AND tenant_id = $2") ")" \
     " SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
     " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE ","   \
-    " ss.expired_at IS NOT NULL"                                                            \
+    " ss.expired_at IS NOT NULL, ss.finish_reason"                                          \
     " FROM sampling_sessions s JOIN base_models b ON b.name = s.base_model"                 \
     " JOIN sessions ss ON ss.id = s.session_id"                                             \
     " LEFT JOIN adapter_versions v ON v.id = s.adapter_version_id"                          \
@@ -243,7 +273,8 @@
     " ELSE 'sampler_weights/' END || av.name, 'checkpoint_type', av.kind,"                  \
     " 'time', " SQL_ISO_TIME("av.created_at") ", 'tinker_path', av.tinker_path,"            \
     " 'size_bytes', av.size_bytes, 'public', av.visibility = 'public',"                     \
-    " 'expires_at', " SQL_ISO_TIME("av.expires_at") ")"
+    " 'expires_at', " SQL_ISO_TIME("av.expires_at") ", 'user_metadata', av.user_metadata," \
+    " 'base_model', av.base_model)"
 /* The newest live Checkpoint of kind k of model m, or NULL. */
 #define SQL_LAST_CHECKPOINT(k)                                                              \
     "(SELECT " SQL_CHECKPOINT_JSON " FROM adapter_versions av"                              \
@@ -270,21 +301,43 @@
 #define SQL_TRAINING_RUN_GET                                                                \
     "SELECT " SQL_TRAINING_RUN_JSON "::text FROM models m JOIN tenants t"                   \
     " ON t.id = m.tenant_id WHERE m.id = $1 AND m.tenant_id = $2"
-/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first) */
+/* The live checkpoints of session s's models: a LATERAL row (n, bytes) */
+#define SQL_SESSION_CHECKPOINTS(s)                                                          \
+    " LEFT JOIN LATERAL (SELECT count(*) AS n, COALESCE(sum(v.size_bytes), 0) AS bytes"     \
+    " FROM models m JOIN adapters a ON a.tenant_id = m.tenant_id AND a.name = m.id"         \
+    " JOIN adapter_versions v ON v.adapter_id = a.id WHERE m.session_id = " s ".id AND "    \
+    REG_LIVE ") ck ON true"
+/* The SessionSummary fields (SDK ≈0.38) of sessions row s, owner tenants row t, and the
+ * SQL_SESSION_CHECKPOINTS row ck, as json_build_object arguments. project_id is a string
+ * in SessionSummary: "" when the session named none. */
+#define SQL_SESSION_SUMMARY_FIELDS(s)                                                       \
+    "'session_id', " s ".id, 'created_at', " SQL_ISO_TIME(s ".created_at") ","              \
+    " 'owner', t.name, 'project_id', COALESCE(" s ".project_id, ''), 'status', "            \
+    SQL_SESSION_STATUS(s) ", 'checkpoints_count', ck.n, 'display_name', " s ".display_name," \
+    " 'user_metadata', " s ".user_metadata, 'checkpoint_storage_bytes', ck.bytes"
+/* $1 tenant, $2 limit, $3 offset -> the whole response (newest first): the ids the SDK
+ * reads, and (extension) a SessionSummary of each */
 #define SQL_SESSIONS_LIST                                                                   \
-    "SELECT json_build_object('sessions', COALESCE((SELECT json_agg(s.id ORDER BY"          \
-    " s.created_at DESC, s.id) FROM (SELECT id, created_at FROM sessions"                   \
+    "SELECT json_build_object('sessions', COALESCE((SELECT json_agg(x.id ORDER BY"          \
+    " x.created_at DESC, x.id) FROM (SELECT id, created_at FROM sessions"                   \
     " WHERE tenant_id = $1 ORDER BY created_at DESC, id LIMIT $2::bigint"                   \
-    " OFFSET $3::bigint) s), '[]'), 'cursor', json_build_object('offset', $3::bigint,"      \
+    " OFFSET $3::bigint) x), '[]'), 'session_summaries', COALESCE((SELECT json_agg("        \
+    " json_build_object(" SQL_SESSION_SUMMARY_FIELDS("s") ") ORDER BY s.created_at DESC, s.id)" \
+    " FROM (SELECT * FROM sessions WHERE tenant_id = $1 ORDER BY created_at DESC, id"       \
+    " LIMIT $2::bigint OFFSET $3::bigint) s JOIN tenants t ON t.id = s.tenant_id"           \
+    SQL_SESSION_CHECKPOINTS("s") "), '[]'), 'cursor', json_build_object('offset', $3::bigint," \
     " 'limit', $2::bigint, 'total_count',"                                                  \
     " (SELECT count(*) FROM sessions WHERE tenant_id = $1)))::text"
-/* $1 session, $2 tenant -> {"training_run_ids", "sampler_ids"} */
+/* $1 session, $2 tenant -> GetSessionResponse {"training_run_ids", "sampler_ids",
+ * "user_metadata"} and the session's SessionSummary fields */
 #define SQL_SESSION_GET                                                                     \
-    "SELECT json_build_object('session_id', s.id, 'training_run_ids', COALESCE((SELECT"     \
-    " json_agg(m.id ORDER BY m.model_seq_id) FROM models m WHERE m.session_id = s.id), '[]')," \
-    " 'sampler_ids', COALESCE((SELECT json_agg(x.id ORDER BY x.seq_id) FROM"                \
-    " sampling_sessions x WHERE x.session_id = s.id), '[]'))::text"                         \
-    " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
+    "SELECT json_build_object(" SQL_SESSION_SUMMARY_FIELDS("s") ", 'training_run_ids',"     \
+    " COALESCE((SELECT json_agg(m.id ORDER BY m.model_seq_id) FROM models m"                \
+    " WHERE m.session_id = s.id), '[]'), 'sampler_ids', COALESCE((SELECT json_agg(x.id"     \
+    " ORDER BY x.seq_id) FROM sampling_sessions x WHERE x.session_id = s.id), '[]'),"       \
+    " 'finished_at', " SQL_ISO_TIME("s.finished_at") ")::text"                               \
+    " FROM sessions s JOIN tenants t ON t.id = s.tenant_id" SQL_SESSION_CHECKPOINTS("s")   \
+    " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- checkpoints and the registry (api_weights.c; REG_* from registry/reg_sql.h) ----- */
 /* $1 tenant or NULL, $2 key id, $3 action, $4 object, $5 details (JSON or NULL): an
@@ -313,6 +366,27 @@
     " LIMIT $2 OFFSET $3"
 /* $1 tenant -> how many live versions it has */
 #define SQL_TENANT_CHECKPOINT_COUNT "SELECT count(*)" REG_FROM " WHERE a.tenant_id = $1 AND " REG_LIVE
+/* search_checkpoints (SDK 0.39): $1 page size + 1, $2 the caller's tenant, $3 owner
+ * ('own' | 'accessible' | 'user'), $4 owner tenant names (JSON array, for 'user'),
+ * $5 project ids (JSON array or NULL), $6 user_metadata that must be contained (JSON
+ * object or NULL), $7 kind or NULL, $8 base models (JSON array or NULL), $9 and $10 the
+ * cursor (created_at, version id) or NULL -> REG_VERSION_COLS of the live versions the
+ * caller may read (own; 'accessible' and 'user' add public and shared ones), newest
+ * first, from after the cursor. A checkpoint's project is its model's session's. */
+#define SQL_SEARCH_CHECKPOINTS                                                              \
+    "SELECT " REG_VERSION_COLS REG_FROM " JOIN tenants ot ON ot.id = a.tenant_id"           \
+    " LEFT JOIN models m ON m.tenant_id = a.tenant_id AND m.id = a.name"                    \
+    " LEFT JOIN sessions ss ON ss.id = m.session_id WHERE " REG_LIVE                        \
+    " AND CASE WHEN $3 = 'own' THEN a.tenant_id = $2 ELSE " REG_READABLE " END"             \
+    " AND ($3 <> 'user' OR ot.name IN (SELECT jsonb_array_elements_text($4::jsonb)))"      \
+    " AND ($5::jsonb IS NULL OR ss.project_id IN (SELECT jsonb_array_elements_text($5::jsonb)))" \
+    " AND ($6::jsonb IS NULL OR v.user_metadata @> $6::jsonb)"                              \
+    " AND ($7::text IS NULL OR v.kind = $7)"                                                \
+    " AND ($8::jsonb IS NULL OR v.base_model IN (SELECT jsonb_array_elements_text($8::jsonb)))" \
+    " AND ($9::timestamptz IS NULL OR (v.created_at, v.id) < ($9::timestamptz, $10::bigint))" \
+    " ORDER BY v.created_at DESC, v.id DESC LIMIT $1::int"
+/* $1 tenant, $2 project id -> a row when one of the tenant's sessions names the project */
+#define SQL_TENANT_HAS_PROJECT "SELECT 1 FROM sessions WHERE tenant_id = $1 AND project_id = $2 LIMIT 1"
 /* $1 version, $2 ttl seconds (< 0: never expires) */
 #define SQL_SET_TTL                                                                         \
     "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"           \
@@ -338,6 +412,16 @@
     "SELECT l.max_checkpoint_bytes, (SELECT coalesce(sum(v.size_bytes), 0)" REG_FROM        \
     " WHERE a.tenant_id = $1 AND " REG_LIVE ") FROM tenant_limits l"                        \
     " WHERE l.tenant_id = $1 AND l.max_checkpoint_bytes IS NOT NULL"
+/* $1 tenant, $2 project id or NULL -> per project of the checkpoints' sessions (NULL:
+ * no session names one, or an imported adapter): the tenant's name, live checkpoints,
+ * their bytes (billing/usage/checkpoints/current) */
+#define SQL_CHECKPOINT_STORAGE_CURRENT                                                      \
+    "SELECT ss.project_id, (SELECT name FROM tenants WHERE id = $1), count(*),"             \
+    " COALESCE(sum(v.size_bytes), 0)" REG_FROM                                              \
+    " LEFT JOIN models m ON m.tenant_id = a.tenant_id AND m.id = a.name"                    \
+    " LEFT JOIN sessions ss ON ss.id = m.session_id"                                        \
+    " WHERE a.tenant_id = $1 AND " REG_LIVE " AND ($2::text IS NULL OR ss.project_id = $2)" \
+    " GROUP BY ss.project_id ORDER BY ss.project_id NULLS FIRST"
 /* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
  * over the last $2 days (UTC, today included), checkpoint storage, live work, limits */
 #define SQL_USAGE                                                                           \

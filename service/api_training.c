@@ -40,8 +40,41 @@ typedef struct {
     const char *base_model;
     int64_t rank, seed;
     bool train_attn, train_mlp, train_unembed;
-    json_t *user_metadata;
+    char *user_metadata;     /* JSON object text of string values, or NULL; malloc'd */
+    const char *optimizer;   /* the family: "adamw" */
 } create_model_req;
+
+/* The optimizer families this server runs. Dimuon (SDK ≈0.30, {"type": "dimuon",
+ * "version": 1}) is not among them: its update rule is not published, and running
+ * another family in its place would train a different model than the one asked for. */
+static bool optimizer_implemented(const char *family) { return !strcmp(family, "adamw"); }
+
+/* create_model's optimizer family (OptimizerConfig, {"type": ...}), under the SDK's
+ * field name "optimizer_config" or "optimizer" (either; not two different ones).
+ * Absent or null: adamw. Anything this server does not run is refused by name. */
+static int decode_optimizer_config(const json_t *b, const char **family, char *err, size_t errlen) {
+    json_t *oc, *o;
+    if (jx_obj(b, "", "optimizer_config", &oc, err, errlen) < 0 || jx_obj(b, "", "optimizer", &o, err, errlen) < 0)
+        return -1;
+    const char *where = oc ? "optimizer_config" : "optimizer";
+    *family = "adamw";
+    if (oc && o && !json_equal(oc, o)) {
+        snprintf(err, errlen, "optimizer_config and optimizer are one field under two names and differ here; "
+                 "send one of them");
+        return -1;
+    }
+    if (!oc) oc = o;
+    if (!oc) return 0;
+    const char *type;
+    if (jx_req_str(oc, where, "type", &type, err, errlen) < 0) return -1;
+    if (!optimizer_implemented(type)) {
+        snprintf(err, errlen, "%s.type \"%.60s\" is not offered by this server: its optimizers are \"adamw\" "
+                 "(the default); create the model without %s or with {\"type\": \"adamw\"}", where, type, where);
+        return -1;
+    }
+    *family = type;
+    return 0;
+}
 
 static int decode_create_model(const json_t *b, create_model_req *q, char *err, size_t errlen) {
     json_t *lc;
@@ -50,7 +83,7 @@ static int decode_create_model(const json_t *b, create_model_req *q, char *err, 
         jx_int(b, "", "model_seq_id", 0, &q->model_seq_id, &q->has_model_seq_id, err, errlen) < 0 ||
         jx_req_str(b, "", "base_model", &q->base_model, err, errlen) < 0 ||
         jx_obj(b, "", "lora_config", &lc, err, errlen) < 0 ||
-        jx_obj(b, "", "user_metadata", &q->user_metadata, err, errlen) < 0)
+        decode_optimizer_config(b, &q->optimizer, err, errlen) < 0)
         return -1;
     json_t *empty = lc ? NULL : json_object();
     const json_t *l = lc ? lc : empty;
@@ -75,6 +108,8 @@ static int decode_create_model(const json_t *b, create_model_req *q, char *err, 
                               "must be true");
         goto out;
     }
+    /* SDKs read it back as dict[str, str] (TrainingRun.user_metadata) */
+    if (jx_string_map(b, "user_metadata", MODEL_MAX_METADATA, &q->user_metadata, err, errlen) < 0) goto out;
     if (!has_seed) {
         uint64_t s;
         randombytes_buf(&s, sizeof s);
@@ -96,12 +131,7 @@ static int base_model_unknown(api_call *c, const char *name) {
     return 0;
 }
 
-int api_h_create_model(api_call *c) {
-    create_model_req q;
-    memset(&q, 0, sizeof q);
-    if (decode_create_model(c->body, &q, c->err, sizeof c->err) < 0)
-        return api_error(c, 400, "%s", c->err);
-
+static int create_model(api_call *c, create_model_req q) {
     const char *bp[1] = {q.base_model};
     PGresult *r = db_query(c->db, SQL_BASE_MODEL_GET, 1, bp, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "create_model", c->err);
@@ -136,17 +166,10 @@ int api_h_create_model(api_call *c) {
         db_rollback(c->db);
         return api_error(c, 400, "session_id is too long");
     }
-    char *meta = NULL;
-    if (q.user_metadata && !(meta = jx_dump_bounded(q.user_metadata, "user_metadata", MODEL_MAX_METADATA,
-                                                     c->err, sizeof c->err))) {
-        db_rollback(c->db);
-        return api_error(c, 400, "%s", c->err);
-    }
-    const char *mp[11] = {model_id, tid, q.session_id, mseq, q.base_model, rank, seed,
+    const char *mp[12] = {model_id, tid, q.session_id, mseq, q.base_model, rank, seed,
                           q.train_attn ? "t" : "f", q.train_mlp ? "t" : "f",
-                          q.train_unembed ? "t" : "f", meta};
-    r = db_query(c->db, SQL_MODEL_INSERT, 11, mp, c->err, sizeof c->err);
-    free(meta);
+                          q.train_unembed ? "t" : "f", q.user_metadata, q.optimizer};
+    r = db_query(c->db, SQL_MODEL_INSERT, 12, mp, c->err, sizeof c->err);
     if (!r) goto dberr;
     int inserted = PQntuples(r) > 0;
     PQclear(r);
@@ -156,9 +179,9 @@ int api_h_create_model(api_call *c) {
         sb_puts(&pl, "{\"base_model\": ");
         sb_json_str(&pl, q.base_model);
         sb_printf(&pl, ", \"lora_config\": {\"rank\": %lld, \"seed\": %lld, \"train_attn\": %s, "
-                       "\"train_mlp\": %s, \"train_unembed\": %s}}",
+                       "\"train_mlp\": %s, \"train_unembed\": %s}, \"optimizer\": \"%s\"}",
                   (long long)q.rank, (long long)q.seed, q.train_attn ? "true" : "false",
-                  q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false");
+                  q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false", q.optimizer);
         op_new_request_id(request_id);
         const char *op[7] = {request_id, tid, model_id, "0", OP_CREATE_MODEL, pl.data, "0"};
         r = db_query(c->db, SQL_OP_INSERT, 7, op, c->err, sizeof c->err);
@@ -185,6 +208,16 @@ int api_h_create_model(api_call *c) {
 dberr:
     db_rollback(c->db);
     return api_db_error(c, "create_model", c->err);
+}
+
+int api_h_create_model(api_call *c) {
+    create_model_req q;
+    memset(&q, 0, sizeof q);
+    if (decode_create_model(c->body, &q, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    create_model(c, q);
+    free(q.user_metadata);
+    return 0;
 }
 
 /* ---- get_info (§7.2) ------------------------------------------------------------------ */
@@ -283,19 +316,58 @@ static const adam_field adam_fields[] = {
 };
 #define N_ADAM (sizeof adam_fields / sizeof adam_fields[0])
 
+/* Where an optim_step carries its parameters: adam_params (every SDK; Adam), or under
+ * the aliases optim_params / optimizer_params (SDK ≈0.30 sends a non-Adam family's as
+ * optimizer_params {"type": ...}). One of them at most. *params: the object (NULL when
+ * none was sent: Adam's defaults), *where: its field name, *family: "adamw" unless the
+ * object names another "type". 0, or -1 with err. */
+static int decode_optim_params(const json_t *b, json_t **params, const char **where, const char **family,
+                               char *err, size_t errlen) {
+    static const char *const keys[] = {"adam_params", "optim_params", "optimizer_params"};
+    *params = NULL;
+    *where = "adam_params";
+    *family = "adamw";
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *v;
+        if (jx_obj(b, "", keys[i], &v, err, errlen) < 0) return -1;
+        if (!v) continue;
+        if (*params) {
+            snprintf(err, errlen, "%s and %s both carry optimizer parameters (adam_params, optim_params and "
+                     "optimizer_params are one field under three names); send one", *where, keys[i]);
+            return -1;
+        }
+        *params = v;
+        *where = keys[i];
+    }
+    json_t *type = json_object_get(*params, "type");
+    if (type && !json_is_null(type)) {
+        if (!json_is_string(type)) {
+            snprintf(err, errlen, "%s.type: expected a string (the optimizer family), got %s", *where,
+                     jx_type_name(type));
+            return -1;
+        }
+        *family = json_string_value(type);
+    }
+    return 0;
+}
+
 int api_h_optim_step(api_call *c) {
     const char *model_id;
     int64_t seq_id;
     bool has_seq;
     json_t *ap;
+    const char *where, *family;
     if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
-    if (jx_obj(c->body, "", "adam_params", &ap, c->err, sizeof c->err) < 0)
+    if (decode_optim_params(c->body, &ap, &where, &family, c->err, sizeof c->err) < 0)
         return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
+    /* Another family's parameters are never read as Adam's: the model's family decides
+     * below, and this server runs Adam only. */
+    bool adam = !strcmp(family, "adamw");
     double v[N_ADAM];
     json_t *empty = ap ? NULL : json_object();
-    for (size_t i = 0; i < N_ADAM; i++) {
+    for (size_t i = 0; adam && i < N_ADAM; i++) {
         const adam_field *f = &adam_fields[i];
-        if (jx_num(ap ? ap : empty, "adam_params", f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
+        if (jx_num(ap ? ap : empty, where, f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
             json_decref(empty);
             return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
@@ -303,7 +375,7 @@ int api_h_optim_step(api_call *c) {
         if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
         if (!ok) {
             json_decref(empty);
-            snprintf(c->err, sizeof c->err, "adam_params.%s %s, got %g", f->key, f->rule, v[i]);
+            snprintf(c->err, sizeof c->err, "%s.%s %s, got %g", where, f->key, f->rule, v[i]);
             return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
     }
@@ -312,10 +384,19 @@ int api_h_optim_step(api_call *c) {
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
+    if (strcmp(family, m.optimizer) != 0) {
+        snprintf(c->err, sizeof c->err, "%s is for the %.60s optimizer, but model %.200s uses %s (fixed at "
+                 "create_model); send its parameters as adam_params", where, family, model_id, m.optimizer);
+        return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
+    }
+    if (!adam) {   /* a family this server records but does not run: not reachable today */
+        snprintf(c->err, sizeof c->err, "the %.60s optimizer is not offered by this server", family);
+        return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
+    }
 
     strbuf pl;
     sb_init(&pl, 256);
-    sb_puts(&pl, "{\"adam_params\": {");
+    sb_puts(&pl, "{\"optimizer\": \"adamw\", \"adam_params\": {");
     for (size_t i = 0; i < N_ADAM; i++) {
         sb_printf(&pl, "%s\"%s\": ", i ? ", " : "", adam_fields[i].key);
         sb_double(&pl, v[i]);

@@ -53,11 +53,11 @@ static int audit(api_call *c, int64_t tenant, const char *action, const char *ob
     return rc;
 }
 
-/* The Checkpoint objects of a listing's rows (reg_version columns, then the total count
- * in column 17); frees the result. */
+/* The Checkpoint objects of a listing's rows (reg_version columns, then the total count);
+ * frees the result. */
 static json_t *checkpoint_rows_json(PGresult *r, int64_t *total) {
     int n = PQntuples(r);
-    *total = n ? db_int(r, 0, 17) : 0;
+    *total = n ? db_int(r, 0, REG_VERSION_NCOLS) : 0;
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) {
         reg_version v;
@@ -89,9 +89,11 @@ static int submit_save(api_call *c, const char *kind) {
     bool has_seq, overwrite;
     if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
+    char *meta = NULL;   /* the checkpoint's user_metadata (SDK ≈0.33): strings, bounded */
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
-        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0)
+        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0 ||
+        jx_string_map(c->body, "user_metadata", REG_META_MAX, &meta, c->err, sizeof c->err) < 0)
         return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     /* Some clients pass a whole tinker:// path of their own model: take its name. */
     reg_path rp;
@@ -99,21 +101,22 @@ static int submit_save(api_call *c, const char *kind) {
     if (!strncmp(name, "tinker://", 9)) {
         if (reg_path_parse(name, &rp, why, sizeof why) < 0) {
             snprintf(c->err, sizeof c->err, "path: %s", why);
-            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+            return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
         }
         if (strcmp(rp.run, model_id) || strcmp(reg_kind_of_dir(rp.dir), kind)) {
             snprintf(c->err, sizeof c->err, "path %.300s does not name a %s checkpoint of model %.200s",
                      name, reg_dir_of_kind(kind), model_id);
-            return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+            return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
         }
         name = rp.name;
     } else if (!reg_name_valid(name, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "path: %s", why);
-        return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
+        return free(meta), op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     }
     op_model_info m;
     int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
     if (st == 0) st = op_check_storage(c->db, c->tenant_id, c->err, sizeof c->err);
+    if (st != 0) free(meta);
     if (st < 0) return api_db_error(c, kind, c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, op_kind);
 
@@ -124,7 +127,14 @@ static int submit_save(api_call *c, const char *kind) {
     sb_puts(&pl, ", \"ttl_seconds\": ");
     if (ttl < 0) sb_puts(&pl, "null");
     else sb_int(&pl, ttl);
-    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld}", overwrite ? "true" : "false", (long long)c->key_id);
+    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld", overwrite ? "true" : "false", (long long)c->key_id);
+    /* the registry copies it from here into the version row (SQL_REG_VERSION_INSERT) */
+    if (meta) {
+        sb_puts(&pl, ", \"user_metadata\": ");
+        sb_puts(&pl, meta);
+    }
+    sb_putc(&pl, '}');
+    free(meta);
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = model_id, .kind = op_kind,
                        .has_seq_id = has_seq, .seq_id = seq_id, .payload = pl.data};
     char request_id[API_REQUEST_ID_MAX];
@@ -290,6 +300,176 @@ int api_h_list_checkpoints(api_call *c) {
     return api_reply_json(c, 200, json_pack("{s:o, s:o}", "checkpoints", arr, "cursor", cursor(offset, limit, total)));
 }
 
+/* ---- search_checkpoints (SDK 0.39) ------------------------------------------------------ */
+
+#define SEARCH_MAX_LIMIT 200        /* CheckpointSearchRequest.limit: 1 to 200 */
+#define SEARCH_DEF_LIMIT 100
+#define SEARCH_MAX_LIST 100         /* entries of project_ids and base_models */
+#define SEARCH_MAX_OWNERS 10        /* UserSearchOwner.owner_urns: 1 to 10 */
+#define SEARCH_MAX_NAME 256         /* bytes of one project id, base model or owner */
+
+/* An optional array of strings (each 1..SEARCH_MAX_NAME bytes, at most max of them) as
+ * JSON text (malloc'd; NULL when absent or null). 0, or -1 with err naming the field. */
+static int string_list(const json_t *obj, const char *where, const char *key, size_t min, size_t max, char **out,
+                       char *err, size_t errlen) {
+    json_t *a, *v;
+    size_t i;
+    *out = NULL;
+    if (jx_arr(obj, where, key, &a, err, errlen) < 0) return -1;
+    if (!a) return 0;
+    if (json_array_size(a) < min || json_array_size(a) > max) {
+        snprintf(err, errlen, "%s%s%s has %zu entries; %zu to %zu are accepted", where, *where ? "." : "", key,
+                 json_array_size(a), min, max);
+        return -1;
+    }
+    json_array_foreach(a, i, v) {
+        if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > SEARCH_MAX_NAME) {
+            snprintf(err, errlen, "%s%s%s[%zu]: expected a string of 1 to %d bytes, got %s", where,
+                     *where ? "." : "", key, i, SEARCH_MAX_NAME, json_is_string(v) ? "a longer or empty one"
+                     : jx_type_name(v));
+            return -1;
+        }
+    }
+    *out = json_dumps(a, JSON_COMPACT);
+    return 0;
+}
+
+typedef struct {
+    int64_t limit;
+    const char *owner;            /* "own" | "accessible" | "user" */
+    char *owners, *projects, *meta, *base_models;   /* JSON text or NULL; malloc'd */
+    const char *kind;             /* NULL: every kind */
+    const char *after_time;       /* the cursor, or NULL */
+    char after_id[24];
+} search_req;
+
+static void search_req_free(search_req *q) {
+    free(q->owners);
+    free(q->projects);
+    free(q->meta);
+    free(q->base_models);
+}
+
+/* CheckpointSearchRequest: project_ids, user_metadata, checkpoint_type, owner
+ * ({"type": "own" | "accessible"} or {"type": "user", "owner_urns": [...]}), base_models,
+ * limit, cursor ({last_created_at, last_checkpoint_uuid} of a previous next_cursor). */
+static int decode_search(const json_t *b, search_req *q, char *err, size_t errlen) {
+    json_t *owner, *cursor;
+    bool has_limit;
+    memset(q, 0, sizeof q[0]);
+    q->owner = "own";
+    if (jx_int(b, "", "limit", SEARCH_DEF_LIMIT, &q->limit, &has_limit, err, errlen) < 0 ||
+        jx_str(b, "", "checkpoint_type", &q->kind, err, errlen) < 0 ||
+        jx_obj(b, "", "owner", &owner, err, errlen) < 0 || jx_obj(b, "", "cursor", &cursor, err, errlen) < 0 ||
+        string_list(b, "", "project_ids", 0, SEARCH_MAX_LIST, &q->projects, err, errlen) < 0 ||
+        string_list(b, "", "base_models", 0, SEARCH_MAX_LIST, &q->base_models, err, errlen) < 0 ||
+        jx_string_map(b, "user_metadata", REG_META_MAX, &q->meta, err, errlen) < 0)
+        return -1;
+    if (q->limit < 1 || q->limit > SEARCH_MAX_LIMIT) {
+        snprintf(err, errlen, "limit must be 1 to %d, got %lld", SEARCH_MAX_LIMIT, (long long)q->limit);
+        return -1;
+    }
+    if (q->kind && strcmp(q->kind, "training") && strcmp(q->kind, "sampler") && strcmp(q->kind, "external")) {
+        snprintf(err, errlen, "checkpoint_type must be \"training\", \"sampler\", \"external\" or null, got \"%.40s\"",
+                 q->kind);
+        return -1;
+    }
+    if (q->meta && !strcmp(q->meta, "{}")) {   /* no pair to hold: no filter */
+        free(q->meta);
+        q->meta = NULL;
+    }
+    if (owner) {
+        if (jx_req_str(owner, "owner", "type", &q->owner, err, errlen) < 0) return -1;
+        if (!strcmp(q->owner, "user")) {
+            if (string_list(owner, "owner", "owner_urns", 1, SEARCH_MAX_OWNERS, &q->owners, err, errlen) < 0) return -1;
+            if (!q->owners) {
+                snprintf(err, errlen, "owner.owner_urns is required with owner.type \"user\" (1 to %d tenant names)",
+                         SEARCH_MAX_OWNERS);
+                return -1;
+            }
+        } else if (strcmp(q->owner, "own") && strcmp(q->owner, "accessible")) {
+            snprintf(err, errlen, "owner.type must be \"own\", \"accessible\" or \"user\", got \"%.40s\"", q->owner);
+            return -1;
+        }
+    }
+    if (cursor) {
+        const char *id;
+        char *end;
+        if (jx_req_str(cursor, "cursor", "last_created_at", &q->after_time, err, errlen) < 0 ||
+            jx_req_str(cursor, "cursor", "last_checkpoint_uuid", &id, err, errlen) < 0)
+            return -1;
+        long long v = strtoll(id, &end, 10);
+        if (*end || v < 1 || strlen(q->after_time) > 40 || strspn(q->after_time, "0123456789-:.+TZ ") != strlen(q->after_time)) {
+            snprintf(err, errlen, "cursor: pass a response's next_cursor back unchanged (this one names no checkpoint "
+                     "of this server)");
+            return -1;
+        }
+        snprintf(q->after_id, sizeof q->after_id, "%lld", v);
+    }
+    return 0;
+}
+
+int api_h_search_checkpoints(api_call *c) {
+    search_req q;
+    if (decode_search(c->body, &q, c->err, sizeof c->err) < 0) {
+        search_req_free(&q);
+        return api_error(c, 400, "%s", c->err);
+    }
+    char tid[24], lim[24];
+    api_fmt_i64(tid, c->tenant_id);
+    api_fmt_i64(lim, q.limit + 1);   /* one more: whether there is a next page */
+    /* "Naming a project the caller cannot list is an error": a tenant lists the projects
+     * its sessions name. */
+    json_t *projects = q.projects ? json_loads(q.projects, 0, NULL) : NULL;
+    size_t i;
+    json_t *pv;
+    json_array_foreach(projects, i, pv) {
+        const char *pp[2] = {tid, json_string_value(pv)};
+        PGresult *r = db_query(c->db, SQL_TENANT_HAS_PROJECT, 2, pp, c->err, sizeof c->err);
+        if (!r) {
+            json_decref(projects);
+            search_req_free(&q);
+            return api_db_error(c, "search_checkpoints", c->err);
+        }
+        int found = PQntuples(r) > 0;
+        PQclear(r);
+        if (!found) {
+            api_error(c, 400, "project_ids[%zu]: no session of yours names project \"%.200s\"", i, json_string_value(pv));
+            json_decref(projects);
+            search_req_free(&q);
+            return 0;
+        }
+    }
+    json_decref(projects);
+    const char *p[10] = {lim, tid, q.owner, q.owners, q.projects, q.meta, q.kind, q.base_models, q.after_time,
+                         q.after_time ? q.after_id : NULL};
+    PGresult *r = db_query(c->db, SQL_SEARCH_CHECKPOINTS, 10, p, c->err, sizeof c->err);
+    search_req_free(&q);
+    if (!r) {
+        /* a cursor time PostgreSQL cannot read (day 31 of February, ...) */
+        if (!strncmp(db_last_sqlstate(), "22", 2))
+            return api_error(c, 400, "cursor.last_created_at is not a time: pass a response's next_cursor back unchanged");
+        return api_db_error(c, "search_checkpoints", c->err);
+    }
+    int n = PQntuples(r);
+    bool more = n > q.limit;
+    if (more) n = (int)q.limit;
+    json_t *arr = json_array(), *next = json_null();
+    for (int k = 0; k < n; k++) {
+        reg_version v;
+        reg_version_of_row(r, k, &v);
+        json_array_append_new(arr, reg_checkpoint_json(&v));
+        if (more && k == n - 1) {   /* the SDK's cursor names a checkpoint by a string id */
+            char id[24];
+            api_fmt_i64(id, v.id);
+            json_decref(next);
+            next = json_pack("{s:s, s:s}", "last_created_at", v.time, "last_checkpoint_uuid", id);
+        }
+    }
+    PQclear(r);
+    return api_reply_json(c, 200, json_pack("{s:o, s:o}", "checkpoints", arr, "next_cursor", next));
+}
+
 /* ---- /training_runs/{run}/checkpoints/... ----------------------------------------------- */
 
 typedef struct {
@@ -340,10 +520,35 @@ static void iso8601(time_t t, char *out, size_t n) {
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* Whether an Accept value (every Accept header of the request, joined by commas) lists
+ * the media type `type` itself, with a q above 0. Wildcards do not count: the question
+ * is what the client named. */
+static bool accept_names(const char *accept, const char *type) {
+    size_t tlen = strlen(type);
+    for (const char *p = accept; p && *p;) {
+        p += strspn(p, " \t,");
+        const char *end = p + strcspn(p, ",");
+        const char *semi = memchr(p, ';', (size_t)(end - p));
+        const char *tend = semi ? semi : end;
+        while (tend > p && (tend[-1] == ' ' || tend[-1] == '\t')) tend--;
+        bool named = (size_t)(tend - p) == tlen && !strncasecmp(p, type, tlen);
+        /* a parameter q=0 refuses the type */
+        for (const char *q = semi; named && q; q = memchr(q + 1, ';', (size_t)(end - q - 1))) {
+            const char *v = q + 1 + strspn(q + 1, " \t");
+            if ((v[0] == 'q' || v[0] == 'Q') && v[1] == '=') named = strtod(v + 2, NULL) > 0;
+        }
+        if (named) return true;
+        p = end;
+    }
+    return false;
+}
+
 /* GET .../archive: a signed, self-authorising download URL (docs/protocol.md §12.3): as
- * a 200 JSON {url, expires} to a client that accepts JSON (newer SDKs send Accept:
- * application/json), else as a 302 that every SDK version follows, with the same JSON
- * as its body. */
+ * a 200 JSON {url, expires} to a client that names JSON and not gzip in its Accept
+ * headers (SDK 0.22.2 and later send only application/json), else as a 302 with the same
+ * JSON as its body. SDK 0.15-0.22.1 send two Accept headers, their client's default
+ * application/json and the call's application/gzip, and take only the 302 (a 200 makes
+ * them raise "API Response types must subclass AsyncAPIResponse"). */
 static int archive_url(api_call *c, const ckpt_route *rt) {
     char fmt[32] = "tinker", unembed[8] = "";
     if (api_query_param(c, "format", fmt, sizeof fmt) && strcmp(fmt, "tinker") && strcmp(fmt, "peft"))
@@ -355,7 +560,7 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     char *url, exp_iso[32], exp_http[64];
     if (api_archive_link(c, rt->tinker_path, fmt, &url, exp_iso, exp_http) < 0) return 0;
     json_t *answer = json_pack("{s:s, s:s}", "url", url, "expires", exp_iso);
-    if (c->job->accept && strcasestr(c->job->accept, "application/json")) {
+    if (accept_names(c->job->accept, "application/json") && !accept_names(c->job->accept, "application/gzip")) {
         free(url);
         return api_reply_json(c, 200, answer);
     }

@@ -20,6 +20,7 @@ int api_h_save_weights(api_call *c);                /* POST /save_weights */
 int api_h_load_weights(api_call *c);                /* POST /load_weights */
 int api_h_weights_info(api_call *c);                /* POST /weights_info */
 int api_h_list_checkpoints(api_call *c);            /* GET /checkpoints */
+int api_h_search_checkpoints(api_call *c);          /* POST /checkpoints/search (SDK 0.39) */
 /* /training_runs/{run}/checkpoints[/{kind}/{name}[/publish|/ttl|/archive]] */
 int api_h_run_checkpoints_get(api_call *c);         /* GET: list, archive */
 int api_h_run_checkpoints_post(api_call *c);        /* POST .../publish */

@@ -25,8 +25,15 @@
     " FROM operations o WHERE o.model_id = m.id AND o.kind IN ('optim_step','load_weights')"    \
     " AND o.state = 'done' ORDER BY o.seq_id DESC LIMIT 1), 0)"
 
+/* The state of session s for the console: "finished" (its client's ServiceClient.close,
+ * with finish_reason), "expired", or "active". */
+#define CON_SESSION_STATE(s)                                                                  \
+    "CASE WHEN " s ".finished_at IS NOT NULL THEN 'finished' WHEN " s ".expired_at IS NOT NULL" \
+    " THEN 'expired' ELSE 'active' END"
+
 /* $1 tenant, $2 limit, $3 offset -> {"runs": [...], "total": N}, newest first. steps: the
- * optimizer step (CON_RUN_STEP); last_loss: loss:sum of the last forward_backward. */
+ * optimizer step (CON_RUN_STEP); last_loss: loss:sum of the last
+ * forward_backward; the run's session: its display name, state and finish reason. */
 #define SQL_CON_RUNS                                                                          \
     "SELECT json_build_object('runs', COALESCE((SELECT json_agg(r ORDER BY r.created DESC,"    \
     " r.run_id) FROM (SELECT m.id AS run_id, m.base_model, m.status, m.lora_rank,"              \
@@ -35,8 +42,9 @@
     " " CON_RUN_STEP " AS steps,"                                                              \
     " " CON_LAST_METRIC("forward_backward", "loss:sum") " AS last_loss,"                       \
     " (SELECT count(*) FROM operations o WHERE o.model_id = m.id AND o.state = 'queued')"      \
-    " AS queued FROM models m WHERE m.tenant_id = $1"                                          \
-    " ORDER BY m.created_at DESC, m.id LIMIT $2::int OFFSET $3::int) r), '[]'),"               \
+    " AS queued, m.session_id, ss.display_name AS session_name, " CON_SESSION_STATE("ss")      \
+    " AS session_state, ss.finish_reason FROM models m JOIN sessions ss ON ss.id = m.session_id" \
+    " WHERE m.tenant_id = $1 ORDER BY m.created_at DESC, m.id LIMIT $2::int OFFSET $3::int) r), '[]')," \
     " 'total', (SELECT count(*) FROM models WHERE tenant_id = $1))::text"
 
 /* The curve of run m: one point per optimizer step (the forward_backward losses that fed
@@ -68,18 +76,25 @@
     " v.tinker_path, 'step', v.step, 'time', " CON_ISO("v.created_at") ", 'size_bytes',"       \
     " v.size_bytes, 'public', v.visibility = 'public', 'expires_at', " CON_ISO("v.expires_at") \
     ", 'parent_path', p.tinker_path, 'last_loss', v.provenance->'loss'->'last', 'tokens',"     \
-    " v.provenance->'tokens') ORDER BY v.id), '[]') FROM adapters a JOIN adapter_versions v"   \
+    " v.provenance->'tokens', 'user_metadata', v.user_metadata) ORDER BY v.id), '[]')"          \
+    " FROM adapters a JOIN adapter_versions v"                                                 \
     " ON v.adapter_id = a.id LEFT JOIN adapter_versions p ON p.id = v.parent_id"              \
     " WHERE a.tenant_id = m.tenant_id AND a.name = m.id AND " REG_LIVE ")"
 
-/* $1 run, $2 tenant -> {"run", "operations": {"kind:state": n}, "curve", "checkpoints"}; no
- * row when the run is not the tenant's. */
+/* $1 run, $2 tenant -> {"run", "session", "operations": {"kind:state": n}, "curve",
+ * "checkpoints"}; no row when the run is not the tenant's. */
 #define SQL_CON_RUN                                                                           \
     "SELECT json_build_object('run', json_build_object('run_id', m.id, 'base_model',"          \
     " m.base_model, 'status', m.status, 'lora_rank', m.lora_rank, 'train_attn', m.train_attn," \
     " 'train_mlp', m.train_mlp, 'train_unembed', m.train_unembed, 'session_id', m.session_id," \
     " 'created_at', " CON_ISO("m.created_at") ", 'last_request_at', "                          \
-    CON_ISO("m.last_request_at") ", 'next_seq', m.next_seq, 'step', " CON_RUN_STEP "),"       \
+    CON_ISO("m.last_request_at") ", 'next_seq', m.next_seq, 'step', " CON_RUN_STEP ", 'optimizer', m.optimizer,"         \
+    " 'user_metadata', m.user_metadata),"                                                      \
+    " 'session', (SELECT json_build_object('session_id', ss.id, 'display_name', ss.display_name," \
+    " 'project_id', ss.project_id, 'user_metadata', ss.user_metadata, 'state', "              \
+    CON_SESSION_STATE("ss") ", 'finish_reason', ss.finish_reason, 'finish_detail',"            \
+    " ss.finish_detail, 'finished_at', " CON_ISO("ss.finished_at") ") FROM sessions ss"        \
+    " WHERE ss.id = m.session_id),"                                                            \
     " 'operations', (SELECT COALESCE(json_object_agg(x.k, x.n), '{}') FROM (SELECT o.kind"     \
     " || ':' || o.state AS k, count(*) AS n FROM operations o WHERE o.model_id = m.id"         \
     " GROUP BY 1) x), 'curve', " CON_CURVE ", 'checkpoints', " CON_RUN_CHECKPOINTS ")::text"   \

@@ -460,6 +460,26 @@ static char *header_dup(h2o_req_t *req, const h2o_token_t *token, const char *na
     return strndup(v.base, v.len);
 }
 
+/* Every value of a header that may come more than once, joined with ", " as RFC 9110
+ * §5.3 allows: SDK 0.15-0.22 send two Accept headers on one request (the client's
+ * default and the call's own), and the second one decides the answer (docs/protocol.md
+ * §12.3). NULL when absent. */
+static char *header_join(h2o_req_t *req, const h2o_token_t *token) {
+    strbuf b;
+    bool any = false;
+    sb_init(&b, 64);
+    for (ssize_t i = -1; (i = h2o_find_header(&req->headers, token, i)) >= 0;) {
+        if (any) sb_puts(&b, ", ");
+        sb_append(&b, req->headers.entries[i].value.base, req->headers.entries[i].value.len);
+        any = true;
+    }
+    if (!any) {
+        sb_free(&b);
+        return NULL;
+    }
+    return sb_steal(&b, NULL);
+}
+
 static char *api_key_of(h2o_req_t *req) {
     char *key = header_dup(req, NULL, "x-api-key");
     if (key) return key;
@@ -584,7 +604,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     if (job->body_len) memcpy(job->body, req->entity.base, job->body_len);
     job->body[job->body_len] = 0;
     job->api_key = api_key_of(req);
-    job->accept = header_dup(req, H2O_TOKEN_ACCEPT, NULL);
+    job->accept = header_join(req, H2O_TOKEN_ACCEPT);
     job->content_type = header_dup(req, H2O_TOKEN_CONTENT_TYPE, NULL);
     job->content_encoding = header_dup(req, H2O_TOKEN_CONTENT_ENCODING, NULL);
     if (arg_off) job->path_arg = strndup(path + arg_off, plen - arg_off);

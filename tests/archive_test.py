@@ -9,8 +9,12 @@
    streamed in chunks by the h2o layer) comes back intact, whole and in ranges.
 3. One audit row per download, not per range.
 4. `loom up` runs the registry GC child: its first pass is in the log.
+5. The archive URL route answers what each SDK takes: SDK 0.15-0.22.1 send two Accept
+   headers on one request (their client's default `Accept: application/json` and the
+   call's own `accept: application/gzip`) and take only a 302; SDK 0.22.2 and later
+   send application/json alone and read a 200 JSON body (a 302 works for them too).
 """
-import io, os, sys, tarfile, time, urllib.error, urllib.request
+import http.client, io, json, os, sys, tarfile, time, urllib.error, urllib.parse, urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
 from checkpoint_test import Client, archive_link
@@ -23,6 +27,50 @@ def fetch(url, method="GET", rng=None):
             return r.status, r.read(), r.headers
     except urllib.error.HTTPError as e:
         return e.code, e.read(), e.headers
+
+
+def archive_request(s, run, ckpt, accepts):
+    """GET .../archive with one Accept header per entry of accepts, in order, on one
+    request (http.client: urllib folds headers into a dict): (status, headers, JSON body)."""
+    u = urllib.parse.urlsplit(s.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.putrequest("GET", f"/api/v1/training_runs/{run}/checkpoints/{ckpt}/archive", skip_accept_encoding=True)
+        conn.putheader("X-API-Key", s.key)
+        for a in accepts:
+            conn.putheader("Accept", a)
+        conn.endheaders()
+        r = conn.getresponse()
+        body = r.read()
+        return r.status, r.headers, json.loads(body) if body else None
+    finally:
+        conn.close()
+
+
+def check_archive_accept(R, s, run, ckpt):
+    # SDK 0.16.1 (to 0.22.1): httpx sends the client's default and the call's header both
+    st, h, body = archive_request(s, run, ckpt, ["application/json", "application/gzip"])
+    R.check(st == 302 and h.get("Location", "").startswith("http") and h.get("Expires") and
+            isinstance(body, dict) and body.get("url") == h.get("Location"),
+            f"two Accept headers, application/json then application/gzip (SDK 0.16.1): 302 with Location "
+            f"and Expires ({st})")
+    st, h, body = archive_request(s, run, ckpt, ["application/gzip", "application/json"])
+    R.check(st == 302, f"... in the other order: 302 ({st})")
+    st, h, body = archive_request(s, run, ckpt, ["application/json, application/gzip"])
+    R.check(st == 302, f"... both in one header: 302 ({st})")
+    # SDK 0.22.2 and later: the default and the call's header, both JSON
+    st, h, body = archive_request(s, run, ckpt, ["application/json", "application/json"])
+    R.check(st == 200 and h.get("Location") is None and isinstance(body, dict) and
+            body.get("url", "").startswith("http") and "expires" in body,
+            f"two Accept headers, both application/json (SDK 0.22.2+): 200 {{url, expires}} ({st})")
+    st, h, body = archive_request(s, run, ckpt, ["application/json"])
+    R.check(st == 200, f"Accept: application/json alone: 200 ({st})")
+    st, h, body = archive_request(s, run, ckpt, ["application/json", "application/gzip;q=0"])
+    R.check(st == 200, f"application/gzip refused with q=0 does not ask for gzip: 200 ({st})")
+    st, h, body = archive_request(s, run, ckpt, ["*/*"])
+    R.check(st == 302, f"Accept: */* (curl): 302 ({st})")
+    st, h, body = archive_request(s, run, ckpt, [])
+    R.check(st == 302, f"no Accept header: 302 ({st})")
 
 
 def check_ranges(R, url, full, label):
@@ -71,6 +119,7 @@ def main():
         r = a.op(m, "/api/v1/save_weights_for_sampler", {"path": "s1"})
         R.check(r.get("path") == f"tinker://{m}/sampler_weights/s1", f"save_weights_for_sampler: {r}")
 
+        check_archive_accept(R, s, m, "weights/w1")
         st, loc, _, _ = archive_link(s, s.key, m, "weights/w1")
         st, full, h = fetch(loc)
         R.check(st == 200 and h.get("Accept-Ranges") == "bytes" and int(h.get("Content-Length", -1)) == len(full) and

@@ -8,8 +8,10 @@ chromedriver (Debian's python3-selenium) against `loom up` on loopback.
 3. Runs: the tenant's run with its steps and last loss; another tenant's run is not listed,
    and opening it by id says not found (404).
 4. A run: the loss curve has one point per step, the gradient-norm curve too, with the
-   values of the operations; checkpoints with their lineage (parent); a download link
-   fetched from the page gives the archive (a tar with the adapter).
+   values of the operations; checkpoints with their lineage (parent) and user_metadata;
+   the session's display name, project, metadata and how its client finished it
+   (sessions/{id}/finish), also in the runs list; a download link fetched from the page
+   gives the archive (a tar with the adapter).
 5. The playground's tokenizer (with the chat template) round-trips; it samples from the
    run's sampler checkpoint: the samples the page shows
    are the tokens the future returned.
@@ -98,7 +100,8 @@ def main():
         bob_key = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
         loom_cli(s, "tenant", "create", "ops")
         op_key = loom_cli(s, "key", "create", "--tenant", "ops", "--scopes", "admin", "--secret-file", secret)
-        alice = Trainer(s, s.key)
+        alice = Trainer(s, s.key, display_name="alice sft", project_id="demo",
+                        user_metadata={"recipe": "sft", "data": "v2"})
         run = alice.create()
         fb_losses, grads = [], []
         for i in range(STEPS):
@@ -108,7 +111,7 @@ def main():
             grads.append(opt["metrics"]["grad_norm:mean"])
             if i == 2:
                 alice.op(run, "/api/v1/save_weights", {"path": "step3"})
-        smp = alice.op(run, "/api/v1/save_weights_for_sampler", {"path": "final"})
+        smp = alice.op(run, "/api/v1/save_weights_for_sampler", {"path": "final", "user_metadata": {"stage": "final"}})
         # A run resumed from step3 with its optimizer state: it takes RESUMED steps, so the
         # optimizer (and its checkpoint) is at step 3 + RESUMED; then one forward_backward of
         # the next step, still being accumulated.
@@ -132,6 +135,11 @@ def main():
             if shared:
                 break
         R.check(shared > 0, f"alice and bob shared a cycle ({shared})")
+
+        # alice's client is done (ServiceClient.close); the console shows how it finished
+        st, fin = s.post(f"/api/v1/sessions/{alice.sid}/finish", {"reason": {"type": "errored"},
+                                                                   "detail": "stopped after 5 steps"})
+        R.check(st == 200 and fin["reason"] == "errored", f"alice's session finished: {fin}")
 
         # the playground's tokenizer routes
         st, tok = s.post("/api/v1/console/tokenize", {"base_model": "loom/tiny-llama", "text": "hi there", "chat": True})
@@ -171,13 +179,14 @@ def main():
                     "the key is kept in sessionStorage")
             row = d.find_element(By.CSS_SELECTOR, f"#runs-table tbody tr[data-run='{run}']")
             cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-            R.check(cells[0] == run and cells[2] == "active" and cells[4] == str(STEPS),
+            R.check(cells[0] == run and cells[3] == "active" and cells[5] == str(STEPS),
                     f"run row: id, status active, {STEPS} steps: {cells}")
-            R.check(abs(float(cells[5]) - fb_losses[-1]) <= 1e-3 * abs(fb_losses[-1]),
-                    f"last loss shown: {cells[5]} ~ {fb_losses[-1]}")
+            R.check(cells[1] == "alice sft errored", f"run row: the session's display name and how it finished: {cells[1]!r}")
+            R.check(abs(float(cells[6]) - fb_losses[-1]) <= 1e-3 * abs(fb_losses[-1]),
+                    f"last loss shown: {cells[6]} ~ {fb_losses[-1]}")
             R.check(bob_run not in d.page_source, "bob's run is not listed for alice")
             row = d.find_element(By.CSS_SELECTOR, f"#runs-table tbody tr[data-run='{resumed}']")
-            R.check(row.find_elements(By.TAG_NAME, "td")[4].text == str(3 + RESUMED),
+            R.check(row.find_elements(By.TAG_NAME, "td")[5].text == str(3 + RESUMED),
                     f"the resumed run is listed at step {3 + RESUMED}")
             shot(d, "02-runs.png")
 
@@ -228,6 +237,15 @@ def main():
             final_row = ck_rows[-1]
             R.check("weights/step3" in final_row.find_elements(By.TAG_NAME, "td")[4].text,
                     "lineage: the sampler checkpoint's parent is weights/step3")
+            metas = [r.find_elements(By.TAG_NAME, "td")[6].text for r in ck_rows]
+            R.check(metas == ["–", "stage=final"], f"checkpoint user_metadata shown: {metas}")
+            facts = {f.find_element(By.TAG_NAME, "dt").text: f.find_element(By.TAG_NAME, "dd").text
+                     for f in d.find_elements(By.CSS_SELECTOR, "#run-facts div")}
+            R.check(facts.get("Session") == f"alice sft ({alice.sid})" and facts.get("Project") == "demo" and
+                    facts.get("Optimizer") == "adamw" and facts.get("Session state", "").startswith("errored") and
+                    facts.get("Session state", "").endswith(": stopped after 5 steps") and
+                    set(facts.get("Session metadata", "").split()) == {"recipe=sft", "data=v2"},
+                    f"run facts: session name, project, optimizer, finish reason and detail, metadata: {facts}")
             shot(d, "04-run.png")
             final_row.find_element(By.CSS_SELECTOR, "button[data-format=peft]").click()
             a = wait(d, lambda x: final_row.find_elements(By.CSS_SELECTOR, "a.download"), "download link")

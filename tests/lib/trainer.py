@@ -14,9 +14,10 @@ def datum(step, i, n_tokens=12):
 
 
 class Trainer:
-    def __init__(self, s, key):
+    def __init__(self, s, key, **session):
+        """session: more create_session fields (display_name, user_metadata, project_id)."""
         self.s, self.key, self.seq, self.nmodels = s, key, {}, 0
-        st, sess = s.post("/api/v1/create_session", {"tags": [], "sdk_version": "0.24.1"}, key=key)
+        st, sess = s.post("/api/v1/create_session", dict({"tags": [], "sdk_version": "0.24.1"}, **session), key=key)
         assert st == 200, sess
         self.sid = sess["session_id"]
 
