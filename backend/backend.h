@@ -73,6 +73,26 @@ typedef struct {
                                      0 ≤ topk ≤ min(vocab, LIMIT_TOPK_PROMPT_LOGPROBS) */
     int32_t *topk_ids_out;
     float *topk_lp_out;
+    /* Extensions for sampling's prompt pass (docs/protocol.md §11.2), answered from each
+     * row's logits like topk, by the arithmetic every backend shares (exe_prompt_extras,
+     * sample_pick.c): the same logits give the same numbers on every backend, and a row's
+     * answers depend on that row alone (batch invariance).
+     * score_*: target_prompt_logprobs. Row i asks for log p(id | x[..i]) of the ids
+     * score_ids[score_start[i] .. score_start[i+1]) (in the vocabulary), computed as
+     * logprobs_out is, into score_lp_out at the same places. NULL score_start = none. */
+    const int64_t *score_start;   /* [n + 1] */
+    const int32_t *score_ids;
+    float *score_lp_out;
+    /* draw_*: prompt_alt_tokens. draw_k independent draws from each row's distribution at
+     * draw_temperature (0: the argmax, draw_k times), from a PRNG stream seeded by
+     * (draw_seed, row) alone, and their log p under the model's own distribution (as
+     * logprobs_out), into draw_ids_out / draw_lp_out [n, draw_k]. 0 = none; at most
+     * LIMIT_TOPK_PROMPT_LOGPROBS. */
+    int draw_k;
+    double draw_temperature;
+    uint64_t draw_seed;
+    int32_t *draw_ids_out;
+    float *draw_lp_out;
     int group;                    /* the operation this sequence belongs to: consecutive
                                      sequences of one adapter and one group form one gradient
                                      reduction; each group's gradient is added to the
@@ -246,6 +266,12 @@ long exe_sample_nucleus(const exe_sample_req *r, const float *w, long V, double 
  * uint64 of scratch. The same arithmetic as the CPU backend's choice (cpu_choose.c), so
  * that the sampled token's entry equals its logprob. */
 void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w, uint64_t *keys);
+/* The prompt-pass extensions of exe_seq (score_*, draw_*) for row `row` of s, from that
+ * row's logits z[0..V) and lse = log Σ exp(z) (the one its logprobs_out used). Pure and
+ * thread-safe: the CPU backend calls it inside its head, the CUDA backend on rows it
+ * brings to the host, so that both draw the same tokens from the same logits. */
+void exe_prompt_extras(const exe_seq *s, int row, const float *z, long V, double lse);
+static inline bool exe_seq_has_extras(const exe_seq *s) { return s->score_start || s->draw_k > 0; }
 
 /* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
  * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed

@@ -1,6 +1,7 @@
 /* sample_pick.c — the arithmetic of picking a token that every sampler shares (see
- * backend.h: exe_sample_weights, exe_sample_nucleus, exe_sample_top): the CPU backend's
- * choice (cpu/cpu_choose.c) and the top_logprobs of both backends. Its own file, without
+ * backend.h: exe_sample_weights, exe_sample_nucleus, exe_sample_top, exe_prompt_extras):
+ * the CPU backend's choice (cpu/cpu_choose.c), the top_logprobs of both backends and the
+ * prompt pass's target logprobs and alternative draws. Its own file, without
  * dependencies, so that the CUDA kernel tests' CPU twins link it too. */
 #include "backend/backend.h"
 
@@ -114,4 +115,59 @@ void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w
         ids[i] = i < n ? best_ids[i] : -1;
         if (i >= n) lps[i] = 0;
     }
+}
+
+/* A draw's stream: seeded by (seed, row) and nothing else, so that draws do not depend on
+ * the batch. The mix is the sample streams' (exe_sample_stream_init: seed ^ φ·(index + 1))
+ * with the multiplier offset by 2^32: multiplying by odd φ is a bijection modulo 2^64, so
+ * no prompt row's stream is ever a sample's stream of the same seed. */
+static void draw_stream(rng_state *r, uint64_t seed, int row)
+{
+    rng_seed(r, seed ^ (0x9e3779b97f4a7c15ull * ((UINT64_C(1) << 32) + (uint64_t)row + 1)));
+}
+
+void exe_prompt_extras(const exe_seq *s, int row, const float *z, long V, double lse)
+{
+    if (s->score_start)
+        for (int64_t q = s->score_start[row]; q < s->score_start[row + 1]; q++)
+            s->score_lp_out[q] = (float)((double)z[s->score_ids[q]] - lse);
+    int k = s->draw_k;
+    if (k <= 0) return;
+    if (k > LIMIT_TOPK_PROMPT_LOGPROBS) k = LIMIT_TOPK_PROMPT_LOGPROBS;
+    int32_t *ids = s->draw_ids_out + (size_t)row * s->draw_k;
+    float *lps = s->draw_lp_out + (size_t)row * s->draw_k;
+    long best = 0;
+    float mx = z[0];
+    for (long v = 1; v < V; v++) if (z[v] > mx) { mx = z[v]; best = v; }
+    if (s->draw_temperature == 0) {
+        for (int j = 0; j < k; j++) ids[j] = (int32_t)best;
+    } else {
+        /* Each draw is the CPU sampler's choice without filters (cpu_choose.c): weights
+         * exp((z − max) / T) as floats, u·Σ against their running sum in vocabulary order.
+         * The k thresholds are visited in rising order in one pass over the vocabulary,
+         * which picks what k separate passes would, without a [V] scratch row. */
+        rng_state r;
+        draw_stream(&r, s->draw_seed, row);
+        double inv_t = 1.0 / s->draw_temperature, sum = 0, u[LIMIT_TOPK_PROMPT_LOGPROBS];
+        int order[LIMIT_TOPK_PROMPT_LOGPROBS];
+        for (long v = 0; v < V; v++) sum += (float)exp((z[v] - mx) * inv_t);
+        for (int j = 0; j < k; j++) {
+            u[j] = rng_uniform(&r) * sum;
+            int i = j;
+            while (i > 0 && u[order[i - 1]] > u[j]) { order[i] = order[i - 1]; i--; }
+            order[i] = j;
+        }
+        double acc = 0;
+        long last = best;
+        int next = 0;
+        for (long v = 0; v < V && next < k; v++) {
+            float w = (float)exp((z[v] - mx) * inv_t);
+            if (w == 0.0f) continue;
+            acc += w;
+            last = v;
+            while (next < k && u[order[next]] < acc) ids[order[next++]] = (int32_t)v;
+        }
+        while (next < k) ids[order[next++]] = (int32_t)last; /* u·Σ at the very top (rounding) */
+    }
+    for (int j = 0; j < k; j++) lps[j] = (float)((double)z[ids[j]] - lse);
 }

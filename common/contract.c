@@ -1,5 +1,6 @@
-/* contract.c: the loss table of contract.h. */
+/* contract.c: the loss table of contract.h, and the ids of sampled sequences. */
 #include "common/contract.h"
+#include <stdio.h>
 #include <string.h>
 
 #define BIT(i) (1u << (i))
@@ -51,4 +52,8 @@ double loss_config_get(const loss_spec *s, int i) { return i == 0 ? s->clip_low 
 void loss_config_set(loss_spec *s, const char *key, double v) {
     for (int i = 0; i < LOSS_CONFIG_KEYS; i++)
         if (!strcmp(key, loss_config_keys[i]) && loss_config_used(s->kind, i)) *config_slot(s, i) = v;
+}
+
+int sample_sequence_id(char *out, size_t n, const char *request_id, int index) {
+    return snprintf(out, n, "%s:%d", request_id, index);
 }

@@ -9,6 +9,7 @@
  *   "... WHERE o.kind = '" OP_SAMPLE "'"   "SELECT pg_notify('" CHAN_OP_DONE "', ...)" */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 /* ---- operation kinds (operations.kind) ------------------------------------------------- */
 
@@ -51,7 +52,25 @@
 #define LIMIT_LOSS 1e30                 /* |per-token loss| (and its derivative) a datum may reach */
 #define LIMIT_LORA_RANK 512
 #define LIMIT_NUM_SAMPLES 128           /* num_samples of one asample */
-#define LIMIT_TOPK_PROMPT_LOGPROBS 20   /* topk_prompt_logprobs of one asample */
+#define LIMIT_TOPK_PROMPT_LOGPROBS 20   /* topk_prompt_logprobs of one asample; also its
+                                           topk_sample_logprobs and prompt_alt_tokens_k */
+/* num_samples x max_tokens x topk_sample_logprobs of one asample: the per-token top-k lists
+ * the executor holds (8 bytes a cell) and the result carries */
+#define LIMIT_TOPK_SAMPLE_CELLS (1 << 22)
+/* cells of an asample's target_prompt_logprobs ([len(prompt) - 1, K] dense: rows x K; sparse
+ * CSR: the values listed), and its columns K */
+#define LIMIT_TARGET_PROMPT_CELLS (1 << 20)
+#define LIMIT_TARGET_PROMPT_K LIMIT_K
+
+/* ---- sampled sequence ids (docs/protocol.md §11.1) --------------------------------------- */
+
+/* SampledSequence.sequence_id of sample `index` of the sample operation `request_id`:
+ * "<request_id>:<index>". The api answers them at submit (sample_sequence_ids), the
+ * executor writes them into the result; both call this, so they cannot disagree. A
+ * resubmission gets the first submission's request_id, hence the same ids. Returns
+ * snprintf's count (>= n: truncated). */
+int sample_sequence_id(char *out, size_t n, const char *request_id, int index);
+#define SAMPLE_SEQUENCE_ID_MAX 160
 
 /* ---- losses (docs/protocol.md §8) ---------------------------------------------------- */
 

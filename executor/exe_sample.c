@@ -16,6 +16,18 @@
  * resolved from the payload the api wrote: "source" base | snapshot | checkpoint (with
  * "blob_digest", loaded through exe_load_sampler_adapter).
  *
+ * The prompt pass also answers asample's target_prompt_logprobs (chosen ids scored at
+ * chosen positions, laid out as the client sent them: dense or sparse CSR) and
+ * prompt_alt_tokens_k (draws along the prompt at the request's temperature, from streams
+ * seeded by the request's seed and the position): exe_seq's score_* and draw_*, which every
+ * backend answers with the same arithmetic (backend.h). prompt_logprobs_last_n masks the
+ * prompt logprobs before the last n positions (null), the top-k rows with them.
+ *
+ * Every sequence of a result carries its sequence_id (contract.h sample_sequence_id), the
+ * id the api answered at submit. The per-token top-k of the sampled distribution is
+ * asample's topk_sample_logprobs (result key "topk_logprobs") and the same code as the
+ * OpenAI routes' "top_logprobs".
+ *
  * The OpenAI routes' operations (docs/protocol.md §18) also ask for "top_logprobs" (the
  * most likely tokens of each step's distribution, kept in the result per sequence) and
  * "progress": their tokens are published while the batch decodes (exe_stream.h), and a
@@ -228,9 +240,25 @@ typedef struct {
     bool *stopped;
     float *plp, *ploss, *tk_lp;  /* prompt logprobs [n_prompt − 1], scratch, top-k [n_prompt − 1, k] */
     int32_t *tk_ids;
-    int top_logprobs;            /* per generated token (the OpenAI routes' top_logprobs) */
+    int top_logprobs;            /* per generated token (the OpenAI routes' top_logprobs, asample's
+                                    topk_sample_logprobs) */
+    const char *top_key;         /* its result key: "top_logprobs" or "topk_logprobs" */
     int32_t *top_ids;            /* [num_samples, max_tokens, top_logprobs] */
     float *top_lp;
+    int last_n;                  /* prompt_logprobs_last_n; 0 = the whole prompt */
+    /* target_prompt_logprobs: the client's layout [target_rows, target_cols], dense or CSR
+     * (target_crow / target_col) of n_target cells; the cells that name an id (not −1), in
+     * row order, go to the prompt pass as score_*, score_cell[m] saying which cell each is */
+    bool has_target;
+    int target_rows, target_cols;
+    size_t n_target;
+    int64_t *target_crow, *target_col;
+    int64_t *score_start, *score_cell;
+    int32_t *score_ids;
+    float *score_lp;
+    int alt_k;                   /* prompt_alt_tokens_k */
+    int32_t *alt_ids;            /* [n_prompt − 1, alt_k] */
+    float *alt_lp;
     bool progress;               /* publish tokens as they come (exe_stream.h) */
     exe_stream_op *stream;
     bool canceled;               /* its client went away: samples ended early */
@@ -242,6 +270,76 @@ static void job_free(exe_state *st, sample_job *j) {
     free(j->tokens); free(j->logprobs); free(j->n_out); free(j->stopped);
     free(j->plp); free(j->ploss); free(j->tk_lp); free(j->tk_ids);
     free(j->top_ids); free(j->top_lp);
+    free(j->target_crow); free(j->target_col);
+    free(j->score_start); free(j->score_cell); free(j->score_ids); free(j->score_lp);
+    free(j->alt_ids); free(j->alt_lp);
+}
+
+/* An int list of at most cap entries in [lo, hi] as int64 (malloc'd, *n entries). */
+static bool get_ints(json_t *v, size_t cap, long long lo, long long hi, int64_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = json_array_size(v);
+    if (!json_is_array(v) || *n > cap || !(*out = malloc((*n ? *n : 1) * sizeof **out))) return false;
+    for (size_t i = 0; i < *n; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < lo || json_integer_value(e) > hi) return false;
+        (*out)[i] = json_integer_value(e);
+    }
+    return true;
+}
+
+/* The payload's target_prompt_logprobs (sample_req.h; the api checked it) into j, the asked
+ * cells in row order as the prompt pass's score_* rows. false: op failed. */
+static bool target_parse(json_t *t, sample_job *j, int vocab)
+{
+    json_t *shape = json_object_get(t, "shape");
+    int64_t *ids = NULL, *crow = NULL, *col = NULL;
+    size_t n = 0, nc = 0, nl = 0;
+    long long R = json_integer_value(json_array_get(shape, 0)), K = json_integer_value(json_array_get(shape, 1));
+    bool sparse = json_object_get(t, "crow") != NULL, ok = R == j->n_prompt - 1 && K >= 1 && K <= LIMIT_TARGET_PROMPT_K &&
+        get_ints(json_object_get(t, "data"), LIMIT_TARGET_PROMPT_CELLS, -1, vocab - 1, &ids, &n);
+    if (ok && sparse) {
+        ok = get_ints(json_object_get(t, "crow"), (size_t)R + 1, 0, (long long)n, &crow, &nc) && nc == (size_t)R + 1 &&
+             get_ints(json_object_get(t, "col"), n, 0, K - 1, &col, &nl) && nl == n && crow[0] == 0 &&
+             crow[R] == (int64_t)n;
+        for (long long r = 0; ok && r < R; r++) ok = crow[r] <= crow[r + 1];
+    } else if (ok) {
+        ok = n == (size_t)(R * K);
+    }
+    if (!ok) {
+        free(ids); free(crow); free(col);
+        exe_op_fail(j->op, "user", "bad target_prompt_logprobs: shape [len(prompt) - 1, K], token ids or -1, and a "
+                    "well-formed CSR are needed");
+        return false;
+    }
+    j->has_target = true;
+    j->target_rows = (int)R;
+    j->target_cols = (int)K;
+    j->n_target = n;
+    j->target_crow = crow;
+    j->target_col = col;
+    j->score_start = calloc((size_t)R + 1, sizeof *j->score_start);
+    j->score_cell = malloc((n ? n : 1) * sizeof *j->score_cell);
+    j->score_ids = malloc((n ? n : 1) * sizeof *j->score_ids);
+    j->score_lp = calloc(n ? n : 1, sizeof *j->score_lp);
+    if (!j->score_start || !j->score_cell || !j->score_ids || !j->score_lp) {
+        free(ids);
+        exe_op_fail(j->op, "server", "out of memory for target_prompt_logprobs");
+        return false;
+    }
+    int64_t m = 0;
+    for (long long r = 0; r < R; r++) {
+        size_t a = sparse ? (size_t)crow[r] : (size_t)(r * K), b = sparse ? (size_t)crow[r + 1] : (size_t)((r + 1) * K);
+        for (size_t q = a; q < b; q++) {
+            if (ids[q] < 0) continue;
+            j->score_ids[m] = (int32_t)ids[q];
+            j->score_cell[m++] = (int64_t)q;
+        }
+        j->score_start[r + 1] = m;
+    }
+    free(ids);
+    return true;
 }
 
 static bool get_int(json_t *p, const char *key, long long lo, long long hi, long long dflt, long long *out) {
@@ -258,6 +356,13 @@ static bool get_real(json_t *p, const char *key, double dflt, double *out) {
     if (!json_is_number(v)) return false;
     *out = json_number_value(v);
     return isfinite(*out);
+}
+
+/* Whether j needs the forward pass over its prompt (prompt_logprobs, topk_prompt_logprobs,
+ * target_prompt_logprobs, prompt_alt_tokens_k). */
+static bool job_prompt_pass(const sample_job *j)
+{
+    return j->prompt_logprobs || j->topk_prompt > 0 || j->has_target || j->alt_k > 0;
 }
 
 /* Reads the payload into j and resolves the sampler. false: op failed. */
@@ -283,15 +388,18 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
         }
         j->prompt[i] = (int32_t)json_integer_value(v);
     }
-    long long ns, mt, tk, tpk, seed, tlp;
+    long long ns, mt, tk, tpk, seed, tlp, tsl, last_n, alt_k;
     int room = mc->max_position_embeddings - np + 1;   /* the backend stops at the context */
     if (!get_int(p, "num_samples", 1, LIMIT_NUM_SAMPLES, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
         !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tpk) ||
         !get_int(p, "seed", LLONG_MIN, LLONG_MAX, 0, &seed) || !get_real(p, "temperature", 1.0, &j->temperature) ||
         !get_int(p, "top_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tlp) ||
+        !get_int(p, "topk_sample_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tsl) ||
+        !get_int(p, "prompt_logprobs_last_n", 0, INT_MAX, 0, &last_n) ||
+        !get_int(p, "prompt_alt_tokens_k", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &alt_k) ||
         !get_real(p, "top_p", 1.0, &j->top_p)) {
-        exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p or "
-                    "topk_prompt_logprobs)");
+        exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p, "
+                    "topk_prompt_logprobs, topk_sample_logprobs, prompt_logprobs_last_n or prompt_alt_tokens_k)");
         return false;
     }
     if (j->temperature < 0 || !(j->top_p > 0 && j->top_p <= 1)) {
@@ -304,8 +412,14 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     j->topk_prompt = (int)(tpk < mc->vocab_size ? tpk : mc->vocab_size);
     j->seed = (uint64_t)seed;
     j->prompt_logprobs = json_is_true(json_object_get(p, "prompt_logprobs"));
+    j->top_key = tsl > 0 ? "topk_logprobs" : "top_logprobs";
+    if (tsl > 0) tlp = tsl;
     j->top_logprobs = (int)(tlp < mc->vocab_size ? tlp : mc->vocab_size);
     j->progress = json_is_true(json_object_get(p, "progress"));
+    j->last_n = (int)last_n;
+    j->alt_k = (int)alt_k;
+    json_t *target = json_object_get(p, "target_prompt_logprobs");
+    if (target && !json_is_null(target) && !target_parse(target, j, mc->vocab_size)) return false;
 
     /* stop tokens: the client's, then the model's EOS ids */
     json_t *stops = json_object_get(p, "stop_tokens");
@@ -387,7 +501,8 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
         j->top_ids = malloc(cells * j->top_logprobs * sizeof *j->top_ids);
         j->top_lp = malloc(cells * j->top_logprobs * sizeof *j->top_lp);
     }
-    if (j->prompt_logprobs || j->topk_prompt > 0) {
+    bool pass = job_prompt_pass(j);
+    if (pass) {
         j->plp = calloc(np, sizeof *j->plp);
         j->ploss = calloc(np, sizeof *j->ploss);
         if (j->topk_prompt > 0) {
@@ -395,8 +510,13 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
             j->tk_lp = calloc((size_t)np * j->topk_prompt, sizeof *j->tk_lp);
         }
     }
+    if (j->alt_k > 0) {
+        j->alt_ids = calloc((size_t)np * j->alt_k, sizeof *j->alt_ids);
+        j->alt_lp = calloc((size_t)np * j->alt_k, sizeof *j->alt_lp);
+    }
     if (!j->tokens || !j->logprobs || !j->n_out || !j->stopped || (j->top_logprobs && (!j->top_ids || !j->top_lp)) ||
-        ((j->prompt_logprobs || j->topk_prompt) && (!j->plp || !j->ploss || (j->topk_prompt && (!j->tk_ids || !j->tk_lp))))) {
+        (pass && (!j->plp || !j->ploss || (j->topk_prompt && (!j->tk_ids || !j->tk_lp)))) ||
+        (j->alt_k && (!j->alt_ids || !j->alt_lp))) {
         exe_op_fail(op, "server", "out of memory for %d samples of %d tokens", j->num_samples, j->max_tokens);
         return false;
     }
@@ -417,7 +537,10 @@ static exe_sample_req job_req(sample_job *j) {
 static exe_seq job_seq(sample_job *j) {
     return (exe_seq){.ad = j->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = j->n_prompt - 1,
                      .tokens = j->prompt, .targets = j->prompt + 1, .logprobs_out = j->plp, .loss_out = j->ploss,
-                     .topk = j->topk_prompt, .topk_ids_out = j->tk_ids, .topk_lp_out = j->tk_lp};
+                     .topk = j->topk_prompt, .topk_ids_out = j->tk_ids, .topk_lp_out = j->tk_lp,
+                     .score_start = j->has_target ? j->score_start : NULL, .score_ids = j->score_ids,
+                     .score_lp_out = j->score_lp, .draw_k = j->alt_k, .draw_temperature = j->temperature,
+                     .draw_seed = j->seed, .draw_ids_out = j->alt_ids, .draw_lp_out = j->alt_lp};
 }
 
 /* Runs jobs through the backend together; if that fails, one by one so that only the
@@ -463,6 +586,28 @@ static json_t *top_json(const sample_job *j, int s, int n) {
     return a;
 }
 
+/* target_prompt_logprobs as a float32 TensorData in the client's layout (sparse CSR with its
+ * indices when it sent CSR); cells that asked for nothing (−1) hold 0.0. */
+static json_t *target_json(const sample_job *j)
+{
+    float *cells = calloc(j->n_target ? j->n_target : 1, sizeof *cells);   /* 0.0 where nothing was asked */
+    if (!cells) return json_null();
+    for (int64_t m = 0; m < j->score_start[j->target_rows]; m++) cells[j->score_cell[m]] = j->score_lp[m];
+    json_t *data = json_array();
+    for (size_t q = 0; q < j->n_target; q++) json_array_append_new(data, lp_json(cells[q]));
+    free(cells);
+    json_t *t = json_pack("{s:o, s:s, s:[i, i]}", "data", data, "dtype", "float32", "shape", j->target_rows,
+                          j->target_cols);
+    if (j->target_crow) {
+        json_t *crow = json_array(), *col = json_array();
+        for (int r = 0; r <= j->target_rows; r++) json_array_append_new(crow, json_integer(j->target_crow[r]));
+        for (size_t q = 0; q < j->n_target; q++) json_array_append_new(col, json_integer(j->target_col[q]));
+        json_object_set_new(t, "sparse_crow_indices", crow);
+        json_object_set_new(t, "sparse_col_indices", col);
+    }
+    return t;
+}
+
 /* Cuts each sample at its first completed stop string, then writes op->result. */
 static void job_result(sample_job *j) {
     json_t *seqs = json_array();
@@ -479,21 +624,31 @@ static void job_result(sample_job *j) {
             json_array_append_new(t, json_integer(tok[k]));
             json_array_append_new(l, lp_json(lp[k]));
         }
-        json_t *seq = json_pack("{s:o, s:o, s:s}", "tokens", t, "logprobs", l, "stop_reason", stopped ? "stop" : "length");
-        if (j->top_logprobs) json_object_set_new(seq, "top_logprobs", top_json(j, s, n));
+        char sid[SAMPLE_SEQUENCE_ID_MAX];
+        sample_sequence_id(sid, sizeof sid, j->op->request_id, s);
+        json_t *seq = json_pack("{s:o, s:o, s:s, s:s}", "tokens", t, "logprobs", l, "stop_reason",
+                                stopped ? "stop" : "length", "sequence_id", sid);
+        if (j->top_logprobs) json_object_set_new(seq, j->top_key, top_json(j, s, n));
         json_array_append_new(seqs, seq);
     }
     json_t *r = json_pack("{s:s, s:o}", "type", OP_SAMPLE, "sequences", seqs);
+    /* prompt position i + 1 is scored by row i; prompt_logprobs_last_n leaves out the rows
+     * before the last n positions */
+    int first_row = j->last_n > 0 ? j->n_prompt - 1 - j->last_n : 0;
     if (j->prompt_logprobs) {
         json_t *a = json_array();
         json_array_append_new(a, json_null());
-        for (int i = 0; i + 1 < j->n_prompt; i++) json_array_append_new(a, lp_json(j->plp[i]));
+        for (int i = 0; i + 1 < j->n_prompt; i++) json_array_append_new(a, i < first_row ? json_null() : lp_json(j->plp[i]));
         json_object_set_new(r, "prompt_logprobs", a);
     }
     if (j->topk_prompt > 0) {
         json_t *a = json_array();
         json_array_append_new(a, json_null());
         for (int i = 0; i + 1 < j->n_prompt; i++) {
+            if (i < first_row) {
+                json_array_append_new(a, json_null());
+                continue;
+            }
             json_t *row = json_array();
             for (int k = 0; k < j->topk_prompt; k++) {
                 size_t c = (size_t)i * j->topk_prompt + k;
@@ -502,6 +657,19 @@ static void job_result(sample_job *j) {
             json_array_append_new(a, row);
         }
         json_object_set_new(r, "topk_prompt_logprobs", a);
+    }
+    if (j->has_target) json_object_set_new(r, "target_prompt_logprobs", target_json(j));
+    if (j->alt_k > 0) {
+        int rows = j->n_prompt - 1, k = j->alt_k;
+        json_t *ids = json_array(), *lps = json_array();
+        for (int c = 0; c < rows * k; c++) {
+            json_array_append_new(ids, json_integer(j->alt_ids[c]));
+            json_array_append_new(lps, lp_json(j->alt_lp[c]));
+        }
+        json_object_set_new(r, "prompt_alt_tokens",
+                            json_pack("{s:{s:o, s:s, s:[i, i]}, s:{s:o, s:s, s:[i, i]}}", "tokens", "data", ids,
+                                      "dtype", "int64", "shape", rows, k, "logprobs", "data", lps, "dtype", "float32",
+                                      "shape", rows, k));
     }
     json_object_set_new(r, "prompt_cache_hit_tokens", json_integer(0));
     if (j->canceled) json_object_set_new(r, "canceled", json_true());
@@ -517,7 +685,7 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
     for (int i = 0; i < nops; i++) {
         if (!job_parse(st, ops[i], &jobs[i])) continue;
         run[nrun++] = &jobs[i];
-        if ((jobs[i].prompt_logprobs || jobs[i].topk_prompt > 0) && jobs[i].n_prompt > 1) fwd[nfwd++] = &jobs[i];
+        if (job_prompt_pass(&jobs[i]) && jobs[i].n_prompt > 1) fwd[nfwd++] = &jobs[i];
     }
     for (int i = 0; i < nrun; i++) {
         sample_job *j = run[i];

@@ -497,6 +497,81 @@ static void f32_bytes(const json_t *list, ProtobufCBinaryData *b) {
     }
 }
 
+/* A list of integers as int32 (width 4) or int64 (8) LE bytes. */
+static void int_bytes(const json_t *list, int width, ProtobufCBinaryData *b) {
+    size_t n = json_array_size(list);
+    b->data = xcalloc(n, width);
+    b->len = (size_t)width * n;
+    for (size_t i = 0; i < n; i++)
+        put_le(b->data + (size_t)width * i, (uint64_t)json_integer_value(json_array_get(list, i)), width);
+}
+
+/* Rows of [token_id, logprob] pairs (null = a row without any) as a TopkLogprobs: k = the
+ * widest row, `length` rows of k slots row-major; an empty slot is (0, -99999.0), so that a
+ * row whose first slot is empty reads back as null (the SDK's topk_to_lists). */
+static void topk_message(const json_t *rows_j, TinkerPublic__TopkLogprobs *t) {
+    tinker_public__topk_logprobs__init(t);
+    size_t rows = json_array_size(rows_j), k = 1;
+    for (size_t p = 0; p < rows; p++)
+        if (json_array_size(json_array_get(rows_j, p)) > k) k = json_array_size(json_array_get(rows_j, p));
+    t->k = (uint32_t)k;
+    t->length = (uint32_t)rows;
+    t->token_ids.data = xcalloc(rows * k, 4);
+    t->token_ids.len = 4 * rows * k;
+    t->logprobs.data = xcalloc(rows * k, 4);
+    t->logprobs.len = 4 * rows * k;
+    for (size_t p = 0; p < rows; p++) {
+        const json_t *row = json_array_get(rows_j, p);
+        for (size_t j = 0; j < k; j++) {
+            const json_t *pair = json_array_get(row, j); /* NULL past the end / null row */
+            size_t at = 4 * (p * k + j);
+            bool have = json_is_array(pair) && json_array_size(pair) == 2;
+            put_le(t->token_ids.data + at, have ? (uint32_t)json_integer_value(json_array_get(pair, 0)) : 0, 4);
+            put_le(t->logprobs.data + at,
+                   f32_bits(have ? (float)json_number_value(json_array_get(pair, 1)) : -99999.0f), 4);
+        }
+    }
+}
+
+static void topk_free(TinkerPublic__TopkLogprobs *t) {
+    free(t->token_ids.data);
+    free(t->logprobs.data);
+}
+
+/* A result TensorData ({"data", "dtype", "shape"}, sparse CSR when it has
+ * sparse_crow_indices / sparse_col_indices) as a Tensor of dtype (FLOAT32 or INT32). */
+static void tensor_message(const json_t *td, TinkerPublic__DType dtype, TinkerPublic__Tensor *t,
+                           TinkerPublic__SparseCsr *csr) {
+    tinker_public__tensor__init(t);
+    tinker_public__sparse_csr__init(csr);
+    const json_t *data = json_object_get(td, "data"), *shape = json_object_get(td, "shape");
+    const json_t *crow = json_object_get(td, "sparse_crow_indices"), *col = json_object_get(td, "sparse_col_indices");
+    t->dtype = dtype;
+    t->n_shape = json_array_size(shape);
+    t->shape = xcalloc(t->n_shape, sizeof *t->shape);
+    for (size_t d = 0; d < t->n_shape; d++) t->shape[d] = json_integer_value(json_array_get(shape, d));
+    ProtobufCBinaryData *values = &t->dense;
+    if (json_is_array(crow) && json_is_array(col)) {
+        t->encoding_case = TINKER_PUBLIC__TENSOR__ENCODING_SPARSE_CSR;
+        t->sparse_csr = csr;
+        int_bytes(crow, 8, &csr->crow_indices);
+        int_bytes(col, 8, &csr->col_indices);
+        values = &csr->values;
+    } else {
+        t->encoding_case = TINKER_PUBLIC__TENSOR__ENCODING_DENSE;
+    }
+    if (dtype == TINKER_PUBLIC__DTYPE__DTYPE_INT32) int_bytes(data, 4, values);
+    else f32_bytes(data, values);
+}
+
+static void tensor_free(TinkerPublic__Tensor *t, TinkerPublic__SparseCsr *csr) {
+    free(t->shape);
+    free(t->dense.data);
+    free(csr->values.data);
+    free(csr->crow_indices.data);
+    free(csr->col_indices.data);
+}
+
 int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, char *err,
                                  size_t errlen) {
     json_t *r = json_loads(json, 0, NULL);
@@ -507,6 +582,7 @@ int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, c
     }
     size_t ns = json_array_size(seqs);
     TinkerPublic__SampledSequence *ss = xcalloc(ns, sizeof *ss), **sp = xcalloc(ns, sizeof *sp);
+    TinkerPublic__TopkLogprobs *stk = xcalloc(ns, sizeof *stk);
     for (size_t i = 0; i < ns; i++) {
         const json_t *s = json_array_get(seqs, i);
         const json_t *toks = json_object_get(s, "tokens");
@@ -516,14 +592,15 @@ int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, c
         sp[i] = &ss[i];
         ss[i].stop_reason = stop && !strcmp(stop, "length") ? TINKER_PUBLIC__STOP_REASON__STOP_REASON_LENGTH
                                                             : TINKER_PUBLIC__STOP_REASON__STOP_REASON_STOP;
-        size_t nt = json_array_size(toks);
-        ss[i].tokens.data = xcalloc(nt, 4);
-        ss[i].tokens.len = 4 * nt;
-        for (size_t k = 0; k < nt; k++)
-            put_le(ss[i].tokens.data + 4 * k, (uint32_t)json_integer_value(json_array_get(toks, k)), 4);
+        int_bytes(toks, 4, &ss[i].tokens);
         if (json_is_array(lps)) {
             ss[i]._logprobs_case = TINKER_PUBLIC__SAMPLED_SEQUENCE___LOGPROBS_LOGPROBS;
             f32_bytes(lps, &ss[i].logprobs);
+        }
+        const json_t *tk = json_object_get(s, "topk_logprobs");
+        if (json_is_array(tk)) {
+            topk_message(tk, &stk[i]);
+            ss[i].topk_sampled_logprobs = &stk[i];
         }
     }
     TinkerPublic__SampleResponse o = TINKER_PUBLIC__SAMPLE_RESPONSE__INIT;
@@ -533,46 +610,46 @@ int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, c
     const json_t *plp = json_object_get(r, "prompt_logprobs");
     if (json_is_array(plp)) {
         o._prompt_logprobs_case = TINKER_PUBLIC__SAMPLE_RESPONSE___PROMPT_LOGPROBS_PROMPT_LOGPROBS;
-        f32_bytes(plp, &o.prompt_logprobs); /* null at position 0 -> NaN */
+        f32_bytes(plp, &o.prompt_logprobs); /* null at position 0 (and before prompt_logprobs_last_n) -> NaN */
     }
-    /* top-k: prompt_length x k slots, row-major; an empty slot is (0, -99999.0), and a row
-     * whose first slot is empty reads back as null. */
-    TinkerPublic__TopkPromptLogprobs topk = TINKER_PUBLIC__TOPK_PROMPT_LOGPROBS__INIT;
+    TinkerPublic__TopkLogprobs topk = TINKER_PUBLIC__TOPK_LOGPROBS__INIT;
     const json_t *tk = json_object_get(r, "topk_prompt_logprobs");
     if (json_is_array(tk)) {
-        size_t rows = json_array_size(tk), k = 1;
-        for (size_t p = 0; p < rows; p++)
-            if (json_array_size(json_array_get(tk, p)) > k) k = json_array_size(json_array_get(tk, p));
-        topk.k = (uint32_t)k;
-        topk.prompt_length = (uint32_t)rows;
-        topk.token_ids.data = xcalloc(rows * k, 4);
-        topk.token_ids.len = 4 * rows * k;
-        topk.logprobs.data = xcalloc(rows * k, 4);
-        topk.logprobs.len = 4 * rows * k;
-        for (size_t p = 0; p < rows; p++) {
-            const json_t *row = json_array_get(tk, p);
-            for (size_t j = 0; j < k; j++) {
-                const json_t *pair = json_array_get(row, j); /* NULL past the end / null row */
-                size_t at = 4 * (p * k + j);
-                bool have = json_is_array(pair) && json_array_size(pair) == 2;
-                put_le(topk.token_ids.data + at,
-                       have ? (uint32_t)json_integer_value(json_array_get(pair, 0)) : 0, 4);
-                put_le(topk.logprobs.data + at,
-                       f32_bits(have ? (float)json_number_value(json_array_get(pair, 1)) : -99999.0f), 4);
-            }
-        }
+        topk_message(tk, &topk);
         o.topk_prompt_logprobs = &topk;
+    }
+    TinkerPublic__Tensor target, alt_t, alt_l;
+    TinkerPublic__SparseCsr target_csr, alt_t_csr, alt_l_csr;
+    TinkerPublic__PromptAltTokens alt = TINKER_PUBLIC__PROMPT_ALT_TOKENS__INIT;
+    const json_t *tg = json_object_get(r, "target_prompt_logprobs"), *al = json_object_get(r, "prompt_alt_tokens");
+    bool has_target = json_is_object(tg), has_alt = json_is_object(al);
+    if (has_target) {
+        tensor_message(tg, TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32, &target, &target_csr);
+        o.target_prompt_logprobs = &target;
+    }
+    if (has_alt) {
+        tensor_message(json_object_get(al, "tokens"), TINKER_PUBLIC__DTYPE__DTYPE_INT32, &alt_t, &alt_t_csr);
+        tensor_message(json_object_get(al, "logprobs"), TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32, &alt_l, &alt_l_csr);
+        alt.tokens = &alt_t;
+        alt.logprobs = &alt_l;
+        o.prompt_alt_tokens = &alt;
     }
     pack(&o.base, out, len);
     for (size_t i = 0; i < ns; i++) {
         free(ss[i].tokens.data);
         free(ss[i].logprobs.data);
+        topk_free(&stk[i]);
     }
     free(ss);
     free(sp);
+    free(stk);
     free(o.prompt_logprobs.data);
-    free(topk.token_ids.data);
-    free(topk.logprobs.data);
+    topk_free(&topk);
+    if (has_target) tensor_free(&target, &target_csr);
+    if (has_alt) {
+        tensor_free(&alt_t, &alt_t_csr);
+        tensor_free(&alt_l, &alt_l_csr);
+    }
     json_decref(r);
     (void)err;
     (void)errlen;

@@ -278,21 +278,34 @@ static int over_backpressure(api_call *c, bool *over) {
     return 0;
 }
 
-/* 1 with request_id when (sampling session, seq_id) was submitted before, 0 if not. */
+/* 1 with request_id and the num_samples it was submitted with when (sampling session,
+ * seq_id) was submitted before, 0 if not. */
 static int existing_sample(api_call *c, const sample_req *q, const char *seq,
-                           char request_id[API_REQUEST_ID_MAX]) {
+                           char request_id[API_REQUEST_ID_MAX], int64_t *num_samples) {
     if (!q->has_seq_id) return 0;
     const char *p[2] = {q->sampling_session_id, seq};
     PGresult *r = db_query(c->db, SQL_SAMPLE_EXISTING, 2, p, c->err, sizeof c->err);
     if (!r) return -1;
     int found = PQntuples(r) > 0;
-    if (found) snprintf(request_id, API_REQUEST_ID_MAX, "%s", PQgetvalue(r, 0, 0));
+    if (found) {
+        snprintf(request_id, API_REQUEST_ID_MAX, "%s", PQgetvalue(r, 0, 0));
+        *num_samples = db_int(r, 0, 1);
+    }
     PQclear(r);
     return found;
 }
 
-static int reply_sample_future(api_call *c, const char *request_id) {
-    return api_reply_json(c, 200, json_pack("{s:s}", "request_id", request_id));
+/* {"request_id", "sample_sequence_ids": one id per sample, in result order}. SDK >= 0.27
+ * refuses a sample result whose submission carried no ids (it stamps them onto the
+ * returned sequences); the executor writes the same ids into the result. */
+static int reply_sample_future(api_call *c, const char *request_id, int64_t num_samples) {
+    json_t *ids = json_array();
+    for (int64_t i = 0; i < num_samples && i < LIMIT_NUM_SAMPLES; i++) {
+        char id[SAMPLE_SEQUENCE_ID_MAX];
+        sample_sequence_id(id, sizeof id, request_id, (int)i);
+        json_array_append_new(ids, json_string(id));
+    }
+    return api_reply_json(c, 200, json_pack("{s:s, s:o}", "request_id", request_id, "sample_sequence_ids", ids));
 }
 
 int api_h_asample(api_call *c) {
@@ -349,11 +362,13 @@ int api_h_asample(api_call *c) {
     PQclear(r);
     r = NULL;
 
-    /* A resubmission returns its first future, even under backpressure. */
-    int found = existing_sample(c, &q, seq, request_id);
+    /* A resubmission returns its first future (and that one's sequence ids), even under
+     * backpressure. */
+    int64_t first_n = q.num_samples;
+    int found = existing_sample(c, &q, seq, request_id, &first_n);
     if (found < 0) goto dberr;
     if (found) {
-        reply_sample_future(c, request_id);
+        reply_sample_future(c, request_id, first_n);
         goto out;
     }
     bool over;
@@ -370,13 +385,13 @@ int api_h_asample(api_call *c) {
                          payload, ntok};
     r = db_query(c->db, SQL_SAMPLE_INSERT, 6, ip, c->err, sizeof c->err);
     if (!r) goto dberr;
-    if (PQntuples(r) == 0 && (found = existing_sample(c, &q, seq, request_id)) <= 0) {
+    if (PQntuples(r) == 0 && (found = existing_sample(c, &q, seq, request_id, &first_n)) <= 0) {
         if (found < 0) goto dberr;
         api_error(c, 503, "sample %s of %.200s vanished during submission; retry", seq,
                   q.sampling_session_id);
         goto out;
     }
-    reply_sample_future(c, request_id);
+    reply_sample_future(c, request_id, first_n);
     goto out;
 dberr:
     api_db_error(c, "asample", c->err);

@@ -230,9 +230,10 @@
     " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- sample operations (§11) ------------------------------------------------------- */
-/* $1 sampling_session_id, $2 seq_id -> request_id */
+/* $1 sampling_session_id, $2 seq_id -> request_id, the num_samples it was submitted with */
 #define SQL_SAMPLE_EXISTING                                                                 \
-    "SELECT request_id FROM operations WHERE sampling_session_id = $1 AND seq_id = $2"
+    "SELECT request_id, COALESCE((payload->>'num_samples')::int, 1) FROM operations"         \
+    " WHERE sampling_session_id = $1 AND seq_id = $2"
 /* $1 tenant, $2 limit -> min(queued sample ops of the tenant, limit) */
 #define SQL_TENANT_QUEUED_SAMPLES                                                           \
     "SELECT count(*) FROM (SELECT 1 FROM operations WHERE tenant_id = $1"                   \

@@ -69,6 +69,145 @@ static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen
     return 0;
 }
 
+/* An int list (TensorData data or CSR indices) of at most `cap` entries, as int64. */
+static int int_list(const json_t *v, const char *name, size_t cap, int64_t **out, size_t *n, char *err,
+                    size_t errlen) {
+    if (!json_is_array(v)) {
+        snprintf(err, errlen, "target_prompt_logprobs.%s: expected an array of integers, got %s", name,
+                 v ? jx_type_name(v) : "nothing");
+        return -1;
+    }
+    *n = json_array_size(v);
+    if (*n > cap) {
+        snprintf(err, errlen, "target_prompt_logprobs.%s has %zu entries; at most %zu are accepted", name, *n,
+                 cap);
+        return -1;
+    }
+    *out = xcalloc(*n, sizeof **out);
+    for (size_t k = 0; k < *n; k++) {
+        if (!jx_as_int(json_array_get(v, k), &(*out)[k])) {
+            snprintf(err, errlen, "target_prompt_logprobs.%s[%zu]: expected an integer, got %s", name, k,
+                     jx_type_name(json_array_get(v, k)));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* target_prompt_logprobs (newer SDKs): an int64 TensorData of shape [len(prompt) - 1, K],
+ * dense row-major or sparse CSR, each cell a token id or -1 (nothing asked). Everything the
+ * model does not decide is checked here: shape, sizes before memory, a well-formed CSR
+ * (crow from 0, non-decreasing, ending at the number of values; columns in [0, K), rising
+ * within a row), and at least one id; the vocabulary in sample_validate. */
+static int decode_target(const json_t *t, sample_req *r, char *err, size_t errlen) {
+    if (!t || json_is_null(t)) return 0;
+    if (!json_is_object(t)) {
+        snprintf(err, errlen, "target_prompt_logprobs: expected a TensorData {\"data\": [...], \"dtype\": "
+                              "\"int64\", \"shape\": [len(prompt) - 1, K]}, got %s", jx_type_name(t));
+        return -1;
+    }
+    const char *dtype;
+    if (jx_str(t, "target_prompt_logprobs", "dtype", &dtype, err, errlen) < 0) return -1;
+    if (dtype && strcmp(dtype, "int64") != 0) {
+        snprintf(err, errlen, "target_prompt_logprobs.dtype must be \"int64\" (token ids), got \"%.40s\"", dtype);
+        return -1;
+    }
+    const json_t *shape = json_object_get(t, "shape");
+    int64_t dims[2];
+    if (!json_is_array(shape) || json_array_size(shape) != 2 || !jx_as_int(json_array_get(shape, 0), &dims[0]) ||
+        !jx_as_int(json_array_get(shape, 1), &dims[1])) {
+        snprintf(err, errlen, "target_prompt_logprobs.shape: expected [len(prompt) - 1, K] (two integers)");
+        return -1;
+    }
+    int64_t rows = (int64_t)r->n_prompt - 1;
+    if (rows < 1) {
+        snprintf(err, errlen, "target_prompt_logprobs needs a prompt of at least 2 tokens (position 0 has no "
+                              "preceding context)");
+        return -1;
+    }
+    if (dims[0] != rows || dims[1] < 1 || dims[1] > LIMIT_TARGET_PROMPT_K) {
+        snprintf(err, errlen, "target_prompt_logprobs.shape [%lld, %lld]: expected [len(prompt) - 1, K] = "
+                              "[%lld, K] with 1 <= K <= %d (row i scores prompt position i + 1)",
+                 (long long)dims[0], (long long)dims[1], (long long)rows, LIMIT_TARGET_PROMPT_K);
+        return -1;
+    }
+    r->target_rows = rows;
+    r->target_cols = dims[1];
+    const json_t *data = json_object_get(t, "data"), *crow = json_object_get(t, "sparse_crow_indices"),
+                 *col = json_object_get(t, "sparse_col_indices");
+    if (crow && json_is_null(crow)) crow = NULL;
+    if (col && json_is_null(col)) col = NULL;
+    if (!crow != !col) {
+        snprintf(err, errlen, "target_prompt_logprobs: sparse CSR needs both sparse_crow_indices and "
+                              "sparse_col_indices");
+        return -1;
+    }
+    if (!crow && rows * dims[1] > LIMIT_TARGET_PROMPT_CELLS) {
+        snprintf(err, errlen, "target_prompt_logprobs.shape [%lld, %lld]: %lld cells; at most %d are accepted "
+                              "(send the cells you need as sparse CSR)", (long long)rows, (long long)dims[1],
+                 (long long)(rows * dims[1]), LIMIT_TARGET_PROMPT_CELLS);
+        return -1;
+    }
+    r->has_target = true;
+    if (int_list(data, "data", LIMIT_TARGET_PROMPT_CELLS, &r->target_ids, &r->n_target_ids, err, errlen) < 0)
+        return -1;
+    size_t nnz = r->n_target_ids;
+    if (!crow) {
+        if (nnz != (size_t)(rows * dims[1])) {
+            snprintf(err, errlen, "target_prompt_logprobs.shape [%lld, %lld] needs %lld values (row-major), data "
+                                  "has %zu", (long long)rows, (long long)dims[1], (long long)(rows * dims[1]), nnz);
+            return -1;
+        }
+    } else {
+        size_t nc, nl;
+        if (int_list(crow, "sparse_crow_indices", (size_t)rows + 1, &r->target_crow, &nc, err, errlen) < 0 ||
+            int_list(col, "sparse_col_indices", nnz, &r->target_col, &nl, err, errlen) < 0)
+            return -1;
+        if (nc != (size_t)rows + 1 || nl != nnz) {
+            snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices needs rows + 1 = "
+                                  "%lld entries (has %zu) and sparse_col_indices one per value, %zu (has %zu)",
+                     (long long)rows + 1, nc, nnz, nl);
+            return -1;
+        }
+        if (r->target_crow[0] != 0 || r->target_crow[rows] != (int64_t)nnz) {
+            snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices must start at 0 and "
+                                  "end at the number of values %zu", nnz);
+            return -1;
+        }
+        for (int64_t i = 0; i < rows; i++) {
+            int64_t a = r->target_crow[i], b = r->target_crow[i + 1];
+            if (b < a) {
+                snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices must not decrease "
+                                      "(entry %lld)", (long long)i + 1);
+                return -1;
+            }
+            for (int64_t q = a; q < b; q++) {
+                int64_t c = r->target_col[q];
+                if (c < 0 || c >= dims[1] || (q > a && c <= r->target_col[q - 1])) {
+                    snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_col_indices[%lld] = %lld: "
+                                          "columns must lie in [0, %lld) and rise within a row", (long long)q,
+                             (long long)c, (long long)dims[1]);
+                    return -1;
+                }
+            }
+        }
+    }
+    bool any = false;
+    for (size_t q = 0; q < nnz; q++) {
+        if (r->target_ids[q] < -1) {
+            snprintf(err, errlen, "target_prompt_logprobs.data[%zu] = %lld: a token id, or -1 for nothing",
+                     q, (long long)r->target_ids[q]);
+            return -1;
+        }
+        any = any || r->target_ids[q] >= 0;
+    }
+    if (!any) {
+        snprintf(err, errlen, "target_prompt_logprobs names no token id (every cell is -1); leave it out instead");
+        return -1;
+    }
+    return 0;
+}
+
 int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     if (jx_str(b, "", "sampling_session_id", &r->sampling_session_id, err, errlen) < 0) return -1;
@@ -90,7 +229,10 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
         jx_obj(b, "", "prompt", &prompt, err, errlen) < 0 ||
         jx_obj(b, "", "sampling_params", &sp, err, errlen) < 0 ||
         jx_bool(b, "", "prompt_logprobs", false, &r->prompt_logprobs, err, errlen) < 0 ||
-        jx_int(b, "", "topk_prompt_logprobs", 0, &r->topk_prompt_logprobs, NULL, err, errlen) < 0)
+        jx_int(b, "", "topk_prompt_logprobs", 0, &r->topk_prompt_logprobs, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "topk_sample_logprobs", 0, &r->topk_sample_logprobs, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "prompt_logprobs_last_n", 0, &r->prompt_logprobs_last_n, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "prompt_alt_tokens_k", 0, &r->prompt_alt_tokens_k, NULL, err, errlen) < 0)
         return -1;
     if (r->has_seq_id && r->seq_id < 0) {
         snprintf(err, errlen, "seq_id must be >= 0, got %lld", (long long)r->seq_id);
@@ -106,6 +248,25 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
                  LIMIT_TOPK_PROMPT_LOGPROBS, (long long)r->topk_prompt_logprobs);
         return -1;
     }
+    const struct { const char *name; int64_t v; } counts[] = {
+        {"topk_sample_logprobs", r->topk_sample_logprobs}, {"prompt_alt_tokens_k", r->prompt_alt_tokens_k}};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        if (counts[i].v < 0 || counts[i].v > LIMIT_TOPK_PROMPT_LOGPROBS) {
+            snprintf(err, errlen, "%s must be between 0 and %d, got %lld", counts[i].name,
+                     LIMIT_TOPK_PROMPT_LOGPROBS, (long long)counts[i].v);
+            return -1;
+        }
+    }
+    if (r->prompt_logprobs_last_n < 0) {
+        snprintf(err, errlen, "prompt_logprobs_last_n must be >= 1 (0 or null: the whole prompt), got %lld",
+                 (long long)r->prompt_logprobs_last_n);
+        return -1;
+    }
+    if (r->prompt_logprobs_last_n > 0 && !r->prompt_logprobs) {
+        snprintf(err, errlen, "prompt_logprobs_last_n needs prompt_logprobs: true (it limits the prompt "
+                              "logprobs to the last n positions)");
+        return -1;
+    }
     if (!prompt) {
         snprintf(err, errlen, "prompt is required (a ModelInput {\"chunks\": [{\"type\": "
                               "\"encoded_text\", \"tokens\": [...]}]})");
@@ -113,6 +274,7 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
     }
     if (fb_decode_model_input(prompt, "prompt", &r->prompt, &r->n_prompt, err, errlen) < 0)
         return -1;
+    if (decode_target(json_object_get(b, "target_prompt_logprobs"), r, err, errlen) < 0) return -1;
 
     json_t *empty = sp ? NULL : json_object();
     const json_t *p = sp ? sp : empty;
@@ -167,6 +329,14 @@ int sample_validate(sample_req *r, int64_t vocab_size, int64_t max_context, char
             return -1;
         }
     }
+    for (size_t q = 0; q < r->n_target_ids; q++) {
+        if (r->target_ids[q] >= vocab_size) {
+            snprintf(err, errlen, "target_prompt_logprobs.data[%zu]: token id %lld is outside the vocabulary "
+                                  "[0, %lld) (-1 = nothing)", q, (long long)r->target_ids[q],
+                     (long long)vocab_size);
+            return -1;
+        }
+    }
     for (size_t k = 0; k < r->n_stop_tokens; k++) {
         if (r->stop_tokens[k] < 0 || r->stop_tokens[k] >= vocab_size) {
             snprintf(err, errlen, "sampling_params.stop[%zu]: token id %lld is outside the "
@@ -192,6 +362,16 @@ int sample_validate(sample_req *r, int64_t vocab_size, int64_t max_context, char
                  r->n_prompt, (long long)r->max_tokens, (long long)max_context, (long long)room);
         return -1;
     }
+    if (r->topk_sample_logprobs > 0 &&
+        r->num_samples * r->max_tokens * r->topk_sample_logprobs > LIMIT_TOPK_SAMPLE_CELLS) {
+        snprintf(err, errlen, "topk_sample_logprobs %lld x num_samples %lld x max_tokens %lld is more than the %d "
+                              "top-k entries one request may return; lower one of them",
+                 (long long)r->topk_sample_logprobs, (long long)r->num_samples, (long long)r->max_tokens,
+                 LIMIT_TOPK_SAMPLE_CELLS);
+        return -1;
+    }
+    /* "the last n positions" of a prompt that has fewer is all of it */
+    if (r->prompt_logprobs_last_n > (int64_t)r->n_prompt - 1) r->prompt_logprobs_last_n = (int64_t)r->n_prompt - 1;
     if (!r->has_seed) {
         uint64_t s;
         randombytes_buf(&s, sizeof s);
@@ -205,10 +385,19 @@ int64_t sample_n_tokens(const sample_req *r) {
     return r->num_samples * ((int64_t)r->n_prompt + r->max_tokens);
 }
 
+static void put_ints(strbuf *b, const int64_t *v, size_t n) {
+    sb_putc(b, '[');
+    for (size_t k = 0; k < n; k++) {
+        if (k) sb_putc(b, ',');
+        sb_int(b, v[k]);
+    }
+    sb_putc(b, ']');
+}
+
 char *sample_payload_json(const sample_req *r, const char *source, const char *blob_digest,
                           size_t *len) {
     strbuf b;
-    sb_init(&b, 256 + 8 * r->n_prompt);
+    sb_init(&b, 256 + 8 * r->n_prompt + 8 * r->n_target_ids);
     sb_puts(&b, "{\"prompt\": [");
     for (size_t k = 0; k < r->n_prompt; k++) {
         if (k) sb_putc(&b, ',');
@@ -239,6 +428,24 @@ char *sample_payload_json(const sample_req *r, const char *source, const char *b
     sb_printf(&b, ", \"prompt_logprobs\": %s, \"topk_prompt_logprobs\": %lld, \"source\": ",
               r->prompt_logprobs ? "true" : "false", (long long)r->topk_prompt_logprobs);
     sb_json_str(&b, source);
+    if (r->topk_sample_logprobs > 0)
+        sb_printf(&b, ", \"topk_sample_logprobs\": %lld", (long long)r->topk_sample_logprobs);
+    if (r->prompt_logprobs_last_n > 0)
+        sb_printf(&b, ", \"prompt_logprobs_last_n\": %lld", (long long)r->prompt_logprobs_last_n);
+    if (r->prompt_alt_tokens_k > 0)
+        sb_printf(&b, ", \"prompt_alt_tokens_k\": %lld", (long long)r->prompt_alt_tokens_k);
+    if (r->has_target) {
+        sb_printf(&b, ", \"target_prompt_logprobs\": {\"shape\": [%lld, %lld], \"data\": ",
+                  (long long)r->target_rows, (long long)r->target_cols);
+        put_ints(&b, r->target_ids, r->n_target_ids);
+        if (r->target_crow) {
+            sb_puts(&b, ", \"crow\": ");
+            put_ints(&b, r->target_crow, (size_t)r->target_rows + 1);
+            sb_puts(&b, ", \"col\": ");
+            put_ints(&b, r->target_col, r->n_target_ids);
+        }
+        sb_putc(&b, '}');
+    }
     if (blob_digest) {
         sb_puts(&b, ", \"blob_digest\": ");
         sb_json_str(&b, blob_digest);
@@ -251,5 +458,8 @@ void sample_req_free(sample_req *r) {
     free(r->prompt);
     free(r->stop_tokens);
     free(r->stop_strings);
+    free(r->target_ids);
+    free(r->target_crow);
+    free(r->target_col);
     memset(r, 0, sizeof *r);
 }

@@ -6,6 +6,11 @@
  *    [str...] (only the one the client gave), "prompt_logprobs": false,
  *    "topk_prompt_logprobs": 0, "source": "base"|"snapshot"|"checkpoint",
  *    "blob_digest": "<sha256>" (checkpoint only)}
+ * and, only when asked for (so that a request without them has exactly the payload above):
+ *    "topk_sample_logprobs": k, "prompt_logprobs_last_n": n, "prompt_alt_tokens_k": k,
+ *    "target_prompt_logprobs": {"shape": [len(prompt) - 1, K], "data": [id or -1, ...]}
+ *    (dense, row-major) or the same with "crow": [...], "col": [...] (sparse CSR: data holds
+ *    the listed cells), exactly as the client laid it out, since the result keeps its layout.
  * Defaults are filled in here: seed (random when absent) and max_tokens (when absent,
  * min(256, context - prompt length)), so the payload is complete and reproducible. */
 #pragma once
@@ -38,6 +43,16 @@ typedef struct {
     size_t n_stop_strings;
     bool prompt_logprobs;
     int64_t topk_prompt_logprobs;
+    /* newer SDKs (docs/protocol.md §11.1); 0 = not asked for */
+    int64_t topk_sample_logprobs;
+    int64_t prompt_logprobs_last_n;   /* clamped to len(prompt) - 1 by sample_validate */
+    int64_t prompt_alt_tokens_k;
+    /* target_prompt_logprobs: [target_rows, target_cols] token ids (-1 = none) */
+    bool has_target;
+    int64_t target_rows, target_cols;
+    int64_t *target_ids;              /* dense: rows x cols row-major; CSR: the nnz listed cells */
+    size_t n_target_ids;
+    int64_t *target_crow, *target_col; /* CSR only (NULL when dense): rows + 1 and nnz entries */
 } sample_req;
 
 /* Structural decode (types, ranges that need no model). The legacy form without a

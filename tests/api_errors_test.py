@@ -360,6 +360,51 @@ def main():
         R.check(is_detail(smp({"stop": {"a": 1}}), 400, "stop"), "stop of the wrong type -> 400")
         R.check(is_detail(smp({"stop": [""]}), 400, "non-empty"), "empty stop string -> 400")
         R.check(is_detail(smp(seq_id=-1), 400, "seq_id"), "negative seq_id -> 400")
+        # SDK >= 0.29 outputs (docs/protocol.md §11.1): bounds and shapes, each naming its field
+        for field in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+            R.check(is_detail(smp(**{field: 21}), 400, field, "20"), f"{field} 21 -> 400")
+            R.check(is_detail(smp(**{field: -1}), 400, field), f"{field} -1 -> 400")
+            R.check(is_detail(smp(**{field: "3"}), 400, field, "integer"), f"{field} as a string -> 400")
+        R.check(is_detail(smp({"max_tokens": 2000}, num_samples=128, topk_sample_logprobs=20), 400,
+                          "topk_sample_logprobs", "num_samples"),
+                "topk_sample_logprobs x num_samples x max_tokens over 2^22 -> 400")
+        R.check(is_detail(smp(prompt_logprobs_last_n=2), 400, "prompt_logprobs_last_n", "prompt_logprobs"),
+                "prompt_logprobs_last_n without prompt_logprobs -> 400")
+        R.check(is_detail(smp(prompt_logprobs=True, prompt_logprobs_last_n=-1), 400, "prompt_logprobs_last_n"),
+                "negative prompt_logprobs_last_n -> 400")
+
+        def tpl(**t):
+            return smp(target_prompt_logprobs=dict({"dtype": "int64", "shape": [2, 2], "data": [5, -1, -1, 7]}, **t))
+        R.check(is_detail(tpl(shape=[3, 2], data=[5] * 6), 400, "target_prompt_logprobs.shape", "[2, K]"),
+                "target_prompt_logprobs with len(prompt) rows instead of len(prompt) - 1 -> 400")
+        R.check(is_detail(tpl(shape=[2, 1025], data=[5] * 2050), 400, "target_prompt_logprobs.shape", "1024"),
+                "target_prompt_logprobs K over 1024 -> 400")
+        R.check(is_detail(tpl(shape=[2]), 400, "target_prompt_logprobs.shape"), "1-D target_prompt_logprobs -> 400")
+        R.check(is_detail(tpl(data=[5, -1, 7]), 400, "target_prompt_logprobs", "needs 4 values"),
+                "dense target_prompt_logprobs with the wrong number of values -> 400")
+        R.check(is_detail(tpl(dtype="float32"), 400, "target_prompt_logprobs.dtype"),
+                "float target_prompt_logprobs -> 400")
+        R.check(is_detail(tpl(data=[5, -1, -1, vocab]), 400, "target_prompt_logprobs.data[3]", "vocabulary"),
+                "target id outside the vocabulary -> 400 naming the cell")
+        R.check(is_detail(tpl(data=[5, -2, -1, 7]), 400, "target_prompt_logprobs.data[1]"),
+                "target id below -1 -> 400")
+        R.check(is_detail(tpl(data=[-1, -1, -1, -1]), 400, "target_prompt_logprobs", "no token id"),
+                "target_prompt_logprobs of -1 only -> 400")
+        R.check(is_detail(tpl(data=[5, 7], sparse_crow_indices=[0, 1, 3], sparse_col_indices=[0, 1]), 400,
+                          "sparse CSR", "end at the number of values"), "CSR crow not ending at nnz -> 400")
+        R.check(is_detail(tpl(data=[5, 7], sparse_crow_indices=[0, 1], sparse_col_indices=[0, 1]), 400,
+                          "sparse CSR", "rows + 1"), "CSR crow of the wrong length -> 400")
+        R.check(is_detail(tpl(data=[5, 7], sparse_crow_indices=[0, 2, 2], sparse_col_indices=[1, 1]), 400,
+                          "sparse_col_indices[1]", "rise"), "CSR column repeated in a row -> 400")
+        R.check(is_detail(tpl(data=[5, 7], sparse_crow_indices=[0, 1, 2], sparse_col_indices=[0, 2]), 400,
+                          "sparse_col_indices[1]", "[0, 2)"), "CSR column outside [0, K) -> 400")
+        R.check(is_detail(tpl(data=[5, 7], sparse_crow_indices=[0, 1, 2]), 400, "sparse CSR", "both"),
+                "CSR with crow but without col -> 400")
+        R.check(is_detail(smp(prompt={"chunks": [{"tokens": [1]}]},
+                              target_prompt_logprobs={"data": [], "shape": [0, 1]}), 400,
+                          "target_prompt_logprobs", "at least 2 tokens"), "target_prompt_logprobs of a 1-token prompt")
+        R.check(is_detail(smp(target_prompt_logprobs=[1, 2]), 400, "target_prompt_logprobs", "TensorData"),
+                "target_prompt_logprobs as a bare list -> 400")
         R.check(s.psql(f"SELECT count(*) FROM operations WHERE sampling_session_id = '{ssid}'") == "0",
                 "no sample operation written by any rejected request")
 

@@ -176,13 +176,41 @@ def main():
                                            "sampling_params": {"max_tokens": 5, "temperature": 0.7, "top_k": 20,
                                                                "top_p": 0.9, "seed": 42, "stop": ["\n\n", "END"]},
                                            "prompt_logprobs": True, "topk_prompt_logprobs": 3})
-        R.check(st == 200 and set(f) == {"request_id"}, "asample answers {request_id}")
+        R.check(st == 200 and f.get("sample_sequence_ids") == [f"{f.get('request_id')}:{i}" for i in range(3)],
+                "asample answers {request_id, sample_sequence_ids}: one id per sample, <request_id>:<i>")
+        if set(f) != {"request_id", "sample_sequence_ids"}:
+            print("      got", f)
         p = payload_of(s, f["request_id"])
         R.check(p == {"prompt": [1, 2, 3, 4], "num_samples": 3, "max_tokens": 5, "temperature": 0.7, "top_k": 20,
                       "top_p": 0.9, "seed": 42, "stop_strings": ["\n\n", "END"], "prompt_logprobs": True,
                       "topk_prompt_logprobs": 3, "source": "base"}, "payload: every field as sent, source base")
         if set(p) != PAYLOAD_KEYS | {"stop_strings"}:
             print("      got", p)
+        # SDK >= 0.29 sends the new knobs as 0 / null: the payload stays exactly as before
+        st, f0 = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "seq_id": 100, "prompt": prompt([1, 2]),
+                                            "sampling_params": {"max_tokens": 2, "seed": 1}, "topk_sample_logprobs": 0,
+                                            "target_prompt_logprobs": None, "prompt_alt_tokens_k": 0,
+                                            "prompt_logprobs_last_n": None, "prompt_logprobs": False})
+        R.check(st == 200 and set(payload_of(s, f0["request_id"])) == PAYLOAD_KEYS,
+                "the new fields at 0 / null leave the payload as it was")
+        st, f1 = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "seq_id": 101, "prompt": prompt([1, 2, 3]),
+                                            "sampling_params": {"max_tokens": 2, "seed": 1}, "topk_sample_logprobs": 4,
+                                            "prompt_alt_tokens_k": 3, "prompt_logprobs": True,
+                                            "prompt_logprobs_last_n": 9,
+                                            "target_prompt_logprobs": {"data": [7, 1, 2], "dtype": "int64",
+                                                                       "shape": [2, 5], "sparse_crow_indices": [0, 1, 3],
+                                                                       "sparse_col_indices": [4, 0, 2]}})
+        p1 = payload_of(s, f1["request_id"]) if st == 200 else {}
+        R.check(p1.get("topk_sample_logprobs") == 4 and p1.get("prompt_alt_tokens_k") == 3
+                and p1.get("prompt_logprobs_last_n") == 2
+                and p1.get("target_prompt_logprobs") == {"shape": [2, 5], "data": [7, 1, 2], "crow": [0, 1, 3],
+                                                         "col": [4, 0, 2]},
+                "payload: topk_sample_logprobs, prompt_alt_tokens_k, prompt_logprobs_last_n (clamped to "
+                "len(prompt) - 1), target_prompt_logprobs in its CSR layout")
+        st, f2 = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "seq_id": 102, "prompt": prompt([1, 2, 3]),
+                                            "target_prompt_logprobs": {"data": [7, -1, -1, 1], "shape": [2, 2]}})
+        R.check(st == 200 and payload_of(s, f2["request_id"]).get("target_prompt_logprobs") ==
+                {"shape": [2, 2], "data": [7, -1, -1, 1]}, "payload: a dense target_prompt_logprobs as sent")
         R.check(s.psql(f"SELECT kind, model_id IS NULL, sampling_session_id, seq_id, n_tokens FROM operations"
                        f" WHERE request_id = '{f['request_id']}'") == f"sample|t|{base_ss}|0|27",
                 "sample operation row: no model, the session, seq_id, n_tokens = 3 x (4 + 5)")
@@ -232,10 +260,11 @@ def main():
         body = {"sampling_session_id": base_ss, "seq_id": big, "prompt": prompt([9]),
                 "sampling_params": {"max_tokens": 1}}
         st, a1 = s.post("/api/v1/asample", body)
-        st2, a2 = s.post("/api/v1/asample", dict(body, prompt=prompt([9, 9])))
-        R.check(st == 200 and st2 == 200 and a1 == a2 and s.psql(
+        st2, a2 = s.post("/api/v1/asample", dict(body, prompt=prompt([9, 9]), num_samples=4))
+        R.check(st == 200 and st2 == 200 and a1 == a2 and len(a1.get("sample_sequence_ids", [])) == 1 and s.psql(
             f"SELECT count(*) FROM operations WHERE sampling_session_id = '{base_ss}' AND seq_id = {big}") == "1",
-            "seq_id of an unpickled client (~1e18) stored; a resubmission returns the first future")
+            "seq_id of an unpickled client (~1e18) stored; a resubmission returns the first future and its "
+            "sequence ids (however many samples it asks for)")
         res, barrier = [], threading.Barrier(8)
 
         def submit():
@@ -247,12 +276,15 @@ def main():
             t.start()
         for t in threads:
             t.join()
-        R.check(len(res) == 8 and all(st == 200 for st, _ in res) and len({b["request_id"] for _, b in res}) == 1
+        R.check(len(res) == 8 and all(st == 200 for st, _ in res) and len({json.dumps(b) for _, b in res}) == 1
                 and s.psql(f"SELECT count(*) FROM operations WHERE sampling_session_id = '{base_ss}'"
-                           " AND seq_id = 77") == "1", "8 concurrent resubmissions: one row, one request_id")
+                           " AND seq_id = 77") == "1",
+                "8 concurrent resubmissions: one row, one request_id and the same sequence ids")
         st, n1 = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "prompt": prompt([3])})
         st2, n2 = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "prompt": prompt([3])})
-        R.check(st == 200 and st2 == 200 and n1 != n2, "without seq_id there is no de-duplication")
+        R.check(st == 200 and st2 == 200 and n1 != n2 and
+                not set(n1["sample_sequence_ids"]) & set(n2["sample_sequence_ids"]),
+                "without seq_id there is no de-duplication: other ids")
         st, o = s.post("/api/v1/asample", {"sampling_session_id": base_ss, "seq_id": 0, "prompt": prompt([3])},
                        key=other_key)
         R.check(st == 404, "another tenant cannot reuse the session's seq_ids (404)")
@@ -276,8 +308,7 @@ def main():
                     "429 carries Retry-After: 1 and a JSON message")
             st, hdr, body = post_raw(url2, s.key, "/api/v1/asample", {"sampling_session_id": stuck, "seq_id": 1,
                                                                       "prompt": prompt([1])})
-            R.check(st == 200 and body["request_id"] == got[1][2]["request_id"],
-                    "a resubmission is answered even under backpressure")
+            R.check(st == 200 and body == got[1][2], "a resubmission is answered even under backpressure")
             st, hdr, body = post_raw(url2, other_key, "/api/v1/create_session", {})
             osid = body["session_id"]
             st, hdr, body = post_raw(url2, other_key, "/api/v1/create_sampling_session",

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import urllib.error
@@ -301,6 +302,51 @@ def main():
         R.check(got.get("prompt_logprobs") is None and got.get("topk_prompt_logprobs") is None
                 and got.get("sequences") == [{"tokens": [1], "logprobs": [-0.5], "stop_reason": "length"}],
                 "SampleResponse without prompt logprobs leaves the optional fields out")
+        # SDK >= 0.30 outputs at the SDK's field numbers: SampledSequence.topk_sampled_logprobs (4),
+        # SampleResponse.target_prompt_logprobs (5, a Tensor in the request's layout) and
+        # prompt_alt_tokens (6: tokens INT32, logprobs FLOAT32); sequence_id is not on this wire
+        newer = {"type": "sample",
+                 "sequences": [{"tokens": [4, 9], "logprobs": [-0.5, -1.5], "stop_reason": "length",
+                                "sequence_id": "req-proto-newer:0",
+                                "topk_logprobs": [[[4, -0.5], [3, -1.25]], [[2, -0.75]]]},
+                               {"tokens": [], "logprobs": [], "stop_reason": "stop", "sequence_id": "req-proto-newer:1",
+                                "topk_logprobs": []}],
+                 "prompt_logprobs": [None, None, -2.5],
+                 "target_prompt_logprobs": {"data": [-1.5, 0.0, -3.25], "dtype": "float32", "shape": [2, 4],
+                                            "sparse_crow_indices": [0, 1, 3], "sparse_col_indices": [2, 0, 3]},
+                 "prompt_alt_tokens": {"tokens": {"data": [5, 6, 7, 8], "dtype": "int64", "shape": [2, 2]},
+                                       "logprobs": {"data": [-0.25, -1.0, -2.0, -4.0], "dtype": "float32",
+                                                    "shape": [2, 2]}},
+                 "prompt_cache_hit_tokens": 0}
+        dense = dict(newer, target_prompt_logprobs={"data": [-1.5, 0.0, -3.25, -0.5], "dtype": "float32",
+                                                    "shape": [2, 2]})
+        for rid, res, what in (("req-proto-newer", newer, "sparse CSR"), ("req-proto-newer-d", dense, "dense")):
+            s.psql("INSERT INTO operations (request_id, tenant_id, sampling_session_id, seq_id, kind, payload,"
+                   f" state, result) VALUES ('{rid}', {tenant}, '{ssid}', {903 if what == 'dense' else 904},"
+                   f" 'sample', '{{}}', 'done', '{json.dumps(res)}')")
+            ct, raw = result(s, rid, accept=PROTO)
+            got = tp.decode_sample_response(raw) if ct.startswith(PROTO) else {}
+            want = json.loads(json.dumps(res))
+            want.pop("type")
+            for q in want["sequences"]:
+                q.pop("sequence_id")
+            want["sequences"][1]["topk_logprobs"] = []
+            want["target_prompt_logprobs"]["wire_dtype"] = 1
+            want["prompt_alt_tokens"]["tokens"]["wire_dtype"] = 3
+            want["prompt_alt_tokens"]["logprobs"]["wire_dtype"] = 1
+            want["topk_prompt_logprobs"] = None
+            R.check(ct.startswith(PROTO) and close(got, want),
+                    f"SampleResponse with topk_sampled_logprobs, target_prompt_logprobs ({what}), prompt_alt_tokens")
+            if not close(got, want):
+                print("      got ", got)
+                print("      want", want)
+        # the short row of the sampled top-k is padded with the SDK's sentinel (0, -99999.0)
+        ct, raw = result(s, "req-proto-newer", accept=PROTO)
+        seq0 = next(v for f, w, v in tp.fields(raw) if f == 1)
+        topk = dict((f, v) for f, w, v in tp.fields(next(v for f, w, v in tp.fields(seq0) if f == 4)))
+        R.check(topk.get(3) == 2 and topk.get(4) == 2 and topk[1][12:16] == b"\0\0\0\0"
+                and struct.unpack("<f", topk[2][12:16])[0] == -99999.0,
+                "TopkLogprobs: k 2, length 2, the missing slot is (0, -99999.0)")
         s.psql("INSERT INTO operations (request_id, tenant_id, sampling_session_id, seq_id, kind, payload,"
                f" state, error, error_category) VALUES ('req-proto-failed', {tenant}, '{ssid}', 902, 'sample',"
                " '{}', 'failed', 'boom', 'user')")

@@ -9,7 +9,10 @@
  * others; temperature 0 is the argmax; stop tokens, EOS and stop strings end a sample
  * and are kept; a snapshot keeps the weights it was taken with while training goes on;
  * eviction within the store's memory budget, unknown snapshots, bad payloads and
- * unsupported sources fail cleanly; a bad datum fails only its forward_backward. */
+ * unsupported sources fail cleanly; a bad datum fails only its forward_backward. The SDK
+ * 0.29+ outputs: sequence ids, topk_sample_logprobs, target_prompt_logprobs (the prompt
+ * token's equals prompt_logprobs), prompt_logprobs_last_n, prompt_alt_tokens_k (scored as
+ * targets they give their own logprobs), the same alone as batched. */
 #include "backend/backend.h"
 #include "backend/loss.h"
 #include "executor/exe_sample.h"
@@ -235,6 +238,91 @@ int main(void)
         free(y);
         for (int i = 0; i < 3; i++) free_op(b[i]);
         free_op(c);
+    }
+
+    /* ---- SDK 0.29+ outputs: sequence ids, topk_sample_logprobs, target_prompt_logprobs,
+     * prompt_logprobs_last_n, prompt_alt_tokens_k (docs/protocol.md §11.2) ---- */
+    {
+        const char *pl = "{\"prompt\": [1,17,33,90,4,250,7], \"num_samples\": 2, \"max_tokens\": 6, \"seed\": 21,"
+                         " \"temperature\": 0.9, \"source\": \"base\", \"prompt_logprobs\": true,"
+                         " \"topk_prompt_logprobs\": 2, \"prompt_logprobs_last_n\": 3, \"topk_sample_logprobs\": 3,"
+                         " \"prompt_alt_tokens_k\": 4, \"target_prompt_logprobs\": {\"shape\": [6, 2],"
+                         " \"data\": [17,-1, 33,5, 90,-1, 4,200, 250,-1, 7,0]}}";
+        exe_op *x = new_op("sample", NULL, NULL, pl);
+        snprintf(x->request_id, sizeof x->request_id, "req-x");
+        exe_run_sample_batch(&st, &x, 1);
+        CHECK(!x->category, "sample with every new output: %s", x->error);
+        bool ids = true, rows = true;
+        for (int s = 0; s < 2; s++) {
+            char want[64];
+            snprintf(want, sizeof want, "req-x:%d", s);
+            json_t *q = seq_of(x, s);
+            ids &= json_is_string(json_object_get(q, "sequence_id")) &&
+                   !strcmp(json_string_value(json_object_get(q, "sequence_id")), want);
+            json_t *tk = json_object_get(q, "topk_logprobs");
+            rows &= json_array_size(tk) == json_array_size(json_object_get(q, "tokens")) &&
+                    json_array_size(json_array_get(tk, 0)) == 3 && !json_object_get(q, "top_logprobs");
+        }
+        CHECK(ids, "every sequence carries sequence_id <request_id>:<index>");
+        CHECK(rows, "topk_sample_logprobs: a row of 3 per sampled token, under \"topk_logprobs\"");
+        /* target_prompt_logprobs: the actual next token's is prompt_logprobs' number; -1 is 0.0 */
+        float lp[16];
+        forward_lp(NULL, prompt, np, lp);
+        json_t *t = json_object_get(x->result, "target_prompt_logprobs"), *td = json_object_get(t, "data");
+        json_t *plp = json_object_get(x->result, "prompt_logprobs");
+        bool same = json_array_size(td) == 12 && !strcmp(json_string_value(json_object_get(t, "dtype")), "float32");
+        double gap = 0;
+        for (int i = 0; i < 6 && same; i++) {
+            double v = json_real_value(json_array_get(td, 2 * i));
+            gap = fmax(gap, fabs(v - lp[i]));
+            if (i >= 3) same &= v == json_real_value(json_array_get(plp, i + 1));   /* the last 3 are not masked */
+            if (i % 2 == 0) same &= json_real_value(json_array_get(td, 2 * i + 1)) == 0.0;
+        }
+        CHECK(same && gap < pass_tol, "target_prompt_logprobs: the prompt token's equals prompt_logprobs, -1 cells 0.0 "
+              "(gap to a forward pass %.1e)", gap);
+        bool masked = json_array_size(plp) == (size_t)np;
+        for (int i = 0; i < np && masked; i++)
+            masked = (i < np - 3) == json_is_null(json_array_get(plp, i)) &&
+                     (i < np - 3) == json_is_null(json_array_get(json_object_get(x->result, "topk_prompt_logprobs"), i));
+        CHECK(masked, "prompt_logprobs_last_n 3: prompt logprobs and top-k rows null before the last 3 positions");
+        /* prompt_alt_tokens: [6, 4]; scoring the drawn ids as targets gives their logprobs bit for bit */
+        json_t *alt = json_object_get(x->result, "prompt_alt_tokens");
+        json_t *at = json_object_get(json_object_get(alt, "tokens"), "data"),
+               *al = json_object_get(json_object_get(alt, "logprobs"), "data");
+        char tp[1024];
+        int m = snprintf(tp, sizeof tp, "{\"prompt\": [1,17,33,90,4,250,7], \"max_tokens\": 1, \"source\": \"base\","
+                                        " \"target_prompt_logprobs\": {\"shape\": [6, 4], \"data\": [");
+        for (size_t i = 0; i < json_array_size(at); i++)
+            m += snprintf(tp + m, sizeof tp - m, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(at, i)));
+        snprintf(tp + m, sizeof tp - m, "]}}");
+        exe_op *sc = sample1(NULL, tp);
+        json_t *sd = json_object_get(json_object_get(sc->result, "target_prompt_logprobs"), "data");
+        bool alt_ok = json_array_size(at) == 24 && json_array_size(sd) == 24;
+        for (int i = 0; i < 24 && alt_ok; i++) alt_ok = json_real_value(json_array_get(al, i)) == json_real_value(json_array_get(sd, i));
+        CHECK(alt_ok, "prompt_alt_tokens: [6, 4] draws, their logprobs those of target_prompt_logprobs exactly");
+        /* batched with other work, the draws and scores are the same */
+        exe_op *b[3];
+        b[0] = new_op("sample", NULL, "S:sample:0", "{\"prompt\": [3,4,5,6,7,8,9,10], \"num_samples\": 2, \"max_tokens\": 3,"
+                                                   " \"seed\": 4, \"prompt_alt_tokens_k\": 2, \"source\": \"snapshot\"}");
+        b[1] = new_op("sample", NULL, NULL, pl);
+        snprintf(b[1]->request_id, sizeof b[1]->request_id, "req-x");
+        b[2] = new_op("sample", NULL, NULL, "{\"prompt\": [9, 8], \"max_tokens\": 4, \"seed\": 2, \"prompt_logprobs\": true,"
+                                            " \"source\": \"base\"}");
+        exe_run_sample_batch(&st, b, 3);
+        char *u = json_dumps(x->result, JSON_COMPACT | JSON_SORT_KEYS), *v = json_dumps(b[1]->result, JSON_COMPACT | JSON_SORT_KEYS);
+        CHECK(!b[0]->category && !b[2]->category && u && v && (bf16 || !strcmp(u, v)),
+              "batched with other requests (a snapshot's draws among them) the result is the same, bit for bit");
+        if (u && v && strcmp(u, v) && !bf16) printf("  alone   %s\n  batched %s\n", u, v);
+        free(u);
+        free(v);
+        for (int i = 0; i < 3; i++) free_op(b[i]);
+        free_op(sc);
+        free_op(x);
+        exe_op *bad = sample1(NULL, "{\"prompt\": [1,2,3], \"max_tokens\": 1, \"source\": \"base\","
+                                    " \"target_prompt_logprobs\": {\"shape\": [2, 2], \"data\": [1, 2, 3]}}");
+        CHECK(bad->category && !strcmp(bad->category, "user") && strstr(bad->error, "target_prompt_logprobs"),
+              "a malformed target_prompt_logprobs payload fails its operation (user): %s", bad->error);
+        free_op(bad);
     }
 
     /* ---- temperature 0: the argmax at every step ---- */

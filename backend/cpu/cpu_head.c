@@ -1,5 +1,6 @@
 /* cpu_head.c — the output head: logits chunk by chunk (never [T, V]), log-softmax, the
- * losses of backend/loss.h per target, top-k log-probs, and the head's gradients. */
+ * losses of backend/loss.h per target, top-k log-probs, sampling's prompt-pass extras
+ * (exe_prompt_extras), and the head's gradients. */
 #include "backend/cpu/cpu_head.h"
 #include "backend/cpu/cpu_layer.h"
 #include "backend/cpu/cpu_ops.h"
@@ -63,6 +64,7 @@ static void cb_head_rows(void *va, long b, long e, int thread)
         }
         if (s->loss_out) s->loss_out[pos] = (float)loss;
         if (s->topk > 0) cb_topk(z, V, s->topk, lse, s->topk_ids_out + (long)pos * s->topk, s->topk_lp_out + (long)pos * s->topk);
+        if (exe_seq_has_extras(s)) exe_prompt_extras(s, pos, z, V, lse);
         if (!j->any_grad) continue;
         /* Zero rows keep the GEMMs exact; a row whose dℓ/dlp is not finite adds no gradient
          * (backend/backend.h), so no accumulator ever holds inf or NaN because of the inputs. */

@@ -187,7 +187,8 @@ static int cu_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned
 /* ---- forward / backward ---------------------------------------------------------------- */
 
 /* The pass itself, on buffers already large enough. 0 or -1 (recorded in c). */
-static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk)
+static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk,
+                     bool extras)
 {
     const model_config *mc = &c->cfg;
     cu_act *a = &c->a;
@@ -206,7 +207,7 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
     cu_where(c, "final norm");
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd_f, a->x, c->w.final_norm, T, H, mc->rms_norm_eps, c->stream));
-    if (cu_head(c, T, a->xn2, any_grad, topk, layer_grad ? a->dxf : NULL) < 0) return -1;
+    if (cu_head(c, T, a->xn2, any_grad, topk, extras ? seqs : NULL, layer_grad ? a->dxf : NULL) < 0) return -1;
     if (layer_grad) {
         cu_where(c, "final norm backward");
         CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxf, LCU_F32, a->x, a->rstd_f, c->w.final_norm, T, H, false,
@@ -249,10 +250,11 @@ static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward
     if (nseq < 0 || (nseq > 0 && !seqs)) { err_set(err, errlen, "bad batch"); return -1; }
     long T = 0, nnz = 0, ntopk = 0;
     int max_len = 0, np = 0;
-    bool any_grad = false, layer_grad = false;
+    bool any_grad = false, layer_grad = false, extras = false;
     for (int i = 0; i < nseq; i++) {
         const exe_seq *s = &seqs[i];
         T += s->n;
+        extras = extras || (s->n > 0 && exe_seq_has_extras(s));
         nnz += (long)s->n * (s->k > 1 ? s->k : 1);
         ntopk += s->topk > 0 ? (long)s->n * s->topk : 0;
         if (s->n > max_len) max_len = s->n;
@@ -274,7 +276,7 @@ static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward
     if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;
-    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0) < 0)
+    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras) < 0)
         return cu_fail(c, err, errlen, "cuda: forward_backward failed");
     cu_fb_scatter(c, seqs);
     return 0;

@@ -30,7 +30,50 @@ int cu_head_logits(cu_ctx *c, const lcu_bf16 *xf, long c0, int n)
     return 0;
 }
 
-int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, float *dxf)
+/* Sampling's prompt-pass extras of the chunk's rows c0..c0+n (whose logits are in c->logits
+ * and whose lse the loss kernel has written): the rows of sequences that ask for them come
+ * to the host with their lse, in blocks of at most 64 MiB, and exe_prompt_extras
+ * (sample_pick.c) answers them there with the CPU backend's arithmetic, so that the same
+ * logits give the same draws on both. Correct first, like sampling's top_logprobs
+ * (cuda_sample.c): these outputs are asked for rarely; a device kernel is speed work. */
+static int cu_head_extras(cu_ctx *c, const exe_seq *seqs, long c0, int n)
+{
+    const cu_meta_layout *m = &c->ml;
+    const int32_t *row_seq = cu_meta_host(c, m->row_seq), *pos = cu_meta_host(c, m->pos);
+    const double *d_lse = cu_meta_dev(c, m->lse);
+    long V = c->cfg.vocab_size, cap = (64L << 20) / (V * (long)sizeof(float));
+    if (cap < 1) cap = 1;
+    if (cap > n) cap = n;
+    float *z = NULL;
+    double *lse = NULL;
+    int rc = -1;
+    for (long b = c0; b < c0 + n;) {
+        if (!exe_seq_has_extras(&seqs[c->seq_index[row_seq[b]]])) { b++; continue; }
+        long e = b + 1;
+        while (e < c0 + n && e - b < cap && exe_seq_has_extras(&seqs[c->seq_index[row_seq[e]]])) e++;
+        if (!z && (!(z = malloc((size_t)cap * V * sizeof *z)) || !(lse = malloc((size_t)cap * sizeof *lse)))) {
+            cu_where(c, "prompt logprob extras: out of host memory");
+            goto out;
+        }
+        cu_where(c, "prompt logprob extras, rows %ld..%ld", b, e);
+        if (cu_check(c, (int)cudaMemcpyAsync(z, c->logits + (size_t)(b - c0) * V, (size_t)(e - b) * V * sizeof *z,
+                                             cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync", __FILE__, __LINE__) != 0 ||
+            cu_check(c, (int)cudaMemcpyAsync(lse, d_lse + b, (size_t)(e - b) * sizeof *lse, cudaMemcpyDeviceToHost,
+                                             c->stream), "cudaMemcpyAsync", __FILE__, __LINE__) != 0 ||
+            cu_sync(c) < 0)
+            goto out;
+        for (long r = b; r < e; r++)
+            exe_prompt_extras(&seqs[c->seq_index[row_seq[r]]], pos[r], z + (size_t)(r - b) * V, V, lse[r - b]);
+        b = e;
+    }
+    rc = 0;
+out:
+    free(z);
+    free(lse);
+    return rc;
+}
+
+int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, const exe_seq *extras, float *dxf)
 {
     const cu_meta_layout *m = &c->ml;
     int V = c->cfg.vocab_size, H = c->cfg.hidden_size;
@@ -46,6 +89,7 @@ int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, flo
         if (topk)
             CU_TRY(c, lcu_head_topk(c->logits, V, c0, n, V, cu_meta_dev(c, m->topk_start), cu_meta_dev(c, m->lse),
                                     cu_meta_dev(c, m->topk_ids), cu_meta_dev(c, m->topk_lp), c->stream));
+        if (extras && cu_head_extras(c, extras, c0, n) < 0) return -1;
         if (!any_grad) continue;
         if (dxf) {
             lcu_gemm_args g = {false, false, n, H, V, 1.0f, 0.0f, c->dlogits, V, c->w.lm_head, H, NULL, 0,

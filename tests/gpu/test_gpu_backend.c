@@ -14,7 +14,9 @@
  * against each adapter alone; forward_only and base-only rows touching no gradient;
  * run-to-run bitwise determinism. Then, on llama: sampling (T = 1 sampled log-probs
  * against forward log-probs of the same tokens; greedy against the CPU's greedy unless
- * the two best logits nearly tie; reruns bitwise), a 30-step SFT loss curve against the
+ * the two best logits nearly tie; reruns bitwise), sampling's prompt-pass extras (target
+ * log-probs against the CPU's, the next token's bitwise its logprobs_out; draws mostly the
+ * CPU's, scored as targets their own log-probs bitwise), a 30-step SFT loss curve against the
  * CPU's, save/load resume bitwise; on qwen3: an F32 file gives the same bits as its bf16
  * rounding (the loader's conversion).
  *
@@ -609,6 +611,68 @@ static void check_sampling(pair *p)
     p->gpu.be->adapter_free(p->gpu.ctx, ag);
 }
 
+/* ---- sampling's prompt-pass extras (exe_seq score_* / draw_*) --------------------------- */
+
+enum { XN = 40, XK = 6, XS = 3 };
+
+typedef struct {
+    int32_t tok[XN + 1], ids[XN * XS], draw[XN * XK];
+    int64_t start[XN + 1];
+    float lp[XN], loss[XN], slp[XN * XS], dlp[XN * XK];
+} xpass;
+
+/* One forward pass over a 41-token prompt asking, at every position, for the log-probs of
+ * three ids (the actual next token first) and XK draws at temperature 0.8. */
+static void extras_pass(const side *s, exe_adapter *ad, xpass *x, const int32_t *score_ids)
+{
+    rng_state r;
+    rng_seed(&r, 77);
+    for (int i = 0; i <= XN; i++) x->tok[i] = (int32_t)(rng_next(&r) % 200) + 3;
+    for (int i = 0; i <= XN; i++) x->start[i] = (int64_t)i * XS;
+    for (int i = 0; i < XN; i++) {
+        x->ids[i * XS] = x->tok[i + 1];
+        x->ids[i * XS + 1] = (7 * i) % 256;
+        x->ids[i * XS + 2] = 255 - i;
+    }
+    exe_seq e = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = XN, .tokens = x->tok,
+                 .targets = x->tok + 1, .logprobs_out = x->lp, .loss_out = x->loss, .score_start = x->start,
+                 .score_ids = score_ids ? score_ids : x->ids, .score_lp_out = x->slp, .draw_k = XK,
+                 .draw_temperature = 0.8, .draw_seed = 4242, .draw_ids_out = x->draw, .draw_lp_out = x->dlp};
+    char err[512];
+    if (s->be->forward_backward(s->ctx, &e, 1, false, err, sizeof err) != 0) { printf("FATAL extras: %s\n", err); exit(1); }
+}
+
+static void check_prompt_extras(pair *p)
+{
+    const char *cs = p->name;
+    exe_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
+    static xpass c, g, g2, gs;
+    extras_pass(&p->cpu, ac, &c, NULL);
+    extras_pass(&p->gpu, ag, &g, NULL);
+    double w = 0;
+    bool own = true;
+    for (int i = 0; i < XN * XS; i++) w = fmax(w, fabs(g.slp[i] - c.slp[i]));
+    for (int i = 0; i < XN; i++) own &= g.slp[i * XS] == g.lp[i];
+    gt_check(w <= 6e-2, "%s prompt extras: target log-probs vs the CPU's max |d| %.2e", cs, w);
+    gt_check(own, "%s prompt extras: the actual next token's target log-prob is its logprobs_out, bitwise", cs);
+    int same = 0;
+    for (int i = 0; i < XN * XK; i++) same += g.draw[i] == c.draw[i];
+    gt_check(same >= XN * XK * 9 / 10, "%s prompt extras: %d of %d draws equal to the CPU's (same streams; bf16 "
+             "logits may move a draw at a boundary)", cs, same, XN * XK);
+    /* scored as targets, the draws give their own log-probs, bitwise; again: the same bits */
+    extras_pass(&p->gpu, ag, &g2, NULL);
+    static int32_t as_ids[XN * XS];
+    for (int i = 0; i < XN; i++) for (int j = 0; j < XS; j++) as_ids[i * XS + j] = g.draw[i * XK + j];
+    extras_pass(&p->gpu, ag, &gs, as_ids);
+    bool self = true;
+    for (int i = 0; i < XN; i++) for (int j = 0; j < XS; j++) self &= gs.slp[i * XS + j] == g.dlp[i * XK + j];
+    gt_check(self, "%s prompt extras: draws scored as targets give their draw log-probs, bitwise", cs);
+    gt_check(same_bits(&g, &g2, sizeof g), "%s prompt extras: a rerun gives the same bits", cs);
+    printf("  %s prompt extras: target |d| %.2e, %d/%d draws equal to the CPU's\n", cs, w, same, XN * XK);
+    p->cpu.be->adapter_free(p->cpu.ctx, ac);
+    p->gpu.be->adapter_free(p->gpu.ctx, ag);
+}
+
 /* ---- a 30-step SFT loss curve, and save/load resume -------------------------------------- */
 
 enum { SFT_N = 8, SFT_LEN = 16, SFT_STEPS = 30 };
@@ -755,6 +819,7 @@ int main(void)
         check_case(&p);
         if (i == 0) {
             check_sampling(&p);
+            check_prompt_extras(&p);
             check_training(&p);
         }
         if (i == 1 && strcmp(under, "cpu") != 0) {

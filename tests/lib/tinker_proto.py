@@ -224,8 +224,56 @@ def _decode_batched(buf):
     return slices, name, trailing
 
 
+def _decode_topk(v):
+    """TopkLogprobs -> rows of [id, logprob] pairs, None where the first slot is empty (the
+    SDK's topk_to_lists: trailing empty slots dropped)."""
+    m = {f2: v2 for f2, w2, v2 in fields(v)}   # no repeated fields: the last value of each
+    ids, lps, k, n = m.get(1, b""), m.get(2, b""), m.get(3, 0), m.get(4, 0)
+    ids = struct.unpack(f"<{len(ids) // 4}i", ids)
+    lps = struct.unpack(f"<{len(lps) // 4}f", lps)
+    rows = []
+    for p in range(n):
+        row = [[ids[p * k + j], lps[p * k + j]] for j in range(k)
+               if not (ids[p * k + j] == 0 and lps[p * k + j] == -99999.0)]
+        rows.append(row if row and not (ids[p * k] == 0 and lps[p * k] == -99999.0) else None)
+    return rows
+
+
+def decode_tensor(buf):
+    """Tensor -> a TensorData dict {"data", "dtype", "shape"} (+ "sparse_crow_indices",
+    "sparse_col_indices" when it is sparse CSR); INT32 and INT64 both read as "int64", as
+    the SDK's response_conv does. "wire_dtype" keeps the DType number sent."""
+    dense = values = crow = col = None
+    dtype, shape = 0, []
+    for f, w, v in fields(buf):
+        if f == 1:
+            dense = v
+        elif f == 2:
+            for f2, w2, v2 in fields(v):
+                if f2 == 1:
+                    values = v2
+                elif f2 == 2:
+                    crow = list(struct.unpack(f"<{len(v2) // 8}q", v2))
+                elif f2 == 3:
+                    col = list(struct.unpack(f"<{len(v2) // 8}q", v2))
+            values = values or b""
+        elif f == 3:
+            dtype = v
+        elif f == 4:
+            shape += [_signed64(x) for x in _varints(w, v)]
+    raw = dense if dense is not None else (values or b"")
+    fmt, size, name = {1: ("f", 4, "float32"), 2: ("q", 8, "int64"), 3: ("i", 4, "int64")}[dtype]
+    out = {"data": list(struct.unpack(f"<{len(raw) // size}{fmt}", raw)), "dtype": name, "shape": shape,
+           "wire_dtype": dtype}
+    if values is not None:
+        out["sparse_crow_indices"] = crow or []
+        out["sparse_col_indices"] = col or []
+    return out
+
+
 def decode_sample_response(buf):
-    """SampleResponse -> the JSON shape of §11.2 (NaN at prompt position 0 -> None)."""
+    """SampleResponse -> the JSON shape of §11.2 (NaN at prompt position 0 -> None; a
+    sequence's topk_sampled_logprobs as its "topk_logprobs" rows)."""
     out = {"sequences": [], "prompt_logprobs": None, "topk_prompt_logprobs": None,
            "prompt_cache_hit_tokens": 0}
     for f, w, v in fields(buf):
@@ -238,30 +286,24 @@ def decode_sample_response(buf):
                     seq["tokens"] = list(struct.unpack(f"<{len(v2) // 4}i", v2))
                 elif f2 == 3:
                     seq["logprobs"] = list(struct.unpack(f"<{len(v2) // 4}f", v2))
+                elif f2 == 4:
+                    seq["topk_logprobs"] = _decode_topk(v2)
             out["sequences"].append(seq)
         elif f == 2:
             vals = struct.unpack(f"<{len(v) // 4}f", v)
             out["prompt_logprobs"] = [None if x != x else x for x in vals]
         elif f == 3:
-            ids = lps = b""
-            k = plen = 0
-            for f2, w2, v2 in fields(v):
-                if f2 == 1:
-                    ids = v2
-                elif f2 == 2:
-                    lps = v2
-                elif f2 == 3:
-                    k = v2
-                elif f2 == 4:
-                    plen = v2
-            ids = struct.unpack(f"<{len(ids) // 4}i", ids)
-            lps = struct.unpack(f"<{len(lps) // 4}f", lps)
-            rows = []
-            for p in range(plen):
-                row = [[ids[p * k + j], lps[p * k + j]] for j in range(k)
-                       if not (ids[p * k + j] == 0 and lps[p * k + j] == -99999.0)]
-                rows.append(row if row and not (ids[p * k] == 0 and lps[p * k] == -99999.0) else None)
-            out["topk_prompt_logprobs"] = rows
+            out["topk_prompt_logprobs"] = _decode_topk(v)
         elif f == 4:
             out["prompt_cache_hit_tokens"] = v
+        elif f == 5:
+            out["target_prompt_logprobs"] = decode_tensor(v)
+        elif f == 6:
+            alt = {}
+            for f2, w2, v2 in fields(v):
+                if f2 == 1:
+                    alt["tokens"] = decode_tensor(v2)
+                elif f2 == 2:
+                    alt["logprobs"] = decode_tensor(v2)
+            out["prompt_alt_tokens"] = alt
     return out
