@@ -89,7 +89,7 @@ static const api_route routes[] = {
     /* adapter uploads (§12.5): api_upload.c; the PUT's body is staged by the loop */
     {"POST", V1 "/external_weights_upload_start", 0, api_h_upload_start, NULL},
     {"POST", V1 "/external_weights_upload_finish", 0, api_h_upload_finish, NULL},
-    {"PUT", V1 "/external_weights_uploads/*", ROUTE_NO_AUTH | ROUTE_UPLOAD, api_h_upload_put, NULL},
+    {"PUT", V1 "/external_weights_uploads/*", ROUTE_NO_AUTH | ROUTE_UPLOAD | ROUTE_RAW_BODY, api_h_upload_put, NULL},
 
     /* the OpenAI-compatible routes (§18): api_openai.c; the aliases they take as models */
     {"GET", "/v1/models", ROUTE_OPENAI, api_h_oai_models, NULL},

@@ -18,11 +18,11 @@ checked against the SDK's type:
    an unknown id or a training future is 404.
 5. Another tenant: 404 for every route; bad input: 400 naming the field.
 """
-import hashlib, json, os, subprocess, sys, threading, time
+import hashlib, json, os, subprocess, sys, threading, time, urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results, wait_for
-from apitest import loom_cli, is_detail
+from apitest import loom_cli, is_detail, start_second_api
 import sdk_types as T
 
 R = Results()
@@ -95,6 +95,16 @@ def main():
         R.check(st == 200 and T.parse(T.ClientConfigResponse, cc, "ClientConfigResponse") is not None and
                 cc.get("sample_use_retrieve_futures") is True and cc.get("sample_join_sampling_session") is True,
                 f"client/config advertises the session poll and joins: {cc}")
+        api2, url2 = start_second_api(s, "--proto")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url2 + "/api/v1/client/config", data=b"{}"),
+                                        timeout=30) as r:
+                cc2 = json.loads(r.read())
+        finally:
+            api2.terminate()
+            api2.wait()
+        R.check(cc2.get("proto_write_fwdbwd") is True and cc2.get("sample_use_retrieve_futures") is True and
+                cc2.get("sample_join_sampling_session") is True, f"and so does `loom api --proto`'s: {cc2}")
         st, dc = s.post("/api/v1/client/dynamic_config", {}, key=None)
         R.check(st == 200 and T.parse(T.ClientDynamicConfigResponse, dc, "ClientDynamicConfigResponse") is not None
                 and dc.get("sample_cancel_enabled") is True, f"client/dynamic_config enables cancel_future: {dc}")

@@ -342,6 +342,8 @@ def upload_checks(s, a, b, base, mid_a, secret):
         head = c.recv(4096).decode(errors="replace")
     R.check(head.startswith("HTTP/1.1 413"), f"a PUT declaring 16 GiB is refused on its headers (413), before a byte "
                                              f"of it is read: {head.splitlines()[0] if head else '(nothing)'}")
+    st, _, msg = raw(s, "PUT", start["urls"]["adapter_config.json"], b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
+    R.check(st == 415 and b"Content-Encoding" in msg, f"an encoded upload body: 415 {msg[:100]}")
     big_cfg = b" " * ((1 << 20) + 10)
     st, _, msg = raw(s, "PUT", start["urls"]["adapter_config.json"], big_cfg)
     R.check(st == 413 and b"adapter_config.json" in msg, f"adapter_config.json over 1 MiB: 413 naming it {msg[:120]}")
