@@ -10,11 +10,11 @@
     "((" o ".seq_id >= $2 AND " o ".seq_id < $3) OR ($2 = 0 AND " o ".seq_id IS NULL))"
 
 /* $1 sampling session, $2 tenant -> the park key of its polls ('ss:' || md5(id), the
- * payload of the NOTIFY its finished samples send: migration 0022); takes the session
- * row's lock, which orders the numbering of its completions. */
+ * payload of the NOTIFY its finished samples send: migration 0022) and the numbers given
+ * so far; takes the session row's lock, which orders the numbering of its completions. */
 #define SQL_SSF_LOCK                                                                        \
-    "SELECT 'ss:' || md5(id) FROM sampling_sessions WHERE id = $1 AND tenant_id = $2"       \
-    " FOR NO KEY UPDATE"
+    "SELECT 'ss:' || md5(id), completions_reported FROM sampling_sessions"                  \
+    " WHERE id = $1 AND tenant_id = $2 FOR NO KEY UPDATE"
 /* $1 sampling session (locked by SQL_SSF_LOCK, which checked the tenant), $2 lo, $3 hi,
  * $4 prev_cursor, $5 limit -> report_seq, request_id, state, result bytes of the client's
  * finished samples after the cursor, oldest number first. Finished samples the session's

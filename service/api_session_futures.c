@@ -128,6 +128,10 @@ int api_h_retrieve_futures(api_call *c) {
         return api_error(c, 404, "sampling session %.300s not found", t.sid);
     }
     snprintf(job->request_id, sizeof job->request_id, "%s", PQgetvalue(r, 0, 0));
+    /* A cursor past every number given is not one of this session's (a client that
+     * outlived the database it polled): it would hide every completion to come, so it
+     * counts as 0 and the client gets all of them again rather than none. */
+    if (t.cursor > db_int(r, 0, 1)) api_fmt_i64(cur, 0);
     PQclear(r);
     if (!(r = db_query(c->db, SQL_SSF_POLL, 5, pp, c->err, sizeof c->err))) goto dberr;
     if (db_commit(c->db, c->err, sizeof c->err) < 0) goto dberr;

@@ -383,9 +383,12 @@ int api_h_upload_finish(api_call *c) {
                             .train_unembed = info.cfg.train_unembed, .digest = digest, .size_bytes = (int64_t)blen,
                             .source = source, .source_config = cfg_text, .actor = "api", .key_id = c->key_id};
         rc = reg_import(c->db, bs, &q, blob, blen, path, c->err, sizeof c->err);
-        /* 409: a concurrent finish imported it first; its path is the answer */
-        if (rc < 0) st = (api_db_error(c, "external_weights_upload_finish", c->err), 503);
-        else if (rc == 0) {
+        /* 409: this upload's checkpoint exists already (a concurrent finish, or one whose
+         * end was not recorded): its path is the answer, and the upload is finished. */
+        if (rc < 0) {
+            st = (api_db_error(c, "external_weights_upload_finish", c->err), 503);
+        } else {
+            if (rc == 409) snprintf(path, sizeof path, "tinker://%s/sampler_weights/%s", id, UPLOAD_NAME);
             const char *pf[2] = {id, path};
             if (db_exec(c->db, SQL_UPL_FINISHED, 2, pf, c->err, sizeof c->err) < 0)
                 log_error("upload %s: recording its end: %s", id, c->err);
@@ -397,8 +400,7 @@ int api_h_upload_finish(api_call *c) {
     if (st) return 0;
     remove_staged(bs, id);
     if (rc == 409) {
-        snprintf(path, sizeof path, "tinker://%s/sampler_weights/%s", id, UPLOAD_NAME);
-        log_info("upload %s: finished by a concurrent request", id);
+        log_info("upload %s: its checkpoint %s was there already", id, path);
     } else {
         log_info("upload %s: imported %s (rank %d, %zu bytes)", id, path, info.cfg.rank, blen);
     }

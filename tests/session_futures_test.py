@@ -125,6 +125,9 @@ def main():
         st, again = c0.poll(cursor=0)
         R.check(st == 200 and sorted(c["request_id"] for c in again["completions"]) == sorted(rids) and
                 again["cursor"] == c0.cursor, "a replayed cursor (a lost answer) gets the same completions again")
+        st, far = c0.poll(cursor=10**12, timeout=0)
+        R.check(st == 200 and sorted(c["request_id"] for c in far["completions"]) == sorted(rids),
+                "a cursor past every number the session gave is not its own: everything comes again, not nothing")
         t0 = time.time()
         st, empty = c0.poll(timeout=0)
         R.check(st == 200 and empty == {"completions": [], "cursor": c0.cursor} and time.time() - t0 < 20,
