@@ -581,12 +581,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     bool staged = false;
     if (r->flags & ROUTE_UPLOAD) {
         ssize_t ce = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_ENCODING, -1);
-        h2o_iovec_t cev = ce >= 0 ? req->headers.entries[ce].value : h2o_iovec_init(H2O_STRLIT("identity"));
-        int st = cev.len == 8 && !strncasecmp(cev.base, "identity", 8)
-                     ? api_upload_stage(path + arg_off, plen - arg_off, req->entity.base ? req->entity.base : "",
-                                        req->entity.base ? req->entity.len : 0, msg, sizeof msg)
-                     : (snprintf(msg, sizeof msg, "an upload is the file's bytes as they are: no Content-Encoding"),
-                        415);
+        int st = 415;
+        if (ce >= 0 && !h2o_lcstris(req->headers.entries[ce].value.base, req->headers.entries[ce].value.len,
+                                    H2O_STRLIT("identity")))
+            snprintf(msg, sizeof msg, "an upload is the file's bytes as they are: no Content-Encoding");
+        else
+            st = api_upload_stage(path + arg_off, plen - arg_off, req->entity.base ? req->entity.base : "",
+                                  req->entity.base ? req->entity.len : 0, msg, sizeof msg);
         if (st) {
             observe_inline(req, r, false, st, msg);
             send_error(req, st, msg);
