@@ -259,6 +259,8 @@ def external_checks(s, a, b, keyid_b, mid_a, secret):
         f"/{parts[i + 4]}/{run}/", f"/{keyid_b}/{run}/")
     R.check(raw(s, "GET", for_b)[0] == 404, "a link validly signed for another tenant's key: 404 (it cannot read it)")
     R.check(b.get(urls_path)[0] == 404, "another tenant asking for the links: 404")
+    R.check(is_detail(b.post("/api/v1/save_weights_external", {"model_id": mid_a, "path": "ext9", "seq_id": 999}),
+                      404), "another tenant's save_weights_external on A's model: 404")
     R.check(is_detail(a.get(f"/api/v1/training_runs/{mid_a}/checkpoints/sampler_weights/s1x/external_weights_urls"),
                       404, "external_weights"), "external_weights_urls of a sampler_weights path: 404 saying why")
 
@@ -283,7 +285,7 @@ def upload(s, t, files, lora_config=None, base=None):
     return t.post("/api/v1/external_weights_upload_finish", {"upload_id": body["upload_id"]}) + (body,)
 
 
-def upload_checks(s, a, b, base, mid_a, secret):
+def upload_checks(s, a, b, keyid_b, base, mid_a, secret):
     src = a.op(mid_a, "/api/v1/save_weights_for_sampler", {"path": "for-upload"})["path"]
     st, _, j = raw(s, "GET", f"/api/v1/training_runs/{mid_a}/checkpoints/sampler_weights/for-upload/archive?format=peft",
                    key=a.key, headers={"Accept": "application/json"})
@@ -354,6 +356,10 @@ def upload_checks(s, a, b, base, mid_a, secret):
     R.check(raw(s, "PUT", good.replace(tok, "f" * len(tok)), b"{}")[0] == 403, "a tampered upload link: 403")
     R.check(is_detail(b.post("/api/v1/external_weights_upload_finish", {"upload_id": start["upload_id"]}), 404,
                       "not found"), "another tenant finishing A's upload: 404")
+    parts = urllib.parse.urlsplit(good).path.split("/")   # .../<expires>/<token>/<key id>/<upload id>/<file>
+    exp, uid_, fname = parts[-5], parts[-2], parts[-1]
+    for_b = good.replace(f"/{tok}/{parts[-3]}/", f"/{sign(secret, uid_, fname, 'upload', int(exp), keyid_b)}/{keyid_b}/")
+    R.check(raw(s, "PUT", for_b, b"{}")[0] == 403, "a PUT link validly signed for another tenant's key on A's upload: 403")
 
     # quotas: open uploads per tenant
     opened = [b.post("/api/v1/external_weights_upload_start", {"base_model": base})[0] for _ in range(5)]
@@ -390,7 +396,7 @@ def main():
         mid_a = a.model(base)
         copy_checks(s, a, b, base, mid_a)
         external_checks(s, a, b, keyid_b, mid_a, secret)
-        upload_checks(s, a, b, base, mid_a, secret)
+        upload_checks(s, a, b, keyid_b, base, mid_a, secret)
     R.finish()
 
 
