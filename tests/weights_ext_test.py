@@ -1,6 +1,6 @@
 """Checkpoint routes of SDK 0.26 - 0.39 over real HTTP against `loom up` (docs/protocol.md
 §7.9, §7.10, §12.4, §12.5), each request as the SDK sends it and each answer parsed with
-the SDK's type (pydantic models written from the SDK's type files):
+the SDK's type (tests/lib/sdk_types.py, written from the SDK's type files):
 
 1. copy_weights: a copy is a new checkpoint of the caller's session naming the source's
    blob: no byte is added to the blob store; its parent is the source; a retry answers the
