@@ -24,9 +24,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define IMPORT_MAX_CONFIG (1u << 20)            /* adapter_config.json */
-#define IMPORT_MAX_WEIGHTS (16ull << 30)        /* adapter_model.safetensors */
-
 #define DB_OPTS CFG_DB, CFG_DATA_DIR
 static const opt_spec LIST_OPTS[] = {
     {.name = "tenant", .kind = OPT_STR, .arg = "NAME", .help = "only this tenant's"},
@@ -282,7 +279,7 @@ static int read_member(struct archive *ar, struct archive_entry *e, size_t max, 
  * side by side, and only one pair may be there. */
 static int read_archive(const char *src, uint8_t *files[2], size_t sizes[2], char *err, size_t errlen) {
     static const char *const want[2] = {"adapter_config.json", "adapter_model.safetensors"};
-    static const size_t max[2] = {IMPORT_MAX_CONFIG, IMPORT_MAX_WEIGHTS};
+    static const size_t max[2] = {ADAPTER_IMPORT_MAX_CONFIG, ADAPTER_IMPORT_MAX_WEIGHTS};
     char where[2][PATH_MAX] = {"", ""};
     struct archive *ar = archive_read_new();
     archive_read_support_filter_all(ar);
@@ -355,7 +352,6 @@ static int cmd_import(const cfg *o) {
     reg_path rp;
     snprintf(ckpt, sizeof ckpt, "sampler_weights/%s", name);
     if (reg_ckpt_id_parse(run, ckpt, &rp, err, sizeof err) < 0) return cli_fail(o, NULL, "%s", err);
-    reg_path_format(&rp, path, sizeof path);
 
     uint8_t *files[2] = {NULL, NULL};
     size_t sizes[2] = {0, 0};
@@ -386,56 +382,23 @@ static int cmd_import(const cfg *o) {
         return cli_fail(o, c, "%s", err);
     int64_t tid_n;
     if (keys_tenant_find(c, tenant, &tid_n, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
-    char tid[24];
-    snprintf(tid, sizeof tid, "%lld", (long long)tid_n);
 
     blobstore *bs = open_blobs(o);
-    char digest[BLOB_DIGEST_HEX], size[24], rank[16];
+    char digest[BLOB_DIGEST_HEX];
     if (blob_put(bs, blob, blen, digest, err, sizeof err) < 0) return cli_fail(o, c, "%s", err);
-    snprintf(size, sizeof size, "%zu", blen);
-    snprintf(rank, sizeof rank, "%d", info.cfg.rank);
-    json_t *cj = json_loads((const char *)cfgj, 0, NULL);
-    char *cjs = json_dumps(cj, JSON_COMPACT);
-    json_decref(cj);
-    if (db_begin(c, err, sizeof err) < 0 || reg_blob_lock_shared(c, digest, err, sizeof err) < 0) goto dberr;
-    if (!blob_exists(bs, digest) && blob_put(bs, blob, blen, digest, err, sizeof err) < 0) goto dberr;
-    const char *pa[2] = {tid, run};
-    if (db_exec(c, SQL_CLI_IMPORT_RUN_LOCK, 1, pa + 1, err, sizeof err) < 0) goto dberr;
-    r = db_query(c, SQL_CLI_IMPORT_ADAPTER, 2, pa, err, sizeof err);
-    if (!r) goto dberr;
-    if (!PQntuples(r)) {
-        PQclear(r);
-        snprintf(err, sizeof err, "run name %s is taken by another tenant (a tinker://RUN/... path names one run "
-                 "for every tenant); choose another --run", run);
-        goto dberr;
-    }
-    char aid[24];
-    snprintf(aid, sizeof aid, "%s", PQgetvalue(r, 0, 0));
-    PQclear(r);
-    const char *pv[12] = {aid, name, path, base, rank, info.cfg.train_attn ? "t" : "f", info.cfg.train_mlp ? "t" : "f",
-                          info.cfg.train_unembed ? "t" : "f", digest, size, src, cjs};
-    r = db_query(c, SQL_CLI_IMPORT_VERSION, 12, pv, err, sizeof err);
-    if (!r) {
-        if (!strcmp(db_last_sqlstate(), "23505"))
-            snprintf(err, sizeof err, "%s exists already (`loom adapter delete %s` first, or another --name)", path,
-                     path);
-        goto dberr;
-    }
-    PQclear(r);
-    char details[160];
-    snprintf(details, sizeof details, "{\"blob_digest\": \"%s\"}", digest);
-    if (reg_audit(c, tid_n, "cli", "checkpoint.import", path, details, err, sizeof err) < 0 ||
-        db_commit(c, err, sizeof err) < 0)
-        goto dberr;
+    reg_import_req q = {.tenant_id = tid_n, .run = run, .name = name, .base_model = base, .rank = info.cfg.rank,
+                        .train_attn = info.cfg.train_attn, .train_mlp = info.cfg.train_mlp,
+                        .train_unembed = info.cfg.train_unembed, .digest = digest, .size_bytes = (int64_t)blen,
+                        .source = src, .source_config = (const char *)cfgj, .actor = "cli"};
+    rc = reg_import(c, bs, &q, blob, blen, path, err, sizeof err);
+    if (rc == 409 && strstr(err, "exists already")) snprintf(err + strlen(err), sizeof err - strlen(err), " (`loom adapter delete %s`)", path);
+    if (rc != 0) return cli_fail(o, c, "%s", err);
     printf("imported %s (rank %d,%s%s%s; %zu bytes, blob %s)\n", path, info.cfg.rank, info.cfg.train_attn ? " attn" : "",
            info.cfg.train_mlp ? " mlp" : "", info.cfg.train_unembed ? " head" : "", blen, digest);
-    free(cjs); free(blob); free(cfgj); free(st);
+    free(blob); free(cfgj); free(st);
     blob_close(bs);
     PQfinish(c);
     return 0;
-dberr:
-    db_rollback(c);
-    return cli_fail(o, c, "%s", err);
 }
 
 /* ---- share / publish / delete --------------------------------------------------------------- */
@@ -529,9 +492,9 @@ static int gc_pass(PGconn *c, blobstore *bs, const reg_gc_opts *o) {
         return -1;
     }
     printf("%sexpired %d, pruned %d, blobs removed %d (%lld bytes; %d orphans), blobs kept for live versions %d, "
-           "young orphans kept %d, stale temp files removed %d\n",
+           "young orphans kept %d, stale temp files removed %d, expired uploads dropped %d\n",
            o->dry_run ? "(dry run) " : "", st.expired, st.pruned, st.blobs_removed, (long long)st.bytes_freed,
-           st.orphans_removed, st.blobs_kept, st.orphans_young, st.tmp_removed);
+           st.orphans_removed, st.blobs_kept, st.orphans_young, st.tmp_removed, st.uploads_expired);
     fflush(stdout);
     return 0;
 }

@@ -65,23 +65,6 @@
 #define SQL_CLI_TENANT "SELECT id FROM tenants WHERE name = $1"
 /* $1 base model -> its config.json */
 #define SQL_CLI_BASE_CONFIG "SELECT config::text FROM base_models WHERE name = $1"
-/* $1 tenant, $2 adapter name -> id; no row when the name is another tenant's run (a
- * tinker://RUN/... path names one run for everyone). The transaction's advisory lock on
- * the name makes two imports of one new name by two tenants take turns. */
-#define SQL_CLI_IMPORT_RUN_LOCK "SELECT pg_advisory_xact_lock(7340214, hashtext($1))"
-#define SQL_CLI_IMPORT_ADAPTER                                                                  \
-    "INSERT INTO adapters (tenant_id, name) SELECT $1, $2"                                       \
-    " WHERE NOT EXISTS (SELECT 1 FROM adapters WHERE name = $2 AND tenant_id <> $1)"             \
-    " AND NOT EXISTS (SELECT 1 FROM models WHERE id = $2 AND tenant_id <> $1)"                   \
-    " ON CONFLICT (tenant_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id"
-/* $1 adapter, $2 name, $3 path, $4 base model, $5 rank, $6..$8 train_attn, train_mlp,
- * train_unembed, $9 digest, $10 size, $11 source, $12 its config -> id */
-#define SQL_CLI_IMPORT_VERSION                                                                  \
-    "INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, base_model, lora_config," \
-    " blob_digest, size_bytes, provenance) VALUES ($1, 'sampler', $2, $3, 0, $4,"                \
-    " jsonb_build_object('rank', $5::int, 'lora_alpha', 32, 'train_attn', $6::boolean,"         \
-    "  'train_mlp', $7::boolean, 'train_unembed', $8::boolean), $9, $10,"                        \
-    " jsonb_build_object('imported_from', $11::text, 'source_config', $12::jsonb)) RETURNING id"
 /* $1 run -> adapter id, owner */
 #define SQL_CLI_RUN_ADAPTER "SELECT id, tenant_id FROM adapters WHERE name = $1"
 /* $1 adapter, $2 tenant */

@@ -1,6 +1,7 @@
 /* exe_ckpt.c: checkpoint operations against the registry: save_weights (weights + Adam
- * state), the named save_weights_for_sampler (weights only), load_weights, and the
- * loader of sampler adapters for the sampling code. Adapters cross between the backend
+ * state), the named save_weights_for_sampler (weights only; with "external" in its
+ * payload, save_weights_external: the same weights under external_weights/), load_weights,
+ * and the loader of sampler adapters for the sampling code. Adapters cross between the backend
  * and the blobs only as host states (adapter_download / adapter_upload, model/lora.h).
  *
  * A save downloads the adapter, serialises it (model/adapter_io.c) and stores the blob before the cycle
@@ -19,7 +20,7 @@
 
 /* What the commit hook needs; one malloc block (hook_data is released with free()). */
 typedef struct {
-    char kind[16];                 /* "training" | "sampler" */
+    char kind[16];                 /* "training" | "sampler" | "external" */
     char name[REG_NAME_MAX + 1];
     char digest[BLOB_DIGEST_HEX];
     int64_t step, ttl_seconds, key_id;
@@ -122,11 +123,17 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
     op->commit_hook = save_hook;
     char path[REG_PATH_MAX];
     snprintf(path, sizeof path, "tinker://%s/%s/%s", op->model_id, reg_dir_of_kind(kind), name);
-    op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? OP_SAVE_WEIGHTS : OP_SAVE_FOR_SAMPLER);
+    if (!strcmp(kind, "external"))   /* SaveWeightsExternalResponseInternal */
+        op->result = json_pack("{s:s, s:I, s:s}", "path", path, "size_bytes", (json_int_t)len, "type",
+                               "save_weights_external");
+    else
+        op->result = json_pack("{s:s, s:s}", "path", path, "type", training ? OP_SAVE_WEIGHTS : OP_SAVE_FOR_SAMPLER);
 }
 
 static void run_save_weights(exe_state *st, exe_op *op) { run_save(st, op, "training"); }
-static void run_save_sampler(exe_state *st, exe_op *op) { run_save(st, op, "sampler"); }
+static void run_save_sampler(exe_state *st, exe_op *op) {
+    run_save(st, op, json_is_true(json_object_get(op->payload, "external")) ? "external" : "sampler");
+}
 
 /* Access is checked again when load_weights runs, not only at submit: a checkpoint
  * unpublished, unshared, deleted, expired or replaced (saved again under its name) since

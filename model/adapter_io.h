@@ -70,6 +70,10 @@ int adapter_io_export(const void *blob, size_t len, adapter_export_format fmt, c
                       bool with_head, adapter_export *out, char *err, size_t errlen);
 void adapter_export_free(adapter_export *e);
 
+/* What an import takes at most (`loom adapter import`, an HTTP upload, docs/protocol.md §12.5). */
+#define ADAPTER_IMPORT_MAX_CONFIG (1u << 20)           /* adapter_config.json */
+#define ADAPTER_IMPORT_MAX_WEIGHTS (16ull << 30)       /* adapter_model.safetensors */
+
 /* Builds a sampler blob from a PEFT or Tinker adapter (adapter_config.json text +
  * adapter_model.safetensors bytes) for base model geometry mc: keys lm_head and
  * unembed_tokens both map to the head, modules present decide the flags, and a

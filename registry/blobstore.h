@@ -36,6 +36,16 @@ typedef struct {
     /* Removes temporary files of interrupted puts last modified before `before` (unix
      * seconds); *removed counts them (dry_run: counts only). */
     int (*clean_tmp)(blobstore *s, int64_t before, bool dry_run, int *removed, char *err, size_t errlen);
+    /* Staged files: bytes that are not a blob yet (an adapter upload's files, until it is
+     * finished and imported), kept beside the temporary files of puts, so the orphan sweep
+     * (clean_tmp) also removes what a crash left. Names: 1..100 of [A-Za-z0-9._-], not
+     * starting with '.'. stage_put replaces the file whole (a reader never sees half of it);
+     * stage_map maps it read-only (page cache, not the heap), at most max bytes, else an
+     * error naming the size; stage_remove of an absent file succeeds. */
+    int (*stage_put)(blobstore *s, const char *name, const void *data, size_t n, char *err, size_t errlen);
+    int (*stage_map)(blobstore *s, const char *name, size_t max, const void **data, size_t *n, char *err,
+                     size_t errlen);
+    int (*stage_remove)(blobstore *s, const char *name, char *err, size_t errlen);
     void (*close)(blobstore *s);
 } blobstore_ops;
 
@@ -66,4 +76,16 @@ static inline int blob_stat(blobstore *s, const char *dg, blob_info *out, char *
 static inline int blob_clean_tmp(blobstore *s, int64_t before, bool dry, int *removed, char *e, size_t el) {
     return s->ops->clean_tmp(s, before, dry, removed, e, el);
 }
+static inline int blob_stage_put(blobstore *s, const char *name, const void *d, size_t n, char *e, size_t el) {
+    return s->ops->stage_put(s, name, d, n, e, el);
+}
+static inline int blob_stage_map(blobstore *s, const char *name, size_t max, const void **d, size_t *n, char *e,
+                                 size_t el) {
+    return s->ops->stage_map(s, name, max, d, n, e, el);
+}
+static inline int blob_stage_remove(blobstore *s, const char *name, char *e, size_t el) {
+    return s->ops->stage_remove(s, name, e, el);
+}
+/* Ends a stage_map mapping. */
+void blob_stage_unmap(const void *data, size_t n);
 static inline void blob_close(blobstore *s) { s->ops->close(s); }

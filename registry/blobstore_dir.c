@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -221,11 +222,98 @@ static int dir_clean_tmp(blobstore *s, int64_t before, bool dry_run, int *remove
     return 0;
 }
 
+/* ---- staged files: <root>/tmp/<name> ---------------------------------------------------- */
+
+static bool stage_name_ok(const char *name) {
+    size_t n = name ? strlen(name) : 0;
+    if (n < 1 || n > 100 || name[0] == '.') return false;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", name[i])) return false;
+    return true;
+}
+
+static int dir_stage_put(blobstore *s, const char *name, const void *data, size_t n, char *err, size_t errlen) {
+    dirstore *d = (dirstore *)s;
+    if (!stage_name_ok(name)) { snprintf(err, errlen, "blob store: invalid staged file name"); return -1; }
+    char final[PATH_MAX], tmp[PATH_MAX];
+    snprintf(final, sizeof final, "%s/tmp/%s", d->root, name);
+    snprintf(tmp, sizeof tmp, "%s/tmp/%s.part.XXXXXX", d->root, name);
+    int fd = mkstemp(tmp);
+    if (fd < 0) { snprintf(err, errlen, "blob store: %s: %s", tmp, strerror(errno)); return -1; }
+    /* No fsync: a staged file that a crash loses is sent again by its client. */
+    const char *p = data;
+    for (size_t left = n; left > 0;) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            snprintf(err, errlen, "blob store: writing %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
+            close(fd);
+            unlink(tmp);
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (close(fd) < 0 || rename(tmp, final) < 0) {
+        snprintf(err, errlen, "blob store: staging %s: %s", final, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static int dir_stage_map(blobstore *s, const char *name, size_t max, const void **data, size_t *n, char *err,
+                         size_t errlen) {
+    dirstore *d = (dirstore *)s;
+    *data = NULL;
+    *n = 0;
+    if (!stage_name_ok(name)) { snprintf(err, errlen, "blob store: invalid staged file name"); return -1; }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tmp/%s", d->root, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { snprintf(err, errlen, "staged file %s: %s", name, strerror(errno)); return -1; }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "staged file %s is not a regular file", name);
+        close(fd);
+        return -1;
+    }
+    if ((uint64_t)st.st_size > max) {
+        snprintf(err, errlen, "%lld bytes, more than the %zu allowed", (long long)st.st_size, max);
+        close(fd);
+        return -1;
+    }
+    void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : (void *)"";
+    close(fd);
+    if (m == MAP_FAILED) { snprintf(err, errlen, "staged file %s: mmap: %s", name, strerror(errno)); return -1; }
+    *data = m;
+    *n = (size_t)st.st_size;
+    return 0;
+}
+
+void blob_stage_unmap(const void *data, size_t n) {
+    if (data && n) munmap((void *)data, n);
+}
+
+static int dir_stage_remove(blobstore *s, const char *name, char *err, size_t errlen) {
+    dirstore *d = (dirstore *)s;
+    if (!stage_name_ok(name)) { snprintf(err, errlen, "blob store: invalid staged file name"); return -1; }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tmp/%s", d->root, name);
+    if (unlink(path) < 0 && errno != ENOENT) {
+        snprintf(err, errlen, "blob store: unlink %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 static void dir_close(blobstore *s) { free(s); }
 
 static const blobstore_ops dir_ops = {.name = "dir", .put = dir_put, .get = dir_get, .exists = dir_exists_blob,
                                       .remove = dir_remove, .list = dir_list, .stat = dir_stat,
-                                      .clean_tmp = dir_clean_tmp, .close = dir_close};
+                                      .clean_tmp = dir_clean_tmp, .stage_put = dir_stage_put,
+                                      .stage_map = dir_stage_map, .stage_remove = dir_stage_remove,
+                                      .close = dir_close};
 
 blobstore *blob_open_dir(const char *root, char *err, size_t errlen) {
     if (sodium_init() < 0) { snprintf(err, errlen, "libsodium init failed"); return NULL; }

@@ -8,7 +8,9 @@
  * A save takes the same lock (shared) before it checks its blob and inserts its row, so
  * the count always sees a committing save, and a save that waited for GC re-stores the
  * blob it lost.
- * 3. (sweep_orphans) blobs in the store that no version row counts on, older than the
+ * 3. adapter uploads (docs/protocol.md §12.7) not finished before they expired are dropped, with
+ *    their staged files;
+ * 4. (sweep_orphans) blobs in the store that no version row counts on, older than the
  *    grace period by mtime, go the same way under the same lock; so do stale temporary
  *    files of interrupted puts. A save in flight either holds the shared lock (its row
  *    is then counted) or has not taken it yet: it then finds its blob gone and stores it
@@ -164,9 +166,34 @@ static int sweep_orphans(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_
     return rc;
 }
 
+/* Adapter uploads not finished before they expired: their rows go, then their staged
+ * files (a crash between the two leaves files the temporary-file sweep removes later). */
+static int drop_expired_uploads(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err,
+                                size_t errlen) {
+    PGresult *r = db_query(c, o->dry_run ? SQL_REG_GC_EXPIRED_UPLOADS_COUNT : SQL_REG_GC_EXPIRED_UPLOADS, 0, NULL,
+                           err, errlen);
+    if (!r) return -1;
+    if (o->dry_run) {
+        st->uploads_expired = (int)db_int(r, 0, 0);
+        PQclear(r);
+        return 0;
+    }
+    st->uploads_expired = PQntuples(r);
+    int rc = 0;
+    for (int i = 0; i < PQntuples(r) && rc == 0; i++)
+        for (int k = 0; k < REG_UPLOAD_NFILES && rc == 0; k++) {
+            char name[128];
+            reg_upload_stage_name(PQgetvalue(r, i, 0), k, name);
+            rc = blob_stage_remove(bs, name, err, errlen);
+        }
+    PQclear(r);
+    return rc;
+}
+
 int reg_gc(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_stats *st, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     if (mark_dead(c, o, st, err, errlen) < 0) return -1;
+    if (!o->run && drop_expired_uploads(c, bs, o, st, err, errlen) < 0) return -1;
     PGresult *r = db_query(c, SQL_REG_GC_CANDIDATES, 0, NULL, err, errlen);
     if (!r) return -1;
     int n = PQntuples(r);

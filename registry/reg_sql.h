@@ -92,6 +92,45 @@
     "   WHERE o.model_id = $1 AND o.seq_id = $3::int)"                                         \
     " FROM models m, agg WHERE m.id = $1 RETURNING id"
 
+/* ---- imports and copies (cli/adapter.c, service/api_upload.c, service/api_weights_ext.c) - */
+/* $1 tenant, $2 run name -> adapter id (the tenant's run, created when absent) */
+/* $1 tenant, $2 run name -> the tenant's adapter of that name (made when new); no row when
+ * the name is another tenant's run (a tinker://RUN/... path names one run for everyone).
+ * SQL_REG_RUN_LOCK first: the transaction's advisory lock on the name makes two tenants'
+ * imports of one new name take turns. */
+#define SQL_REG_RUN_LOCK "SELECT pg_advisory_xact_lock(7340214, hashtext($1))"
+#define SQL_REG_RUN_ADAPTER                                                                   \
+    "INSERT INTO adapters (tenant_id, name) SELECT $1, $2"                                     \
+    " WHERE NOT EXISTS (SELECT 1 FROM adapters WHERE name = $2 AND tenant_id <> $1)"           \
+    " AND NOT EXISTS (SELECT 1 FROM models WHERE id = $2 AND tenant_id <> $1)"                 \
+    " ON CONFLICT (tenant_id, name) DO UPDATE SET name = EXCLUDED.name RETURNING id"
+/* $1 adapter, $2 name, $3 path, $4 base model, $5 rank, $6..$8 train_attn, train_mlp,
+ * train_unembed, $9 digest, $10 size, $11 source, $12 its adapter_config.json (JSON text),
+ * $13 creating key or NULL -> id; 23505 when a live version holds the path */
+#define SQL_REG_IMPORT_VERSION                                                                \
+    "INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, base_model, lora_config," \
+    " blob_digest, size_bytes, provenance, created_by_key) VALUES ($1, 'sampler', $2, $3, 0, $4,"  \
+    " jsonb_build_object('rank', $5::int, 'lora_alpha', 32, 'train_attn', $6::boolean,"       \
+    "  'train_mlp', $7::boolean, 'train_unembed', $8::boolean), $9, $10,"                      \
+    " jsonb_build_object('imported_from', $11::text, 'source_config', $12::jsonb), $13::bigint) RETURNING id"
+/* $1 adapter, $2 path, $3 source version, $4 creating key or NULL, $5 ttl seconds (< 0:
+ * never) -> id of the copy: the source's kind, name, step, base model, LoRA config, blob
+ * and size; its parent is the source (lineage), and its provenance says where it came
+ * from (not the source's own provenance, which is another tenant's business). */
+#define SQL_REG_COPY_VERSION                                                                  \
+    "INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, parent_id, base_model,"  \
+    " lora_config, blob_digest, size_bytes, provenance, created_by_key, expires_at)"          \
+    " SELECT $1, v.kind, v.name, $2, v.step, v.id, v.base_model, v.lora_config, v.blob_digest," \
+    "  v.size_bytes, jsonb_build_object('copied_from', v.tinker_path, 'source_version_id', v.id," \
+    "  'source_tenant_id', a.tenant_id), $4::bigint,"                                          \
+    "  CASE WHEN $5::bigint < 0 THEN NULL ELSE now() + make_interval(secs => $5::float8) END"  \
+    " FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id WHERE v.id = $3::bigint" \
+    " AND " REG_LIVE " RETURNING id"
+/* $1 path -> parent id, digest of the live version at path (a copy's retry finds itself) */
+#define SQL_REG_PATH_PARENT                                                                   \
+    "SELECT COALESCE(parent_id, 0), blob_digest FROM adapter_versions"                        \
+    " WHERE tinker_path = $1 AND deleted_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+
 /* ---- locks ------------------------------------------------------------------------------- */
 /* Class 0x4c6f6f6d ("Loom"), object = the digest's first 32 bits. */
 #define SQL_REG_BLOB_LOCK_SHARED                                                              \
@@ -154,6 +193,15 @@
     " (SELECT 1 FROM adapter_versions v WHERE v.blob_digest = u.d AND v.blob_removed_at IS NULL)" \
     " AND NOT EXISTS (SELECT 1 FROM model_snapshots s WHERE s.blob_digest = u.d)"             \
     " AND NOT EXISTS (SELECT 1 FROM sampling_sessions s WHERE s.snapshot_digest = u.d)"
+
+/* Adapter uploads (migration 0022) not finished before they expired, or finished: their
+ * staged files go (names: upload-<id>-<file index>, service/api_upload.c). An unfinished
+ * one is deleted after its files; a finished one stays (its files are removed at finish,
+ * this only repeats it). -> id of each expired unfinished upload, deleted */
+#define SQL_REG_GC_EXPIRED_UPLOADS                                                            \
+    "DELETE FROM weight_uploads WHERE finished_at IS NULL AND expires_at <= now() RETURNING id"
+#define SQL_REG_GC_EXPIRED_UPLOADS_COUNT                                                      \
+    "SELECT count(*) FROM weight_uploads WHERE finished_at IS NULL AND expires_at <= now()"
 
 /* ---- audit ------------------------------------------------------------------------------- */
 /* $1 tenant or NULL, $2 actor, $3 action, $4 object, $5 details (JSON or NULL) */

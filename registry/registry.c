@@ -43,11 +43,12 @@ static bool run_valid(const char *run, size_t n) {
 const char *reg_kind_of_dir(const char *dir) {
     if (!strcmp(dir, "weights")) return "training";
     if (!strcmp(dir, "sampler_weights")) return "sampler";
+    if (!strcmp(dir, "external_weights")) return "external";
     return NULL;
 }
 
 const char *reg_dir_of_kind(const char *kind) {
-    return !strcmp(kind, "training") ? "weights" : "sampler_weights";
+    return !strcmp(kind, "training") ? "weights" : !strcmp(kind, "external") ? "external_weights" : "sampler_weights";
 }
 
 int reg_ckpt_id_parse(const char *run, const char *ckpt_id, reg_path *out, char *err, size_t errlen) {
@@ -58,13 +59,14 @@ int reg_ckpt_id_parse(const char *run, const char *ckpt_id, reg_path *out, char 
     }
     const char *slash = strchr(ckpt_id, '/');
     if (!slash || slash - ckpt_id >= (ptrdiff_t)sizeof out->dir) {
-        snprintf(err, errlen, "checkpoint id \"%.200s\" must look like weights/<name> or sampler_weights/<name>",
-                 ckpt_id);
+        snprintf(err, errlen, "checkpoint id \"%.200s\" must look like weights/<name>, sampler_weights/<name> or "
+                 "external_weights/<name>", ckpt_id);
         return -1;
     }
     memcpy(out->dir, ckpt_id, slash - ckpt_id);
     if (!reg_kind_of_dir(out->dir)) {
-        snprintf(err, errlen, "checkpoint kind \"%s\" is neither weights nor sampler_weights", out->dir);
+        snprintf(err, errlen, "checkpoint kind \"%s\" is none of weights, sampler_weights, external_weights",
+                 out->dir);
         return -1;
     }
     if (!reg_name_valid(slash + 1, err, errlen)) return -1;
@@ -256,6 +258,126 @@ int reg_version_insert(PGconn *c, const reg_new_version *v, int64_t *version_id,
     }
     *version_id = db_int(r, 0, 0);
     PQclear(r);
+    return 0;
+}
+
+/* ---- imports and copies ----------------------------------------------------------------- */
+
+const char *const reg_upload_files[REG_UPLOAD_NFILES] = {"adapter_config.json", "adapter_model.safetensors"};
+
+void reg_upload_stage_name(const char *upload_id, int i, char out[128]) {
+    snprintf(out, 128, "upload-%.80s-%d", upload_id, i);
+}
+
+static int run_adapter(PGconn *c, int64_t tenant, const char *run, char id[24], char *err, size_t errlen) {
+    char t[24];
+    snprintf(t, sizeof t, "%lld", (long long)tenant);
+    const char *p[2] = {t, run};
+    PGresult *r;
+    if (db_exec(c, SQL_REG_RUN_LOCK, 1, p + 1, err, errlen) < 0) return -1;
+    int rc = one_row(c, SQL_REG_RUN_ADAPTER, 2, p, &r, err, errlen);
+    if (rc <= 0) {
+        if (r) PQclear(r);
+        if (rc == 0) {
+            snprintf(err, errlen, "run name %s is taken by another tenant (a tinker://RUN/... path names one run "
+                     "for every tenant); choose another run name", run);
+            return 409;
+        }
+        return -1;
+    }
+    snprintf(id, 24, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
+}
+
+int reg_import(PGconn *c, blobstore *bs, const reg_import_req *q, const void *blob, size_t len,
+               char path[REG_PATH_MAX], char *err, size_t errlen) {
+    char ckpt[REG_NAME_MAX + 32];
+    reg_path rp;
+    snprintf(ckpt, sizeof ckpt, "sampler_weights/%s", q->name);
+    if (reg_ckpt_id_parse(q->run, ckpt, &rp, err, errlen) < 0) return -1;
+    reg_path_format(&rp, path, REG_PATH_MAX);
+    char aid[24], rank[16], size[24], key[24];
+    snprintf(rank, sizeof rank, "%d", q->rank);
+    snprintf(size, sizeof size, "%lld", (long long)q->size_bytes);
+    snprintf(key, sizeof key, "%lld", (long long)q->key_id);
+    if (db_begin(c, err, errlen) < 0) return -1;
+    /* Under the digest's shared lock: the GC (exclusive) either removed the blob before,
+     * and it is stored again here, or sees this version when it looks. */
+    if (reg_blob_lock_shared(c, q->digest, err, errlen) < 0) goto fail;
+    if (!blob_exists(bs, q->digest)) {
+        char dg[BLOB_DIGEST_HEX];
+        if (blob_put(bs, blob, len, dg, err, errlen) < 0) goto fail;
+    }
+    int ra = run_adapter(c, q->tenant_id, q->run, aid, err, errlen);
+    if (ra > 0) {
+        db_rollback(c);
+        return ra;
+    }
+    if (ra < 0) goto fail;
+    const char *pv[13] = {aid, q->name, path, q->base_model, rank, q->train_attn ? "t" : "f",
+                          q->train_mlp ? "t" : "f", q->train_unembed ? "t" : "f", q->digest, size, q->source,
+                          q->source_config, q->key_id > 0 ? key : NULL};
+    PGresult *r = db_query(c, SQL_REG_IMPORT_VERSION, 13, pv, err, errlen);
+    if (!r) {
+        if (!strcmp(db_last_sqlstate(), "23505")) {
+            snprintf(err, errlen, "%s exists already (delete it first, or import under another name)", path);
+            db_rollback(c);
+            return 409;
+        }
+        goto fail;
+    }
+    PQclear(r);
+    char details[160];
+    snprintf(details, sizeof details, "{\"blob_digest\": \"%s\"}", q->digest);
+    if (reg_audit(c, q->tenant_id, q->actor, "checkpoint.import", path, details, err, errlen) < 0 ||
+        db_commit(c, err, errlen) < 0)
+        goto fail;
+    return 0;
+fail:
+    db_rollback(c);
+    return -1;
+}
+
+int reg_copy(PGconn *c, const reg_version *src, int64_t tenant, const char *run, int64_t ttl_seconds,
+             int64_t key_id, char path[REG_PATH_MAX], char *err, size_t errlen) {
+    char ckpt[REG_NAME_MAX + 32], aid[24], sid[24], key[24], ttl[24];
+    reg_path rp;
+    snprintf(ckpt, sizeof ckpt, "%s/%s", src->path.dir, src->path.name);
+    if (reg_ckpt_id_parse(run, ckpt, &rp, err, errlen) < 0) return -1;
+    reg_path_format(&rp, path, REG_PATH_MAX);
+    snprintf(sid, sizeof sid, "%lld", (long long)src->id);
+    const char *pp[1] = {path};
+    PGresult *r;
+    int rc = one_row(c, SQL_REG_PATH_PARENT, 1, pp, &r, err, errlen);
+    if (rc < 0) return -1;
+    if (rc > 0) {
+        bool same = db_int(r, 0, 0) == src->id && !strcmp(PQgetvalue(r, 0, 1), src->digest);
+        PQclear(r);
+        if (same) return 0;   /* the copy exists: a retry of the same request */
+        snprintf(err, errlen, "%s exists already and is not a copy of %s: copy into another model_seq_id, or "
+                 "delete it first", path, src->tinker_path);
+        return 409;
+    }
+    PQclear(r);
+    int ra = run_adapter(c, tenant, run, aid, err, errlen);
+    if (ra != 0) return ra;
+    snprintf(key, sizeof key, "%lld", (long long)key_id);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_seconds);
+    const char *pc[5] = {aid, path, sid, key_id > 0 ? key : NULL, ttl};
+    rc = one_row(c, SQL_REG_COPY_VERSION, 5, pc, &r, err, errlen);
+    if (rc < 0) {
+        if (!strcmp(db_last_sqlstate(), "23505")) {
+            snprintf(err, errlen, "%s was taken meanwhile; copy into another model_seq_id", path);
+            return 409;
+        }
+        return -1;
+    }
+    PQclear(r);
+    if (rc == 0) {
+        snprintf(err, errlen, "checkpoint %.300s was deleted or expired meanwhile", src->tinker_path);
+        return 404;
+    }
     return 0;
 }
 

@@ -24,7 +24,7 @@
 
 typedef struct {
     char run[REG_RUN_MAX];
-    char dir[16];                /* "weights" | "sampler_weights" */
+    char dir[24];                /* "weights" | "sampler_weights" | "external_weights" */
     char name[REG_NAME_MAX + 1];
 } reg_path;
 
@@ -46,7 +46,7 @@ typedef struct {
     int64_t id, adapter_id, tenant_id;  /* tenant_id: the owner */
     char tinker_path[REG_PATH_MAX];
     reg_path path;
-    char kind[16];                      /* "training" | "sampler" */
+    char kind[16];                      /* "training" | "sampler" | "external" */
     char base_model[256];
     char digest[BLOB_DIGEST_HEX];
     int64_t size_bytes, step;
@@ -77,7 +77,7 @@ int reg_find_live(PGconn *c, const char *tinker_path, reg_version *out, char *er
 typedef struct {
     const char *model_id;
     int64_t seq_id;            /* the save operation's seq_id */
-    const char *kind;          /* "training" | "sampler" */
+    const char *kind;          /* "training" | "sampler" | "external" */
     const char *name;
     const char *digest;
     int64_t size_bytes, step;
@@ -92,6 +92,47 @@ typedef struct {
  * the version. 0 with *version_id; 1 when the name exists and overwrite is false (err
  * says so, nothing written); -1 database error. */
 int reg_version_insert(PGconn *c, const reg_new_version *v, int64_t *version_id, char *err, size_t errlen);
+
+/* ---- imports and copies ------------------------------------------------------------------ */
+
+/* An adapter brought in from outside (`loom adapter import`, an HTTP upload): its blob is
+ * already in the store (validated and built by model/adapter_io.c: adapter_io_import). */
+typedef struct {
+    int64_t tenant_id;
+    const char *run, *name;     /* -> tinker://<run>/sampler_weights/<name> */
+    const char *base_model;
+    int rank;
+    bool train_attn, train_mlp, train_unembed;
+    const char *digest;
+    int64_t size_bytes;
+    const char *source;         /* provenance imported_from: a file, or "upload:<id>" */
+    const char *source_config;  /* the adapter_config.json it came with (JSON text) */
+    const char *actor;          /* audit_log actor: "cli", "key:<prefix>" ... */
+    int64_t key_id;             /* the creating API key, 0 if none */
+} reg_import_req;
+
+/* In one transaction of its own: the digest's shared lock, the blob stored again if GC
+ * took it meanwhile (blob, len), the run's adapter, the version and a checkpoint.import
+ * audit row. 0 with path; 409 when a live checkpoint holds the path (err says so, nothing
+ * written); -1 with err. */
+int reg_import(PGconn *c, blobstore *bs, const reg_import_req *q, const void *blob, size_t len,
+               char path[REG_PATH_MAX], char *err, size_t errlen);
+
+/* A copy of version src for tenant, as tinker://<run>/<src's kind dir>/<src's name>,
+ * inside the caller's transaction: the copy names the same blob (no bytes are written;
+ * the GC keeps a blob while any live version names it, so the copy outlives its source),
+ * its parent is src and its provenance says where it came from; ttl_seconds < 0: it never
+ * expires. The caller holds the digest's shared lock and has checked that the blob is in
+ * the store. 0 with path (also when this very copy exists already: a retry); 409 when
+ * another live version holds the path; -1 with err. */
+int reg_copy(PGconn *c, const reg_version *src, int64_t tenant, const char *run, int64_t ttl_seconds,
+             int64_t key_id, char path[REG_PATH_MAX], char *err, size_t errlen);
+
+/* An adapter upload's staged files (docs/protocol.md §12.5): the two files, in this order,
+ * and the staged name of file i of upload id (blobstore.h: stage_put). */
+#define REG_UPLOAD_NFILES 2
+extern const char *const reg_upload_files[REG_UPLOAD_NFILES];
+void reg_upload_stage_name(const char *upload_id, int i, char out[128]);
 
 /* ---- blob locks and GC ---------------------------------------------------------------- */
 
@@ -121,6 +162,7 @@ typedef struct {
     int orphans_removed;   /* orphan blobs removed (also counted in blobs_removed, bytes_freed) */
     int orphans_young;     /* orphan blobs left alone, younger than the grace period */
     int tmp_removed;       /* stale temporary files removed */
+    int uploads_expired;   /* adapter uploads not finished in time, dropped with their files */
 } reg_gc_stats;
 
 /* One GC pass (no transaction open on c). 0, or -1 with err. The orphan sweep runs

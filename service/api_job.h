@@ -50,7 +50,9 @@ typedef struct api_job {
     /* retrieve_future long-poll state (set by the worker on the first pass) */
     bool recheck;       /* skip auth and parsing: tenant_id and request_id are known */
     int64_t tenant_id;
-    char request_id[API_REQUEST_ID_MAX];
+    char request_id[API_REQUEST_ID_MAX];   /* also the key a NOTIFY wakes the parked job by */
+    char *recheck_arg;  /* malloc'd: what else a long poll's later looks need (retrieve_futures) */
+    uint32_t hold_ms;   /* > 0: park at most this long (else the loop's 25 s) */
 
     /* for the access log and metrics (api_metrics.h) */
     char log_id[API_LOG_ID_MAX];   /* X-Request-Id: the client's, or one made here */

@@ -97,7 +97,7 @@ int api_main(int argc, char **argv) {
         snprintf(api_client_config, sizeof api_client_config,
                  "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false, "
                  "\"proto_write_fwdbwd\": true, \"fwd_via_fwdbwd\": true, "
-                 "\"proto_compress_fwdbwd\": %s}", proto_zstd ? "true" : "false");
+                 "\"proto_compress_fwdbwd\": %s, " API_CLIENT_CONFIG_SAMPLE_FLAGS "}", proto_zstd ? "true" : "false");
     if (keys_init() < 0) {
         log_error("libsodium initialisation failed");
         return 1;
@@ -110,6 +110,9 @@ int api_main(int argc, char **argv) {
         log_error("blob store %s: %s", blob_dir, err);
         return 1;
     }
+    char spool[4200];
+    snprintf(spool, sizeof spool, "%s/tmp", blob_dir);
+    if (blob_dir[0]) hc.spool_dir = spool;
     api_pool *pool = api_pool_start(&pc, 30000, err, sizeof err);
     if (!pool) {
         log_error("cannot connect to the database (%s): %s", db_from, err);

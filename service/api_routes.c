@@ -6,11 +6,16 @@
 #include "service/api_console.h"
 #include "service/api_metrics.h"
 #include "service/api_openai.h"
+#include "service/api_session_futures.h"
+#include "service/api_upload.h"
 #include "service/api_weights.h"
 #include <string.h>
 
-/* client/config (docs/protocol.md §2.1); api_main.c rewrites it for --proto before any loop starts. */
-char api_client_config[256] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false}";
+/* client/config (docs/protocol.md §2.1); api_main.c rewrites it for --proto before any loop starts.
+ * The sample_* flags turn on routes the SDK uses only when told: the per-session poll
+ * (retrieve_futures, §4.4) and join_sampling_session for cloned samplers (§4.6). */
+char api_client_config[512] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_transport\": false, "
+                              API_CLIENT_CONFIG_SAMPLE_FLAGS "}";
 
 #define V1 "/api/v1"
 #define TODO(m, p) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_TODO, NULL, NULL}
@@ -23,8 +28,9 @@ static const api_route routes[] = {
     {"GET", V1 "/readyz", ROUTE_NO_AUTH | ROUTE_DB_OPTIONAL, api_h_readyz, NULL},
     {"POST", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
     {"GET", V1 "/client/config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL, api_client_config},
+    /* sample_cancel_enabled: abandoned samples are sent to cancel_future (§4.5) */
     {"POST", V1 "/client/dynamic_config", ROUTE_NO_AUTH | ROUTE_INLINE, NULL,
-     "{\"refresh_interval_sec\": 300}"},
+     "{\"refresh_interval_sec\": 300, \"sample_cancel_enabled\": true}"},
     {"GET", V1 "/get_server_capabilities", 0, api_h_capabilities, NULL},
     {"POST", V1 "/get_server_capabilities", ROUTE_READ, api_h_capabilities, NULL},
     /* telemetry (§13): any valid key (the SDK sends X-API-Key on every request); any body
@@ -39,6 +45,10 @@ static const api_route routes[] = {
 
     /* futures (§4) */
     {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_future, NULL},
+    /* per sampling session (§4.4-§4.6): api_session_futures.c */
+    {"POST", V1 "/retrieve_futures", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_futures, NULL},
+    {"POST", V1 "/cancel_future", ROUTE_SAMPLE, api_h_cancel_future, NULL},
+    {"POST", V1 "/join_sampling_session", ROUTE_SAMPLE, api_h_join_sampling_session, NULL},
 
     /* training (§7) */
     {"POST", V1 "/create_model", 0, api_h_create_model, NULL},
@@ -68,6 +78,8 @@ static const api_route routes[] = {
 
     /* checkpoints and the registry (§7.6, §7.7, §12.2, §17): api_weights.c */
     {"POST", V1 "/save_weights", 0, api_h_save_weights, NULL},
+    {"POST", V1 "/save_weights_external", 0, api_h_save_weights_external, NULL},
+    {"POST", V1 "/copy_weights", 0, api_h_copy_weights, NULL},
     {"POST", V1 "/load_weights", 0, api_h_load_weights, NULL},
     {"POST", V1 "/weights_info", ROUTE_READ, api_h_weights_info, NULL},
     {"GET", V1 "/checkpoints", 0, api_h_list_checkpoints, NULL},
@@ -78,6 +90,10 @@ static const api_route routes[] = {
     {"DELETE", V1 "/training_runs/*", 0, api_h_run_checkpoints_delete, NULL},
     {"GET", V1 "/models/*", 0, api_h_models_checkpoints, NULL},
     {"GET", V1 "/checkpoint_archives/*", ROUTE_NO_AUTH, api_h_checkpoint_download, NULL},
+    /* adapter uploads (§12.7): api_upload.c; the PUT's body is staged by the loop */
+    {"POST", V1 "/external_weights_upload_start", 0, api_h_upload_start, NULL},
+    {"POST", V1 "/external_weights_upload_finish", 0, api_h_upload_finish, NULL},
+    {"PUT", V1 "/external_weights_uploads/*", ROUTE_NO_AUTH | ROUTE_UPLOAD | ROUTE_RAW_BODY, api_h_upload_put, NULL},
 
     /* the OpenAI-compatible routes (§18): api_openai.c; the aliases they take as models */
     {"GET", "/v1/models", ROUTE_OPENAI, api_h_oai_models, NULL},

@@ -25,6 +25,10 @@ enum {
      * tenant (the key cannot be checked) and must store nothing (telemetry). */
     ROUTE_DB_OPTIONAL = 4096,
     ROUTE_OPENAI = 8192,  /* errors in OpenAI's shape {"error": {...}} (docs/protocol.md §18.1) */
+    /* A signed upload (PUT, docs/protocol.md §12.7): the loop checks the link and writes
+     * the body to a staged file in the blob store (api_upload_stage) instead of copying
+     * it for the worker, which then records it. */
+    ROUTE_UPLOAD = 16384,
 };
 
 struct api_route {
@@ -37,7 +41,9 @@ struct api_route {
 };
 
 /* The client/config answer (a NUL-terminated JSON object). */
-extern char api_client_config[256];
+extern char api_client_config[512];
+/* Its flags of the sampling routes (one place for both forms of the answer). */
+#define API_CLIENT_CONFIG_SAMPLE_FLAGS "\"sample_use_retrieve_futures\": true, \"sample_join_sampling_session\": true"
 
 /* The table, for per-route metrics: its size, the route at i, and the index of r. */
 size_t api_route_count(void);

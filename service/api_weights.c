@@ -22,6 +22,7 @@
 
 #define DOWNLOAD_TTL_S (2 * 3600)   /* signed archive URLs stay valid this long (≥ 1 h, §17.7) */
 #define TTL_MAX_S (100LL * 365 * 86400)
+#define EXTERNAL_TTL_MAX_S (10LL * 365 * 86400)   /* save_weights_external: 1 hour .. 10 years */
 #define CKPT_LIST_MAX_LIMIT 10000      /* ?limit of checkpoint listings (§12.2) */
 
 static unsigned char g_secret[32];
@@ -34,6 +35,9 @@ int api_weights_init(const unsigned char secret[32], const char *blob_dir, char 
     if (blob_dir && !(g_blobs = blob_open_dir(blob_dir, err, errlen))) return -1;
     return 0;
 }
+
+blobstore *api_blobs(void) { return g_blobs; }
+const unsigned char *api_link_secret(void) { return g_have_secret ? g_secret : NULL; }
 
 static int reply_future(api_call *c, const char *request_id, const char *model_id) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id", model_id));
@@ -83,6 +87,23 @@ static int decode_ttl(const json_t *b, int64_t *ttl, char *err, size_t errlen) {
     return 0;
 }
 
+/* save_weights_external's own rules (SaveWeightsExternalRequest): a TTL of 1 hour to 10
+ * years, and no age encryption (Loom does not offer it; refused by name). */
+static int check_external(api_call *c, int64_t ttl) {
+    if (ttl >= 0 && (ttl < 3600 || ttl > EXTERNAL_TTL_MAX_S)) {
+        snprintf(c->err, sizeof c->err, "ttl_seconds of save_weights_external must be between 3600 (1 hour) and "
+                 "%lld (10 years), or null (never expires); got %lld", (long long)EXTERNAL_TTL_MAX_S, (long long)ttl);
+        return -1;
+    }
+    const json_t *age = json_object_get(c->body, "age_encryption_recipients");
+    if (age && !json_is_null(age) && !(json_is_array(age) && json_array_size(age) == 0)) {
+        snprintf(c->err, sizeof c->err, "age_encryption_recipients: this server does not encrypt exported files; "
+                 "send null, and encrypt the downloaded files yourself");
+        return -1;
+    }
+    return 0;
+}
+
 static int submit_save(api_call *c, const char *kind) {
     const char *model_id, *name;
     int64_t seq_id, ttl;
@@ -90,9 +111,10 @@ static int submit_save(api_call *c, const char *kind) {
     if (op_req_target(c, &model_id, &seq_id, &has_seq) < 0) return 0;
     const char *op_kind = strcmp(kind, "training") ? OP_SAVE_FOR_SAMPLER : OP_SAVE_WEIGHTS;
     char *meta = NULL;   /* the checkpoint's user_metadata (SDK ≈0.33): strings, bounded */
+    bool external = !strcmp(kind, "external");
     if (jx_req_str(c->body, "", "path", &name, c->err, sizeof c->err) < 0 ||
         jx_bool(c->body, "", "overwrite", false, &overwrite, c->err, sizeof c->err) < 0 ||
-        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0 ||
+        decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0 || (external && check_external(c, ttl) < 0) ||
         jx_string_map(c->body, "user_metadata", REG_META_MAX, &meta, c->err, sizeof c->err) < 0)
         return op_reject(c, 400, model_id, has_seq, seq_id, op_kind);
     /* Some clients pass a whole tinker:// path of their own model: take its name. */
@@ -127,7 +149,8 @@ static int submit_save(api_call *c, const char *kind) {
     sb_puts(&pl, ", \"ttl_seconds\": ");
     if (ttl < 0) sb_puts(&pl, "null");
     else sb_int(&pl, ttl);
-    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld", overwrite ? "true" : "false", (long long)c->key_id);
+    sb_printf(&pl, ", \"overwrite\": %s, \"key_id\": %lld%s", overwrite ? "true" : "false", (long long)c->key_id,
+              external ? ", \"external\": true" : "");
     /* the registry copies it from here into the version row (SQL_REG_VERSION_INSERT) */
     if (meta) {
         sb_puts(&pl, ", \"user_metadata\": ");
@@ -147,6 +170,9 @@ static int submit_save(api_call *c, const char *kind) {
 
 int api_h_save_weights(api_call *c) { return submit_save(c, "training"); }
 int api_weights_save_for_sampler_named(api_call *c) { return submit_save(c, "sampler"); }
+/* The weights of the model, under external_weights/ (§7.9): run by the executor as a
+ * named save_weights_for_sampler whose payload says "external". */
+int api_h_save_weights_external(api_call *c) { return submit_save(c, "external"); }
 
 /* ---- load_weights (§7.7) ------------------------------------------------------------- */
 
@@ -477,7 +503,7 @@ typedef struct {
     bool has_ckpt;            /* {kind}/{name} present */
     reg_path path;
     char tinker_path[REG_PATH_MAX];
-    char action[16];          /* "", "publish", "ttl", "archive" */
+    char action[32];          /* "", "publish", "ttl", "archive", "external_weights_urls" */
 } ckpt_route;
 
 /* Splits "{run}/checkpoints[/{kind}/{name}[/{action}]]"; 0 or the 4xx is answered. */
@@ -490,7 +516,8 @@ static int parse_route(api_call *c, const char *arg, ckpt_route *o) {
     for (char *s = buf, *save = NULL, *t; n < 6 && (t = strtok_r(s, "/", &save)); s = NULL) seg[n++] = t;
     if (n < 2 || strcmp(seg[1], "checkpoints") || n == 3 || n > 5)
         return api_error(c, 404, "no such route: %.300s (expected training_runs/{run}/checkpoints"
-                                 "[/{weights|sampler_weights}/{name}[/publish|/ttl|/archive]])", arg ? arg : ""), -1;
+                                 "[/{weights|sampler_weights|external_weights}/{name}[/publish|/ttl|/archive|"
+                                 "/external_weights_urls]])", arg ? arg : ""), -1;
     snprintf(o->run, sizeof o->run, "%s", seg[0]);
     if (n >= 4) {
         char id[512];
@@ -501,8 +528,10 @@ static int parse_route(api_call *c, const char *arg, ckpt_route *o) {
         reg_path_format(&o->path, o->tinker_path, sizeof o->tinker_path);
     }
     if (n == 5) {
-        if (strcmp(seg[4], "publish") && strcmp(seg[4], "ttl") && strcmp(seg[4], "archive"))
-            return api_error(c, 404, "no such checkpoint action: %.100s (publish, ttl, archive)", seg[4]), -1;
+        if (strcmp(seg[4], "publish") && strcmp(seg[4], "ttl") && strcmp(seg[4], "archive") &&
+            strcmp(seg[4], "external_weights_urls"))
+            return api_error(c, 404, "no such checkpoint action: %.100s (publish, ttl, archive, "
+                                     "external_weights_urls)", seg[4]), -1;
         snprintf(o->action, sizeof o->action, "%s", seg[4]);
     }
     return 0;
@@ -572,6 +601,20 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
     return 0;
 }
 
+/* The signed link to v in fmt (an archive format, or one file of the PEFT layout), valid
+ * until expires, bound to the caller's key (malloc'd). */
+static char *signed_link(api_call *c, const reg_version *v, const char *fmt, time_t expires) {
+    char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
+    snprintf(id, sizeof id, "%s/%s", v->path.dir, v->path.name);
+    reg_download_sign(g_secret, v->path.run, id, fmt, (int64_t)expires, c->key_id, token);
+    strbuf url;
+    sb_init(&url, 256);
+    sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%lld/%s/%s",
+              c->job->base_url ? c->job->base_url : "", (long long)expires, fmt, token,
+              (long long)c->key_id, v->path.run, id);
+    return sb_steal(&url, NULL);
+}
+
 int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char **url_out, char exp_iso[32],
                      char exp_http[64]) {
     reg_version v;
@@ -581,20 +624,47 @@ int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char
     if (!g_have_secret || !g_blobs)
         return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)"), -1;
     time_t expires = time(NULL) + DOWNLOAD_TTL_S;
-    char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
-    snprintf(id, sizeof id, "%s/%s", v.path.dir, v.path.name);
-    reg_download_sign(g_secret, v.path.run, id, fmt, (int64_t)expires, c->key_id, token);
-    strbuf url;
-    sb_init(&url, 256);
-    sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%lld/%s/%s",
-              c->job->base_url ? c->job->base_url : "", (long long)expires, fmt, token,
-              (long long)c->key_id, v.path.run, id);
+    *url_out = signed_link(c, &v, fmt, expires);
     rfc1123(expires, exp_http, 64);
     iso8601(expires, exp_iso, 32);
     audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
           json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", fmt, "expires", exp_iso));
-    *url_out = sb_steal(&url, NULL);
     return 0;
+}
+
+/* The two files of the PEFT layout, each a download format of its own (§12.6). */
+static const char *const EXTERNAL_FILES[2] = {"adapter_config.json", "adapter_model.safetensors"};
+
+static bool external_file_fmt(const char *fmt) {
+    return !strcmp(fmt, EXTERNAL_FILES[0]) || !strcmp(fmt, EXTERNAL_FILES[1]);
+}
+
+/* GET .../external_weights/{name}/external_weights_urls (§12.6): one signed link per file
+ * of the PEFT layout, as the archive route signs them (bound to the caller's key, access
+ * checked again at download). ExternalWeightsUrlsResponse {urls, expires}. */
+static int external_urls(api_call *c, const ckpt_route *rt) {
+    if (strcmp(rt->path.dir, "external_weights"))
+        return api_error(c, 404, "external_weights_urls is for external_weights/<name> checkpoints (made by "
+                                 "save_weights_external); for %s/ use .../archive", rt->path.dir);
+    reg_version v;
+    int st = reg_find_readable(c->db, c->tenant_id, rt->tinker_path, &v, c->err, sizeof c->err);
+    if (st < 0) return api_db_error(c, "external_weights_urls", c->err);
+    if (st > 0) return api_error(c, st, "%s", c->err);
+    if (!g_have_secret || !g_blobs)
+        return api_error(c, 503, "downloads need the registry blob store (loom api --blob-dir)");
+    time_t expires = time(NULL) + DOWNLOAD_TTL_S;
+    char exp_iso[32];
+    iso8601(expires, exp_iso, sizeof exp_iso);
+    json_t *urls = json_object();
+    for (int i = 0; i < 2; i++) {
+        char *u = signed_link(c, &v, EXTERNAL_FILES[i], expires);
+        json_object_set_new(urls, EXTERNAL_FILES[i], json_string(u));
+        free(u);
+    }
+    audit(c, v.tenant_id, "checkpoint.download_url", v.tinker_path,
+          json_pack("{s:I, s:s, s:s}", "by_tenant", (json_int_t)c->tenant_id, "format", "external", "expires",
+                    exp_iso));
+    return api_reply_json(c, 200, json_pack("{s:o, s:s}", "urls", urls, "expires", exp_iso));
 }
 
 int api_h_run_checkpoints_get(api_call *c) {
@@ -602,6 +672,7 @@ int api_h_run_checkpoints_get(api_call *c) {
     if (parse_route(c, c->job->path_arg, &rt) < 0) return 0;
     if (!rt.has_ckpt) return list_run(c, rt.run);
     if (!strcmp(rt.action, "archive")) return archive_url(c, &rt);
+    if (!strcmp(rt.action, "external_weights_urls")) return external_urls(c, &rt);
     if (rt.action[0]) return api_error(c, 405, "use POST/DELETE for publish and PUT for ttl");
     reg_version v;
     int st = reg_find_readable(c->db, c->tenant_id, rt.tinker_path, &v, c->err, sizeof c->err);
@@ -754,7 +825,8 @@ int api_h_checkpoint_download(api_call *c) {
     const char *fmt = seg[1], *token = seg[2], *run = seg[4];
     char id[512];
     snprintf(id, sizeof id, "%s/%s", seg[5], seg[6]);
-    if (*end || *kend || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead")))
+    bool one_file = external_file_fmt(fmt);
+    if (*end || *kend || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead") && !one_file))
         return api_error(c, 403, "invalid download link");
     if (!g_have_secret || !reg_download_verify(g_secret, run, id, fmt, expires, key_id, token))
         return api_error(c, 403, "invalid download link (bad signature)");
@@ -787,11 +859,21 @@ int api_h_checkpoint_download(api_call *c) {
                                v.base_model, strcmp(fmt, "peft-nohead") != 0, &ex, c->err, sizeof c->err);
     free(blob);
     if (rc < 0) return api_error(c, 500, "checkpoint %.300s: %s", path, c->err);
-    reg_tar_member m[5];
-    for (int i = 0; i < ex.n; i++) m[i] = (reg_tar_member){ex.files[i].name, ex.files[i].data, ex.files[i].len};
-    uint8_t *tar;
-    size_t tlen;
-    rc = reg_tar_build(m, ex.n, v.created_epoch, &tar, &tlen, c->err, sizeof c->err);
+    uint8_t *tar = NULL;
+    size_t tlen = 0;
+    if (one_file) {   /* one file of the PEFT layout (§12.6), as the export makes it */
+        for (int i = 0; i < ex.n; i++)
+            if (!strcmp(ex.files[i].name, fmt)) {
+                tar = ex.files[i].data, tlen = ex.files[i].len;
+                ex.files[i].data = NULL;
+            }
+        rc = tar ? 0 : -1;
+        if (!tar) snprintf(c->err, sizeof c->err, "the export of %.300s has no %s", path, fmt);
+    } else {
+        reg_tar_member m[5];
+        for (int i = 0; i < ex.n; i++) m[i] = (reg_tar_member){ex.files[i].name, ex.files[i].data, ex.files[i].len};
+        rc = reg_tar_build(m, ex.n, v.created_epoch, &tar, &tlen, c->err, sizeof c->err);
+    }
     adapter_export_free(&ex);
     if (rc < 0) return api_error(c, 500, "%s", c->err);
 
@@ -799,8 +881,11 @@ int api_h_checkpoint_download(api_call *c) {
     int ranged = parse_range(c->job->range, tlen, &a, &b);
     strbuf hdr;
     sb_init(&hdr, 256);
-    sb_printf(&hdr, "Accept-Ranges: bytes\nContent-Disposition: attachment; filename=\"%s-%s%s.tar\"\n", v.path.run,
-              v.path.name, strcmp(fmt, "tinker") ? "-peft" : "");
+    if (one_file)
+        sb_printf(&hdr, "Accept-Ranges: bytes\nContent-Disposition: attachment; filename=\"%s\"\n", fmt);
+    else
+        sb_printf(&hdr, "Accept-Ranges: bytes\nContent-Disposition: attachment; filename=\"%s-%s%s.tar\"\n",
+                  v.path.run, v.path.name, strcmp(fmt, "tinker") ? "-peft" : "");
     if (ranged < 0) {
         free(tar);
         api_error(c, 416, "range %.100s is outside the archive's %zu bytes", c->job->range, tlen);
@@ -829,5 +914,8 @@ int api_h_checkpoint_download(api_call *c) {
     }
     free(c->job->resp_headers);
     c->job->resp_headers = sb_steal(&hdr, NULL);
-    return api_reply_bytes(c, ranged > 0 ? 206 : 200, "application/x-tar", tar, tlen);
+    return api_reply_bytes(c, ranged > 0 ? 206 : 200,
+                           !one_file ? "application/x-tar"
+                           : !strcmp(fmt, EXTERNAL_FILES[0]) ? "application/json" : "application/octet-stream",
+                           tar, tlen);
 }

@@ -6,6 +6,7 @@
  * to the sampling routes; their handler calls api_weights_save_for_sampler_named when
  * the body has a "path" (the named form saves a registry checkpoint). */
 #pragma once
+#include "registry/blobstore.h"
 #include "service/api_call.h"
 #include <stdint.h>
 
@@ -17,11 +18,12 @@ int api_weights_init(const unsigned char secret[32], const char *blob_dir, char 
 int api_weights_save_for_sampler_named(api_call *c);
 
 int api_h_save_weights(api_call *c);                /* POST /save_weights */
+int api_h_save_weights_external(api_call *c);       /* POST /save_weights_external (§7.9) */
 int api_h_load_weights(api_call *c);                /* POST /load_weights */
 int api_h_weights_info(api_call *c);                /* POST /weights_info */
 int api_h_list_checkpoints(api_call *c);            /* GET /checkpoints */
 int api_h_search_checkpoints(api_call *c);          /* POST /checkpoints/search (SDK 0.39) */
-/* /training_runs/{run}/checkpoints[/{kind}/{name}[/publish|/ttl|/archive]] */
+/* /training_runs/{run}/checkpoints[/{kind}/{name}[/publish|/ttl|/archive|/external_weights_urls]] */
 int api_h_run_checkpoints_get(api_call *c);         /* GET: list, archive */
 int api_h_run_checkpoints_post(api_call *c);        /* POST .../publish */
 int api_h_run_checkpoints_put(api_call *c);         /* PUT .../ttl */
@@ -35,3 +37,12 @@ int api_h_checkpoint_download(api_call *c);         /* GET|HEAD /checkpoint_arch
  * answered. The archive route (302) and the web console share it. */
 int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char **url, char exp_iso[32],
                      char exp_http[64]);
+
+/* The registry blob store (NULL without --blob-dir) and the server secret that signs links
+ * (NULL before api_weights_init), for the other checkpoint routes (api_weights_ext.c,
+ * api_upload.c). */
+blobstore *api_blobs(void);
+const unsigned char *api_link_secret(void);
+
+/* POST /api/v1/copy_weights (§7.10): api_weights_ext.c. */
+int api_h_copy_weights(api_call *c);

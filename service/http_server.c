@@ -15,6 +15,7 @@
 #include "service/api_metrics.h"
 #include "service/api_openai.h"
 #include "service/api_routes.h"
+#include "service/api_upload.h"
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -82,6 +83,7 @@ static struct {
 static const char *reason_phrase(int status) {
     switch (status) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 206: return "Partial Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
@@ -246,6 +248,7 @@ void api_job_free(api_job *job) {
     free(job->range);
     free(job->resp_headers);
     free(job->resp);
+    free(job->recheck_arg);
     free(job);
 }
 
@@ -402,7 +405,7 @@ static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
             continue;
         }
         if (job->park) {
-            if (!job->deadline_ms) job->deadline_ms = now + LONG_POLL_MS;
+            if (!job->deadline_ms) job->deadline_ms = now + (job->hold_ms ? job->hold_ms : LONG_POLL_MS);
             if (now < job->deadline_ms) {
                 park(L, job);
                 continue;
@@ -593,12 +596,31 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         send_static(req, r, path, plen);
         return 0;
     }
+    /* A signed upload: its body goes to a staged file in the blob store (a write into the
+     * page cache, at most --max-body-mb), never to a worker's heap; the worker records it. */
+    bool staged = false;
+    if (r->flags & ROUTE_UPLOAD) {
+        ssize_t ce = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_ENCODING, -1);
+        int st = 415;
+        if (ce >= 0 && !h2o_lcstris(req->headers.entries[ce].value.base, req->headers.entries[ce].value.len,
+                                    H2O_STRLIT("identity")))
+            snprintf(msg, sizeof msg, "an upload is the file's bytes as they are: no Content-Encoding");
+        else
+            st = api_upload_stage(path + arg_off, plen - arg_off, req->entity.base ? req->entity.base : "",
+                                  req->entity.base ? req->entity.len : 0, msg, sizeof msg);
+        if (st) {
+            observe_inline(req, r, false, st, msg);
+            send_error(req, st, msg);
+            return 0;
+        }
+        staged = true;
+    }
     api_job *job = calloc(1, sizeof *job);
     if (!job) abort();
     job->loop = L;
     job->reply_to = &L->job_receiver;
     job->route = r;
-    job->body_len = req->entity.base ? req->entity.len : 0;
+    job->body_len = req->entity.base && !staged ? req->entity.len : 0;
     job->body = malloc(job->body_len + 1);
     if (!job->body) abort();
     if (job->body_len) memcpy(job->body, req->entity.base, job->body_len);
@@ -721,6 +743,11 @@ int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char
     while (g.prefix_len && g.prefix[g.prefix_len - 1] == '/') g.prefix[--g.prefix_len] = 0;
     if (setup_tls(conf, err, errlen) < 0) return -1;
 
+    /* h2o keeps a request body of 32 MiB or more in a file it maps; put those files in the
+     * blob store's temporary directory (a real disk) rather than /tmp (often RAM). */
+    if (conf->spool_dir)
+        snprintf(h2o_socket_buffer_mmap_settings.fn_template, sizeof h2o_socket_buffer_mmap_settings.fn_template,
+                 "%s/h2o.body.XXXXXX", conf->spool_dir);
     h2o_config_init(&g.globalconf);
     g.globalconf.server_name = h2o_iovec_init(H2O_STRLIT("loom"));
     g.globalconf.max_request_entity_size = conf->max_body;

@@ -12,6 +12,7 @@ typedef struct {
     size_t max_body;         /* bytes; larger bodies get 413 */
     const char *tls_cert, *tls_key;   /* both or neither */
     const char *prefix;      /* "" or "/x/y": optional path prefix before /api/v1 */
+    const char *spool_dir;   /* NULL, or where h2o maps the files of large request bodies */
 } http_conf;
 
 /* Opens the listeners and starts the loops; returns once every loop is running, with the

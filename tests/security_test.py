@@ -6,7 +6,8 @@ data is private.
   holds a signed download link. After unpublish (or share revoke) B's open sampling
   session is refused at the next sample and the earlier link no longer downloads; a
   load_weights of it that B queued before is refused when it runs. A link
-  made with a key that is revoked since stops working too; A's own links keep working.
+  made with a key that is revoked since stops working too (archive links, the per-file links
+  of external checkpoints, upload links); A's own links keep working.
 - POST /api/v1/telemetry needs a key; a newline in session_id or error_message cannot
   forge a log line; an oversized batch and a flood of batches add only a few lines.
 - Blobs (tenants' weights), the secret, the API key file and the data directory are
@@ -139,9 +140,28 @@ def main():
         # ---- a key revoked ------------------------------------------------------------------------
         url_a2 = link(key_a2)
         R.check(url_a2 and fetch(url_a2) == 200, "a link made with A's second key works")
+        # the per-file links of an external checkpoint and an upload's PUT links: the same rule
+        ext = s.post("/api/v1/save_weights_external", {"model_id": run, "seq_id": 2, "path": "e1"})[1]
+        R.check("path" in s.result(ext["request_id"]), "A saves external weights")
+        st, ext_urls = s.get(f"/api/v1/training_runs/{run}/checkpoints/external_weights/e1/external_weights_urls",
+                             key=key_a2)
+        file_url = ext_urls["urls"]["adapter_config.json"] if st == 200 else None
+        st, up = s.post("/api/v1/external_weights_upload_start", {"base_model": BASE}, key=key_a2)
+        put_url = up["urls"]["adapter_config.json"] if st == 200 else None
+
+        def put(url):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="PUT"), timeout=60) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+        R.check(file_url and fetch(file_url) == 200 and put_url and put(put_url) == 200,
+                "a per-file link and an upload link of A's second key work")
         kid = s.psql(f"SELECT id FROM api_keys WHERE prefix = '{key_a2[4:12]}'")
         loom_cli(s, "key", "revoke", kid)
         R.check(fetch(url_a2) == 403, "after `loom key revoke` that key's earlier link is refused")
+        R.check(fetch(file_url) == 403 and put(put_url) == 403,
+                "and so are its per-file links and its upload links")
         R.check(fetch(url_a) == 200, "links of A's other key still work")
 
         # ---- telemetry ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 /* test_bounded_queries.c — no periodic query's cost grows with the history the database
  * keeps: the statements the scheduler runs on every wake-up and every 2 s, the
- * executor on every poll and heartbeat, and the api on every retrieve_future and
- * readiness probe must reach the history tables (operations, cycles, executors, models,
+ * executor on every poll and heartbeat, and the api on every retrieve_future,
+ * retrieve_futures poll and readiness probe must reach the history tables (operations, cycles, executors, models,
  * sessions, sampling sessions) through indexes, never a sequential scan.
  *
  * A private PostgreSQL is filled with the history of a long-running deployment (300k
@@ -12,6 +12,7 @@
 #include "scheduler/sched_sql.h"
 #include "executor/exe_sql.h"
 #include "service/api_sql.h"
+#include "service/api_futures_sql.h"
 #include "check.h"
 #include "dbtest.h"
 
@@ -45,6 +46,10 @@ static const char *HISTORY[] = {
     "INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model, source_model_id, executor_id)"
     " SELECT 's' || i || ':sample:0', 1 + i % 50, 's' || i, 0, 'm', 's' || i || ':train:0', 1 + i % 3000"
     " FROM generate_series(1, 20000) i",
+    /* finished samples of the sampling sessions, half of them numbered by a poll (§4.4) */
+    "INSERT INTO operations (request_id, tenant_id, sampling_session_id, seq_id, kind, payload, state, finished_at,"
+    " report_seq) SELECT 'smp' || i, 1 + i % 50, 's' || (1 + i % 20000) || ':sample:0', i / 20000, 'sample', '{}',"
+    " 'done', now() - interval '1 day', CASE WHEN i % 2 = 0 THEN i END FROM generate_series(1, 100000) i",
     /* limits for tenant 1 (the queries that read them run), a rate-limited tenant */
     "INSERT INTO tenant_limits (tenant_id, max_queued_ops, tokens_per_minute, max_live_models,"
     " max_checkpoint_bytes) VALUES (1, 100, 10000, 5, 1000000)",
@@ -95,6 +100,9 @@ static const stmt STMTS[] = {
     {"api: session heartbeat (every client, every 10 s)", SQL_SESSION_HEARTBEAT, "('live1', 1)"},
     {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
     {"api: GET usage", SQL_USAGE, "(1, 30)"},
+    /* the api: every retrieve_futures poll (and its re-checks while parked) */
+    {"api: retrieve_futures, the session's lock", SQL_SSF_LOCK, "('s7:sample:0', 8)"},
+    {"api: retrieve_futures, number and report", SQL_SSF_POLL, "('s7:sample:0', 0, 1000000000, 0, 1000)"},
 };
 
 static const char *BIG[] = {"operations", "cycles", "executors", "models", "sessions", "sampling_sessions"};

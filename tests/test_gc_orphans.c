@@ -8,7 +8,9 @@
  * its blob, and at the end the store holds exactly the live versions' blobs. Last, a
  * sampler snapshot a draining executor handed over to the store: its blob is kept while
  * its sampling session names it, which the scheduler stops once the session expired and
- * none of its samples is pending. */
+ * none of its samples is pending. A copy (copy_weights) keeps its source's blob after the
+ * source is deleted; an adapter upload that expired unfinished is dropped with its staged
+ * files. */
 #include "check.h"
 #include "dbtest.h"
 #include "regtest.h"
@@ -244,6 +246,61 @@ static void test_sampler_snapshot(void) {
     CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && !blob_exists(B, dg), "and GC removes its blob: %s", err);
 }
 
+/* copy_weights (docs/protocol.md §7.10): a copy is a version row naming the source's blob.
+ * GC keeps the blob while the copy lives, after the source is deleted and aged past the
+ * orphan grace, and takes it once the copy goes too. */
+static void test_copy(void) {
+    char err[512] = "", dg[BLOB_DIGEST_HEX], path[REG_PATH_MAX];
+    int64_t vid;
+    put("a checkpoint that gets copied", dg);
+    reg_new_version v = {.model_id = "sa:train:0", .seq_id = 900, .kind = "sampler", .name = "tocopy", .digest = dg,
+                         .size_bytes = 29, .ttl_seconds = -1};
+    CHECK(save_version(C, NULL, &v, &vid, err, sizeof err) == 0, "the source is saved: %s", err);
+    reg_version src;
+    int rc = reg_find_live(C, "tinker://sa:train:0/sampler_weights/tocopy", &src, err, sizeof err);
+    rc = rc || db_begin(C, err, sizeof err) || reg_blob_lock_shared(C, dg, err, sizeof err) ||
+         reg_copy(C, &src, 1, "sa:train:5", -1, 0, path, err, sizeof err) || db_commit(C, err, sizeof err);
+    if (rc) db_rollback(C);
+    CHECK(rc == 0 && !strcmp(path, "tinker://sa:train:5/sampler_weights/tocopy"), "reg_copy makes %s: %s", path, err);
+    char q[512];
+    snprintf(q, sizeof q, "SELECT count(*) FROM adapter_versions WHERE blob_digest = '%s' AND parent_id = %lld", dg,
+             (long long)vid);
+    CHECK(scalar(q) == 1, "one more row names the blob, its parent the source");
+    snprintf(q, sizeof q, "UPDATE adapter_versions SET deleted_at = now() WHERE id = %lld", (long long)vid);
+    sql(q);
+    age_blob(dg, 7200);
+    reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 0};
+    reg_gc_stats st;
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && blob_exists(B, dg),
+          "source deleted and its blob old: GC keeps the blob the copy names: %s", err);
+    sql("UPDATE adapter_versions SET deleted_at = now() WHERE tinker_path = 'tinker://sa:train:5/sampler_weights/tocopy'");
+    CHECK(reg_gc(C, B, &o, &st, err, sizeof err) == 0 && !blob_exists(B, dg), "the copy deleted too: GC removes it: %s",
+          err);
+}
+
+/* Adapter uploads (§12.5): GC drops an upload that expired unfinished with its staged
+ * files, and leaves an open one alone. */
+static void test_uploads(void) {
+    char err[512] = "", name[2][128], path[1024];
+    reg_upload_stage_name("upl-old", 1, name[0]);
+    reg_upload_stage_name("upl-open", 1, name[1]);
+    for (int i = 0; i < 2; i++)
+        CHECK(blob_stage_put(B, name[i], "staged bytes", 12, err, sizeof err) == 0, "staged %s: %s", name[i], err);
+    sql("INSERT INTO weight_uploads (id, tenant_id, base_model, expires_at) VALUES"
+        " ('upl-old', 1, 'm', now() - interval '1 second'), ('upl-open', 1, 'm', now() + interval '1 hour')");
+    reg_gc_opts o = {.sweep_orphans = true, .orphan_grace_s = 3600};
+    reg_gc_stats st;
+    int rc = reg_gc(C, B, &o, &st, err, sizeof err);
+    snprintf(path, sizeof path, "%s/tmp/%s", bdir, name[0]);
+    bool old_gone = access(path, F_OK) != 0;
+    snprintf(path, sizeof path, "%s/tmp/%s", bdir, name[1]);
+    bool open_kept = access(path, F_OK) == 0;
+    CHECK(rc == 0 && st.uploads_expired == 1 && old_gone && open_kept &&
+          scalar("SELECT count(*) FROM weight_uploads") == 1,
+          "GC drops the expired upload and its staged file, keeps the open one (%d dropped): %s", st.uploads_expired,
+          err);
+}
+
 int main(void) {
     char err[1024];
     if (sodium_init() < 0) return 2;
@@ -256,6 +313,8 @@ int main(void) {
     test_sweep();
     test_race();
     test_sampler_snapshot();
+    test_copy();
+    test_uploads();
     blob_close(B);
     dbt_stop();
     return check_summary();

@@ -117,3 +117,27 @@ STORAGE_ITEM = {"project_id": opt(str), "org_user_urn": opt(str), "user_email": 
                 "checkpoint_count": int, "size_bytes": int, "size_gigabytes": float,
                 "estimated_monthly_cost_usd": opt(float)}
 STORAGE_USAGE = {"effective_rate_usd_per_gigabyte_month": opt(float), "data": lst(STORAGE_ITEM)}
+# copy_weights
+COPY_WEIGHTS_RESPONSE = {"tinker_path": str}
+# save_weights_external: the future's result (SaveWeightsExternalResponseInternal) and the links
+SAVE_WEIGHTS_EXTERNAL_RESULT = {"path": opt(str), "size_bytes": opt(int), "type": opt(lit("save_weights_external"))}
+EXTERNAL_WEIGHTS_URLS = {"urls": STR_MAP, "expires": DATETIME}
+# retrieve_futures: FutureFinished | FutureFailed (discriminated by "state"), FuturesRetrieveResponse
+FUTURE_FINISHED = {"state": lit("finished"), "request_id": str, "response_payload_uncompressed_size": opt(int)}
+FUTURE_FAILED = {"state": lit("failed"), "request_id": str}
+FUTURES_RETRIEVE_RESPONSE = {"completions": lst(union(FUTURE_FINISHED, FUTURE_FAILED)), "cursor": int}
+# join_sampling_session
+JOIN_SAMPLING_SESSION = {"type": opt(lit("join_sampling_session")), "client_counter": int}
+# client/config and client/dynamic_config (the flags the tests read)
+CLIENT_CONFIG = {"sample_use_retrieve_futures": opt(bool), "pjwt_auth_enabled": opt(bool)}
+CLIENT_DYNAMIC_CONFIG = {"refresh_interval_sec": opt(int), "sample_cancel_enabled": opt(bool),
+                         "sample_cancel_max_batch_size": opt(int)}
+
+
+def parse(t, body, name=""):
+    """body when it reads as t, else None (the problems printed)."""
+    problems = check(body, t)
+    if not problems:
+        return body
+    print("      does not parse as", name or "the SDK's type", ":", "; ".join(problems)[:400])
+    return None
