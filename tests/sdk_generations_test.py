@@ -1,9 +1,19 @@
 """Every Tinker SDK generation users install, on the wire: 0.16, 0.18, 0.24, 0.25, 0.27,
 0.30, 0.33 and 0.38, each with the requests that version sends and the answers parsed the
-way that version parses them (tests/lib/sdk_gen.py; its docstring says which public source
-each generation's behaviour is read from: the SDK's own source up to 0.25, its later files
-and type reference for 0.27/0.30, and for 0.33/0.38, which have no published source here,
-the 0.32 source plus the docs and other Tinker servers' tests for those versions).
+way that version parses them (tests/lib/sdk_gen.py). Where each generation's behaviour
+comes from (github.com/thinking-machines-lab/tinker unless said otherwise):
+
+  0.16.1, 0.18.0, 0.24.1, 0.25.0  the SDK's source at those releases (07bd3c2, 30517b6,
+                                  6b02536, d595dc2);
+  0.27.1  0.25 plus the 0.26.2 files (retrieve_futures, copy_weights, client flags); its
+          refusal of sample results without sample_sequence_ids is stated by SkyRL's and
+          GMI tinker-cloud's protocol tests, which drive 0.27.1;
+  0.30.4  types/optimizer.py and optim_step_request.py of 0.30.x, sample_request.py and the
+          protobuf descriptor of ~0.30-0.31, and the 0.32.0 training/sampling clients;
+  0.33.1  no source published: the 0.32.0 clients plus tinker-cloud's tests for "the 0.33
+          SDK" (prompt_logprobs_last_n, sessions/{id}/finish, join_sampling_session);
+  0.38.0  no source published: as 0.33 plus the docs site's type reference generated
+          from 0.34-0.39 (ServiceClient(display_name), search and upload types).
 
 One `loom up` for all of them; per generation a ServiceClient (client/config from 0.18,
 create_session, client/dynamic_config from 0.25, a heartbeat) and then:
@@ -68,8 +78,8 @@ class Phase:
     def __exit__(self, typ, e, tb):
         if typ is None:
             return False
-        if issubclass(typ, (SdkError, AssertionError, KeyError, TypeError, ValueError)):
-            msg = str(e) if str(e).startswith(self.g.name + ":") else f"{self.g.name}: {e}"
+        if issubclass(typ, Exception):
+            msg = str(e) if isinstance(e, SdkError) else f"{self.g.name}: {typ.__name__}: {e}"
             R.check(False, f"{self.name}: {msg}")
             return True
         return False
@@ -179,6 +189,12 @@ def rl_step(c, g, model):
     plp = c.compute_logprobs(sc, PROMPT + toks0)
     R.check(close(plp[len(PROMPT):], lps0, 1e-3),
             f"{tag}: compute_logprobs of prompt + completion equals the sampled logprobs")
+    if g.last_n:
+        # 0.33: compute_logprobs(prompt, prompt_logprobs_last_n=n) scores the completion only
+        tail = c.compute_logprobs(sc, PROMPT + toks0, prompt_logprobs_last_n=len(toks0))
+        R.check(all(x is None for x in tail[:len(PROMPT)]) and close(tail[len(PROMPT):], lps0, 1e-3),
+                f"{tag}: compute_logprobs with prompt_logprobs_last_n={len(toks0)}: None before the completion, "
+                f"the sampled logprobs on it")
     rewards = [sum(t < 64 for t in q["tokens"]) / len(q["tokens"]) for q in seqs]
     mean = sum(rewards) / len(rewards)
     data, spans = [], []

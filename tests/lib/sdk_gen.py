@@ -50,6 +50,15 @@ class SdkError(Exception):
     """What the SDK would raise; the message starts with the generation ("0.27: ...")."""
 
 
+class HttpError(SdkError):
+    """An error status from the route itself (the SDK's APIStatusError): .status, .detail
+    (the JSON {"detail"} when there is one, else None), .route ("POST /api/v1/...")."""
+
+    def __init__(self, msg, status, detail, route):
+        super().__init__(msg)
+        self.status, self.detail, self.route = status, detail, route
+
+
 # ---- HTTP ---------------------------------------------------------------------------------
 class Resp:
     def __init__(self, status, headers, body):
@@ -379,6 +388,7 @@ def _types(gen):
     T["search"] = {"checkpoints": lst(ckpt), "next_cursor": may(opt(T["search_cursor"]))}
     T["upload_start"] = {"upload_id": str, "urls": STR_MAP, "expires": DATETIME}
     T["upload_finish"] = {"tinker_path": str}
+    T["any"] = "any"
     return T
 
 
@@ -556,7 +566,7 @@ class Client:
         self.config, self.dyn = {}, {}
         self.model_seq = self.sampler_seq = 0
         self.req = {}            # model_id -> next request id (the SDK's _request_id_counter)
-        self.sample_seq = {}     # sampling_session_id -> next seq_id
+        self.sample_seq = {}     # (sampling_session_id, clone) -> next seq_id
         self.cursor = {}         # sampling_session_id -> retrieve_futures cursor
         self.log = []            # (method, path, body) of every request, for the tests
         if gen.client_config:
@@ -604,10 +614,17 @@ class Client:
     def fail(self, what):
         raise SdkError(f"{self.g.name}: {what}")
 
+    def http_error(self, r, what):
+        j = r.json()
+        detail = j.get("detail") if isinstance(j, dict) and isinstance(j.get("detail"), str) else None
+        method, path, _ = self.log[-1] if self.log else ("?", "?", None)
+        raise HttpError(f"{self.g.name}: {what}: HTTP {r.status} {r.body[:300]!r}", r.status, detail,
+                        f"{method} {path}")
+
     def parse(self, r, tname, what):
         """A direct answer: 2xx and readable as the type (else what the SDK raises)."""
         if not 200 <= r.status < 300:
-            self.fail(f"{what}: HTTP {r.status} {r.body[:300]!r}")
+            self.http_error(r, what)
         v = r.json()
         problems = check(v, self.T[tname])
         if problems:
@@ -632,7 +649,7 @@ class Client:
             if r.status == 408 or r.status >= 500:
                 continue
             if r.status != 200:
-                self.fail(f"{what}: retrieve_future HTTP {r.status} {r.body[:300]!r}")
+                self.http_error(r, f"{what}: retrieve_future")
             if PROTO in (r.header("content-type") or ""):
                 if not proto_kind:
                     self.fail(f"{what}: protobuf answer to a client that did not accept it")
@@ -687,14 +704,13 @@ class Client:
         res = self.parse(self.post("/api/v1/create_sampling_session", self.body(
             "create_sampling_session", session_id=self.session_id, sampling_session_seq_id=seq,
             model_path=model_path, base_model=base_model)), "sampling_session", "create_sampling_session")
-        self.sample_seq[res["sampling_session_id"]] = 0
         return res["sampling_session_id"]
 
     def close(self, status="success", detail=None):
         """ServiceClient.close (0.29.1+): the SDK casts the answer to None (any 2xx)."""
         r = self.post(f"/api/v1/sessions/{self.session_id}/finish", {"reason": {"type": status}, "detail": detail})
         if not 200 <= r.status < 300:
-            self.fail(f"close: sessions/{{id}}/finish HTTP {r.status} {r.body[:300]!r}")
+            self.http_error(r, "close: sessions/{id}/finish")
         return r
 
     # -- TrainingClient --
@@ -837,7 +853,6 @@ class Client:
         res = self.result(fut, "save_for_sampler", "save_weights_and_get_sampling_client")
         if not isinstance(res.get("sampling_session_id"), str):
             self.fail(f"save_weights_and_get_sampling_client: no sampling_session_id in {res}")
-        self.sample_seq[res["sampling_session_id"]] = 0
         return res["sampling_session_id"]
 
     def get_info(self, model_id):
@@ -848,8 +863,8 @@ class Client:
     def sample_submit(self, sampling_session_id, prompt, num_samples, sampling_params, seq_id=None, **fields):
         """The asample submit alone: (http answer, body sent)."""
         if seq_id is None:
-            seq_id = self.sample_seq.get(sampling_session_id, 0)
-            self.sample_seq[sampling_session_id] = seq_id + 1
+            seq_id = self.sample_seq.get((sampling_session_id, 0), 0)
+            self.sample_seq[(sampling_session_id, 0)] = seq_id + 1
         p = dict(sampling_session_id=sampling_session_id, seq_id=seq_id, num_samples=num_samples,
                  prompt=ModelInput(chunks=[EncodedTextChunk(tokens=list(prompt))]),
                  sampling_params=SamplingParams(**sampling_params),
@@ -862,12 +877,13 @@ class Client:
         body = self.body("sample", **p)
         return self.post("/api/v1/asample", body, extra=[("X-Tinker-Sampling-Backpressure", "1")]), body
 
-    def sample(self, sampling_session_id, prompt, num_samples, sampling_params, **fields):
+    def sample(self, sampling_session_id, prompt, num_samples, sampling_params, cloned_sampler_id=0, **fields):
         """SamplingClient.sample(...).result(): submit (429 -> back off and resubmit the same
         seq_id), wait (retrieve_futures when client/config says so), fetch, parse, and from
-        0.27 stamp the submission's sample_sequence_ids onto the sequences."""
-        seq_id = self.sample_seq.get(sampling_session_id, 0)
-        self.sample_seq[sampling_session_id] = seq_id + 1
+        0.27 stamp the submission's sample_sequence_ids onto the sequences. A clone
+        (cloned_sampler_id n) numbers its samples from n * 10^9."""
+        seq_id = self.sample_seq.get((sampling_session_id, cloned_sampler_id), cloned_sampler_id * 10 ** 9)
+        self.sample_seq[(sampling_session_id, cloned_sampler_id)] = seq_id + 1
         for _ in range(60):
             r, body = self.sample_submit(sampling_session_id, prompt, num_samples, sampling_params,
                                          seq_id=seq_id, **dict(fields))
@@ -876,7 +892,7 @@ class Client:
             time.sleep(1)
         fut = self.parse(r, "future", "asample")
         if self.g.flags and self.config.get("sample_use_retrieve_futures"):
-            self.wait_via_retrieve_futures(sampling_session_id, fut["request_id"])
+            self.wait_via_retrieve_futures(sampling_session_id, fut["request_id"], cloned_sampler_id)
         res = self.result(fut, "sample_json", "sample", proto_kind="sample")
         if self.g.needs_sample_ids:
             ids = fut.get("sample_sequence_ids")
@@ -915,14 +931,60 @@ class Client:
     def get_sampler(self, sampling_session_id):
         return self.parse(self.get(f"/api/v1/samplers/{sampling_session_id}"), "sampler", "get_sampler")
 
+    def join_sampling_session(self, sampling_session_id):
+        """A shadow SamplingClient's first step when client/config says
+        sample_join_sampling_session (0.32 sampling_client._join_sampling_session)."""
+        return self.parse(self.post("/api/v1/join_sampling_session", {
+            "sampling_session_id": sampling_session_id, "type": "join_sampling_session"}), "join",
+            "join_sampling_session")
+
+    def cancel_future(self, request_id):
+        """What a 0.26+ SDK told sample_cancel_enabled sends for an abandoned sample (the
+        body as GMI tinker-cloud's tests send it; the SDK's own request type is unpublished)."""
+        r = self.post("/api/v1/cancel_future", {"request_id": request_id})
+        if not 200 <= r.status < 300:
+            self.http_error(r, "cancel_future")
+        return r
+
+    # -- ServiceClient / TrainingClient, 0.26+ --
+    def copy_weights(self, source_path, ttl_seconds=None):
+        seq = self.model_seq
+        self.model_seq += 1
+        body = dump(Model("CopyWeightsRequest", [("session_id", REQUIRED), ("model_seq_id", REQUIRED),
+                                                  ("source_path", REQUIRED), ("ttl_seconds", None),
+                                                  ("weights_access_token", None)])(
+            session_id=self.session_id, model_seq_id=seq, source_path=source_path, ttl_seconds=ttl_seconds), "full")
+        return self.parse(self.post("/api/v1/copy_weights", body), "copy_weights", "copy_weights")["tinker_path"]
+
+    def save_weights_external(self, model_id, name, ttl_seconds=None):
+        body = dump(Model("SaveWeightsExternalRequest", [("model_id", REQUIRED), ("path", REQUIRED),
+                                                          ("seq_id", None), ("ttl_seconds", None)])(
+            model_id=model_id, path=name, seq_id=self._next(model_id) + 1, ttl_seconds=ttl_seconds), "full")
+        fut = self.submit("/api/v1/save_weights_external", body, "save_weights_external")
+        res = self.result(fut, "save_external", "save_weights_external")
+        if not isinstance(res.get("path"), str):
+            self.fail(f"save_weights_external: the result has no path: {res}")
+        return res["path"]
+
+    def weights_info(self, tinker_path):
+        return self.parse(self.post("/api/v1/weights_info", {"tinker_path": tinker_path}), "weights_info",
+                          "get_weights_info_by_tinker_path")
+
     # -- RestClient --
     def rest(self, method, path, tname, what, body=None, extra=()):
         return self.parse(self.request(method, path, body, extra=extra), tname, what)
 
-    def get_checkpoint_archive_url(self, run, checkpoint_id):
+    def rest_none(self, method, path, what, body=None):
+        """A RestClient call whose answer the SDK casts to None: any 2xx."""
+        r = self.request(method, path, body)
+        if not 200 <= r.status < 300:
+            self.http_error(r, what)
+        return r
+
+    def get_checkpoint_archive_url(self, run, checkpoint_id, query=""):
         """weights.get_checkpoint_archive_url: two Accept headers, no redirects followed;
         0.16 - 0.22.1 accept only the 302 (a 200 raises), later ones either."""
-        path = f"/api/v1/training_runs/{run}/checkpoints/{checkpoint_id}/archive"
+        path = f"/api/v1/training_runs/{run}/checkpoints/{checkpoint_id}/archive{query}"
         # the client's default "Accept" and the call's "accept": httpx keeps both
         h = self.headers() + [("accept", self.g.archive_accepts[1]), ("X-API-Key", self.key)]
         self.log.append(("GET", path, None))
