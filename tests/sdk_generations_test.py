@@ -119,7 +119,7 @@ def run(s, g, base):
         small = c.forward(model, [many[0], many[1024]])
         pick = lambda o, i: o["loss_fn_outputs"][i]["logprobs"]["data"]  # noqa: E731
         R.check(big["chunks"] == 2 and len(big["loss_fn_outputs"]) == 1025
-                and close(pick(big, 0), pick(small, 0), 1e-5) and close(pick(big, 1024), pick(small, 1), 1e-5),
+                and close(pick(big, 0), pick(small, 0), 1e-4) and close(pick(big, 1024), pick(small, 1), 1e-4),
                 f"{tag}: forward of 1025 datums in {big['chunks']} chunks "
                 f"({'parallel, first chunk last' if g.parallel_chunks else 'in order'}) equals the unchunked outputs")
     if model is None:
@@ -133,7 +133,7 @@ def run(s, g, base):
         moved = nll(c.forward(model, data), ntok)
         res = c.load_state(model, path, optimizer=True)
         back = nll(c.forward(model, data), ntok)
-        R.check(path == f"tinker://{model}/weights/sft-{tag}" and moved != saved and abs(back - saved) < 1e-6,
+        R.check(path == f"tinker://{model}/weights/sft-{tag}" and moved != saved and abs(back - saved) < 1e-5,
                 f"{tag}: save_state {path.split('/', 3)[-1]}, a step moves the loss {saved:.4f} -> {moved:.4f}, "
                 f"load_state_with_optimizer brings it back: {back:.4f} ({res.get('path') == path})")
 
