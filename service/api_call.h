@@ -96,6 +96,7 @@ void api_session_finished_msg(char *out, size_t outlen, const char *session_id, 
 int api_h_create_session(api_call *c);
 int api_h_session_heartbeat(api_call *c);
 int api_h_session_finish(api_call *c);   /* POST sessions/{id}/finish */
+int api_h_session_project(api_call *c);  /* PUT sessions/{id}/project */
 int api_h_capabilities(api_call *c);
 int api_h_readyz(api_call *c);
 int api_h_usage(api_call *c);

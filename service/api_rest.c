@@ -8,6 +8,7 @@
 #include "service/api_json.h"
 #include "service/api_ops.h"
 #include "service/api_sql.h"
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,18 @@ static int get_route(api_call *c, const char *what, const char *sql, const char 
 
 int api_h_list_sessions(api_call *c) { return list_route(c, "sessions", SQL_SESSIONS_LIST); }
 int api_h_get_session(api_call *c) { return get_route(c, "sessions", SQL_SESSION_GET, "session"); }
+/* ?limit&offset[&project_id]: RestClient.list_training_runs(project_id=...) keeps the runs
+ * whose session is in that project. */
 int api_h_list_training_runs(api_call *c) {
-    return list_route(c, "training_runs", SQL_TRAINING_RUNS_LIST);
+    /* large enough that a value cut to it still decodes to more than the limit */
+    char tid[24], limit[24], offset[24], project[1024];
+    if (list_params(c, 20, limit, offset) < 0) return 0;
+    bool by_project = api_query_param(c, "project_id", project, sizeof project);
+    if (by_project && (!*project || strlen(project) > 256))
+        return api_error(c, 400, "project_id must be 1 to 256 bytes");
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[4] = {tid, limit, offset, by_project ? project : NULL};
+    return api_reply_sql_json(c, "training_runs", SQL_TRAINING_RUNS_LIST, 4, p, "nothing to list");
 }
 int api_h_get_training_run(api_call *c) {
     return get_route(c, "training_runs", SQL_TRAINING_RUN_GET, "training run");

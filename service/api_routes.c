@@ -73,6 +73,8 @@ static const api_route routes[] = {
     {"GET", V1 "/sessions/+", 0, api_h_get_session, NULL},
     /* ServiceClient.close: any key, like the heartbeat */
     {"POST", V1 "/sessions/+/finish", ROUTE_READ, api_h_session_finish, NULL},
+    /* RestClient.assign_session_project */
+    {"PUT", V1 "/sessions/+/project", 0, api_h_session_project, NULL},
     {"GET", V1 "/training_runs", 0, api_h_list_training_runs, NULL},
     {"GET", V1 "/training_runs/+", 0, api_h_get_training_run, NULL},
 
@@ -123,7 +125,6 @@ static const api_route routes[] = {
 
     /* not implemented yet */
     TODO("POST", "/auth/token"),
-    TODO("PUT", "/sessions/*"),
 };
 
 size_t api_route_count(void) { return sizeof routes / sizeof routes[0]; }

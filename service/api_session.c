@@ -141,6 +141,29 @@ int api_h_session_finish(api_call *c) {
     return session_finish(c, arg);
 }
 
+/* PUT sessions/{id}/project (RestClient.assign_session_project): moves the caller's session,
+ * and with it its runs, samplers and checkpoints (they are counted under their session's
+ * project), into project_id. The SDK has no way to clear a project, and neither has this. */
+int api_h_session_project(api_call *c) {
+    char *arg = (char *)api_path_id(c);
+    char *slash = strrchr(arg, '/');
+    if (slash) *slash = 0;
+    const char *project;
+    if (jx_req_str(c->body, "", "project_id", &project, c->err, sizeof c->err) < 0)
+        return api_error(c, 400, "%s", c->err);
+    if (!*project || strlen(project) > SESSION_MAX_NAME)
+        return api_error(c, 400, "project_id must be 1 to %d bytes", SESSION_MAX_NAME);
+    char tid[24];
+    api_fmt_i64(tid, c->tenant_id);
+    const char *p[3] = {arg, tid, project};
+    PGresult *r = db_query(c->db, SQL_SESSION_SET_PROJECT, 3, p, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, "assign_session_project", c->err);
+    int found = PQntuples(r) > 0;
+    PQclear(r);
+    if (!found) return api_error(c, 404, "session %.200s not found", arg);
+    return api_reply_json(c, 200, json_pack("{s:s, s:s}", "session_id", arg, "project_id", project));
+}
+
 int api_h_capabilities(api_call *c) {
     PGresult *r = db_query(c->db, SQL_BASE_MODELS_LIST, 0, NULL, c->err, sizeof c->err);
     if (!r) return api_db_error(c, "get_server_capabilities", c->err);

@@ -68,6 +68,9 @@
     "UPDATE sessions s SET finished_at = now(), finish_reason = $3, finish_detail = $4"     \
     " WHERE s.id = $1 AND s.tenant_id = $2 AND s.finished_at IS NULL"                       \
     " RETURNING " SQL_SESSION_FINISH_JSON("s")
+/* $1 id, $2 tenant, $3 project -> a row when the session is the tenant's */
+#define SQL_SESSION_SET_PROJECT                                                             \
+    "UPDATE sessions SET project_id = $3 WHERE id = $1 AND tenant_id = $2 RETURNING id"
 /* $1 id, $2 tenant -> the answer of a later finish (the first one's reason) */
 #define SQL_SESSION_FINISHED                                                                \
     "SELECT " SQL_SESSION_FINISH_JSON("s") " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
@@ -290,14 +293,20 @@
     " 'last_checkpoint', " SQL_LAST_CHECKPOINT("training") ","                              \
     " 'last_sampler_checkpoint', " SQL_LAST_CHECKPOINT("sampler") ","                       \
     " 'user_metadata', m.user_metadata, 'status', m.status)"
+/* Model m's session is in project p (a text parameter; NULL: any project). */
+#define SQL_RUN_IN_PROJECT(m, p)                                                            \
+    "(" p "::text IS NULL OR EXISTS (SELECT 1 FROM sessions ps WHERE ps.id = " m ".session_id" \
+    " AND ps.project_id = " p "::text))"
 /* $1 tenant, $2 limit, $3 offset -> the whole response (newest first) */
 #define SQL_TRAINING_RUNS_LIST                                                              \
     "SELECT json_build_object('training_runs', COALESCE((SELECT json_agg(r.j ORDER BY"      \
     " r.created_at DESC, r.id) FROM (SELECT m.id, m.created_at, " SQL_TRAINING_RUN_JSON     \
     " AS j FROM models m JOIN tenants t ON t.id = m.tenant_id WHERE m.tenant_id = $1"       \
+    " AND " SQL_RUN_IN_PROJECT("m", "$4")                                                   \
     " ORDER BY m.created_at DESC, m.id LIMIT $2::bigint OFFSET $3::bigint) r), '[]'),"      \
     " 'cursor', json_build_object('offset', $3::bigint, 'limit', $2::bigint,"               \
-    " 'total_count', (SELECT count(*) FROM models WHERE tenant_id = $1)))::text"
+    " 'total_count', (SELECT count(*) FROM models m WHERE m.tenant_id = $1 AND "            \
+    SQL_RUN_IN_PROJECT("m", "$4") ")))::text"
 /* $1 model, $2 tenant -> TrainingRun */
 #define SQL_TRAINING_RUN_GET                                                                \
     "SELECT " SQL_TRAINING_RUN_JSON "::text FROM models m JOIN tenants t"                   \

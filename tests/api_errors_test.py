@@ -140,8 +140,16 @@ def main():
         sid0 = s.post("/api/v1/create_session", {})[1]["session_id"]
         R.check(is_detail(s.get(f"/api/v1/sessions/{sid0}/trace_export"), 404, "no such route"),
                 "GET sessions/{id}/trace_export (not offered) -> 404 JSON")
-        R.check(is_detail(s.request("PUT", f"/api/v1/sessions/{sid0}/project", {}), 501),
-                "PUT sessions/{id}/project -> 501 JSON")
+        R.check(is_detail(s.request("PUT", f"/api/v1/sessions/{sid0}/project", {}), 400, "project_id"),
+                "PUT sessions/{id}/project without project_id -> 400 naming it")
+        R.check(is_detail(s.request("PUT", f"/api/v1/sessions/{sid0}/project", {"project_id": ""}), 400, "project_id"),
+                "PUT sessions/{id}/project with an empty project_id -> 400 (a project cannot be cleared)")
+        R.check(is_detail(s.request("PUT", "/api/v1/sessions/no-such-session/project", {"project_id": "p"}), 404,
+                          "not found"), "PUT sessions/{id}/project of an unknown session -> 404")
+        st, moved = s.request("PUT", f"/api/v1/sessions/{sid0}/project", {"project_id": "p1"})
+        R.check(st == 200 and moved == {"session_id": sid0, "project_id": "p1"}
+                and s.get(f"/api/v1/sessions/{sid0}")[1].get("project_id") == "p1",
+                f"PUT sessions/{{id}}/project moves the session: {st} {moved}")
         R.check(is_detail(s.post("/api/v1/auth/token", {}), 501, "not implemented"),
                 "spec route not implemented yet -> 501 JSON")
 
