@@ -73,6 +73,13 @@ typedef struct {
                                      0 ≤ topk ≤ min(vocab, LIMIT_TOPK_PROMPT_LOGPROBS) */
     int32_t *topk_ids_out;
     float *topk_lp_out;
+    int32_t *expert_counts_out;   /* extension (mixture-of-experts models): when not NULL,
+                                     [model_num_moe_layers, num_experts] caller-allocated,
+                                     SET to how many of the sequence's positions each
+                                     sparse layer routed to each expert (every position
+                                     counts num_experts_per_tok times per layer); the
+                                     routing metrics of docs/protocol.md §7.3 and the
+                                     operator's per-expert counts are made of these */
     int group;                    /* the operation this sequence belongs to: consecutive
                                      sequences of one adapter and one group form one gradient
                                      reduction; each group's gradient is added to the

@@ -32,6 +32,12 @@ CASES = [
     ("qwen2", ["--arch", "qwen2"]),                       # q/k/v biases
     ("llama_rope3_bf16", ["--arch", "llama", "--rope-scaling", "llama3", "--max-pos", "128",
                           "--dtype", "bf16", "--kv-heads", "1"]),  # llama3 RoPE, bf16 file, MQA
+    ("qwen3_moe", ["--arch", "qwen3_moe"]),               # 8 experts, 2 per token, renormalised, tied
+    # 6 layers: 1 and 5 sparse; 0, 2, 4 dense (decoder_sparse_step 2), 3 dense (mlp_only_layers);
+    # 6 experts, 3 per token without renormalisation, untied head, fused experts in bf16
+    ("qwen3_moe_mixed_fused_bf16", ["--arch", "qwen3_moe", "--layers", "6", "--sparse-step", "2", "--mlp-only", "3",
+                                    "--experts", "6", "--top-k", "3", "--norm-topk", "0", "--tie", "0",
+                                    "--fused-experts", "1", "--dtype", "bf16"]),
 ]
 
 
@@ -93,6 +99,8 @@ def main():
                 passed += 1
             else:
                 failed += 1
+        if getattr(rep, "min_route_gap", None) is not None:
+            print(f"  smallest gap between a chosen expert's probability and the next one: {rep.min_route_gap:.2e}")
         for f in rep.failures[:20]:
             print(f"  FAIL {f}")
     print(f"{passed} passed, {failed} failed")
