@@ -125,6 +125,21 @@ int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *
     return 0;
 }
 
+size_t lora_count_params(const model_config *mc, const lora_config *c)
+{
+    size_t n = 0, r = (size_t)c->rank;
+    for (int l = 0; l < mc->num_hidden_layers; l++)
+        for (int mod = 0; mod < LORA_NUM_MODULES; mod++) {
+            if (!lo_trained(c, mod)) continue;
+            int in, out;
+            lo_dims(mc, l, mod, &in, &out);
+            size_t copies = mod > LORA_O && model_layer_moe(mc, l) ? (size_t)mc->num_experts : 1;
+            n += copies * r * ((size_t)in + (size_t)out);
+        }
+    if (c->train_unembed) n += r * ((size_t)mc->hidden_size + (size_t)mc->vocab_size);
+    return n;
+}
+
 int lora_layout_copy(lora_layout *dst, const lora_layout *src, char *err, size_t errlen)
 {
     *dst = *src;

@@ -66,6 +66,11 @@ typedef struct {
 /* The layout of an adapter of config c on model mc (rank 1..LIMIT_LORA_RANK). 0 or -1 + err. */
 int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *c, char *err, size_t errlen);
 int lora_layout_copy(lora_layout *dst, const lora_layout *src, char *err, size_t errlen);
+/* The num_params of that layout, counted without building it (get_info, weights_info). */
+size_t lora_count_params(const model_config *mc, const lora_config *c);
+/* What a trainable adapter of n parameters holds: fp32 weights, gradients and the two
+ * AdamW moments (the CUDA backend adds a bf16 copy of the weights, 2 bytes each). */
+#define LORA_TRAINABLE_BYTES(n) ((size_t)(n) * 4 * sizeof(float))
 void lora_layout_free(lora_layout *l);
 int lora_find_tensor(const lora_layout *l, const char *name); /* index or -1 */
 /* True when both describe the same tensors (same config apart from the seed, same geometry). */

@@ -463,6 +463,10 @@ static void test_arch(const char *arch)
     if (!ctx) return;
     exe_adapter *ads[TR_NAD];
     tr_make_adapters(be, ctx, ads);
+    for (int a = 0; a < TR_NAD; a++)   /* get_info's count, without a layout */
+        CHECK(lora_count_params(&mc, &ads[a]->layout.cfg) == ads[a]->layout.num_params,
+              "%s: adapter %d: lora_count_params %zu, the layout has %zu", arch, a,
+              lora_count_params(&mc, &ads[a]->layout.cfg), ads[a]->layout.num_params);
     tr_batch b;
     tr_make_batch(&mc, ads, &b, -1);
     CHECK(tr_run(be, ctx, &b, false) == 0, "%s: forward", arch);

@@ -88,6 +88,11 @@ static void *cu_create(const model_files *m, const exe_backend_opts *o, char *er
         err_set(err, errlen, "cuda: no device %d (%d found)", o->device, n);
         return NULL;
     }
+    if (mc->num_experts > 0) {
+        err_set(err, errlen, "cuda: mixture-of-experts models (%s) are served by the cpu backend only so far",
+                mc->architecture);
+        return NULL;
+    }
     int d = mc->head_dim;
     if (d != 16 && d != 32 && d != 64 && d != 128) {
         err_set(err, errlen, "cuda: head_dim %d is not supported (the attention kernels take 16, 32, 64, 128)", d);
