@@ -256,6 +256,17 @@ size_t model_num_params(const model_config *c)
     return total;
 }
 
+/* t, or NULL with err when its dtype is not a float type. */
+static const st_tensor *md_float(const st_tensor *t, char *err, size_t errlen)
+{
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
+        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", t->name,
+                st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
 /* The tensor `name` of s, checked: rows (cols 0 = a vector) and a float dtype. */
 static const st_tensor *md_find(const st_set *s, const char *name, int64_t rows, int64_t cols, char *err, size_t errlen)
 {
@@ -268,11 +279,7 @@ static const st_tensor *md_find(const st_set *s, const char *name, int64_t rows,
                 (long long)rows, (long long)cols);
         return NULL;
     }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
-        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
-        return NULL;
-    }
-    return t;
+    return md_float(t, err, errlen);
 }
 
 /* The fused [E, rows, cols] tensor `name` of s, checked like md_find. */
@@ -287,11 +294,7 @@ static const st_tensor *md_find3(const st_set *s, const char *name, int64_t E, i
                 (long long)rows, (long long)cols);
         return NULL;
     }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
-        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
-        return NULL;
-    }
-    return t;
+    return md_float(t, err, errlen);
 }
 
 /* A [rows, cols] view of t's elements from `first` on (one expert's matrix in a fused tensor). */

@@ -18,12 +18,12 @@ it on the CPU backend, then over real HTTP what the SDK sends:
     import states its size.
 Prints "N passed, N failed" last.
 """
-import io, json, math, os, subprocess, sys, tarfile, tempfile, urllib.error, urllib.request
+import io, json, math, os, subprocess, sys, tarfile, tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "lib"))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 from stack import Stack, Results, LOOM_BIN
-from apitest import loom_cli
+from apitest import loom_cli, download_archive
 from wire import forward_backward, fb_result
 import peft_ref
 import torch
@@ -72,25 +72,6 @@ def ref_lora_params(cfg, r, attn, mlp, head):
         if mlp:
             n += E * 3 * r * (H + cfg["moe_intermediate_size"])
     return n + (r * (H + V) if head else 0)
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *a, **k):
-        return None
-
-
-def download(s, run, ckpt, query=""):
-    req = urllib.request.Request(f"{s.url}/api/v1/training_runs/{run}/checkpoints/{ckpt}/archive{query}",
-                                 headers={"X-API-Key": s.key})
-    try:
-        urllib.request.build_opener(NoRedirect).open(req, timeout=60)
-        raise RuntimeError("archive did not redirect")
-    except urllib.error.HTTPError as e:
-        if e.code != 302:
-            raise RuntimeError(f"archive: {e.code} {e.read()}")
-        loc = e.headers["Location"]
-    with urllib.request.urlopen(loc, timeout=60) as r:
-        return r.read()
 
 
 def main():
@@ -213,7 +194,7 @@ def run(R, s, cfg, ref, E, K, L):
                                                                  "seq_id": seq})[1]["request_id"])
     seq += 1
     with tempfile.TemporaryDirectory() as d:
-        tar = download(s, mid, "sampler_weights/export", "?format=peft")
+        tar = download_archive(s, mid, "sampler_weights/export", "?format=peft")
         tarfile.open(fileobj=io.BytesIO(tar), mode="r:").extractall(d)
         pc = json.load(open(os.path.join(d, "adapter_config.json")))
         R.check(pc["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
