@@ -254,6 +254,18 @@ long exe_sample_nucleus(const exe_sample_req *r, const float *w, long V, double 
  * that the sampled token's entry equals its logprob. */
 void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w, uint64_t *keys);
 
+/* ---- what every backend's sparse (mixture-of-experts) layer does alike (backend.c) ------- */
+
+/* Groups a sparse layer's T·K (token, expert) assignments sel[T·K] (token t's experts at
+ * sel[t·K ..]) expert by expert, tokens in row order within an expert, so that each
+ * expert's rows are one block: off[E + 1] each expert's first grouped row, a_pos[T·K] the
+ * grouped row of each assignment, a_tok[T·K] the token row of each grouped row. fill: E
+ * ints of scratch. */
+void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok);
+/* The first grouped row of [lo, hi) (one expert's block) whose token row is at least t:
+ * where a segment starting at row t begins in that block. */
+int exe_moe_lower(const int32_t *a_tok, int lo, int hi, long t);
+
 /* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
  * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed
  * by who, the backend's name). (backend.c) */

@@ -104,19 +104,8 @@ static void moe_route_rows(void *va, long b, long e, int thread)
 static void moe_group(cpu_ctx *c, long T)
 {
     const model_config *mc = &c->m->cfg;
-    int E = mc->num_experts, K = mc->num_experts_per_tok, *off = c->e_off, *fill = c->e_off + E + 1;
-    memset(off, 0, (size_t)(E + 1) * sizeof *off);
-    for (long a = 0; a < T * K; a++) off[c->r_sel[a] + 1]++;
-    for (int e = 0; e < E; e++) {
-        off[e + 1] += off[e];
-        fill[e] = off[e];
-    }
-    for (long t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) {
-            int pos = fill[c->r_sel[t * K + k]]++;
-            c->a_pos[t * K + k] = pos;
-            c->a_tok[pos] = (int32_t)t;
-        }
+    exe_moe_group(c->r_sel, T, mc->num_experts_per_tok, mc->num_experts, c->e_off, c->e_off + mc->num_experts + 1,
+                  c->a_pos, c->a_tok);
 }
 
 /* The routing of each sequence added into its expert_counts_out (cpu_forward_backward
@@ -134,17 +123,6 @@ static void moe_count(cpu_ctx *c, int l, long T)
 
 /* ---- the experts ------------------------------------------------------------------------- */
 
-/* The first row of [lo, hi) of expert rows whose token row is at least t. */
-static int moe_lower(const int32_t *a_tok, int lo, int hi, long t)
-{
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (a_tok[mid] < t) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
 /* Expert e's LoRA for module mod over its rows, segment by segment: forward y += ...
  * (dy NULL), else the gradients of the segments that carry one and dx += ... */
 static void moe_lora(const moe_job *j, cpu_pool *pool, int e, lora_module mod, const float *x, int in, float *y,
@@ -157,7 +135,7 @@ static void moe_lora(const moe_job *j, cpu_pool *pool, int e, lora_module mod, c
         if (dy && !sg->grad) continue;
         const lora_pair *p = cpu_adapter_expert(sg->ad, j->l, e, mod);
         if (!p) continue;
-        int a = moe_lower(c->a_tok, r0, r1, sg->row_begin), b = moe_lower(c->a_tok, a, r1, sg->row_end);
+        int a = exe_moe_lower(c->a_tok, r0, r1, sg->row_begin), b = exe_moe_lower(c->a_tok, a, r1, sg->row_end);
         if (a == b) continue;
         float *z = c->ez + (size_t)a * c->cap_rank, *dz = c->edz + (size_t)a * c->cap_rank;
         if (dy)
