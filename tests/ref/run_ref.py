@@ -74,6 +74,11 @@ def main():
     for name, mkargs in CASES:
         if only and name not in only:
             continue
+        if tol == "bf16" and "qwen3_moe" in mkargs:
+            # bf16 router logits may order two nearly equal experts otherwise than the fp64
+            # reference: test_gpu_backend compares a GPU's MoE layers with the CPU's, routing-aware
+            print(f"== {name}: skipped on a bf16 backend (routing compared by test_gpu_backend)")
+            continue
         case_dir = os.path.join(args.work, name)
         shutil.rmtree(case_dir, ignore_errors=True)
         model_dir, dump_dir = os.path.join(case_dir, "model"), os.path.join(case_dir, "dump")
