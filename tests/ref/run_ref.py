@@ -25,7 +25,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402
 
-# name, mkmodel arguments
+def tie_router(model_dir):
+    """Expert 5's router row := expert 2's in every sparse layer: every token's two
+    probabilities are then equal, bit for bit, and the choice between them is the tie rule
+    (the lower index first)."""
+    path = os.path.join(model_dir, "model.safetensors")
+    w = dict(torch_ref.read_safetensors(path))
+    for k in [k for k in w if k.endswith(".mlp.gate.weight")]:
+        g = w[k].copy()
+        g[5] = g[2]
+        w[k] = g
+    torch_ref.write_safetensors(path, w)
+
+
+# name, mkmodel arguments[, an edit of the written model]
 CASES = [
     ("llama", ["--arch", "llama"]),                       # untied head
     ("qwen3", ["--arch", "qwen3"]),                       # tied head, q/k norm, head_dim != H/heads
@@ -38,6 +51,8 @@ CASES = [
     ("qwen3_moe_mixed_fused_bf16", ["--arch", "qwen3_moe", "--layers", "6", "--sparse-step", "2", "--mlp-only", "3",
                                     "--experts", "6", "--top-k", "3", "--norm-topk", "0", "--tie", "0",
                                     "--fused-experts", "1", "--dtype", "bf16"]),
+    # experts 2 and 5 tie for every token (equal router rows), 3 per token: the tie rule
+    ("qwen3_moe_router_ties", ["--arch", "qwen3_moe", "--top-k", "3"], tie_router),
 ]
 
 
@@ -71,7 +86,7 @@ def main():
     mk = [args.loom_bin, "mkmodel"] if args.loom_bin and os.path.exists(args.loom_bin) else [args.dump_bin, "mkmodel"]
     passed = failed = 0
     only = set(filter(None, args.cases.split(",")))
-    for name, mkargs in CASES:
+    for name, mkargs, *edit in CASES:
         if only and name not in only:
             continue
         if tol == "bf16" and "qwen3_moe" in mkargs:
@@ -85,6 +100,8 @@ def main():
         os.makedirs(dump_dir)
         try:
             run(mk + mkargs + ["--out", model_dir, "--seed", "7", "--init-std", "0.1"])
+            for e in edit:
+                e(model_dir)
             run([args.dump_bin, "dump", "--model", model_dir, "--out", dump_dir, "--threads", args.threads])
             rep = torch_ref.check_dump(model_dir, dump_dir, name, tolerance=tol)
         except Skipped as e:

@@ -46,6 +46,24 @@ def read_safetensors(path):
     return out
 
 
+def write_safetensors(path, tensors):
+    """name -> numpy array (F32 or F64) as a safetensors file (tests that edit a model)."""
+    names = sorted(tensors)
+    header, off, blobs = {}, 0, []
+    for n in names:
+        a = np.ascontiguousarray(tensors[n])
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}[a.dtype]
+        header[n] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+        blobs.append(a.tobytes())
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
 def read_model_weights(model_dir):
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if not os.path.exists(index):
@@ -112,10 +130,14 @@ class RefModel:
         return w
 
     def route(self, h, p):
-        """Qwen3MoeSparseMoeBlock's router: softmax over all experts, the top K (torch.topk),
-        renormalised when norm_topk_prob. Returns (weights [n, K], experts [n, K], probs)."""
+        """Qwen3MoeSparseMoeBlock's router: softmax over all experts, the top K, renormalised
+        when norm_topk_prob. Returns (weights [n, K], experts [n, K], probs). transformers
+        takes torch.topk, which leaves the order of equal probabilities unspecified (it
+        changes with E and K); a stable descending sort gives the same experts for distinct
+        probabilities and Loom's rule, the lower index first, for equal ones."""
         probs = torch.softmax(h @ self.W[p + "mlp.gate.weight"].T, dim=-1)
-        top_w, top_e = torch.topk(probs, self.K, dim=-1)
+        top_w, top_e = torch.sort(probs, dim=-1, descending=True, stable=True)
+        top_w, top_e = top_w[:, :self.K], top_e[:, :self.K]
         if self.norm_topk:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         return top_w, top_e, probs
