@@ -5,6 +5,8 @@
  *   test_cpu_ref dump --model DIR --out DIR [--threads N]
  *                                       runs the reference scenario and writes DIR/dump.safetensors
  *                                       and DIR/case.json for tests/ref/torch_ref.py
+ *   test_cpu_ref curve --model DIR --out DIR [--threads N]
+ *                                       a 12-step SFT loss curve into DIR/curve.safetensors
  *   test_cpu_ref mkmodel ...            same as `loom mkmodel`
  *
  * The scenario: one packed batch of sequences of different lengths over THREE adapters
@@ -393,6 +395,61 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
     tr_free_adapters(be, ctx, ads);
     tr_free_adapters(be, ctx, solo);
     tr_batch_free(&b);
+    be->destroy(ctx);
+    return rc ? 2 : 0;
+}
+
+/* ---- an SFT loss curve for the PyTorch reference ------------------------------------- */
+
+enum { TC_SEQS = 4, TC_LEN = 12, TC_STEPS = 12 };
+
+/* `test_cpu_ref curve`: a fresh adapter (PEFT's initial weights, rank 4, every module and
+ * the head) trained by cross_entropy + AdamW (lr 1e-2) on 4 fixed sequences for 12 steps;
+ * DIR/curve.safetensors holds the initial weights, the tokens and each step's loss sum,
+ * which tests/ref/torch_ref.py's check_curve replays in float64. */
+static int tr_curve_main(const char *model_dir, const char *out_dir, int threads)
+{
+    char err[512], path[4096];
+    model_config mc;
+    const exe_backend *be = test_backend();
+    void *ctx = test_backend_open(be, model_dir, threads, &mc, err, sizeof err);
+    if (!ctx) { fprintf(stderr, "%s\n", err); return 2; }
+    lora_config lc = {4, 5, true, true, true};
+    exe_adapter *ad = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
+    if (!ad) { fprintf(stderr, "adapter: %s\n", err); return 2; }
+    tr_dump du = {0};
+    tr_put_adapter(&du, "init", 0, be, ctx, ad, 0);
+    int32_t tok[TC_SEQS][TC_LEN + 1];
+    float lp[TC_SEQS][TC_LEN], loss[TC_SEQS][TC_LEN];
+    rng_state r;
+    rng_seed(&r, 99);
+    exe_seq s[TC_SEQS];
+    for (int i = 0; i < TC_SEQS; i++) {
+        for (int t = 0; t <= TC_LEN; t++) tok[i][t] = (int32_t)(rng_next(&r) % mc.vocab_size);
+        s[i] = (exe_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = TC_LEN, .tokens = tok[i],
+                         .targets = tok[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
+    }
+    tr_put(&du, "tokens", ST_I32, TC_SEQS, TC_LEN + 1, tok);
+    double curve[TC_STEPS];
+    adam_params hp = {1e-2, 0.9, 0.95, 1e-8, 0.0, 0.0};
+    for (int k = 0; k < TC_STEPS; k++) {
+        if (be->forward_backward(ctx, s, TC_SEQS, true, err, sizeof err) != 0 ||
+            be->optim_step(ctx, ad, &hp, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "step %d: %s\n", k, err);
+            return 2;
+        }
+        curve[k] = 0;
+        for (int i = 0; i < TC_SEQS; i++)
+            for (int t = 0; t < TC_LEN; t++) curve[k] += loss[i][t];
+    }
+    tr_put(&du, "curve", ST_F64, TC_STEPS, 0, curve);
+    snprintf(path, sizeof path, "%s/curve.safetensors", out_dir);
+    int rc = st_write(path, du.d, du.n, NULL, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "%s\n", err);
+    else printf("curve: %d steps, loss sum %.6g -> %.6g\n", TC_STEPS, curve[0], curve[TC_STEPS - 1]);
+    for (int i = 0; i < du.n; i++) { free(du.names[i]); free(du.data[i]); }
+    free(du.d); free(du.names); free(du.data);
+    be->adapter_free(ctx, ad);
     be->destroy(ctx);
     return rc ? 2 : 0;
 }
@@ -1010,7 +1067,7 @@ static void tr_rmtree(const char *d)
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "mkmodel") == 0) return mkmodel_main(argc - 1, argv + 1);
-    if (argc > 1 && strcmp(argv[1], "dump") == 0) {
+    if (argc > 1 && (strcmp(argv[1], "dump") == 0 || strcmp(argv[1], "curve") == 0)) {
         const char *model = NULL, *out = NULL;
         int threads = 0;
         for (int i = 2; i + 1 < argc; i += 2) {
@@ -1018,8 +1075,8 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
             else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         }
-        if (!model || !out) { fprintf(stderr, "usage: test_cpu_ref dump --model DIR --out DIR [--threads N]\n"); return 2; }
-        return tr_dump_main(model, out, threads);
+        if (!model || !out) { fprintf(stderr, "usage: test_cpu_ref dump|curve --model DIR --out DIR [--threads N]\n"); return 2; }
+        return strcmp(argv[1], "dump") == 0 ? tr_dump_main(model, out, threads) : tr_curve_main(model, out, threads);
     }
     snprintf(tr_tmp, sizeof tr_tmp, "/tmp/loom_cpuref_XXXXXX");
     if (!mkdtemp(tr_tmp)) { perror("mkdtemp"); return 2; }

@@ -4,7 +4,8 @@
 For each case: write a tiny random model (`loom mkmodel`, or the dump tool's own copy of
 it), let the C dump tool (tests/test_cpu_ref.c, `dump` mode) run the scenario — packed
 batch over three adapters, all five losses, two forward_backward + AdamW steps, each
-adapter alone — then recompute everything with torch_ref.py and compare.
+adapter alone — then recompute everything with torch_ref.py and compare; and (`curve`
+mode) a 12-step SFT loss curve against the reference's own.
 
     /usr/bin/python3 tests/ref/run_ref.py --dump-bin build/test_cpu_ref [--loom-bin build/loom] --work DIR
                                           [--tolerance auto|fp32|bf16]
@@ -104,6 +105,8 @@ def main():
                 e(model_dir)
             run([args.dump_bin, "dump", "--model", model_dir, "--out", dump_dir, "--threads", args.threads])
             rep = torch_ref.check_dump(model_dir, dump_dir, name, tolerance=tol)
+            run([args.dump_bin, "curve", "--model", model_dir, "--out", dump_dir, "--threads", args.threads])
+            torch_ref.check_curve(model_dir, dump_dir, rep, tolerance=tol)
         except Skipped as e:
             print(f"skipped: {e}")
             return 77
@@ -121,6 +124,10 @@ def main():
                 passed += 1
             else:
                 failed += 1
+        if getattr(rep, "curve", None) is not None:
+            got, ref = rep.curve
+            print(f"  SFT curve, {len(got)} steps: loss sum {got[0]:.4f} -> {got[-1]:.4f} "
+                  f"(reference {ref[0]:.4f} -> {ref[-1]:.4f})")
         if getattr(rep, "min_route_gap", None) is not None:
             print(f"  smallest gap between a chosen expert's probability and the next one: {rep.min_route_gap:.2e}")
         for f in rep.failures[:20]:

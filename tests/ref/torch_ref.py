@@ -8,6 +8,7 @@ error rather than the reference's, gets gradients from autograd and steps with
 torch.optim.AdamW + torch.nn.utils.clip_grad_norm_.
 
     check_dump(model_dir, dump_dir) -> list of (quantity, worst_rel, ok)
+    check_curve(model_dir, dump_dir, report) adds an SFT loss curve to a report
 """
 import json
 import math
@@ -515,4 +516,55 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
             key = f"solo.ad{a}.grad.{n}"
             if key in D:
                 rep.compare("solo_vs_packed", f"ad{a}.{n}", D[key], D[f"step0.ad{a}.grad.{n}"])
+    return rep
+
+
+# fp32: measured 2e-6 at worst over 12 steps (Loom vs float64); bf16: an estimate, as
+# test_gpu_backend's SFT curve bar (5 % of the NLL)
+CURVE_RTOL = {"fp32": 1e-4, "bf16": 5e-2}
+
+
+def check_curve(model_dir, dump_dir, rep, dtype=torch.float64, tolerance="fp32"):
+    """`test_cpu_ref curve`'s SFT loop (cross_entropy summed over 4 sequences, AdamW lr 1e-2,
+    betas 0.9/0.95, eps 1e-8, no weight decay, 12 steps) from the same initial adapter, in
+    float64: each step's loss sum within CURVE_RTOL of Loom's. Unlike the per-step checks of
+    check_dump, the two runs go on from their own states: the curve measures the drift of a
+    short training run."""
+    D = read_safetensors(os.path.join(dump_dir, "curve.safetensors"))
+    model = RefModel(model_dir, dtype)
+    prefix = "init.ad0.param."
+    names = sorted(k[len(prefix):] for k in D if k.startswith(prefix))
+    P = {n: torch.tensor(D[prefix + n].astype(np.float64), dtype=dtype, requires_grad=True) for n in names}
+    mods = {n[len("base_model.model."):-len(".lora_A.weight")]: (P[n], P[n.replace("lora_A", "lora_B")])
+            for n in names if n.endswith(".lora_A.weight")}
+    rank = P[names[0]].shape[0] if ".lora_A." in names[0] else P[names[0]].shape[1]
+    lora = {"scale": LORA_ALPHA / rank, "mods": mods}
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    toks = torch.tensor(D["tokens"].astype(np.int64))
+    got = D["curve"].astype(np.float64)
+    ref = []
+    for _ in range(len(got)):
+        for t in P.values():
+            t.grad = None
+        total = torch.zeros((), dtype=dtype)
+        for seq in toks:
+            lp = torch.log_softmax(model.forward(seq[:-1], lora), dim=-1).gather(1, seq[1:].view(-1, 1))
+            total = total - lp.sum()
+        total.backward()
+        for t in P.values():
+            if t.grad is None:
+                t.grad = torch.zeros_like(t)
+        opt.step()
+        ref.append(float(total))
+    rtol = CURVE_RTOL[tolerance]
+    ref = np.array(ref)
+    rel = np.abs(got - ref) / np.abs(ref)
+    worst = float(rel.max())
+    ok = bool(np.all(np.isfinite(got))) and worst <= rtol
+    rep.worst["sft_curve"] = (worst, ok)
+    rep.worst_norm["sft_curve"] = (worst, ok)
+    if not ok:
+        i = int(np.argmax(rel))
+        rep.failures.append(f"sft_curve step {i}: Loom {got[i]:.9g} reference {ref[i]:.9g} (rel {rel[i]:.3g} > {rtol:g})")
+    rep.curve = (got, ref)
     return rep
