@@ -68,7 +68,7 @@ int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved)
         if (cpu_alloc(&c->saved, (size_t)L * c->cap_T * H * sizeof(float)) != 0) return -1;
         c->cap_saved = true;
     }
-    if (max_rank > c->cap_rank || rows_grew) {
+    if (max_rank > c->cap_rank || rows_grew || c->cap_rank == 0) { /* 0: none yet, or a failed try */
         int r = max_rank > c->cap_rank ? max_rank : c->cap_rank;
         if (r < 1) r = 1;
         if (cpu_alloc(&c->z, (size_t)c->cap_T * r * sizeof(float)) | cpu_alloc(&c->dz, (size_t)c->cap_T * r * sizeof(float)) ||
