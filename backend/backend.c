@@ -1,9 +1,10 @@
-/* backend.c — helpers made of backend table calls only, and the parts of sampling every
- * backend does alike (see backend.h). */
+/* backend.c — helpers made of backend table calls only, and the parts of sampling and of
+ * mixture-of-experts layers every backend does alike (see backend.h). */
 #include "backend/backend.h"
 #include "common/err.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 
@@ -125,4 +126,32 @@ int exe_adapter_to_state(const exe_backend *be, void *ctx, const exe_adapter *a,
         return -1;
     }
     return 0;
+}
+
+/* ---- sparse layers ---------------------------------------------------------------------- */
+
+void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok)
+{
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (long a = 0; a < T * K; a++) off[sel[a] + 1]++;
+    for (int e = 0; e < E; e++) {
+        off[e + 1] += off[e];
+        fill[e] = off[e];
+    }
+    for (long t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int pos = fill[sel[t * K + k]]++;
+            a_pos[t * K + k] = pos;
+            a_tok[pos] = (int32_t)t;
+        }
+}
+
+int exe_moe_lower(const int32_t *a_tok, int lo, int hi, long t)
+{
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (a_tok[mid] < t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }

@@ -93,6 +93,13 @@ typedef struct {
     uint64_t draw_seed;
     int32_t *draw_ids_out;
     float *draw_lp_out;
+    int32_t *expert_counts_out;   /* extension (mixture-of-experts models): when not NULL,
+                                     [model_num_moe_layers, num_experts] caller-allocated,
+                                     SET to how many of the sequence's positions each
+                                     sparse layer routed to each expert (every position
+                                     counts num_experts_per_tok times per layer); the
+                                     routing metrics of docs/protocol.md §7.3 and the
+                                     operator's per-expert counts are made of these */
     int group;                    /* the operation this sequence belongs to: consecutive
                                      sequences of one adapter and one group form one gradient
                                      reduction; each group's gradient is added to the
@@ -272,6 +279,18 @@ void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w
  * brings to the host, so that both draw the same tokens from the same logits. */
 void exe_prompt_extras(const exe_seq *s, int row, const float *z, long V, double lse);
 static inline bool exe_seq_has_extras(const exe_seq *s) { return s->score_start || s->draw_k > 0; }
+
+/* ---- what every backend's sparse (mixture-of-experts) layer does alike (backend.c) ------- */
+
+/* Groups a sparse layer's T·K (token, expert) assignments sel[T·K] (token t's experts at
+ * sel[t·K ..]) expert by expert, tokens in row order within an expert, so that each
+ * expert's rows are one block: off[E + 1] each expert's first grouped row, a_pos[T·K] the
+ * grouped row of each assignment, a_tok[T·K] the token row of each grouped row. fill: E
+ * ints of scratch. */
+void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok);
+/* The first grouped row of [lo, hi) (one expert's block) whose token row is at least t:
+ * where a segment starting at row t begins in that block. */
+int exe_moe_lower(const int32_t *a_tok, int lo, int hi, long t);
 
 /* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
  * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed

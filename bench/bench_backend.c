@@ -11,7 +11,8 @@
  *                 [--snapshot-every N]
  *   bench_backend --help
  *
- * FLOPs counted are model FLOPs: 2·T·(linear + head weights) + causal attention for the
+ * FLOPs counted are model FLOPs: 2·T·(linear + head weights; a mixture-of-experts layer
+ * counts its router and the K experts a token goes to) + causal attention for the
  * forward; the backward adds input gradients of the same GEMMs and twice the attention
  * (LoRA terms and the backward's layer recompute are not counted).
  *
@@ -273,7 +274,10 @@ int main(int argc, char **argv)
     for (int s = 0; s < nseqs; s++) { T += seqs[s].n; attn += (double)seqs[s].n * (seqs[s].n + 1) / 2; }
     double H = c->hidden_size, Im = c->intermediate_size, qd = (double)c->num_attention_heads * c->head_dim,
            kvd = (double)c->num_key_value_heads * c->head_dim, L = c->num_hidden_layers, V = c->vocab_size;
-    double lin = L * (2 * H * qd + 2 * H * kvd + 3 * H * Im) + V * H;
+    double lin = L * (2 * H * qd + 2 * H * kvd) + V * H;
+    for (int l = 0; l < c->num_hidden_layers; l++) /* a token's MLP: a sparse layer's router + its K experts */
+        lin += model_layer_moe(c, l) ? c->num_experts * H + 3.0 * c->num_experts_per_tok * H * c->moe_intermediate_size
+                                     : 3 * H * Im;
     double f_fwd = 2 * T * lin + L * 4 * qd * attn;                   /* QKᵀ and PV */
     double f_fb = f_fwd + 2 * T * lin + L * 8 * qd * attn; /* + dX GEMMs, 4 attention GEMMs */
 

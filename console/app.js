@@ -378,6 +378,30 @@
       el("div", { class: "bar" }, fill));
   }
 
+  // A MoE model's routing since the executor started: one row per sparse layer, one cell
+  // per expert, darker for more tokens (relative to that layer's busiest expert); the line
+  // under it names the layer furthest from balance.
+  function expertStrip(rows) {
+    const box = el("div", { class: "experts" });
+    let worst = null;
+    rows.forEach((row, layer) => {
+      const total = row.reduce((a, b) => a + b, 0), max = Math.max(...row), min = Math.min(...row);
+      const fair = total / row.length, line = el("div", { class: "experts-row" });
+      for (const [i, n] of row.entries()) {
+        const cell = el("span", { title: `layer ${layer}, expert ${i}: ${fmtInt(n)} tokens` });
+        cell.style.opacity = max > 0 ? (0.08 + 0.92 * n / max).toFixed(3) : "0.08";
+        line.append(cell);
+      }
+      box.append(line);
+      if (fair > 0 && (!worst || max / fair > worst.ratio))
+        worst = { layer, ratio: max / fair, idle: row.filter((n) => n === 0).length, min: min / fair };
+    });
+    const sub = worst ? `experts: layer ${worst.layer} is the least balanced (busiest ${fmtNum(worst.ratio, 3)}× its ` +
+      `fair share, least ${fmtNum(worst.min, 3)}×, ${worst.idle} idle)` : "experts: no tokens routed yet";
+    return el("div", {}, el("div", { class: "sub", text: `tokens per expert, ${rows.length} sparse layer(s)` }), box,
+      el("div", { class: "sub", text: sub }));
+  }
+
   async function loadOperator() {
     const [ov, cy] = await Promise.all([api("GET", "console/admin/overview"), api("GET", "console/admin/cycles?limit=80")]);
     $("op-updated").textContent = "updated " + fmtTime(ov.now) + " · every 5 s";
@@ -395,6 +419,7 @@
       } else {
         card.append(el("div", { class: "sub", text: "device memory " + fmtBytes(e.memory_total) + " · no GPU figures (CPU backend or no NVML)" }));
       }
+      if (e.expert_tokens) card.append(expertStrip(e.expert_tokens));
       card.append(el("div", { class: "sub" }, `heartbeat ${e.heartbeat_age_s} s ago · ${e.training_slots} training slot(s), ` +
         `${e.sampler_snapshots} snapshot(s), ${e.cached_checkpoints} cached checkpoint(s)` + (e.cycle ? ` · running cycle ${e.cycle}` : "")));
       exes.append(card);

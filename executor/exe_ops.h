@@ -27,6 +27,10 @@ typedef struct exe_state_ {
     int snapshot_every;        /* optimizer steps between a model's snapshots */
     int evict_idle_s;          /* over budget, training slots idle this long are evicted */
     struct snap_writer *writer;   /* exe_durable.c */
+    int64_t *expert_tokens;    /* MoE models: [sparse layers, experts] tokens routed to each
+                                  expert by this executor's passes since it started (the
+                                  operator's view, executors.expert_tokens), NULL until the
+                                  first; dense models: NULL */
     tokenizer *tok;            /* for stop strings, loaded on first use (exe_sample.c) */
     bool tok_tried;
     char tok_err[512];

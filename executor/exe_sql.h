@@ -86,15 +86,17 @@
 #define SQL_EXE_HOOK_RELEASE "RELEASE SAVEPOINT op_hook"
 
 /* $1 cycle, $2 seconds the executor spent in it before the commit (restore + compute), $3
- * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints: the
- * cycle is done, the executor idle again with what its adapter store holds now (unless
- * written off as gone), the futures of the cycle's operations and the scheduler woken;
- * one statement. */
+ * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints, $8 the
+ * tokens routed to each expert since start (bigint[][] literal, MoE models; NULL keeps
+ * what is there): the cycle is done, the executor idle again with what its adapter store
+ * holds now (unless written off as gone), the futures of the cycle's operations and the
+ * scheduler woken; one statement. */
 #define SQL_EXE_FINISH_CYCLE                                                                  \
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
     " exe AS (UPDATE executors SET state = 'idle', heartbeat_at = now(), memory_used = $4::bigint," \
-    "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int"   \
+    "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int,"  \
+    "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
     "   WHERE id = $3::bigint AND state <> 'gone')"                                           \
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1::bigint" \
     " UNION ALL SELECT pg_notify('" CHAN_EXECUTOR_READY "', '')"

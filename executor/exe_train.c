@@ -66,7 +66,7 @@ static int32_t *narrow(const int64_t *x, size_t n) {
 static void free_seq(exe_seq *s) {
     free((void *)s->tokens); free((void *)s->targets); free((void *)s->weights);
     free((void *)s->sampler_logprobs); free((void *)s->advantages);
-    free(s->logprobs_out); free(s->loss_out);
+    free(s->logprobs_out); free(s->loss_out); free(s->expert_counts_out);
 }
 
 /* One datum of the payload as a sequence of the batch, after the shared check (the
@@ -101,6 +101,8 @@ static int read_datum(exe_state *st, json_t *dj, const loss_spec *ls, const char
                    .targets = narrow(in[LOSS_IN_TARGET_TOKENS], nk), .weights = in[LOSS_IN_WEIGHTS],
                    .sampler_logprobs = in[LOSS_IN_LOGPROBS], .advantages = in[LOSS_IN_ADVANTAGES],
                    .logprobs_out = calloc(nk, sizeof(float)), .loss_out = calloc(n, sizeof(float))};
+    size_t ncount = (size_t)model_num_moe_layers(&st->model) * st->model.num_experts;
+    if (ncount) s->expert_counts_out = calloc(ncount, sizeof(int32_t));
     in[LOSS_IN_WEIGHTS] = in[LOSS_IN_LOGPROBS] = in[LOSS_IN_ADVANTAGES] = NULL;   /* now the sequence's */
     rc = 0;
 out:
@@ -156,17 +158,64 @@ static json_t *tensor_json(const float *x, int n, int k) {
     return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
 }
 
-static void set_result(exe_op *op, const exe_seq *seqs, const fb_span *sp) {
+/* The routing metrics the SDK documents for MoE models (ForwardBackwardOutput.metrics),
+ * over the op's tokens, sparse layer by sparse layer: with c_e the tokens expert e got and
+ * b = Σ c_e / E the perfectly balanced share, the fraction of experts with c_e > 0 and
+ * with c_e > b, (max c_e − b) / b and (min c_e − b) / b; ":mean" averages the layers,
+ * e_max_violation:max takes the worst. counts: [layers, E], summed over the op's datums. */
+static void moe_metrics(json_t *metrics, const int64_t *counts, int layers, int E) {
+    double with = 0, over = 0, maxv = 0, maxv_max = -INFINITY, minv = 0;
+    int used = 0;
+    for (int l = 0; l < layers; l++) {
+        const int64_t *c = counts + (size_t)l * E;
+        double total = 0, hi = (double)c[0], lo = (double)c[0];
+        int nz = 0, no = 0;
+        for (int e = 0; e < E; e++) total += (double)c[e];
+        if (total <= 0) continue;
+        double bal = total / E;
+        for (int e = 0; e < E; e++) {
+            nz += c[e] > 0;
+            no += (double)c[e] > bal;
+            hi = fmax(hi, (double)c[e]);
+            lo = fmin(lo, (double)c[e]);
+        }
+        with += (double)nz / E;
+        over += (double)no / E;
+        maxv += (hi - bal) / bal;
+        maxv_max = fmax(maxv_max, (hi - bal) / bal);
+        minv += (lo - bal) / bal;
+        used++;
+    }
+    if (!used) return;
+    json_object_set_new(metrics, "e_frac_with_tokens:mean", json_real(with / used));
+    json_object_set_new(metrics, "e_frac_oversubscribed:mean", json_real(over / used));
+    json_object_set_new(metrics, "e_max_violation:mean", json_real(maxv / used));
+    json_object_set_new(metrics, "e_max_violation:max", json_real(maxv_max));
+    json_object_set_new(metrics, "e_min_violation:mean", json_real(minv / used));
+}
+
+static void set_result(exe_state *st, exe_op *op, const exe_seq *seqs, const fb_span *sp) {
     json_t *outs = json_array();
     double loss_sum = 0;
+    int layers = model_num_moe_layers(&st->model), E = st->model.num_experts;
+    size_t ncount = (size_t)layers * E;
+    int64_t *counts = ncount ? calloc(ncount, sizeof *counts) : NULL;
     for (int k = sp->first_seq; k < sp->first_seq + sp->nseq; k++) {
         const exe_seq *s = &seqs[k];
         for (int t = 0; t < s->n; t++) loss_sum += s->loss_out[t];
+        for (size_t i = 0; counts && s->expert_counts_out && i < ncount; i++) counts[i] += s->expert_counts_out[i];
         json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n, s->k),
                                               "elementwise_loss", tensor_json(s->loss_out, s->n, 1)));
     }
     op->result = json_pack("{s:s, s:o, s:{s:f}}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs", outs,
                            "metrics", "loss:sum", loss_sum);
+    if (counts) {
+        moe_metrics(json_object_get(op->result, "metrics"), counts, layers, E);
+        /* the operator's per-expert counts (executors.expert_tokens), since start */
+        if (!st->expert_tokens) st->expert_tokens = calloc(ncount, sizeof *st->expert_tokens);
+        for (size_t i = 0; st->expert_tokens && i < ncount; i++) st->expert_tokens[i] += counts[i];
+    }
+    free(counts);
 }
 
 /* Runs the sequences of the spans that are not dropped (all of them, or only those at
@@ -261,7 +310,7 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
         if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
         else if (!span_in_range(seqs, sp, false, why, sizeof why))
             exe_op_fail(sp->op, "user", "%s.%s", why, backward ? " Positions whose loss is not finite added no gradient." : "");
-        else set_result(sp->op, seqs, sp);
+        else set_result(st, sp->op, seqs, sp);
     }
     for (int k = 0; k < ns; k++) free_seq(&seqs[k]);
     free(seqs);

@@ -33,6 +33,7 @@
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/migrate.h"
 #include <errno.h>
 #include <jansson.h>
@@ -77,6 +78,23 @@ static void capacity_of(const exe_state *st, capacity_params *cp) {
     snprintf(cp->training, sizeof cp->training, "%d", s.count[STORE_TRAINING]);
     snprintf(cp->snapshots, sizeof cp->snapshots, "%d", s.count[STORE_SNAPSHOT]);
     snprintf(cp->cached, sizeof cp->cached, "%d", s.count[STORE_CHECKPOINT]);
+}
+
+/* st->expert_tokens as a bigint[][] literal ([sparse layer][expert]) for
+ * SQL_EXE_FINISH_CYCLE (malloc'd), or NULL (a dense model, or nothing routed yet). */
+static char *expert_tokens_param(const exe_state *st) {
+    int layers = model_num_moe_layers(&st->model), E = st->model.num_experts;
+    if (!st->expert_tokens || layers == 0) return NULL;
+    strbuf b;
+    sb_init(&b, (size_t)layers * E * 8 + 16);
+    sb_puts(&b, "{");
+    for (int l = 0; l < layers; l++) {
+        sb_puts(&b, l ? ",{" : "{");
+        for (int e = 0; e < E; e++) sb_printf(&b, "%s%lld", e ? "," : "", (long long)st->expert_tokens[(size_t)l * E + e]);
+        sb_puts(&b, "}");
+    }
+    sb_puts(&b, "}");
+    return b.data;
 }
 
 /* Each model's last operation of the cycle that changed its state, for models.state_seq
@@ -163,16 +181,18 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     bool states = model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
+    char *experts = expert_tokens_param(st);
     const char *pf[2] = {outcomes, cyc}, *pm[2] = {models, seqs};
-    const char *pc[7] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached};
+    const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
     db_stmt b[4];
     int nb = 0, finish_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
     if (n > 0) { finish_at = nb; b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 2, pf}; }
     if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
-    b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 7, pc};
+    b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 8, pc};
     PGresult *r[4];
     int got = db_pipeline(c, b, nb, r, err, errlen);
+    free(experts);
     free(outcomes);
     free(models);
     free(seqs);
@@ -801,6 +821,7 @@ int exe_main(int argc, char **argv) {
     pthread_join(hbt, NULL);
     exe_gpu_close(hb.gpu);
     exe_store_free(&st.store);
+    free(st.expert_tokens);
     st.be->destroy(st.ctx);
     if (st.blobs) blob_close(st.blobs);
     if (st.tok) tok_free(st.tok);

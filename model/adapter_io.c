@@ -56,12 +56,13 @@ int adapter_io_encode(const adapter_state *a, bool with_optimizer, uint8_t **out
         dv->data = a->v + t->offset;
     }
     const lora_config *c = &l->cfg;
-    char rank[16], step[24], layers[16], hidden[16], vocab[16];
+    char rank[16], step[24], layers[16], hidden[16], vocab[16], experts[16];
     snprintf(rank, sizeof rank, "%d", c->rank);
     snprintf(step, sizeof step, "%lld", (long long)a->step);
     snprintf(layers, sizeof layers, "%d", l->num_layers);
     snprintf(hidden, sizeof hidden, "%d", l->hidden);
     snprintf(vocab, sizeof vocab, "%d", l->vocab);
+    snprintf(experts, sizeof experts, "%d", l->num_experts);
     const char *meta[] = {"loom.kind", with_optimizer ? "training" : "sampler",
                           "loom.lora_rank", rank,
                           "loom.lora_alpha", "32",
@@ -72,6 +73,9 @@ int adapter_io_encode(const adapter_state *a, bool with_optimizer, uint8_t **out
                           "loom.num_layers", layers,
                           "loom.hidden", hidden,
                           "loom.vocab", vocab,
+                          /* MoE models only, so that a dense adapter's bytes (and digest)
+                           * stay what they were */
+                          l->num_experts > 0 ? "loom.num_experts" : NULL, experts,
                           NULL};
     int rc = st_write_mem(d, nd, meta, out, outlen, err, errlen);
     free(d);
@@ -117,6 +121,8 @@ static int info_of(const st_file *f, adapter_io_info *info, char *err, size_t er
     info->num_layers = (int)layers;
     info->hidden = (int)hidden;
     info->vocab = (int)vocab;
+    const char *ne = st_metadata(f, "loom.num_experts");
+    info->num_experts = ne ? atoi(ne) : 0;
     const char *alpha = st_metadata(f, "loom.lora_alpha");
     info->lora_alpha = alpha ? atof(alpha) : LORA_ALPHA;
     const char *kind = st_metadata(f, "loom.kind");
@@ -186,9 +192,11 @@ int adapter_io_restore(adapter_state *a, const void *buf, size_t len, bool optim
                 flag_list(&info.cfg, fa, sizeof fa), flag_list(c, fb, sizeof fb));
         goto out;
     }
-    if (info.num_layers != l->num_layers || info.hidden != l->hidden || info.vocab != l->vocab) {
-        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d; "
-                "this one has %d, %d, %d", info.num_layers, info.hidden, info.vocab, l->num_layers, l->hidden, l->vocab);
+    if (info.num_layers != l->num_layers || info.hidden != l->hidden || info.vocab != l->vocab ||
+        info.num_experts != l->num_experts) {
+        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d, %d experts; "
+                "this one has %d, %d, %d, %d", info.num_layers, info.hidden, info.vocab, info.num_experts, l->num_layers,
+                l->hidden, l->vocab, l->num_experts);
         goto out;
     }
     if (optimizer && !info.has_optimizer) {
@@ -235,10 +243,11 @@ int adapter_io_decode(const model_config *mc, const void *buf, size_t len, adapt
     adapter_io_info info;
     lora_layout l;
     if (adapter_io_info_read(buf, len, &info, err, errlen) < 0) return -1;
-    if (info.num_layers != mc->num_hidden_layers || info.hidden != mc->hidden_size || info.vocab != mc->vocab_size) {
-        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d; "
-                "this one has %d, %d, %d", info.num_layers, info.hidden, info.vocab, mc->num_hidden_layers,
-                mc->hidden_size, mc->vocab_size);
+    if (info.num_layers != mc->num_hidden_layers || info.hidden != mc->hidden_size || info.vocab != mc->vocab_size ||
+        info.num_experts != mc->num_experts) {
+        err_set(err, errlen, "the checkpoint was made for a base model with %d layers, hidden %d, vocab %d, %d experts; "
+                "this one has %d, %d, %d, %d", info.num_layers, info.hidden, info.vocab, info.num_experts,
+                mc->num_hidden_layers, mc->hidden_size, mc->vocab_size, mc->num_experts);
         return -1;
     }
     if (lora_layout_init(&l, mc, &info.cfg, err, errlen) < 0) return -1;
@@ -428,6 +437,26 @@ static int import_key(const char *key, char *module, size_t n, bool *is_a) {
     return 0;
 }
 
+/* The layout cmp_layout_name sorts by: qsort has no user argument (thread-local, so that
+ * imports on several threads do not mix). */
+static _Thread_local const lora_layout *g_sort_layout;
+
+static int cmp_layout_name(const void *a, const void *b) {
+    return strcmp(g_sort_layout->tensors[*(const int *)a].name, g_sort_layout->tensors[*(const int *)b].name);
+}
+
+/* The index of tensor `name` in l, by binary search over order (l's indices sorted by name). */
+static int find_sorted(const lora_layout *l, const int *order, const char *name) {
+    int lo = 0, hi = l->num_tensors;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(l->tensors[order[mid]].name, name);
+        if (c == 0) return order[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
 int adapter_io_import(const model_config *mc, const char *config_json, const void *st_bytes, size_t st_len,
                       uint8_t **out, size_t *outlen, adapter_io_info *info, char *err, size_t errlen) {
     json_error_t je;
@@ -465,6 +494,15 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
             st_close(f);
             return -1;
         }
+        if (ends_with(module, ".mlp.experts") || ends_with(module, ".mlp.experts.base_layer")) {
+            /* PEFT's target_parameters on transformers 5's fused expert tensors (ParamWrapper) */
+            err_set(err, errlen, "tensor %s adapts the fused expert parameters (PEFT target_parameters); Loom "
+                    "imports expert LoRA in the per-expert layout (mlp.experts.E.gate_proj/up_proj/down_proj, "
+                    "target_modules), the one PEFT writes with transformers 4 and transformers 5 converts on load",
+                    t->name);
+            st_close(f);
+            return -1;
+        }
         if (!strcmp(module, "model.unembed_tokens")) { lc.train_unembed = true; continue; }
         char leaf[128];
         leaf_of(module, leaf, sizeof leaf);
@@ -484,18 +522,26 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
     }
     lora_layout lay;
     adapter_state a = {0};
+    int *order = NULL;
     if (lora_layout_init(&lay, mc, &lc, err, errlen) < 0) { st_close(f); return -1; }
     /* Modules the file leaves out stay zero (A and B), i.e. unadapted. */
     int rc = adapter_state_alloc(&a, &lay, ADAPTER_PARAMS, err, errlen);
     lora_layout_free(&lay);
     if (rc < 0) { st_close(f); return -1; }
     rc = -1;
+    /* The layout's names sorted, for lookups: a 128-expert model's adapter has ~40 000. */
+    int nt = a.layout.num_tensors;
+    order = malloc((nt ? nt : 1) * sizeof *order);
+    if (!order) { err_set(err, errlen, "adapter_io: out of memory"); goto out; }
+    for (int i = 0; i < nt; i++) order[i] = i;
+    g_sort_layout = &a.layout;
+    qsort(order, nt, sizeof *order, cmp_layout_name);
     for (int i = 0; i < st_count(f); i++) {
         const st_tensor *t = st_get(f, i);
         import_key(t->name, module, sizeof module, &is_a);
         char ours[600];
         snprintf(ours, sizeof ours, "base_model.model.%s.lora_%s.weight", module, is_a ? "A" : "B");
-        int ti = lora_find_tensor(&a.layout, ours);
+        int ti = find_sorted(&a.layout, order, ours);
         if (ti < 0) { err_set(err, errlen, "tensor %s does not fit this base model", t->name); goto out; }
         const lora_tensor *lt = &a.layout.tensors[ti];
         float *p = a.params + lt->offset;
@@ -505,6 +551,7 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
         if (!is_a && fold != 1.0)
             for (size_t k = 0; k < cnt; k++) p[k] = (float)(p[k] * fold);
     }
+
     if (adapter_io_encode(&a, false, out, outlen, err, errlen) < 0) goto out;
     if (info) {
         memset(info, 0, sizeof *info);
@@ -516,6 +563,7 @@ int adapter_io_import(const model_config *mc, const char *config_json, const voi
     }
     rc = 0;
 out:
+    free(order);
     adapter_state_free(&a);
     st_close(f);
     return rc;

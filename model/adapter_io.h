@@ -6,7 +6,8 @@
  *   - every adapter tensor under its PEFT key (lora_layout order), F32, [rows, cols];
  *   - training state only: for every key K, "K.exp_avg" and "K.exp_avg_sq" (Adam m, v);
  *   - "__metadata__": format=pt, loom.kind=training|sampler, loom.step, loom.lora_rank,
- *     loom.lora_alpha, loom.train_attn/mlp/unembed, loom.num_layers/hidden/vocab.
+ *     loom.lora_alpha, loom.train_attn/mlp/unembed, loom.num_layers/hidden/vocab, and for a
+ *     mixture-of-experts model loom.num_experts.
  * The bytes depend on the adapter state only (no names, no times), so the same state
  * always gives the same sha256 and the blob store deduplicates it.
  *
@@ -25,6 +26,7 @@ typedef struct {
     bool has_optimizer;       /* training state: exp_avg / exp_avg_sq present */
     int64_t step;             /* optimizer steps taken */
     int num_layers, hidden, vocab;
+    int num_experts;          /* loom.num_experts (MoE models; absent: 0) */
     double lora_alpha;
 } adapter_io_info;
 

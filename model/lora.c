@@ -17,10 +17,12 @@ static bool lo_trained(const lora_config *c, int mod)
     return mod <= LORA_O ? c->train_attn : c->train_mlp;
 }
 
-/* in/out features of each module for a model config. */
-static void lo_dims(const model_config *mc, int mod, int *in, int *out)
+/* in/out features of each module of layer l for a model config (an expert's MLP is
+ * moe_intermediate_size wide). */
+static void lo_dims(const model_config *mc, int l, int mod, int *in, int *out)
 {
-    int H = mc->hidden_size, I = mc->intermediate_size, qd = mc->num_attention_heads * mc->head_dim,
+    int H = mc->hidden_size, I = model_layer_moe(mc, l) ? mc->moe_intermediate_size : mc->intermediate_size,
+        qd = mc->num_attention_heads * mc->head_dim,
         kvd = mc->num_key_value_heads * mc->head_dim;
     switch (mod) {
     case LORA_Q: *in = H; *out = qd; break;
@@ -31,17 +33,20 @@ static void lo_dims(const model_config *mc, int mod, int *in, int *out)
     }
 }
 
-/* Longest name: "base_model.model.model.layers.<int>.self_attn.q_proj.lora_A.weight". */
-#define LO_NAME_MAX 96
+/* Longest name: "base_model.model.model.layers.<int>.mlp.experts.<int>.gate_proj.lora_A.weight". */
+#define LO_NAME_MAX 112
 
-/* Appends the A and B tensors of one adapted linear. */
-static void lo_add_pair(lora_layout *l, char **np, const char *prefix, int layer, lora_module mod, int in, int out)
+/* Appends the A and B tensors of one adapted linear (expert: -1, or the expert whose
+ * projection it is). */
+static void lo_add_pair(lora_layout *l, char **np, const char *prefix, int layer, lora_module mod, int expert, int in,
+                        int out)
 {
     int r = l->cfg.rank;
     for (int b = 0; b < 2; b++) {
         lora_tensor *t = &l->tensors[l->num_tensors++];
         t->layer = layer;
         t->module = mod;
+        t->expert = expert;
         t->is_b = b;
         t->rows = b ? out : r;
         t->cols = b ? r : in;
@@ -59,12 +64,14 @@ int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *
         err_set(err, errlen, "lora: rank %d outside 1..%d", c->rank, LIMIT_LORA_RANK);
         return -1;
     }
-    int L = mc->num_hidden_layers, maxt = 2 * (L * LORA_NUM_MODULES + 1);
+    int L = mc->num_hidden_layers, E = mc->num_experts > 0 ? mc->num_experts : 1,
+        maxt = 2 * (L * (4 + 3 * E) + 1);
     l->cfg = *c;
     l->scale = LORA_ALPHA / (float)c->rank;
     l->num_layers = L;
     l->hidden = mc->hidden_size;
     l->vocab = mc->vocab_size;
+    l->num_experts = mc->num_experts;
     l->tensors = calloc(maxt, sizeof *l->tensors);
     l->names = malloc((size_t)maxt * LO_NAME_MAX);
     if (!l->tensors || !l->names) {
@@ -72,31 +79,78 @@ int lora_layout_init(lora_layout *l, const model_config *mc, const lora_config *
         err_set(err, errlen, "lora: out of memory");
         return -1;
     }
-    char *np = l->names, prefix[64];
-    for (int layer = 0; layer < L; layer++)
+    char *np = l->names, prefix[80];
+    for (int layer = 0; layer < L; layer++) {
+        bool moe = model_layer_moe(mc, layer);
+        for (int mod = 0; mod < LORA_NUM_MODULES; mod++) {
+            if (!lo_trained(c, mod) || (moe && mod > LORA_O)) continue; /* the experts' follow */
+            int in, out;
+            lo_dims(mc, layer, mod, &in, &out);
+            snprintf(prefix, sizeof prefix, "model.layers.%d.%s", layer, lo_module_path[mod]);
+            lo_add_pair(l, &np, prefix, layer, (lora_module)mod, -1, in, out);
+        }
+        if (!moe || !c->train_mlp) continue;
+        for (int e = 0; e < mc->num_experts; e++)
+            for (int mod = LORA_GATE; mod <= LORA_DOWN; mod++) {
+                int in, out;
+                lo_dims(mc, layer, mod, &in, &out);
+                snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.experts.%d.%s", layer, e,
+                         lo_module_path[mod] + strlen("mlp."));
+                lo_add_pair(l, &np, prefix, layer, (lora_module)mod, e, in, out);
+            }
+    }
+    if (c->train_unembed)
+        lo_add_pair(l, &np, "model.unembed_tokens", -1, LORA_Q, -1, mc->hidden_size, mc->vocab_size);
+    /* Keep only what is used: an adapter of a 128-expert model has tens of thousands of
+     * tensors, and every adapter_state carries a copy of its layout. */
+    l->names_len = (size_t)(np - l->names);
+    char *names = malloc(l->names_len ? l->names_len : 1);
+    lora_tensor *tensors = malloc((l->num_tensors ? l->num_tensors : 1) * sizeof *tensors);
+    if (!names || !tensors) {
+        free(names);
+        free(tensors);
+        lora_layout_free(l);
+        err_set(err, errlen, "lora: out of memory");
+        return -1;
+    }
+    memcpy(names, l->names, l->names_len);
+    for (int i = 0; i < l->num_tensors; i++) {
+        tensors[i] = l->tensors[i];
+        tensors[i].name = names + (l->tensors[i].name - l->names);
+    }
+    free(l->names);
+    free(l->tensors);
+    l->names = names;
+    l->tensors = tensors;
+    return 0;
+}
+
+size_t lora_count_params(const model_config *mc, const lora_config *c)
+{
+    size_t n = 0, r = (size_t)c->rank;
+    for (int l = 0; l < mc->num_hidden_layers; l++)
         for (int mod = 0; mod < LORA_NUM_MODULES; mod++) {
             if (!lo_trained(c, mod)) continue;
             int in, out;
-            lo_dims(mc, mod, &in, &out);
-            snprintf(prefix, sizeof prefix, "model.layers.%d.%s", layer, lo_module_path[mod]);
-            lo_add_pair(l, &np, prefix, layer, (lora_module)mod, in, out);
+            lo_dims(mc, l, mod, &in, &out);
+            size_t copies = mod > LORA_O && model_layer_moe(mc, l) ? (size_t)mc->num_experts : 1;
+            n += copies * r * ((size_t)in + (size_t)out);
         }
-    if (c->train_unembed) lo_add_pair(l, &np, "model.unembed_tokens", -1, LORA_Q, mc->hidden_size, mc->vocab_size);
-    return 0;
+    if (c->train_unembed) n += r * ((size_t)mc->hidden_size + (size_t)mc->vocab_size);
+    return n;
 }
 
 int lora_layout_copy(lora_layout *dst, const lora_layout *src, char *err, size_t errlen)
 {
-    int maxt = 2 * (src->num_layers * LORA_NUM_MODULES + 1);
     *dst = *src;
-    dst->tensors = malloc(maxt * sizeof *dst->tensors);
-    dst->names = malloc((size_t)maxt * LO_NAME_MAX);
+    dst->tensors = malloc((src->num_tensors ? src->num_tensors : 1) * sizeof *dst->tensors);
+    dst->names = malloc(src->names_len ? src->names_len : 1);
     if (!dst->tensors || !dst->names) {
         lora_layout_free(dst);
         err_set(err, errlen, "lora: out of memory");
         return -1;
     }
-    memcpy(dst->names, src->names, (size_t)maxt * LO_NAME_MAX);
+    memcpy(dst->names, src->names, src->names_len);
     for (int i = 0; i < src->num_tensors; i++) {
         dst->tensors[i] = src->tensors[i];
         dst->tensors[i].name = dst->names + (src->tensors[i].name - src->names);
@@ -123,7 +177,8 @@ bool lora_layout_same(const lora_layout *a, const lora_layout *b)
 {
     return a->cfg.rank == b->cfg.rank && a->cfg.train_attn == b->cfg.train_attn && a->cfg.train_mlp == b->cfg.train_mlp &&
            a->cfg.train_unembed == b->cfg.train_unembed && a->num_layers == b->num_layers && a->hidden == b->hidden &&
-           a->vocab == b->vocab && a->num_params == b->num_params;
+           a->vocab == b->vocab && a->num_experts == b->num_experts && a->num_tensors == b->num_tensors &&
+           a->num_params == b->num_params;
 }
 
 int adapter_state_alloc(adapter_state *s, const lora_layout *l, unsigned parts, char *err, size_t errlen)

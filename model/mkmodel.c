@@ -16,10 +16,11 @@
 int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
-    if (!arch || (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))) {
-        err_set(err, errlen, "mkmodel: --arch must be llama, qwen2 or qwen3");
+    if (!arch || (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3") && strcmp(arch, "qwen3_moe"))) {
+        err_set(err, errlen, "mkmodel: --arch must be llama, qwen2, qwen3 or qwen3_moe");
         return -1;
     }
+    bool moe = !strcmp(arch, "qwen3_moe");
     snprintf(o->arch, sizeof o->arch, "%s", arch);
     bool qwen = arch[0] == 'q';
     o->seed = 1234;
@@ -35,12 +36,38 @@ int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char
         o->kv_heads = 2;
         /* Qwen3's head_dim is independent of hidden/heads (0.6B: 1024/16 = 64 but d = 128);
          * the tiny qwen3 keeps that property so the explicit-head_dim path is exercised. */
-        o->head_dim = strcmp(arch, "qwen3") == 0 ? 32 : 16;
+        o->head_dim = strcmp(arch, "qwen3") == 0 || moe ? 32 : 16;
         o->max_pos = 2048;
         o->tie = qwen; /* llama tiny untied, qwen tiny tied: both head cases get tested */
         o->rope_theta = 10000.0;
         o->bos = 1;
         o->eos = 2;
+        /* 8 experts, 2 per token: enough for unbalanced routing, small enough that every
+         * expert sees tokens in a test batch. */
+        o->experts = 8;
+        o->top_k = 2;
+        o->moe_inter = 32;
+        o->norm_topk = true;
+        o->sparse_step = 1;
+    } else if (strcmp(preset, "qwen3-30b-a3b") == 0) {
+        if (!moe) { err_set(err, errlen, "mkmodel: preset qwen3-30b-a3b is a qwen3_moe model"); return -1; }
+        o->vocab = 151936;
+        o->hidden = 2048;
+        o->inter = 6144;
+        o->layers = 48;
+        o->heads = 32;
+        o->kv_heads = 4;
+        o->head_dim = 128;
+        o->max_pos = 40960;
+        o->tie = false;
+        o->rope_theta = 1000000.0;
+        o->bos = 151643;
+        o->eos = 151645;
+        o->experts = 128;
+        o->top_k = 8;
+        o->moe_inter = 768;
+        o->norm_topk = true;
+        o->sparse_step = 1;
     } else if (strcmp(preset, "qwen3-0.6b") == 0) {
         o->vocab = 151936;
         o->hidden = 1024;
@@ -55,7 +82,7 @@ int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char
         o->bos = 151643;
         o->eos = 151645;
     } else {
-        err_set(err, errlen, "mkmodel: unknown preset '%s' (tiny, qwen3-0.6b)", preset);
+        err_set(err, errlen, "mkmodel: unknown preset '%s' (tiny, qwen3-0.6b, qwen3-30b-a3b)", preset);
         return -1;
     }
     return 0;
@@ -73,7 +100,15 @@ typedef struct {
     int n, cap;
 } mk_list;
 
+static int mk_add3(mk_list *l, const char *name, int64_t d0, int64_t d1, int64_t d2, mk_kind kind);
+
 static int mk_add(mk_list *l, const char *name, int64_t rows, int64_t cols, mk_kind kind)
+{
+    return mk_add3(l, name, rows, cols, 0, kind);
+}
+
+/* A tensor [d0] (d1 = 0), [d0, d1] (d2 = 0) or [d0, d1, d2]. */
+static int mk_add3(mk_list *l, const char *name, int64_t d0, int64_t d1, int64_t d2, mk_kind kind)
 {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
@@ -92,19 +127,31 @@ static int mk_add(mk_list *l, const char *name, int64_t rows, int64_t cols, mk_k
     memset(d, 0, sizeof *d);
     d->name = l->names[l->n];
     d->dtype = l->o->bf16 ? ST_BF16 : ST_F32;
-    d->ndim = cols ? 2 : 1;
-    d->shape[0] = rows;
-    d->shape[1] = cols;
+    d->ndim = d2 ? 3 : d1 ? 2 : 1;
+    d->shape[0] = d0;
+    d->shape[1] = d1;
+    d->shape[2] = d2;
     l->kind[l->n] = kind;
     l->n++;
     return 0;
 }
 
+/* Qwen3MoeDecoderLayer's rule (model_layer_moe). */
+static bool mk_layer_moe(const mkmodel_opts *o, int l)
+{
+    if ((l + 1) % o->sparse_step) return false;
+    for (int i = 0; i < o->n_mlp_only; i++)
+        if (o->mlp_only[i] == l) return false;
+    return true;
+}
+
 static int mk_build_list(mk_list *l)
 {
     const mkmodel_opts *o = l->o;
-    bool qwen3 = strcmp(o->arch, "qwen3") == 0, qwen2 = strcmp(o->arch, "qwen2") == 0;
-    int64_t H = o->hidden, I = o->inter, d = o->head_dim, nq = o->heads, nkv = o->kv_heads;
+    bool moe = strcmp(o->arch, "qwen3_moe") == 0, qwen3 = strcmp(o->arch, "qwen3") == 0 || moe,
+         qwen2 = strcmp(o->arch, "qwen2") == 0;
+    int64_t H = o->hidden, I = o->inter, d = o->head_dim, nq = o->heads, nkv = o->kv_heads, E = o->experts,
+            Im = o->moe_inter;
     char n[256];
     int rc = mk_add(l, "model.embed_tokens.weight", o->vocab, H, MK_NORMAL);
     for (int i = 0; i < o->layers && rc == 0; i++) {
@@ -124,6 +171,26 @@ static int mk_build_list(mk_list *l)
             ADD("self_attn.k_norm.weight", d, 0, MK_NORM_WEIGHT);
         }
         ADD("post_attention_layernorm.weight", H, 0, MK_NORM_WEIGHT);
+        if (moe && mk_layer_moe(o, i)) {
+            ADD("mlp.gate.weight", E, H, MK_NORMAL);
+            if (o->fused_experts) {
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", i);
+                rc |= mk_add3(l, n, E, 2 * Im, H, MK_NORMAL);
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", i);
+                rc |= mk_add3(l, n, E, H, Im, MK_NORMAL);
+                continue;
+            }
+            for (int64_t e = 0; e < E; e++) {
+                char s[96];
+                snprintf(s, sizeof s, "mlp.experts.%lld.gate_proj.weight", (long long)e);
+                ADD(s, Im, H, MK_NORMAL);
+                snprintf(s, sizeof s, "mlp.experts.%lld.up_proj.weight", (long long)e);
+                ADD(s, Im, H, MK_NORMAL);
+                snprintf(s, sizeof s, "mlp.experts.%lld.down_proj.weight", (long long)e);
+                ADD(s, H, Im, MK_NORMAL);
+            }
+            continue;
+        }
         ADD("mlp.gate_proj.weight", I, H, MK_NORMAL);
         ADD("mlp.up_proj.weight", I, H, MK_NORMAL);
         ADD("mlp.down_proj.weight", H, I, MK_NORMAL);
@@ -160,8 +227,10 @@ static int mk_fill(void *user, int i, void *dst, size_t nbytes, char *err, size_
 
 static int mk_write_config(const mkmodel_opts *o, const char *path, char *err, size_t errlen)
 {
-    bool qwen3 = strcmp(o->arch, "qwen3") == 0, qwen2 = strcmp(o->arch, "qwen2") == 0;
-    const char *archname = qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    bool moe = strcmp(o->arch, "qwen3_moe") == 0, qwen3 = strcmp(o->arch, "qwen3") == 0 || moe,
+         qwen2 = strcmp(o->arch, "qwen2") == 0;
+    const char *archname = moe ? "Qwen3MoeForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM"
+                                                                                      : "LlamaForCausalLM";
     json_t *c = json_object();
     json_object_set_new(c, "architectures", json_pack("[s]", archname));
     json_object_set_new(c, "model_type", json_string(o->arch));
@@ -195,6 +264,18 @@ static int mk_write_config(const mkmodel_opts *o, const char *path, char *err, s
     json_object_set_new(c, "eos_token_id", json_integer(o->eos));
     json_object_set_new(c, "torch_dtype", json_string(o->bf16 ? "bfloat16" : "float32"));
     json_object_set_new(c, "initializer_range", json_real(o->init_std));
+    if (moe) {
+        json_object_set_new(c, "num_experts", json_integer(o->experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(o->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(o->moe_inter));
+        json_object_set_new(c, "norm_topk_prob", json_boolean(o->norm_topk));
+        json_object_set_new(c, "decoder_sparse_step", json_integer(o->sparse_step));
+        json_t *mo = json_array();
+        for (int i = 0; i < o->n_mlp_only; i++) json_array_append_new(mo, json_integer(o->mlp_only[i]));
+        json_object_set_new(c, "mlp_only_layers", mo);
+        json_object_set_new(c, "output_router_logits", json_false());
+        json_object_set_new(c, "router_aux_loss_coef", json_real(0.001));
+    }
     int rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(c);
     if (rc != 0) { err_set(err, errlen, "mkmodel: cannot write %s", path); return -1; }
@@ -209,6 +290,18 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen)
         err_set(err, errlen, "mkmodel: bad geometry (need positive sizes, even head_dim, heads %% kv_heads == 0)");
         return -1;
     }
+    if (!strcmp(o->arch, "qwen3_moe") &&
+        (o->experts < 1 || o->experts > 1024 || o->top_k < 1 || o->top_k > o->experts || o->top_k > 64 ||
+         o->moe_inter < 1 || o->sparse_step < 1)) {
+        err_set(err, errlen, "mkmodel: bad experts (need 1 <= top-k <= experts <= 1024, top-k <= 64, moe-inter >= 1, "
+                "sparse-step >= 1)");
+        return -1;
+    }
+    for (int i = 0; i < o->n_mlp_only; i++)
+        if (o->mlp_only[i] < 0 || o->mlp_only[i] >= o->layers) {
+            err_set(err, errlen, "mkmodel: --mlp-only %d is not a layer (0..%d)", o->mlp_only[i], o->layers - 1);
+            return -1;
+        }
     /* Like mkdir -p: `--out /var/lib/loom/models/tiny-llama` on a fresh install. */
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", o->out_dir);
@@ -254,9 +347,10 @@ out:
 /* ---- CLI ---------------------------------------------------------------------------- */
 
 static const opt_spec MK_OPTS[] = {
-    {.name = "arch", .kind = OPT_STR, .arg = "llama|qwen2|qwen3", .required = true, .help = "architecture"},
+    {.name = "arch", .kind = OPT_STR, .arg = "llama|qwen2|qwen3|qwen3_moe", .required = true, .help = "architecture"},
     {.name = "out", .kind = OPT_STR, .arg = "DIR", .required = true, .help = "where to write the model"},
-    {.name = "preset", .kind = OPT_STR, .arg = "tiny|qwen3-0.6b", .def = "tiny", .help = "geometry the rest overrides"},
+    {.name = "preset", .kind = OPT_STR, .arg = "tiny|qwen3-0.6b|qwen3-30b-a3b", .def = "tiny",
+     .help = "geometry the rest overrides"},
     {.name = "layers", .kind = OPT_INT, .arg = "N", .lo = 1, .hi = 1 << 30, .help = "layers"},
     {.name = "hidden", .kind = OPT_INT, .arg = "H", .lo = 1, .hi = 1 << 30, .help = "hidden size"},
     {.name = "inter", .kind = OPT_INT, .arg = "I", .lo = 1, .hi = 1 << 30, .help = "MLP size"},
@@ -272,6 +366,16 @@ static const opt_spec MK_OPTS[] = {
     {.name = "norm-noise", .kind = OPT_STR, .arg = "X", .help = "noise on the norm weights"},
     {.name = "rope-theta", .kind = OPT_STR, .arg = "X", .help = "RoPE base"},
     {.name = "rope-scaling", .kind = OPT_STR, .arg = "llama3", .help = "RoPE scaling"},
+    {.name = "experts", .kind = OPT_INT, .arg = "E", .lo = 1, .hi = 1024, .help = "qwen3_moe: experts per sparse layer"},
+    {.name = "top-k", .kind = OPT_INT, .arg = "K", .lo = 1, .hi = 64, .help = "qwen3_moe: experts per token"},
+    {.name = "moe-inter", .kind = OPT_INT, .arg = "I", .lo = 1, .hi = 1 << 30, .help = "qwen3_moe: an expert's MLP size"},
+    {.name = "norm-topk", .kind = OPT_INT, .arg = "0|1", .lo = 0, .hi = 1,
+     .help = "qwen3_moe: renormalise the chosen experts' weights to sum 1"},
+    {.name = "sparse-step", .kind = OPT_INT, .arg = "S", .lo = 1, .hi = 1 << 20,
+     .help = "qwen3_moe: layer l is sparse when (l+1) % S == 0"},
+    {.name = "mlp-only", .kind = OPT_STR, .arg = "L,L,...", .help = "qwen3_moe: layers with a dense MLP"},
+    {.name = "fused-experts", .kind = OPT_INT, .arg = "0|1", .lo = 0, .hi = 1,
+     .help = "qwen3_moe: write transformers 5's fused expert tensors"},
     {0}};
 static const cfg_cmd MK_CMD = {.cmd = "loom mkmodel", .synopsis = "--arch A --out DIR [options]",
                                .about = "Writes a model with random weights in Hugging Face layout.",
@@ -303,6 +407,26 @@ int mkmodel_main(int argc, char **argv)
     for (int i = 0; i < 8; i++)
         if (cfg_str(&c, ints[i])) *dst[i] = (int)cfg_int(&c, ints[i]);
     if (cfg_str(&c, "tie")) o.tie = cfg_int(&c, "tie") == 1;
+    bool moe = !strcmp(o.arch, "qwen3_moe");
+    static const char *const moe_opts[] = {"experts", "top-k", "moe-inter", "norm-topk", "sparse-step", "mlp-only",
+                                           "fused-experts"};
+    for (size_t i = 0; i < sizeof moe_opts / sizeof moe_opts[0]; i++)
+        if (!moe && cfg_str(&c, moe_opts[i])) return cfg_usage_error(&MK_CMD, "--%s is for --arch qwen3_moe", moe_opts[i]);
+    if (cfg_str(&c, "experts")) o.experts = (int)cfg_int(&c, "experts");
+    if (cfg_str(&c, "top-k")) o.top_k = (int)cfg_int(&c, "top-k");
+    if (cfg_str(&c, "moe-inter")) o.moe_inter = (int)cfg_int(&c, "moe-inter");
+    if (cfg_str(&c, "norm-topk")) o.norm_topk = cfg_int(&c, "norm-topk") == 1;
+    if (cfg_str(&c, "sparse-step")) o.sparse_step = (int)cfg_int(&c, "sparse-step");
+    if (cfg_str(&c, "fused-experts")) o.fused_experts = cfg_int(&c, "fused-experts") == 1;
+    for (const char *p = cfg_str(&c, "mlp-only"); p && *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || o.n_mlp_only == 64)
+            return cfg_usage_error(&MK_CMD, "--mlp-only takes up to 64 layer numbers separated by commas, got '%s'",
+                                   cfg_str(&c, "mlp-only"));
+        o.mlp_only[o.n_mlp_only++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
     if (cfg_str(&c, "seed")) o.seed = (uint64_t)cfg_int(&c, "seed");
     const char *dtype = cfg_str(&c, "dtype"), *scaling = cfg_str(&c, "rope-scaling");
     if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16"))
@@ -315,7 +439,9 @@ int mkmodel_main(int argc, char **argv)
         return 2;
     o.out_dir = cfg_str(&c, "out");
     if (mkmodel_write(&o, err, sizeof err) != 0) { fprintf(stderr, "loom mkmodel: %s\n", err); return 1; }
-    printf("mkmodel: wrote %s (%s, %d layers, hidden %d, vocab %d, %s, %s)\n", o.out_dir, o.arch, o.layers, o.hidden,
+    printf("mkmodel: wrote %s (%s, %d layers, hidden %d, vocab %d, %s, %s", o.out_dir, o.arch, o.layers, o.hidden,
            o.vocab, o.tie ? "tied" : "untied", o.bf16 ? "bf16" : "f32");
+    if (moe) printf(", %d experts, %d per token%s", o.experts, o.top_k, o.fused_experts ? ", fused" : "");
+    printf(")\n");
     return 0;
 }

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 typedef struct {
-    char arch[16];        /* "llama" | "qwen2" | "qwen3" */
+    char arch[16];        /* "llama" | "qwen2" | "qwen3" | "qwen3_moe" */
     const char *out_dir;  /* created if missing */
     int vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos;
     bool tie;
@@ -26,10 +26,18 @@ typedef struct {
     double rms_eps;
     bool rope_llama3;     /* add a llama3 rope_scaling block (factor 8, original context max_pos/4) */
     int bos, eos;
+    /* qwen3_moe only: experts, experts per token, an expert's MLP width; layer l is sparse
+     * when (l + 1) % sparse_step == 0 and l is not in mlp_only (inter is the dense layers'
+     * width); fused_experts writes transformers 5's fused tensors instead of one per expert */
+    int experts, top_k, moe_inter, sparse_step;
+    bool norm_topk;
+    int mlp_only[64], n_mlp_only;
+    bool fused_experts;
 } mkmodel_opts;
 
-/* Fill o with the defaults of arch ("llama", "qwen2", "qwen3") and preset ("tiny",
- * "qwen3-0.6b"; NULL = tiny). 0 ok, -1 with err. out_dir is left NULL. */
+/* Fill o with the defaults of arch ("llama", "qwen2", "qwen3", "qwen3_moe") and preset
+ * ("tiny", "qwen3-0.6b", "qwen3-30b-a3b"; NULL = tiny). 0 ok, -1 with err. out_dir is
+ * left NULL. */
 int mkmodel_defaults(mkmodel_opts *o, const char *arch, const char *preset, char *err, size_t errlen);
 
 /* Write o->out_dir/config.json, o->out_dir/model.safetensors and (when the vocabulary
@@ -45,10 +53,13 @@ int mkmodel_write(const mkmodel_opts *o, char *err, size_t errlen);
 int mkmodel_write_tokenizer(const char *path, const char *config_path, const char *arch, int vocab, int bos, int eos,
                             char *err, size_t errlen);
 
-/* CLI: loom mkmodel --arch llama|qwen2|qwen3 --out DIR [--preset tiny|qwen3-0.6b]
+/* CLI: loom mkmodel --arch llama|qwen2|qwen3|qwen3_moe --out DIR
+ *   [--preset tiny|qwen3-0.6b|qwen3-30b-a3b]
  *   [--layers N --hidden H --inter I --heads N --kv-heads N --head-dim D --vocab V
  *    --max-pos P --tie 0|1] [--seed S] [--dtype f32|bf16] [--init-std X] [--norm-noise X]
  *   [--rope-theta X] [--rope-scaling llama3]
+ *   qwen3_moe: [--experts E --top-k K --moe-inter I --norm-topk 0|1 --sparse-step S
+ *               --mlp-only L,L,... --fused-experts 0|1]
  * argv[0] is the command name (a leading "mkmodel" argument is skipped too). Returns the
  * process exit status. */
 int mkmodel_main(int argc, char **argv);

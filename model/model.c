@@ -65,6 +65,67 @@ static int md_rope_scaling(const json_t *root, model_config *c, char *err, size_
     return 0;
 }
 
+/* Qwen3MoeConfig's expert fields, with its defaults (128 experts, 8 per token, 768 wide,
+ * no renormalisation, every layer sparse). */
+static int md_moe(const json_t *root, model_config *c, char *err, size_t errlen)
+{
+    if (md_int(root, "num_experts", 128, false, 1, MODEL_MAX_EXPERTS, &c->num_experts, err, errlen) ||
+        md_int(root, "num_experts_per_tok", 8, false, 1, MODEL_MAX_TOPK, &c->num_experts_per_tok, err, errlen) ||
+        md_int(root, "moe_intermediate_size", 768, false, 1, 1 << 30, &c->moe_intermediate_size, err, errlen) ||
+        md_int(root, "decoder_sparse_step", 1, false, 1, 100000, &c->decoder_sparse_step, err, errlen))
+        return -1;
+    if (c->num_experts_per_tok > c->num_experts) {
+        err_set(err, errlen, "config.json: num_experts_per_tok %d exceeds num_experts %d", c->num_experts_per_tok,
+                c->num_experts);
+        return -1;
+    }
+    c->norm_topk_prob = md_bool(root, "norm_topk_prob", false);
+    const json_t *mo = json_object_get(root, "mlp_only_layers");
+    if (mo && !json_is_null(mo)) {
+        if (!json_is_array(mo) || json_array_size(mo) > MODEL_MAX_MLP_ONLY) {
+            err_set(err, errlen, "config.json: mlp_only_layers must be a list of at most %d layer indices",
+                    MODEL_MAX_MLP_ONLY);
+            return -1;
+        }
+        size_t i;
+        const json_t *v;
+        json_array_foreach(mo, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->num_hidden_layers) {
+                err_set(err, errlen, "config.json: mlp_only_layers[%zu] is not a layer index below %d", i,
+                        c->num_hidden_layers);
+                return -1;
+            }
+            c->mlp_only_layers[c->n_mlp_only++] = (int)json_integer_value(v);
+        }
+    }
+    /* output_router_logits (training adds router_aux_loss_coef × a load-balancing loss)
+     * is not read: Loom's losses are the token losses of docs/protocol.md §8 only. */
+    return 0;
+}
+
+bool model_layer_moe(const model_config *c, int l)
+{
+    if (c->num_experts <= 0 || (l + 1) % c->decoder_sparse_step) return false;
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] == l) return false;
+    return true;
+}
+
+int model_num_moe_layers(const model_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n += model_layer_moe(c, l);
+    return n;
+}
+
+int model_moe_index(const model_config *c, int l)
+{
+    if (!model_layer_moe(c, l)) return -1;
+    int n = 0;
+    for (int k = 0; k < l; k++) n += model_layer_moe(c, k);
+    return n;
+}
+
 static int md_parse_root(const json_t *root, model_config *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
@@ -76,17 +137,20 @@ static int md_parse_root(const json_t *root, model_config *c, char *err, size_t 
     if (strcmp(arch, "LlamaForCausalLM") == 0) c->arch = MODEL_ARCH_LLAMA;
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0) c->arch = MODEL_ARCH_QWEN2;
     else if (strcmp(arch, "Qwen3ForCausalLM") == 0) c->arch = MODEL_ARCH_QWEN3;
+    else if (strcmp(arch, "Qwen3MoeForCausalLM") == 0) c->arch = MODEL_ARCH_QWEN3_MOE;
     else {
         err_set(err, errlen, "config.json: unsupported architecture '%s' (supported: LlamaForCausalLM, "
-               "Qwen2ForCausalLM, Qwen3ForCausalLM)", arch);
+               "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)", arch);
         return -1;
     }
     const char *mt = json_string_value(json_object_get(root, "model_type"));
     snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt : "");
     const int BIG = 1 << 30;
+    bool moe = c->arch == MODEL_ARCH_QWEN3_MOE;
+    /* Qwen3MoeConfig defaults intermediate_size (the dense layers' MLP) to 6144. */
     if (md_int(root, "vocab_size", 0, true, 1, BIG, &c->vocab_size, err, errlen) ||
         md_int(root, "hidden_size", 0, true, 1, BIG, &c->hidden_size, err, errlen) ||
-        md_int(root, "intermediate_size", 0, true, 1, BIG, &c->intermediate_size, err, errlen) ||
+        md_int(root, "intermediate_size", 6144, !moe, 1, BIG, &c->intermediate_size, err, errlen) ||
         md_int(root, "num_hidden_layers", 0, true, 1, 100000, &c->num_hidden_layers, err, errlen) ||
         md_int(root, "num_attention_heads", 0, true, 1, 100000, &c->num_attention_heads, err, errlen) ||
         md_int(root, "num_key_value_heads", c->num_attention_heads, false, 1, 100000, &c->num_key_value_heads, err, errlen) ||
@@ -112,10 +176,11 @@ static int md_parse_root(const json_t *root, model_config *c, char *err, size_t 
         return -1;
     if (c->rope_theta <= 0 || c->rms_norm_eps < 0) { err_set(err, errlen, "config.json: bad rope_theta or rms_norm_eps"); return -1; }
     c->tie_word_embeddings = md_bool(root, "tie_word_embeddings", false);
-    c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || moe;
     if (c->arch == MODEL_ARCH_QWEN2) c->attention_bias = true;
     if (c->arch == MODEL_ARCH_LLAMA && md_bool(root, "attention_bias", false)) c->attention_bias = c->o_bias = true;
-    if (c->arch == MODEL_ARCH_QWEN3 && md_bool(root, "attention_bias", false)) c->attention_bias = c->o_bias = true;
+    if ((c->arch == MODEL_ARCH_QWEN3 || moe) && md_bool(root, "attention_bias", false)) c->attention_bias = c->o_bias = true;
+    if (moe && md_moe(root, c, err, errlen) < 0) return -1;
     if (md_bool(root, "mlp_bias", false)) { err_set(err, errlen, "config.json: mlp_bias is not supported"); return -1; }
     if (md_bool(root, "use_sliding_window", false)) { err_set(err, errlen, "config.json: sliding-window attention is not supported"); return -1; }
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
@@ -180,11 +245,26 @@ size_t model_num_params(const model_config *c)
 {
     size_t H = c->hidden_size, I = c->intermediate_size, d = c->head_dim, nq = c->num_attention_heads,
            nkv = c->num_key_value_heads, V = c->vocab_size;
-    size_t layer = 2 * H + H * nq * d * 2 + H * nkv * d * 2 + 3 * H * I;
+    size_t layer = 2 * H + H * nq * d * 2 + H * nkv * d * 2;
     if (c->attention_bias) layer += nq * d + 2 * nkv * d;
     if (c->o_bias) layer += H;
     if (c->qk_norm) layer += 2 * d;
-    return V * H * (c->tie_word_embeddings ? 1 : 2) + H + layer * c->num_hidden_layers;
+    size_t total = V * H * (c->tie_word_embeddings ? 1 : 2) + H + layer * c->num_hidden_layers;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        total += model_layer_moe(c, l) ? (size_t)c->num_experts * H * (1 + 3 * (size_t)c->moe_intermediate_size)
+                                       : 3 * H * I;
+    return total;
+}
+
+/* t, or NULL with err when its dtype is not a float type. */
+static const st_tensor *md_float(const st_tensor *t, char *err, size_t errlen)
+{
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
+        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", t->name,
+                st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
 }
 
 /* The tensor `name` of s, checked: rows (cols 0 = a vector) and a float dtype. */
@@ -199,11 +279,83 @@ static const st_tensor *md_find(const st_set *s, const char *name, int64_t rows,
                 (long long)rows, (long long)cols);
         return NULL;
     }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64) {
-        err_set(err, errlen, "model: tensor '%s' has dtype %s (a float type is needed)", name, st_dtype_name(t->dtype));
+    return md_float(t, err, errlen);
+}
+
+/* The fused [E, rows, cols] tensor `name` of s, checked like md_find. */
+static const st_tensor *md_find3(const st_set *s, const char *name, int64_t E, int64_t rows, int64_t cols, char *err,
+                                 size_t errlen)
+{
+    const st_tensor *t = st_set_find(s, name);
+    if (!t) { err_set(err, errlen, "model: tensor '%s' not found", name); return NULL; }
+    if (t->ndim != 3 || t->shape[0] != E || t->shape[1] != rows || t->shape[2] != cols) {
+        err_set(err, errlen, "model: tensor '%s' has %d dimensions [%lld, %lld, ...], expected [%lld, %lld, %lld]", name,
+                t->ndim, (long long)t->shape[0], t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)E,
+                (long long)rows, (long long)cols);
         return NULL;
     }
-    return t;
+    return md_float(t, err, errlen);
+}
+
+/* A [rows, cols] view of t's elements from `first` on (one expert's matrix in a fused tensor). */
+static void md_view(st_tensor *v, const st_tensor *t, int64_t first, int64_t rows, int64_t cols)
+{
+    size_t es = st_dtype_size(t->dtype);
+    *v = *t;
+    v->ndim = 2;
+    v->shape[0] = rows;
+    v->shape[1] = cols;
+    v->numel = rows * cols;
+    v->data = t->data + (size_t)first * es;
+    v->nbytes = (size_t)v->numel * es;
+}
+
+/* The experts of sparse layer l: one tensor per expert and projection as the Hub stores
+ * them (mlp.experts.E.{gate,up,down}_proj.weight), else transformers 5's fused
+ * mlp.experts.gate_up_proj [E, 2·Im, H] (gate rows first, as its chunk(2) reads them) and
+ * mlp.experts.down_proj [E, H, Im], cut into per-expert views. */
+static int md_experts(model_files *m, int l, char *err, size_t errlen)
+{
+    const model_config *c = &m->cfg;
+    int64_t E = c->num_experts, H = c->hidden_size, Im = c->moe_intermediate_size;
+    int k = model_moe_index(c, l);
+    model_layer_tensors *ly = &m->layers[l];
+    ly->exp_gate = m->expert_ptrs + (size_t)k * 3 * E;
+    ly->exp_up = ly->exp_gate + E;
+    ly->exp_down = ly->exp_up + E;
+    char name[256];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+    if (st_set_find(m->set, name)) {
+        for (int64_t e = 0; e < E; e++) {
+            static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+            const st_tensor **dst[3] = {&ly->exp_gate[e], &ly->exp_up[e], &ly->exp_down[e]};
+            for (int p = 0; p < 3; p++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)e, proj[p]);
+                if (!(*dst[p] = md_find(m->set, name, p == 2 ? H : Im, p == 2 ? Im : H, err, errlen))) return -1;
+            }
+        }
+        return 0;
+    }
+    const st_tensor *gu, *dn;
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if (!st_set_find(m->set, name)) {
+        err_set(err, errlen, "model: layer %d has neither mlp.experts.0.gate_proj.weight (one tensor per expert) nor "
+                "mlp.experts.gate_up_proj (fused experts)", l);
+        return -1;
+    }
+    if (!(gu = md_find3(m->set, name, E, 2 * Im, H, err, errlen))) return -1;
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj", l);
+    if (!(dn = md_find3(m->set, name, E, H, Im, err, errlen))) return -1;
+    st_tensor *v = m->expert_views + (size_t)k * 3 * E;
+    for (int64_t e = 0; e < E; e++) {
+        md_view(&v[e], gu, e * 2 * Im * H, Im, H);
+        md_view(&v[E + e], gu, e * 2 * Im * H + Im * H, Im, H);
+        md_view(&v[2 * E + e], dn, e * H * Im, H, Im);
+        ly->exp_gate[e] = &v[e];
+        ly->exp_up[e] = &v[E + e];
+        ly->exp_down[e] = &v[2 * E + e];
+    }
+    return 0;
 }
 
 int model_open(const char *dir, model_files **out, char *err, size_t errlen)
@@ -214,7 +366,10 @@ int model_open(const char *dir, model_files **out, char *err, size_t errlen)
     if (model_config_load(dir, &m->cfg, err, errlen) != 0 || st_set_open_dir(dir, &m->set, err, errlen) != 0) goto fail;
     const model_config *c = &m->cfg;
     m->layers = calloc(c->num_hidden_layers, sizeof *m->layers);
-    if (!m->layers) { err_set(err, errlen, "model: out of memory"); goto fail; }
+    size_t nexp = (size_t)model_num_moe_layers(c) * 3 * c->num_experts;
+    m->expert_ptrs = calloc(nexp ? nexp : 1, sizeof *m->expert_ptrs);
+    m->expert_views = calloc(nexp ? nexp : 1, sizeof *m->expert_views);
+    if (!m->layers || !m->expert_ptrs || !m->expert_views) { err_set(err, errlen, "model: out of memory"); goto fail; }
     int64_t H = c->hidden_size, I = c->intermediate_size, d = c->head_dim, nq = c->num_attention_heads,
             nkv = c->num_key_value_heads, V = c->vocab_size;
 #define FIND(dst, name, r, cc)                                                        \
@@ -249,6 +404,11 @@ int model_open(const char *dir, model_files **out, char *err, size_t errlen)
             LFIND(ly->k_norm, "self_attn.k_norm.weight", d, 0);
         }
         LFIND(ly->mlp_norm, "post_attention_layernorm.weight", H, 0);
+        if (model_layer_moe(c, l)) {
+            LFIND(ly->router, "mlp.gate.weight", c->num_experts, H);
+            if (md_experts(m, l, err, errlen) < 0) goto fail;
+            continue;
+        }
         LFIND(ly->wgate, "mlp.gate_proj.weight", I, H);
         LFIND(ly->wup, "mlp.up_proj.weight", I, H);
         LFIND(ly->wdown, "mlp.down_proj.weight", H, I);
@@ -267,6 +427,8 @@ void model_close(model_files *m)
     if (!m) return;
     st_set_close(m->set);
     free(m->layers);
+    free(m->expert_ptrs);
+    free(m->expert_views);
     free(m);
 }
 
@@ -279,9 +441,15 @@ int model_tensor_list(const model_files *m, const st_tensor **out)
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         const model_layer_tensors *y = &m->layers[l];
         const st_tensor *all[] = {y->attn_norm, y->wq, y->wk, y->wv, y->wo, y->bq, y->bk, y->bv, y->bo,
-                                  y->q_norm, y->k_norm, y->mlp_norm, y->wgate, y->wup, y->wdown};
+                                  y->q_norm, y->k_norm, y->mlp_norm, y->wgate, y->wup, y->wdown, y->router};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]) out[n++] = all[i];
+        if (!y->router) continue;
+        for (int e = 0; e < m->cfg.num_experts; e++) {
+            out[n++] = y->exp_gate[e];
+            out[n++] = y->exp_up[e];
+            out[n++] = y->exp_down[e];
+        }
     }
     return n;
 }

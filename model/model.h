@@ -4,6 +4,12 @@
  *   LlamaForCausalLM  — optional llama3 rope_scaling, optional attention_bias
  *   Qwen2ForCausalLM  — q/k/v biases
  *   Qwen3ForCausalLM  — explicit head_dim, per-head q_norm/k_norm before RoPE
+ *   Qwen3MoeForCausalLM — Qwen3's attention; a sparse mixture-of-experts block in the
+ *                     layers model_layer_moe names (decoder_sparse_step, mlp_only_layers),
+ *                     Qwen3's dense MLP in the others. Experts are read from either
+ *                     checkpoint layout: one tensor per expert (mlp.experts.E.gate_proj.weight,
+ *                     as the Hub stores them) or fused (mlp.experts.gate_up_proj [E, 2I, H],
+ *                     mlp.experts.down_proj [E, H, I], transformers 5).
  * Weights of any float dtype (F32/BF16/F16/F64) are found and shape-checked here; the
  * backend decides what to keep (see model_files).
  */
@@ -16,9 +22,12 @@
 
 #include "model/safetensors.h"
 
-typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
+typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3_MOE } model_arch;
 
 #define MODEL_MAX_EOS 8
+#define MODEL_MAX_EXPERTS 1024      /* num_experts of a MoE model */
+#define MODEL_MAX_TOPK 64           /* num_experts_per_tok */
+#define MODEL_MAX_MLP_ONLY 256      /* entries of mlp_only_layers */
 
 typedef struct {
     model_arch arch;
@@ -39,6 +48,15 @@ typedef struct {
     int eos_token_ids[MODEL_MAX_EOS];
     int n_eos;                  /* eos_token_id may be an int or a list */
     char torch_dtype[16];       /* as written in config.json ("bfloat16", ...) or "" */
+    /* Qwen3-MoE (transformers' Qwen3MoeConfig; num_experts 0 = a dense model). A token's
+     * router probabilities are softmax(x Wrᵀ) over all experts; it goes to the
+     * num_experts_per_tok most likely (ties: the lower index first), whose outputs are
+     * summed weighted by those probabilities, renormalised to sum 1 when norm_topk_prob. */
+    int num_experts, num_experts_per_tok, moe_intermediate_size;
+    bool norm_topk_prob;
+    int decoder_sparse_step;    /* layer l is sparse when (l + 1) % step == 0 ... */
+    int mlp_only_layers[MODEL_MAX_MLP_ONLY]; /* ... and l is not listed here */
+    int n_mlp_only;
 } model_config;
 
 /* One decoder layer's tensors as stored (any float dtype, inside the mapped files), each
@@ -50,7 +68,11 @@ typedef struct {
     const st_tensor *bq, *bk, *bv, *bo;         /* [nq*d], [nkv*d], [nkv*d], [H] */
     const st_tensor *q_norm, *k_norm;           /* [d] */
     const st_tensor *mlp_norm;                  /* [H] post_attention_layernorm */
-    const st_tensor *wgate, *wup, *wdown;       /* [I, H], [I, H], [H, I] */
+    const st_tensor *wgate, *wup, *wdown;       /* [I, H], [I, H], [H, I]; NULL in a sparse layer */
+    /* sparse layers (model_layer_moe) only, else NULL: the router and each expert's
+     * SwiGLU, E = num_experts, Im = moe_intermediate_size */
+    const st_tensor *router;                    /* [E, H] mlp.gate.weight */
+    const st_tensor **exp_gate, **exp_up, **exp_down; /* [E] tensors each: [Im, H], [Im, H], [H, Im] */
 } model_layer_tensors;
 
 /* A model as stored: its config and its safetensors tensors, mapped, not converted. A
@@ -63,6 +85,10 @@ typedef struct model_files {
     const st_tensor *final_norm;            /* [H] */
     const st_tensor *lm_head;               /* [V, H]; == embed when tied */
     model_layer_tensors *layers;            /* [L] */
+    /* storage of the experts' tensor pointers, and of the per-expert views a fused
+     * checkpoint's [E, 2I, H] / [E, H, I] tensors are cut into */
+    const st_tensor **expert_ptrs;
+    st_tensor *expert_views;
 } model_files;
 
 /* Parse dir/config.json only. 0 ok, -1 with err (unknown architecture, missing field, ...). */
@@ -77,9 +103,10 @@ int model_open(const char *dir, model_files **out, char *err, size_t errlen);
 void model_close(model_files *m);
 
 /* Every weight tensor in a fixed order (embedding, final norm, untied head, then layer by
- * layer), for code that treats them alike (loading, comparing). out holds
- * MODEL_MAX_TENSORS(cfg) entries; returns how many were written. */
-#define MODEL_MAX_TENSORS(c) (3 + 15 * (c)->num_hidden_layers)
+ * layer; a sparse layer's router, then expert by expert its gate, up and down), for code
+ * that treats them alike (loading, comparing). out holds MODEL_MAX_TENSORS(cfg) entries;
+ * returns how many were written. */
+#define MODEL_MAX_TENSORS(c) (3 + (15 + 1 + 3 * (c)->num_experts) * (c)->num_hidden_layers)
 int model_tensor_list(const model_files *m, const st_tensor **out);
 
 /* RoPE inverse frequencies for this config, d/2 values (applies llama3 scaling). */
@@ -87,5 +114,12 @@ void model_rope_inv_freq(const model_config *c, double *inv_freq);
 
 /* Number of base parameters (tied head counted once). */
 size_t model_num_params(const model_config *c);
+
+/* Whether layer l is a sparse mixture-of-experts layer (transformers' Qwen3MoeDecoderLayer:
+ * num_experts > 0, (l + 1) % decoder_sparse_step == 0, l not in mlp_only_layers). */
+bool model_layer_moe(const model_config *c, int l);
+/* The sparse layers: how many, and l's index among them (-1 for a dense layer). */
+int model_num_moe_layers(const model_config *c);
+int model_moe_index(const model_config *c, int l);
 
 #endif

@@ -115,11 +115,15 @@
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
     " WHERE m.id = $1 AND m.tenant_id = $2"
-/* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id */
+/* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id, train_attn,
+ * train_mlp, train_unembed, the base model's config.json */
 #define SQL_MODEL_INFO                                                                      \
     "SELECT m.id, m.lora_rank, m.base_model, b.arch,"                                       \
-    " COALESCE(b.config->>'tokenizer_id', b.name) FROM models m"                            \
+    " COALESCE(b.config->>'tokenizer_id', b.name), m.train_attn, m.train_mlp,"              \
+    " m.train_unembed, b.config::text FROM models m"                                        \
     " JOIN base_models b ON b.name = m.base_model WHERE m.id = $1 AND m.tenant_id = $2"
+/* $1 base model -> its config.json */
+#define SQL_BASE_MODEL_CONFIG "SELECT config::text FROM base_models WHERE name = $1"
 #define SQL_MODEL_LOCK "SELECT 1 FROM models WHERE id = $1 FOR UPDATE"
 #define SQL_MODEL_NEXT_SEQ                                                                  \
     "SELECT COALESCE(max(seq_id), 0) + 1 FROM operations WHERE model_id = $1"

@@ -9,6 +9,7 @@
 #include "service/api_ops.h"
 #include "service/api_proto.h"
 #include "service/api_sql.h"
+#include "service/api_weights.h"
 #include "service/fwdbwd.h"
 #include <math.h>
 #include <sodium.h>
@@ -234,6 +235,9 @@ int api_h_get_info(api_call *c) {
                              (json_int_t)db_int(r, 0, 1), "model_name", PQgetvalue(r, 0, 2),
                              "model_data", "arch", PQgetvalue(r, 0, 3), "model_name",
                              PQgetvalue(r, 0, 2), "tokenizer_id", tok);
+    lora_config lc = {.rank = (int)db_int(r, 0, 1), .train_attn = db_bool(r, 0, 5), .train_mlp = db_bool(r, 0, 6),
+                      .train_unembed = db_bool(r, 0, 7)};
+    api_adapter_size_json(resp, PQgetvalue(r, 0, 8), &lc);
     PQclear(r);
     return api_reply_json(c, 200, resp);
 }

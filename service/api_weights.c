@@ -253,6 +253,15 @@ int api_h_load_weights(api_call *c) {
     return reply_future(c, request_id, model_id);
 }
 
+void api_adapter_size_json(json_t *obj, const char *config_text, const lora_config *lc) {
+    model_config mc;
+    char err[256];
+    if (!config_text || model_config_parse(config_text, &mc, err, sizeof err) < 0) return;
+    size_t n = lora_count_params(&mc, lc);
+    json_object_set_new(obj, "lora_parameters", json_integer((json_int_t)n));
+    json_object_set_new(obj, "adapter_bytes", json_integer((json_int_t)LORA_TRAINABLE_BYTES(n)));
+}
+
 /* ---- weights_info (§12.2) --------------------------------------------------------------- */
 
 int api_h_weights_info(api_call *c) {
@@ -265,9 +274,20 @@ int api_h_weights_info(api_call *c) {
     int st = reg_find_readable(c->db, c->tenant_id, path, &v, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "weights_info", c->err);
     if (st > 0) return api_error(c, st, "%s", c->err);
-    return api_reply_json(c, 200, json_pack("{s:s, s:b, s:i, s:b, s:b, s:b}", "base_model", v.base_model,
-                                            "is_lora", 1, "lora_rank", v.rank, "train_unembed", v.train_unembed,
-                                            "train_mlp", v.train_mlp, "train_attn", v.train_attn));
+    json_t *info = json_pack("{s:s, s:b, s:i, s:b, s:b, s:b}", "base_model", v.base_model, "is_lora", 1, "lora_rank",
+                             v.rank, "train_unembed", v.train_unembed, "train_mlp", v.train_mlp, "train_attn",
+                             v.train_attn);
+    const char *bp[1] = {v.base_model};
+    PGresult *r = db_query(c->db, SQL_BASE_MODEL_CONFIG, 1, bp, c->err, sizeof c->err);
+    if (!r) {
+        json_decref(info);
+        return api_db_error(c, "weights_info", c->err);
+    }
+    lora_config lc = {.rank = v.rank, .train_attn = v.train_attn, .train_mlp = v.train_mlp,
+                      .train_unembed = v.train_unembed};
+    if (PQntuples(r)) api_adapter_size_json(info, PQgetvalue(r, 0, 0), &lc);
+    PQclear(r);
+    return api_reply_json(c, 200, info);
 }
 
 /* ---- listings (§12.2) ------------------------------------------------------------------- */

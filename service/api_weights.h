@@ -6,9 +6,17 @@
  * to the sampling routes; their handler calls api_weights_save_for_sampler_named when
  * the body has a "path" (the named form saves a registry checkpoint). */
 #pragma once
+#include "model/lora.h"
 #include "registry/blobstore.h"
 #include "service/api_call.h"
+#include <jansson.h>
 #include <stdint.h>
+
+/* Adds to obj what an adapter of config lc on the base model whose config.json is
+ * config_text holds (docs/protocol.md §7.2): "lora_parameters" and "adapter_bytes" (fp32
+ * weights, gradients and AdamW moments of a trainable one). Nothing when the config does
+ * not parse. */
+void api_adapter_size_json(json_t *obj, const char *config_text, const lora_config *lc);
 
 /* Called once by `loom api` before serving: the server secret signs download URLs;
  * blob_dir (may be NULL: archives then answer 503) is the registry blob store. 0 or -1. */

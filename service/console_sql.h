@@ -129,6 +129,7 @@
     " 'cached_checkpoints', e.cached_checkpoints, 'gpu_utilization', e.gpu_utilization,"       \
     " 'gpu_memory_used', e.gpu_memory_used, 'gpu_memory_total', e.gpu_memory_total,"           \
     " 'gpu_temperature', e.gpu_temperature, 'gpu_power_watts', e.gpu_power_watts,"             \
+    " 'expert_tokens', e.expert_tokens,"                                                       \
     " 'cycle', (SELECT c.id FROM cycles c WHERE c.executor_id = e.id AND c.state IN"           \
     " ('assigned','running') ORDER BY c.id LIMIT 1))"
 

@@ -10,11 +10,12 @@ gives the same log-probs as Loom's own forward to 1e-5 relative. The Tinker-form
 `loom adapter import` of the PEFT archive followed by `loom adapter export` must give
 back the same adapter file.
 """
-import io, json, os, subprocess, sys, tarfile, tempfile, urllib.error, urllib.request
+import io, json, os, subprocess, sys, tarfile, tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "lib"))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 from stack import Stack, Results, LOOM_BIN
+from apitest import download_archive
 import peft_ref
 
 RTOL = 1e-5
@@ -26,25 +27,6 @@ def datum(seq, weights=None):
             "loss_fn_inputs": {"target_tokens": {"data": t, "dtype": "int64", "shape": [len(t)]},
                                "weights": {"data": weights or [1.0] * len(t), "dtype": "float32",
                                            "shape": [len(t)]}}}
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *a, **k):
-        return None
-
-
-def download(s, run, ckpt, query=""):
-    req = urllib.request.Request(f"{s.url}/api/v1/training_runs/{run}/checkpoints/{ckpt}/archive{query}",
-                                 headers={"X-API-Key": s.key})
-    try:
-        urllib.request.build_opener(NoRedirect).open(req, timeout=60)
-        raise RuntimeError("archive did not redirect")
-    except urllib.error.HTTPError as e:
-        if e.code != 302:
-            raise RuntimeError(f"archive: {e.code} {e.read()}")
-        loc = e.headers["Location"]
-    with urllib.request.urlopen(loc, timeout=60) as r:
-        return r.read()
 
 
 def extract(tar_bytes, where):
@@ -100,7 +82,7 @@ def check_config(R, label, s, base, rank, flags, seqs, steps):
                          ([] if not flags["train_mlp"] else ["gate_proj", "up_proj", "down_proj"]) +
                          (["lm_head"] if flags["train_unembed"] else []))
     with tempfile.TemporaryDirectory() as d:
-        tar = download(s, mid, "sampler_weights/export", "?format=peft")
+        tar = download_archive(s, mid, "sampler_weights/export", "?format=peft")
         names = extract(tar, d)
         R.check(names == ["adapter_config.json", "adapter_model.safetensors", "checkpoint_complete"],
                 f"{label}: peft archive members {names}")
@@ -129,7 +111,7 @@ def check_config(R, label, s, base, rank, flags, seqs, steps):
                 f"{base_worst:.2e})")
         if flags["train_unembed"]:
             with tempfile.TemporaryDirectory() as d2:
-                extract(download(s, mid, "sampler_weights/export"), d2)
+                extract(download_archive(s, mid, "sampler_weights/export"), d2)
                 ad2 = peft_ref.load_peft_adapter(d2, allow_tinker_head=True)
                 w2 = max(rel_err(loom_lp[i], peft_ref.logprobs(model, q[:-1], q[1:], ad2)) for i, q in enumerate(seqs))
                 keys2 = peft_ref.read_safetensors(os.path.join(d2, "adapter_model.safetensors"))
@@ -138,7 +120,7 @@ def check_config(R, label, s, base, rank, flags, seqs, steps):
                         cfg2["target_modules"] == "all-linear" and cfg2["r"] == rank and cfg2["lora_alpha"] == 32,
                         f"{label}: Tinker-format archive (unembed_tokens, all-linear) gives the same numbers")
             with tempfile.TemporaryDirectory() as d3:
-                extract(download(s, mid, "sampler_weights/export", "?format=peft&unembed=0"), d3)
+                extract(download_archive(s, mid, "sampler_weights/export", "?format=peft&unembed=0"), d3)
                 keys3 = peft_ref.read_safetensors(os.path.join(d3, "adapter_model.safetensors"))
                 cfg3 = json.load(open(os.path.join(d3, "adapter_config.json")))
                 R.check(not any("lm_head" in k for k in keys3) and "lm_head" not in cfg3["target_modules"],

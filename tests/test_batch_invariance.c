@@ -4,7 +4,9 @@
  * replaying its recorded operations alone, and the replay must give the same bits as the
  * packed cycles that ran them first.
  *
- * On the tiny Llama (untied head) and the tiny Qwen3 (tied head, q/k norm), for adapter X
+ * On the tiny Llama (untied head), the tiny Qwen3 (tied head, q/k norm) and the tiny
+ * Qwen3-MoE (8 experts, 2 per token: each expert's rows are a GEMM of their own, its LoRA
+ * per expert and segment, experts side by side on two threads and in turn on one), for adapter X
  * (every module and the head) whose two operations run
  *   - alone, one pass each (the replay),
  *   - packed between other adapters' sequences long enough to move X's rows across the
@@ -281,6 +283,7 @@ int main(void)
     }
     suite("llama");
     suite("qwen3");
+    suite("qwen3_moe");
     if (!strcmp(be->name, "cpu")) gemm_suite();
     return check_summary();
 }

@@ -18,7 +18,8 @@ exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, boo
     a->pub.device_bytes = parts * n * sizeof(float);
     a->scale = l->scale;
     a->mods = calloc((size_t)l->num_layers * LORA_NUM_MODULES, sizeof *a->mods);
-    if (!a->mods || posix_memalign((void **)&a->mem, 64, (parts * n + 16) * sizeof(float)) != 0) {
+    if (l->num_experts > 0) a->experts = calloc((size_t)l->num_layers * l->num_experts * 3, sizeof *a->experts);
+    if (!a->mods || (l->num_experts > 0 && !a->experts) || posix_memalign((void **)&a->mem, 64, (parts * n + 16) * sizeof(float)) != 0) {
         a->mem = NULL;
         cpu_adapter_free(&a->pub);
         err_set(err, errlen, "cpu: out of memory for an adapter of %zu parameters", n);
@@ -34,7 +35,10 @@ exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, boo
     /* Per-module views, A and B being consecutive tensors of the layout. */
     for (int i = 0; i + 1 < l->num_tensors; i += 2) {
         const lora_tensor *ta = &l->tensors[i], *tb = &l->tensors[i + 1];
-        lora_pair *p = ta->layer < 0 ? &a->head : &a->mods[ta->layer * LORA_NUM_MODULES + ta->module];
+        lora_pair *p = ta->layer < 0     ? &a->head
+                       : ta->expert >= 0 ? &a->experts[((size_t)ta->layer * l->num_experts + ta->expert) * 3 +
+                                                       (ta->module - LORA_GATE)]
+                                         : &a->mods[ta->layer * LORA_NUM_MODULES + ta->module];
         p->in = ta->cols;
         p->out = tb->rows;
         p->rank = ta->rows;
@@ -53,12 +57,20 @@ void cpu_adapter_free(exe_adapter *pub)
     lora_layout_free(&a->pub.layout);
     free(a->mem);
     free(a->mods);
+    free(a->experts);
     free(a);
 }
 
 const lora_pair *cpu_adapter_module(const cpu_adapter *a, int layer, lora_module mod)
 {
     const lora_pair *p = &a->mods[layer * LORA_NUM_MODULES + mod];
+    return p->A ? p : NULL;
+}
+
+const lora_pair *cpu_adapter_expert(const cpu_adapter *a, int layer, int e, lora_module mod)
+{
+    if (!a->experts) return NULL;
+    const lora_pair *p = &a->experts[((size_t)layer * a->pub.layout.num_experts + e) * 3 + (mod - LORA_GATE)];
     return p->A ? p : NULL;
 }
 

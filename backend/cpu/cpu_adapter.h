@@ -18,6 +18,8 @@ typedef struct {
     exe_adapter pub;
     float scale;                   /* LORA_ALPHA / rank */
     lora_pair *mods;               /* [num_layers * LORA_NUM_MODULES] */
+    lora_pair *experts;            /* [num_layers * num_experts * 3] gate, up, down of each
+                                      expert of a sparse layer (NULL for a dense model) */
     lora_pair head;
     float *params, *grads, *m, *v; /* num_params each; grads, m, v NULL unless trainable */
     float *mem;
@@ -27,6 +29,9 @@ static inline cpu_adapter *cpu_adapter_of(exe_adapter *a) { return (cpu_adapter 
 
 /* The module of a layer, or NULL when it is not trained. */
 const lora_pair *cpu_adapter_module(const cpu_adapter *a, int layer, lora_module mod);
+/* Expert e's gate, up or down (mod LORA_GATE..LORA_DOWN) in sparse layer `layer`, or
+ * NULL when the experts are not trained. */
+const lora_pair *cpu_adapter_expert(const cpu_adapter *a, int layer, int e, lora_module mod);
 /* The head adapter, or NULL when train_unembed is off. */
 const lora_pair *cpu_adapter_head(const cpu_adapter *a);
 

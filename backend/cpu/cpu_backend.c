@@ -128,6 +128,9 @@ static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
             if (lc->train_attn || lc->train_mlp) layer_grad = true;
         }
     }
+    size_t ncount = (size_t)model_num_moe_layers(mc) * mc->num_experts;
+    for (int i = 0; i < nseq; i++)
+        if (seqs[i].expert_counts_out) memset(seqs[i].expert_counts_out, 0, ncount * sizeof(int32_t));
     if (T == 0) return 0;
     if (T > (1L << 30)) { err_set(err, errlen, "batch of %ld tokens is too large", T); return -1; }
     if (cpu_reserve(c, T, max_len, max_rank, layer_grad) != 0 || cpu_pack(c, seqs, nseq, any_grad) != 0) {
@@ -136,10 +139,12 @@ static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
     }
     int L = mc->num_hidden_layers, H = mc->hidden_size;
     cpu_embed(c->pool, c->x, c->m->embed, c->tokens, T, H);
+    c->route_seqs = ncount ? seqs : NULL; /* the first forward counts the routing, not the recompute */
     for (int l = 0; l < L; l++) {
         if (layer_grad) memcpy(c->saved + (long)l * T * H, c->x, (size_t)T * H * sizeof(float));
         cpu_layer_forward(c, l, T, false);
     }
+    c->route_seqs = NULL;
     /* xf lives in xn2 and dL/dxf in dxn: both are free until the layer backward. */
     cpu_rmsnorm_fwd(c->pool, c->xn2, c->rstd_f, c->x, c->m->final_norm, T, H, mc->rms_norm_eps);
     cpu_head(c, seqs, T, c->xn2, any_grad, layer_grad ? c->dxn : NULL);

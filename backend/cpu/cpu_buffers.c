@@ -2,6 +2,7 @@
  * packing sequences into rows and LoRA segments (cpu_pack), freeing them. */
 #include "backend/cpu/cpu_buffers.h"
 #include "backend/cpu/cpu_attention.h"
+#include "backend/cpu/cpu_moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ static void cb_free_rows(cpu_ctx *c)
     free(c->tokens); free(c->pos); free(c->row_seq);
     c->tokens = c->pos = NULL;
     c->row_seq = NULL;
+    cpu_moe_free(c);
 }
 
 /* Makes every buffer large enough for T rows, sequences up to max_len, LoRA rank up to
@@ -66,10 +68,11 @@ int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved)
         if (cpu_alloc(&c->saved, (size_t)L * c->cap_T * H * sizeof(float)) != 0) return -1;
         c->cap_saved = true;
     }
-    if (max_rank > c->cap_rank || rows_grew) {
+    if (max_rank > c->cap_rank || rows_grew || c->cap_rank == 0) { /* 0: none yet, or a failed try */
         int r = max_rank > c->cap_rank ? max_rank : c->cap_rank;
         if (r < 1) r = 1;
-        if (cpu_alloc(&c->z, (size_t)c->cap_T * r * sizeof(float)) | cpu_alloc(&c->dz, (size_t)c->cap_T * r * sizeof(float))) {
+        if (cpu_alloc(&c->z, (size_t)c->cap_T * r * sizeof(float)) | cpu_alloc(&c->dz, (size_t)c->cap_T * r * sizeof(float)) ||
+            cpu_moe_reserve(c, c->cap_T, r) != 0) {
             c->cap_rank = 0;
             return -1;
         }

@@ -1,8 +1,9 @@
 /* cpu_ctx.h — the CPU backend's context (one per device and model): its weights, thread
  * pool and buffers. The files that work on it, from the bottom up (each includes only
  * headers below it): cpu_buffers (buffers, packing), cpu_kv (KV caches), cpu_layer
- * (decoder layer forward/backward, LoRA), cpu_head (output head, losses), cpu_sample
- * (KV-cache sampling), cpu_backend (the table's entry points).
+ * (decoder layer forward/backward, LoRA), cpu_moe (a sparse layer's router and experts,
+ * called by cpu_layer), cpu_head (output head, losses), cpu_sample (KV-cache sampling),
+ * cpu_backend (the table's entry points).
  *
  * Activation memory: a pass over T packed tokens keeps one layer's intermediates
  * ([T, dim] buffers below), plus, when gradients are wanted, each layer's input x_l
@@ -52,6 +53,22 @@ typedef struct {
     float *rstd_q, *rstd_k, *lse;                /* [T, nq], [T, nkv], [T, nq] */
     float *saved;                                /* [L, T, H] layer inputs */
     float *z, *dz;                               /* [T, cap_rank] LoRA intermediates */
+    /* sparse layers (cpu_moe.c), allocated only for a MoE model. K = num_experts_per_tok;
+     * a token's K (token, expert) assignments are grouped expert by expert, tokens in row
+     * order within an expert, so that each expert's rows are one contiguous block. */
+    float *r_prob;                               /* [T, E] router probabilities */
+    int32_t *r_sel;                              /* [T, K] chosen experts, most likely first */
+    float *r_w, *r_dw;                           /* [T, K] their weights; dL/dweights */
+    int *e_off;                                  /* [E + 1] each expert's first grouped row */
+    int32_t *a_pos;                              /* [T, K] grouped row of each assignment */
+    int32_t *a_tok;                              /* [T·K] token row of each grouped row */
+    float *ex, *ey;                              /* [T·K, H] gathered inputs; expert outputs
+                                                    (in the backward: dL/dy, then dL/dx) */
+    float *eg, *eu, *eh, *edh;                   /* [T·K, Im] */
+    float *ez, *edz;                             /* [T·K, cap_rank] LoRA intermediates */
+    exe_seq *route_seqs;                         /* the pass's sequences, whose
+                                                    expert_counts_out the forward fills
+                                                    (NULL: sampling, recompute) */
     float *attn_scratch;                         /* per thread */
     long attn_per_thread;
     float *logits;                               /* [head_rows, V] */

@@ -7,9 +7,13 @@
  *   att = causal_gqa(q,k,v)                xmid = x + att Woᵀ (+b) + LoRA
  *   xn2 = rmsnorm(xmid)                    g,u = xn2 W{gate,up}ᵀ + LoRA
  *   h = silu(g)·u                          x' = xmid + h Wdownᵀ + LoRA
+ *
+ * A sparse layer of a Qwen3-MoE model replaces the MLP (g, u, h, down) by the router and
+ * its experts (cpu_moe.c): x' = xmid + moe(xn2).
  */
 #include "backend/cpu/cpu_layer.h"
 #include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
@@ -40,6 +44,17 @@ static void lora_bwd_rows(cpu_pool *pool, float *z, float *dz, const lora_pair *
     cpu_sgemm(pool, false, false, rows, r, p->out, scale, dy, p->out, p->B, r, 0.0f, dz, r);
     cpu_sgemm(pool, true, false, r, p->in, rows, 1.0f, dz, r, x, p->in, 1.0f, p->gA, p->in);
     if (dx) cpu_sgemm(pool, false, false, rows, p->in, r, 1.0f, dz, r, p->A, p->in, 1.0f, dx, p->in);
+}
+
+void cpu_lora_fwd_on(cpu_pool *pool, float *z, const lora_pair *p, float scale, const float *x, float *y, int rows)
+{
+    lora_fwd_rows(pool, z, p, scale, x, y, rows);
+}
+
+void cpu_lora_bwd_on(cpu_pool *pool, float *z, float *dz, const lora_pair *p, float scale, const float *x,
+                     const float *dy, float *dx, int rows)
+{
+    lora_bwd_rows(pool, z, dz, p, scale, x, dy, dx, rows);
 }
 
 void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, float *y, int rows)
@@ -200,6 +215,12 @@ void cpu_layer_forward(cpu_ctx *c, int l, long T, bool recompute)
     for (long i = 0; i < T * H; i++) c->xmid[i] = c->x[i] + c->tmp[i];
 
     cpu_rmsnorm_fwd(p, c->xn2, c->rstd2, c->xmid, w->mlp_norm, T, H, mc->rms_norm_eps);
+    if (w->router) {
+        cpu_moe_forward(c, l, T, recompute);
+        if (recompute) return;
+        for (long i = 0; i < T * H; i++) c->x[i] = c->xmid[i] + c->tmp[i];
+        return;
+    }
     cpu_linear(c, l, LORA_GATE, c->xn2, H, w->wgate, NULL, I, c->g, T);
     cpu_linear(c, l, LORA_UP, c->xn2, H, w->wup, NULL, I, c->u, T);
     cpu_swiglu_fwd(p, c->h, c->g, c->u, T * I);
@@ -221,14 +242,18 @@ void cpu_layer_backward(cpu_ctx *c, int l, long T, bool need_dx)
         nkv = mc->num_key_value_heads, qd = nq * d, kvd = nkv * d;
     cpu_pool *p = c->pool;
 
-    /* MLP: x' = xmid + down(h), h = silu(g)·u */
-    cpu_sgemm(p, false, false, (int)T, I, H, 1.0f, c->dx, H, w->wdown, I, 0.0f, c->dh, I);
-    cpu_lora_bwd(c, l, LORA_DOWN, c->h, c->dx, c->dh);
-    cpu_swiglu_bwd(p, c->dg, c->du, c->dh, c->g, c->u, T * I);
-    cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->dg, I, w->wgate, H, 0.0f, c->dxn, H);
-    cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->du, I, w->wup, H, 1.0f, c->dxn, H);
-    cpu_lora_bwd(c, l, LORA_GATE, c->xn2, c->dg, c->dxn);
-    cpu_lora_bwd(c, l, LORA_UP, c->xn2, c->du, c->dxn);
+    /* MLP: x' = xmid + down(h), h = silu(g)·u (sparse layer: x' = xmid + moe(xn2)) */
+    if (w->router) {
+        cpu_moe_backward(c, l, T);
+    } else {
+        cpu_sgemm(p, false, false, (int)T, I, H, 1.0f, c->dx, H, w->wdown, I, 0.0f, c->dh, I);
+        cpu_lora_bwd(c, l, LORA_DOWN, c->h, c->dx, c->dh);
+        cpu_swiglu_bwd(p, c->dg, c->du, c->dh, c->g, c->u, T * I);
+        cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->dg, I, w->wgate, H, 0.0f, c->dxn, H);
+        cpu_sgemm(p, false, false, (int)T, H, I, 1.0f, c->du, I, w->wup, H, 1.0f, c->dxn, H);
+        cpu_lora_bwd(c, l, LORA_GATE, c->xn2, c->dg, c->dxn);
+        cpu_lora_bwd(c, l, LORA_UP, c->xn2, c->du, c->dxn);
+    }
     cpu_rmsnorm_bwd(p, c->dx, c->dxn, c->xmid, c->rstd2, w->mlp_norm, T, H, true); /* dx = dL/dxmid */
 
     /* attention: xmid = x + o(att) */

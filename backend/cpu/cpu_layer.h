@@ -17,4 +17,10 @@ void cpu_lora_fwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float 
 void cpu_lora_bwd_rows(cpu_ctx *c, const lora_pair *p, float scale, const float *x, const float *dy, float *dx,
                        int rows);
 
+/* The same on pool (NULL: this thread) with z, dz as rows × rank scratch: for callers
+ * that run products side by side (cpu_moe.c: one task per expert). */
+void cpu_lora_fwd_on(cpu_pool *pool, float *z, const lora_pair *p, float scale, const float *x, float *y, int rows);
+void cpu_lora_bwd_on(cpu_pool *pool, float *z, float *dz, const lora_pair *p, float scale, const float *x,
+                     const float *dy, float *dx, int rows);
+
 #endif

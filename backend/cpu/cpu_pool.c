@@ -96,7 +96,7 @@ int cpu_pool_size(const cpu_pool *p) { return p->n; }
 void cpu_pool_run(cpu_pool *p, int ntasks, cpu_task_fn fn, void *arg)
 {
     if (ntasks <= 0) return;
-    if (p->n == 1 || ntasks == 1) {
+    if (!p || p->n == 1 || ntasks == 1) {
         for (int t = 0; t < ntasks; t++) fn(arg, t, 0);
         return;
     }
@@ -131,6 +131,10 @@ static void cpu_range_task(void *va, int task, int thread)
 void cpu_pool_for(cpu_pool *p, long n, long grain, cpu_range_fn fn, void *arg)
 {
     if (n <= 0) return;
+    if (!p) {
+        fn(arg, 0, n, 0);
+        return;
+    }
     if (grain < 1) grain = 1;
     long chunk = (n + 4L * p->n - 1) / (4L * p->n);
     if (chunk < grain) chunk = grain;

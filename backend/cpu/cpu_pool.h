@@ -17,7 +17,8 @@ void cpu_pool_destroy(cpu_pool *p);
 int cpu_pool_size(const cpu_pool *p);
 
 /* Runs fn for task = 0..ntasks-1 and returns when all are done. Not reentrant: a task
- * must not call cpu_pool_run on the same pool. */
+ * must not call cpu_pool_run on the same pool. A NULL pool runs everything on the
+ * caller's thread (as thread 0), here and in cpu_pool_for. */
 void cpu_pool_run(cpu_pool *p, int ntasks, cpu_task_fn fn, void *arg);
 
 /* Splits [0, n) into chunks of at least `grain` indices, about 4 per thread. */

@@ -41,6 +41,15 @@ int cpu_weights_load(const model_files *m, cpu_weights **out, char *err, size_t 
                                   s->q_norm, s->k_norm, s->mlp_norm, s->wgate, s->wup, s->wdown};
         for (size_t i = 0; i < sizeof dst / sizeof dst[0]; i++)
             if (cw_take(dst[i], &p, src[i], err, errlen) < 0) goto fail;
+        if (!s->router) continue;
+        if (cw_take(&y->router, &p, s->router, err, errlen) < 0) goto fail;
+        y->experts = p;
+        for (int e = 0; e < c->num_experts; e++) {
+            float *unused;
+            if (cw_take(&unused, &p, s->exp_gate[e], err, errlen) < 0 || cw_take(&unused, &p, s->exp_up[e], err, errlen) < 0 ||
+                cw_take(&unused, &p, s->exp_down[e], err, errlen) < 0)
+                goto fail;
+        }
     }
     if ((size_t)(p - w->mem) != w->num_floats) {
         err_set(err, errlen, "cpu: internal size mismatch (%zu vs %zu floats)", (size_t)(p - w->mem), w->num_floats);

@@ -15,8 +15,18 @@ typedef struct {
     float *bq, *bk, *bv, *bo;           /* [nq*d], [nkv*d], [nkv*d], [H] */
     float *q_norm, *k_norm;             /* [d] */
     float *mlp_norm;                    /* [H] post_attention_layernorm */
-    float *wgate, *wup, *wdown;         /* [I, H], [I, H], [H, I] */
+    float *wgate, *wup, *wdown;         /* [I, H], [I, H], [H, I]; NULL in a sparse layer */
+    /* a sparse layer (model_layer_moe): the router [E, H], then expert by expert its gate
+     * [Im, H], up [Im, H] and down [H, Im] (cpu_expert_w); NULL in a dense layer */
+    float *router, *experts;
 } cpu_layer_weights;
+
+/* Expert e's projection (0 gate, 1 up, 2 down) in a sparse layer's weights. */
+static inline const float *cpu_expert_w(const cpu_layer_weights *w, const model_config *c, int e, int proj)
+{
+    size_t m = (size_t)c->moe_intermediate_size * c->hidden_size;
+    return w->experts + (size_t)e * 3 * m + (size_t)proj * m;
+}
 
 typedef struct {
     model_config cfg;

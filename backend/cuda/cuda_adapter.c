@@ -23,7 +23,9 @@ exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, 
     a->pub.device_bytes = bytes;
     a->scale = l->scale;
     a->mods = calloc((size_t)l->num_layers * LORA_NUM_MODULES, sizeof *a->mods);
-    int rc = a->mods ? (int)cudaMalloc(&a->mem, bytes) : (int)cudaErrorMemoryAllocation;
+    if (l->num_experts > 0) a->experts = calloc((size_t)l->num_layers * l->num_experts * 3, sizeof *a->experts);
+    bool host_ok = a->mods && (l->num_experts == 0 || a->experts);
+    int rc = host_ok ? (int)cudaMalloc(&a->mem, bytes) : (int)cudaErrorMemoryAllocation;
     if (rc) {
         a->mem = NULL;
         /* out of memory is not sticky, but the runtime keeps it as the thread's last error:
@@ -54,7 +56,10 @@ exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, 
     /* Per-module views, A and B being consecutive tensors of the layout. */
     for (int i = 0; i + 1 < l->num_tensors; i += 2) {
         const lora_tensor *ta = &l->tensors[i], *tb = &l->tensors[i + 1];
-        cu_lora_pair *q = ta->layer < 0 ? &a->head : &a->mods[ta->layer * LORA_NUM_MODULES + ta->module];
+        cu_lora_pair *q = ta->layer < 0     ? &a->head
+                          : ta->expert >= 0 ? &a->experts[((size_t)ta->layer * l->num_experts + ta->expert) * 3 +
+                                                          (ta->module - LORA_GATE)]
+                                            : &a->mods[ta->layer * LORA_NUM_MODULES + ta->module];
         q->in = ta->cols;
         q->out = tb->rows;
         q->rank = ta->rows;
@@ -74,12 +79,20 @@ void cu_adapter_free(cu_ctx *c, exe_adapter *pub)
     lora_layout_free(&a->pub.layout);
     if (a->mem) cudaFree(a->mem);
     free(a->mods);
+    free(a->experts);
     free(a);
 }
 
 const cu_lora_pair *cu_adapter_module(const cu_adapter *a, int layer, lora_module mod)
 {
     const cu_lora_pair *p = &a->mods[layer * LORA_NUM_MODULES + mod];
+    return p->A ? p : NULL;
+}
+
+const cu_lora_pair *cu_adapter_expert(const cu_adapter *a, int layer, int e, lora_module mod)
+{
+    if (!a->experts) return NULL;
+    const cu_lora_pair *p = &a->experts[((size_t)layer * a->pub.layout.num_experts + e) * 3 + (mod - LORA_GATE)];
     return p->A ? p : NULL;
 }
 

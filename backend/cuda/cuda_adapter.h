@@ -6,6 +6,9 @@
 
 /* The module of a layer, or NULL when the adapter does not train it. */
 const cu_lora_pair *cu_adapter_module(const cu_adapter *a, int layer, lora_module mod);
+/* Expert e's gate, up or down (LORA_GATE..LORA_DOWN) in sparse layer `layer`, or NULL when
+ * the experts are not trained. */
+const cu_lora_pair *cu_adapter_expert(const cu_adapter *a, int layer, int e, lora_module mod);
 /* The head adapter, or NULL when train_unembed is off. */
 const cu_lora_pair *cu_adapter_head(const cu_adapter *a);
 

@@ -88,6 +88,10 @@ static void *cu_create(const model_files *m, const exe_backend_opts *o, char *er
         err_set(err, errlen, "cuda: no device %d (%d found)", o->device, n);
         return NULL;
     }
+    if (mc->num_experts_per_tok > 64) {
+        err_set(err, errlen, "cuda: %d experts per token (the routing kernels take up to 64)", mc->num_experts_per_tok);
+        return NULL;
+    }
     int d = mc->head_dim;
     if (d != 16 && d != 32 && d != 64 && d != 128) {
         err_set(err, errlen, "cuda: head_dim %d is not supported (the attention kernels take 16, 32, 64, 128)", d);
@@ -199,11 +203,16 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     c->d_pos = cu_meta_dev(c, c->ml.pos);
     cu_where(c, "embedding");
     CU_TRY(c, lcu_embed(a->x, c->w.embed, cu_meta_dev(c, c->ml.tokens), T, H, c->stream));
+    c->route_seqs = mc->num_experts > 0 ? seqs : NULL; /* the first forward counts the routing */
     for (int l = 0; l < L; l++) {
         if (layer_grad)
             CU_TRY(c, cudaMemcpyAsync(a->saved + l * TH, a->x, TH * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-        if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) return -1;
+        if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) {
+            c->route_seqs = NULL;
+            return -1;
+        }
     }
+    c->route_seqs = NULL;
     /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
     cu_where(c, "final norm");
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd_f, a->x, c->w.final_norm, T, H, mc->rms_norm_eps, c->stream));
@@ -268,6 +277,9 @@ static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward
             if (lc->train_attn || lc->train_mlp) layer_grad = true;
         }
     }
+    size_t ncount = (size_t)model_num_moe_layers(&c->cfg) * c->cfg.num_experts;
+    for (int i = 0; i < nseq; i++)
+        if (seqs[i].expert_counts_out) memset(seqs[i].expert_counts_out, 0, ncount * sizeof(int32_t));
     if (T == 0) return 0;
     if (T > (1L << 30) || nnz > (1L << 31) || ntopk > (1L << 31)) {
         err_set(err, errlen, "batch of %ld tokens is too large", T);

@@ -71,6 +71,28 @@ static size_t cu_act_carve(const cu_ctx *c, char *base, long T, int nseq, bool s
     CU_TAKE(a->lse, t * nq * f);
     CU_TAKE(a->z, t * CU_LDZ * b);
     CU_TAKE(a->dz, t * CU_LDZ * b);
+    if (mc->num_experts > 0) { /* sparse layers: the router's and the experts' rows */
+        size_t E = mc->num_experts, A = t * mc->num_experts_per_tok, Im = mc->moe_intermediate_size, i4 = 4;
+        CU_TAKE(a->r_prob, t * E * f);
+        CU_TAKE(a->r_dlogits, t * E * b);
+        CU_TAKE(a->r_sel, A * i4);
+        CU_TAKE(a->a_pos, A * i4);
+        CU_TAKE(a->a_tok, A * i4);
+        CU_TAKE(a->r_w, A * f);
+        CU_TAKE(a->r_dw, A * f);
+        CU_TAKE(a->ex, A * H * b);
+        CU_TAKE(a->edy, A * H * b);
+        CU_TAKE(a->ey, A * H * f);
+        CU_TAKE(a->edx, A * H * f);
+        CU_TAKE(a->eg, A * Im * f);
+        CU_TAKE(a->eu, A * Im * f);
+        CU_TAKE(a->edh, A * Im * f);
+        CU_TAKE(a->eh, A * Im * b);
+        CU_TAKE(a->edg, A * Im * b);
+        CU_TAKE(a->edu, A * Im * b);
+        CU_TAKE(a->ez, A * CU_LDZ * b);
+        CU_TAKE(a->edz, A * CU_LDZ * b);
+    }
     lcu_attn_desc d = {.nseq = nseq, .total_q = T, .nq = (int)nq, .nkv = (int)nkv, .d = mc->head_dim};
     CU_TAKE(a->attn_ws, lcu_attn_workspace_bytes(&d));
     if (saved) CU_TAKE(a->saved, (size_t)mc->num_hidden_layers * t * H * f);
@@ -104,6 +126,23 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
                 c->device, T, bytes / 1073741824.0, saved ? " with each layer's input kept for the backward" : "",
                 fr / 1073741824.0);
         return -1;
+    }
+    if (c->cfg.num_experts > 0) { /* the host side of the sparse layers' grouping */
+        size_t A = (size_t)cap_T * c->cfg.num_experts_per_tok;
+        free(c->h_sel);
+        free(c->h_apos);
+        free(c->h_atok);
+        free(c->h_off);
+        c->h_sel = malloc(A * sizeof *c->h_sel);
+        c->h_apos = malloc(A * sizeof *c->h_apos);
+        c->h_atok = malloc(A * sizeof *c->h_atok);
+        c->h_off = malloc((2 * (size_t)c->cfg.num_experts + 1) * sizeof *c->h_off);
+        if (!c->h_sel || !c->h_apos || !c->h_atok || !c->h_off) {
+            cudaFree(c->act_mem);
+            c->act_mem = NULL;
+            err_set(err, errlen, "cuda: out of host memory for the routing of %ld tokens", T);
+            return -1;
+        }
     }
     cu_act_carve(c, c->act_mem, cap_T, cap_seqs, saved, &c->a);
     c->cap_T = cap_T;
@@ -167,6 +206,14 @@ int cu_segs_reserve(cu_ctx *c, int nseq, char *err, size_t errlen)
     c->lsegs = malloc(cap * sizeof *c->lsegs);
     c->seq_index = malloc(cap * sizeof *c->seq_index);
     c->cap_segs = c->segs && c->lsegs && c->seq_index ? cap : 0;
+    if (c->cap_segs && c->cfg.num_experts > 0) { /* every segment in every expert's block */
+        free(c->esegs);
+        free(c->gitems);
+        c->esegs = malloc((size_t)cap * c->cfg.num_experts * sizeof *c->esegs);
+        c->gitems = malloc((size_t)c->cfg.num_experts * sizeof *c->gitems);
+        c->cap_esegs = c->esegs && c->gitems ? cap * c->cfg.num_experts : 0;
+        if (!c->cap_esegs) c->cap_segs = 0;
+    }
     if (!c->cap_segs) { err_set(err, errlen, "cuda: out of host memory"); return -1; }
     return 0;
 }
@@ -271,4 +318,10 @@ void cu_buffers_free(cu_ctx *c)
     free(c->segs);
     free(c->lsegs);
     free(c->seq_index);
+    free(c->esegs);
+    free(c->gitems);
+    free(c->h_sel);
+    free(c->h_apos);
+    free(c->h_atok);
+    free(c->h_off);
 }

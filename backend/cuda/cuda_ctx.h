@@ -30,7 +30,17 @@
  * no such tensor (biases, q/k norm). */
 typedef struct {
     lcu_bf16 *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *mlp_norm, *wgate, *wup, *wdown;
+    /* a sparse layer (model_layer_moe): the router [E, H], then expert by expert its gate
+     * [Im, H], up [Im, H] and down [H, Im] in one block (cu_expert_w); NULL in a dense layer */
+    lcu_bf16 *router, *experts;
 } cu_layer_w;
+
+/* Expert e's projection (0 gate, 1 up, 2 down) in a sparse layer's weights. */
+static inline const lcu_bf16 *cu_expert_w(const cu_layer_w *w, const model_config *c, int e, int proj)
+{
+    size_t m = (size_t)c->moe_intermediate_size * c->hidden_size;
+    return w->experts + (size_t)e * 3 * m + (size_t)proj * m;
+}
 
 typedef struct {
     lcu_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
@@ -58,6 +68,8 @@ typedef struct {
     lcu_bf16 *params_bf16;
     void *mem;
     cu_lora_pair *mods;            /* [L * LORA_NUM_MODULES], host */
+    cu_lora_pair *experts;         /* [L * num_experts * 3] each expert's gate, up, down in a
+                                      sparse layer, host (NULL for a dense model) */
     cu_lora_pair head;
 } cu_adapter;
 
@@ -93,6 +105,18 @@ typedef struct {
     float *rstd1, *rstd2, *rstd_f;              /* [T] */
     float *rstd_q, *rstd_k, *lse;               /* [T, nq], [T, nkv], [T, nq] */
     lcu_bf16 *z, *dz;                           /* [T, CU_LDZ] LoRA intermediates */
+    /* sparse layers (cuda_moe.c), MoE models only; K = num_experts_per_tok, the K·T
+     * assignments grouped expert by expert as on the CPU (cpu_ctx.h) */
+    float *r_prob;                              /* [T, E] router logits, then probabilities */
+    lcu_bf16 *r_dlogits;                        /* [T, E] their gradient (bf16: a GEMM input) */
+    int32_t *r_sel, *a_pos, *a_tok;             /* [T, K] chosen experts; grouped row of each
+                                                   assignment; [T·K] token of each grouped row */
+    float *r_w, *r_dw;                          /* [T, K] routing weights, dL/dweights */
+    lcu_bf16 *ex, *edy;                         /* [T·K, H] gathered inputs; the experts' dL/dy */
+    float *ey, *edx;                            /* [T·K, H] the experts' outputs; dL/dx */
+    float *eg, *eu, *edh;                       /* [T·K, Im] */
+    lcu_bf16 *eh, *edg, *edu;                   /* [T·K, Im] */
+    lcu_bf16 *ez, *edz;                         /* [T·K, CU_LDZ] the experts' LoRA intermediates */
     void *attn_ws;                              /* lcu_attn_workspace_bytes for cap rows, cap seqs */
     float *saved;                               /* [L, T, H] layer inputs (when cap_saved) */
 } cu_act;
@@ -150,6 +174,16 @@ typedef struct {
     int nsegs, cap_segs;
     int *seq_index;                 /* [cap_segs] packed sequence → caller's index */
     lcu_lora_seg *lsegs;            /* [cap_segs] the kernel layer's view of one module */
+    /* sparse layers (cuda_moe.c), host: the grouping of the assignments (exe_moe_group, on
+     * the router's choices brought back from the device), the experts' LoRA segments
+     * (nsegs × E) and grouped-GEMM items (E) */
+    int32_t *h_sel, *h_apos, *h_atok;   /* [cap_T·K] */
+    int *h_off;                         /* [2E + 1] */
+    lcu_lora_seg *esegs;
+    int cap_esegs;
+    lcu_group_item *gitems;             /* [E] */
+    const exe_seq *route_seqs;          /* the pass's sequences: the first forward adds its
+                                           routing into their expert_counts_out */
     int nseq_packed;                /* non-empty sequences of the pass */
     const int32_t *d_pos;           /* device [T] position of each row in its sequence */
     lcu_attn_desc attn;             /* self-attention over the packed rows */

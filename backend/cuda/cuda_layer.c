@@ -8,6 +8,9 @@
  *   xn2 = rmsnorm(xmid) → bf16             g,u = xn2 W{gate,up}ᵀ + LoRA        (fp32)
  *   h = silu(g)·u → bf16                   x' = xmid + h Wdownᵀ + LoRA         (fp32)
  *
+ * A sparse layer of a Qwen3-MoE model replaces the MLP by its router and experts
+ * (cuda_moe.c): x' = xmid + moe(xn2).
+ *
  * The residual adds ride in the GEMMs' epilogue (beta = 1 with C = the residual). Base
  * weights are frozen: the backward produces activation gradients and LoRA gradients only,
  * the activation gradients in fp32 and rounded to bf16 where a GEMM reads them.
@@ -15,6 +18,7 @@
 #include "backend/cuda/cuda_layer.h"
 #include "backend/cuda/cuda_adapter.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_moe.h"
 
 /* ---- LoRA ---------------------------------------------------------------------------- */
 
@@ -108,6 +112,7 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
     if (cl_linear(c, l, LORA_O, a->att, qd, w->wo, w->bo, H, x_in, a->xmid, T) < 0) return -1;
 
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd2, a->xmid, w->mlp_norm, T, H, eps, s));
+    if (w->router) return cu_moe_forward(c, l, T, a->xmid, x_out, recompute);
     if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
         cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
         return -1;
@@ -129,13 +134,17 @@ int cu_layer_backward(cu_ctx *c, int l, long T, const float *x_in, bool need_dx)
     cudaStream_t s = c->stream;
     cu_where(c, "layer %d backward", l);
 
-    /* MLP: x' = xmid + down(h), h = silu(g)·u */
-    CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
-    if (cl_linear_bwd(c, l, LORA_DOWN, a->h, I, w->wdown, H, a->dyb, a->dh, false, T) < 0) return -1;
-    CU_TRY(c, lcu_swiglu_bwd(a->dg, a->du, LCU_BF16, a->dh, a->g, a->u, T * I, s));
-    if (cl_linear_bwd(c, l, LORA_GATE, a->xn2, H, w->wgate, I, a->dg, a->dxn, false, T) < 0 ||
-        cl_linear_bwd(c, l, LORA_UP, a->xn2, H, w->wup, I, a->du, a->dxn, true, T) < 0)
-        return -1;
+    /* MLP: x' = xmid + down(h), h = silu(g)·u (sparse layer: x' = xmid + moe(xn2)) */
+    if (w->router) {
+        if (cu_moe_backward(c, l, T) < 0) return -1;
+    } else {
+        CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
+        if (cl_linear_bwd(c, l, LORA_DOWN, a->h, I, w->wdown, H, a->dyb, a->dh, false, T) < 0) return -1;
+        CU_TRY(c, lcu_swiglu_bwd(a->dg, a->du, LCU_BF16, a->dh, a->g, a->u, T * I, s));
+        if (cl_linear_bwd(c, l, LORA_GATE, a->xn2, H, w->wgate, I, a->dg, a->dxn, false, T) < 0 ||
+            cl_linear_bwd(c, l, LORA_UP, a->xn2, H, w->wup, I, a->du, a->dxn, true, T) < 0)
+            return -1;
+    }
     CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxn, LCU_F32, a->xmid, a->rstd2, w->mlp_norm, T, H, true, s));
 
     /* attention: xmid = x + o(att); dx = dL/dxmid from here */

@@ -227,6 +227,44 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                  cudaStream_t s);
 
+/* ---- mixture-of-experts layers (Qwen3-MoE): lcu_moe.cu, the grouped GEMM of lcu_sgmv.cu --- */
+
+/* One product of a grouped GEMM: C[M, N] = alpha·op(A)·op(B) (+ C), row-major, A and B bf16. */
+typedef struct {
+    const lcu_bf16 *A; long lda;
+    const lcu_bf16 *B; long ldb;
+    void *C; long ldc;
+    long M, N, K;
+    float alpha;
+} lcu_group_item;
+
+/* Every item's product (acc: C += ...) with the segmented GEMM of the LoRA version 2
+ * (lcu_sgmv.cu): up to 32 items per launch, fp32 accumulation, each 64×64 tile by one block
+ * in a fixed K order (deterministic; an item's results do not depend on the others). Items
+ * with M, N or K = 0 are skipped. C is fp32 (ct LCU_F32) or bf16; the combinations
+ * (ta, tb, ct, acc) it has: (F, T, F32, F/T), (F, F, F32, F/T), (T, F, F32, T),
+ * (F, T, BF16, F), (F, F, BF16, F). items: HOST array. */
+int lcu_grouped_gemm(const lcu_group_item *items, int n, bool ta, bool tb, lcu_dtype ct, bool acc, cudaStream_t s);
+
+/* The router: prob [T, E] holds the logits on entry, the softmax (in double) on return;
+ * sel [T, K] the K most likely experts, most likely first (a strict >: the lower index of
+ * equal probabilities first), w [T, K] their probabilities, ÷ their sum when norm.
+ * E ≤ 1024. */
+int lcu_moe_route(float *prob, long T, int E, int K, bool norm, int32_t *sel, float *w, cudaStream_t s);
+/* ex[r, :] = x[a_tok[r], :] for n grouped rows of H (bf16). */
+int lcu_moe_gather(lcu_bf16 *ex, const lcu_bf16 *x, const int32_t *a_tok, long n, int H, cudaStream_t s);
+/* out[t] = resid[t] + Σ_k w[t, k]·ey[a_pos[t, k]] (k in order; out may alias resid). */
+int lcu_moe_combine(float *out, const float *resid, const float *ey, const int32_t *a_pos, const float *w, long T,
+                    int K, int H, cudaStream_t s);
+/* dw[t, k] = dout[t]·ey[a_pos[t, k]] (double), edy[a_pos[t, k]] = w[t, k]·dout[t] (bf16). */
+int lcu_moe_dweights(float *dw, lcu_bf16 *edy, const float *dout, const float *ey, const int32_t *a_pos,
+                     const float *w, long T, int K, int H, cudaStream_t s);
+/* dxn[t] = Σ_k edx[a_pos[t, k]] (fp32), and dlogits [T, E] (bf16) = the router logits'
+ * gradient through the routing weights (K ≤ 64; the formula at lcu_moe_dinput_k). */
+int lcu_moe_dinput(float *dxn, lcu_bf16 *dlogits, const float *edx, const int32_t *a_pos, const float *prob,
+                   const int32_t *sel, const float *w, const float *dw, long T, int K, int E, int H, bool norm,
+                   cudaStream_t s);
+
 /* ---- AdamW with global-norm clipping ----------------------------------------------------- */
 
 /* Bytes of workspace lcu_sumsq needs. */

@@ -16,18 +16,21 @@
 
 static size_t cw_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* The tensors in the order of cu_layer_w / cu_weights, paired with their slots. */
+/* The tensors in the order of cu_layer_w / cu_weights, paired with their slots. A packed
+ * tensor follows the previous one without alignment padding and has no slot of its own: a
+ * sparse layer's experts are one block (cu_expert_w), their first gate in y->experts. */
 typedef struct {
     const st_tensor *t;
     lcu_bf16 **slot;
+    bool packed;
 } cw_item;
 
 static int cw_items(cu_ctx *c, const model_files *m, cw_item *it)
 {
     int n = 0;
-    it[n++] = (cw_item){m->embed, &c->w.embed};
-    it[n++] = (cw_item){m->final_norm, &c->w.final_norm};
-    if (m->lm_head != m->embed) it[n++] = (cw_item){m->lm_head, &c->w.lm_head};
+    it[n++] = (cw_item){m->embed, &c->w.embed, false};
+    it[n++] = (cw_item){m->final_norm, &c->w.final_norm, false};
+    if (m->lm_head != m->embed) it[n++] = (cw_item){m->lm_head, &c->w.lm_head, false};
     for (int l = 0; l < c->cfg.num_hidden_layers; l++) {
         const model_layer_tensors *s = &m->layers[l];
         cu_layer_w *y = &c->w.layers[l];
@@ -36,7 +39,14 @@ static int cw_items(cu_ctx *c, const model_files *m, cw_item *it)
         lcu_bf16 **dst[] = {&y->attn_norm, &y->wq, &y->wk, &y->wv, &y->wo, &y->bq, &y->bk, &y->bv, &y->bo,
                             &y->q_norm, &y->k_norm, &y->mlp_norm, &y->wgate, &y->wup, &y->wdown};
         for (size_t i = 0; i < sizeof src / sizeof src[0]; i++)
-            if (src[i]) it[n++] = (cw_item){src[i], dst[i]};
+            if (src[i]) it[n++] = (cw_item){src[i], dst[i], false};
+        if (!s->router) continue;
+        it[n++] = (cw_item){s->router, &y->router, false};
+        for (int e = 0; e < c->cfg.num_experts; e++) {
+            it[n++] = (cw_item){s->exp_gate[e], e ? NULL : &y->experts, e > 0};
+            it[n++] = (cw_item){s->exp_up[e], NULL, true};
+            it[n++] = (cw_item){s->exp_down[e], NULL, true};
+        }
     }
     return n;
 }
@@ -89,9 +99,11 @@ int cu_weights_load(cu_ctx *c, const model_files *m, char *err, size_t errlen)
     size_t bytes = 0;
     bool f64 = false;
     for (int i = 0; i < n; i++) {
-        bytes += cw_align((size_t)it[i].t->numel * 2);
+        if (!it[i].packed) bytes = cw_align(bytes);
+        bytes += (size_t)it[i].t->numel * 2;
         f64 |= it[i].t->dtype == ST_F64;
     }
+    bytes = cw_align(bytes);
     int e = (int)cudaMalloc(&c->w.mem, bytes);
     if (e) {
         c->w.mem = NULL;
@@ -108,10 +120,12 @@ int cu_weights_load(cu_ctx *c, const model_files *m, char *err, size_t errlen)
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        *it[i].slot = (lcu_bf16 *)((char *)c->w.mem + off);
-        off += cw_align((size_t)it[i].t->numel * 2);
+        if (!it[i].packed) off = cw_align(off);
+        lcu_bf16 *dst = (lcu_bf16 *)((char *)c->w.mem + off);
+        if (it[i].slot) *it[i].slot = dst;
+        off += (size_t)it[i].t->numel * 2;
         cu_where(c, "loading %s", it[i].t->name);
-        if (cw_upload(c, it[i].t, *it[i].slot, stage, host, err, errlen) < 0) {
+        if (cw_upload(c, it[i].t, dst, stage, host, err, errlen) < 0) {
             if (c->errmsg[0]) err_set(err, errlen, "%s", c->errmsg);
             goto out;
         }

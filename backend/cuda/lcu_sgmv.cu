@@ -24,6 +24,8 @@
  *             dz = scale·dy·B    [rows×r],   K = out    (dz bf16)
  *             gA += dzᵀ·x        [r×in],     K = rows   (waves)
  *             dx += dz·A         [rows×in],  K = r
+ * The same kernel is the grouped GEMM of a mixture-of-experts layer (lcu_grouped_gemm): one
+ * item per expert, its rows of the grouped activations against its own weights.
  * Correct-first: scalar loads into shared memory, no double buffering; the gradient
  * products with K = rows run one block per output tile over all rows (no split-K, which
  * would need a second reduction pass to stay deterministic).
@@ -138,6 +140,9 @@ static void sg_flush(sg_batch *b)
     else if (b->ta && !b->tb && !b->bf16_out && b->acc) SG_GO(true, false, float, true);   /* gB, gA */
     else if (!b->ta && !b->tb && b->bf16_out && !b->acc) SG_GO(false, false, bf16, false); /* dz = dy·B */
     else if (!b->ta && !b->tb && !b->bf16_out && b->acc) SG_GO(false, false, float, true); /* dx += dz·A */
+    /* the experts' grouped GEMMs (lcu_grouped_gemm) */
+    else if (!b->ta && b->tb && !b->bf16_out && !b->acc) SG_GO(false, true, float, false);  /* g = x·W_gᵀ */
+    else if (!b->ta && !b->tb && !b->bf16_out && !b->acc) SG_GO(false, false, float, false); /* dh = dy·W_d */
     else b->rc = LCU_EINVAL;
 #undef SG_GO
     if (!b->rc) b->rc = lcu_launch_status();
@@ -279,4 +284,19 @@ int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const
     }
     free(wave);
     return rc;
+}
+
+/* ---- grouped GEMM: the experts of a mixture-of-experts layer (cuda_ops.h) -------------- */
+
+int lcu_grouped_gemm(const lcu_group_item *items, int n, bool ta, bool tb, lcu_dtype ct, bool acc, cudaStream_t s)
+{
+    if (n < 0 || (n > 0 && !items) || (ct != LCU_F32 && ct != LCU_BF16)) return LCU_EINVAL;
+    sg_batch b;
+    sg_begin(&b, ta, tb, ct == LCU_BF16, acc, s);
+    for (int i = 0; i < n; i++) {
+        const lcu_group_item *g = &items[i];
+        sg_add(&b, g->A, g->lda, g->B, g->ldb, g->C, g->ldc, g->M, g->N, g->K, g->alpha);
+    }
+    sg_flush(&b);
+    return b.rc;
 }

@@ -131,7 +131,7 @@ run_sanitize() {
     # racecheck on the attention (the slowest job by far) goes last, so that a call whose
     # budget it outlasts still has every other result.
     for job in "memcheck test_gpu_attention" "memcheck test_gpu_head" "memcheck test_gpu_sample" \
-               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "racecheck test_gpu_head" \
+               "memcheck test_gpu_ops" "memcheck test_gpu_lora" "memcheck test_gpu_moe" "racecheck test_gpu_head" \
                "racecheck test_gpu_sample" "synccheck test_gpu_attention" "racecheck test_gpu_attention"; do
         set -- $job
         GT_SMALL=1 LD_LIBRARY_PATH="$W/lib:/usr/local/cuda/lib64:/usr/local/nvidia/lib64" \

@@ -1,8 +1,11 @@
 """Helpers shared by the api tests: the loom CLI against a Stack's database, a second
-`loom api` process on the same database (for flags `loom up` does not pass), and the
-check that an answer is a JSON error {"detail": ...} with given words."""
+`loom api` process on the same database (for flags `loom up` does not pass), the check
+that an answer is a JSON error {"detail": ...} with given words, and a checkpoint archive
+through its signed download URL."""
 import os
 import subprocess
+import urllib.error
+import urllib.request
 
 from stack import LOOM_BIN
 
@@ -44,3 +47,24 @@ def is_detail(resp, code, *words):
     if not ok:
         print("      got", st, str(body)[:300])
     return ok
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **k):
+        return None
+
+
+def download_archive(s, run, ckpt, query=""):
+    """The bytes of a checkpoint's archive (docs/protocol.md §17.7): the archive route must
+    answer 302 to a signed URL, which gives the tar."""
+    req = urllib.request.Request(f"{s.url}/api/v1/training_runs/{run}/checkpoints/{ckpt}/archive{query}",
+                                 headers={"X-API-Key": s.key})
+    try:
+        urllib.request.build_opener(_NoRedirect).open(req, timeout=60)
+        raise RuntimeError("archive did not redirect")
+    except urllib.error.HTTPError as e:
+        if e.code != 302:
+            raise RuntimeError(f"archive: {e.code} {e.read()}")
+        loc = e.headers["Location"]
+    with urllib.request.urlopen(loc, timeout=60) as r:
+        return r.read()

@@ -1,13 +1,14 @@
 """Independent PyTorch reference for Loom's CPU backend.
 
 Written from the Hugging Face architecture definitions (LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM) and PEFT's LoRA convention; shares no code with the C
-side. Reads safetensors with a tiny parser (json + numpy), runs every sequence on its own
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM) and PEFT's LoRA convention;
+shares no code with the C side. Reads safetensors with a tiny parser (json + numpy), runs every sequence on its own
 (no packing), in float64 by default so that the comparison measures the C backend's fp32
 error rather than the reference's, gets gradients from autograd and steps with
 torch.optim.AdamW + torch.nn.utils.clip_grad_norm_.
 
     check_dump(model_dir, dump_dir) -> list of (quantity, worst_rel, ok)
+    check_curve(model_dir, dump_dir, report) adds an SFT loss curve to a report
 """
 import json
 import math
@@ -46,6 +47,24 @@ def read_safetensors(path):
     return out
 
 
+def write_safetensors(path, tensors):
+    """name -> numpy array (F32 or F64) as a safetensors file (tests that edit a model)."""
+    names = sorted(tensors)
+    header, off, blobs = {}, 0, []
+    for n in names:
+        a = np.ascontiguousarray(tensors[n])
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}[a.dtype]
+        header[n] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+        blobs.append(a.tobytes())
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
 def read_model_weights(model_dir):
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if not os.path.exists(index):
@@ -67,7 +86,8 @@ class RefModel:
         self.cfg = cfg
         self.dtype = dtype
         self.arch = cfg["architectures"][0]
-        assert self.arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"), self.arch
+        assert self.arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                             "Qwen3MoeForCausalLM"), self.arch
         self.H = cfg["hidden_size"]
         self.nq = cfg["num_attention_heads"]
         self.nkv = cfg.get("num_key_value_heads") or self.nq
@@ -75,13 +95,76 @@ class RefModel:
         self.L = cfg["num_hidden_layers"]
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.tie = cfg.get("tie_word_embeddings", False)
-        self.qk_norm = self.arch == "Qwen3ForCausalLM"
+        self.moe = self.arch == "Qwen3MoeForCausalLM"
+        self.qk_norm = self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
         self.qkv_bias = self.arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
         self.o_bias = self.arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
+        # Qwen3MoeConfig's defaults
+        self.E = cfg.get("num_experts", 128) if self.moe else 0
+        self.K = cfg.get("num_experts_per_tok", 8)
+        self.norm_topk = cfg.get("norm_topk_prob", False)
+        self.sparse_step = cfg.get("decoder_sparse_step", 1)
+        self.mlp_only = cfg.get("mlp_only_layers") or []
         w = read_model_weights(model_dir)
+        if self.moe:
+            w = self._unfuse_experts(w)
         self.W = {k: torch.tensor(v.astype(np.float64), dtype=dtype) for k, v in w.items()}
         self.head = self.W["model.embed_tokens.weight"] if self.tie else self.W["lm_head.weight"]
         self.inv_freq = self._inv_freq()
+
+    def sparse(self, i):
+        """Qwen3MoeDecoderLayer: a sparse MoE block, else Qwen3MoeMLP."""
+        return self.moe and i not in self.mlp_only and self.E > 0 and (i + 1) % self.sparse_step == 0
+
+    def _unfuse_experts(self, w):
+        """transformers 5's fused experts (gate_up_proj [E, 2I, H], gate rows first as its
+        chunk(2) takes them; down_proj [E, H, I]) as the per-expert tensors of the Hub
+        layout, so that LoRA module names are the same in both."""
+        for key in [k for k in w if k.endswith(".mlp.experts.gate_up_proj")]:
+            pre = key[:-len("gate_up_proj")]
+            gu, dn = w.pop(key), w.pop(pre + "down_proj")
+            half = gu.shape[1] // 2
+            for e in range(gu.shape[0]):
+                w[f"{pre}{e}.gate_proj.weight"] = gu[e, :half]
+                w[f"{pre}{e}.up_proj.weight"] = gu[e, half:]
+                w[f"{pre}{e}.down_proj.weight"] = dn[e]
+        return w
+
+    def route(self, h, p):
+        """Qwen3MoeSparseMoeBlock's router: softmax over all experts, the top K, renormalised
+        when norm_topk_prob. Returns (weights [n, K], experts [n, K], probs). transformers
+        takes torch.topk, which leaves the order of equal probabilities unspecified (it
+        changes with E and K); a stable descending sort gives the same experts for distinct
+        probabilities and Loom's rule, the lower index first, for equal ones."""
+        probs = torch.softmax(h @ self.W[p + "mlp.gate.weight"].T, dim=-1)
+        top_w, top_e = torch.sort(probs, dim=-1, descending=True, stable=True)
+        top_w, top_e = top_w[:, :self.K], top_e[:, :self.K]
+        if self.norm_topk:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w, top_e, probs
+
+    def moe_block(self, h, p, lora, counts=None):
+        """The experts' SwiGLU outputs summed with the routing weights (index_add_ per expert,
+        as transformers' loop does). counts: a list that gets each expert's token count."""
+        top_w, top_e, probs = self.route(h, p)
+        out = torch.zeros_like(h)
+        for e in range(self.E):
+            tok, slot = torch.where(top_e == e)
+            if counts is not None:
+                counts.append(int(tok.numel()))
+            if tok.numel() == 0:
+                continue
+            x = h[tok]
+            q = f"{p}mlp.experts.{e}."
+            y = self.linear(torch.nn.functional.silu(self.linear(x, q + "gate_proj", lora)) *
+                            self.linear(x, q + "up_proj", lora), q + "down_proj", lora)
+            out = out.index_add(0, tok, y * top_w[tok, slot, None])
+        # the smallest gap between a chosen and the best unchosen probability: a near-tie
+        # there would let fp32 rounding pick another expert (reported by check_dump)
+        srt = probs.sort(dim=-1, descending=True).values
+        self.min_route_gap = min(getattr(self, "min_route_gap", 1.0),
+                                 float((srt[:, self.K - 1] - srt[:, self.K]).min()) if self.K < self.E else 1.0)
+        return out
 
     def _inv_freq(self):
         # transformers' _compute_default_rope_parameters / _compute_llama3_parameters
@@ -120,8 +203,9 @@ class RefModel:
         h = x.shape[-1] // 2
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
-    def forward(self, tokens, lora=None):
-        """tokens: LongTensor [n] -> logits [n, V]. lora: {"scale", "mods": {module: (A, B)}}."""
+    def forward(self, tokens, lora=None, counts=None):
+        """tokens: LongTensor [n] -> logits [n, V]. lora: {"scale", "mods": {module: (A, B)}}.
+        counts (MoE): a list that gets, sparse layer by sparse layer, each expert's tokens."""
         n = tokens.shape[0]
         x = self.W["model.embed_tokens.weight"][tokens]
         pos = torch.arange(n, dtype=self.dtype)
@@ -151,6 +235,9 @@ class RefModel:
             x = res + self.linear(a, p + "self_attn.o_proj", lora)
             res = x
             h = self.rmsnorm(x, self.W[p + "post_attention_layernorm.weight"])
+            if self.sparse(i):
+                x = res + self.moe_block(h, p, lora, counts)
+                continue
             g = self.linear(h, p + "mlp.gate_proj", lora)
             u = self.linear(h, p + "mlp.up_proj", lora)
             x = res + self.linear(torch.nn.functional.silu(g) * u, p + "mlp.down_proj", lora)
@@ -229,10 +316,22 @@ class Report:
         self.worst_norm = {}  # quantity -> (worst ||got-ref|| / ||ref|| over its tensors, ok)
         self.failures = []
 
-    def compare(self, quantity, name, got, ref):
+    def compare_exact(self, quantity, name, got, ref):
+        """Integers that must be equal (expert routing counts)."""
+        got, ref = np.asarray(got).reshape(-1), np.asarray(ref).reshape(-1)
+        ok = got.shape == ref.shape and bool(np.all(got == ref))
+        diff = int(np.sum(np.abs(got - ref))) if got.shape == ref.shape else -1
+        prev = self.worst.get(quantity, (0.0, True))
+        self.worst[quantity] = (max(prev[0], float(abs(diff))), prev[1] and ok)
+        if not ok:
+            self.failures.append(f"{quantity} {name}: got {got.tolist()} ref {ref.tolist()}")
+
+    def compare(self, quantity, name, got, ref, slack=None):
         """|got - ref| <= rtol*|ref| + atol*max|ref| elementwise and ||got - ref|| <=
         norm_rtol*||ref|| (the quantity's bars in this report's profile); tracks the worst
-        relative error |got - ref| / max(|ref|, 0.1*max|ref|) per quantity."""
+        relative error |got - ref| / max(|ref|, 0.1*max|ref|) per quantity. slack: per
+        element, a difference the inputs' own tolerance explains (adamw_slack), taken off
+        |got - ref| before the bars apply."""
         rtol, atol, norm_rtol = self.bars.get(quantity, (RTOL, ATOL, NORM_RTOL))
         got = np.asarray(got, dtype=np.float64).reshape(-1)
         ref = np.asarray(ref, dtype=np.float64).reshape(-1)
@@ -242,6 +341,8 @@ class Report:
             return
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
         diff = np.abs(got - ref)
+        if slack is not None:
+            diff = np.maximum(diff - np.asarray(slack, dtype=np.float64).reshape(-1), 0.0)
         ok = bool(np.all(np.isfinite(got))) and bool(np.all(diff <= rtol * np.abs(ref) + atol * scale))
         rel = float(np.max(diff / np.maximum(np.abs(ref), max(0.1 * scale, 1e-30)))) if ref.size else 0.0
         if not np.all(np.isfinite(got)):
@@ -249,7 +350,7 @@ class Report:
         prev = self.worst.get(quantity, (0.0, True))
         self.worst[quantity] = (max(prev[0], rel), prev[1] and ok)
         ref_norm = float(np.linalg.norm(ref))
-        nrel = float(np.linalg.norm(got - ref)) / ref_norm if ref_norm > 0 else float(np.linalg.norm(got))
+        nrel = float(np.linalg.norm(diff)) / ref_norm if ref_norm > 0 else float(np.linalg.norm(got))
         if not np.all(np.isfinite(got)):
             nrel = float("inf")
         nok = norm_rtol is None or nrel <= norm_rtol
@@ -261,6 +362,25 @@ class Report:
             i = int(np.argmax(diff - rtol * np.abs(ref)))
             self.failures.append(f"{quantity} {name}: worst at {i}: got {got[i]:.9g} ref {ref[i]:.9g} "
                                  f"(max|ref| {scale:.3g})")
+
+
+def adamw_slack(grad, dgrad, state, lr, betas, eps, prev):
+    """The part of an AdamW update's difference that the gradient's own difference dgrad
+    (the C side's gradient minus the reference's, as clipped) explains: the update's
+    derivative times dgrad, plus two fp32 ulps of the parameter the update is the
+    difference of. AdamW divides by sqrt(v̂) + eps: where |g| is near eps (an expert
+    reached by a token or two, common in MoE adapters) a gradient right to 1e-7 of its
+    tensor's scale moves the update by a sizeable fraction of lr; that is the update's
+    conditioning, and the gradient itself is held to its own bars ("grads")."""
+    g = grad.double().abs()
+    t = state["step"]
+    t = float(t.item() if torch.is_tensor(t) else t)
+    b1, b2 = betas
+    m = state["exp_avg"].double().abs() / (1 - b1 ** t)
+    sv = (state["exp_avg_sq"].double() / (1 - b2 ** t)).sqrt()
+    sens = (1 - b1) / (1 - b1 ** t) / (sv + eps) + \
+        m * (1 - b2) * g / ((1 - b2 ** t) * sv.clamp_min(1e-30) * (sv + eps) ** 2)
+    return (lr * sens * dgrad.abs()).numpy() + 2.0 ** -22 * np.abs(prev)
 
 
 def _seq_inputs(D, i):
@@ -298,6 +418,18 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
 
     ref_step0_lp = {}
     for step in range(case["steps"]):
+        if step > 0:
+            # Each step from the state the C side reached: the previous step's parameters and
+            # AdamW moments were compared above; carrying the reference's own state on would
+            # add the earlier step's ill-conditioned updates (adamw_slack) to this one.
+            with torch.no_grad():
+                for a in range(nad):
+                    for n, t in params[a].items():
+                        t.copy_(torch.tensor(D[f"step{step - 1}.ad{a}.param.{n}"].astype(np.float64)))
+                        st = opts[a].state[t]
+                        st["exp_avg"].copy_(torch.tensor(D[f"step{step - 1}.ad{a}.exp_avg.{n}"].astype(np.float64)))
+                        st["exp_avg_sq"].copy_(
+                            torch.tensor(D[f"step{step - 1}.ad{a}.exp_avg_sq.{n}"].astype(np.float64)))
         for P in params:
             for t in P.values():
                 t.grad = None
@@ -305,7 +437,11 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
         for i, s in enumerate(case["seqs"]):
             tok, tgt, w, q, adv = _seq_inputs(D, i)
             lora = loras[s["adapter"]] if s["adapter"] >= 0 else None
-            logits = model.forward(tok, lora)
+            counts = []
+            logits = model.forward(tok, lora, counts)
+            key = f"step{step}.seq{i}.expert_counts"
+            if key in D:  # the routing itself: each expert's tokens per sparse layer, exactly
+                rep.compare_exact("expert_counts", f"step{step}.seq{i}", D[key], counts)
             K = s.get("k", 1)
             # 2-D cross_entropy (docs/protocol.md §8): targets/weights [n, K], loss[i] = -sum_j w[i,j] lp[i,j]
             lp = torch.log_softmax(logits, dim=-1).gather(1, tgt.view(-1, K))
@@ -327,9 +463,16 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
                       for i, s in enumerate(case["seqs"]) if s["adapter"] >= 0 and not s["forward_only"])
         rep.compare("loss_sum", f"step{step}", [got_sum], [float(total)])
         total.backward()
+        for P in params:  # an expert no token of the adapter reached: a zero gradient, as in Loom
+            for t in P.values():
+                if t.grad is None:
+                    t.grad = torch.zeros_like(t)
+        dgrads = []
         for a in range(nad):
+            dgrads.append({})
             for n, t in params[a].items():
                 rep.compare("grads", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.grad.{n}"], t.grad)
+                dgrads[a][n] = torch.tensor(D[f"step{step}.ad{a}.grad.{n}"].astype(np.float64)) - t.grad.double()
         # optimizer, per adapter: clip to the same max norm the C side used, then AdamW
         for a in range(nad):
             before = {n: t.detach().clone() for n, t in params[a].items()}
@@ -337,17 +480,20 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
             ps = list(params[a].values())
             norm = math.sqrt(sum(float((t.grad.double() ** 2).sum()) for t in ps))
             rep.compare("grad_norm", f"step{step}.ad{a}", D[f"step{step}.ad{a}.grad_norm"], [norm])
+            coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0  # torch's clip coefficient
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(ps, clip)
             for g in opts[a].param_groups:
                 g["lr"] = case["adam"][a]["lr"] * (case["lr_factor_step1"] if step == 1 else 1.0)
             opts[a].step()
+            grp = opts[a].param_groups[0]
             for n, t in params[a].items():
                 got = D[f"step{step}.ad{a}.param.{n}"]
                 prev = D[f"init.ad{a}.param.{n}"] if step == 0 else D[f"step{step - 1}.ad{a}.param.{n}"]
-                rep.compare("params_after_adamw", f"step{step}.ad{a}.{n}", got, t.detach())
-                # The AdamW state the update is computed from, against torch.optim.AdamW's.
                 st = opts[a].state[t]
+                slack = adamw_slack(t.grad, dgrads[a][n] * coef, st, grp["lr"], grp["betas"], grp["eps"], prev)
+                rep.compare("params_after_adamw", f"step{step}.ad{a}.{n}", got, t.detach(), slack)
+                # The AdamW state the update is computed from, against torch.optim.AdamW's.
                 rep.compare("adam_exp_avg", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.exp_avg.{n}"],
                             st["exp_avg"])
                 rep.compare("adam_exp_avg_sq", f"step{step}.ad{a}.{n}", D[f"step{step}.ad{a}.exp_avg_sq.{n}"],
@@ -355,7 +501,7 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
                 # The update itself, to catch errors far below the parameters' magnitude
                 # (its bars: PROFILES).
                 rep.compare("adamw_update", f"step{step}.ad{a}.{n}", got.astype(np.float64) - prev,
-                            (t.detach() - before[n]).numpy())
+                            (t.detach() - before[n]).numpy(), slack)
 
     # each adapter alone (C) vs packed (C) and vs the reference: only the summation order
     # of the GEMMs differs, so the reference tolerance applies (bf16: PROFILES)
@@ -364,9 +510,61 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
             rep.compare("solo_vs_packed", f"seq{i}.logprobs", D[f"solo.seq{i}.logprobs"],
                         D[f"step0.seq{i}.logprobs"])
             rep.compare("solo_vs_ref", f"seq{i}.logprobs", D[f"solo.seq{i}.logprobs"], ref_step0_lp[i][0])
+    rep.min_route_gap = getattr(model, "min_route_gap", None)
     for a in range(nad):
         for n in params[a]:
             key = f"solo.ad{a}.grad.{n}"
             if key in D:
                 rep.compare("solo_vs_packed", f"ad{a}.{n}", D[key], D[f"step0.ad{a}.grad.{n}"])
+    return rep
+
+
+# fp32: measured 2e-6 at worst over 12 steps (Loom vs float64); bf16: an estimate, as
+# test_gpu_backend's SFT curve bar (5 % of the NLL)
+CURVE_RTOL = {"fp32": 1e-4, "bf16": 5e-2}
+
+
+def check_curve(model_dir, dump_dir, rep, dtype=torch.float64, tolerance="fp32"):
+    """`test_cpu_ref curve`'s SFT loop (cross_entropy summed over 4 sequences, AdamW lr 1e-2,
+    betas 0.9/0.95, eps 1e-8, no weight decay, 12 steps) from the same initial adapter, in
+    float64: each step's loss sum within CURVE_RTOL of Loom's. Unlike the per-step checks of
+    check_dump, the two runs go on from their own states: the curve measures the drift of a
+    short training run."""
+    D = read_safetensors(os.path.join(dump_dir, "curve.safetensors"))
+    model = RefModel(model_dir, dtype)
+    prefix = "init.ad0.param."
+    names = sorted(k[len(prefix):] for k in D if k.startswith(prefix))
+    P = {n: torch.tensor(D[prefix + n].astype(np.float64), dtype=dtype, requires_grad=True) for n in names}
+    mods = {n[len("base_model.model."):-len(".lora_A.weight")]: (P[n], P[n.replace("lora_A", "lora_B")])
+            for n in names if n.endswith(".lora_A.weight")}
+    rank = P[names[0]].shape[0] if ".lora_A." in names[0] else P[names[0]].shape[1]
+    lora = {"scale": LORA_ALPHA / rank, "mods": mods}
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    toks = torch.tensor(D["tokens"].astype(np.int64))
+    got = D["curve"].astype(np.float64)
+    ref = []
+    for _ in range(len(got)):
+        for t in P.values():
+            t.grad = None
+        total = torch.zeros((), dtype=dtype)
+        for seq in toks:
+            lp = torch.log_softmax(model.forward(seq[:-1], lora), dim=-1).gather(1, seq[1:].view(-1, 1))
+            total = total - lp.sum()
+        total.backward()
+        for t in P.values():
+            if t.grad is None:
+                t.grad = torch.zeros_like(t)
+        opt.step()
+        ref.append(float(total))
+    rtol = CURVE_RTOL[tolerance]
+    ref = np.array(ref)
+    rel = np.abs(got - ref) / np.abs(ref)
+    worst = float(rel.max())
+    ok = bool(np.all(np.isfinite(got))) and worst <= rtol
+    rep.worst["sft_curve"] = (worst, ok)
+    rep.worst_norm["sft_curve"] = (worst, ok)
+    if not ok:
+        i = int(np.argmax(rel))
+        rep.failures.append(f"sft_curve step {i}: Loom {got[i]:.9g} reference {ref[i]:.9g} (rel {rel[i]:.3g} > {rtol:g})")
+    rep.curve = (got, ref)
     return rep
