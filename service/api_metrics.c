@@ -527,7 +527,7 @@ static void *fold_thread(void *arg) {
         }
         PGresult *r = db_query(db, SQL_M_FOLD, 0, NULL, err, sizeof err);
         if (r) PQclear(r);
-        else log_warn("folding metric events: %s", err);
+        else log_msg(PQstatus(db) == CONNECTION_OK ? LOG_WARN_ : db_outage_level(), "folding metric events: %s", err);
     }
     return NULL;
 }

@@ -35,9 +35,10 @@ struct api_pool {
 static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size_t errlen) {
     PGconn *c = db_connect(conninfo, wait_ms, err, errlen);
     if (!c) return NULL;
-    if (db_exec(c, SQL_WORKER_TIMEOUT, 0, NULL, err, errlen) < 0 ||
-        db_exec(c, SQL_WORKER_NAME, 0, NULL, err, errlen) < 0) {
-        PQfinish(c);
+    /* every session: a reset (after a pipeline broken by a restart) keeps the timeout */
+    static const db_setup_stmt setup[] = {{SQL_WORKER_TIMEOUT, NULL}, {SQL_WORKER_NAME, NULL}};
+    if (db_session_setup(c, setup, 2, err, errlen) < 0) {
+        db_finish(c);
         return NULL;
     }
     return c;
@@ -57,11 +58,10 @@ static bool ensure_db(worker *w, char *err, size_t errlen) {
         snprintf(err, errlen, "database unavailable (reconnecting)");
         return false;
     }
-    if (w->db) PQfinish(w->db);
+    db_finish(w->db);
     w->db = connect_worker(w->pool->conf.conninfo, 0, err, errlen);
     if (!w->db) {
-        w->failed_at = now;
-        log_warn("worker %d: reconnect failed: %s", w->index, err);
+        w->failed_at = now;   /* db_connect said so, once for the process */
         return false;
     }
     w->failed_at.tv_sec = 0;

@@ -632,9 +632,15 @@ static void *loop_main(void *arg) {
     sock->data = L;
     h2o_socket_read_start(sock, on_accept);
     h2o_barrier_wait(&g.ready);
-    while (h2o_evloop_run(L->evloop, INT32_MAX) == 0)
-        ;
-    log_error("event loop %d stopped", L->index);
+    /* epoll_wait fails with EINTR whenever the process is stopped and continued (SIGSTOP
+     * and SIGCONT, a debugger attaching, `docker pause`), SA_RESTART or not: that is no
+     * reason to stop serving. */
+    for (;;) {
+        errno = 0;
+        if (h2o_evloop_run(L->evloop, INT32_MAX) == 0 || errno == EINTR) continue;
+        log_error("event loop %d stopped: %s", L->index, strerror(errno));
+        break;
+    }
     return NULL;
 }
 
