@@ -9,6 +9,7 @@
  *   "... WHERE o.kind = '" OP_SAMPLE "'"   "SELECT pg_notify('" CHAN_OP_DONE "', ...)" */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 /* ---- operation kinds (operations.kind) ------------------------------------------------- */
 
@@ -52,6 +53,14 @@
 #define LIMIT_LORA_RANK 512
 #define LIMIT_NUM_SAMPLES 128           /* num_samples of one asample */
 #define LIMIT_TOPK_PROMPT_LOGPROBS 20   /* topk_prompt_logprobs of one asample */
+
+/* The range a client may set each optimizer hyperparameter in (docs/protocol.md §7.5):
+ * values a training run can use (LoRA learning rates are around 1e-4; none above 10
+ * trains). A learning rate of 1e17 used to be taken and turned the model into NaNs at the
+ * next step. name: learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm. 0, or
+ * -1 with "<name> must be in ..., got <v>" in err (the caller says where: "adam_params.");
+ * a name not listed is accepted (not this function's to judge). */
+int optim_param_check(const char *name, double v, char *err, size_t errlen);
 
 /* ---- losses (docs/protocol.md §8) ---------------------------------------------------- */
 

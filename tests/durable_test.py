@@ -18,7 +18,8 @@ loops finish as above.
 
 Last, the blob store fails for three steps (its tmp directory replaced by a file): the
 snapshot due then is tried again with each step and written with the first step after the
-store is mended, not --snapshot-every steps later; the failure is logged once.
+store is mended, not --snapshot-every steps later; the failure is logged once. A
+save_weights meanwhile fails with the reason, and no path of the server's file system.
 """
 import os, signal, statistics, subprocess, sys, threading, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -152,10 +153,11 @@ def snapshot_write_fault(s):
     mid = c.call("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": "loom/tiny-llama",
                                           "lora_config": {"rank": 4, "seed": 3}})["model_id"]
 
-    def step(k):
-        fb = c.call("/api/v1/forward_backward", {"model_id": mid, "seq_id": 2 * k - 1, "forward_backward_input": {
+    def step(k, seq=None):
+        seq = seq or 2 * k - 1
+        fb = c.call("/api/v1/forward_backward", {"model_id": mid, "seq_id": seq, "forward_backward_input": {
             "data": [datum("f", k, i) for i in range(4)], "loss_fn": "cross_entropy"}})
-        op = c.call("/api/v1/optim_step", {"model_id": mid, "seq_id": 2 * k, "adam_params": ADAM})
+        op = c.call("/api/v1/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": ADAM})
         assert "error" not in fb and op["metrics"]["step:max"] == k, (fb, op)
 
     snap = lambda: s.psql(f"SELECT step FROM model_snapshots WHERE model_id = '{mid}'")
@@ -169,11 +171,17 @@ def snapshot_write_fault(s):
         for k in range(5, 8):
             step(k)
             time.sleep(0.3)   # the writer thread tries (and fails) before the next step
+        # A checkpoint cannot be written either: the client hears why, not where.
+        save = c.call("/api/v1/save_weights", {"model_id": mid, "seq_id": 15, "path": "while-broken"})
+        msg = str(save.get("error", ""))
+        R.check(msg and "blob store" in msg and s.dir not in msg and "/tmp" not in msg,
+                f"a save while the blob store fails: the error gives the reason, no server path ({msg[:200]})")
+        R.check(s.dir in s.read_log(), "the operator's log has the path")
     finally:
         os.remove(tmp)
         os.rename(tmp + ".away", tmp)
     R.check(snap() == "", "while the blob store fails no snapshot is recorded")
-    step(8)
+    step(8, seq=16)
     R.check(wait_for(lambda: snap() in ("7", "8"), 10),
             f"the snapshot due at step 5 is written with step 8, the first after the store is mended"
             f" (not at step 10): its step is {snap() or 'none'}")
