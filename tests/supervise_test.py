@@ -130,9 +130,12 @@ def executor_crash_loop(s):
     delays = restart_delays(s.read_log())[seen:]
     R.check(len(delays) == 8 and max(delays) <= 4.0,
             f"the executor killed 8 times in a row was restarted after at most 4 s each time ({delays})")
+    wait_for(lambda: s.children().get("executor"), 60)
     pid = s.children().get("executor")
-    R.check(wait_for(lambda: s.psql(f"SELECT count(*) FROM executors WHERE pid = {pid} AND state = 'idle'") == "1",
-                     60), "the last one came up")
+    R.check(pid and wait_for(lambda: s.psql(f"SELECT count(*) FROM executors WHERE pid = {pid} AND state = 'idle'")
+                             == "1", 60), "the last one came up")
+    if not pid:
+        return
     time.sleep(12)
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: len(restart_delays(s.read_log())) > seen + 8, 10)
