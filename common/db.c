@@ -97,21 +97,39 @@ static void note_up(const char *where) {
 
 static void forget_session(const PGconn *c);
 
+/* connect_timeout before dbname: a conninfo that sets its own overrides it. Without one,
+ * libpq waits for an unreachable host as long as TCP does (minutes). */
+static PGconn *connect_once(const char *conninfo) {
+    const char *const kw[] = {"connect_timeout", "dbname", NULL}, *const val[] = {"10", conninfo, NULL};
+    return PQconnectdbParams(kw, val, 1);
+}
+
+static void session_start(PGconn *c) {
+    PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
+    PQclear(PQexec(c, SQL_DB_QUIET));
+    forget_session(c);   /* a finished connection's setup at this address is not this one's */
+}
+
+PGconn *db_probe(const char *conninfo, char *err, size_t errlen) {
+    PGconn *c = connect_once(conninfo);
+    if (PQstatus(c) == CONNECTION_OK) {
+        session_start(c);
+        return c;
+    }
+    set_err(err, errlen, PQerrorMessage(c));
+    PQfinish(c);
+    return NULL;
+}
+
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     char where[512];
     db_describe(conninfo, where, sizeof where);
-    /* connect_timeout before dbname: a conninfo that sets its own overrides it. Without
-     * one, libpq waits for an unreachable host as long as TCP does (minutes). */
-    const char *const kw[] = {"connect_timeout", "dbname", NULL}, *const val[] = {"10", conninfo, NULL};
     for (;;) {
-        PGconn *c = PQconnectdbParams(kw, val, 1);
+        PGconn *c = connect_once(conninfo);
         if (PQstatus(c) == CONNECTION_OK) {
-            PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
-            PGresult *r = PQexec(c, SQL_DB_QUIET);
-            PQclear(r);
-            forget_session(c);   /* a finished connection's setup at this address is not this one's */
+            session_start(c);
             note_up(where);
             return c;
         }

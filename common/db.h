@@ -15,6 +15,10 @@
  * wait ends early, with NULL, once the flag of db_set_stop_flag is set (SIGTERM). */
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen);
 
+/* One attempt, said nowhere: for a probe whose failure is an answer (is a server
+ * running here?), not an outage. */
+PGconn *db_probe(const char *conninfo, char *err, size_t errlen);
+
 /* The process's stop flag (set by its SIGTERM handler): retry loops here end when it is. */
 void db_set_stop_flag(const volatile sig_atomic_t *flag);
 /* The level for a message of a loop that retries because the database is away: LOG_WARN_
