@@ -10,7 +10,8 @@ every process says plainly what it waits for.
   long as before the outage: the executor's commit reset its connection, and the new
   session had lost its LISTEN and application name, so every later cycle waited for the
   500 ms poll (3-4x slower) until the executor was replaced.
-- During the outage each process logs a few warnings, not one per second and thread.
+- During the outage (a client polling its future all along) each process logs a few
+  warnings, not one per second and thread or request.
 - A wrong database: `loom scheduler` and `loom api` say at once what they retry and where
   (they used to print nothing for 30 s), and a SIGTERM stops them while they retry (the
   scheduler ignored it).
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
@@ -78,6 +80,10 @@ def long_cycle_outage(s, c, mid, seqs, down_s, pause_exe=None):
     log_at = len(s.read_log())
     os.kill(pm, signal.SIGKILL)
     q.close()
+    # The client polls its future through the outage, as the SDK does.
+    got = []
+    poller = threading.Thread(target=lambda: got.append(c.result(fut["request_id"])))
+    poller.start()
     R.check(running, f"PostgreSQL killed (-9 of the postmaster) while the executor computes a cycle, for {down_s} s")
     time.sleep(down_s - 1)
     if pause_exe:
@@ -91,7 +97,8 @@ def long_cycle_outage(s, c, mid, seqs, down_s, pause_exe=None):
             os.kill(pause_exe, signal.SIGCONT)
         except ProcessLookupError:   # killed by loom up meanwhile: checked by the caller
             pass
-    r = c.result(fut["request_id"])
+    poller.join(300)
+    r = got[0] if got else {}
     R.check("metrics" in r, f"the long cycle's forward_backward completes after the outage ({str(r)[:80]})")
     return log_at, log_end
 
