@@ -1,5 +1,6 @@
 /* api_pool.c: database worker threads (see api_pool.h). */
 #include "service/api_pool.h"
+#include "service/api_proto.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "service/api_auth.h"
@@ -134,6 +135,20 @@ static int read_body(api_call *c, const api_route *r) {
         if (!(r->flags & ROUTE_PROTO_BODY)) {
             api_error(c, 415, "%s takes a JSON body (Content-Type: application/json); only "
                               "forward_backward also takes application/x-protobuf", r->path);
+            return -1;
+        }
+        /* Its decoding draws from the process's decode budget, as a JSON parse does
+         * (api_json.h): reserved before it starts, given back when the job is done. */
+        if (proto_decode_budget(job->body_len) > jx_decode_limit()) {
+            api_error(c, 413, "request body is too large to decode: its %zu bytes of protobuf may take up to %zu "
+                              "MiB, more than this server's limit of %zu MiB (loom api --max-decode-mb)",
+                      job->body_len, proto_decode_budget(job->body_len) >> 20, jx_decode_limit() >> 20);
+            return -1;
+        }
+        if (!jx_decode_take(proto_decode_budget(job->body_len))) {
+            api_error(c, 503, "server busy: other request bodies being decoded hold the memory for it (loom api "
+                              "--max-decode-mb %zu); retry shortly", jx_decode_limit() >> 20);
+            job->retry_after = 1;
             return -1;
         }
         c->proto_body = true;
