@@ -20,6 +20,7 @@
 #include "common/strbuf.h"
 #include "service/http_server.h"
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -228,8 +229,8 @@ static void reject(gate_conn *gc, int status, int retry_after, bool close, const
     int minor;
     struct phr_header h[H2O_MAX_HEADERS];
     int len = phr_parse_request(sock->input->bytes, sock->input->size, &method, &mlen, &path, &plen, &minor, h, &nh, 0);
-    if (len <= 0) {   /* cannot happen: the head was parsed before */
-        h2o_socket_close(sock);
+    if (len <= 0) {   /* cannot happen (the head was parsed before): h2o answers it */
+        pass(gc);
         return;
     }
     va_list ap;
