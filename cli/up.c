@@ -6,7 +6,8 @@
  * are ready, and on Ctrl-C / SIGTERM stops the children and the cluster it started.
  *
  * Supervision: a child that dies is restarted after a backoff that doubles with each
- * quick death (0.25 s up to 30 s; back to the start once a child ran for a minute), and
+ * quick death (0.25 s up to 4 s: while one is down every tenant waits; back to the start
+ * once a child ran for 10 s), and
  * never given up on: one part failing again and again must not stop the others. An
  * executor that stops heartbeating (stopped, hung on a device) is killed and replaced:
  * the scheduler writes it off after --executor-timeout-s of silence and never schedules
@@ -16,6 +17,7 @@
  * private to the service user (umask 077, data directory 0700). */
 #include "cli/up.h"
 #include "cli/cli_sql.h"
+#include "cli/up_lock.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/keys.h"
@@ -36,14 +38,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define BACKOFF_FIRST_S 0.25
-#define BACKOFF_MAX_S 30.0
-#define STABLE_S 60.0            /* a child that ran this long starts its backoff over */
+#define BACKOFF_MAX_S 4.0        /* low: while a child is down, every tenant waits */
+#define STABLE_S 10.0            /* a child that ran this long (a healthy run) starts its backoff over */
 #define MAX_EXECUTORS 64         /* one per GPU at most */
 #define WATCH_EVERY_S 2.0        /* how often executor heartbeats are looked at */
 
@@ -70,9 +73,15 @@ static double now_s(void) {
 static pid_t spawn(char *const argv[], int *stdout_pipe) {
     int fds[2] = {-1, -1};
     if (stdout_pipe && pipe(fds) < 0) return -1;
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
+        /* A child dies with `loom up` (kill -9 included): a new `loom up` would otherwise
+         * start a second set beside them (it also stops any that outlive this: up_lock.h).
+         * The parent may have died before this line: then exit at once. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(0);
         if (stdout_pipe) { dup2(fds[1], 1); close(fds[0]); close(fds[1]); }
         else dup2(2, 1);   /* children log to our stderr; stdout is kept for the two lines */
         signal(SIGINT, SIG_DFL);
@@ -127,6 +136,12 @@ static int start_child(child *ch, PGconn *c) {
     return 0;
 }
 
+static void note_children(const child *cs, int n) {
+    up_lock_child rec[MAX_EXECUTORS + 3];
+    for (int i = 0; i < n; i++) rec[i] = (up_lock_child){cs[i].pid, cs[i].role};
+    up_lock_note(rec, n);
+}
+
 /* A child died: schedule its restart after the backoff. */
 static void child_died(child *ch, int status) {
     double ran = now_s() - ch->started;
@@ -144,7 +159,7 @@ static void child_died(child *ch, int status) {
  * are restored on another executor (or the restarted one) without waiting --executor-timeout-s for the
  * reaper to notice the silence. */
 static void executor_died(child *ch, PGconn *c, const char *host) {
-    if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+    if (PQstatus(c) != CONNECTION_OK) db_reset(c);
     char pid[16], floor[24], err[256];
     snprintf(pid, sizeof pid, "%d", (int)ch->pid);
     snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
@@ -156,23 +171,26 @@ static void executor_died(child *ch, PGconn *c, const char *host) {
 /* The executor child's newest row says it is gone or silent beyond silent_s
  * (--executor-timeout-s, the scheduler's and the api's too): it is stopped or hung, and
  * will never be scheduled again. Kill it; the reaping in the main loop then starts a new
- * one. A database that cannot be asked is no reason to kill. */
-static void watch_executor(child *ch, PGconn *c, const char *host, int silent_s) {
-    if (ch->pid <= 0 || !ch->argv) return;
-    if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+ * one. A database that cannot be asked is no reason to kill, and neither is silence
+ * before the database has answered for silent_s (judge_silence false): during an outage
+ * no heartbeat can land, and an executor that retried its commit through it needs a
+ * moment to reconnect (the reaper waits as long). -1 when the database did not answer. */
+static int watch_executor(child *ch, PGconn *c, const char *host, int silent_s, bool judge_silence) {
+    if (ch->pid <= 0 || !ch->argv) return 0;
     char pid[16], floor[24], silent[16], err[256];
     snprintf(pid, sizeof pid, "%d", (int)ch->pid);
     snprintf(floor, sizeof floor, "%lld", (long long)ch->id_floor);
     snprintf(silent, sizeof silent, "%d", silent_s);
     const char *p[4] = {pid, host, floor, silent};
     PGresult *r = db_query(c, SQL_UP_EXECUTOR_SILENT, 4, p, err, sizeof err);
-    if (!r) return;
-    if (PQntuples(r) > 0) {
+    if (!r) return -1;
+    if (PQntuples(r) > 0 && (judge_silence || !strcmp(PQgetvalue(r, 0, 1), "gone"))) {
         log_warn("executor %s (pid %d) is %s, silent for %s s: killing it and starting a new one",
                  PQgetvalue(r, 0, 0), (int)ch->pid, PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2));
         kill(ch->pid, SIGKILL);
     }
     PQclear(r);
+    return 0;
 }
 
 static void stop_children(child *cs, int n) {
@@ -432,7 +450,12 @@ int up_main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    db_set_stop_flag(&g_stop);
 
+    if (up_lock_take(data_dir, err, sizeof err) < 0) {
+        log_error("%s", err);
+        return 1;
+    }
     if (own_cluster) {
         pgcluster pc;
         if (pgc_start(data_dir, &pc, err, sizeof err) < 0) { log_error("%s", err); return 1; }
@@ -542,6 +565,7 @@ int up_main(int argc, char **argv) {
     }
     forked &= (cs[SCH].pid = spawn(sch_argv, NULL)) > 0;
     forked &= (cs[API].pid = spawn(api_argv, &api_out)) > 0;
+    note_children(cs, NC);
     if (!forked) { log_error("fork: %s", strerror(errno)); goto out; }
     cs[SCH].argv = sch_argv;
     cs[API].argv = api_argv;
@@ -576,6 +600,7 @@ int up_main(int argc, char **argv) {
     /* Registry GC, hourly (expired versions, unreferenced and orphan blobs). */
     cs[GC].argv = gc_argv;
     if (start_child(&cs[GC], c) < 0) child_died(&cs[GC], -1);
+    note_children(cs, NC);
 
     fprintf(announce, "DATABASE_URL=%s\n", conninfo);
     fprintf(announce, "TINKER_BASE_URL=%s://%s:%d\n", cfg_str(&o, "tls-cert") ? "https" : "http", host, api_port);
@@ -591,7 +616,8 @@ int up_main(int argc, char **argv) {
     rc = 0;
     char hostname[256] = "localhost";
     gethostname(hostname, sizeof hostname);
-    double next_watch = now_s() + WATCH_EVERY_S;
+    double next_watch = now_s() + WATCH_EVERY_S, db_answers_since = now_s();
+    int db_session = PQbackendPID(c);
     while (!g_stop) {
         int st;
         pid_t pid;
@@ -611,9 +637,20 @@ int up_main(int argc, char **argv) {
             } else {
                 log_info("%s restarted (pid %d)", cs[i].role, (int)cs[i].pid);
             }
+            note_children(cs, NC);
         }
         if (now_s() >= next_watch) {
-            for (int i = 0; i < n_exec; i++) watch_executor(&cs[i], c, hostname, (int)cfg_int(&o, "executor-timeout-s"));
+            /* Since when the database answers this connection without a break: a failed
+             * query or a new session (a reset) starts it over. */
+            if (PQstatus(c) != CONNECTION_OK) db_reset(c);
+            if (PQstatus(c) != CONNECTION_OK || PQbackendPID(c) != db_session) {
+                db_session = PQbackendPID(c);
+                db_answers_since = now_s();
+            }
+            int silent_s = (int)cfg_int(&o, "executor-timeout-s");
+            bool judge = now_s() - db_answers_since >= silent_s;
+            for (int i = 0; i < n_exec; i++)
+                if (watch_executor(&cs[i], c, hostname, silent_s, judge) < 0) db_answers_since = now_s();
             next_watch = now_s() + WATCH_EVERY_S;
         }
         usleep(100 * 1000);   /* a signal cuts it short */

@@ -1,5 +1,7 @@
-/* contract.c: the loss table of contract.h, and the ids of sampled sequences. */
+/* contract.c: the loss table and the optimizer's accepted ranges of contract.h, and the ids
+ * of sampled sequences. */
 #include "common/contract.h"
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,4 +58,29 @@ void loss_config_set(loss_spec *s, const char *key, double v) {
 
 int sample_sequence_id(char *out, size_t n, const char *request_id, int index) {
     return snprintf(out, n, "%s:%d", request_id, index);
+}
+
+int optim_param_check(const char *name, double v, char *err, size_t errlen) {
+    static const struct {
+        const char *name;
+        double lo, hi;
+        bool lo_open, hi_open;
+        const char *rule;
+    } r[] = {
+        {"learning_rate", 0, 10, false, false, "must be in [0, 10]"},
+        {"beta1", 0, 1, false, true, "must be in [0, 1)"},
+        {"beta2", 0, 1, false, true, "must be in [0, 1)"},
+        {"eps", 0, 1, true, false, "must be in (0, 1]"},
+        {"weight_decay", 0, 10, false, false, "must be in [0, 10]"},
+        {"grad_clip_norm", 0, LIMIT_ABS, false, true, "must be >= 0 and < 1e18 (0: no clipping)"},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        if (strcmp(r[i].name, name)) continue;
+        bool ok = isfinite(v) && (r[i].lo_open ? v > r[i].lo : v >= r[i].lo) &&
+                  (r[i].hi_open ? v < r[i].hi : v <= r[i].hi);
+        if (ok) return 0;
+        snprintf(err, errlen, "%s %s, got %g", name, r[i].rule, v);
+        return -1;
+    }
+    return 0;
 }

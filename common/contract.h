@@ -72,6 +72,14 @@
 int sample_sequence_id(char *out, size_t n, const char *request_id, int index);
 #define SAMPLE_SEQUENCE_ID_MAX 160
 
+/* The range a client may set each optimizer hyperparameter in (docs/protocol.md §7.5):
+ * values a training run can use (LoRA learning rates are around 1e-4; none above 10
+ * trains). A learning rate of 1e17 used to be taken and turned the model into NaNs at the
+ * next step. name: learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm. 0, or
+ * -1 with "<name> must be in ..., got <v>" in err (the caller says where: "adam_params.");
+ * a name not listed is accepted (not this function's to judge). */
+int optim_param_check(const char *name, double v, char *err, size_t errlen);
+
 /* ---- losses (docs/protocol.md §8) ---------------------------------------------------- */
 
 typedef enum { LOSS_CROSS_ENTROPY, LOSS_IMPORTANCE_SAMPLING, LOSS_PPO, LOSS_CISPO, LOSS_DRO, LOSS_N } loss_kind;

@@ -1,8 +1,11 @@
 /* db.c: libpq helpers. Errors are returned as values with the server's message. */
 #include "common/db.h"
 #include "common/common_sql.h"
+#include "common/log.h"
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,27 +21,225 @@ static void set_err(char *err, size_t errlen, const char *msg) {
     while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' ')) err[--n] = 0;
 }
 
+/* ---- reaching the server ----------------------------------------------------------------
+ * One process has many connections (threads, pools); when the server goes away they all
+ * fail and retry together. What is said about it is said once per process: the first
+ * failure at once (where, and what is retried), then a line at most every 30 s, then how
+ * long it took once a connection succeeds again. */
+
+static const volatile sig_atomic_t *g_stop_flag;
+static pthread_mutex_t g_outage_mu = PTHREAD_MUTEX_INITIALIZER;
+static time_t g_outage_logged;   /* when the last outage message went out */
+static time_t g_down_since;      /* the first failed attempt of this outage; 0: none */
+
+void db_set_stop_flag(const volatile sig_atomic_t *flag) { g_stop_flag = flag; }
+static bool stopping(void) { return g_stop_flag && *g_stop_flag; }
+
+int db_outage_level(void) {
+    pthread_mutex_lock(&g_outage_mu);
+    int level = log_level_every(&g_outage_logged, 30, LOG_WARN_);
+    pthread_mutex_unlock(&g_outage_mu);
+    return level;
+}
+
+void db_describe(const char *conninfo, char *out, size_t n) {
+    char *perr = NULL;
+    PQconninfoOption *opts = PQconninfoParse(conninfo, &perr);
+    if (!opts) {
+        snprintf(out, n, "database of a conninfo libpq cannot parse");
+        if (perr) PQfreemem(perr);
+        return;
+    }
+    const char *db = NULL, *host = NULL, *addr = NULL, *port = NULL, *user = NULL;
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        if (!o->val || !*o->val) continue;
+        if (!strcmp(o->keyword, "dbname")) db = o->val;
+        else if (!strcmp(o->keyword, "host")) host = o->val;
+        else if (!strcmp(o->keyword, "hostaddr")) addr = o->val;
+        else if (!strcmp(o->keyword, "port")) port = o->val;
+        else if (!strcmp(o->keyword, "user")) user = o->val;
+    }
+    snprintf(out, n, "database %s on %s%s%s as %s", db ? db : "(libpq's default)",
+             host ? host : addr ? addr : "libpq's default host", port ? ":" : "", port ? port : "",
+             user ? user : "the OS user");
+    PQconninfoFree(opts);
+}
+
+static void describe_conn(const PGconn *c, char *out, size_t n) {
+    snprintf(out, n, "database %s on %s:%s as %s", PQdb(c), PQhost(c), PQport(c), PQuser(c));
+}
+
+/* An attempt failed (where: db_describe's words); left_s > 0: db_connect retries for that
+ * long yet, 0: the caller retries in its own time, < 0: no more tries. */
+static void note_down(const char *where, const char *err, int left_s) {
+    time_t now = time(NULL);
+    pthread_mutex_lock(&g_outage_mu);
+    bool first = !g_down_since;
+    if (first) g_down_since = now;
+    long down = (long)(now - g_down_since);
+    int level = first ? (g_outage_logged = now, LOG_WARN_) : log_level_every(&g_outage_logged, 30, LOG_WARN_);
+    pthread_mutex_unlock(&g_outage_mu);
+    if (left_s < 0) level = LOG_DEBUG_;   /* the caller says why it gives up */
+    char tail[96];
+    if (left_s > 0) snprintf(tail, sizeof tail, "retrying every 0.1 s for up to %d s more (SIGTERM stops)", left_s);
+    else snprintf(tail, sizeof tail, "retrying");
+    if (first) log_msg(level, "cannot reach the %s: %s; %s", where, err, tail);
+    else log_msg(level, "still cannot reach the %s after %ld s: %s; %s", where, down, err, tail);
+}
+
+static void note_up(const char *where) {
+    pthread_mutex_lock(&g_outage_mu);
+    time_t since = g_down_since;
+    g_down_since = 0;
+    pthread_mutex_unlock(&g_outage_mu);
+    if (since) log_info("reached the %s again after %ld s", where, (long)(time(NULL) - since));
+}
+
+static void forget_session(const PGconn *c);
+
+/* connect_timeout before dbname: a conninfo that sets its own overrides it. Without one,
+ * libpq waits for an unreachable host as long as TCP does (minutes). */
+static PGconn *connect_once(const char *conninfo) {
+    const char *const kw[] = {"connect_timeout", "dbname", NULL}, *const val[] = {"10", conninfo, NULL};
+    return PQconnectdbParams(kw, val, 1);
+}
+
+static void session_start(PGconn *c) {
+    PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
+    PQclear(PQexec(c, SQL_DB_QUIET));
+    forget_session(c);   /* a finished connection's setup at this address is not this one's */
+}
+
+PGconn *db_probe(const char *conninfo, char *err, size_t errlen) {
+    PGconn *c = connect_once(conninfo);
+    if (PQstatus(c) == CONNECTION_OK) {
+        session_start(c);
+        return c;
+    }
+    set_err(err, errlen, PQerrorMessage(c));
+    PQfinish(c);
+    return NULL;
+}
+
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
+    char where[512];
+    db_describe(conninfo, where, sizeof where);
     for (;;) {
-        PGconn *c = PQconnectdb(conninfo);
+        PGconn *c = connect_once(conninfo);
         if (PQstatus(c) == CONNECTION_OK) {
-            PQsetErrorVerbosity(c, PQERRORS_DEFAULT);
-            PGresult *r = PQexec(c, SQL_DB_QUIET);
-            PQclear(r);
+            session_start(c);
+            note_up(where);
             return c;
         }
+        set_err(err, errlen, PQerrorMessage(c));
+        PQfinish(c);
         clock_gettime(CLOCK_MONOTONIC, &now);
         long waited = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-        if (waited >= wait_ms) {
-            set_err(err, errlen, PQerrorMessage(c));
-            PQfinish(c);
+        bool last = waited >= wait_ms || stopping();
+        note_down(where, err, last ? (wait_ms > 0 ? -1 : 0) : (int)((wait_ms - waited + 999) / 1000));
+        if (last) {
+            if (stopping() && err && errlen) {
+                size_t l = strlen(err);
+                snprintf(err + l, errlen - l, " (stopped while retrying)");
+            }
             return NULL;
         }
-        PQfinish(c);
         usleep(100 * 1000);
     }
+}
+
+/* ---- session setup (db.h) ----------------------------------------------------------------- */
+
+typedef struct session {
+    const PGconn *c;
+    int n;
+    db_setup_stmt *st;   /* texts owned */
+    struct session *next;
+} session;
+
+static pthread_mutex_t g_sessions_mu = PTHREAD_MUTEX_INITIALIZER;
+static session *g_sessions;
+
+static void session_free(session *s) {
+    for (int i = 0; i < s->n; i++) free((char *)s->st[i].sql), free((char *)s->st[i].param);
+    free(s->st);
+    free(s);
+}
+
+static void forget_session(const PGconn *c) {
+    pthread_mutex_lock(&g_sessions_mu);
+    for (session **p = &g_sessions; *p; p = &(*p)->next)
+        if ((*p)->c == c) {
+            session *s = *p;
+            *p = s->next;
+            session_free(s);
+            break;
+        }
+    pthread_mutex_unlock(&g_sessions_mu);
+}
+
+static int run_setup(PGconn *c, const db_setup_stmt *st, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        const char *p[1] = {st[i].param};
+        if (db_exec(c, st[i].sql, st[i].param ? 1 : 0, st[i].param ? p : NULL, err, errlen) < 0) return -1;
+    }
+    return 0;
+}
+
+int db_session_setup(PGconn *c, const db_setup_stmt *stmts, int n, char *err, size_t errlen) {
+    if (run_setup(c, stmts, n, err, errlen) < 0) return -1;
+    session *s = calloc(1, sizeof *s);
+    if (s) s->st = calloc(n > 0 ? n : 1, sizeof *s->st);
+    if (!s || !s->st) abort();
+    s->c = c;
+    s->n = n;
+    for (int i = 0; i < n; i++) {
+        s->st[i].sql = strdup(stmts[i].sql);
+        s->st[i].param = stmts[i].param ? strdup(stmts[i].param) : NULL;
+        if (!s->st[i].sql || (stmts[i].param && !s->st[i].param)) abort();
+    }
+    forget_session(c);
+    pthread_mutex_lock(&g_sessions_mu);
+    s->next = g_sessions;
+    g_sessions = s;
+    pthread_mutex_unlock(&g_sessions_mu);
+    return 0;
+}
+
+bool db_reset(PGconn *c) {
+    char where[512], err[512];
+    describe_conn(c, where, sizeof where);
+    PQreset(c);
+    if (PQstatus(c) != CONNECTION_OK) {
+        set_err(err, sizeof err, PQerrorMessage(c));
+        note_down(where, err, 0);
+        return false;
+    }
+    note_up(where);
+    PQclear(PQexec(c, SQL_DB_QUIET));
+    /* The entry of c is changed only by the thread that uses c (this one): its statements
+     * may be read outside the lock. */
+    pthread_mutex_lock(&g_sessions_mu);
+    session *s = g_sessions;
+    while (s && s->c != c) s = s->next;
+    pthread_mutex_unlock(&g_sessions_mu);
+    if (s && run_setup(c, s->st, s->n, err, sizeof err) < 0) {
+        log_warn("the %s was reset, but its session could not be set up again (%s); closing it so that it "
+                 "is reset again", where, err);
+        /* A session without its LISTENs would wait silently: make the next use fail. */
+        shutdown(PQsocket(c), SHUT_RDWR);
+        PQconsumeInput(c);
+        return false;
+    }
+    return true;
+}
+
+void db_finish(PGconn *c) {
+    if (!c) return;
+    forget_session(c);
+    PQfinish(c);
 }
 
 /* ---- prepared statements -----------------------------------------------------------------
@@ -146,10 +347,11 @@ static bool pipeline_drain(PGconn *c) {
 /* Leaves pipeline mode after a broken batch. When libpq refuses (results it will never
  * get are still pending, e.g. the server ended the session), the connection is reset:
  * every other helper here needs one out of pipeline mode, and the transaction is lost
- * with the session anyway. */
+ * with the session anyway. The new session gets the connection's setup (LISTENs and
+ * settings) again, as after any reset. */
 static void pipeline_abandon(PGconn *c) {
     if (PQpipelineStatus(c) == PQ_PIPELINE_OFF || PQexitPipelineMode(c) == 1) return;
-    PQreset(c);
+    db_reset(c);
 }
 
 int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen) {

@@ -2,12 +2,52 @@
  * may block (scheduler, executor, CLI, the api's worker threads; never an h2o loop). */
 #pragma once
 #include <libpq-fe.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Connects, retrying for up to wait_ms (the server may still be starting). */
+/* Connects, retrying for up to wait_ms (the server may still be starting). The first
+ * failure of an outage is logged at once, naming the server (database, host, port, user:
+ * never the password) and what is retried; further failures in this process at most every
+ * 30 s (db_outage_level), and the first success after them says how long it took. A
+ * connection attempt gives up after 10 s unless the conninfo sets connect_timeout. The
+ * wait ends early, with NULL, once the flag of db_set_stop_flag is set (SIGTERM). */
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen);
+
+/* One attempt, said nowhere: for a probe whose failure is an answer (is a server
+ * running here?), not an outage. */
+PGconn *db_probe(const char *conninfo, char *err, size_t errlen);
+
+/* The process's stop flag (set by its SIGTERM handler): retry loops here end when it is. */
+void db_set_stop_flag(const volatile sig_atomic_t *flag);
+/* The level for a message of a loop that retries because the database is away: LOG_WARN_
+ * when no such message went out in this process for 30 s, else LOG_DEBUG_, so that an
+ * outage is a line every 30 s per process, not one per thread and second. */
+int db_outage_level(void);
+/* "database D on H:P as U" (the password left out), for messages. */
+void db_describe(const char *conninfo, char *out, size_t n);
+
+/* ---- sessions --------------------------------------------------------------------------
+ * A connection's session state (LISTEN, SET application_name, statement_timeout,
+ * synchronous_commit) is lost with the session: after a restart of the server, a
+ * PQreset gives a session without it, and a loop that LISTENs then only wakes by its poll
+ * interval. Every connection that needs such state declares it once, with
+ * db_session_setup; every reconnect of that connection (db_reset, and the reset of a
+ * pipeline broken mid-way) runs it again. */
+
+/* Runs the statements (each with at most one parameter, NULL: none) on c now, and
+ * remembers them for c's later sessions. 0, or -1 with err. */
+typedef struct {
+    const char *sql;
+    const char *param;
+} db_setup_stmt;
+int db_session_setup(PGconn *c, const db_setup_stmt *stmts, int n, char *err, size_t errlen);
+/* Reconnects c (PQreset) and restores its session (db_session_setup's statements). true
+ * when c is usable again; the failure is logged at db_outage_level. */
+bool db_reset(PGconn *c);
+/* PQfinish, forgetting c's session setup. NULL is fine. */
+void db_finish(PGconn *c);
 
 /* Runs a statement with text parameters. Returns the result when its status is
  * COMMAND_OK or TUPLES_OK, else NULL with the server's message in err. */

@@ -181,7 +181,7 @@ int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
     char admin[800];
     snprintf(admin, sizeof admin, "host=%s port=5432 dbname=postgres user=loom", out->dir);
     PGconn *probe = NULL;
-    if (stat(pmpid, &st) == 0) probe = db_connect(admin, 0, err, errlen);
+    if (stat(pmpid, &st) == 0) probe = db_probe(admin, err, errlen);   /* a stale pid file is no outage */
     if (!probe) {
         char pgctl[PATH_MAX + 16];
         snprintf(pgctl, sizeof pgctl, "%s/pg_ctl", bindir);

@@ -138,11 +138,12 @@ static void op_lines(exe_stream_op *o, const int *n_out, const bool *stopped_out
 static PGconn *publisher_connect(void) {
     PGconn *c = PQconnectdbParams((const char *const *)g.keys, (const char *const *)g.vals, 0);
     char err[256];
-    if (PQstatus(c) != CONNECTION_OK || db_exec(c, SQL_EXE_STREAM_ASYNC, 0, NULL, err, sizeof err) < 0 ||
-        db_exec(c, SQL_EXE_STREAM_NAME, 0, NULL, err, sizeof err) < 0 ||
-        db_exec(c, SQL_EXE_LISTEN_CANCEL, 0, NULL, err, sizeof err) < 0) {
-        log_warn("stream: cannot connect the progress publisher: %s", PQerrorMessage(c));
-        PQfinish(c);
+    static const db_setup_stmt setup[] = {{SQL_EXE_STREAM_ASYNC, NULL}, {SQL_EXE_STREAM_NAME, NULL},
+                                          {SQL_EXE_LISTEN_CANCEL, NULL}};
+    if (PQstatus(c) != CONNECTION_OK || db_session_setup(c, setup, 3, err, sizeof err) < 0) {
+        /* tried every second while the database is away: the outage's rate */
+        log_msg(db_outage_level(), "stream: cannot connect the progress publisher: %s", PQerrorMessage(c));
+        db_finish(c);
         return NULL;
     }
     return c;
@@ -211,8 +212,8 @@ static void *publisher_main(void *arg) {
             if (read(g.wake_fd, &v, sizeof v) < 0 && errno != EAGAIN) log_warn("stream: read: %s", strerror(errno));
         }
         if (c && (p[1].revents & POLLIN) && !PQconsumeInput(c)) {
-            log_warn("stream: connection lost: %s", PQerrorMessage(c));
-            PQfinish(c);
+            log_msg(db_outage_level(), "stream: connection lost: %s", PQerrorMessage(c));
+            db_finish(c);
             c = NULL;
         }
         /* also those that arrived while a publication ran (libpq keeps them) */
@@ -233,7 +234,7 @@ static void *publisher_main(void *arg) {
             const char *params[1] = {arr};
             if (db_exec(c, SQL_EXE_PUBLISH, 1, params, err, sizeof err) < 0) {
                 log_warn("stream: publishing progress failed (the api falls back to results): %s", err);
-                if (PQstatus(c) != CONNECTION_OK) PQfinish(c), c = NULL;
+                if (PQstatus(c) != CONNECTION_OK) db_finish(c), c = NULL;
             }
             free(arr);
             last_send = mono_ms();

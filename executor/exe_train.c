@@ -132,7 +132,12 @@ static bool span_in_range(const exe_seq *seqs, const fb_span *sp, bool strict, c
             bool bad = !isfinite(s->loss_out[t]) || (strict && !(fabsf(s->loss_out[t]) < LIMIT_LOSS));
             for (int j = 0; j < K; j++) bad |= !isfinite(s->logprobs_out[(long)t * K + j]);
             if (!bad) continue;
-            if (loss_needs_rl_inputs(s->loss.kind))
+            if (!isfinite(s->logprobs_out[(long)t * K]))
+                err_set(why, n, "data[%d] position %d: the model's own log-probability there is %g: its weights are "
+                        "no longer finite, they diverged under the optimizer settings of its optim_steps (a "
+                        "learning_rate or weight_decay too high for it): load a checkpoint from before and train on "
+                        "with lower ones", d, t, (double)s->logprobs_out[(long)t * K]);
+            else if (loss_needs_rl_inputs(s->loss.kind))
                 err_set(why, n, "data[%d] position %d: the loss %g is out of range (it must be finite and below 1e30 "
                         "in magnitude); there the learner's logprob is %g, the sampler's logprob %g and the advantage "
                         "%g: check the logprobs and advantages you sent (the importance ratio exp(logprob - sampler "
@@ -358,7 +363,17 @@ void exe_run_optim(exe_state *st, exe_op *op) {
     char err[512] = "";
     op->applied = true;   /* a step that fails (non-finite gradient) still clears the gradients */
     if (st->be->optim_step(st->ctx, ad, &p, &gnorm, err, sizeof err) < 0) {
-        exe_op_fail(op, "server", "optimizer step failed: %s", err);
+        /* Inputs are checked before any backend sees them and positions whose loss is not
+         * finite add no gradient: a gradient that is not finite comes from the model's
+         * weights, which the client's settings made diverge. */
+        if (!isfinite(gnorm))
+            exe_op_fail(op, "user", "the gradient is not finite (norm %g): this model's weights diverged under its "
+                        "optimizer settings (this step: learning_rate %g, weight_decay %g, grad_clip_norm %g, beta1 %g, "
+                        "beta2 %g, eps %g); no step was taken and the gradients were cleared: load a checkpoint from "
+                        "before and train on with a lower learning_rate (or weight_decay), or a grad_clip_norm",
+                        gnorm, p.learning_rate, p.weight_decay, p.grad_clip_norm, p.beta1, p.beta2, p.eps);
+        else
+            exe_op_fail(op, "server", "optimizer step failed: %s", err);
         return;
     }
     op->result = json_pack("{s:{s:f, s:f, s:I}, s:s}", "metrics", "grad_norm:mean", isfinite(gnorm) ? gnorm : -1.0,

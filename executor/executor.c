@@ -341,11 +341,18 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     for (int attempt = 0;; attempt++) {
         if (attempt) {
             sleep(attempt < 5 ? 1 : 2);
-            if (PQstatus(c) != CONNECTION_OK) PQreset(c);
+            /* db_reset: the new session LISTENs again (else every later cycle would wait
+             * for the poll interval instead of its NOTIFY) */
+            if (PQstatus(c) != CONNECTION_OK) db_reset(c);
         }
         int rc = commit_cycle(c, st, cycle, ops, n, snaps, compute_s, err, sizeof err);
-        if (rc == 0) return true;
-        log_error("cycle %lld: commit failed (try %d): %s", (long long)cycle, attempt + 1, err);
+        if (rc == 0) {
+            if (attempt) log_info("cycle %lld: committed at try %d", (long long)cycle, attempt + 1);
+            return true;
+        }
+        log_msg(attempt == 0 || rc == -2 ? LOG_ERROR_ : db_outage_level(),
+                "cycle %lld: commit failed (try %d; retried until the database answers): %s", (long long)cycle,
+                attempt + 1, err);
         if (rc == -2) return false;
         exit_if_fenced("instead of committing a cycle");
         if (g_stop && attempt >= 2) return false;
@@ -546,7 +553,7 @@ static void *heartbeat_thread(void *arg) {
         if (!c && !(c = db_connect(a->db, 2000, err, sizeof err))) { sleep(1); continue; }
         PGresult *r = db_query(c, SQL_EXE_HEARTBEAT, 1, p, err, sizeof err);
         if (!r) {
-            log_warn("heartbeat: %s", err);
+            log_msg(db_outage_level(), "heartbeat: %s", err);
             PQfinish(c);
             c = NULL;
         } else {
@@ -677,16 +684,17 @@ static void retire_previous(PGconn *c, const char *host, const char *name, const
     PQclear(r);
 }
 
-/* Connects the loop's connection: named in pg_stat_activity, listening for cycles. */
+/* Connects the loop's connection: named in pg_stat_activity, listening for cycles, in
+ * this session and every later one (db_session_setup: a reset after a server restart
+ * restores both). */
 static PGconn *connect_loop(const char *db, int64_t exe_id, int wait_ms, char *err, size_t errlen) {
     PGconn *c = db_connect(db, wait_ms, err, errlen);
     if (!c) return NULL;
     char app[64];
     snprintf(app, sizeof app, "loom executor %lld", (long long)exe_id);
-    const char *p[1] = {app};
-    if ((exe_id && db_exec(c, SQL_EXE_APP_NAME, 1, p, err, errlen) < 0) ||
-        db_exec(c, SQL_EXE_LISTEN, 0, NULL, err, errlen) < 0) {
-        PQfinish(c);
+    db_setup_stmt setup[2] = {{SQL_EXE_APP_NAME, app}, {SQL_EXE_LISTEN, NULL}};
+    if (db_session_setup(c, setup + (exe_id ? 0 : 1), exe_id ? 2 : 1, err, errlen) < 0) {
+        db_finish(c);
         return NULL;
     }
     return c;
@@ -710,6 +718,7 @@ int exe_main(int argc, char **argv) {
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    db_set_stop_flag(&g_stop);
     /* Adapters and their host copies are large and come and go with models: allocations
      * of 1 MiB and more are mapped on their own (glibc would otherwise raise this threshold
      * as they are freed, and keep their memory in its heap after unload_model). */
@@ -782,9 +791,9 @@ int exe_main(int argc, char **argv) {
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
         if (!c || PQstatus(c) != CONNECTION_OK) {
-            if (c) PQfinish(c);
+            db_finish(c);
             c = connect_loop(db, st.executor_id, 5000, err, sizeof err);
-            if (!c) { log_warn("reconnecting: %s", err); continue; }
+            if (!c) { log_msg(db_outage_level(), "reconnecting the loop's connection: %s", err); continue; }
         }
         int ran = run_cycle(&st, c);
         if (ran > 0) {
@@ -816,7 +825,7 @@ int exe_main(int argc, char **argv) {
     if (c && PQstatus(c) == CONNECTION_OK) exe_hand_over_samplers(&st, c);
     if (c) {
         db_exec(c, SQL_EXE_GONE, 1, pid1, err, sizeof err);
-        PQfinish(c);
+        db_finish(c);
     }
     pthread_join(hbt, NULL);
     exe_gpu_close(hb.gpu);

@@ -3,6 +3,7 @@
  * tenants' trained weights: directories are 0700 and files 0600, for the service user
  * only (an existing store's directories are tightened when it is opened, if ours). */
 #include "registry/blobstore.h"
+#include "common/log.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +47,19 @@ static int fsync_dir(const char *path) {
     return rc;
 }
 
+/* A write failed: the log gets the path (the operator's), err only what failed and why,
+ * since it may reach a client in an operation's error (a save's, a snapshot's). errno is
+ * the failure's. */
+static int put_failed(char *err, size_t errlen, const char *step, const char *path) {
+    int e = errno;
+    /* A full or broken store fails every write until it is mended: the path once a minute
+     * (a racy clock between threads costs at most an extra line). */
+    static time_t logged;
+    log_msg(log_level_every(&logged, 60, LOG_ERROR_), "blob store: %s %s: %s", step, path, strerror(e));
+    snprintf(err, errlen, "the blob store could not store the blob (%s: %s)", step, strerror(e));
+    return -1;
+}
+
 static int dir_exists_blob(blobstore *s, const char *digest) {
     char p[PATH_MAX];
     if (!blob_digest_valid(digest)) return 0;
@@ -63,13 +77,10 @@ static int dir_put(blobstore *s, const void *data, size_t n, char digest[BLOB_DI
     if (utimensat(AT_FDCWD, final, NULL, 0) == 0) return 0;
     if (errno != ENOENT && access(final, F_OK) == 0) return 0;   /* read-only store */
     blob_path(d, digest, dir, sizeof dir, true);
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-        snprintf(err, errlen, "blob store: mkdir %s: %s", dir, strerror(errno));
-        return -1;
-    }
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) return put_failed(err, errlen, "making its directory", dir);
     snprintf(tmp, sizeof tmp, "%s/tmp/%s.XXXXXX", d->root, digest);
     int fd = mkstemp(tmp);
-    if (fd < 0) { snprintf(err, errlen, "blob store: %s: %s", tmp, strerror(errno)); return -1; }
+    if (fd < 0) return put_failed(err, errlen, "creating a temporary file", tmp);
     const char *p = data;
     size_t left = n;
     while (left > 0) {
@@ -82,14 +93,14 @@ static int dir_put(blobstore *s, const void *data, size_t n, char digest[BLOB_DI
     if (fchmod(fd, 0600) < 0 || fsync(fd) < 0) goto io_fail;
     close(fd);
     if (rename(tmp, final) < 0) {
-        snprintf(err, errlen, "blob store: rename to %s: %s", final, strerror(errno));
+        put_failed(err, errlen, "renaming it into place", final);
         unlink(tmp);
         return -1;
     }
-    if (fsync_dir(dir) < 0) { snprintf(err, errlen, "blob store: fsync %s: %s", dir, strerror(errno)); return -1; }
+    if (fsync_dir(dir) < 0) return put_failed(err, errlen, "syncing its directory", dir);
     return 0;
 io_fail:
-    snprintf(err, errlen, "blob store: writing %s: %s", tmp, strerror(errno));
+    put_failed(err, errlen, "writing", tmp);
     close(fd);
     unlink(tmp);
     return -1;
@@ -105,7 +116,12 @@ static int dir_get(blobstore *s, const char *digest, void **data, size_t *n, cha
     FILE *f = fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "blob %s is missing from the store (%s)", digest, strerror(errno)); return -1; }
     struct stat st;
-    if (fstat(fileno(f), &st) < 0) { fclose(f); snprintf(err, errlen, "stat %s failed", path); return -1; }
+    if (fstat(fileno(f), &st) < 0) {
+        log_error("blob store: stat %s: %s", path, strerror(errno));
+        fclose(f);
+        snprintf(err, errlen, "blob %s: stat failed", digest);
+        return -1;
+    }
     char *buf = malloc(st.st_size ? st.st_size : 1);
     if (!buf || fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
         fclose(f);

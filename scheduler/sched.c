@@ -24,10 +24,10 @@ static void on_signal(int s) { g_stop = 1; }
  * done again if a crash loses it, and an executor's commit, which is waited for, makes
  * everything written before it durable too. */
 static int listen_all(PGconn *c, char *err, size_t errlen) {
-    return db_exec(c, SQL_LISTEN_OPS, 0, NULL, err, errlen) < 0 ||
-                   db_exec(c, SQL_LISTEN_EXECUTORS, 0, NULL, err, errlen) < 0 ||
-                   db_exec(c, SQL_ASYNC_COMMIT, 0, NULL, err, errlen) < 0
-               ? -1 : 0;
+    /* every session of c: a reset (a pipeline broken by a server restart) restores them */
+    static const db_setup_stmt setup[] = {{SQL_LISTEN_OPS, NULL}, {SQL_LISTEN_EXECUTORS, NULL},
+                                          {SQL_ASYNC_COMMIT, NULL}};
+    return db_session_setup(c, setup, 3, err, errlen);
 }
 
 /* All but --db and --executor-timeout-s (CFG_EXECUTOR_TIMEOUT, which the api reads too),
@@ -49,6 +49,10 @@ const opt_spec SCHED_OPTS[] = {
      .help = "a session with no heartbeat and no request for S seconds expires (0: never)"},
     {0}};
 
+/* A failure on a connection the server dropped repeats on every pass until the loop
+ * reconnects: then it is the outage's message, at most every 30 s (db_outage_level). */
+static int fail_level(PGconn *c) { return PQstatus(c) == CONNECTION_OK ? LOG_WARN_ : db_outage_level(); }
+
 static const cfg_cmd SCHED_CMD = {.cmd = "loom scheduler", .section = "scheduler",
                                   .about = "Builds clock cycles from queued operations and reaps expired leases.",
                                   .tables = {CFG_DB, SCHED_OPTS, CFG_EXECUTOR_TIMEOUT, CFG_DATA_DIR}};
@@ -66,9 +70,14 @@ int sched_main(int argc, char **argv) {
     cfg_db(&co, db, sizeof db, db_from, sizeof db_from);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    db_set_stop_flag(&g_stop);
     char err[1024];
     PGconn *c = db_connect(db, 30000, err, sizeof err);
-    if (!c) { log_error("cannot connect to the database (%s): %s", db_from, err); return 1; }
+    if (!c) {
+        if (g_stop) return 0;
+        log_error("cannot connect to the database (%s): %s", db_from, err);
+        return 1;
+    }
     if (migrate_run(c, err, sizeof err) < 0) { log_error("migrate: %s", err); return 1; }
     if (listen_all(c, err, sizeof err) < 0) {
         log_error("listen: %s", err);
@@ -77,18 +86,31 @@ int sched_main(int argc, char **argv) {
     log_info("scheduler running (gather %d ms, lease %d s, seq gap timeout %d s)", gather_ms, o.lease_s,
              gap_timeout_s);
     time_t last_reap = 0, connected_at = time(NULL);
-    int held = 0;
+    int held = 0, session = PQbackendPID(c);
     while (!g_stop) {
         /* While a model is held for its optim_step, look again when its hold ends. */
         int w = db_wait_notify(c, held > 0 ? held : poll_ms);
         if (w < 0) {
             log_warn("database connection lost; reconnecting");
-            PQfinish(c);
-            while (!g_stop && !(c = db_connect(db, 5000, err, sizeof err))) log_warn("reconnect: %s", err);
+            db_finish(c);
+            c = NULL;
+            while (!g_stop && !c) {
+                if ((c = db_connect(db, 5000, err, sizeof err)) && listen_all(c, err, sizeof err) < 0) {
+                    log_warn("listen: %s", err);
+                    db_finish(c);
+                    c = NULL;
+                }
+            }
             if (g_stop) break;
-            if (listen_all(c, err, sizeof err) < 0) log_warn("listen: %s", err);
             connected_at = time(NULL);
+            session = PQbackendPID(c);
             continue;
+        }
+        /* A reset of the connection (db_reset, after a broken pipeline) is a new session
+         * as much as a reconnect: executors are judged after as long again. */
+        if (PQbackendPID(c) != session) {
+            session = PQbackendPID(c);
+            connected_at = time(NULL);
         }
         if (w > 0 && gather_ms > 0) {
             usleep(gather_ms * 1000);
@@ -97,33 +119,33 @@ int sched_main(int argc, char **argv) {
         if (time(NULL) - last_reap >= 2) {
             PGresult *uf = db_query(c, SQL_USAGE_FOLD, 0, NULL, err, sizeof err);
             if (uf) PQclear(uf);
-            else log_warn("usage: %s", err);
+            else log_msg(fail_level(c), "usage: %s", err);
             /* refused submits the api could not pass over at once (rare: out of order) */
-            if (sched_skip_settled(c, err, sizeof err) < 0) log_warn("settled operations: %s", err);
+            if (sched_skip_settled(c, err, sizeof err) < 0) log_msg(fail_level(c), "settled operations: %s", err);
             /* Silence is judged once executors had as long as the reaper's threshold to
              * heartbeat on this connection's database (after an outage, all are silent). */
             if (sched_reap(c, time(NULL) - connected_at >= silence_s, silence_s, err, sizeof err) < 0)
-                log_warn("reap: %s", err);
-            if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_warn("seq gaps: %s", err);
+                log_msg(fail_level(c), "reap: %s", err);
+            if (sched_give_up_gaps(c, gap_timeout_s, err, sizeof err) < 0) log_msg(fail_level(c), "seq gaps: %s", err);
             /* Likewise a session is judged silent only after the scheduler has watched for
              * as long as the timeout (heartbeats do not reach a database that is down). */
             if (session_timeout_s > 0 && time(NULL) - connected_at >= session_timeout_s &&
                 sched_expire_sessions(c, session_timeout_s, err, sizeof err) < 0)
-                log_warn("session expiry: %s", err);
+                log_msg(fail_level(c), "session expiry: %s", err);
             last_reap = time(NULL);
         }
-        if (sched_place(c, silence_s, err, sizeof err) < 0) log_warn("placement: %s", err);
+        if (sched_place(c, silence_s, err, sizeof err) < 0) log_msg(fail_level(c), "placement: %s", err);
         PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
-        if (!r) { log_warn("executors: %s", err); continue; }
+        if (!r) { log_msg(fail_level(c), "executors: %s", err); continue; }
         held = 0;
         for (int i = 0; i < PQntuples(r); i++) {
             int64_t cyc;
             if (sched_build_cycle(c, db_int(r, i, 0), &o, &cyc, &held, err, sizeof err) < 0)
-                log_warn("cycle for executor %s: %s", PQgetvalue(r, i, 0), err);
+                log_msg(fail_level(c), "cycle for executor %s: %s", PQgetvalue(r, i, 0), err);
         }
         PQclear(r);
     }
-    PQfinish(c);
+    db_finish(c);
     log_info("scheduler stopped");
     return 0;
 }

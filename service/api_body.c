@@ -1,5 +1,6 @@
 /* api_body.c: Content-Encoding of request bodies (see api_body.h). */
 #include "service/api_body.h"
+#include "service/api_json.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@ static int zstd_decode(api_job *job, size_t max_decoded, char *err, size_t errle
                      ? (size_t)hint + 1
                      : 4 * job->body_len + 4096;
     if (cap > max_decoded + 1) cap = max_decoded + 1;
+    /* the output counts against the process's decode budget (api_json.h) */
+    if (!jx_decode_take(cap)) {
+        ZSTD_freeDStream(ds);
+        snprintf(err, errlen, "server busy: other request bodies being decoded hold the memory for it (loom api "
+                              "--max-decode-mb %zu); retry shortly", jx_decode_limit() >> 20);
+        return 503;
+    }
     char *out = malloc(cap);
     if (!out) abort();
     ZSTD_inBuffer in = {job->body, job->body_len, 0};
@@ -38,6 +46,12 @@ static int zstd_decode(api_job *job, size_t max_decoded, char *err, size_t errle
                 break;
             }
             size_t ncap = o.size * 2 > max_decoded + 1 ? max_decoded + 1 : o.size * 2;
+            if (!jx_decode_take(ncap - o.size)) {
+                snprintf(err, errlen, "server busy: other request bodies being decoded hold the memory for it "
+                                      "(loom api --max-decode-mb %zu); retry shortly", jx_decode_limit() >> 20);
+                st = 503;
+                break;
+            }
             char *p = realloc(out, ncap);
             if (!p) abort();
             out = p;

@@ -75,8 +75,11 @@ int api_error(api_call *c, int status, const char *fmt, ...) {
 
 int api_db_error(api_call *c, const char *what, const char *err) {
     bool hold = c->job->route->flags & ROUTE_LONG_POLL;
-    if (hold) log_warn("%s: database error, holding the request: %s", what, err);
-    else log_error("%s: database error: %s", what, err);
+    /* While the database is away every request fails so, each client's every second: the
+     * outage's message then (db_outage_level), not one per request. */
+    bool away = !c->db || PQstatus(c->db) != CONNECTION_OK;
+    if (hold) log_msg(away ? db_outage_level() : LOG_WARN_, "%s: database error, holding the request: %s", what, err);
+    else log_msg(away ? db_outage_level() : LOG_ERROR_, "%s: database error: %s", what, err);
     api_error(c, 503, "database error during %s; retry shortly", what);
     c->job->park = hold;
     return 0;

@@ -124,7 +124,8 @@ int api_h_retrieve_future(api_call *c) {
     PGresult *r = db_query(c->db, SQL_FUTURE_GET, 4, p, c->err, sizeof c->err);
     if (!r) {
         /* A long poll outlives a database outage: keep waiting, look again in a second. */
-        log_warn("retrieve_future %s: database error, still waiting: %s", job->request_id, c->err);
+        log_msg(PQstatus(c->db) == CONNECTION_OK ? LOG_WARN_ : db_outage_level(),
+                "retrieve_future %s: database error, still waiting: %s", job->request_id, c->err);
         return reply_pending(c, "active", "the database is not reachable at the moment; waiting "
                                           "for it");
     }

@@ -63,6 +63,15 @@ typedef struct api_job {
      * loop needs to answer it), or on the loop's own jobs; NULL otherwise. */
     struct oai_spec *oai;
 
+    /* The gate (http_gate.h). gate_auth: this job only checks api_key, before the body
+     * of gate_conn's request is read (the worker sets status 200, 401 or 503, resp the
+     * reason, key_id); gate_conn is NULL once that connection closed. hold: the request
+     * body's reservation, released with the job. */
+    bool gate_auth;
+    struct gate_conn *gate_conn;
+    int64_t key_id;
+    struct gate_hold *hold;
+
     /* loop-thread-only state */
     http_req_ref *ref;  /* NULL once the client has gone away */
     int where;

@@ -2,6 +2,7 @@
 #include "service/api_json.h"
 #include "common/strbuf.h"
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,11 +10,36 @@
 /* Parsing memory: jansson's allocations while it parses one body are counted against a
  * budget proportional to the body, so that small text that builds a huge tree (millions
  * of empty arrays or objects) fails with a 413 before the memory is taken. Numbers as
- * short as "1," cost about 20 bytes per byte of text; JX_PARSE_FACTOR leaves room. */
+ * short as "1," cost about 20 bytes per byte of text; JX_PARSE_FACTOR leaves room.
+ * That budget is taken up front from one for the whole process (--max-decode-mb), shared
+ * with the zstd decoder's output (jx_decode_take): four 33 MB bodies parsed at once took
+ * 2.9 GB. Up front, so that concurrent parses cannot each take part of it and all fail (a
+ * body that does not get its budget now answers 503 before any work); what the tree did
+ * not use goes back when the parse ends, the rest once the handler is done
+ * (jx_decode_release). */
 #define JX_PARSE_FACTOR 24
 #define JX_PARSE_BASE (1u << 20)
 static __thread bool t_limited, t_exceeded;
-static __thread size_t t_budget;
+static __thread size_t t_budget, t_drawn;
+static size_t g_decode_limit = SIZE_MAX;
+static atomic_size_t g_decode_used;
+
+bool jx_decode_take(size_t n) {
+    size_t used = atomic_fetch_add(&g_decode_used, n) + n;
+    if (used > g_decode_limit || used < n) {
+        atomic_fetch_sub(&g_decode_used, n);
+        return false;
+    }
+    t_drawn += n;
+    return true;
+}
+
+void jx_decode_release(void) {
+    atomic_fetch_sub(&g_decode_used, t_drawn);
+    t_drawn = 0;
+}
+
+size_t jx_decode_limit(void) { return g_decode_limit; }
 
 static void *budget_malloc(size_t n) {
     if (t_limited) {
@@ -26,7 +52,10 @@ static void *budget_malloc(size_t n) {
     return malloc(n);
 }
 
-void jx_init(void) { json_set_alloc_funcs(budget_malloc, free); }
+void jx_init(size_t decode_limit) {
+    g_decode_limit = decode_limit ? decode_limit : SIZE_MAX;
+    json_set_alloc_funcs(budget_malloc, free);
+}
 
 json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen, int *status) {
     size_t i = 0;
@@ -34,17 +63,27 @@ json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen, in
     while (i < len && (body[i] == ' ' || body[i] == '\n' || body[i] == '\r' || body[i] == '\t')) i++;
     if (i == len) return json_object();
     json_error_t je;
-    t_budget = JX_PARSE_BASE + JX_PARSE_FACTOR * len;
+    size_t budget = JX_PARSE_BASE + JX_PARSE_FACTOR * len;
+    if (budget > g_decode_limit) budget = g_decode_limit;
+    if (!jx_decode_take(budget)) {
+        snprintf(err, errlen, "server busy: other request bodies being decoded hold the memory for it (loom api "
+                              "--max-decode-mb %zu); retry shortly", g_decode_limit >> 20);
+        *status = 503;
+        return NULL;
+    }
+    t_budget = budget;
     t_exceeded = false;
     t_limited = true;
     /* No JSON_ALLOW_NUL: PostgreSQL can store no NUL character (text or jsonb), so a
      * \u0000 anywhere is refused here, once, instead of by each field or the database. */
     json_t *v = json_loadb(body, len, 0, &je);
     t_limited = false;
+    /* what the tree did not take goes back at once */
+    atomic_fetch_sub(&g_decode_used, t_budget);
+    t_drawn -= t_budget;
     if (!v && t_exceeded) {
         snprintf(err, errlen, "request body is too complex: parsing its %zu bytes of JSON would "
-                              "take more than %zu MiB of memory (split the request)", len,
-                 (size_t)(JX_PARSE_BASE + JX_PARSE_FACTOR * len) >> 20);
+                              "take more than %zu MiB of memory (split the request)", len, budget >> 20);
         *status = 413;
         return NULL;
     }

@@ -8,13 +8,20 @@
 #include <stdint.h>
 
 /* Installs jansson's allocator that bounds the memory a parse may take; call once,
- * before any thread uses jansson (the api process). */
-void jx_init(void);
+ * before any thread uses jansson (the api process). decode_limit: bytes that decoding
+ * (parse trees, zstd output) may take in all threads at once (0: no limit). */
+void jx_init(size_t decode_limit);
 /* Parses a request body. An empty body reads as {}. Anything but an object is an error;
  * malformed JSON (\u0000 included: nothing stored may hold a NUL) reports jansson's line
- * and column. NULL on error, message in err and the HTTP status in *status: 400, or 413
- * when the tree would take more memory than its size allows (see api_json.c). */
+ * and column. NULL on error, message in err and the HTTP status in *status: 400, 413
+ * when the tree would take more memory than its size allows, or 503 when the decode
+ * budget of the process is taken by other requests now (see api_json.c). */
 json_t *jx_parse_body(const char *body, size_t len, char *err, size_t errlen, int *status);
+/* The decode budget: n more bytes for this thread's request (false: not available now),
+ * and everything this thread drew given back (after its request's tree is freed). */
+bool jx_decode_take(size_t n);
+void jx_decode_release(void);
+size_t jx_decode_limit(void);
 
 /* v as compact JSON text (malloc'd) for storing, or NULL with err when it is longer than
  * max bytes (`what` names the field). */

@@ -20,13 +20,11 @@ typedef struct {
 static PGconn *listen_connect(listener *l) {
     char err[512];
     PGconn *c = db_connect(l->conninfo, 0, err, sizeof err);
-    if (!c) {
-        log_warn("listen: cannot connect: %s", err);
-        return NULL;
-    }
-    if (db_exec(c, l->listen_sql, 0, NULL, err, sizeof err) < 0) {
+    if (!c) return NULL;   /* db_connect said so, once for the process */
+    db_setup_stmt setup[1] = {{l->listen_sql, NULL}};
+    if (db_session_setup(c, setup, 1, err, sizeof err) < 0) {
         log_warn("listen: %s failed: %s", l->listen_sql, err);
-        PQfinish(c);
+        db_finish(c);
         return NULL;
     }
     return c;
@@ -41,7 +39,7 @@ static void *listen_main(void *arg) {
             c = listen_connect(l);
             if (!c) {
                 usleep((useconds_t)backoff_ms * 1000);
-                if (backoff_ms < 5000) backoff_ms *= 2;
+                if (backoff_ms < 1000) backoff_ms *= 2;   /* parked futures wait for it: retry every second */
                 continue;
             }
             backoff_ms = 100;
@@ -54,13 +52,13 @@ static void *listen_main(void *arg) {
             continue;
         }
         if (rc > 0 && !PQconsumeInput(c)) {
-            log_warn("listen: connection lost: %s", PQerrorMessage(c));
-            PQfinish(c);
+            log_msg(db_outage_level(), "listen: connection lost: %s", PQerrorMessage(c));
+            db_finish(c);
             c = NULL;
             continue;
         }
         if (rc == 0 && PQstatus(c) != CONNECTION_OK) {
-            PQfinish(c);
+            db_finish(c);
             c = NULL;
             continue;
         }

@@ -6,6 +6,7 @@
  * the patterns of api_routes.c ("/api/v1/training_runs/{id}"), never raw paths, so the
  * number of series is fixed by the route table and the status codes. */
 #include "service/api_metrics.h"
+#include "service/http_gate.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
@@ -228,6 +229,9 @@ static void http_metrics(strbuf *b) {
     }
     family(b, "loom_http_requests_in_flight", "gauge", "Requests this api process is answering now.");
     sample(b, "loom_http_requests_in_flight", NULL, 0, (double)atomic_load(&g_in_flight));
+    family(b, "loom_http_request_body_bytes_in_flight", "gauge",
+           "Bytes of request bodies this api process holds now (bounded by --max-inflight-mb).");
+    sample(b, "loom_http_request_body_bytes_in_flight", NULL, 0, (double)gate_inflight_bytes());
     family(b, "process_start_time_seconds", "gauge", "Start time of this api process, in Unix seconds.");
     sample(b, "process_start_time_seconds", NULL, 0, g_started);
 }
@@ -533,7 +537,7 @@ static void *fold_thread(void *arg) {
         }
         PGresult *r = db_query(db, SQL_M_FOLD, 0, NULL, err, sizeof err);
         if (r) PQclear(r);
-        else log_warn("folding metric events: %s", err);
+        else log_msg(PQstatus(db) == CONNECTION_OK ? LOG_WARN_ : db_outage_level(), "folding metric events: %s", err);
     }
     return NULL;
 }

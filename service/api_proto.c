@@ -233,10 +233,12 @@ static void budget_free(void *data, void *p) {
     free(p);
 }
 
+size_t proto_decode_budget(size_t len) { return PROTO_UNPACK_BASE + PROTO_UNPACK_FACTOR * len; }
+
 int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *err,
                         size_t errlen) {
     memset(out, 0, sizeof *out);
-    unpack_budget ub = {PROTO_UNPACK_BASE + PROTO_UNPACK_FACTOR * len, false};
+    unpack_budget ub = {proto_decode_budget(len), false};
     ProtobufCAllocator alloc = {budget_alloc, budget_free, &ub};
     TinkerPublic__ForwardBackwardRequest *m =
         tinker_public__forward_backward_request__unpack(&alloc, len, buf);

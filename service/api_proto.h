@@ -12,6 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most memory decoding a protobuf body of len bytes may take (the rest is a 400). */
+size_t proto_decode_budget(size_t len);
+
 /* Structural decode of a ForwardBackwardRequest (forward_only comes from the message).
  * 0 or -1 with a message naming the datum and field. *out is always safe to free. */
 int proto_decode_fwdbwd(const uint8_t *buf, size_t len, fb_request *out, char *err,

@@ -301,22 +301,13 @@ int api_h_forward(api_call *c) { return submit_fwd(c, true); }
 
 /* ---- optim_step (§7.5) ---------------------------------------------------------------- */
 
-typedef struct {
+/* The fields and their defaults; their ranges are optim_param_check's (common/contract.h). */
+static const struct {
     const char *key;
     double def;
-    double lo;       /* value must be >= lo (> lo if lo_open) */
-    bool lo_open;
-    double hi;       /* value must be < hi (NAN: no upper bound) */
-    const char *rule;
-} adam_field;
-
-static const adam_field adam_fields[] = {
-    {"learning_rate", 1e-4, 0, false, NAN, "must be >= 0 and < 1e18"},
-    {"beta1", 0.9, 0, false, 1, "must be in [0, 1)"},
-    {"beta2", 0.95, 0, false, 1, "must be in [0, 1)"},
-    {"eps", 1e-12, 0, true, NAN, "must be > 0 and < 1e18"},
-    {"weight_decay", 0.0, 0, false, NAN, "must be >= 0 and < 1e18"},
-    {"grad_clip_norm", 0.0, 0, false, NAN, "must be >= 0 and < 1e18 (0 = no clipping)"},
+} adam_fields[] = {
+    {"learning_rate", 1e-4}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-12}, {"weight_decay", 0.0},
+    {"grad_clip_norm", 0.0},
 };
 #define N_ADAM (sizeof adam_fields / sizeof adam_fields[0])
 
@@ -370,16 +361,15 @@ int api_h_optim_step(api_call *c) {
     double v[N_ADAM];
     json_t *empty = ap ? NULL : json_object();
     for (size_t i = 0; adam && i < N_ADAM; i++) {
-        const adam_field *f = &adam_fields[i];
-        if (jx_num(ap ? ap : empty, where, f->key, f->def, &v[i], c->err, sizeof c->err) < 0) {
+        char why[256];
+        if (jx_num(ap ? ap : empty, where, adam_fields[i].key, adam_fields[i].def, &v[i], c->err,
+                   sizeof c->err) < 0) {
             json_decref(empty);
             return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
-        bool ok = (f->lo_open ? v[i] > f->lo : v[i] >= f->lo) && v[i] < 1e18;
-        if (!isnan(f->hi)) ok = ok && v[i] < f->hi;
-        if (!ok) {
+        if (optim_param_check(adam_fields[i].key, v[i], why, sizeof why) < 0) {
             json_decref(empty);
-            snprintf(c->err, sizeof c->err, "%s.%s %s, got %g", where, f->key, f->rule, v[i]);
+            snprintf(c->err, sizeof c->err, "%s.%s", where, why);
             return op_reject(c, 400, model_id, has_seq, seq_id, OP_OPTIM_STEP);
         }
     }

@@ -107,6 +107,25 @@ int api_upload_stage(const char *arg, size_t arglen, const void *body, size_t le
     return 0;
 }
 
+int api_upload_gate_check(const char *method, size_t mlen, const char *path, size_t plen, size_t len,
+                          int64_t *key_id, char *msg, size_t msglen) {
+    static const char route[] = "/api/v1/external_weights_uploads/";
+    if (mlen != 3 || memcmp(method, "PUT", 3) != 0) return 1;
+    const char *q = memchr(path, '?', plen);
+    if (q) plen = (size_t)(q - path);
+    const char *at = memmem(path, plen, route, sizeof route - 1);
+    if (!at) return 1;
+    const char *arg = at + sizeof route - 1;
+    put_link l;
+    int st = parse_link(arg, plen - (size_t)(arg - path), &l, msg, msglen);
+    if (st) return st;
+    if (len > FILE_MAX[l.file])
+        return snprintf(msg, msglen, "%s: %zu bytes, more than the %zu allowed", reg_upload_files[l.file], len,
+                        FILE_MAX[l.file]), 413;
+    *key_id = l.key_id;
+    return 0;
+}
+
 /* ---- PUT <link> (the worker's half) ------------------------------------------------------ */
 
 int api_h_upload_put(api_call *c) {

@@ -2,6 +2,7 @@
 #pragma once
 #include "service/api_call.h"
 #include <stddef.h>
+#include <stdint.h>
 
 int api_h_upload_start(api_call *c);    /* POST /external_weights_upload_start */
 int api_h_upload_finish(api_call *c);   /* POST /external_weights_upload_finish */
@@ -12,3 +13,11 @@ int api_h_upload_put(api_call *c);      /* PUT /external_weights_uploads/<signed
  * staged file in the blob store, so that no worker holds it. arg: the path after the
  * route's prefix. 0, or an HTTP status with msg (nothing written). */
 int api_upload_stage(const char *arg, size_t arglen, const void *body, size_t len, char *msg, size_t msglen);
+
+/* The gate's half (http_gate.h, gate_conf.signed_body): whether a request is a PUT of a
+ * valid upload link (path: the whole path, any prefix before /api/v1), so that its body
+ * may be read without an API key. 0 with *key_id (the key the link was made for), 1 when
+ * it is no upload link, or an HTTP status with msg (bad or expired link, 413 for a
+ * declared length over the file's limit; len 0: not declared). */
+int api_upload_gate_check(const char *method, size_t mlen, const char *path, size_t plen, size_t len,
+                          int64_t *key_id, char *msg, size_t msglen);

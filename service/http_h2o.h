@@ -6,3 +6,4 @@
 #define H2O_USE_LIBUV 0
 #endif
 #include <h2o.h>
+#include <h2o/http1.h>

@@ -16,6 +16,7 @@
 #include "service/api_openai.h"
 #include "service/api_routes.h"
 #include "service/api_upload.h"
+#include "service/http_gate.h"
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -64,6 +65,7 @@ struct http_loop {
     } recent[RECENT_NOTIFY];
     int recent_next;
     oai_loop *oai;          /* the OpenAI routes' answers in progress (api_openai.h) */
+    gate_loop *gate;        /* request heads before h2o reads their bodies (http_gate.h) */
 };
 
 static struct {
@@ -137,12 +139,14 @@ static char *error_body(h2o_req_t *req, int status, const char *msg, size_t *len
     return openai_path(req) ? oai_error_body(status, msg, NULL, NULL, len) : jx_detail(msg, len);
 }
 
-static void send_error(h2o_req_t *req, int status, const char *msg) {
+static void send_error_retry(h2o_req_t *req, int status, int retry_after, const char *msg) {
     size_t len;
     char *body = error_body(req, status, msg, &len);
-    send_response(req, status, body, len);
+    send_typed(req, status, "application/json", retry_after, body, len);
     free(body);
 }
+
+static void send_error(h2o_req_t *req, int status, const char *msg) { send_error_retry(req, status, 0, msg); }
 
 /* Printable ASCII copy of a client-supplied string, for messages and logs. */
 static void safe_copy(char *out, size_t n, const char *s, size_t len) {
@@ -234,6 +238,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
 /* ---- jobs --------------------------------------------------------------------------- */
 
 void api_job_free(api_job *job) {
+    gate_hold_release(job->hold);
     if (job->oai) oai_spec_free(job->oai);
     free(job->body);
     free(job->api_key);
@@ -394,6 +399,10 @@ static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
     while (!h2o_linklist_is_empty(messages)) {
         api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, msg.link, messages->next);
         h2o_linklist_unlink(&job->msg.link);
+        if (job->gate_auth) {   /* the key of a request whose body waits (http_gate.h) */
+            gate_auth_back(job);
+            continue;
+        }
         if (job->oai) {   /* an accepted OpenAI request, or the loop's own look (api_openai.h) */
             h2o_req_t *req = job->ref ? job->ref->req : NULL;
             if (job->ref) job->ref->job = NULL, job->ref = NULL;
@@ -552,6 +561,11 @@ static void send_static(h2o_req_t *req, const api_route *r, const char *path, si
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, ctx, req->conn->ctx);
+    /* The gate's verdict on the request's head (its body is not read when it refused it). */
+    gate_hold *hold;
+    int retry_after;
+    char gate_msg[400];
+    int gate_status = gate_request(req, &hold, &retry_after, gate_msg, sizeof gate_msg);
     const char *path = req->path_normalized.base;
     size_t plen = req->path_normalized.len;
     if (g.prefix_len && plen >= g.prefix_len && !memcmp(path, g.prefix, g.prefix_len) &&
@@ -571,6 +585,11 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
                log_id);
     h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
                           h2o_strdup(&req->pool, log_id, SIZE_MAX).base, strlen(log_id));
+    if (gate_status) {
+        observe_inline(req, r, false, gate_status, gate_msg);
+        send_error_retry(req, gate_status, retry_after, gate_msg);
+        return 0;
+    }
     if (!r) {
         if (status == 405)
             snprintf(msg, sizeof msg, "method %s is not allowed on %s", method, spath);
@@ -620,6 +639,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     job->loop = L;
     job->reply_to = &L->job_receiver;
     job->route = r;
+    job->hold = gate_hold_ref(hold);
     job->body_len = req->entity.base && !staged ? req->entity.len : 0;
     job->body = malloc(job->body_len + 1);
     if (!job->body) abort();
@@ -653,7 +673,7 @@ static void on_accept(h2o_socket_t *listener, const char *err) {
     for (int i = 0; i < 32; i++) {
         h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
         if (!sock) break;
-        h2o_accept(&L->accept_ctx, sock);
+        gate_accept(L->gate, sock);
     }
 }
 
@@ -670,13 +690,20 @@ static void *loop_main(void *arg) {
     h2o_timeout_init(L->evloop, &L->recheck_timeout, RECHECK_MS);
     h2o_linklist_init_anchor(&L->parked);
     L->oai = oai_loop_new(L, L->evloop, L->queue);
+    L->gate = gate_loop_new(L, L->evloop, &L->accept_ctx);
     h2o_socket_t *sock = h2o_evloop_socket_create(L->evloop, L->fd, H2O_SOCKET_FLAG_DONT_READ);
     sock->data = L;
     h2o_socket_read_start(sock, on_accept);
     h2o_barrier_wait(&g.ready);
-    while (h2o_evloop_run(L->evloop, INT32_MAX) == 0)
-        ;
-    log_error("event loop %d stopped", L->index);
+    /* epoll_wait fails with EINTR whenever the process is stopped and continued (SIGSTOP
+     * and SIGCONT, a debugger attaching, `docker pause`), SA_RESTART or not: that is no
+     * reason to stop serving. */
+    for (;;) {
+        errno = 0;
+        if (h2o_evloop_run(L->evloop, INT32_MAX) == 0 || errno == EINTR) continue;
+        log_error("event loop %d stopped: %s", L->index, strerror(errno));
+        break;
+    }
     return NULL;
 }
 
@@ -727,7 +754,11 @@ static int setup_tls(const http_conf *conf, char *err, size_t errlen) {
         snprintf(err, errlen, "TLS certificate/key (%s, %s): %s", conf->tls_cert, conf->tls_key, e);
         return -1;
     }
-    h2o_ssl_register_alpn_protocols(g.ssl_ctx, h2o_http2_alpn_protocols);
+    /* HTTP/1.1 only: h2o 2.2 reads each HTTP/2 stream's body whole before a handler sees
+     * its headers (up to 100 streams of a connection at once), where the gate cannot check
+     * the key or the bytes in flight first. */
+    static const h2o_iovec_t http1_only[] = {{H2O_STRLIT("http/1.1")}, {NULL, 0}};
+    h2o_ssl_register_alpn_protocols(g.ssl_ctx, http1_only);
     return 0;
 }
 
@@ -752,6 +783,9 @@ int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char
     g.globalconf.server_name = h2o_iovec_init(H2O_STRLIT("loom"));
     g.globalconf.max_request_entity_size = conf->max_body;
     g.globalconf.http1.req_timeout = 60000;
+    g.globalconf.http1.upgrade_to_http2 = 0;   /* no h2c either (see setup_tls) */
+    gate_init(&(gate_conf){.max_body = conf->max_body, .inflight_total = conf->inflight_total,
+                           .inflight_per_key = conf->inflight_per_key, .signed_body = api_upload_gate_check});
     g.globalconf.http2.idle_timeout = 60000;
     h2o_hostconf_t *host = h2o_config_register_host(&g.globalconf,
                                                     h2o_iovec_init(H2O_STRLIT("default")), 65535);

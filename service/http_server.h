@@ -10,6 +10,8 @@ typedef struct {
     int port;                /* 0 = any free port */
     int nthreads;
     size_t max_body;         /* bytes; larger bodies get 413 */
+    size_t inflight_total;   /* bytes of request bodies in flight at most (http_gate.h) */
+    size_t inflight_per_key; /* ... of one API key */
     const char *tls_cert, *tls_key;   /* both or neither */
     const char *prefix;      /* "" or "/x/y": optional path prefix before /api/v1 */
     const char *spool_dir;   /* NULL, or where h2o maps the files of large request bodies */

@@ -292,6 +292,11 @@ def main():
         R.check(is_detail(opt({"learning_rate": -1}), 400, "learning_rate"), "negative lr -> 400")
         R.check(is_detail(opt({"beta1": 1.0}), 400, "beta1"), "beta1 = 1 -> 400")
         R.check(is_detail(opt({"eps": 0}), 400, "eps"), "eps = 0 -> 400")
+        # Sane ranges (docs/protocol.md §7.5): 1e17 used to be taken and turned the model to NaN.
+        for ap, field in (({"learning_rate": 1e17}, "learning_rate"), ({"learning_rate": 11}, "learning_rate"),
+                          ({"eps": 2}, "eps"), ({"weight_decay": 10.5}, "weight_decay"),
+                          ({"beta2": -0.1}, "beta2")):
+            R.check(is_detail(opt(ap), 400, "adam_params." + field, "must be in"), f"{ap} -> 400 naming {field}")
         R.check(is_detail(opt({"learning_rate": "fast"}), 400, "learning_rate", "number"),
                 "lr as a string -> 400")
 

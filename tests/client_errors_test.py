@@ -4,6 +4,10 @@ outage does not turn waiting clients into a flood.
 
 - \\u0000 in user_metadata, tags or any other JSON string (PostgreSQL stores no NUL): 400.
 - Invalid UTF-8 in a path (GET /api/v1/sessions/%ff), a query string or the API key: 4xx.
+- A model whose weights diverged under the client's optimizer settings (learning_rate
+  10, weight_decay 10: the model's outputs turn NaN within a few steps): its
+  forward_backward and optim_step fail as `user` errors that name the settings (the
+  optim_step's was a `server` error, which reads as Loom's fault).
 - While PostgreSQL is stopped, retrieve_future is held (up to the long-poll deadline)
   instead of answered with an immediate 503 that the SDK re-polls at once; when the
   database is back the held request gets its answer and training goes on. Telemetry is
@@ -63,6 +67,27 @@ def main():
         st = raw_status(s.url, b"GET /api/v1/sessions HTTP/1.1\r\nHost: t\r\nX-API-Key: " + s.key.encode() +
                         b"\r\nX-Forwarded-Host: \xff\"<>\r\nConnection: close\r\n\r\n")
         R.check(st == 200, f"a garbage X-Forwarded-Host is ignored ({st})")
+
+        # ---- a model diverged by its optimizer settings ------------------------------------------
+        fut = s.post("/api/v1/create_model", {"session_id": sid, "base_model": "loom/tiny-llama",
+                                              "lora_config": {"rank": 4, "seed": 5}})[1]
+        wild = s.result(fut["request_id"])["model_id"]
+        fails = []
+        for k in range(1, 9):
+            data = [{"model_input": {"chunks": [{"tokens": [(3 * k + 7 * i + j) % 250 + 1 for j in range(24)]}]},
+                     "loss_fn_inputs": {"target_tokens": {"data": [(3 * k + 7 * i + j + 1) % 250 + 1
+                                                                   for j in range(24)]}}} for i in range(4)]
+            fb = s.post("/api/v1/forward_backward", {"model_id": wild, "seq_id": 2 * k - 1, "forward_backward_input": {
+                "loss_fn": "cross_entropy", "data": data}})[1]
+            op = s.post("/api/v1/optim_step", {"model_id": wild, "seq_id": 2 * k, "adam_params": {
+                "learning_rate": 10, "weight_decay": 10}})[1]
+            fails += [r for r in (s.result(fb["request_id"]), s.result(op["request_id"])) if "error" in r]
+        R.check(len(fails) >= 2, f"learning_rate 10 with weight_decay 10 makes the model diverge ({len(fails)} failures)")
+        R.check(fails and all(f.get("category") == "user" for f in fails),
+                f"its failures are user errors: {sorted(set(f.get('category') for f in fails))}")
+        R.check(any("learning_rate 10" in f["error"] and "weight_decay 10" in f["error"] for f in fails) and
+                all("learning_rate" in f["error"] for f in fails),
+                f"they name the settings: {[f['error'][:90] for f in fails[:2]]}")
 
         # ---- the database goes away -----------------------------------------------------------
         fut = s.post("/api/v1/create_model", {"session_id": sid, "base_model": "loom/tiny-llama",

@@ -12,14 +12,20 @@ data is private.
   forge a log line; an oversized batch and a flood of batches add only a few lines.
 - Blobs (tenants' weights), the secret, the API key file and the data directory are
   readable by the service user only.
+- HTTP framing that two readers could take differently (request smuggling): two
+  different Content-Length headers, Content-Length with Transfer-Encoding: chunked (whose
+  "body" held a second request, which was served), two Transfer-Encoding headers: one
+  400 answer each, and the connection closed. HTTP/2 is not offered (h2c).
 Prints "N passed, N failed" last.
 """
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
@@ -45,8 +51,52 @@ def fetch(url):
         return e.code
 
 
+def raw_exchange(url, data):
+    """Sends raw bytes; (every byte answered until the server closed, whether it closed
+    within 10 s)."""
+    u = urllib.parse.urlparse(url)
+    out, closed = b"", False
+    with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+        sock.sendall(data)
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    closed = True
+                    break
+                out += chunk
+        except OSError:
+            pass
+    return out, closed
+
+
+def framing(s):
+    key = s.key.encode()
+    head = b"POST /api/v1/create_session HTTP/1.1\r\nHost: t\r\nX-API-Key: " + key + b"\r\n"
+    smuggled = b"0\r\n\r\nGET /api/v1/healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+    cases = [
+        ("two different Content-Length headers",
+         head + b"Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}" + b" " * 38),
+        ("Content-Length and Transfer-Encoding: chunked, a request in the body",
+         head + b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(smuggled) + smuggled),
+        ("Transfer-Encoding: chunked and Content-Length, a request in the body",
+         head + b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled),
+        ("two Transfer-Encoding headers",
+         head + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" + smuggled),
+    ]
+    for name, data in cases:
+        out, closed = raw_exchange(s.url, data)
+        answers = out.count(b"HTTP/1.1 ")
+        R.check(out.startswith(b"HTTP/1.1 400") and answers == 1 and closed and b"detail" in out,
+                f"{name}: one 400, connection closed ({answers} answers, closed {closed}: {out[:60]!r})")
+    out, closed = raw_exchange(s.url, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    R.check(not out.startswith(b"\x00") and b"HTTP/1.1 400" in out, f"no HTTP/2 with prior knowledge ({out[:40]!r})")
+    R.check(fetch(s.url + "/api/v1/healthz") == 200, "still serving")
+
+
 def main():
     with Stack() as s:
+        framing(s)
         secret = os.path.join(s.dir, "secret.key")
         loom_cli(s, "tenant", "create", "bob")
         key_b = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)

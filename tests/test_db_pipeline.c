@@ -3,7 +3,10 @@
  * order, parameters and prepared statements, a failure in the middle (the rest skipped,
  * the transaction left to roll back, the connection usable after), the same batch many
  * times (the prepared path), and a session the server ends under it (no hang, the
- * connection out of pipeline mode and usable again). */
+ * connection out of pipeline mode and usable again). And a connection's session setup
+ * (db_session_setup: LISTEN, application_name) survives every reset: db_reset, and the
+ * reset of a batch broken by a server that ended the session (before, the new session
+ * had lost its LISTEN, and a loop on it waited out its poll on every cycle). */
 #include "tests/check.h"
 #include "tests/dbtest.h"
 #include <time.h>
@@ -79,12 +82,62 @@ static void test_terminated(void) {
     PQfinish(c);
 }
 
+/* Whether c's session LISTENs on channel and is named app. */
+static bool session_is(PGconn *c, const char *channel, const char *app) {
+    char err[256];
+    PGresult *r = db_query(c, "SELECT (SELECT count(*) FROM pg_listening_channels() ch WHERE ch = $1),"
+                              " current_setting('application_name')", 1, &channel, err, sizeof err);
+    bool ok = r && !strcmp(PQgetvalue(r, 0, 0), "1") && !strcmp(PQgetvalue(r, 0, 1), app);
+    PQclear(r);
+    return ok;
+}
+
+/* A NOTIFY on channel from another session reaches c within 5 s. */
+static bool notified(PGconn *c, const char *channel) {
+    char q[96];
+    snprintf(q, sizeof q, "NOTIFY %s", channel);
+    sql(q);
+    return db_wait_notify(c, 5000) == 1;
+}
+
+static void test_session_setup(void) {
+    char err[512];
+    PGconn *c = db_connect(conninfo, 10000, err, sizeof err);
+    if (!c) dbt_die("connect", err);
+    db_setup_stmt setup[2] = {{"SELECT set_config('application_name', $1, false)", "loom test 7"},
+                              {"LISTEN pipe_wake", NULL}};
+    CHECK(db_session_setup(c, setup, 2, err, sizeof err) == 0, "db_session_setup runs the statements (%s)", err);
+    CHECK(session_is(c, "pipe_wake", "loom test 7") && notified(c, "pipe_wake"),
+          "the session listens and is named");
+    char q[96];
+    snprintf(q, sizeof q, "SELECT pg_terminate_backend(%d)", PQbackendPID(c));
+    int pid = PQbackendPID(c);
+    text(q);
+    PGresult *r = db_query(c, "SELECT 1", 0, NULL, err, sizeof err);   /* finds the session gone */
+    PQclear(r);
+    CHECK(PQstatus(c) != CONNECTION_OK && db_reset(c), "db_reset reconnects a connection whose session ended");
+    CHECK(PQbackendPID(c) != pid && session_is(c, "pipe_wake", "loom test 7") && notified(c, "pipe_wake"),
+          "the new session listens and is named again");
+    snprintf(q, sizeof q, "SELECT pg_terminate_backend(%d)", PQbackendPID(c));
+    pid = PQbackendPID(c);
+    text(q);
+    db_stmt b[3] = {{"BEGIN", 0, NULL}, {"SELECT 1", 0, NULL}, {"COMMIT", 0, NULL}};
+    PGresult *rs[3];
+    db_pipeline(c, b, 3, rs, err, sizeof err);   /* broken: the pipeline is abandoned with a reset */
+    clear_all(rs, 3);
+    if (PQstatus(c) != CONNECTION_OK) db_reset(c);
+    CHECK(PQbackendPID(c) != pid && session_is(c, "pipe_wake", "loom test 7") && notified(c, "pipe_wake"),
+          "after a batch broken by the session's end: listening and named again");
+    db_finish(c);
+}
+
 int main(void) {
     dbt_start("loom-pipe");
     sql("CREATE TABLE pipe_t (v int)");
     test_ok();
     test_failure();
     test_terminated();
+    test_session_setup();
     dbt_stop();
     return check_summary();
 }

@@ -321,6 +321,12 @@ def upload_checks(s, a, b, keyid_b, base, mid_a, secret):
     put("adapter_config.json", files["adapter_config.json"])
     R.check(is_detail(finish(), 400, "adapter_model.safetensors", "not uploaded"),
             "finish without the weights: 400 naming the file")
+    # A body over the 64 KiB a request without a key may send: the signed link stands for
+    # the key, so the api reads it (before: 401, the body unread); a tampered link does not.
+    big = bytes(range(256)) * 1024
+    R.check(put("adapter_model.safetensors", big) == 200, "a 256 KiB PUT to its signed link, without a key: staged")
+    bad = start["urls"]["adapter_model.safetensors"].replace("/upl-", "/upl-0", 1)
+    R.check(raw(s, "PUT", bad, big)[0] in (403, 404), "a 256 KiB PUT to a tampered link: refused")
     put("adapter_model.safetensors", files["adapter_model.safetensors"][:200])
     R.check(is_detail(finish(), 400, "cannot be imported"), "a truncated safetensors: 400")
     put("adapter_model.safetensors", files["adapter_model.safetensors"])

@@ -52,22 +52,26 @@ def datum(tag, step, i, n=24):
                                "weights": {"data": [1.0] * n, "dtype": "float32"}}}
 
 
-def sft_loop(c, tag, seed, steps, base="loom/tiny-llama", rank=4, datums=8, on_step=None):
+def sft_loop(c, tag, seed, steps, base="loom/tiny-llama", rank=4, datums=8, on_step=None, times=None):
     """An SFT loop on the wire: create_session, create_model, `steps` x (forward_backward +
     optim_step sent back to back), save_weights. Returns (model_id, [loss:sum per step],
-    [step:max per step], checkpoint path)."""
+    [step:max per step], checkpoint path); each step's seconds (submit to both results) are
+    appended to `times` when given."""
     sid = c.post("/api/v1/create_session", {"tags": [tag]})["session_id"]
     fut = c.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": base,
                                           "lora_config": {"rank": rank, "seed": seed}})
     mid = c.result(fut["request_id"])["model_id"]
     losses, steps_seen = [], []
     for k in range(1, steps + 1):
+        t0 = time.time()
         fb = c.post("/api/v1/forward_backward", {"model_id": mid, "seq_id": 2 * k - 1, "forward_backward_input": {
             "data": [datum(tag, k, i) for i in range(datums)], "loss_fn": "cross_entropy"}})
         op = c.post("/api/v1/optim_step", {"model_id": mid, "seq_id": 2 * k, "adam_params": ADAM})
         r1, r2 = c.result(fb["request_id"]), c.result(op["request_id"])
         if "error" in r1 or "error" in r2:
             raise RuntimeError(f"{tag} step {k}: {r1.get('error')} {r2.get('error')}")
+        if times is not None:
+            times.append(time.time() - t0)
         losses.append(r1["metrics"]["loss:sum"])
         steps_seen.append(r2["metrics"]["step:max"])
         if on_step:

@@ -29,17 +29,19 @@ def backend_args():
 
 
 class Stack:
-    def __init__(self, extra_args=(), env=None, start_timeout=120):
+    def __init__(self, extra_args=(), env=None, start_timeout=120, data_dir=None):
+        """data_dir: an existing data directory (e.g. another Stack's), kept at the end."""
         self.extra_args = list(extra_args)
+        self.given_dir = data_dir
         self.env = dict(os.environ, **(env or {}))
         self.start_timeout = start_timeout
         self.url = self.key = self.db = None
 
     def __enter__(self):
         # Under /tmp so that an unprivileged cluster owner can reach it when we are root.
-        self.dir = tempfile.mkdtemp(prefix="loomt-", dir="/tmp")
+        self.dir = self.given_dir or tempfile.mkdtemp(prefix="loomt-", dir="/tmp")
         os.chmod(self.dir, 0o755)
-        self.log = open(os.path.join(self.dir, "up.log"), "wb")
+        self.log = open(os.path.join(self.dir, "up.log"), "ab")
         self.proc = subprocess.Popen(
             [LOOM_BIN, "up", "--data-dir", self.dir, "--port", "0"] + backend_args() + self.extra_args,
             stdout=subprocess.PIPE, stderr=self.log, env=self.env, start_new_session=True)
@@ -90,7 +92,7 @@ class Stack:
         self.log.close()
         if os.environ.get("LOOM_KEEP_TEST_DIR"):
             print("kept", self.dir)
-        else:
+        elif not self.given_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
         return False
 
