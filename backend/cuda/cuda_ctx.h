@@ -148,7 +148,10 @@ typedef struct {
 
     /* errors (cuda_check.c) */
     bool sync_debug;                /* LOOM_CUDA_SYNC: synchronize and check after every call */
-    bool failed;                    /* a device fault happened: every later call reports it */
+    bool failed;                    /* a sticky device error happened (cu_sticky), or an
+                                       adapter's state is half-updated: every later call
+                                       reports it */
+    bool grad_started;              /* the pass running now has begun adding gradients */
     char where[96];                 /* the step running now, for messages */
     char errmsg[512];               /* the first failure of the current call */
 
