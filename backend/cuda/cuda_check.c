@@ -79,10 +79,15 @@ int cu_begin(cu_ctx *c, char *err, size_t errlen)
     }
     c->errmsg[0] = 0;
     int rc = (int)cudaSetDevice(c->device);
+    /* A call that failed may have left work queued, uploads from the host mirrors included
+     * (cuda_ctx.h, cu_buf): this call must not rewrite them before that work is done. After
+     * a call that succeeded the stream is idle already, and this costs microseconds. */
+    if (!rc) rc = (int)cudaStreamSynchronize(c->stream);
     if (rc) {
+        snprintf(c->errmsg, sizeof c->errmsg, "cuda:%d: starting a call: %s", c->device, lcu_strerror(rc));
         if (cu_sticky(rc)) c->failed = true;
         else cudaGetLastError();
-        err_set(err, errlen, "cuda:%d: cudaSetDevice: %s", c->device, lcu_strerror(rc));
+        err_set(err, errlen, "%s", c->errmsg);
         return -1;
     }
     return 0;

@@ -40,8 +40,9 @@ int cu_check(cu_ctx *c, int rc, const char *call, const char *file, int line);
 /* Names the step that runs now (printf format), for failure messages. */
 void cu_where(cu_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Starts a table call: makes c's device current, clears the last message; -1 with err when
- * an earlier fault left the context unusable. */
+/* Starts a table call: makes c's device current, waits until its stream is idle (work a
+ * failed call left queued), clears the last message; -1 with err when an earlier fault
+ * left the context unusable. */
 int cu_begin(cu_ctx *c, char *err, size_t errlen);
 
 /* Ends a failed table call: err = the recorded message (or what), returns -1. */
