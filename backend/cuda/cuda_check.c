@@ -44,7 +44,8 @@ int cu_check(cu_ctx *c, int rc, const char *call, const char *file, int line)
     int lost = cu_sticky(rc) ? rc : 0;
     if (!lost) {
         int last = (int)cudaGetLastError();
-        int probe = (int)cudaStreamQuery(c->stream);
+        int probe = (int)cudaStreamQuery(c->stream); /* cudaErrorNotReady: still busy */
+        cudaGetLastError();                           /* nothing of the probe's stays behind */
         lost = cu_sticky(last) ? last : cu_sticky(probe) ? probe : 0;
     }
     /* the first failure of the call, unless a later one lost the device: that one counts */
