@@ -83,7 +83,7 @@ target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OP
 target_link_libraries(loom_gpu_test_support PUBLIC loom_gpu_gt Threads::Threads m)
 
 # Kernel tests link the twins; the backend test (test_gpu_backend) links the real backends
-# instead, the CPU one being its reference.
+# instead, the CPU one being its reference; test_gpu_check, the backend's error policy.
 enable_testing()
 file(GLOB LOOM_GPU_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/gpu/test_gpu_*.c)
 foreach(src ${LOOM_GPU_TESTS})
@@ -91,6 +91,8 @@ foreach(src ${LOOM_GPU_TESTS})
   add_executable(${name} ${src})
   if(name STREQUAL "test_gpu_backend")
     target_link_libraries(${name} PRIVATE loom_gpu_gt loom_backends loom_model)
+  elseif(name STREQUAL "test_gpu_check")
+    target_link_libraries(${name} PRIVATE loom_gpu_gt loom_backend_cuda)
   else()
     target_link_libraries(${name} PRIVATE loom_gpu_test_support)
   endif()

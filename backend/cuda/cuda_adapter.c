@@ -29,8 +29,8 @@ exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, 
     if (rc) {
         a->mem = NULL;
         /* out of memory is not sticky, but the runtime keeps it as the thread's last error:
-         * cleared, or the next kernel launch's check (cudaGetLastError) would report it and
-         * mark the context failed */
+         * cleared, or the next kernel launch's check (cudaGetLastError) would report it as
+         * its own failure */
         cudaGetLastError();
         cu_adapter_free(c, &a->pub);
         err_set(err, errlen, "cuda:%d: out of memory for an adapter of %zu parameters (%.1f MiB)", c->device, n,

@@ -198,6 +198,7 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     cu_act *a = &c->a;
     int L = mc->num_hidden_layers, H = mc->hidden_size;
     size_t TH = (size_t)T * H;
+    c->grad_started = false;
     cu_where(c, "packing %d sequences", nseq);
     if (cu_pack(c, seqs, nseq, any_grad) < 0) return -1;
     c->d_pos = cu_meta_dev(c, c->ml.pos);
@@ -216,6 +217,7 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
     cu_where(c, "final norm");
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd_f, a->x, c->w.final_norm, T, H, mc->rms_norm_eps, c->stream));
+    c->grad_started = any_grad; /* the head adds the first gradients (head LoRA) */
     if (cu_head(c, T, a->xn2, any_grad, topk, extras ? seqs : NULL, layer_grad ? a->dxf : NULL) < 0) return -1;
     if (layer_grad) {
         cu_where(c, "final norm backward");
@@ -231,6 +233,27 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     CU_TRY(c, cudaMemcpyAsync((char *)c->meta.host + c->ml.in_end, (char *)c->meta.dev + c->ml.in_end,
                               c->ml.out_end - c->ml.in_end, cudaMemcpyDeviceToHost, c->stream));
     return cu_sync(c);
+}
+
+/* A pass that failed (without losing the device) after it began adding gradients leaves
+ * them partial: they are cleared, so that no optimizer step applies part of a batch, and
+ * the message says so. err = the failure (+ what was done about the gradients); -1. */
+static int cu_fb_fail(cu_ctx *c, char *err, size_t errlen)
+{
+    if (c->failed || !c->grad_started) return cu_fail(c, err, errlen, "cuda: forward_backward failed");
+    char first[sizeof c->errmsg];
+    snprintf(first, sizeof first, "%s", c->errmsg[0] ? c->errmsg : "cuda: forward_backward failed");
+    bool ok = true;
+    cu_where(c, "clearing the gradients of a failed pass");
+    for (int s = 0; s < c->nsegs && ok; s++)
+        if (c->segs[s].grad) ok = cu_adapter_zero_grad(c, (cu_adapter *)c->segs[s].ad) == 0;
+    ok = ok && cu_sync(c) == 0;
+    if (!ok) c->failed = true; /* the gradients are in an unknown state */
+    err_set(err, errlen, "%s; %s", first,
+            ok ? "the gradients accumulated so far on this pass's adapters were cleared (the pass had added part of "
+                 "its own)"
+               : "clearing the partial gradients failed too: restart the executor");
+    return -1;
 }
 
 /* The outputs of the pass (in c->meta's host mirror) into the callers' arrays. */
@@ -288,8 +311,7 @@ static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward
     if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;
-    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras) < 0)
-        return cu_fail(c, err, errlen, "cuda: forward_backward failed");
+    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras) < 0) return cu_fb_fail(c, err, errlen);
     cu_fb_scatter(c, seqs);
     return 0;
 }
@@ -313,7 +335,12 @@ static int cu_optim_run(cu_ctx *c, cu_adapter *a, const adam_params *hp, double 
     lcu_adamw_args args = {hp->learning_rate, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, a->pub.step + 1,
                            adamw_clip_coef(*norm, hp->grad_clip_norm)};
     CU_TRY(c, lcu_adamw(a->params, a->grads, a->m, a->v, n, &args, c->stream));
-    if (cu_adapter_refresh_bf16(c, a) < 0 || cu_adapter_zero_grad(c, a) < 0 || cu_sync(c) < 0) return -1;
+    /* The parameters have moved: a failure now would leave their bf16 copy, the step count
+     * and the gradients behind them, a state no later call could repair. */
+    if (cu_adapter_refresh_bf16(c, a) < 0 || cu_adapter_zero_grad(c, a) < 0 || cu_sync(c) < 0) {
+        c->failed = true;
+        return -1;
+    }
     a->pub.step++;
     return 0;
 }

@@ -22,7 +22,15 @@ int cu_buf_reserve(cu_buf *b, size_t bytes, bool host)
     size_t cap = b->cap + b->cap / 2 > bytes ? b->cap + b->cap / 2 : bytes;
     cu_buf_free(b);
     if (cudaMalloc(&b->dev, cap) != cudaSuccess) { b->dev = NULL; return -1; }
-    if (host && !(b->host = malloc(cap))) { cu_buf_free(b); return -1; }
+    if (host) {
+        /* page-locked where the system grants it; pageable memory still works (slower) */
+        b->pinned = cudaMallocHost(&b->host, cap) == cudaSuccess;
+        if (!b->pinned) {
+            cudaGetLastError();
+            b->host = malloc(cap);
+        }
+        if (!b->host) { cu_buf_free(b); return -1; }
+    }
     b->cap = cap;
     return 0;
 }
@@ -30,7 +38,8 @@ int cu_buf_reserve(cu_buf *b, size_t bytes, bool host)
 void cu_buf_free(cu_buf *b)
 {
     if (b->dev) cudaFree(b->dev);
-    free(b->host);
+    if (b->pinned) cudaFreeHost(b->host);
+    else free(b->host);
     memset(b, 0, sizeof *b);
 }
 

@@ -86,10 +86,17 @@ typedef struct {
 
 /* ---- workspace (cuda_buffers.c) ------------------------------------------------------------ */
 
-/* A device buffer with an optional host mirror of the same size, grown, never shrunk. */
+/* A device buffer with an optional host mirror of the same size, grown, never shrunk. The
+ * mirror is page-locked (cudaMallocHost) when the system allows, so that an upload from it
+ * is a plain DMA queued on the stream: the host goes on queueing the pass's kernels
+ * instead of waiting while the driver stages pageable memory (which may also wait for the
+ * stream's earlier work). The price: the host must not rewrite the mirror while an upload
+ * from it may still be in flight; every table call starts on an idle stream (cu_begin),
+ * and within a call each mirror region is rewritten only after a stream sync. */
 typedef struct {
     void *dev, *host;
     size_t cap;
+    bool pinned;                    /* host came from cudaMallocHost (else malloc) */
 } cu_buf;
 
 /* One layer's intermediates over T rows (one device allocation, cu_act_reserve). */
@@ -148,7 +155,10 @@ typedef struct {
 
     /* errors (cuda_check.c) */
     bool sync_debug;                /* LOOM_CUDA_SYNC: synchronize and check after every call */
-    bool failed;                    /* a device fault happened: every later call reports it */
+    bool failed;                    /* a sticky device error happened (cu_sticky), or an
+                                       adapter's state is half-updated: every later call
+                                       reports it */
+    bool grad_started;              /* the pass running now has begun adding gradients */
     char where[96];                 /* the step running now, for messages */
     char errmsg[512];               /* the first failure of the current call */
 

@@ -68,8 +68,14 @@ typedef struct {
 
 int lcu_gemm(lcu_ctx *c, const lcu_gemm_args *g, cudaStream_t s);
 
-/* Plans cached so far (tests, benchmarks). */
+/* Plans cached so far (tests, benchmarks), and how many of them go through cublasGemmEx. */
 int lcu_gemm_plans(const lcu_ctx *c);
+int lcu_gemm_fallback_plans(const lcu_ctx *c);
+
+/* on: every shape goes through the cublasGemmEx fallback (else only those cuBLASLt has no
+ * plan for), so that the fallback can be tested on every case. The environment variable
+ * LCU_GEMM=cublas sets it for every context created. Flushes the plan cache. */
+void lcu_gemm_force_fallback(lcu_ctx *c, bool on);
 
 /* ---- conversion, copies, elementwise ---------------------------------------------------- */
 

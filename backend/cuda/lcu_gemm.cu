@@ -5,6 +5,11 @@
  * stride ld is the column-major Xᵀ [c, r] with the same ld. So D = op(A)·op(B) (row-major)
  * is computed as Dᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's "A" is our B and its "B" our A, m = N,
  * n = M — the usual trick, with no data movement.
+ *
+ * The cublasGemmEx fallback serves the layouts cuBLASLt has no plan for (odd bf16 leading
+ * dimensions). It rarely runs on its own, so it can be forced for every shape, to test
+ * it: LCU_GEMM=cublas in the environment when the context is created, or
+ * lcu_gemm_force_fallback.
  */
 #include "backend/cuda/lcu_common.cuh"
 
@@ -39,6 +44,7 @@ struct lcu_ctx {
     size_t ws_bytes;
     lcu_plan *plans;
     int nplans;
+    bool force_fallback; /* every plan is a cublasGemmEx one (LCU_GEMM=cublas) */
 };
 
 const char *lcu_strerror(int rc)
@@ -83,7 +89,13 @@ int lcu_ctx_create(lcu_ctx **out, size_t workspace_bytes)
     if (!rc) rc = (int)cudaMalloc(&c->ws, c->ws_bytes);
     /* The fallback path shares the workspace; it never runs concurrently with a Lt call. */
     if (!rc) rc = lcu_blas_rc(cublasSetWorkspace(c->blas, c->ws, c->ws_bytes));
+    /* split-K partial sums in fp32 even for a bf16 output, as the header promises */
+    if (!rc)
+        rc = lcu_blas_rc(cublasSetMathMode(c->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     if (rc) { lcu_ctx_destroy(c); return rc; }
+    const char *e = getenv("LCU_GEMM");
+    c->force_fallback = e && strcmp(e, "cublas") == 0;
     *out = c;
     return 0;
 }
@@ -100,6 +112,20 @@ void lcu_ctx_destroy(lcu_ctx *c)
 }
 
 int lcu_gemm_plans(const lcu_ctx *c) { return c->nplans; }
+
+int lcu_gemm_fallback_plans(const lcu_ctx *c)
+{
+    int n = 0;
+    for (int i = 0; i < LCU_PLAN_CAP; i++) n += c->plans[i].used && c->plans[i].fallback;
+    return n;
+}
+
+void lcu_gemm_force_fallback(lcu_ctx *c, bool on)
+{
+    if (c->force_fallback == on) return;
+    lcu_plans_flush(c); /* the cached plans are of the other kind */
+    c->force_fallback = on;
+}
 
 /* Largest power of two dividing the address, at most 256 (cuBLASLt's default assumption). */
 static int lcu_align(const void *p)
@@ -122,6 +148,10 @@ static uint64_t lcu_key_hash(const lcu_plan_key *k)
  * offers nothing (e.g. bf16 leading dimensions that are not a multiple of 8). */
 static int lcu_plan_build(lcu_ctx *c, lcu_plan *p)
 {
+    if (c->force_fallback) {
+        p->fallback = true;
+        return 0;
+    }
     const lcu_plan_key *k = &p->key;
     cudaDataType_t dt = k->d_type == LCU_F32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -8,8 +8,14 @@
  * bench/cuda/peft_peer.py on the same GPU (--peer), else the issue's H100 table. Prints
  * figures; never a test.
  *
- *   bench_cuda [--backend NAME] [--device N] [--geo NAME] [--quick] [--iters K] [--layers L]
- *              [--peer peer.json] [--json out.json]
+ *   bench_cuda [--backend NAME] [--device N] [--geo NAME[,NAME...]] [--quick] [--iters K]
+ *              [--layers L] [--peer peer.json] [--json out.json]
+ *
+ * Geometries run in the order given (default: Qwen3-8B, Qwen3-0.6B, Llama-3.2-1B: the
+ * issue's MFU and 32K-memory rows first, so that a run stopped at its time limit has them).
+ * --quick: one timed pass per row, and only the rows of at most 2K tokens plus the rows the
+ * issue compares with PEFT (Qwen3-0.6B 16×512 and 1×8192, Llama-3.2-1B 4×2048, Qwen3-8B
+ * 8×512 and 2×2048).
  *
  * --layers L shrinks every geometry to L layers (a smoke run of this program on the CPU
  * backend: bench_cuda --backend cpu --layers 1 --quick). MFU is the issue's and
@@ -44,21 +50,26 @@ static const geo GEOS[] = {
     {"Qwen3-8B", "Qwen3ForCausalLM", 151936, 4096, 12288, 36, 32, 8, 128, 40960, false, false, 1e6},
 };
 
-/* rows: geometry, batch × sequence length, adapters packed (each gets batch/nad sequences) */
+/* The order geometries run in when --geo does not say. */
+static const char *const DEFAULT_ORDER = "Qwen3-8B,Qwen3-0.6B,Llama-3.2-1B";
+
+/* rows: geometry, batch × sequence length, adapters packed (each gets batch/nad sequences),
+ * cmp: a row the issue compares with PyTorch + PEFT (kept by --quick) */
 typedef struct {
     const char *geo;
     int batch, seq, nad;
+    bool cmp;
 } row;
 
 static const row ROWS[] = {
-    {"Qwen3-0.6B", 1, 512, 1},    {"Qwen3-0.6B", 4, 512, 1},    {"Qwen3-0.6B", 16, 512, 1},
-    {"Qwen3-0.6B", 1, 2048, 1},   {"Qwen3-0.6B", 1, 8192, 1},   {"Qwen3-0.6B", 1, 32768, 1},
-    {"Qwen3-0.6B", 32, 256, 1},   {"Qwen3-0.6B", 32, 256, 8},   {"Qwen3-0.6B", 32, 256, 32},
-    {"Qwen3-0.6B", 8, 512, 1},    {"Qwen3-0.6B", 8, 512, 8},
-    {"Llama-3.2-1B", 1, 512, 1},  {"Llama-3.2-1B", 1, 2048, 1}, {"Llama-3.2-1B", 4, 2048, 1},
-    {"Llama-3.2-1B", 1, 8192, 1}, {"Llama-3.2-1B", 1, 32768, 1},
-    {"Qwen3-8B", 1, 512, 1},      {"Qwen3-8B", 8, 512, 1},      {"Qwen3-8B", 2, 2048, 1},
-    {"Qwen3-8B", 1, 8192, 1},     {"Qwen3-8B", 1, 32768, 1},
+    {"Qwen3-0.6B", 1, 512, 1, false},    {"Qwen3-0.6B", 4, 512, 1, false},    {"Qwen3-0.6B", 16, 512, 1, true},
+    {"Qwen3-0.6B", 1, 2048, 1, false},   {"Qwen3-0.6B", 1, 8192, 1, true},    {"Qwen3-0.6B", 1, 32768, 1, false},
+    {"Qwen3-0.6B", 32, 256, 1, false},   {"Qwen3-0.6B", 32, 256, 8, false},   {"Qwen3-0.6B", 32, 256, 32, false},
+    {"Qwen3-0.6B", 8, 512, 1, false},    {"Qwen3-0.6B", 8, 512, 8, false},
+    {"Llama-3.2-1B", 1, 512, 1, false},  {"Llama-3.2-1B", 1, 2048, 1, false}, {"Llama-3.2-1B", 4, 2048, 1, true},
+    {"Llama-3.2-1B", 1, 8192, 1, false}, {"Llama-3.2-1B", 1, 32768, 1, false},
+    {"Qwen3-8B", 1, 512, 1, false},      {"Qwen3-8B", 8, 512, 1, true},       {"Qwen3-8B", 2, 2048, 1, true},
+    {"Qwen3-8B", 1, 8192, 1, false},     {"Qwen3-8B", 1, 32768, 1, false},
 };
 
 /* The issue's PyTorch + PEFT figures on one H100 (fwd, fwd+bwd tokens/s; 0 = out of memory),
@@ -320,7 +331,7 @@ static void run_row(bench *b, const row *r)
 
 int main(int argc, char **argv)
 {
-    const char *backend = "cuda", *only = NULL, *peer = NULL, *json_out = NULL;
+    const char *backend = "cuda", *order = DEFAULT_ORDER, *peer = NULL, *json_out = NULL;
     int device = 0, iters = 3, layers = 0;
     bool quick = false;
     for (int i = 1; i < argc; i++) {
@@ -329,7 +340,7 @@ int main(int argc, char **argv)
         if (!v) { fprintf(stderr, "usage: see bench/cuda/bench_cuda.c\n"); return 2; }
         if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--device")) device = atoi(v);
-        else if (!strcmp(a, "--geo")) only = v;
+        else if (!strcmp(a, "--geo")) order = v;
         else if (!strcmp(a, "--iters")) iters = atoi(v);
         else if (!strcmp(a, "--layers")) layers = atoi(v);
         else if (!strcmp(a, "--peer")) peer = v;
@@ -338,6 +349,21 @@ int main(int argc, char **argv)
         i++;
     }
     if (iters < 1 || iters > 16) iters = 3;
+    /* the geometries asked for, in order (names checked before anything is loaded) */
+    const geo *run[16];
+    int nrun = 0;
+    for (const char *p = order; *p && nrun < 16;) {
+        size_t len = strcspn(p, ",");
+        const geo *found = NULL;
+        for (size_t gi = 0; gi < sizeof GEOS / sizeof GEOS[0]; gi++)
+            if (strlen(GEOS[gi].name) == len && !strncmp(GEOS[gi].name, p, len)) found = &GEOS[gi];
+        if (!found) {
+            fprintf(stderr, "unknown geometry '%.*s' (Qwen3-0.6B, Llama-3.2-1B, Qwen3-8B)\n", (int)len, p);
+            return 2;
+        }
+        run[nrun++] = found;
+        p += len + (p[len] == ',');
+    }
     if (quick) iters = 1;
     const exe_backend *be = exe_backend_find(backend);
     if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
@@ -356,9 +382,8 @@ int main(int argc, char **argv)
     printf("bench_cuda: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down, cross_entropy over every token, median of %d\n"
            "(MFU against 989 TFLOP/s; memory = device memory in use after the row; PEFT: %s)\n", backend, iters,
            peer ? peer : "the issue's H100 table");
-    for (size_t gi = 0; gi < sizeof GEOS / sizeof GEOS[0]; gi++) {
-        geo g = GEOS[gi];
-        if (only && strcmp(only, g.name)) continue;
+    for (int gi = 0; gi < nrun; gi++) {
+        geo g = *run[gi];
         if (layers > 0) g.L = layers;
         char err[512];
         rand_model m;
@@ -375,7 +400,7 @@ int main(int argc, char **argv)
         bench b = {be, ctx, &g, {0}, 0, iters, out, json_out};
         for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++) {
             const row *r = &ROWS[ri];
-            if (strcmp(r->geo, g.name) || (quick && (long)r->batch * r->seq > 2048)) continue;
+            if (strcmp(r->geo, g.name) || (quick && (long)r->batch * r->seq > 2048 && !r->cmp)) continue;
             run_row(&b, r);
         }
         for (int a = 0; a < b.nads; a++) be->adapter_free(ctx, b.ads[a]);

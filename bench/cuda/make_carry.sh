@@ -6,9 +6,11 @@
 # CUDA libraries (they are there) or the C runtime (glibc and libstdc++ are newer there).
 #
 # In the archive: real/<binary> (debug sections stripped: symbols stay for backtraces),
-# lib/<library>, and bin/<binary>, a wrapper that runs real/<binary> with lib/ and the
-# CUDA library directories on LD_LIBRARY_PATH, so that nothing else (python, torch) ever
-# sees the carried libraries.
+# lib/<library>, cuda_libs.sh (bench/cuda/cuda_libs.sh: where cuBLAS 13 is on that machine)
+# and bin/<binary>, a wrapper that runs real/<binary> with lib/ and the cuBLAS directory
+# (LOOM_CUBLAS_DIR, else found by cuda_libs.sh: the toolkit, the system, or PyTorch's
+# wheels) on LD_LIBRARY_PATH, so that nothing else (python, torch) ever sees the carried
+# libraries.
 #
 #   bash bench/cuda/make_carry.sh [build-dir]        (default: build)
 set -euo pipefail
@@ -32,13 +34,18 @@ for t in $GPU_TESTS $SUITES $BENCHES; do
 #!/usr/bin/env bash
 # runs the carried $t with the carried libraries (bench/cuda/make_carry.sh)
 here=\$(cd "\$(dirname "\$0")/.." && pwd)
-export LD_LIBRARY_PATH="\$here/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+if [ -z "\${LOOM_CUBLAS_DIR:-}" ]; then
+    source "\$here/cuda_libs.sh"
+    LOOM_CUBLAS_DIR=\$(loom_cublas_dir) || echo "$t: cuBLAS 13 (libcublasLt.so.13) not found; set LOOM_CUBLAS_DIR" >&2
+fi
+export LD_LIBRARY_PATH="\$here/lib\${LOOM_CUBLAS_DIR:+:\$LOOM_CUBLAS_DIR}:/usr/local/nvidia/lib64\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 exec "\$here/real/$t" "\$@"
 EOF
     chmod +x "$S/bin/$t"
 done
 # The CUDA backend module, found next to the binaries (backend/backends.c).
 cp "$B/libloom_backend_cuda.so" "$S/real/"
+cp bench/cuda/cuda_libs.sh "$S/"
 # Libraries: everything ldd resolves except glibc's own libraries, the C++ runtime and the
 # CUDA libraries.
 SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'

@@ -15,7 +15,10 @@ backend does not take `enable_gqa` (the FLOPs are the same; the kernel reads mor
 Packed variable-length batches are not timed here (PyTorch's SDPA takes a dense batch):
 the 512-token rows are equal-length sequences, which is what bench_cuda_kernels times too.
 
-    python3 bench/cuda/sdpa_peer.py [--quick] [--json FILE]
+    python3 bench/cuda/sdpa_peer.py [--quick] [--geo NAME] [--tokens T,T,...] [--single] [--json FILE]
+
+--geo: one geometry; --tokens: these token counts (default 512, 2K, 8K, 32K; --quick: 512,
+2K); --single: one sequence of T tokens only (not also T/512 sequences of 512).
 """
 import argparse
 import json
@@ -103,17 +106,24 @@ def attention(rows, name, nq, nkv, d, T, seqlen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="512 and 2K tokens only")
+    ap.add_argument("--geo", default=None, choices=[g[0] for g in GEOS])
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts")
+    ap.add_argument("--single", action="store_true", help="one sequence of T tokens only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}",
           flush=True)
     rows = []
     toks = [512, 2048] if a.quick else [512, 2048, 8192, 32768]
+    if a.tokens:
+        toks = [int(t) for t in a.tokens.split(",")]
     for name, nq, nkv, d in GEOS:
+        if a.geo and name != a.geo:
+            continue
         print(f"== {name}: heads {nq}/{nkv} x {d}", flush=True)
         for T in toks:
             attention(rows, name, nq, nkv, d, T, T)
-            if T > 512:
+            if T > 512 and not a.single:
                 attention(rows, name, nq, nkv, d, T, 512)
             if a.json:  # as it goes: a run stopped at its time limit keeps the rows it finished
                 with open(a.json, "w") as f:

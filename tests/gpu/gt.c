@@ -263,6 +263,56 @@ bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes
     return gt_check(false, "%s: bits differ first at byte %zu of %zu", what, i, bytes);
 }
 
+double gt_block_err(const float *out, const double *ref, size_t n, long nblocks, gt_block_fn block_of,
+                    const void *arg, long *worst)
+{
+    double *num = calloc(nblocks > 0 ? nblocks : 1, sizeof *num), *den = calloc(nblocks > 0 ? nblocks : 1, sizeof *den);
+    size_t *cnt = calloc(nblocks > 0 ? nblocks : 1, sizeof *cnt);
+    double all = 0, e = 0;
+    size_t nin = 0; /* elements in some block */
+    long w = -1;
+    for (size_t i = 0; i < n; i++) {
+        long b = block_of(i, arg);
+        if (b < 0 || b >= nblocks) continue;
+        if (!isfinite(out[i])) {
+            e = INFINITY;
+            w = b;
+            break;
+        }
+        double d = out[i] - ref[i];
+        num[b] += d * d;
+        den[b] += ref[i] * ref[i];
+        cnt[b]++;
+        nin++;
+        all += ref[i] * ref[i];
+    }
+    for (long b = 0; b < nblocks && isfinite(e); b++) {
+        if (!cnt[b]) continue;
+        double floor_ = sqrt(all * (double)cnt[b] / (double)nin);
+        double eb = sqrt(num[b]) / fmax(fmax(sqrt(den[b]), floor_), 1e-30);
+        if (eb > e || w < 0) {
+            e = eb;
+            w = b;
+        }
+    }
+    free(num);
+    free(den);
+    free(cnt);
+    if (worst) *worst = w;
+    return e;
+}
+
+bool gt_expect_blocks(const char *what, const char *unit, const float *out, const double *ref, size_t n, long nblocks,
+                      gt_block_fn block_of, const void *arg, double tol, long *worst)
+{
+    long w;
+    double e = gt_block_err(out, ref, n, nblocks, block_of, arg, &w);
+    if (worst) *worst = w;
+    return gt_check(e <= tol, "%s: worst %s (%ld of %ld): rel err %.3g (tol %.1g)", what, unit, w, nblocks, e, tol);
+}
+
+long gt_block_run(size_t i, const void *per) { return (long)(i / *(const size_t *)per); }
+
 double gt_now(void)
 {
     struct timespec ts;

@@ -82,6 +82,23 @@ size_t gt_worst(const float *out, const double *ref, size_t n);
 bool gt_expect_close(const char *what, const float *out, const double *ref, size_t n, double tol);
 bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes);
 
+/* Per-block errors, so that one wrong row cannot hide in a whole-tensor norm: the elements
+ * of a tensor fall into blocks (block_of(i, arg) in [0, nblocks), or −1 for none: e.g. the
+ * rows of one sequence and head, or one row of logits), and block b's error is
+ *   ‖out_b − ref_b‖ / max(‖ref_b‖, ‖ref‖·√(n_b / n))
+ * (a block whose reference is far below the tensor's typical size is measured against
+ * that size, so that rounding on near-zero values does not count as relative error).
+ * Returns the largest, +inf when out holds a NaN or inf; *worst = its block. */
+typedef long (*gt_block_fn)(size_t i, const void *arg);
+double gt_block_err(const float *out, const double *ref, size_t n, long nblocks, gt_block_fn block_of,
+                    const void *arg, long *worst);
+/* Checks gt_block_err ≤ tol and prints the figure; *worst (may be NULL) = the worst block,
+ * for the caller to say where it is. */
+bool gt_expect_blocks(const char *what, const char *unit, const float *out, const double *ref, size_t n, long nblocks,
+                      gt_block_fn block_of, const void *arg, double tol, long *worst);
+/* Blocks that are consecutive runs of `per` elements (rows of a matrix, or per = 1). */
+long gt_block_run(size_t i, const void *per);
+
 double gt_now(void);
 
 #endif

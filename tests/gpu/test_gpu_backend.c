@@ -24,11 +24,14 @@
  * against each adapter alone; forward_only and base-only rows touching no gradient;
  * run-to-run bitwise determinism. Then, on llama: sampling (T = 1 sampled log-probs
  * against forward log-probs of the same tokens; greedy against the CPU's greedy unless
- * the two best logits nearly tie; reruns bitwise), sampling's prompt-pass extras (target
- * log-probs against the CPU's, the next token's bitwise its logprobs_out; draws mostly the
- * CPU's, scored as targets their own log-probs bitwise), a 30-step SFT loss curve against the
+ * the two best logits nearly tie; reruns bitwise), a 30-step SFT loss curve against the
  * CPU's, save/load resume bitwise; on qwen3: an F32 file gives the same bits as its bf16
- * rounding (the loader's conversion).
+ * rounding (the loader's conversion). After the dense models, on llama still: sampling's
+ * prompt-pass extras (target log-probs against the CPU's, the next token's bitwise its
+ * logprobs_out; draws mostly the CPU's, scored as targets their own log-probs bitwise).
+ * The newest code runs last (the extras, then qwen3_moe), so that a fault there (which
+ * ruins the process's CUDA context) cannot cost the dense results, and a run stopped at
+ * its time limit has them.
  *
  * Tolerances (bf16 GEMM inputs, fp32 accumulation; estimated by emulating this rounding
  * on tests/ref/torch_ref.py: log-probs rel 7e-4, max |Δ| 1.6e-2; gradients 1e-2 per
@@ -47,6 +50,9 @@
  *
  * GPU_BACKEND_UNDER_TEST=cpu puts the CPU backend on both sides: every check must then
  * pass (the F32-file check is cuda's and is skipped). It tests this test without a GPU.
+ * GPU_BACKEND_CASES=name,... runs only those parts, in the order above: llama, qwen3,
+ * qwen2, llama_rope3_mqa, extras, qwen3_moe (e.g. the dense models in one run and the
+ * mixture of experts in another, as bench/cuda/run_on_gpu.sh does).
  */
 #include "tests/gpu/gt.h"
 
@@ -846,10 +852,26 @@ static void check_f32_file(pair *p, const char *f32_dir)
     for (int i = 0; i < NSEQ; i++) { free(in.tok[i]); free(in.tgt[i]); free(in.w[i]); free(in.q[i]); free(in.adv[i]); }
 }
 
+static const char *g_cases; /* GPU_BACKEND_CASES, NULL = all */
+
+static bool want(const char *name)
+{
+    if (!g_cases) return true;
+    size_t n = strlen(name);
+    for (const char *p = g_cases; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, name, n)) return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
 int main(void)
 {
     const char *under = getenv("GPU_BACKEND_UNDER_TEST");
     under = under && *under ? under : "cuda";
+    g_cases = getenv("GPU_BACKEND_CASES");
+    if (g_cases && !*g_cases) g_cases = NULL;
     if (strcmp(under, "cpu") != 0) gt_init("test_gpu_backend");
     const exe_backend *cpu = exe_backend_find("cpu"), *cuda = exe_backend_find(under);
     if (!cuda) { printf("FATAL this build has no %s backend (%s)\n", under, exe_backend_names()); return 1; }
@@ -862,7 +884,31 @@ int main(void)
         {"llama_rope3_mqa", "llama", true, 1, 512},
         {"qwen3_moe", "qwen3_moe", false, 0, 0},
     };
+    for (const char *p = g_cases; p && *p;) { /* every name asked for exists */
+        size_t len = strcspn(p, ",");
+        bool known = len == 6 && !strncmp(p, "extras", 6);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            known |= strlen(cases[i].name) == len && !strncmp(p, cases[i].name, len);
+        if (!known) {
+            printf("FATAL GPU_BACKEND_CASES: no part '%.*s' (llama, qwen3, qwen2, llama_rope3_mqa, extras, qwen3_moe)\n",
+                   (int)len, p);
+            return 1;
+        }
+        p += len + (p[len] == ',');
+    }
+    pair llama = {0}; /* kept open for the extras, which run after the dense cases */
+    bool llama_open = false, printed_device = false;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (llama_open && !strcmp(cases[i].arch, "qwen3_moe")) {
+            printf("== %s: sampling's prompt-pass extras\n", llama.name);
+            g_ncnt = 0;
+            check_prompt_extras(&llama);
+            cpu->destroy(llama.cpu.ctx);
+            cuda->destroy(llama.gpu.ctx);
+            llama_open = false;
+        }
+        bool run = want(cases[i].name), keep = i == 0 && want("extras");
+        if (!run && !keep) continue;
         char dir[256];
         write_model(cases[i].name, cases[i].arch, cases[i].llama3, cases[i].kv_heads, cases[i].max_pos, true, dir,
                     sizeof dir);
@@ -870,26 +916,40 @@ int main(void)
         p.cpu.ctx = open_ctx(cpu, dir, &p.mc);
         p.gpu.ctx = open_ctx(cuda, dir, NULL);
         g_ncnt = model_num_moe_layers(&p.mc) * p.mc.num_experts;
-        if (i == 0) {
+        if (!printed_device) {
             exe_device_info di;
             cuda->device_info(p.gpu.ctx, &di);
             printf("  device: %s, %.1f GiB, %.1f GiB free\n", di.device, di.memory_total / 1073741824.0,
                    di.memory_free / 1073741824.0);
+            printed_device = true;
         }
-        printf("== %s\n", p.name);
-        check_case(&p);
-        if (i == 0) {
+        if (run) {
+            printf("== %s\n", p.name);
+            check_case(&p);
+        }
+        if (run && i == 0) {
             check_sampling(&p);
-            check_prompt_extras(&p);
             check_training(&p);
         }
-        if (i == 1 && strcmp(under, "cpu") != 0) {
+        if (run && i == 1 && strcmp(under, "cpu") != 0) {
             char f32[256];
             write_model("qwen3_f32", "qwen3", false, 0, 0, false, f32, sizeof f32);
             check_f32_file(&p, f32);
         }
+        if (i == 0) {
+            llama = p;
+            llama_open = true;
+            continue;
+        }
         cpu->destroy(p.cpu.ctx);
         cuda->destroy(p.gpu.ctx);
+    }
+    if (llama_open) {
+        printf("== %s: sampling's prompt-pass extras\n", llama.name);
+        g_ncnt = 0;
+        check_prompt_extras(&llama);
+        cpu->destroy(llama.cpu.ctx);
+        cuda->destroy(llama.gpu.ctx);
     }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -2,7 +2,10 @@
  * the same bf16-exact inputs: every transpose combination, fp32 and bf16 outputs, beta 0 and
  * 1 with C apart from D and in place, padded strides, misaligned sub-matrices (the plan key
  * includes pointer alignment), odd leading dimensions (the cublasGemmEx fallback), K = 0,
- * a large shape, determinism and the plan cache.
+ * a large shape, determinism and the plan cache. Every case runs twice: as lcu_gemm picks
+ * (cuBLASLt, cublasGemmEx only where cuBLASLt has no plan) and with the fallback forced for
+ * every shape (lcu_gemm_force_fallback, LCU_GEMM=cublas), so that the path the odd shapes
+ * take is tested on all of them; each check's label starts with "lt" or "cublas".
  *
  * Tolerances (‖D − ref‖/‖ref‖): fp32 output 1e-5 (exact bf16 products, fp32 sums);
  * bf16 output 5e-3 (one rounding to 8 bits of mantissa: ≤ 2⁻⁹ per element).
@@ -37,6 +40,8 @@ static void ref_gemm(const gcase *g, const float *A, const float *B, const float
         }
 }
 
+static const char *g_path = "lt"; /* the path under test, for the labels */
+
 static void run_case(lcu_ctx *ctx, const gcase *g, const char *label)
 {
     long arows = g->ta ? g->K : g->M, brows = g->tb ? g->N : g->K;
@@ -64,7 +69,7 @@ static void run_case(lcu_ctx *ctx, const gcase *g, const char *label)
     float *o = malloc((size_t)g->M * g->N * 4);
     for (int i = 0; i < g->M; i++) memcpy(o + (long)i * g->N, out + (long)i * g->ldd, g->N * 4);
     char what[200];
-    snprintf(what, sizeof what, "%s ta=%d tb=%d M=%d N=%d K=%d ld=%ld/%ld/%ld %s beta=%g %s off=%d", label, g->ta,
+    snprintf(what, sizeof what, "%s %s ta=%d tb=%d M=%d N=%d K=%d ld=%ld/%ld/%ld %s beta=%g %s off=%d", g_path, label, g->ta,
              g->tb, g->M, g->N, g->K, g->lda, g->ldb, g->ldd, g->dt == LCU_F32 ? "f32" : "bf16", g->beta,
              g->c_apart ? "C apart" : "in place", g->a_off);
     gt_expect_close(what, o, ref, (size_t)g->M * g->N, g->dt == LCU_F32 ? 1e-5 : 5e-3);
@@ -85,12 +90,9 @@ static void run_case(lcu_ctx *ctx, const gcase *g, const char *label)
     free(A); free(B); free(C); free(out); free(o); free(ref);
 }
 
-int main(void)
+/* Every case on one path (ctx's choice of cuBLASLt or the forced fallback). */
+static void run_cases(lcu_ctx *ctx)
 {
-    gt_init("test_gpu_gemm");
-    lcu_ctx *ctx;
-    GT_LCU(lcu_ctx_create(&ctx, 0));
-
     /* every transpose pair, both output types, beta 0 / 1 (apart and in place) */
     for (int t = 0; t < 4; t++)
         for (int dt = 0; dt < 2; dt++)
@@ -155,9 +157,33 @@ int main(void)
         run_case(ctx, &g, "cache");
         int n = lcu_gemm_plans(ctx);
         run_case(ctx, &g, "cache");
-        gt_check(lcu_gemm_plans(ctx) == n, "plan cache: repeated shape adds no plan (%d -> %d)", n,
+        gt_check(lcu_gemm_plans(ctx) == n, "%s plan cache: repeated shape adds no plan (%d -> %d)", g_path, n,
                  lcu_gemm_plans(ctx));
     }
+}
+
+int main(void)
+{
+    gt_init("test_gpu_gemm");
+    lcu_ctx *ctx;
+    unsetenv("LCU_GEMM"); /* the first pass is lcu_gemm's own choice */
+    GT_LCU(lcu_ctx_create(&ctx, 0));
+
+    g_path = "lt";
+    run_cases(ctx);
+    int np = lcu_gemm_plans(ctx), nf = lcu_gemm_fallback_plans(ctx);
+    printf("  lt: %d plans cached, %d of them through cublasGemmEx (the shapes cuBLASLt has no plan for)\n", np, nf);
+    gt_check(nf < np, "lt: cuBLASLt finds plans (%d of %d plans are fallbacks)", nf, np);
+
+    g_path = "cublas";
+    lcu_gemm_force_fallback(ctx, true);
+    gt_check(lcu_gemm_plans(ctx) == 0, "cublas: forcing the fallback flushes the plan cache (%d left)", lcu_gemm_plans(ctx));
+    run_cases(ctx);
+    np = lcu_gemm_plans(ctx);
+    nf = lcu_gemm_fallback_plans(ctx);
+    gt_check(np > 0 && nf == np, "cublas: every plan goes through cublasGemmEx (%d of %d)", nf, np);
+    lcu_gemm_force_fallback(ctx, false);
+
     /* bad arguments are refused before anything is launched */
     {
         lcu_gemm_args bad = {false, false, 4, 4, 4, 1.0f, 0.0f, NULL, 4, NULL, 4, NULL, 4, NULL, 4, LCU_F32};

@@ -9,6 +9,11 @@
  * Tolerances: lp 1e-6 and lse 1e-6 (relative L2; fp32 logits, double sums); loss 1e-5;
  * dlogits (bf16) 5e-3; zero rows exactly zero; top-k ids exactly the reference order
  * (value desc, id asc), their lp 1e-6; dlogits vs central differences of the GPU loss 1e-2.
+ * lp, loss, lse and dlogits also meet their bar row by row (gt_expect_blocks: each value of
+ * lp, loss, lse, each row of dlogits, against the larger of its own size and the tensor's
+ * typical one), so that one wrong row cannot pass inside the whole tensor's norm: a bf16
+ * rounding moves each value by at most 2⁻⁹ of itself, so no row of dlogits is off by more
+ * than 2e-3 from rounding alone.
  */
 #include "tests/gpu/gt.h"
 #include "tests/gpu/twin.h"
@@ -147,15 +152,26 @@ static void test_loss(int nseq, int V)
         static float *first_lp, *first_loss, *first_g;
         char what[160];
         if (pass == 0) {
+            size_t one = 1, row = (size_t)V;
+            long w;
             snprintf(what, sizeof what, "head lp T=%ld V=%d nnz=%ld", T, V, b.nnz);
             gt_expect_close(what, hlp, lp, b.nnz, 1e-6);
+            gt_expect_blocks(what, "target", hlp, lp, b.nnz, b.nnz, gt_block_run, &one, 1e-6, NULL);
             snprintf(what, sizeof what, "head loss (5 losses) T=%ld V=%d", T, V);
             gt_expect_close(what, hloss, loss, T, 1e-5);
+            if (!gt_expect_blocks(what, "row", hloss, loss, T, T, gt_block_run, &one, 1e-5, &w) && w >= 0)
+                printf("     worst row %ld: sequence %d, loss %d: got %.9g, want %.9g\n", w, b.row_seq[w],
+                       b.seqs[b.row_seq[w]].kind, hloss[w], loss[w]);
             float *lf = malloc(T * 4);
             for (long t = 0; t < T; t++) lf[t] = (float)hlse[t];
             snprintf(what, sizeof what, "head lse T=%ld V=%d", T, V);
             gt_expect_close(what, lf, lse, T, 1e-6);
+            gt_expect_blocks(what, "row", lf, lse, T, T, gt_block_run, &one, 1e-6, NULL);
             free(lf);
+            snprintf(what, sizeof what, "head dlogits T=%ld V=%d, per row", T, V);
+            if (!gt_expect_blocks(what, "row", g, dlog, T * V, T, gt_block_run, &row, 5e-3, &w) && w >= 0)
+                printf("     worst row %ld: sequence %d, loss %d, grad %d, %ld targets\n", w, b.row_seq[w],
+                       b.seqs[b.row_seq[w]].kind, b.seqs[b.row_seq[w]].grad, (long)(b.tgt_start[w + 1] - b.tgt_start[w]));
             snprintf(what, sizeof what, "head dlogits T=%ld V=%d", T, V);
             if (!gt_expect_close(what, g, dlog, T * V, 5e-3)) {
                 long w = (long)gt_worst(g, dlog, T * V), t = w / V, k0 = b.tgt_start[t];
