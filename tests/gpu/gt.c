@@ -262,10 +262,3 @@ bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes
     if (i == bytes) return gt_check(true, "%s: identical bits (%zu bytes)", what, bytes);
     return gt_check(false, "%s: bits differ first at byte %zu of %zu", what, i, bytes);
 }
-
-double gt_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}

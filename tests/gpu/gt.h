@@ -82,6 +82,4 @@ size_t gt_worst(const float *out, const double *ref, size_t n);
 bool gt_expect_close(const char *what, const float *out, const double *ref, size_t n, double tol);
 bool gt_expect_bits(const char *what, const void *a, const void *b, size_t bytes);
 
-double gt_now(void);
-
 #endif
