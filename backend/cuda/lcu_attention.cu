@@ -122,11 +122,12 @@ static int lcu_attn_prepare(const lcu_attn_desc *a, void *ws, bool keys, lcu_att
     return 0;
 }
 
-/* LCU_ATTN=mma selects version 2 (lcu_attention_v2.cu); anything else version 1. */
-static bool lcu_attn_v2(void)
+/* The kernels of the version LCU_ATTN selects: mma version 2 (lcu_attention_v2.cu), anything
+ * else version 1. */
+static lcu_attn_kernels lcu_attn_version(int d)
 {
     const char *e = getenv("LCU_ATTN");
-    return e && strcmp(e, "mma") == 0;
+    return e && strcmp(e, "mma") == 0 ? lcu_attn_v2_kernels(d) : lcu_attn_v1_kernels(d);
 }
 
 int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v, lcu_bf16 *out,
@@ -141,7 +142,11 @@ int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
     if (rc) return rc;
     const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
     bf16 *O = (bf16 *)out;
-    return lcu_attn_v2() ? lcu_attn_v2_fwd(&p, a->d, Q, K, V, O, lse, s) : lcu_attn_v1_fwd(&p, a->d, Q, K, V, O, lse, s);
+    lcu_attn_kernels kn = lcu_attn_version(a->d);
+    rc = (int)cudaFuncSetAttribute(kn.fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, kn.fwd_smem);
+    if (rc) return rc;
+    kn.fwd<<<dim3((unsigned)p.ub, p.nq), 128, kn.fwd_smem, s>>>(p, Q, K, V, O, lse);
+    return lcu_launch_status();
 }
 
 int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v,
@@ -164,6 +169,13 @@ int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
     pq = pk;
     pq.cum = (const int32_t *)ws; /* query tiles */
     const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v, *dO = (const bf16 *)dout;
-    return lcu_attn_v2() ? lcu_attn_v2_bwd(&pk, &pq, a->d, Q, K, V, dO, lse, Dv, dq, dk, dv, s)
-                         : lcu_attn_v1_bwd(&pk, &pq, a->d, Q, K, V, dO, lse, Dv, dq, dk, dv, s);
+    lcu_attn_kernels kn = lcu_attn_version(a->d);
+    rc = (int)cudaFuncSetAttribute(kn.dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, kn.dkdv_smem);
+    if (!rc) rc = (int)cudaFuncSetAttribute(kn.dq, cudaFuncAttributeMaxDynamicSharedMemorySize, kn.dq_smem);
+    if (rc) return rc;
+    kn.dkdv<<<dim3((unsigned)pk.ub, a->nkv), kn.bwd_threads, kn.dkdv_smem, s>>>(pk, Q, K, V, dO, lse, Dv, dk, dv);
+    rc = lcu_launch_status();
+    if (rc) return rc;
+    kn.dq<<<dim3((unsigned)pq.ub, a->nq), kn.bwd_threads, kn.dq_smem, s>>>(pq, Q, K, V, dO, lse, Dv, dq);
+    return lcu_launch_status();
 }

@@ -1,6 +1,6 @@
 /* lcu_attention.cuh — what the attention kernel versions share: the 64-row tiles, the
- * launch parameters, the tile → sequence search, the tile loads, and each version's
- * launchers. lcu_attention.cu holds the entry points of cuda_ops.h (checks, workspace,
+ * launch parameters, the tile → sequence search, the tile loads, and each version's table
+ * of kernels. lcu_attention.cu holds the entry points of cuda_ops.h (checks, workspace,
  * tile tables, D = rowsum(dO ⊙ O)) and picks the version; lcu_attention_v1.cu (WMMA) and
  * lcu_attention_v2.cu (mma.sync) hold the kernels. For these three files only.
  */
@@ -67,16 +67,21 @@ __device__ __forceinline__ void lcu_load_q_side(bf16 *Qs, bf16 *dOs, float *lse_
     }
 }
 
-/* Version 1 (v1) and version 2 (v2): the forward with p, and the backward with pk (key
- * tiles: dK, dV) and pq (query tiles: dQ), for head size d ∈ {16, 32, 64, 128}. 0 or a
- * CUDA error. */
-int lcu_attn_v1_fwd(const lcu_attn_p *p, int d, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
-                    cudaStream_t s);
-int lcu_attn_v1_bwd(const lcu_attn_p *pk, const lcu_attn_p *pq, int d, const bf16 *q, const bf16 *k, const bf16 *v,
-                    const bf16 *dout, const float *lse, const float *Dv, float *dq, float *dk, float *dv, cudaStream_t s);
-int lcu_attn_v2_fwd(const lcu_attn_p *p, int d, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
-                    cudaStream_t s);
-int lcu_attn_v2_bwd(const lcu_attn_p *pk, const lcu_attn_p *pq, int d, const bf16 *q, const bf16 *k, const bf16 *v,
-                    const bf16 *dout, const float *lse, const float *Dv, float *dq, float *dk, float *dv, cudaStream_t s);
+/* A version's kernels for one head size and how they are launched: dynamic shared memory
+ * (bytes) of each, threads per block of the two backward passes (the forward runs 128). */
+typedef struct {
+    void (*fwd)(lcu_attn_p, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse);
+    void (*dkdv)(lcu_attn_p, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
+                 const float *Dv, float *dk, float *dv);
+    void (*dq)(lcu_attn_p, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
+               const float *Dv, float *dq);
+    int fwd_smem, dkdv_smem, dq_smem;
+    int bwd_threads;
+} lcu_attn_kernels;
+
+/* Version 1 (lcu_attention_v1.cu) and version 2 (lcu_attention_v2.cu) for head size
+ * d ∈ {16, 32, 64, 128}. */
+lcu_attn_kernels lcu_attn_v1_kernels(int d);
+lcu_attn_kernels lcu_attn_v2_kernels(int d);
 
 #endif

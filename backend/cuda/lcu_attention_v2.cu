@@ -386,58 +386,20 @@ __global__ void __launch_bounds__(128) lcu_attn_dq2_k(lcu_attn_p p, const bf16 *
     }
 }
 
-/* ---- launchers (lcu_attention.cu chooses the version) ------------------------------------- */
+/* ---- the version's kernels, for lcu_attention.cu to launch --------------------------------- */
 
-template <int D>
-static int lcu_attn_v2_fwd_d(const lcu_attn_p *p, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
-                            cudaStream_t s)
+template <int D> static lcu_attn_kernels lcu_attn_v2_at()
 {
-    int smem = lcu_attn2_cfg<D>::FWD_SMEM;
-    auto kern = lcu_attn_fwd2_k<D>;
-    int rc = (int)cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (rc) return rc;
-    kern<<<dim3((unsigned)p->ub, p->nq), 128, smem, s>>>(*p, q, k, v, out, lse);
-    return lcu_launch_status();
+    typedef lcu_attn2_cfg<D> C;
+    return {lcu_attn_fwd2_k<D>, lcu_attn_dkdv2_k<D>, lcu_attn_dq2_k<D>, C::FWD_SMEM, C::DKDV_SMEM, C::DQ_SMEM, 128};
 }
 
-int lcu_attn_v2_fwd(const lcu_attn_p *p, int d, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
-                   cudaStream_t s)
+lcu_attn_kernels lcu_attn_v2_kernels(int d)
 {
     switch (d) {
-    case 16: return lcu_attn_v2_fwd_d<16>(p, q, k, v, out, lse, s);
-    case 32: return lcu_attn_v2_fwd_d<32>(p, q, k, v, out, lse, s);
-    case 64: return lcu_attn_v2_fwd_d<64>(p, q, k, v, out, lse, s);
-    default: return lcu_attn_v2_fwd_d<128>(p, q, k, v, out, lse, s);
-    }
-}
-
-template <int D>
-static int lcu_attn_v2_bwd_d(const lcu_attn_p *pk, const lcu_attn_p *pq, const bf16 *q, const bf16 *k, const bf16 *v,
-                            const bf16 *dout, const float *lse, const float *Dv, float *dq, float *dk, float *dv,
-                            cudaStream_t s)
-{
-    int threads = 128;
-    int smem_kv = lcu_attn2_cfg<D>::DKDV_SMEM;
-    int smem_q = lcu_attn2_cfg<D>::DQ_SMEM;
-    auto kv_kern = lcu_attn_dkdv2_k<D>;
-    auto q_kern = lcu_attn_dq2_k<D>;
-    int rc = (int)cudaFuncSetAttribute(kv_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
-    if (!rc) rc = (int)cudaFuncSetAttribute(q_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q);
-    if (rc) return rc;
-    kv_kern<<<dim3((unsigned)pk->ub, pk->nkv), threads, smem_kv, s>>>(*pk, q, k, v, dout, lse, Dv, dk, dv);
-    rc = lcu_launch_status();
-    if (rc) return rc;
-    q_kern<<<dim3((unsigned)pq->ub, pq->nq), threads, smem_q, s>>>(*pq, q, k, v, dout, lse, Dv, dq);
-    return lcu_launch_status();
-}
-
-int lcu_attn_v2_bwd(const lcu_attn_p *pk, const lcu_attn_p *pq, int d, const bf16 *q, const bf16 *k, const bf16 *v,
-                   const bf16 *dout, const float *lse, const float *Dv, float *dq, float *dk, float *dv, cudaStream_t s)
-{
-    switch (d) {
-    case 16: return lcu_attn_v2_bwd_d<16>(pk, pq, q, k, v, dout, lse, Dv, dq, dk, dv, s);
-    case 32: return lcu_attn_v2_bwd_d<32>(pk, pq, q, k, v, dout, lse, Dv, dq, dk, dv, s);
-    case 64: return lcu_attn_v2_bwd_d<64>(pk, pq, q, k, v, dout, lse, Dv, dq, dk, dv, s);
-    default: return lcu_attn_v2_bwd_d<128>(pk, pq, q, k, v, dout, lse, Dv, dq, dk, dv, s);
+    case 16: return lcu_attn_v2_at<16>();
+    case 32: return lcu_attn_v2_at<32>();
+    case 64: return lcu_attn_v2_at<64>();
+    default: return lcu_attn_v2_at<128>();
     }
 }
