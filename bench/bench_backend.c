@@ -26,6 +26,7 @@
 #include "backend/cpu/cpu_ops.h"    /* the CPU anchor: cpu_sgemm on the backend's thread pool */
 #include "backend/cpu/cpu_pool.h"
 #include "backend/loss.h"
+#include "common/clock.h"
 #include "model/adapter_io.h"
 #include "registry/blobstore.h"
 #include "model/mkmodel.h"
@@ -37,13 +38,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void cpu_name(char *out, size_t n)
 {
@@ -72,9 +66,9 @@ static double gemm_rate(int threads)
     cpu_sgemm(p, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
     double dt = 1e30; /* best of 8: the anchor is the machine's capability, not its noise */
     for (int r = 0; r < 8; r++) {
-        double t0 = now();
+        double t0 = clock_mono_s();
         cpu_sgemm(p, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
-        double t = now() - t0;
+        double t = clock_mono_s() - t0;
         dt = t < dt ? t : dt;
     }
     cpu_pool_destroy(p);
@@ -92,9 +86,9 @@ static double openblas_rate(int threads)
     openblas_set_num_threads(threads);
     double dt = 1e30;
     for (int r = 0; r < 8; r++) {
-        double t0 = now();
+        double t0 = clock_mono_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
-        double t = now() - t0;
+        double t = clock_mono_s() - t0;
         dt = r && t < dt ? t : dt;
     }
     openblas_set_num_threads(1);
@@ -114,22 +108,22 @@ static void durability(const exe_backend *be, void *ctx, exe_adapter *ad, double
     size_t len = 0;
     for (int it = 0; it < iters; it++) {
         adapter_state host;
-        double t0 = now();
+        double t0 = clock_mono_s();
         if (exe_adapter_to_state(be, ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, &host, err, sizeof err) < 0) break;
-        double t1 = now();
+        double t1 = clock_mono_s();
         uint8_t *bytes;
         host.params[it] += 1e-3f;   /* another state each time: the store really writes */
         if (adapter_io_encode(&host, true, &bytes, &len, err, sizeof err) < 0) break;
-        double t2 = now();
+        double t2 = clock_mono_s();
         if (blob_put(bs, bytes, len, dg, err, sizeof err) < 0) break;
-        double t3 = now();
+        double t3 = clock_mono_s();
         void *back;
         size_t blen;
         if (blob_get(bs, dg, &back, &blen, err, sizeof err) < 0) break;
         int rc = adapter_io_restore(&host, back, blen, true, err, sizeof err);
-        double t4 = now();
+        double t4 = clock_mono_s();
         if (rc == 0) rc = be->adapter_upload(ctx, ad, &host, ADAPTER_PARAMS | ADAPTER_OPTIM, err, sizeof err);
-        double t5 = now();
+        double t5 = clock_mono_s();
         free(back);
         free(bytes);
         adapter_state_free(&host);
@@ -165,9 +159,9 @@ static double read_rate(void)
     for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
     double best = 1e30, sink = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now(), acc = 0;
+        double t0 = clock_mono_s(), acc = 0;
         for (size_t i = 0; i < n; i += 4) acc += a[i] + a[i + 1] + a[i + 2] + a[i + 3];
-        double dt = now() - t0;
+        double dt = clock_mono_s() - t0;
         sink += acc;
         best = dt < best ? dt : best;
     }
@@ -233,19 +227,19 @@ int main(int argc, char **argv)
         snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_bench_XXXXXX");
         if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 2; }
         o.out_dir = tmpdir;
-        double t0 = now();
+        double t0 = clock_mono_s();
         if (mkmodel_write(&o, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
-        printf("mkmodel: %.1f s\n", now() - t0);
+        printf("mkmodel: %.1f s\n", clock_mono_s() - t0);
         model_dir = tmpdir;
     }
     model_files *m;
-    double t0 = now();
+    double t0 = clock_mono_s();
     if (model_open(model_dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
     const model_config mcfg = m->cfg, *c = &mcfg;
     exe_backend_opts bo = {.device = device, .threads = threads};
     void *ctx = be->create(m, &bo, err, sizeof err);
     model_close(m);
-    double t_load = now() - t0;
+    double t_load = clock_mono_s() - t0;
     if (!ctx) { fprintf(stderr, "%s\n", err); return 1; }
     exe_device_info dev;
     be->device_info(ctx, &dev);
@@ -284,19 +278,19 @@ int main(int argc, char **argv)
     be->forward_backward(ctx, seqs, nseqs, true, err, sizeof err); /* warm-up: buffers grow once */
     double best_f = 1e30, best_fb = 1e30, best_opt = 1e30;
     for (int it = 0; it < iters; it++) {
-        t0 = now();
+        t0 = clock_mono_s();
         if (be->forward_backward(ctx, seqs, nseqs, false, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-        double dt = now() - t0;
+        double dt = clock_mono_s() - t0;
         best_f = dt < best_f ? dt : best_f;
-        t0 = now();
+        t0 = clock_mono_s();
         be->forward_backward(ctx, seqs, nseqs, true, err, sizeof err);
-        dt = now() - t0;
+        dt = clock_mono_s() - t0;
         best_fb = dt < best_fb ? dt : best_fb;
         adam_params hp = {1e-4, 0.9, 0.95, 1e-8, 0.0, 1.0};
         double gn;
-        t0 = now();
+        t0 = clock_mono_s();
         for (int a = 0; a < nad; a++) be->optim_step(ctx, ads[a], &hp, &gn, err, sizeof err);
-        dt = now() - t0;
+        dt = clock_mono_s() - t0;
         best_opt = dt < best_opt ? dt : best_opt;
     }
     /* sampling: nseqs prompts of 128 tokens (or fewer), nsamples samples of gen new tokens
@@ -317,9 +311,9 @@ int main(int argc, char **argv)
                                          .seed = (uint64_t)s, .tokens_out = stok + (long)s * nsamples * gen,
                                          .logprobs_out = slp + (long)s * nsamples * gen, .n_out = sn + s * nsamples,
                                          .stopped_out = sstop + s * nsamples};
-            t0 = now();
+            t0 = clock_mono_s();
             if (be->sample(ctx, rq, nseqs, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
-            double dt = now() - t0;
+            double dt = clock_mono_s() - t0;
             if (full) t_sample = dt < t_sample ? dt : t_sample;
             else t_prefill = dt < t_prefill ? dt : t_prefill;
         }

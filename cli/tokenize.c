@@ -13,8 +13,8 @@
  * Hugging Face's decode gives. */
 #include "cli/tokenize.h"
 #include "common/config.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -18,6 +18,7 @@
 #include "cli/up.h"
 #include "cli/cli_sql.h"
 #include "cli/up_lock.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/db.h"
 #include "common/keys.h"
@@ -63,12 +64,6 @@ typedef struct {
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { g_stop = 1; }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static pid_t spawn(char *const argv[], int *stdout_pipe) {
     int fds[2] = {-1, -1};
@@ -125,7 +120,7 @@ static int start_child(child *ch, PGconn *c) {
     int out = -1;
     if (!strcmp(ch->role, "executor")) ch->id_floor = executor_id_floor(c);
     ch->pid = spawn(ch->argv, ch->reads_port ? &out : NULL);
-    ch->started = now_s();
+    ch->started = clock_mono_s();
     ch->restart_at = 0;
     if (ch->pid < 0) { ch->pid = 0; return -1; }
     if (ch->reads_port) {
@@ -144,13 +139,13 @@ static void note_children(const child *cs, int n) {
 
 /* A child died: schedule its restart after the backoff. */
 static void child_died(child *ch, int status) {
-    double ran = now_s() - ch->started;
+    double ran = clock_mono_s() - ch->started;
     ch->quick_deaths = ran < STABLE_S ? ch->quick_deaths + 1 : 1;
     double delay = BACKOFF_FIRST_S;
     for (int i = 1; i < ch->quick_deaths && delay < BACKOFF_MAX_S; i++) delay *= 2;
     if (delay > BACKOFF_MAX_S) delay = BACKOFF_MAX_S;
     ch->pid = 0;
-    ch->restart_at = now_s() + delay;
+    ch->restart_at = clock_mono_s() + delay;
     log_warn("%s exited unexpectedly (status %d) after %.1f s; restarting it in %.2f s", ch->role,
              status, ran, delay);
 }
@@ -569,7 +564,7 @@ int up_main(int argc, char **argv) {
     if (!forked) { log_error("fork: %s", strerror(errno)); goto out; }
     cs[SCH].argv = sch_argv;
     cs[API].argv = api_argv;
-    for (int i = 0; i <= API; i++) cs[i].started = now_s();
+    for (int i = 0; i <= API; i++) cs[i].started = clock_mono_s();
     int api_port = read_port(api_out, 30000);
     if (api_port <= 0) { log_error("the api did not start (see messages above)"); goto out; }
     /* A restarted api must come back on the same port (the printed URL stays valid). */
@@ -616,7 +611,7 @@ int up_main(int argc, char **argv) {
     rc = 0;
     char hostname[256] = "localhost";
     gethostname(hostname, sizeof hostname);
-    double next_watch = now_s() + WATCH_EVERY_S, db_answers_since = now_s();
+    double next_watch = clock_mono_s() + WATCH_EVERY_S, db_answers_since = clock_mono_s();
     int db_session = PQbackendPID(c);
     while (!g_stop) {
         int st;
@@ -629,7 +624,7 @@ int up_main(int argc, char **argv) {
                 }
         }
         for (int i = 0; i < NC && !g_stop; i++) {
-            if (cs[i].pid || cs[i].restart_at <= 0 || now_s() < cs[i].restart_at) continue;
+            if (cs[i].pid || cs[i].restart_at <= 0 || clock_mono_s() < cs[i].restart_at) continue;
             if (start_child(&cs[i], c) < 0) {
                 log_warn("%s did not start again; trying later", cs[i].role);
                 if (cs[i].pid > 0) kill(cs[i].pid, SIGKILL);   /* reaped above, then retried */
@@ -639,19 +634,19 @@ int up_main(int argc, char **argv) {
             }
             note_children(cs, NC);
         }
-        if (now_s() >= next_watch) {
+        if (clock_mono_s() >= next_watch) {
             /* Since when the database answers this connection without a break: a failed
              * query or a new session (a reset) starts it over. */
             if (PQstatus(c) != CONNECTION_OK) db_reset(c);
             if (PQstatus(c) != CONNECTION_OK || PQbackendPID(c) != db_session) {
                 db_session = PQbackendPID(c);
-                db_answers_since = now_s();
+                db_answers_since = clock_mono_s();
             }
             int silent_s = (int)cfg_int(&o, "executor-timeout-s");
-            bool judge = now_s() - db_answers_since >= silent_s;
+            bool judge = clock_mono_s() - db_answers_since >= silent_s;
             for (int i = 0; i < n_exec; i++)
-                if (watch_executor(&cs[i], c, hostname, silent_s, judge) < 0) db_answers_since = now_s();
-            next_watch = now_s() + WATCH_EVERY_S;
+                if (watch_executor(&cs[i], c, hostname, silent_s, judge) < 0) db_answers_since = clock_mono_s();
+            next_watch = clock_mono_s() + WATCH_EVERY_S;
         }
         usleep(100 * 1000);   /* a signal cuts it short */
     }

@@ -7,6 +7,7 @@
 #include "registry/blobstore.h"
 #include "registry/registry.h"
 #include "common/db.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include <pthread.h>
@@ -14,12 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- a snapshot as bytes and as a row -------------------------------------------------- */
 
@@ -180,7 +175,7 @@ int exe_slot_restore(exe_state *st, PGconn *c, const char *model_id, const lora_
         exe_store_drop(&st->store, STORE_TRAINING, model_id);
     }
     if (state_seq < 0) return 0;
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     exe_adapter *ad = NULL;
     int64_t snap = -1;
     int rc = load_snapshot(st, c, model_id, lcfg, state_seq, &ad, &snap, err, errlen);
@@ -202,7 +197,7 @@ int exe_slot_restore(exe_state *st, PGconn *c, const char *model_id, const lora_
     char from[64] = "its create_model";
     if (snap >= 0) snprintf(from, sizeof from, "its snapshot after seq_id %lld", (long long)snap);
     log_info("model %s: state after seq_id %lld restored from %s and %d operation(s) replayed in %.3f s", model_id,
-             (long long)state_seq, from, count, now_s() - t0);
+             (long long)state_seq, from, count, clock_mono_s() - t0);
     return 0;
 }
 
@@ -328,7 +323,7 @@ static void write_job(struct snap_writer *w, snap_job *j) {
     char err[512] = "";
     snap_blob b = {.seq = j->seq};
     snprintf(b.model_id, sizeof b.model_id, "%s", j->model_id);
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc = store_blob(st, &j->host, &b, err, sizeof err);
     if (rc == 0) {
         if (!w->c || PQstatus(w->c) != CONNECTION_OK) {
@@ -362,7 +357,7 @@ static void write_job(struct snap_writer *w, snap_job *j) {
         log_debug("model %s: snapshot after seq_id %lld not written: %s", j->model_id, (long long)j->seq, err);
     else
         log_info("model %s: snapshot after seq_id %lld (step %lld, %zu bytes) written in %.3f s%s", j->model_id,
-                 (long long)j->seq, (long long)b.step, b.len, now_s() - t0,
+                 (long long)j->seq, (long long)b.step, b.len, clock_mono_s() - t0,
                  was_failing ? " (snapshots are written again)" : "");
     free(b.bytes);
 }

@@ -8,7 +8,7 @@
 #include "executor/exe_store.h"
 #include "model/lora.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <stdbool.h>

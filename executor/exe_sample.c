@@ -43,7 +43,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_stream.h"
 #include "backend/loss.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <float.h>

@@ -1,18 +1,13 @@
 /* exe_store.c: the adapter store (see exe_store.h). A flat array: an executor holds
  * tens to hundreds of adapters, and a linear scan costs nothing next to one cycle. */
 #include "executor/exe_store.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *const kind_names[STORE_NKINDS] = {"training slot", "sampler snapshot", "cached checkpoint"};
 
@@ -48,7 +43,7 @@ exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
-    s->e[i].used_at = now_s();
+    s->e[i].used_at = clock_mono_s();
     return s->e[i].ad;
 }
 
@@ -61,7 +56,7 @@ exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
-    s->e[i].used_at = now_s();
+    s->e[i].used_at = clock_mono_s();
     s->e[i].pins++;
     return s->e[i].ad;
 }
@@ -125,7 +120,7 @@ int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *a
     e->ad = ad;
     e->pins = pinned ? 1 : 0;
     e->last_use = ++s->clock;
-    e->used_at = now_s();
+    e->used_at = clock_mono_s();
     e->seqs = (slot_seqs){.state_seq = -1, .base_seq = -1, .snap_seq = -1, .snap_step = 0};
     s->used += ad->device_bytes;
     return 0;
@@ -151,7 +146,7 @@ void exe_store_get_stats(const exe_store *s, exe_store_stats *out) {
 }
 
 int exe_store_idle_training(const exe_store *s, double idle_s, const char **keys, int cap) {
-    double now = now_s();
+    double now = clock_mono_s();
     uint64_t taken = 0;   /* clock values taken so far: entries come out in last_use order */
     int n = 0;
     while (n < cap) {

@@ -15,6 +15,7 @@
  *    "d": "stop" | "length" (the sample ended with the line's last token)}
  */
 #include "executor/exe_stream.h"
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
@@ -190,19 +191,13 @@ static char *payload_array(const char *lines, size_t len) {
     return sb_steal(&a, NULL);
 }
 
-static double mono_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static void *publisher_main(void *arg) {
     (void)arg;
     PGconn *c = NULL;
     double last_try = -1e9, last_send = 0;
     for (;;) {
-        if (!c && mono_ms() - last_try > 1000) {
-            last_try = mono_ms();
+        if (!c && 1e3 * clock_mono_s() - last_try > 1000) {
+            last_try = 1e3 * clock_mono_s();
             c = publisher_connect();
         }
         struct pollfd p[2] = {{.fd = g.wake_fd, .events = POLLIN}, {.fd = c ? PQsocket(c) : -1, .events = POLLIN}};
@@ -219,7 +214,7 @@ static void *publisher_main(void *arg) {
         /* also those that arrived while a publication ran (libpq keeps them) */
         for (PGnotify *n; c && (n = PQnotifies(c)); PQfreemem(n)) on_cancel(n->extra);
         /* one publication per tick at most: the tokens of a tick go out together */
-        double wait = last_send + STREAM_TICK_MS - mono_ms();
+        double wait = last_send + STREAM_TICK_MS - 1e3 * clock_mono_s();
         if (wait > 0) usleep((useconds_t)(wait * 1000));
         atomic_store(&g.dirty, false);
         strbuf lines;
@@ -237,7 +232,7 @@ static void *publisher_main(void *arg) {
                 if (PQstatus(c) != CONNECTION_OK) db_finish(c), c = NULL;
             }
             free(arr);
-            last_send = mono_ms();
+            last_send = 1e3 * clock_mono_s();
         }
         sb_free(&lines);
     }

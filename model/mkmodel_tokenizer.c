@@ -18,7 +18,7 @@
  * without them (tests depend on the tiny vocabulary).
  */
 #include "model/mkmodel.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

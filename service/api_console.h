@@ -3,8 +3,8 @@
  * works offline), and the read-only JSON routes its pages read. The key never travels in
  * a URL: the page keeps it in sessionStorage and sends it as X-API-Key. */
 #pragma once
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "service/api_call.h"
 #include <stddef.h>
 

@@ -6,6 +6,7 @@
  * the patterns of api_routes.c ("/api/v1/training_runs/{id}"), never raw paths, so the
  * number of series is fixed by the route table and the status codes. */
 #include "service/api_metrics.h"
+#include "common/clock.h"
 #include "service/http_gate.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -19,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 /* ---- per-process request counters ----------------------------------------------------- */
@@ -44,17 +44,11 @@ static size_t g_nroutes;
 static _Atomic long g_in_flight;
 static double g_started;
 
-static double wall_now(void) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return tv.tv_sec + tv.tv_usec / 1e6;
-}
-
 void api_metrics_init(void) {
     g_nroutes = api_route_count();
     g_stats = calloc(g_nroutes + N_PSEUDO, sizeof *g_stats);
     if (!g_stats) abort();
-    g_started = wall_now();
+    g_started = clock_wall_s();
 }
 
 void api_metrics_in_flight(int delta) { atomic_fetch_add(&g_in_flight, delta); }

@@ -24,6 +24,7 @@
  * disposes the request) cancels its operations: queued ones at once, running ones at
  * their executor's next token. */
 #include "service/api_openai.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_metrics.h"
@@ -36,7 +37,6 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 
 #define TICK_MS 1000               /* each request looks at its state this often */
 #define RECHECK_MS 2000            /* without progress for this long: read the result */
@@ -156,12 +156,6 @@ static bool reg_find(const char *rid, size_t n, reg_entry *out) {
 }
 
 /* ---- small helpers ----------------------------------------------------------------------------- */
-
-static double wall_now(void) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return tv.tv_sec + tv.tv_usec / 1e6;
-}
 
 static void put_lp(strbuf *b, double x) { sb_printf(b, "%.9g", x); }
 
@@ -312,7 +306,7 @@ static void observe(oai_stream *st, int status, const char *body, size_t len) {
     if (st->observed) return;
     st->observed = true;
     api_metrics_in_flight(-1);
-    api_observe_answer(st->job, status, wall_now(), body, len);
+    api_observe_answer(st->job, status, clock_wall_s(), body, len);
 }
 
 /* The request is answered (or its stream is complete): nothing more is needed from the

@@ -3,6 +3,7 @@
  * byte so the code does not depend on the host's byte order. */
 #include "service/api_proto.h"
 #include "common/strbuf.h"
+#include "common/xalloc.h"
 #include "service/proto/tinker_public.pb-c.h"
 #include <jansson.h>
 #include <math.h>
@@ -10,12 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-static void *xcalloc(size_t n, size_t sz) {
-    void *p = calloc(n ? n : 1, sz);
-    if (!p) abort();
-    return p;
-}
 
 /* ---- little-endian arrays ------------------------------------------------------------ */
 

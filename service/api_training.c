@@ -2,6 +2,7 @@
  * operations row (see api_ops.c) and answer {"request_id", "model_id"}; get_info answers
  * directly from the models row. */
 #include "common/db.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_call.h"
@@ -24,12 +25,6 @@
 static int reply_future(api_call *c, const char *request_id, const char *model_id) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id",
                                             model_id));
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- create_model (§7.1) ------------------------------------------------------------ */
@@ -248,7 +243,7 @@ int api_h_get_info(api_call *c) {
  * bodies (§14; forward_only = true makes it a forward) end in the same fb_request. */
 static int submit_fwd(api_call *c, bool forward_only) {
     fb_request q;
-    double t0 = now_s();
+    double t0 = clock_mono_s();
     int rc;
     if (c->proto_body) {
         rc = proto_decode_fwdbwd((const uint8_t *)c->job->body, c->job->body_len, &q, c->err,
@@ -276,10 +271,10 @@ static int submit_fwd(api_call *c, bool forward_only) {
         fb_request_free(&q);
         return 0;
     }
-    double t1 = now_s();
+    double t1 = clock_mono_s();
     size_t plen;
     char *payload = fb_payload_json(&q, &plen);
-    double t2 = now_s();
+    double t2 = clock_mono_s();
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = q.model_id, .kind = route,
                        .has_seq_id = q.has_seq_id, .seq_id = q.seq_id, .payload = payload,
                        .n_tokens = fb_total_tokens(&q)};
@@ -288,7 +283,7 @@ static int submit_fwd(api_call *c, bool forward_only) {
     free(payload);
     log_debug("%s: %zu datums, %lld tokens, %zu bytes in, payload %zu bytes: decode+validate "
               "%.3f s, payload %.3f s, insert %.3f s", route, q.n_data, (long long)s.n_tokens,
-              c->job->body_len, plen, t1 - t0, t2 - t1, now_s() - t2);
+              c->job->body_len, plen, t1 - t0, t2 - t1, clock_mono_s() - t2);
     if (st == 0) reply_future(c, request_id, q.model_id);
     else if (st < 0) api_db_error(c, route, c->err);
     else op_reject(c, st, q.model_id, q.has_seq_id, q.seq_id, route);

@@ -3,6 +3,7 @@
 #include "service/fwdbwd.h"
 #include "common/fb_check.h"
 #include "common/strbuf.h"
+#include "common/xalloc.h"
 #include "service/api_json.h"
 #include <math.h>
 #include <stdio.h>
@@ -10,18 +11,6 @@
 #include <string.h>
 
 #define BIT(i) (1u << (i))
-
-static void *xcalloc(size_t n, size_t sz) {
-    void *p = calloc(n ? n : 1, sz);
-    if (!p) abort();
-    return p;
-}
-
-static char *xstrdup(const char *s) {
-    char *p = strdup(s);
-    if (!p) abort();
-    return p;
-}
 
 /* A shape [rows, cols] is checked before anything of its size is allocated: 1 <= cols <=
  * LIMIT_K (check_shape2), then, once the shape is known to fit its data or its CSR

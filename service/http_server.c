@@ -8,6 +8,7 @@
  * h2o_mem_alloc_shared in req->pool; when h2o frees the request, the ref's dispose
  * callback detaches the job (or frees it if parked), so a worker's late answer is dropped. */
 #include "service/http_server.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "service/api_console.h"
@@ -160,15 +161,9 @@ static void safe_copy(char *out, size_t n, const char *s, size_t len) {
 
 /* ---- the access log ---------------------------------------------------------------- */
 
-static double wall_now(void) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return tv.tv_sec + tv.tv_usec / 1e6;
-}
-
 static double begun_at(h2o_req_t *req) {
     struct timeval *t = &req->timestamps.request_begin_at;
-    return t->tv_sec ? t->tv_sec + t->tv_usec / 1e6 : wall_now();
+    return t->tv_sec ? t->tv_sec + t->tv_usec / 1e6 : clock_wall_s();
 }
 
 /* The X-Request-Id of req: the one on_req set on the response, else the client's (or a
@@ -186,7 +181,7 @@ static void observe_inline(h2o_req_t *req, const api_route *r, bool by_h2o, int 
     safe_copy(method, sizeof method, req->method.base, req->method.len);
     log_id_of(req, id);
     api_access a = {.route = r, .by_h2o = by_h2o, .method = method, .status = status, .tenant = "",
-                    .log_id = id, .seconds = wall_now() - begun_at(req), .reason = reason};
+                    .log_id = id, .seconds = clock_wall_s() - begun_at(req), .reason = reason};
     api_observe(&a);
 }
 
@@ -268,7 +263,7 @@ static void on_ref_dispose(void *p) {
     if (!job) return;
     job->ref = NULL;
     api_metrics_in_flight(-1);
-    api_observe_job(job, 499, wall_now());   /* nginx's "client closed request" */
+    api_observe_job(job, 499, clock_wall_s());   /* nginx's "client closed request" */
     if (job->where == JOB_PARKED) {
         unpark(job);
         api_job_free(job);
@@ -318,7 +313,7 @@ static void finish_job(api_job *job) {
     ref->job = NULL;
     job->ref = NULL;
     api_metrics_in_flight(-1);
-    api_observe_job(job, job->status, wall_now());
+    api_observe_job(job, job->status, clock_wall_s());
     h2o_req_t *req = ref->req;
     if (job->location)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_LOCATION, NULL,

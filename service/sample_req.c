@@ -3,18 +3,13 @@
  * user can fix the call. */
 #include "service/sample_req.h"
 #include "common/strbuf.h"
+#include "common/xalloc.h"
 #include "service/api_json.h"
 #include "service/fwdbwd.h"
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void *xcalloc(size_t n, size_t sz) {
-    void *p = calloc(n ? n : 1, sz);
-    if (!p) abort();
-    return p;
-}
 
 /* sampling_params.stop: null, one string, a list of strings, or a list of token ids. */
 static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen) {

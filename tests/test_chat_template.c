@@ -1,9 +1,9 @@
-/* test_chat_template.c — model/chat_template.c on Jinja2's semantics as transformers runs
+/* test_chat_template.c — text/chat_template.c on Jinja2's semantics as transformers runs
  * it (trim_blocks, lstrip_blocks, Python values): whitespace control, loops and their
  * scoping, namespace, slices, filters, tests, string methods, errors and limits. The
  * expected outputs are Jinja2's (the real templates are compared with Hugging Face's
  * renderer in tests/chat_template_test.py). */
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #define CHECK_QUIET   /* thousands of checks: print failures only */
 #include "check.h"
 

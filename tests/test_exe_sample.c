@@ -19,7 +19,7 @@
 #include "executor/exe_train.h"
 #include "model/mkmodel.h"
 #include "model/rng.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tests/lib/test_backend.h"
 #define CHECK_QUIET   /* thousands of checks: print failures only */
 #include "check.h"

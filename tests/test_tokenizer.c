@@ -1,11 +1,11 @@
-/* test_tokenizer.c — model/tokenizer.c against what byte-level BPE must do and against an
+/* test_tokenizer.c — text/tokenizer.c against what byte-level BPE must do and against an
  * independent Python encoder (tests/lib/bpe_ref.py, run with /usr/bin/python3 when it
  * exists): the tokenizers `loom mkmodel` writes (Llama 3 split + "a b" merges on the tiny
  * 256-token vocabulary, Qwen2 split + [a, b] merges with the full byte alphabet) and a
  * GPT-2-style one; round trips decode(encode(s)) == s over varied and random UTF-8,
  * merges applied, special tokens, pre-tokeniser splits known from tiktoken/HF. */
 #include "model/mkmodel.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/rng.h"
 #define CHECK_QUIET   /* thousands of checks: print failures only */
 #include "check.h"

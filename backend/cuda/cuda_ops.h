@@ -136,7 +136,8 @@ int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float
  * q_len_i ≤ kv_len_i. Layouts: q, out [rows, nq·d]; k, v [rows, nkv·d]; lse [rows, nq]
  * (natural log, of scale·q·k). Two kernel versions compute the same function: the
  * environment variable LCU_ATTN=mma selects version 2 (FlashAttention-2 style, mma.sync),
- * anything else version 1 (WMMA); see lcu_attention.cu. */
+ * anything else version 1 (WMMA); see lcu_attention.cu (the versions: lcu_attention_v1.cu,
+ * lcu_attention_v2.cu). */
 typedef struct {
     int nseq;
     const int32_t *q_start;      /* device [nseq + 1] */

@@ -25,6 +25,7 @@
  */
 #include "backend/backend.h"
 #include "backend/loss.h"
+#include "common/clock.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -85,13 +86,6 @@ static const peer_fig ISSUE[] = {
     {"Llama-3.2-1B", 4, 2048, 77594, 33888}, {"Qwen3-8B", 8, 512, 17757, 7576}, {"Qwen3-8B", 2, 2048, 17434, 7443},
     {"Qwen3-8B", 1, 8192, 0, 0},
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double matmul_params(const geo *g)
 {
@@ -262,9 +256,9 @@ static double time_pass(bench *b, exe_seq *s, int n, bool backward, char *err, s
     double t[16], spent = 0;
     int k = 0;
     while (k < b->iters && (k == 0 || spent < 20.0)) {
-        double t0 = now();
+        double t0 = clock_mono_s();
         if (b->be->forward_backward(b->ctx, s, n, backward, err, errlen) != 0) return -1;
-        t[k] = now() - t0;
+        t[k] = clock_mono_s() - t0;
         spent += t[k++];
     }
     return median(t, k);
@@ -387,7 +381,7 @@ int main(int argc, char **argv)
         if (layers > 0) g.L = layers;
         char err[512];
         rand_model m;
-        double t0 = now();
+        double t0 = clock_mono_s();
         if (rm_build(&m, &g, err, sizeof err) < 0) { printf("%s: %s\n", g.name, err); return 1; }
         exe_backend_opts o = {.device = device, .threads = 0};
         void *ctx = be->create(&m.mf, &o, err, sizeof err);
@@ -396,7 +390,7 @@ int main(int argc, char **argv)
         exe_device_info di;
         be->device_info(ctx, &di);
         printf("== %s (%d layers; %.0f M matmul parameters) on %s, loaded in %.1f s\n", g.name, g.L,
-               matmul_params(&g) / 1e6, di.device, now() - t0);
+               matmul_params(&g) / 1e6, di.device, clock_mono_s() - t0);
         bench b = {be, ctx, &g, {0}, 0, iters, out, json_out};
         for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++) {
             const row *r = &ROWS[ri];

@@ -312,10 +312,3 @@ bool gt_expect_blocks(const char *what, const char *unit, const float *out, cons
 }
 
 long gt_block_run(size_t i, const void *per) { return (long)(i / *(const size_t *)per); }
-
-double gt_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}

@@ -99,6 +99,4 @@ bool gt_expect_blocks(const char *what, const char *unit, const float *out, cons
 /* Blocks that are consecutive runs of `per` elements (rows of a matrix, or per = 1). */
 long gt_block_run(size_t i, const void *per);
 
-double gt_now(void);
-
 #endif

@@ -1,7 +1,7 @@
 """An independent byte-level BPE encoder for tests/test_tokenizer.c (Debian has no
 `tokenizers` package): the tokenizer.json's split pattern run by Python's `re`, with
 \\p{L}, \\p{N} and \\s replaced by classes built from unicodedata (so the character
-classes come from the full Unicode database, not from model/tokenizer.c's range table),
+classes come from the full Unicode database, not from text/tokenizer.c's range table),
 GPT-2's bytes_to_unicode, and GPT-2's reference `bpe` merge loop.
 
     python3 bpe_ref.py tokenizer.json strings.json   -> prints a JSON list of id lists

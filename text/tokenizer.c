@@ -11,7 +11,7 @@
  * lowest-ranked adjacent pair everywhere it occurs until no pair has a merge (GPT-2's
  * reference loop; the same result as HF's heap of merges).
  */
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "common/err.h"
 
 #include <jansson.h>

@@ -25,8 +25,8 @@
  * table and added tokens decode to their content (special ones included, as HF with
  * skip_special_tokens=False); HF's clean_up_tokenization_spaces is not applied.
  */
-#ifndef LOOM_MODEL_TOKENIZER_H
-#define LOOM_MODEL_TOKENIZER_H
+#ifndef LOOM_TEXT_TOKENIZER_H
+#define LOOM_TEXT_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>

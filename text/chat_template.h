@@ -6,19 +6,20 @@
  * arguments (e.g. Qwen3's `enable_thinking`); Jinja2 runs with trim_blocks and
  * lstrip_blocks, and drops one trailing newline of the template, as transformers sets it.
  *
- * The interpreter (chat_template.c) covers the Jinja2 subset chat templates use: text,
- * {{ }}, {% if/elif/else %}, {% for %} (loop.*, else, filters, two-name unpacking),
- * {% set %} (names and namespace attributes), break/continue, {% generation %}, comments
- * and whitespace control; expressions with Python semantics (strings, numbers, lists,
- * dicts, slices, `in`, `~`, conditional expressions), the filters, tests, string and dict
- * methods and globals (namespace, range, raise_exception, strftime_now) that the
- * Llama 3.x, Qwen2/2.5/3 and ChatML templates use. A template using anything else
+ * The interpreter (text/jinja.h and the jinja_*.c beside it) covers the Jinja2 subset
+ * chat templates use: text, {{ }}, {% if/elif/else %}, {% for %} (loop.*, else, filters,
+ * two-name unpacking), {% set %} (names and namespace attributes), break/continue,
+ * {% generation %}, comments and whitespace control; expressions with Python semantics
+ * (strings, numbers, lists, dicts, slices, `in`, `~`, conditional expressions), the
+ * filters, tests, string and dict methods and globals (namespace, range,
+ * raise_exception, strftime_now) that the Llama 3.x, Qwen2/2.5/3 and ChatML templates
+ * use. A template using anything else
  * (macros, includes, an unknown filter or test) is refused at load with the construct
  * and its line; a run-time problem (raise_exception in the template, a type error,
  * a limit) is an error from render.
  */
-#ifndef LOOM_MODEL_CHAT_TEMPLATE_H
-#define LOOM_MODEL_CHAT_TEMPLATE_H
+#ifndef LOOM_TEXT_CHAT_TEMPLATE_H
+#define LOOM_TEXT_CHAT_TEMPLATE_H
 
 #include <jansson.h>
 #include <stdbool.h>
