@@ -139,6 +139,9 @@ typedef struct {
     long total_q;                /* q_start[nseq] (host value) */
     int nq, nkv, d;              /* d ∈ {16, 32, 64, 128}; nq a multiple of nkv */
     float scale;                 /* 1/sqrt(d) */
+    int max_len;                 /* host: the longest sequence's query rows, 0 = not given
+                                    (read by the cuDNN path only, to pick its plan; a value
+                                    below the real one is a caller's bug) */
 } lcu_attn_desc;
 
 /* Workspace bytes for lcu_attn_fwd / lcu_attn_bwd with this descriptor. */
@@ -154,6 +157,47 @@ int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
 int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v,
                  const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq, float *dk, float *dv,
                  void *ws, cudaStream_t s);
+
+/* ---- attention through cuDNN (lcu_cudnn_attn.c) ------------------------------------------ */
+
+/* The same function as lcu_attn_fwd / lcu_attn_bwd for self-attention over the packed rows
+ * (kv_start and kv_len NULL), computed by cuDNN 9's fused flash attention (forward and
+ * deterministic backward, ragged offsets for the packed sequences, GQA, causal mask),
+ * through cuDNN's backend API with libcudnn loaded at run time (lcu_cudnn.c says where it is
+ * looked for; LOOM_CUDNN_LIBRARY names it). Execution plans are cached per shape bucket
+ * (sequences rounded up to a power of two, the longest sequence to 64·{1, 1.5}·2^k rows).
+ * The version 1 kernels stay the reference and the KV-cache decode path.
+ *
+ * Differences from lcu_attn_bwd: dq, dk, dv are cuDNN's bf16 results widened to fp32 (the
+ * own kernels keep fp32 accumulators); rows [0, total_q) must be exactly the sequences'
+ * rows (q_start[0] = 0). The context owns its device workspace (grown with the largest
+ * batch and bucket, never per call once warm) and is used by one stream at a time. */
+#define LCU_ENOTSUP (-2)         /* this path does not take these arguments: run another */
+#define LCU_ECUDNN_BASE 200000   /* LCU_ECUDNN_BASE + cudnnStatus_t */
+
+typedef struct lcu_cudnn lcu_cudnn;
+
+/* Loads libcudnn (once per process) and makes a handle on the current device. 0, or
+ * LCU_ENOTSUP with why filled (not found, not cuDNN ≥ 9.6, built without cuDNN's headers,
+ * no device): the caller keeps the own kernels. */
+int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen);
+void lcu_cudnn_destroy(lcu_cudnn *c);
+/* "cuDNN 9.x.y (path)", for logs. */
+const char *lcu_cudnn_describe(const lcu_cudnn *c);
+/* Messages for LCU_ENOTSUP, LCU_ECUDNN_BASE + status, and everything lcu_strerror knows. */
+const char *lcu_cudnn_strerror(int rc);
+
+/* 0; LCU_ENOTSUP when this path does not take the call (KV-cache layouts, a head_dim cuDNN
+ * refuses, a bucket with no plan: those are logged once per bucket on stderr); LCU_EINVAL;
+ * a CUDA error; or LCU_ECUDNN_BASE + the status of a failed execution. */
+int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+                       const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s);
+int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+                       const lcu_bf16 *v, const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq,
+                       float *dk, float *dv, cudaStream_t s);
+
+/* Plans built so far; *refused = buckets cuDNN had no plan for (tests, benchmarks). */
+int lcu_cudnn_plans(const lcu_cudnn *c, int *refused);
 
 /* ---- output head: per-token logprobs, losses, dlogits, top-k ---------------------------- */
 
