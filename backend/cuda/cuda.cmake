@@ -88,6 +88,7 @@ set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
 set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
 add_library(loom_gpu_test_support STATIC
   ${CMAKE_SOURCE_DIR}/tests/gpu/ref_blas.c
+  ${CMAKE_SOURCE_DIR}/tests/gpu/attn_ref.c
   ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
   ${LOOM_CPU_TWIN_DIR}/cpu_gemm.c
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c

@@ -139,9 +139,6 @@ typedef struct {
     long total_q;                /* q_start[nseq] (host value) */
     int nq, nkv, d;              /* d ∈ {16, 32, 64, 128}; nq a multiple of nkv */
     float scale;                 /* 1/sqrt(d) */
-    int max_len;                 /* host: the longest sequence's query rows, 0 = not given
-                                    (read by the cuDNN path only, to pick its plan; a value
-                                    below the real one is a caller's bug) */
 } lcu_attn_desc;
 
 /* Workspace bytes for lcu_attn_fwd / lcu_attn_bwd with this descriptor. */
@@ -187,12 +184,15 @@ const char *lcu_cudnn_describe(const lcu_cudnn *c);
 /* Messages for LCU_ENOTSUP, LCU_ECUDNN_BASE + status, and everything lcu_strerror knows. */
 const char *lcu_cudnn_strerror(int rc);
 
-/* 0; LCU_ENOTSUP when this path does not take the call (KV-cache layouts, a head_dim cuDNN
- * refuses, a bucket with no plan: those are logged once per bucket on stderr); LCU_EINVAL;
- * a CUDA error; or LCU_ECUDNN_BASE + the status of a failed execution. */
-int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+/* max_len: the longest sequence's rows, known on the host (it picks the plan's bucket; 0 =
+ * not known: total_q bounds it, at the cost of a larger bucket; a value below the real one
+ * is the caller's bug: the rows past it would be dropped). Returns 0; LCU_ENOTSUP when this
+ * path does not take the call (KV-cache layouts, a bucket cuDNN has no plan for: logged
+ * once per bucket on stderr); LCU_EINVAL; a CUDA error; or LCU_ECUDNN_BASE + the status of
+ * a failed execution. */
+int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s);
-int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq,
                        float *dk, float *dv, cudaStream_t s);
 

@@ -10,7 +10,8 @@
  *   4. nvidia/<package>/lib/libcudnn.so.9 under Python's site-packages: $VIRTUAL_ENV,
  *      $CONDA_PREFIX, $PYTHONPATH, ~/.local, /usr/local/lib, /usr/lib and /opt/conda. PyTorch's
  *      wheels install cuDNN there (nvidia-cudnn-cu12: nvidia/cudnn/lib; the CUDA 13 wheels:
- *      nvidia/cu13/lib), and libcudnn.so.9 loads its sub-libraries from its own directory.
+ *      nvidia/cu13/lib).
+ * The sub-libraries beside the chosen libcudnn.so.9 are loaded first (lcd_preload).
  */
 #include "backend/cuda/lcu_cudnn.h"
 
@@ -40,13 +41,40 @@ static void lcd_note(const char *path, const char *what)
     snprintf(lcd_why + n, sizeof lcd_why - n, "%s%s: %s", n ? "; " : "", path, what);
 }
 
+/* libcudnn.so.9 is a dispatcher that dlopens its sub-libraries by bare soname when it first
+ * needs them, so from a directory that is on no search path (site-packages) they would not
+ * be found, or another installation's would be, of another version
+ * (CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH). Loading the ones beside it first makes the
+ * dynamic loader hand those back: it matches an already loaded library by soname. */
+static const char *const lcd_sublibs[] = {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
+                                          "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9",
+                                          "libcudnn_ops.so.9", "libcudnn_cnn.so.9", "libcudnn_adv.so.9"};
+enum { LCD_NSUB = sizeof lcd_sublibs / sizeof lcd_sublibs[0] };
+
+static void lcd_preload(const char *path, void *subs[LCD_NSUB])
+{
+    const char *slash = strrchr(path, '/');
+    for (int i = 0; i < LCD_NSUB; i++) {
+        subs[i] = NULL;
+        if (!slash) continue;
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof p, "%.*s/%s", (int)(slash - path), path, lcd_sublibs[i]);
+        struct stat st;
+        if (stat(p, &st) == 0) subs[i] = dlopen(p, RTLD_NOW | RTLD_LOCAL); /* a failure shows later, named */
+    }
+}
+
 /* dlopen(path) and the functions; true when this library is usable. */
 static bool lcd_try(const char *path)
 {
+    void *subs[LCD_NSUB];
+    lcd_preload(path, subs);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
         lcd_note(path, e ? e : "dlopen failed");
+        for (int i = 0; i < LCD_NSUB; i++)
+            if (subs[i]) dlclose(subs[i]);
         return false;
     }
     lcd_api a;
@@ -77,6 +105,8 @@ static bool lcd_try(const char *path)
             snprintf(m, sizeof m, "has no %s", syms[i].name);
             lcd_note(path, m);
             dlclose(h);
+            for (int k = 0; k < LCD_NSUB; k++)
+                if (subs[k]) dlclose(subs[k]);
             return false;
         }
     }
@@ -87,6 +117,8 @@ static bool lcd_try(const char *path)
                  a.version / 100 % 100, a.version % 100, LCD_MIN_VERSION / 100 % 100);
         lcd_note(path, m);
         dlclose(h);
+        for (int i = 0; i < LCD_NSUB; i++)
+            if (subs[i]) dlclose(subs[i]);
         return false;
     }
     Dl_info info;

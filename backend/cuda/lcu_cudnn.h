@@ -123,7 +123,7 @@ void lcd_explain(const lcd_api *api, int status, char *buf, size_t len);
  * the plan of a's bucket as lcu_cudnn_attn_fwd/bwd do and executes it with placeholder
  * device addresses, no device work. LCU_ENOTSUP unless the library loaded is that stand-in
  * (it exports loom_cudnn_shim): a real libcudnn would dereference the placeholders. */
-int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, bool bwd);
+int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd);
 
 /* ---- the packed batch as cuDNN reads it (lcu_cudnn_prep.cu) ------------------------------ */
 

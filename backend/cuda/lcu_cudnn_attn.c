@@ -254,9 +254,9 @@ static void lca_graph_bwd(lcd_graph *g, lca_plan *p)
 
 /* The plan of this call's bucket, built on first use; NULL with *rc = LCU_ENOTSUP when cuDNN
  * has none for it (said once on stderr; the bucket stays refused). */
-static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, bool bwd, cudaStream_t s, int *rc)
+static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, cudaStream_t s, int *rc)
 {
-    int B = lca_bucket_b(a->nseq), S = lca_bucket_s(a->max_len > 0 ? a->max_len : a->total_q);
+    int B = lca_bucket_b(a->nseq), S = lca_bucket_s(max_len > 0 ? max_len : a->total_q);
     lca_plan *p = NULL, *lru = NULL;
     c->tick++;
     for (int i = 0; i < LCA_CAP; i++) {
@@ -361,13 +361,13 @@ static int lca_prep(lcu_cudnn *c, const lca_plan *p, const lcu_attn_desc *a, con
 
 /* LCU_EINVAL for bad descriptors (as lcu_attn_*), LCU_ENOTSUP for what this path does not
  * take. */
-static int lca_check(const lcu_cudnn *c, const lcu_attn_desc *a)
+static int lca_check(const lcu_cudnn *c, const lcu_attn_desc *a, int max_len)
 {
     if (!c || !a || a->nseq < 0 || a->total_q < 0 || a->nq <= 0 || a->nkv <= 0 || a->nq % a->nkv) return LCU_EINVAL;
     if (a->total_q > 0 && !a->q_start) return LCU_EINVAL;
     if (a->d != 16 && a->d != 32 && a->d != 64 && a->d != 128) return LCU_EINVAL;
     if (a->kv_start || a->kv_len) return LCU_ENOTSUP; /* KV-cache layouts: the own kernels */
-    if (a->max_len < 0 || a->max_len > a->total_q) return LCU_EINVAL;
+    if (max_len < 0 || max_len > a->total_q) return LCU_EINVAL;
     if (a->total_q > (1L << 30)) return LCU_ENOTSUP;
     return 0;
 }
@@ -415,14 +415,14 @@ static int lca_execute(lcu_cudnn *c, const lca_plan *p, const lcu_attn_desc *a, 
     return rc ? LCU_ECUDNN_BASE + rc : 0;
 }
 
-int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s)
 {
-    int rc = lca_check(c, a);
+    int rc = lca_check(c, a, max_len);
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
     if (!q || !k || !v || !out || !lse) return LCU_EINVAL;
-    lca_plan *p = lca_plan_get(c, a, false, s, &rc);
+    lca_plan *p = lca_plan_get(c, a, max_len, false, s, &rc);
     if (!p) return rc;
     lca_layout l;
     lca_layout_of(p, a, &l);
@@ -431,15 +431,15 @@ int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, 
     return lca_execute(c, p, a, &x, c->ws, &l, s);
 }
 
-int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq,
                        float *dk, float *dv, cudaStream_t s)
 {
-    int rc = lca_check(c, a);
+    int rc = lca_check(c, a, max_len);
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
     if (!q || !k || !v || !out || !lse || !dout || !dq || !dk || !dv) return LCU_EINVAL;
-    lca_plan *p = lca_plan_get(c, a, true, s, &rc);
+    lca_plan *p = lca_plan_get(c, a, max_len, true, s, &rc);
     if (!p) return rc;
     lca_layout l;
     lca_layout_of(p, a, &l);
@@ -454,13 +454,13 @@ int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, 
     return lcu_convert(dv, LCU_F32, w + l.dv, LCU_BF16, T * a->nkv * a->d, s);
 }
 
-int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, bool bwd)
+int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd)
 {
     if (!c || !dlsym(c->api->lib, "loom_cudnn_shim")) return LCU_ENOTSUP;
-    int rc = lca_check(c, a);
+    int rc = lca_check(c, a, max_len);
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
-    lca_plan *p = lca_plan_get(c, a, bwd, 0, &rc);
+    lca_plan *p = lca_plan_get(c, a, max_len, bwd, 0, &rc);
     if (!p) return rc;
     lca_layout l;
     lca_layout_of(p, a, &l);
@@ -549,13 +549,13 @@ int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
 void lcu_cudnn_destroy(lcu_cudnn *c) { (void)c; }
 const char *lcu_cudnn_describe(const lcu_cudnn *c) { return "cuDNN: not built"; }
 
-int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s)
 {
     return LCU_ENOTSUP;
 }
 
-int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k,
+int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq,
                        float *dk, float *dv, cudaStream_t s)
 {
@@ -568,7 +568,7 @@ int lcu_cudnn_plans(const lcu_cudnn *c, int *refused)
     return 0;
 }
 
-int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, bool bwd) { return LCU_ENOTSUP; }
+int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd) { return LCU_ENOTSUP; }
 
 const char *lcu_cudnn_strerror(int rc)
 {

@@ -60,11 +60,17 @@ static void bind_shim(void)
 }
 
 /* A packed batch as the backend describes it; q_start is never read by a dry run. */
-static lcu_attn_desc desc(int nseq, long T, int nq, int nkv, int d, int max_len)
+typedef struct {
+    lcu_attn_desc a;
+    int max_len;
+} batch;
+
+static batch desc(int nseq, long T, int nq, int nkv, int d, int max_len)
 {
-    return (lcu_attn_desc){nseq, (const int32_t *)0x100, NULL, NULL, T, nq, nkv, d, (float)(1.0 / sqrt((double)d)),
-                           max_len};
+    return (batch){{nseq, (const int32_t *)0x100, NULL, NULL, T, nq, nkv, d, (float)(1.0 / sqrt((double)d))}, max_len};
 }
+
+static int dry(lcu_cudnn *c, const batch *b, bool bwd) { return lcu_cudnn_dry_run(c, &b->a, b->max_len, bwd); }
 
 /* The last graph's bound tensor uid has these dims, strides, type and ragged offsets. */
 static void expect_tensor(const char *what, int64_t uid, const int64_t dm[4], const int64_t st[4], int type,
@@ -84,9 +90,9 @@ static void expect_tensor(const char *what, int64_t uid, const int64_t dm[4], co
 static void check_forward(lcu_cudnn *c)
 {
     /* 5 sequences (bucket 8), longest 100 rows (bucket 128), GQA 8/2, d 64 */
-    lcu_attn_desc a = desc(5, 300, 8, 2, 64, 100);
+    batch a = desc(5, 300, 8, 2, 64, 100);
     int e0 = shim_executions();
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == 0, "forward graph builds, plans and runs on the stand-in");
+    CHECK(dry(c, &a, false) == 0, "forward graph builds, plans and runs on the stand-in");
     CHECK(shim_executions() == e0 + 1, "one execution");
     CHECK(shim_last_engine() == 1, "forward: the heuristics' first engine (%lld)", (long long)shim_last_engine());
     const int B = 8, S = 128, H = 8, G = 2, D = 64;
@@ -98,7 +104,7 @@ static void check_forward(lcu_cudnn *c)
     expect_tensor("lengths", U_SEQ_Q, V4(B, 1, 1, 1), V4(1, 1, 1, 1), CUDNN_DATA_INT32, -1);
     expect_tensor("ragged offsets", U_RO_QO, V4(B + 1, 1, 1, 1), V4(1, 1, 1, 1), CUDNN_DATA_INT64, -1);
     float v = 0;
-    CHECK(shim_value(U_SCALE, &v) && v == a.scale, "scale passed by value (%g)", v);
+    CHECK(shim_value(U_SCALE, &v) && v == a.a.scale, "scale passed by value (%g)", v);
     CHECK(shim_value(U_NEGINF_CAUSAL, &v) && isinf(v) && v < 0, "mask value −inf for cuDNN 9.19 (%g)", v);
     CHECK(shim_count_ops(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, -1) == 2, "forward: 2 matmuls");
     CHECK(shim_count_ops(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, -1) == 2, "forward: 2 reductions (max, sum)");
@@ -111,8 +117,8 @@ static void check_forward(lcu_cudnn *c)
 
 static void check_backward(lcu_cudnn *c, int nq, int nkv)
 {
-    lcu_attn_desc a = desc(5, 300, nq, nkv, 64, 100);
-    CHECK(lcu_cudnn_dry_run(c, &a, true) == 0, "backward graph %d/%d heads builds, plans and runs on the stand-in",
+    batch a = desc(5, 300, nq, nkv, 64, 100);
+    CHECK(dry(c, &a, true) == 0, "backward graph %d/%d heads builds, plans and runs on the stand-in",
           nq, nkv);
     CHECK(shim_last_engine() == 2, "backward: the deterministic engine, not the first one offered (%lld)",
           (long long)shim_last_engine());
@@ -139,11 +145,11 @@ static void check_backward(lcu_cudnn *c, int nq, int nkv)
 /* Q's dims in the last graph (for the buckets). */
 static void expect_bucket(lcu_cudnn *c, int nseq, long T, int max_len, int B, int S)
 {
-    lcu_attn_desc a = desc(nseq, T, 4, 4, 32, max_len);
+    batch a = desc(nseq, T, 4, 4, 32, max_len);
     int64_t d[4] = {0}, s[4];
     int t;
     int64_t r;
-    int rc = lcu_cudnn_dry_run(c, &a, false);
+    int rc = dry(c, &a, false);
     bool ok = rc == 0 && shim_tensor(U_Q, d, s, &t, &r);
     CHECK(ok && d[0] == B && d[2] == S, "%d sequences, longest %d of %ld rows: bucket %lld × %lld (want %d × %d)",
           nseq, max_len, T, (long long)d[0], (long long)d[2], B, S);
@@ -152,11 +158,11 @@ static void expect_bucket(lcu_cudnn *c, int nseq, long T, int max_len, int B, in
 static void check_cache(lcu_cudnn *c)
 {
     int refused, before = lcu_cudnn_plans(c, &refused), g0 = shim_graphs();
-    lcu_attn_desc a = desc(7, 350, 8, 2, 64, 120); /* the forward's bucket: 8 × 128 */
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == 0 && lcu_cudnn_plans(c, NULL) == before && shim_graphs() == g0,
+    batch a = desc(7, 350, 8, 2, 64, 120); /* the forward's bucket: 8 × 128 */
+    CHECK(dry(c, &a, false) == 0 && lcu_cudnn_plans(c, NULL) == before && shim_graphs() == g0,
           "another batch of the same bucket reuses its plan");
     a = desc(9, 350, 8, 2, 64, 120);
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == 0 && lcu_cudnn_plans(c, NULL) == before + 1,
+    CHECK(dry(c, &a, false) == 0 && lcu_cudnn_plans(c, NULL) == before + 1,
           "9 sequences: a new bucket, a new plan");
     expect_bucket(c, 1, 64, 64, 1, 64);
     expect_bucket(c, 3, 300, 65, 4, 96);
@@ -169,40 +175,40 @@ static void check_cache(lcu_cudnn *c)
     setenv("SHIM_CUDNN_REFUSE", "1", 1);
     a = desc(3, 300, 16, 16, 128, 100);
     int g1 = shim_graphs();
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_ENOTSUP, "no engine: LCU_ENOTSUP (the caller runs the own kernels)");
+    CHECK(dry(c, &a, false) == LCU_ENOTSUP, "no engine: LCU_ENOTSUP (the caller runs the own kernels)");
     lcu_cudnn_plans(c, &refused);
     CHECK(refused == 1, "the refusal is kept (%d)", refused);
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_ENOTSUP && shim_graphs() == g1 + 1,
+    CHECK(dry(c, &a, false) == LCU_ENOTSUP && shim_graphs() == g1 + 1,
           "asked again: refused without building the graph again");
     unsetenv("SHIM_CUDNN_REFUSE");
 
     /* more buckets than the cache holds: the least recently used go, the rest still run */
     int ok = 1;
     for (int i = 0; i < 40; i++) {
-        lcu_attn_desc x = desc(1 << (i % 14), 1 << 16, 2, 1, 16, 64 << (i / 14));
-        ok &= lcu_cudnn_dry_run(c, &x, i % 2) == 0;
+        batch x = desc(1 << (i % 14), 1 << 16, 2, 1, 16, 64 << (i / 14));
+        ok &= dry(c, &x, i % 2) == 0;
     }
     int n = lcu_cudnn_plans(c, &refused);
     CHECK(ok && n + refused <= 32, "40 more buckets: every one runs, %d plans (+%d refused) kept", n, refused);
     a = desc(5, 300, 8, 2, 64, 100);
     int g2 = shim_graphs();
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == 0 && shim_graphs() == g2 + 1, "an evicted bucket is built again");
+    CHECK(dry(c, &a, false) == 0 && shim_graphs() == g2 + 1, "an evicted bucket is built again");
 }
 
 static void check_refusals(lcu_cudnn *c)
 {
-    lcu_attn_desc a = desc(3, 300, 8, 2, 64, 100);
+    batch a = desc(3, 300, 8, 2, 64, 100);
     int64_t ks[3] = {0};
-    a.kv_start = ks;
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_ENOTSUP, "KV-cache layout: LCU_ENOTSUP");
+    a.a.kv_start = ks;
+    CHECK(dry(c, &a, false) == LCU_ENOTSUP, "KV-cache layout: LCU_ENOTSUP");
     a = desc(3, 300, 8, 3, 64, 100);
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_EINVAL, "nq not a multiple of nkv: LCU_EINVAL");
+    CHECK(dry(c, &a, false) == LCU_EINVAL, "nq not a multiple of nkv: LCU_EINVAL");
     a = desc(3, 300, 8, 2, 96, 100);
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_EINVAL, "head_dim 96: LCU_EINVAL (as the own kernels)");
+    CHECK(dry(c, &a, false) == LCU_EINVAL, "head_dim 96: LCU_EINVAL (as the own kernels)");
     a = desc(3, 300, 8, 2, 64, 301);
-    CHECK(lcu_cudnn_dry_run(c, &a, false) == LCU_EINVAL, "longest sequence above the total: LCU_EINVAL");
+    CHECK(dry(c, &a, false) == LCU_EINVAL, "longest sequence above the total: LCU_EINVAL");
     a = desc(0, 0, 8, 2, 64, 0);
-    CHECK(lcu_cudnn_dry_run(c, &a, true) == 0, "an empty batch: nothing to do");
+    CHECK(dry(c, &a, true) == 0, "an empty batch: nothing to do");
     CHECK(strstr(lcu_cudnn_strerror(LCU_ENOTSUP), "own kernels") != NULL, "LCU_ENOTSUP explained");
     CHECK(!strcmp(lcu_cudnn_strerror(LCU_ECUDNN_BASE + 3000), "CUDNN_STATUS_SHIM_ERROR"),
           "cuDNN statuses explained by the library");
@@ -226,8 +232,8 @@ static int child(const char *lib, const char *version, const char *want)
     CHECK(rc == 0, "cuDNN %s loads (%s)", version, why);
     if (rc) return check_failed;
     bind_shim();
-    lcu_attn_desc a = desc(5, 300, 8, 2, 64, 100);
-    CHECK(lcu_cudnn_dry_run(c, &a, true) == 0, "cuDNN %s: the backward graph with the second padding mask", version);
+    batch a = desc(5, 300, 8, 2, 64, 100);
+    CHECK(dry(c, &a, true) == 0, "cuDNN %s: the backward graph with the second padding mask", version);
     CHECK(shim_count_ops(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_POINTWISE_BINARY_SELECT) == 3,
           "cuDNN %s: padding masked again after Stats", version);
     float v = 0;
