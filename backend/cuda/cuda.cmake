@@ -83,7 +83,8 @@ target_include_directories(loom_gpu_gt PUBLIC ${CMAKE_SOURCE_DIR})
 target_link_libraries(loom_gpu_gt PUBLIC loom_cuda_ops loom_cuda_dnn m)
 
 # CPU-backend twins the kernel tests compare against: the CPU kernels themselves, built
-# with a plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS.
+# with a plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS; and the fp64 attention
+# reference (tests/gpu/attn_ref.c).
 set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
 set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
 add_library(loom_gpu_test_support STATIC

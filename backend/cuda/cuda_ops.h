@@ -130,7 +130,8 @@ int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float
  * q_len_i ≤ kv_len_i. Layouts: q, out [rows, nq·d]; k, v [rows, nkv·d]; lse [rows, nq]
  * (natural log, of scale·q·k). Two kernel versions compute the same function: the
  * environment variable LCU_ATTN=mma selects version 2 (FlashAttention-2 style, mma.sync),
- * anything else version 1 (WMMA); see lcu_attention.cu. */
+ * anything else version 1 (WMMA); see lcu_attention.cu. (LCU_ATTN=cudnn is the backend's
+ * switch to cuDNN's attention, below; these functions then run version 1.) */
 typedef struct {
     int nseq;
     const int32_t *q_start;      /* device [nseq + 1] */
@@ -162,8 +163,11 @@ int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
  * deterministic backward, ragged offsets for the packed sequences, GQA, causal mask),
  * through cuDNN's backend API with libcudnn loaded at run time (lcu_cudnn.c says where it is
  * looked for; LOOM_CUDNN_LIBRARY names it). Execution plans are cached per shape bucket
- * (sequences rounded up to a power of two, the longest sequence to 64·{1, 1.5}·2^k rows).
- * The version 1 kernels stay the reference and the KV-cache decode path.
+ * (sequences rounded up to a power of two, the longest sequence to 64, 128, 192, 256, 384,
+ * … rows). The version 1 kernels stay the reference and the KV-cache decode path.
+ * Environment, read by lcu_cudnn_create: LCU_CUDNN_VERBOSE=1 (a line per plan: engine,
+ * workspace, build time), LCU_CUDNN_EXACT_BATCH=1 (no padding sequences in the bucket),
+ * LCU_CUDNN_WORKSPACE_MB (a plan needing more is refused; default a quarter of the device).
  *
  * Differences from lcu_attn_bwd: dq, dk, dv are cuDNN's bf16 results widened to fp32 (the
  * own kernels keep fp32 accumulators); rows [0, total_q) must be exactly the sequences'
@@ -198,6 +202,10 @@ int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const 
 
 /* Plans built so far; *refused = buckets cuDNN had no plan for (tests, benchmarks). */
 int lcu_cudnn_plans(const lcu_cudnn *c, int *refused);
+/* Device memory the context holds for its workspace now. */
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
+/* Device memory the context holds for its workspace now. */
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
 
 /* ---- output head: per-token logprobs, losses, dlogits, top-k ---------------------------- */
 

@@ -64,6 +64,8 @@ struct lcu_cudnn {
     uint64_t tick;
     void *ws;       /* device workspace: lengths, offsets, Δ, bf16 gradients, cuDNN's own */
     size_t ws_cap;
+    int64_t ws_max; /* a plan asking more of its own is refused (LCU_CUDNN_WORKSPACE_MB) */
+    bool exact_b;   /* LCU_CUDNN_EXACT_BATCH: no padding sequences (B = the batch's count) */
     bool verbose;   /* LCU_CUDNN_VERBOSE: a line per plan built */
     float neg_inf;  /* the mask value: −inf, or −FLT_MAX before 9.10 (as the frontend) */
     char desc[600];
@@ -83,10 +85,12 @@ static int lca_bucket_b(int nseq)
     return b;
 }
 
-/* 64, 96, 128, 192, 256, 384, ...: at most a third of the rows is padding */
+/* 64, 128, 192, 256, 384, 512, 768, ...: multiples of 64 (the engines' tiles), at most a
+ * third of the rows padding past 128 */
 static int lca_bucket_s(long n)
 {
-    long s = 64;
+    if (n <= 64) return 64;
+    long s = 128;
     for (;;) {
         if (n <= s) return (int)s;
         if (n <= s + s / 2) return (int)(s + s / 2);
@@ -256,7 +260,7 @@ static void lca_graph_bwd(lcd_graph *g, lca_plan *p)
  * has none for it (said once on stderr; the bucket stays refused). */
 static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, cudaStream_t s, int *rc)
 {
-    int B = lca_bucket_b(a->nseq), S = lca_bucket_s(max_len > 0 ? max_len : a->total_q);
+    int B = c->exact_b ? a->nseq : lca_bucket_b(a->nseq), S = lca_bucket_s(max_len > 0 ? max_len : a->total_q);
     lca_plan *p = NULL, *lru = NULL;
     c->tick++;
     for (int i = 0; i < LCA_CAP; i++) {
@@ -287,7 +291,12 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     double t0 = lca_now();
     if (bwd) lca_graph_bwd(&p->g, p);
     else lca_graph_fwd(&p->g, p);
-    if (p->g.st || lcd_finish(&p->g, c->h, bwd) < 0) {
+    if (!p->g.st && lcd_finish(&p->g, c->h, bwd) == 0 && c->ws_max > 0 && p->g.workspace > c->ws_max) {
+        p->g.st = CUDNN_STATUS_NOT_SUPPORTED;
+        snprintf(p->g.err, sizeof p->g.err, "its workspace of %.0f MiB is over the limit of %.0f MiB "
+                 "(LCU_CUDNN_WORKSPACE_MB)", p->g.workspace / 1048576.0, c->ws_max / 1048576.0);
+    }
+    if (p->g.st || !p->g.plan) {
         fprintf(stderr, "loom cuda: cuDNN attention %s: no plan for %d sequences × %d rows, heads %d/%d × %d: %s; "
                 "the own kernels run this shape\n", bwd ? "backward" : "forward", B, S, a->nq, a->nkv, a->d, p->g.err);
         lcd_graph_free(&p->g);
@@ -489,8 +498,16 @@ int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
         free(c);
         return LCU_ENOTSUP;
     }
-    const char *verbose = getenv("LCU_CUDNN_VERBOSE");
+    const char *verbose = getenv("LCU_CUDNN_VERBOSE"), *exact = getenv("LCU_CUDNN_EXACT_BATCH");
+    const char *wsmb = getenv("LCU_CUDNN_WORKSPACE_MB");
     c->verbose = verbose && *verbose && strcmp(verbose, "0") != 0;
+    c->exact_b = exact && *exact && strcmp(exact, "0") != 0;
+    /* a plan's own workspace: at most a quarter of the device unless told (the deterministic
+     * backward's may grow with B·nq·S²: refused, the own kernels run it, rather than OOM) */
+    size_t fr = 0, tot = 0;
+    if (wsmb && *wsmb) c->ws_max = (int64_t)strtoll(wsmb, NULL, 10) << 20;
+    else if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) c->ws_max = (int64_t)(tot / 4);
+    else cudaGetLastError(); /* no device: no limit (the stand-in's test) */
     c->neg_inf = api->version < 91000 ? -FLT_MAX : -INFINITY;
     snprintf(c->desc, sizeof c->desc, "cuDNN %zu.%zu.%zu (%s)", api->version / 10000, api->version / 100 % 100,
              api->version % 100, api->path);
@@ -510,6 +527,8 @@ void lcu_cudnn_destroy(lcu_cudnn *c)
 }
 
 const char *lcu_cudnn_describe(const lcu_cudnn *c) { return c ? c->desc : "cuDNN: none"; }
+
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c) { return c ? c->ws_cap : 0; }
 
 int lcu_cudnn_plans(const lcu_cudnn *c, int *refused)
 {
@@ -569,6 +588,8 @@ int lcu_cudnn_plans(const lcu_cudnn *c, int *refused)
 }
 
 int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd) { return LCU_ENOTSUP; }
+
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c) { return 0; }
 
 const char *lcu_cudnn_strerror(int rc)
 {

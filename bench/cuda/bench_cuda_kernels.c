@@ -200,8 +200,8 @@ static void bench_cudnn_attention(attn_arg *x, const geo *g, const char *shape, 
         printf("attention cudnn         %-13s %-22s not run: %s\n", g->name, shape, lcu_cudnn_strerror(rc[0] ? rc[0] : rc[1]));
         return;
     }
-    printf("attention cudnn         %-13s %-22s first calls (plans built): fwd %.0f ms, bwd %.0f ms\n", g->name, shape,
-           (t1 - t0) * 1e3, (gt_now() - t1) * 1e3);
+    printf("attention cudnn         %-13s %-22s first calls (plans built): fwd %.0f ms, bwd %.0f ms; workspace %.0f MiB\n",
+           g->name, shape, (t1 - t0) * 1e3, (gt_now() - t1) * 1e3, lcu_cudnn_workspace_bytes(dnn) / 1048576.0);
     report("attention fwd cudnn", g->name, shape, time_ms(run_cudnn_fwd, x), fwd_flops, fwd_bytes);
     report("attention bwd cudnn", g->name, shape, time_ms(run_cudnn_bwd, x), 2.5 * fwd_flops, bwd_bytes);
 }

@@ -8,7 +8,8 @@
  * no cycle; at execution: the variant pack binds exactly the graph's non-virtual tensors.
  * It computes nothing. Heuristics offer two engines: 1 (with the NONDETERMINISTIC note),
  * then 2 (without). Environment: SHIM_CUDNN_VERSION (default 91900), SHIM_CUDNN_REFUSE
- * (no engine for any graph), SHIM_CUDNN_DUMP (prints each graph's operations).
+ * (no engine for any graph), SHIM_CUDNN_WORKSPACE (bytes a plan asks for; 4096),
+ * SHIM_CUDNN_DUMP (prints each graph's operations).
  *
  * What this cannot say: whether cuDNN's engines accept the graph — only a GPU run can.
  * The test's functions (shim_cudnn_*) let it look at the last graph executed.
@@ -534,7 +535,8 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const p, cudnnBa
         return CUDNN_STATUS_SUCCESS;
     }
     if (name == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) {
-        *(int64_t *)out = 4096;
+        const char *w = getenv("SHIM_CUDNN_WORKSPACE");
+        *(int64_t *)out = w ? strtoll(w, NULL, 10) : 4096;
         *got = 1;
         return CUDNN_STATUS_SUCCESS;
     }
@@ -558,7 +560,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
             if (uids[j] == uids[i]) return fail("variant pack binds uid %lld twice", (long long)uids[i]);
         if (!ptrs[i]) return fail("uid %lld bound to NULL", (long long)uids[i]);
     }
-    if (!*(void **)attr(v, CUDNN_ATTR_VARIANT_PACK_WORKSPACE)->data) return fail("no workspace for 4096 bytes");
+    if (!*(void **)attr(v, CUDNN_ATTR_VARIANT_PACK_WORKSPACE)->data) return fail("no workspace pointer");
     /* by-value scalars: keep what was passed (the float ones) */
     nvalues = 0;
     for (int i = 0; i < u->n && nvalues < 32; i++)

@@ -6,8 +6,9 @@
  * refuses otherwise), the bound tensors' shapes, strides, types and ragged offsets, the
  * scalars passed by value, the operation counts of each graph, the deterministic engine
  * for the backward, the shape buckets and the plan cache (reuse, refusals remembered,
- * least-recently-used eviction), the loader's refusals (missing file, a library that is
- * not cuDNN, cuDNN older than 9.6) and the cuDNN 9.0–9.9 form of the backward.
+ * least-recently-used eviction), LCU_CUDNN_EXACT_BATCH and LCU_CUDNN_WORKSPACE_MB, the
+ * loader's refusals (missing file, a library that is not cuDNN, cuDNN older than 9.6) and
+ * the cuDNN 9.0–9.9 form of the backward.
  *
  * Whether cuDNN's engines accept these graphs is for the GPU test (test_gpu_cudnn_attn).
  */
@@ -165,9 +166,9 @@ static void check_cache(lcu_cudnn *c)
     CHECK(dry(c, &a, false) == 0 && lcu_cudnn_plans(c, NULL) == before + 1,
           "9 sequences: a new bucket, a new plan");
     expect_bucket(c, 1, 64, 64, 1, 64);
-    expect_bucket(c, 3, 300, 65, 4, 96);
-    expect_bucket(c, 3, 300, 97, 4, 128);
+    expect_bucket(c, 3, 300, 65, 4, 128);
     expect_bucket(c, 3, 300, 129, 4, 192);
+    expect_bucket(c, 3, 300, 193, 4, 256);
     expect_bucket(c, 2, 300, 0, 2, 384); /* longest not given: the total rows bound it */
     expect_bucket(c, 16, 5000, 4097, 16, 6144);
 
@@ -193,6 +194,31 @@ static void check_cache(lcu_cudnn *c)
     a = desc(5, 300, 8, 2, 64, 100);
     int g2 = shim_graphs();
     CHECK(dry(c, &a, false) == 0 && shim_graphs() == g2 + 1, "an evicted bucket is built again");
+}
+
+/* LCU_CUDNN_EXACT_BATCH and LCU_CUDNN_WORKSPACE_MB, read by lcu_cudnn_create. */
+static void check_settings(void)
+{
+    setenv("LCU_CUDNN_EXACT_BATCH", "1", 1);
+    setenv("LCU_CUDNN_WORKSPACE_MB", "8", 1);
+    lcu_cudnn *c = NULL;
+    char why[256];
+    int rc = lcu_cudnn_create(&c, why, sizeof why);
+    CHECK(rc == 0, "a second context");
+    if (rc) return;
+    unsetenv("LCU_CUDNN_EXACT_BATCH");
+    unsetenv("LCU_CUDNN_WORKSPACE_MB");
+    expect_bucket(c, 5, 300, 100, 5, 128); /* 5 sequences, no padding ones */
+    setenv("SHIM_CUDNN_WORKSPACE", "9437184", 1); /* 9 MiB */
+    batch a = desc(6, 300, 8, 2, 64, 100);
+    int refused;
+    CHECK(dry(c, &a, true) == LCU_ENOTSUP && lcu_cudnn_plans(c, &refused) >= 1 && refused == 1,
+          "a plan whose workspace is over LCU_CUDNN_WORKSPACE_MB is refused");
+    setenv("SHIM_CUDNN_WORKSPACE", "8388608", 1);
+    a = desc(7, 300, 8, 2, 64, 100);
+    CHECK(dry(c, &a, true) == 0, "a plan at the limit runs");
+    unsetenv("SHIM_CUDNN_WORKSPACE");
+    lcu_cudnn_destroy(c);
 }
 
 static void check_refusals(lcu_cudnn *c)
@@ -280,6 +306,7 @@ int main(int argc, char **argv)
     check_backward(c, 4, 4);
     check_cache(c);
     check_refusals(c);
+    check_settings();
     lcu_cudnn_destroy(c);
     return check_summary();
 }
