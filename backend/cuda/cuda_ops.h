@@ -167,7 +167,9 @@ int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
  * … rows). The version 1 kernels stay the reference and the KV-cache decode path.
  * Environment, read by lcu_cudnn_create: LCU_CUDNN_VERBOSE=1 (a line per plan: engine,
  * workspace, build time), LCU_CUDNN_EXACT_BATCH=1 (no padding sequences in the bucket),
- * LCU_CUDNN_WORKSPACE_MB (a plan needing more is refused; default a quarter of the device).
+ * LCU_CUDNN_WORKSPACE_MB (a plan needing more is refused; default a quarter of the device),
+ * LCU_CUDNN_ANY_ENGINE=1 (the backward may take an engine cuDNN notes NONDETERMINISTIC:
+ * for trying, the bitwise rerun test then decides).
  *
  * Differences from lcu_attn_bwd: dq, dk, dv are cuDNN's bf16 results widened to fp32 (the
  * own kernels keep fp32 accumulators); rows [0, total_q) must be exactly the sequences'

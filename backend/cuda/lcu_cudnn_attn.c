@@ -66,6 +66,7 @@ struct lcu_cudnn {
     size_t ws_cap;
     int64_t ws_max; /* a plan asking more of its own is refused (LCU_CUDNN_WORKSPACE_MB) */
     bool exact_b;   /* LCU_CUDNN_EXACT_BATCH: no padding sequences (B = the batch's count) */
+    bool any_engine; /* LCU_CUDNN_ANY_ENGINE: the backward may take engines noted NONDETERMINISTIC */
     bool verbose;   /* LCU_CUDNN_VERBOSE: a line per plan built */
     float neg_inf;  /* the mask value: −inf, or −FLT_MAX before 9.10 (as the frontend) */
     char desc[600];
@@ -291,7 +292,7 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     double t0 = lca_now();
     if (bwd) lca_graph_bwd(&p->g, p);
     else lca_graph_fwd(&p->g, p);
-    if (!p->g.st && lcd_finish(&p->g, c->h, bwd) == 0 && c->ws_max > 0 && p->g.workspace > c->ws_max) {
+    if (!p->g.st && lcd_finish(&p->g, c->h, bwd && !c->any_engine) == 0 && c->ws_max > 0 && p->g.workspace > c->ws_max) {
         p->g.st = CUDNN_STATUS_NOT_SUPPORTED;
         snprintf(p->g.err, sizeof p->g.err, "its workspace of %.0f MiB is over the limit of %.0f MiB "
                  "(LCU_CUDNN_WORKSPACE_MB)", p->g.workspace / 1048576.0, c->ws_max / 1048576.0);
@@ -479,6 +480,13 @@ int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bw
     return lca_execute(c, p, a, &x, (char *)0x1000000, &l, 0);
 }
 
+/* An environment switch: set, non-empty and not "0". */
+static bool lca_env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
 {
     *out = NULL;
@@ -498,10 +506,10 @@ int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
         free(c);
         return LCU_ENOTSUP;
     }
-    const char *verbose = getenv("LCU_CUDNN_VERBOSE"), *exact = getenv("LCU_CUDNN_EXACT_BATCH");
     const char *wsmb = getenv("LCU_CUDNN_WORKSPACE_MB");
-    c->verbose = verbose && *verbose && strcmp(verbose, "0") != 0;
-    c->exact_b = exact && *exact && strcmp(exact, "0") != 0;
+    c->verbose = lca_env_on("LCU_CUDNN_VERBOSE");
+    c->exact_b = lca_env_on("LCU_CUDNN_EXACT_BATCH");
+    c->any_engine = lca_env_on("LCU_CUDNN_ANY_ENGINE");
     /* a plan's own workspace: at most a quarter of the device unless told (the deterministic
      * backward's may grow with B·nq·S²: refused, the own kernels run it, rather than OOM) */
     size_t fr = 0, tot = 0;

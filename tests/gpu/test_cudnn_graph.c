@@ -6,7 +6,8 @@
  * refuses otherwise), the bound tensors' shapes, strides, types and ragged offsets, the
  * scalars passed by value, the operation counts of each graph, the deterministic engine
  * for the backward, the shape buckets and the plan cache (reuse, refusals remembered,
- * least-recently-used eviction), LCU_CUDNN_EXACT_BATCH and LCU_CUDNN_WORKSPACE_MB, the
+ * least-recently-used eviction), LCU_CUDNN_EXACT_BATCH, LCU_CUDNN_WORKSPACE_MB and
+ * LCU_CUDNN_ANY_ENGINE, the
  * loader's refusals (missing file, a library that is not cuDNN, cuDNN older than 9.6) and
  * the cuDNN 9.0–9.9 form of the backward.
  *
@@ -218,6 +219,15 @@ static void check_settings(void)
     a = desc(7, 300, 8, 2, 64, 100);
     CHECK(dry(c, &a, true) == 0, "a plan at the limit runs");
     unsetenv("SHIM_CUDNN_WORKSPACE");
+    lcu_cudnn_destroy(c);
+    setenv("LCU_CUDNN_ANY_ENGINE", "1", 1);
+    rc = lcu_cudnn_create(&c, why, sizeof why);
+    unsetenv("LCU_CUDNN_ANY_ENGINE");
+    CHECK(rc == 0, "a third context");
+    if (rc) return;
+    a = desc(5, 300, 8, 2, 64, 100);
+    CHECK(dry(c, &a, true) == 0 && shim_last_engine() == 1,
+          "LCU_CUDNN_ANY_ENGINE: the backward takes the first engine offered (%lld)", (long long)shim_last_engine());
     lcu_cudnn_destroy(c);
 }
 
