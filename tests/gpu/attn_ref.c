@@ -4,6 +4,7 @@
 #include "tests/gpu/attn_ref.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,40 @@ void attn_ref_fwd(const attn_ref_shape *s, const float *q, const float *k, const
             }
     }
     free(p);
+}
+
+double attn_ref_fd_check(void)
+{
+    int qs[3] = {0, 3, 8};
+    attn_ref_shape s = {2, qs, 4, 2, 4}; /* sequences of 3 and 5 rows, 2 query heads per kv head */
+    enum { T = 8, QD = 16, KVD = 8 };
+    float q[T * QD], k[T * KVD], v[T * KVD], c[T * QD];
+    float *x[4] = {q, k, v, c};
+    int n[4] = {T * QD, T * KVD, T * KVD, T * QD};
+    uint32_t r = 12345;
+    for (int b = 0; b < 4; b++)
+        for (int i = 0; i < n[b]; i++) {
+            r = r * 1664525u + 1013904223u;
+            x[b][i] = (float)((r >> 8) / 8388608.0 - 1.0); /* uniform in [-1, 1) */
+        }
+    double gq[T * QD], gk[T * KVD], gv[T * KVD], o[T * QD], l[T * 4], worst = 0;
+    double *grad[3] = {gq, gk, gv};
+    attn_ref_bwd(&s, q, k, v, c, gq, gk, gv);
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < n[b]; i++) {
+            float x0 = x[b][i];
+            double L[2];
+            for (int sg = 0; sg < 2; sg++) {
+                x[b][i] = x0 + (sg ? -1e-3f : 1e-3f);
+                attn_ref_fwd(&s, q, k, v, o, l);
+                L[sg] = 0;
+                for (int t = 0; t < T * QD; t++) L[sg] += c[t] * o[t];
+            }
+            double h = (double)(x0 + 1e-3f) - (double)(x0 - 1e-3f);
+            x[b][i] = x0;
+            worst = fmax(worst, fabs((L[0] - L[1]) / h - grad[b][i]) / fmax(1.0, fabs(grad[b][i])));
+        }
+    return worst;
 }
 
 void attn_ref_bwd(const attn_ref_shape *s, const float *q, const float *k, const float *v, const float *dout,

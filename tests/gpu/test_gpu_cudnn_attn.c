@@ -249,46 +249,11 @@ static bool check_case(const char *label, int nseq, const int *lens, int nq, int
     return ran;
 }
 
-/* The fp64 reference's backward against central differences of its forward (L = Σ c ⊙ out),
- * on a tiny packed batch with GQA. */
-static void check_ref_fd(void)
-{
-    int qs[3] = {0, 3, 8};
-    attn_ref_shape s = {2, qs, 4, 2, 4};
-    long T = 8, qd = 16, kvd = 8;
-    float *q = malloc(T * qd * 4), *k = malloc(T * kvd * 4), *v = malloc(T * kvd * 4), *c = malloc(T * qd * 4);
-    gt_fill(q, T * qd, -1, 1);
-    gt_fill(k, T * kvd, -1, 1);
-    gt_fill(v, T * kvd, -1, 1);
-    gt_fill(c, T * qd, -1, 1);
-    double *gq = malloc(T * qd * 8), *gk = malloc(T * kvd * 8), *gv = malloc(T * kvd * 8);
-    double *o = malloc(T * qd * 8), *l = malloc(T * 4 * 8);
-    attn_ref_bwd(&s, q, k, v, c, gq, gk, gv);
-    float *x[3] = {q, k, v};
-    double *grad[3] = {gq, gk, gv}, worst = 0;
-    long n[3] = {T * qd, T * kvd, T * kvd};
-    for (int b = 0; b < 3; b++)
-        for (long i = 0; i < n[b]; i++) {
-            float x0 = x[b][i];
-            double L[2];
-            for (int sg = 0; sg < 2; sg++) {
-                x[b][i] = x0 + (sg ? -1e-3f : 1e-3f);
-                attn_ref_fwd(&s, q, k, v, o, l);
-                L[sg] = 0;
-                for (long t = 0; t < T * qd; t++) L[sg] += c[t] * o[t];
-            }
-            double h = (double)(x0 + 1e-3f) - (double)(x0 - 1e-3f);
-            x[b][i] = x0;
-            worst = fmax(worst, fabs((L[0] - L[1]) / h - grad[b][i]) / fmax(1.0, fabs(grad[b][i])));
-        }
-    gt_check(worst < 1e-5, "fp64 reference backward vs central differences: largest error %.3g", worst);
-    free(q); free(k); free(v); free(c); free(gq); free(gk); free(gv); free(o); free(l);
-}
-
 int main(void)
 {
     gt_init("test_gpu_cudnn_attn");
-    check_ref_fd();
+    double fd = attn_ref_fd_check();
+    gt_check(fd < 1e-5, "fp64 reference backward vs central differences: largest error %.3g", fd);
     char why[1024];
     if (lcu_cudnn_create(&dnn, why, sizeof why) != 0) {
         const char *req = getenv("LOOM_CUDNN_REQUIRED");
