@@ -129,6 +129,24 @@ if(LOOM_CUDNN_INCLUDE_DIR)
   add_dependencies(test_cudnn_graph cudnn_shim)
   add_test(NAME test_cudnn_graph COMMAND test_cudnn_graph $<TARGET_FILE:cudnn_shim>)
   set_tests_properties(test_cudnn_graph PROPERTIES TIMEOUT 120)
+
+  # The same graphs against the real libcudnn where one is installed (skipped, 77, where
+  # none is), planned for an H100 without a GPU. The toolkit's stub driver as libcuda.so.1,
+  # first on the path, lets cuDNN's engines compile their kernels for the graphs (only
+  # loading them fails): see the test's comment.
+  add_executable(test_cudnn_plans ${CMAKE_SOURCE_DIR}/tests/gpu/test_cudnn_plans.c)
+  target_compile_definitions(test_cudnn_plans PRIVATE LOOM_HAVE_CUDNN_H)
+  target_include_directories(test_cudnn_plans PRIVATE ${LOOM_CUDNN_INCLUDE_DIR})
+  target_link_libraries(test_cudnn_plans PRIVATE loom_cuda_dnn m)
+  add_test(NAME test_cudnn_plans COMMAND test_cudnn_plans)
+  set_tests_properties(test_cudnn_plans PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+  find_file(LOOM_CUDA_STUB_DRIVER libcuda.so PATHS ${CUDAToolkit_LIBRARY_DIR}/stubs NO_DEFAULT_PATH)
+  if(LOOM_CUDA_STUB_DRIVER)
+    file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-stub)
+    file(CREATE_LINK ${LOOM_CUDA_STUB_DRIVER} ${CMAKE_BINARY_DIR}/cuda-stub/libcuda.so.1 SYMBOLIC)
+    set_tests_properties(test_cudnn_plans PROPERTIES
+                         ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/cuda-stub:${CUDAToolkit_LIBRARY_DIR}")
+  endif()
 endif()
 
 # The backend suites of tests/ (tests.cmake builds them) once more on the cuda backend;

@@ -193,9 +193,9 @@ const char *lcu_cudnn_strerror(int rc);
 /* max_len: the longest sequence's rows, known on the host (it picks the plan's bucket; 0 =
  * not known: total_q bounds it, at the cost of a larger bucket; a value below the real one
  * is the caller's bug: the rows past it would be dropped). Returns 0; LCU_ENOTSUP when this
- * path does not take the call (KV-cache layouts, a bucket cuDNN has no plan for: logged
- * once per bucket on stderr); LCU_EINVAL; a CUDA error; or LCU_ECUDNN_BASE + the status of
- * a failed execution. */
+ * path does not take the call (KV-cache layouts, a bucket cuDNN has no plan for, no device
+ * memory for the workspace: logged once on stderr); LCU_EINVAL; a CUDA error; or
+ * LCU_ECUDNN_BASE + the status of a failed execution. */
 int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
                        const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s);
 int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,

@@ -415,11 +415,11 @@ static bool lcd_nondeterministic(lcd_graph *g, cudnnBackendDescriptor_t cfg, int
     return false;
 }
 
-int lcd_finish(lcd_graph *g, cudnnHandle_t h, bool deterministic)
+int lcd_finish(lcd_graph *g, cudnnHandle_t h, cudnnBackendDescriptor_t devprop, bool deterministic)
 {
     const lcd_api *api = g->api;
     cudnnBackendDescriptor_t og = lcd_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
-    lcd_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "operation graph");
+    if (h) lcd_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "operation graph");
     lcd_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops, "operation graph");
     lcd_fin(g, og, "operation graph");
     if (g->st) return -1;
@@ -434,6 +434,8 @@ int lcd_finish(lcd_graph *g, cudnnHandle_t h, bool deterministic)
         cudnnBackendDescriptor_t heur = lcd_new(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
         lcd_set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "heuristics");
         lcd_set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m], "heuristics");
+        if (devprop)
+            lcd_set(g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop, "heuristics");
         lcd_fin(g, heur, "heuristics");
         if (g->st) { /* this mode is not offered for the graph: try the next */
             last_st = g->st;
@@ -464,16 +466,29 @@ int lcd_finish(lcd_graph *g, cudnnHandle_t h, bool deterministic)
             }
             cudnnBackendDescriptor_t plan = lcd_new(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
             if (!plan) return -1;
-            cudnnStatus_t st = api->BackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+            cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+            if (h) st = api->BackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+            if (!st && devprop)
+                st = api->BackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                              1, &devprop);
             if (!st)
                 st = api->BackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
             if (!st) st = api->BackendFinalize(plan);
+            if (st / 1000 * 1000 == CUDNN_STATUS_EXECUTION_FAILED || !st) {
+                if (!g->accepted++) { /* the first taker's workspace, known before its kernels load */
+                    int64_t n = 0;
+                    api->BackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                             &g->workspace);
+                    g->engine = index;
+                }
+            }
             if (st) {
                 char m2[256];
                 lcd_explain(api, st, m2, sizeof m2);
                 snprintf(last, sizeof last, "engine %lld: %s", (long long)index, m2);
                 last_st = st;
+                if (!h && g->accepted) goto none; /* without a device no plan can follow: one taker says enough */
                 continue;
             }
             int64_t ws = 0, n = 0;
@@ -484,6 +499,7 @@ int lcd_finish(lcd_graph *g, cudnnHandle_t h, bool deterministic)
             return 0;
         }
     }
+none:
     g->st = last_st ? last_st : CUDNN_STATUS_NOT_SUPPORTED;
     snprintf(g->err, sizeof g->err, "no execution plan (%d nondeterministic engines skipped); last refusal: %s",
              skipped, last);

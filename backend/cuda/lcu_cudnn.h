@@ -75,8 +75,11 @@ typedef struct {
     char err[384];                   /* its step and cuDNN's message */
     /* set by lcd_finish */
     cudnnBackendDescriptor_t plan;
-    int64_t workspace;
-    int64_t engine;                  /* the engine's global index, for logs */
+    int64_t workspace;               /* the plan's (or the first taker's, when no plan) */
+    int64_t engine;                  /* its engine's global index, for logs */
+    int accepted;                    /* engine configs that took the graph: their plan finalized,
+                                        or failed only in the CUDA driver (loading the kernels
+                                        they compiled: what a plan built without a GPU gets) */
 } lcd_graph;
 
 void lcd_graph_init(lcd_graph *g, const lcd_api *api);
@@ -106,8 +109,10 @@ void lcd_reshape(lcd_graph *g, lcd_t x, lcd_t y);
 
 /* Makes the operation graph of the ops added so far and the first execution plan that
  * cuDNN's heuristics (mode A, then FALLBACK) offer and that finalizes; deterministic: only
- * engines without cuDNN's NONDETERMINISTIC note. 0, or -1 with g->err saying why. */
-int lcd_finish(lcd_graph *g, cudnnHandle_t h, bool deterministic);
+ * engines without cuDNN's NONDETERMINISTIC note. For the device of handle h, or, with h
+ * NULL, for the device devprop describes (a CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR: a plan
+ * built without any device, cuDNN ≥ 9.8). 0, or -1 with g->err saying why. */
+int lcd_finish(lcd_graph *g, cudnnHandle_t h, cudnnBackendDescriptor_t devprop, bool deterministic);
 
 /* Runs g->plan on the handle's stream: n tensors (uids, data pointers: device memory, host
  * memory for by-value scalars) and a workspace of at least g->workspace bytes. 0, or the
@@ -124,6 +129,19 @@ void lcd_explain(const lcd_api *api, int status, char *buf, size_t len);
  * device addresses, no device work. LCU_ENOTSUP unless the library loaded is that stand-in
  * (it exports loom_cudnn_shim): a real libcudnn would dereference the placeholders. */
 int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd);
+
+/* Plans without a device (cuDNN ≥ 9.8): a context whose plans are built for the GPU that
+ * devprop_json describes (cuDNN's device-property JSON: multiProcessorCount, deviceVer,
+ * maxSharedMemoryPerBlockOptin, ...), with no handle; nothing can run on it. For
+ * test_cudnn_plans, which asks a real libcudnn, on a machine without a GPU, whether its
+ * engines take every graph this file builds for an H100. LCU_ENOTSUP with why otherwise. */
+int lcu_cudnn_create_deviceless(lcu_cudnn **out, const char *devprop_json, char *why, size_t whylen);
+/* Builds (or finds) the plan of a's bucket and runs nothing: 0 with its workspace bytes and
+ * engine index, or LCU_ENOTSUP (cuDNN's reason on stderr, as for a refused bucket); either
+ * way *accepted = the engine configs that took the graph (lcd_graph.accepted), and when
+ * there is no plan but a taker, its workspace and engine. */
+int lcu_cudnn_plan_check(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, int64_t *workspace,
+                         int64_t *engine, int *accepted);
 
 /* ---- the packed batch as cuDNN reads it (lcu_cudnn_prep.cu) ------------------------------ */
 

@@ -55,15 +55,20 @@ typedef struct {
     int B, S, nq, nkv, d;
     lcd_graph g;
     uint64_t last_use;
+    int accepted;      /* of a refused bucket: lcd_graph.accepted, workspace, engine before the */
+    int64_t workspace; /* graph went */
+    int64_t engine;
 } lca_plan;
 
 struct lcu_cudnn {
     const lcd_api *api;
-    cudnnHandle_t h;
+    cudnnHandle_t h;                /* NULL in a device-less context */
+    cudnnBackendDescriptor_t devprop; /* the device a device-less context plans for */
     lca_plan plans[LCA_CAP];
     uint64_t tick;
     void *ws;       /* device workspace: lengths, offsets, Δ, bf16 gradients, cuDNN's own */
     size_t ws_cap;
+    size_t ws_refused; /* the last size cudaMalloc refused (said once) */
     int64_t ws_max; /* a plan asking more of its own is refused (LCU_CUDNN_WORKSPACE_MB) */
     bool exact_b;   /* LCU_CUDNN_EXACT_BATCH: no padding sequences (B = the batch's count) */
     bool any_engine; /* LCU_CUDNN_ANY_ENGINE: the backward may take engines noted NONDETERMINISTIC */
@@ -283,16 +288,17 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     p = lru;
     if (p->used) {
         /* its kernels may still run on the stream (and cuDNN may unload what it compiled) */
-        cudaStreamSynchronize(s);
+        if (c->h) cudaStreamSynchronize(s);
         lcd_graph_free(&p->g);
     }
     memset(p, 0, sizeof *p);
-    *p = (lca_plan){true, bwd, false, false, B, S, a->nq, a->nkv, a->d, {0}, c->tick};
+    *p = (lca_plan){true, bwd, false, false, B, S, a->nq, a->nkv, a->d, {0}, c->tick, 0, 0, -1};
     lcd_graph_init(&p->g, c->api);
     double t0 = lca_now();
     if (bwd) lca_graph_bwd(&p->g, p);
     else lca_graph_fwd(&p->g, p);
-    if (!p->g.st && lcd_finish(&p->g, c->h, bwd && !c->any_engine) == 0 && c->ws_max > 0 && p->g.workspace > c->ws_max) {
+    bool planned = !p->g.st && lcd_finish(&p->g, c->h, c->devprop, bwd && !c->any_engine) == 0;
+    if (planned && c->ws_max > 0 && p->g.workspace > c->ws_max) {
         p->g.st = CUDNN_STATUS_NOT_SUPPORTED;
         snprintf(p->g.err, sizeof p->g.err, "its workspace of %.0f MiB is over the limit of %.0f MiB "
                  "(LCU_CUDNN_WORKSPACE_MB)", p->g.workspace / 1048576.0, c->ws_max / 1048576.0);
@@ -300,6 +306,9 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     if (p->g.st || !p->g.plan) {
         fprintf(stderr, "loom cuda: cuDNN attention %s: no plan for %d sequences × %d rows, heads %d/%d × %d: %s; "
                 "the own kernels run this shape\n", bwd ? "backward" : "forward", B, S, a->nq, a->nkv, a->d, p->g.err);
+        p->accepted = p->g.accepted;
+        p->workspace = p->g.workspace;
+        p->engine = p->g.engine;
         lcd_graph_free(&p->g);
         p->refused = true;
         *rc = LCU_ENOTSUP;
@@ -340,20 +349,30 @@ static void lca_layout_of(const lca_plan *p, const lcu_attn_desc *a, lca_layout 
     l->total = off;
 }
 
-/* At least bytes of workspace (grown by 1.5×: a slowly growing workload does not reallocate
- * every call). cudaFree waits for the device, so the old buffer is no longer in use. */
+/* At least bytes of workspace (grown by 1.5× when that fits: a slowly growing workload does
+ * not reallocate every call). The old buffer goes only once the new one is there (cudaFree
+ * waits for the device, so it is no longer in use); without the memory, LCU_ENOTSUP: this
+ * call runs on the own kernels, the context keeps its buffer and cuDNN (one line per size
+ * refused, so a batch that does not fit is said once). */
 static int lca_reserve(lcu_cudnn *c, size_t bytes)
 {
     if (bytes <= c->ws_cap) return 0;
     size_t cap = c->ws_cap + c->ws_cap / 2 > bytes ? c->ws_cap + c->ws_cap / 2 : bytes;
-    if (c->ws) cudaFree(c->ws);
-    c->ws = NULL;
-    c->ws_cap = 0;
-    int rc = (int)cudaMalloc(&c->ws, cap);
-    if (rc) {
-        c->ws = NULL;
-        return rc;
+    void *p = NULL;
+    if (cudaMalloc(&p, cap) != cudaSuccess) {
+        cudaGetLastError();
+        cap = bytes;
+        if (cudaMalloc(&p, cap) != cudaSuccess) {
+            cudaGetLastError();
+            if (bytes != c->ws_refused)
+                fprintf(stderr, "loom cuda: cuDNN attention: no device memory for a workspace of %.0f MiB; the own "
+                        "kernels run this batch\n", bytes / 1048576.0);
+            c->ws_refused = bytes;
+            return LCU_ENOTSUP;
+        }
     }
+    if (c->ws) cudaFree(c->ws);
+    c->ws = p;
     c->ws_cap = cap;
     return 0;
 }
@@ -487,25 +506,12 @@ static bool lca_env_on(const char *name)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
+/* A context on api with the environment's switches; NULL when out of host memory. */
+static lcu_cudnn *lca_new(const lcd_api *api)
 {
-    *out = NULL;
-    const lcd_api *api = lcd_load(why, whylen);
-    if (!api) return LCU_ENOTSUP;
     lcu_cudnn *c = calloc(1, sizeof *c);
-    if (!c) {
-        snprintf(why, whylen, "out of host memory");
-        return LCU_ENOTSUP;
-    }
+    if (!c) return NULL;
     c->api = api;
-    cudnnStatus_t st = api->Create(&c->h);
-    if (st) {
-        char m[320];
-        lcd_explain(api, st, m, sizeof m);
-        snprintf(why, whylen, "%s: cudnnCreate: %s", api->path, m);
-        free(c);
-        return LCU_ENOTSUP;
-    }
     const char *wsmb = getenv("LCU_CUDNN_WORKSPACE_MB");
     c->verbose = lca_env_on("LCU_CUDNN_VERBOSE");
     c->exact_b = lca_env_on("LCU_CUDNN_EXACT_BATCH");
@@ -515,22 +521,99 @@ int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
     size_t fr = 0, tot = 0;
     if (wsmb && *wsmb) c->ws_max = (int64_t)strtoll(wsmb, NULL, 10) << 20;
     else if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) c->ws_max = (int64_t)(tot / 4);
-    else cudaGetLastError(); /* no device: no limit (the stand-in's test) */
+    else cudaGetLastError(); /* no device: no limit */
     c->neg_inf = api->version < 91000 ? -FLT_MAX : -INFINITY;
     snprintf(c->desc, sizeof c->desc, "cuDNN %zu.%zu.%zu (%s)", api->version / 10000, api->version / 100 % 100,
              api->version % 100, api->path);
+    return c;
+}
+
+int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen)
+{
+    *out = NULL;
+    const lcd_api *api = lcd_load(why, whylen);
+    if (!api) return LCU_ENOTSUP;
+    lcu_cudnn *c = lca_new(api);
+    if (!c) {
+        snprintf(why, whylen, "out of host memory");
+        return LCU_ENOTSUP;
+    }
+    cudnnStatus_t st = api->Create(&c->h);
+    if (st) {
+        char m[320];
+        lcd_explain(api, st, m, sizeof m);
+        snprintf(why, whylen, "%s: cudnnCreate: %s", api->path, m);
+        free(c);
+        return LCU_ENOTSUP;
+    }
     *out = c;
+    return 0;
+}
+
+int lcu_cudnn_create_deviceless(lcu_cudnn **out, const char *devprop_json, char *why, size_t whylen)
+{
+    *out = NULL;
+    const lcd_api *api = lcd_load(why, whylen);
+    if (!api) return LCU_ENOTSUP;
+    if (api->version < 90800) {
+        snprintf(why, whylen, "%s: plans without a device need cuDNN 9.8", api->path);
+        return LCU_ENOTSUP;
+    }
+    lcu_cudnn *c = lca_new(api);
+    if (!c) {
+        snprintf(why, whylen, "out of host memory");
+        return LCU_ENOTSUP;
+    }
+    cudnnStatus_t st = api->BackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &c->devprop);
+    if (!st)
+        st = api->BackendSetAttribute(c->devprop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                      (int64_t)strlen(devprop_json), devprop_json);
+    if (!st) st = api->BackendFinalize(c->devprop);
+    if (st) {
+        char m[320];
+        lcd_explain(api, st, m, sizeof m);
+        snprintf(why, whylen, "%s: the device description: %s", api->path, m);
+        if (c->devprop) api->BackendDestroyDescriptor(c->devprop);
+        free(c);
+        return LCU_ENOTSUP;
+    }
+    snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), ", planning without a device");
+    *out = c;
+    return 0;
+}
+
+int lcu_cudnn_plan_check(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, int64_t *workspace,
+                         int64_t *engine, int *accepted)
+{
+    *accepted = 0;
+    int rc = lca_check(c, a, max_len);
+    if (rc) return rc;
+    if (a->total_q == 0 || a->nseq == 0) return LCU_EINVAL;
+    lca_plan *p = lca_plan_get(c, a, max_len, bwd, 0, &rc);
+    if (!p) { /* the refused entry: the one just built (or found) for this bucket */
+        for (int i = 0; i < LCA_CAP; i++)
+            if (c->plans[i].used && c->plans[i].last_use == c->tick) {
+                *accepted = c->plans[i].accepted;
+                *workspace = c->plans[i].workspace;
+                *engine = c->plans[i].engine;
+            }
+        return rc;
+    }
+    *workspace = p->g.workspace;
+    *engine = p->g.engine;
+    *accepted = p->g.accepted;
     return 0;
 }
 
 void lcu_cudnn_destroy(lcu_cudnn *c)
 {
     if (!c) return;
-    cudaDeviceSynchronize(); /* nothing of cuDNN's may still run when its plans go */
+    if (c->h) cudaDeviceSynchronize(); /* nothing of cuDNN's may still run when its plans go */
     for (int i = 0; i < LCA_CAP; i++)
         if (c->plans[i].used) lcd_graph_free(&c->plans[i].g);
     if (c->ws) cudaFree(c->ws);
-    c->api->Destroy(c->h);
+    if (c->devprop) c->api->BackendDestroyDescriptor(c->devprop);
+    if (c->h) c->api->Destroy(c->h);
     free(c);
 }
 
@@ -598,6 +681,18 @@ int lcu_cudnn_plans(const lcu_cudnn *c, int *refused)
 int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd) { return LCU_ENOTSUP; }
 
 size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c) { return 0; }
+
+int lcu_cudnn_create_deviceless(lcu_cudnn **out, const char *devprop_json, char *why, size_t whylen)
+{
+    return lcu_cudnn_create(out, why, whylen);
+}
+
+int lcu_cudnn_plan_check(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, int64_t *workspace,
+                         int64_t *engine, int *accepted)
+{
+    *accepted = 0;
+    return LCU_ENOTSUP;
+}
 
 const char *lcu_cudnn_strerror(int rc)
 {
