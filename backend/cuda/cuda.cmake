@@ -43,18 +43,35 @@ target_compile_options(loom_cuda_ops PRIVATE ${LOOM_CUDA_GENCODE} -lineinfo -Xco
 target_include_directories(loom_cuda_ops PUBLIC ${CMAKE_SOURCE_DIR})
 target_link_libraries(loom_cuda_ops PUBLIC CUDA::cudart_static CUDA::cublasLt CUDA::cublas)
 
+# cuDNN's fused attention (backend/cuda/lcu_cudnn*.c, plain C; its kernel lcu_cudnn_prep.cu is
+# in loom_cuda_ops): compiled against cuDNN's headers when they sit with the toolkit's,
+# never linked against libcudnn, which it loads at run time (lcu_cudnn.c says where from).
+# Without the headers the same entry points say "built without cuDNN" and callers keep the
+# own attention kernels.
+find_path(LOOM_CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+file(GLOB LOOM_CUDA_DNN_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/backend/cuda/lcu_*.c)
+add_library(loom_cuda_dnn STATIC ${LOOM_CUDA_DNN_SRC})
+target_link_libraries(loom_cuda_dnn PUBLIC loom_cuda_ops Threads::Threads ${CMAKE_DL_LIBS})
+if(LOOM_CUDNN_INCLUDE_DIR)
+  target_compile_definitions(loom_cuda_dnn PRIVATE LOOM_HAVE_CUDNN_H)
+  target_include_directories(loom_cuda_dnn PRIVATE ${LOOM_CUDNN_INCLUDE_DIR})
+  message(STATUS "Loom: cuDNN attention built (headers: ${LOOM_CUDNN_INCLUDE_DIR}; libcudnn loaded at run time)")
+else()
+  message(STATUS "Loom: cuDNN attention not built (no cudnn_graph.h with the CUDA toolkit)")
+endif()
+
 # The backend table (backend/cuda/cuda_*.c, plain C over the kernel layer), linked into
 # loom_backends: `loom executor --backend cuda --device N`.
 file(GLOB LOOM_CUDA_BACKEND_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/backend/cuda/cuda_*.c)
 add_library(loom_backend_cuda STATIC ${LOOM_CUDA_BACKEND_SRC})
-target_link_libraries(loom_backend_cuda PUBLIC loom_cuda_ops loom_backend)
+target_link_libraries(loom_backend_cuda PUBLIC loom_cuda_ops loom_cuda_dnn loom_backend)
 # ... and as the module backend/backends.c loads on first use (libloom_backend_cuda.so,
 # next to the binaries in the build directory, lib/loom when installed): the loom binary
 # itself links no CUDA library, so it (and its Debian package) runs where none is
 # installed. Not part of the Debian package (cuBLAS is no Debian package): installed by
 # `cmake --install` as the component `cuda`.
 add_library(loom_backend_cuda_module MODULE ${LOOM_CUDA_BACKEND_SRC})
-target_link_libraries(loom_backend_cuda_module PRIVATE loom_cuda_ops loom_backend)
+target_link_libraries(loom_backend_cuda_module PRIVATE loom_cuda_ops loom_cuda_dnn loom_backend)
 set_target_properties(loom_backend_cuda_module PROPERTIES OUTPUT_NAME loom_backend_cuda
                       LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 add_dependencies(loom loom_backend_cuda_module)
@@ -63,14 +80,16 @@ install(TARGETS loom_backend_cuda_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIB
 # The gpu test harness (tests/gpu/gt.h).
 add_library(loom_gpu_gt STATIC ${CMAKE_SOURCE_DIR}/tests/gpu/gt.c)
 target_include_directories(loom_gpu_gt PUBLIC ${CMAKE_SOURCE_DIR})
-target_link_libraries(loom_gpu_gt PUBLIC loom_cuda_ops m)
+target_link_libraries(loom_gpu_gt PUBLIC loom_cuda_ops loom_cuda_dnn m)
 
 # CPU-backend twins the kernel tests compare against: the CPU kernels themselves, built
-# with a plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS.
+# with a plain sgemm (tests/gpu/ref_blas.c) instead of OpenBLAS; and the fp64 attention
+# reference (tests/gpu/attn_ref.c).
 set(LOOM_CPU_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend/cpu)
 set(LOOM_EXE_TWIN_DIR ${CMAKE_SOURCE_DIR}/backend)
 add_library(loom_gpu_test_support STATIC
   ${CMAKE_SOURCE_DIR}/tests/gpu/ref_blas.c
+  ${CMAKE_SOURCE_DIR}/tests/gpu/attn_ref.c
   ${LOOM_CPU_TWIN_DIR}/cpu_ops.c
   ${LOOM_CPU_TWIN_DIR}/cpu_gemm.c
   ${LOOM_CPU_TWIN_DIR}/cpu_pool.c
@@ -99,6 +118,38 @@ foreach(src ${LOOM_GPU_TESTS})
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endforeach()
+
+# The cuDNN attention's host side (loader, graphs, plan cache) against a stand-in libcudnn:
+# runs without a GPU or cuDNN, so it is no `gpu` test.
+if(LOOM_CUDNN_INCLUDE_DIR)
+  add_library(cudnn_shim SHARED ${CMAKE_SOURCE_DIR}/tests/cudnn_shim/cudnn_shim.c)
+  target_include_directories(cudnn_shim PRIVATE ${LOOM_CUDNN_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
+  add_executable(test_cudnn_graph ${CMAKE_SOURCE_DIR}/tests/gpu/test_cudnn_graph.c)
+  target_compile_definitions(test_cudnn_graph PRIVATE LOOM_HAVE_CUDNN_H)
+  target_include_directories(test_cudnn_graph PRIVATE ${LOOM_CUDNN_INCLUDE_DIR})
+  target_link_libraries(test_cudnn_graph PRIVATE loom_cuda_dnn m)
+  add_dependencies(test_cudnn_graph cudnn_shim)
+  add_test(NAME test_cudnn_graph COMMAND test_cudnn_graph $<TARGET_FILE:cudnn_shim>)
+  set_tests_properties(test_cudnn_graph PROPERTIES TIMEOUT 120)
+
+  # The same graphs against the real libcudnn where one is installed (skipped, 77, where
+  # none is), planned for an H100 without a GPU. The toolkit's stub driver as libcuda.so.1,
+  # first on the path, lets cuDNN's engines compile their kernels for the graphs (only
+  # loading them fails): see the test's comment.
+  add_executable(test_cudnn_plans ${CMAKE_SOURCE_DIR}/tests/gpu/test_cudnn_plans.c)
+  target_compile_definitions(test_cudnn_plans PRIVATE LOOM_HAVE_CUDNN_H)
+  target_include_directories(test_cudnn_plans PRIVATE ${LOOM_CUDNN_INCLUDE_DIR})
+  target_link_libraries(test_cudnn_plans PRIVATE loom_cuda_dnn m)
+  add_test(NAME test_cudnn_plans COMMAND test_cudnn_plans)
+  set_tests_properties(test_cudnn_plans PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+  find_file(LOOM_CUDA_STUB_DRIVER libcuda.so PATHS ${CUDAToolkit_LIBRARY_DIR}/stubs NO_DEFAULT_PATH)
+  if(LOOM_CUDA_STUB_DRIVER)
+    file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-stub)
+    file(CREATE_LINK ${LOOM_CUDA_STUB_DRIVER} ${CMAKE_BINARY_DIR}/cuda-stub/libcuda.so.1 SYMBOLIC)
+    set_tests_properties(test_cudnn_plans PROPERTIES
+                         ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/cuda-stub:${CUDAToolkit_LIBRARY_DIR}")
+  endif()
+endif()
 
 # The backend suites of tests/ (tests.cmake builds them) once more on the cuda backend;
 # tests/lib/test_backend.h exits 77 (skipped) where the backend has no device.

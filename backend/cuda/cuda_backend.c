@@ -47,6 +47,7 @@ static void cu_destroy(void *ctx)
     cu_buffers_free(c);
     if (c->norm_ws) cudaFree(c->norm_ws);
     cu_weights_free(&c->w);
+    lcu_cudnn_destroy(c->dnn);
     lcu_ctx_destroy(c->lcu);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -120,6 +121,7 @@ static void *cu_create(const model_files *m, const exe_backend_opts *o, char *er
         cu_destroy(c);
         return NULL;
     }
+    cu_attn_choose(c);
     if (cu_weights_load(c, m, err, errlen) < 0) { cu_destroy(c); return NULL; }
     long V = mc->vocab_size;
     c->head_rows = cu_head_rows(V);
@@ -201,6 +203,7 @@ static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_
     c->grad_started = false;
     cu_where(c, "packing %d sequences", nseq);
     if (cu_pack(c, seqs, nseq, any_grad) < 0) return -1;
+    c->attn_max_len = cu_attn_max_len(cu_meta_host(c, c->ml.q_start), c->nseq_packed);
     c->d_pos = cu_meta_dev(c, c->ml.pos);
     cu_where(c, "embedding");
     CU_TRY(c, lcu_embed(a->x, c->w.embed, cu_meta_dev(c, c->ml.tokens), T, H, c->stream));

@@ -151,6 +151,8 @@ typedef struct {
     char device_name[128];
     cudaStream_t stream;
     lcu_ctx *lcu;
+    lcu_cudnn *dnn;                 /* cuDNN's fused attention (LCU_ATTN=cudnn); NULL: the own
+                                       kernels only (cuda_layer.c chooses per call) */
     cu_weights w;
 
     /* errors (cuda_check.c) */
@@ -197,6 +199,7 @@ typedef struct {
     int nseq_packed;                /* non-empty sequences of the pass */
     const int32_t *d_pos;           /* device [T] position of each row in its sequence */
     lcu_attn_desc attn;             /* self-attention over the packed rows */
+    int attn_max_len;               /* its longest sequence (the cuDNN plan's bucket) */
 
     /* sampling (cuda_sample.c): KV caches, per layer K then V, [S·kv_cap, nkv·d] bf16 each,
      * and the maps from a pass's rows to cache rows (cuda_layer.c uses them) */

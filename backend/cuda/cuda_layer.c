@@ -11,6 +11,10 @@
  * A sparse layer of a Qwen3-MoE model replaces the MLP by its router and experts
  * (cuda_moe.c): x' = xmid + moe(xn2).
  *
+ * The attention is the kernel layer's own (lcu_attn_*), or cuDNN's fused attention when the
+ * context was created with LCU_ATTN=cudnn (cl_attn_fwd/bwd choose per call; the KV-cache
+ * decode always runs the own kernels).
+ *
  * The residual adds ride in the GEMMs' epilogue (beta = 1 with C = the residual). Base
  * weights are frozen: the backward produces activation gradients and LoRA gradients only,
  * the activation gradients in fp32 and rounded to bf16 where a GEMM reads them.
@@ -19,6 +23,10 @@
 #include "backend/cuda/cuda_adapter.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ---- LoRA ---------------------------------------------------------------------------- */
 
@@ -65,6 +73,66 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
     return 0;
 }
 
+/* ---- attention: cuDNN's fused kernels or the own ones ------------------------------------- */
+
+void cu_attn_choose(cu_ctx *c)
+{
+    const char *e = getenv("LCU_ATTN");
+    if (!e || strcmp(e, "cudnn") != 0) return;
+    char why[1024];
+    if (lcu_cudnn_create(&c->dnn, why, sizeof why) != 0)
+        fprintf(stderr, "loom cuda:%d: LCU_ATTN=cudnn: no cuDNN attention: %s; the own attention kernels run\n",
+                c->device, why);
+    else
+        fprintf(stderr, "loom cuda:%d: attention through %s (the own kernels for KV-cache decoding and what it "
+                "refuses)\n", c->device, lcu_cudnn_describe(c->dnn));
+}
+
+int cu_attn_max_len(const int32_t *q_start, int nseq)
+{
+    int m = 0;
+    for (int i = 0; i < nseq; i++)
+        if (q_start[i + 1] - q_start[i] > m) m = q_start[i + 1] - q_start[i];
+    return m;
+}
+
+/* A cuDNN failure other than "not this shape" (an execution error, no memory for its
+ * workspace): cuDNN is dropped for the rest of the context's life, with one line. */
+static void cl_dnn_off(cu_ctx *c, int rc)
+{
+    fprintf(stderr, "loom cuda:%d: cuDNN attention failed in %s: %s; the own attention kernels run from now on\n",
+            c->device, c->where, lcu_cudnn_strerror(rc));
+    lcu_cudnn_destroy(c->dnn);
+    c->dnn = NULL;
+}
+
+/* Self-attention over the pass's packed rows (c->attn): cuDNN when the context has it and it
+ * takes the call, else the own kernels (lcu_attn_fwd: version 1, or 2 with LCU_ATTN=mma).
+ * Both give the same function and the same lse convention, so a forward by one and a
+ * backward by the other still match. */
+static int cl_attn_fwd(cu_ctx *c)
+{
+    cu_act *a = &c->a;
+    if (c->dnn) {
+        int rc = lcu_cudnn_attn_fwd(c->dnn, &c->attn, c->attn_max_len, a->q, a->k, a->v, a->att, a->lse, c->stream);
+        if (rc == 0) return 0;
+        if (rc != LCU_ENOTSUP) cl_dnn_off(c, rc);
+    }
+    return lcu_attn_fwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->attn_ws, c->stream);
+}
+
+static int cl_attn_bwd(cu_ctx *c)
+{
+    cu_act *a = &c->a;
+    if (c->dnn) {
+        int rc = lcu_cudnn_attn_bwd(c->dnn, &c->attn, c->attn_max_len, a->q, a->k, a->v, a->att, a->lse, a->dattb, a->dq, a->dk, a->dv,
+                                    c->stream);
+        if (rc == 0) return 0;
+        if (rc != LCU_ENOTSUP) cl_dnn_off(c, rc);
+    }
+    return lcu_attn_bwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->dattb, a->dq, a->dk, a->dv, a->attn_ws, c->stream);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 /* Sampling passes: this layer's K/V rows into the caches (prefill: each prompt row into
@@ -108,7 +176,7 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
                                a->attn_ws, s));
     else
-        CU_TRY(c, lcu_attn_fwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->attn_ws, s));
+        CU_TRY(c, cl_attn_fwd(c));
     if (cl_linear(c, l, LORA_O, a->att, qd, w->wo, w->bo, H, x_in, a->xmid, T) < 0) return -1;
 
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd2, a->xmid, w->mlp_norm, T, H, eps, s));
@@ -151,7 +219,7 @@ int cu_layer_backward(cu_ctx *c, int l, long T, const float *x_in, bool need_dx)
     CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
     if (cl_linear_bwd(c, l, LORA_O, a->att, qd, w->wo, H, a->dyb, a->datt, false, T) < 0) return -1;
     CU_TRY(c, lcu_convert(a->dattb, LCU_BF16, a->datt, LCU_F32, (size_t)T * qd, s));
-    CU_TRY(c, lcu_attn_bwd(&c->attn, a->q, a->k, a->v, a->att, a->lse, a->dattb, a->dq, a->dk, a->dv, a->attn_ws, s));
+    CU_TRY(c, cl_attn_bwd(c));
     CU_TRY(c, lcu_rope(a->dq, LCU_F32, a->dq, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
     CU_TRY(c, lcu_rope(a->dk, LCU_F32, a->dk, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
     if (mc->qk_norm) {

@@ -14,6 +14,12 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
  * in place (cu_layer_forward with recompute, from the same x_in). */
 int cu_layer_backward(cu_ctx *c, int l, long T, const float *x_in, bool need_dx);
 
+/* Attention. LCU_ATTN=cudnn at context creation: c->dnn = cuDNN's fused attention (one line
+ * on stderr either way: which cuDNN, or why none and the own kernels run). */
+void cu_attn_choose(cu_ctx *c);
+/* The longest of nseq sequences of a host q_start [nseq + 1] (c->attn_max_len). */
+int cu_attn_max_len(const int32_t *q_start, int nseq);
+
 /* c->lsegs = the kernel layer's segments for module mod of layer l (l < 0: the output
  * head), from the segments meeting rows [r0, r1), clipped to them and counted from r0;
  * grad_only: only segments that carry a gradient. Returns how many. */

@@ -137,7 +137,8 @@ int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float
  * (natural log, of scale·q·k). Two kernel versions compute the same function: the
  * environment variable LCU_ATTN=mma selects version 2 (FlashAttention-2 style, mma.sync),
  * anything else version 1 (WMMA); see lcu_attention.cu (the versions: lcu_attention_v1.cu,
- * lcu_attention_v2.cu). */
+ * lcu_attention_v2.cu). (LCU_ATTN=cudnn is the backend's
+ * switch to cuDNN's attention, below; these functions then run version 1.) */
 typedef struct {
     int nseq;
     const int32_t *q_start;      /* device [nseq + 1] */
@@ -161,6 +162,59 @@ int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
 int lcu_attn_bwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v,
                  const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq, float *dk, float *dv,
                  void *ws, cudaStream_t s);
+
+/* ---- attention through cuDNN (lcu_cudnn_attn.c) ------------------------------------------ */
+
+/* The same function as lcu_attn_fwd / lcu_attn_bwd for self-attention over the packed rows
+ * (kv_start and kv_len NULL), computed by cuDNN 9's fused flash attention (forward and
+ * deterministic backward, ragged offsets for the packed sequences, GQA, causal mask),
+ * through cuDNN's backend API with libcudnn loaded at run time (lcu_cudnn.c says where it is
+ * looked for; LOOM_CUDNN_LIBRARY names it). Execution plans are cached per shape bucket
+ * (sequences rounded up to a power of two, the longest sequence to 64, 128, 192, 256, 384,
+ * … rows). The version 1 kernels stay the reference and the KV-cache decode path.
+ * Environment, read by lcu_cudnn_create: LCU_CUDNN_VERBOSE=1 (a line per plan: engine,
+ * workspace, build time), LCU_CUDNN_EXACT_BATCH=1 (no padding sequences in the bucket),
+ * LCU_CUDNN_WORKSPACE_MB (a plan needing more is refused; default a quarter of the device),
+ * LCU_CUDNN_ANY_ENGINE=1 (the backward may take an engine cuDNN notes NONDETERMINISTIC:
+ * for trying, the bitwise rerun test then decides).
+ *
+ * Differences from lcu_attn_bwd: dq, dk, dv are cuDNN's bf16 results widened to fp32 (the
+ * own kernels keep fp32 accumulators); rows [0, total_q) must be exactly the sequences'
+ * rows (q_start[0] = 0). The context owns its device workspace (grown with the largest
+ * batch and bucket, never per call once warm) and is used by one stream at a time. */
+#define LCU_ENOTSUP (-2)         /* this path does not take these arguments: run another */
+#define LCU_ECUDNN_BASE 200000   /* LCU_ECUDNN_BASE + cudnnStatus_t */
+
+typedef struct lcu_cudnn lcu_cudnn;
+
+/* Loads libcudnn (once per process) and makes a handle on the current device. 0, or
+ * LCU_ENOTSUP with why filled (not found, not cuDNN ≥ 9.6, built without cuDNN's headers,
+ * no device): the caller keeps the own kernels. */
+int lcu_cudnn_create(lcu_cudnn **out, char *why, size_t whylen);
+void lcu_cudnn_destroy(lcu_cudnn *c);
+/* "cuDNN 9.x.y (path)", for logs. */
+const char *lcu_cudnn_describe(const lcu_cudnn *c);
+/* Messages for LCU_ENOTSUP, LCU_ECUDNN_BASE + status, and everything lcu_strerror knows. */
+const char *lcu_cudnn_strerror(int rc);
+
+/* max_len: the longest sequence's rows, known on the host (it picks the plan's bucket; 0 =
+ * not known: total_q bounds it, at the cost of a larger bucket; a value below the real one
+ * is the caller's bug: the rows past it would be dropped). Returns 0; LCU_ENOTSUP when this
+ * path does not take the call (KV-cache layouts, a bucket cuDNN has no plan for, no device
+ * memory for the workspace: logged once on stderr); LCU_EINVAL; a CUDA error; or
+ * LCU_ECUDNN_BASE + the status of a failed execution. */
+int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
+                       const lcu_bf16 *v, lcu_bf16 *out, float *lse, cudaStream_t s);
+int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
+                       const lcu_bf16 *v, const lcu_bf16 *out, const float *lse, const lcu_bf16 *dout, float *dq,
+                       float *dk, float *dv, cudaStream_t s);
+
+/* Plans built so far; *refused = buckets cuDNN had no plan for (tests, benchmarks). */
+int lcu_cudnn_plans(const lcu_cudnn *c, int *refused);
+/* Device memory the context holds for its workspace now. */
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
+/* Device memory the context holds for its workspace now. */
+size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
 
 /* ---- output head: per-token logprobs, losses, dlogits, top-k ---------------------------- */
 

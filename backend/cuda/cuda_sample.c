@@ -182,6 +182,7 @@ static int cs_prefill(cu_ctx *c, exe_sample_req *reqs, int nreq, exe_sample_stre
     CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
     c->attn = (lcu_attn_desc){nreq, CS_D(c, L.q_start), NULL, NULL, T, c->cfg.num_attention_heads,
                               c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+    c->attn_max_len = cu_attn_max_len(qs, nreq);
     c->d_pos = CS_D(c, L.pos);
     c->kv_dst = CS_D(c, L.kv_dst);
     c->kv_src = CS_D(c, L.kv_src);

@@ -3,10 +3,14 @@
 
     python3 bench/cuda/attn_table.py bench.csv sdpa.json
 
-bench.csv comes from `run_on_gpu.sh bench` (bench_cuda_kernels: versions wmma and mma),
-sdpa.json from `run_on_gpu.sh sdpa` (flash, cudnn, efficient). Prints milliseconds for
-forward and backward, and which is fastest: the measurement that chooses between Loom's
-own attention and cuDNN's (the CUDA issue asks for the choice by measurement).
+bench.csv comes from `run_on_gpu.sh bench` (bench_cuda_kernels: the own versions wmma and
+mma, and cudnn: cuDNN's fused attention called by the kernel layer, lcu_cudnn_attn_*, where
+libcudnn loads), sdpa.json from `run_on_gpu.sh sdpa` (PyTorch's flash, cudnn, efficient).
+Prints milliseconds for forward and backward, and which is fastest: the measurement that
+chooses between Loom's own attention and cuDNN's (the CUDA issue asks for the choice by
+measurement). "loom cudnn" and "torch cudnn" are the same library at the same shapes, one
+called through Loom's packed layout (ragged offsets) and deterministic backward, the other
+through PyTorch's dense batch.
 """
 import csv
 import json

@@ -2,11 +2,14 @@
  * Llama-3.2-1B, Qwen3-8B) and token counts (512, 2K, 8K, 32K) and prints each kernel's time
  * against its two floors: FLOPs over 989 TFLOP/s (H100 dense bf16) and bytes over
  * 3.35 TB/s, plus the ceilings measured here (a device-to-device copy, a bf16 8192³ GEMM).
+ * The attention rows: the own kernels' versions 1 (wmma) and 2 (mma), then cuDNN's fused
+ * attention through the kernel layer (cudnn, where libcudnn loads: lcu_cudnn_attn_*).
  * Prints figures; never a test. bench/cuda/NOTES.md explains the counts.
  *
  *   bench_cuda_kernels [--quick] [--geo NAME] [--csv FILE]
  * --quick: 512 and 2K tokens only. Exit status 77 without a device (like the gpu tests).
  */
+#include "common/clock.h"
 #include "tests/gpu/gt.h"
 
 #include <math.h>
@@ -29,6 +32,7 @@ static const geo geos[] = {
 static FILE *csv;
 static double ceil_tflops, ceil_tbs;
 static lcu_ctx *ctx;
+static lcu_cudnn *dnn; /* cuDNN's fused attention, when libcudnn loads here */
 
 /* Inside the timed region: checks the status only (GT_LCU synchronizes after each call,
  * which would time the host's wake-up instead of the kernels); a fault surfaces at the
@@ -36,7 +40,7 @@ static lcu_ctx *ctx;
 #define B_OK(call)                                                                                      \
     do {                                                                                                \
         int rc_ = (call);                                                                               \
-        if (rc_) { printf("FATAL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, lcu_strerror(rc_)); exit(1); } \
+        if (rc_) { printf("FATAL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, lcu_cudnn_strerror(rc_)); exit(1); } \
     } while (0)
 
 /* Buffers with random contents (never zeros): uniform in [−scale, scale]. */
@@ -151,6 +155,7 @@ static void ceilings(void)
 
 typedef struct {
     lcu_attn_desc a;
+    int max_len;
     void *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv, *ws;
 } attn_arg;
 
@@ -166,6 +171,42 @@ static void run_attn_bwd(void *p)
     B_OK(lcu_attn_bwd(&x->a, x->q, x->k, x->v, x->o, x->lse, x->dout, x->dq, x->dk, x->dv, x->ws, 0));
 }
 
+/* cuDNN's: the backward's time includes widening its bf16 gradients to the kernel layer's fp32 */
+static void run_cudnn_fwd(void *p)
+{
+    attn_arg *x = p;
+    B_OK(lcu_cudnn_attn_fwd(dnn, &x->a, x->max_len, x->q, x->k, x->v, x->o, x->lse, 0));
+}
+
+static void run_cudnn_bwd(void *p)
+{
+    attn_arg *x = p;
+    B_OK(lcu_cudnn_attn_bwd(dnn, &x->a, x->max_len, x->q, x->k, x->v, x->o, x->lse, x->dout, x->dq, x->dk, x->dv, 0));
+}
+
+/* The first call of a bucket builds cuDNN's plan (runtime-compiled kernels): its time once,
+ * then the rows. A bucket cuDNN refuses says so instead. */
+static void bench_cudnn_attention(attn_arg *x, const geo *g, const char *shape, double fwd_flops, double fwd_bytes,
+                                  double bwd_bytes)
+{
+    int rc[2];
+    double t0 = clock_mono_s();
+    rc[0] = lcu_cudnn_attn_fwd(dnn, &x->a, x->max_len, x->q, x->k, x->v, x->o, x->lse, 0);
+    GT_CUDA(cudaDeviceSynchronize());
+    double t1 = clock_mono_s();
+    rc[1] = rc[0] ? rc[0] : lcu_cudnn_attn_bwd(dnn, &x->a, x->max_len, x->q, x->k, x->v, x->o, x->lse, x->dout, x->dq,
+                                               x->dk, x->dv, 0);
+    GT_CUDA(cudaDeviceSynchronize());
+    if (rc[0] || rc[1]) {
+        printf("attention cudnn         %-13s %-22s not run: %s\n", g->name, shape, lcu_cudnn_strerror(rc[0] ? rc[0] : rc[1]));
+        return;
+    }
+    printf("attention cudnn         %-13s %-22s first calls (plans built): fwd %.0f ms, bwd %.0f ms; workspace %.0f MiB\n",
+           g->name, shape, (t1 - t0) * 1e3, (clock_mono_s() - t1) * 1e3, lcu_cudnn_workspace_bytes(dnn) / 1048576.0);
+    report("attention fwd cudnn", g->name, shape, time_ms(run_cudnn_fwd, x), fwd_flops, fwd_bytes);
+    report("attention bwd cudnn", g->name, shape, time_ms(run_cudnn_bwd, x), 2.5 * fwd_flops, bwd_bytes);
+}
+
 static void bench_attention(const geo *g, long T, int seqlen)
 {
     int nseq = (int)(T / seqlen);
@@ -175,6 +216,7 @@ static void bench_attention(const geo *g, long T, int seqlen)
     long qd = (long)g->nq * g->d, kvd = (long)g->nkv * g->d;
     x.a = (lcu_attn_desc){nseq, gt_dev_copy(qs, (nseq + 1) * 4), NULL, NULL, T, g->nq, g->nkv, g->d,
                           (float)(1.0 / sqrt((double)g->d))};
+    x.max_len = seqlen;
     x.q = dev_random(T * qd, LCU_BF16, 1);
     x.k = dev_random(T * kvd, LCU_BF16, 1);
     x.v = dev_random(T * kvd, LCU_BF16, 1);
@@ -204,6 +246,7 @@ static void bench_attention(const geo *g, long T, int seqlen)
         report(name, g->name, shape, time_ms(run_attn_bwd, &x), 2.5 * fwd_flops, bwd_bytes);
     }
     unsetenv("LCU_ATTN");
+    if (dnn) bench_cudnn_attention(&x, g, shape, fwd_flops, fwd_bytes, bwd_bytes);
     void *bufs[] = {(void *)x.a.q_start, x.q, x.k, x.v, x.dout, x.o, x.lse, x.dq, x.dk, x.dv, x.ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(bufs[i]);
     free(qs);
@@ -392,6 +435,9 @@ int main(int argc, char **argv)
     gt_init("bench_cuda_kernels");
     if (csv) fprintf(csv, "kernel,geometry,shape,ms,tflops,tbs,floor_ms\n");
     B_OK(lcu_ctx_create(&ctx, 0));
+    char why[1024];
+    if (lcu_cudnn_create(&dnn, why, sizeof why) == 0) printf("attention rows \"cudnn\": %s\n", lcu_cudnn_describe(dnn));
+    else printf("attention rows \"cudnn\": none (%s)\n", why);
     ceilings();
     const long toks[4] = {512, 2048, 8192, 32768};
     for (size_t gi = 0; gi < sizeof geos / sizeof geos[0]; gi++) {
@@ -417,6 +463,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
+    lcu_cudnn_destroy(dnn);
     lcu_ctx_destroy(ctx);
     if (csv) fclose(csv);
     return 0;

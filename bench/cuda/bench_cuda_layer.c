@@ -4,7 +4,8 @@
  * the whole model: tokens/s and MFU (the convention of bench/cuda/peft_peer.py) to set
  * beside the PyTorch + PEFT peer before the backend exists. The composition is the CPU
  * backend's (backend/cpu/cpu_layer.c): the backward recomputes the layer's forward from its
- * saved input. Prints figures; never a test.
+ * saved input. Prints figures; never a test. The attention: the own kernels (version 2 with
+ * LCU_ATTN=mma), or cuDNN's fused attention with LCU_ATTN=cudnn (as the backend).
  *
  *   bench_cuda_layer [--quick] [--geo NAME]
  */
@@ -41,12 +42,13 @@ static const row rows[] = {
 };
 
 static lcu_ctx *ctx;
+static lcu_cudnn *dnn; /* LCU_ATTN=cudnn: cuDNN's fused attention instead of the own kernels */
 #define OK(call) GT_LCU_ASYNC(call)
 /* inside the timed region: check the status, synchronize only on failure */
 #define GT_LCU_ASYNC(call)                                                                   \
     do {                                                                                     \
         int rc_ = (call);                                                                    \
-        if (rc_) { printf("FATAL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, lcu_strerror(rc_)); exit(1); } \
+        if (rc_) { printf("FATAL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, lcu_cudnn_strerror(rc_)); exit(1); } \
     } while (0)
 
 enum { M_Q, M_K, M_V, M_O, M_G, M_U, M_D, NMOD };
@@ -54,7 +56,7 @@ enum { M_Q, M_K, M_V, M_O, M_G, M_U, M_D, NMOD };
 typedef struct {
     const geo *g;
     long T;
-    int nseq, nad;
+    int nseq, nad, seqlen;
     /* weights (bf16) */
     void *wn1, *wn2, *wq, *wk, *wv, *wo, *wg, *wu, *wd, *qn, *kn, *head, *fnorm;
     lcu_lora_seg segs[NMOD][32];
@@ -85,6 +87,7 @@ static void setup(layer *y, const geo *g, long T, int seqlen, int nad)
     y->T = T;
     y->nad = nad;
     y->nseq = (int)(T / seqlen);
+    y->seqlen = seqlen;
     int H = g->H, I = g->I, qd = g->nq * g->d, kvd = g->nkv * g->d, r = 32, ldz = lcu_lora_ldz(r);
     double sH = 1 / sqrt(H), sI = 1 / sqrt(I);
     y->wn1 = rnd(H, LCU_BF16, 0.9, 1.1);
@@ -185,7 +188,8 @@ static void fwd(layer *y)
     OK(lcu_rope(y->q, LCU_BF16, qsrc, T, g->nq, g->d, y->pos, y->cos_t, y->sin_t, false, 0));
     OK(lcu_rope(y->k, LCU_BF16, ksrc, T, g->nkv, g->d, y->pos, y->cos_t, y->sin_t, false, 0));
     OK(lcu_convert(y->v, LCU_BF16, y->vf, LCU_F32, T * kvd, 0));
-    OK(lcu_attn_fwd(&y->ad, y->q, y->k, y->v, y->att, y->lse, y->attn_ws, 0));
+    if (dnn) OK(lcu_cudnn_attn_fwd(dnn, &y->ad, y->seqlen, y->q, y->k, y->v, y->att, y->lse, 0));
+    else OK(lcu_attn_fwd(&y->ad, y->q, y->k, y->v, y->att, y->lse, y->attn_ws, 0));
     linear(y, M_O, y->att, qd, y->wo, H, y->x, y->xmid);
     OK(lcu_rmsnorm_fwd(y->xn2, LCU_BF16, y->rstd2, y->xmid, y->wn2, T, H, 1e-6, 0));
     linear(y, M_G, y->xn2, H, y->wg, I, NULL, y->g_);
@@ -219,7 +223,10 @@ static void bwd(layer *y)
     OK(lcu_convert(y->dxmid_b, LCU_BF16, y->dxmid, LCU_F32, T * H, 0));
     linear_bwd(y, M_O, y->att, qd, y->wo, H, y->dxmid_b, y->datt, false);
     OK(lcu_convert(y->datt_b, LCU_BF16, y->datt, LCU_F32, T * qd, 0));
-    OK(lcu_attn_bwd(&y->ad, y->q, y->k, y->v, y->att, y->lse, y->datt_b, y->dq, y->dk, y->dv, y->attn_ws, 0));
+    if (dnn)
+        OK(lcu_cudnn_attn_bwd(dnn, &y->ad, y->seqlen, y->q, y->k, y->v, y->att, y->lse, y->datt_b, y->dq, y->dk, y->dv,
+                              0));
+    else OK(lcu_attn_bwd(&y->ad, y->q, y->k, y->v, y->att, y->lse, y->datt_b, y->dq, y->dk, y->dv, y->attn_ws, 0));
     OK(lcu_rope(y->dq, LCU_F32, y->dq, T, g->nq, g->d, y->pos, y->cos_t, y->sin_t, true, 0));
     OK(lcu_rope(y->dk, LCU_F32, y->dk, T, g->nkv, g->d, y->pos, y->cos_t, y->sin_t, true, 0));
     if (g->qk_norm) {
@@ -325,6 +332,15 @@ int main(int argc, char **argv)
     }
     gt_init("bench_cuda_layer");
     GT_LCU(lcu_ctx_create(&ctx, 0));
+    const char *attn = getenv("LCU_ATTN");
+    if (attn && !strcmp(attn, "cudnn")) { /* as the backend: cuDNN's attention, or say why not */
+        char why[1024];
+        if (lcu_cudnn_create(&dnn, why, sizeof why)) {
+            printf("LCU_ATTN=cudnn: no cuDNN attention: %s\n", why);
+            return 1;
+        }
+        printf("attention: %s\n", lcu_cudnn_describe(dnn));
+    }
     printf("model estimates from one layer x L + head (PEFT figures: the issue's H100 table)\n");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const row *r = &rows[i];
@@ -341,6 +357,7 @@ int main(int argc, char **argv)
         run(&geos[0], 32, 512, 32, 0);
         run(&geos[0], 32, 512, 1, 0);
     }
+    lcu_cudnn_destroy(dnn);
     lcu_ctx_destroy(ctx);
     return 0;
 }

@@ -8,7 +8,10 @@ memory-efficient kernel), bf16, causal, at the geometries and shapes that
 bench_cuda_kernels times Loom's kernels at (one sequence of T tokens, and T/512 sequences
 of 512), printed in the same line format and with the same FLOP convention (forward
 4·d·nq·Σ n(n+1)/2, backward counted as 2.5× the forward), so that `grep attention` over
-both logs lines the rows up.
+both logs lines the rows up. bench_cuda_kernels also times cuDNN through Loom's own call
+(rows "attention fwd/bwd cudnn": packed ragged layout, deterministic backward), so the
+"cudnn" rows here are the same library called by PyTorch (dense batch; its backward's
+determinism is PyTorch's choice).
 
 GQA: the heads of K/V are expanded to the query heads once, outside the timing, where a
 backend does not take `enable_gqa` (the FLOPs are the same; the kernel reads more K/V).
