@@ -71,6 +71,8 @@ DRY=${LOOM_GPU_DRY:-}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 GT_SEED=${GT_SEED:-20261126}
 PY=${PYTHON:-python3}
+# cuDNN for LCU_ATTN=cudnn: the system's, else PyTorch's wheel (nvidia/*/lib/libcudnn.so.9)
+export LOOM_CUDNN_LIBRARY=${LOOM_CUDNN_LIBRARY:-$("$PY" -c 'import glob, site; print(next(iter(sorted(f for p in site.getsitepackages() for f in glob.glob(p + "/nvidia/*/lib/libcudnn.so.9"))), ""))' 2>/dev/null)}
 SUM=()
 RESERVE=15 # seconds kept for the summary
 
@@ -282,7 +284,7 @@ run_suites() {
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        sanitize suites ref model8b model06 model-v2 quickmodel model bench8b bench quickbench layer sdpa8b sdpa
-       quicksdpa peer peer-table"
+       quicksdpa peer peer-table cudnn backend-cudnn model-cudnn"
 
 run_step() {
     case $1 in
@@ -296,6 +298,14 @@ run_step() {
         backend-sgmv) run_backend backend-sgmv.log "test_gpu_backend LCU_LORA=sgmv" "" LCU_LORA=sgmv ;;
         backend-mma) run_backend backend-mma.log "test_gpu_backend LCU_ATTN=mma" "" LCU_ATTN=mma ;;
         backend-cublas) run_backend backend-cublas.log "test_gpu_backend LCU_GEMM=cublas" "" LCU_GEMM=cublas ;;
+        # cuDNN's fused attention (LCU_ATTN=cudnn, backend/cuda/README.md): against version 1
+        # and the fp64 reference, bit-for-bit reruns; then the backend and the model on it
+        cudnn) LOOM_CUDNN_REQUIRED=1 LCU_CUDNN_VERBOSE=1 step cudnn.log 120 test_gpu_cudnn_attn "$BIN/test_gpu_cudnn_attn" ;;
+        backend-cudnn) run_backend backend-cudnn.log "test_gpu_backend LCU_ATTN=cudnn" "$BACKEND_DENSE" LCU_ATTN=cudnn \
+                           LCU_CUDNN_VERBOSE=1 ;;
+        model-cudnn)
+            LCU_ATTN=cudnn MODEL_TAG="(cudnn)" run_model model-cudnn-06b 80 --geo Qwen3-0.6B --iters 1
+            LCU_ATTN=cudnn MODEL_TAG="(cudnn)" run_model model-cudnn-8b 200 --geo Qwen3-8B --iters 1 ;;
         sanitize) run_sanitize ;;
         suites) run_suites ;;
         ref) LOOM_TEST_BACKEND=cuda step ref.log 400 "run_ref.py (cuda, bf16 bars)" "$PY" tests/ref/run_ref.py \
@@ -331,9 +341,10 @@ print_summary() {
     echo
     echo "---- FAIL / FATAL lines"
     grep -hE "^(FAIL|FATAL)|  FAIL |^not ok" "$OUT"/kernels.log "$OUT"/backend*.log "$OUT"/moe.log "$OUT"/suites.log \
-        "$OUT"/ref.log 2>/dev/null | cut -c1-300 | head -40
+        "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
-    for f in model-8b.log model-06b.log model-v2-06b.log model-v2-8b.log model.log; do bench_rows "$f"; done
+    for f in model-8b.log model-06b.log model-v2-06b.log model-v2-8b.log model-cudnn-06b.log model-cudnn-8b.log \
+        model.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
