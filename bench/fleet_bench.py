@@ -359,7 +359,7 @@ def parts_row(m):
             f" {per(b['background']):10.2f} {per(m['cores']['pg']):6.2f} | {m['wal_kb_op']:9.1f}")
 
 
-def summary(ms, a):
+def summary(ms, idle):
     print()
     print("the queue's parts:")
     print(PARTS_HEAD)
@@ -377,38 +377,116 @@ def summary(ms, a):
         print(f"  {k:28s} {v if v else '-'}")
     print(f"  cycles/s peaked at {best['cycles']:.1f} with {best['n']} GPUs"
           + (f" (then {ms[-1]['cycles']:.1f} at {ms[-1]['n']})" if best is not ms[-1] else ""))
-    per_gpu = [m["ops"] / m["n"] / statistics.mean(m["busy"]) for m in ms if m["busy"] and statistics.mean(m["busy"]) > 0.2]
-    pg = [1000 * m["cores"]["pg"] / m["ops"] for m in ms if m["ops"] > 0]
-    if per_gpu and pg:
-        g, p = statistics.median(per_gpu), min(pg[-3:])
-        print(f"one PostgreSQL: {p:.2f} ms of its CPU per operation (the last sizes' best), a fully busy modelled GPU"
-              f" runs {g:.1f} operations/s: one PostgreSQL core serves about {1000 / p / g:.0f} GPUs"
-              f" ({16 * 1000 / p / g:.0f} on 16 cores, if its work spread over them, which this machine cannot show)")
+    one_postgresql(ms, idle)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
-    ap.add_argument("--sizes", default="1,4,16,64,128,256", help="fleet sizes (executors), growing")
-    ap.add_argument("--clients-per-executor", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=15, help="measurement window per size")
-    ap.add_argument("--warmup", type=float, default=5, help="seconds after every client stepped once")
-    ap.add_argument("--datums", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("--scale", type=float, default=1.0, help="LOOM_SIM_SCALE (0: no modelled time)")
-    ap.add_argument("--load-procs", type=int, default=4)
-    ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
-    ap.add_argument("--keep", action="store_true", help="keep the data directory")
-    a = ap.parse_args()
-    a.sizes = [int(x) for x in a.sizes.split(",")]
-    a.loom = os.path.abspath(a.loom)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"machine: {os.cpu_count()} CPUs ({cpu}), {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB;"
-          f" one PostgreSQL, api, scheduler and the executors on it, with the load")
-    print(f"sim: H100 + Qwen3-8B timing x{a.scale:g}; each client: forward_backward of {a.datums} x {a.tokens} tokens"
-          f" + optim_step, awaited, again (rank {a.rank}); {a.clients_per_executor} clients per executor;"
-          f" {a.seconds:g} s per size")
+def one_postgresql(ms, idle):
+    """How many GPUs one PostgreSQL serves, from its measured CPU. Its cores, per second:
+    a·ops/s (each operation's own statements: submit, claim, start, commit, result)
+    + b·N·cycles/s (every cycle's notify wakes every executor, each of which then asks for
+    a cycle of its own) + g·N (each executor's idle polls and heartbeats, from the idle
+    fleet). a and b by least squares over the sizes; a fully busy GPU makes the operations
+    and cycles per second of the unsaturated sizes, divided by their busy fraction."""
+    g = idle["cores"]["pg"] / idle["n"] if idle else 0.0
+    rows = [(m["ops"], m["n"] * m["cycles"], m["cores"]["pg"] - g * m["n"]) for m in ms if m["ops"] > 0]
+    sxx = sum(x * x for x, _, _ in rows); syy = sum(y * y for _, y, _ in rows); sxy = sum(x * y for x, y, _ in rows)
+    sxz = sum(x * z for x, _, z in rows); syz = sum(y * z for _, y, z in rows)
+    det = sxx * syy - sxy * sxy
+    if not det:
+        return
+    a, b = (sxz * syy - syz * sxy) / det, (syz * sxx - sxz * sxy) / det
+    if b < 0:   # no cost that grows with the executors woken: one term, a alone
+        a, b = sum(z for _, _, z in rows) / sum(x for x, _, _ in rows), 0.0
+    ok = [m for m in ms if m["cores"]["machine"] < GOAL_MACHINE * os.cpu_count() and statistics.mean(m["busy"] or [0]) > 0.5]
+    ok = ok or ms[:1]
+    r = statistics.median(m["ops"] / m["n"] / statistics.mean(m["busy"]) for m in ok)
+    c = statistics.median(m["cycles"] / m["n"] / statistics.mean(m["busy"]) for m in ok)
+    print(f"PostgreSQL's CPU, fitted: {1000 * a:.2f} ms per operation + {1e6 * b:.1f} us per executor woken per"
+          f" cycle + {1000 * g:.2f} ms/s per idle executor" + (f" (the idle fleet of {idle['n']})" if idle else
+                                                                  " (no idle pass: taken as 0)"))
+    print(f"a fully busy modelled GPU: {r:.1f} operations/s in {c:.1f} cycles/s. GPUs one PostgreSQL serves at full speed:")
+
+    def gpus(cores, herd):
+        lo, hi = 0.0, 1e6
+        for _ in range(100):
+            n = (lo + hi) / 2
+            woken = n * n if herd else n   # executor wake-ups per modelled cycle per GPU
+            lo, hi = (n, hi) if a * r * n + b * c * woken + g * n <= cores else (lo, n)
+        return lo
+    for cores in (1, 16, 64):
+        print(f"  {cores:3d} core(s): {gpus(cores, True):6.0f} as it is; {gpus(cores, False):6.0f} if each executor"
+              " were woken only by its own cycles")
+
+
+def lone_ops(f, n=30):
+    """n forward_backwards of 8 tokens one after the other on an otherwise idle fleet:
+    p50 ms of queue (created -> claimed), dispatch (claimed -> cycle started) and the
+    client's submit -> result."""
+    c = loom_bench.Conn(f.url, f.key)
+    sid = c.post("/api/v1/create_session", {})["session_id"]
+    fut = c.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": MODEL,
+                                          "lora_config": {"rank": 4}})
+    mid = c.result(fut["request_id"])["model_id"]
+    rids, total = [], []
+    for k in range(n):
+        t0 = time.time()
+        rid = c.post("/api/v1/forward_backward", loom_bench.fb_body(mid, k + 1, k, 1, 8))["request_id"]
+        c.result(rid)
+        total.append(time.time() - t0)
+        rids.append(rid)
+    times = loom_bench.op_times(f, rids).values()
+    return (1000 * pct([v[1] - v[0] for v in times], 50), 1000 * pct([v[2] - v[1] for v in times], 50),
+            1000 * pct(total, 50))
+
+
+def notify_cost(f, n, rate=50, seconds=10):
+    """PostgreSQL CPU per NOTIFY per listening connection: `rate` NOTIFYs a second on a
+    channel nobody listens to, against the same statements without the NOTIFY."""
+    k = int(rate * seconds)
+
+    def pg_cpu(stmt):
+        script = f"{stmt}; SELECT pg_sleep({1 / rate});\n" * k
+        c0 = cpu_snapshot(f, [])
+        subprocess.run(["psql", "-X", "-q", "-o", "/dev/null", "-d", f.db], input=script, text=True, check=True)
+        c1 = cpu_snapshot(f, [])
+        return sum(pg_cores(c0, c1, c1["t"] - c0["t"]).values()) * (c1["t"] - c0["t"])
+    extra = pg_cpu("SELECT pg_notify('loom_bench_nobody', '')") - pg_cpu("SELECT ''")
+    return extra / k, n + 3   # listening: each executor's loop, the api's two LISTEN connections, the scheduler
+
+
+IDLE_HEAD = (f"{'GPUs':>4s} | idle CPU cores: {'pg':>5s} {'execs':>5s} {'sched':>5s} | lone forward_backward ms p50:"
+             f" {'queue':>6s} {'dispatch':>8s} (goal: together <= {GOAL_CLAIM_MS}) {'submit->result':>14s}")
+
+
+def idle_pass(a):
+    """The fleet with no work: what its executors cost by being there, and the latency of a
+    lone operation through the queue, size by size."""
+    f, rows = Fleet(a), []
+    try:
+        f.start()
+        print("the fleet idle:")
+        print(IDLE_HEAD, flush=True)
+        for n in a.sizes:
+            f.grow(n)
+            time.sleep(5)
+            m = measure(f, [], n, a.seconds)
+            q, d, t = lone_ops(f)
+            m["lone"] = (q, d, t)
+            rows.append(m)
+            c = m["cores"]
+            print(f"{n:4d} | {'':15s} {c['pg']:5.2f} {c['execs']:5.2f} {c['sched']:5.2f} | {'':29s} {q:6.2f} {d:8.2f}"
+                  f" {'met' if q + d <= GOAL_CLAIM_MS else 'MISSED':>22s} {t:14.2f}", flush=True)
+        per, listeners = notify_cost(f, a.sizes[-1])
+        rows[-1]["notify"] = (per, listeners)
+        print(f"a NOTIFY on a channel nobody listens to costs PostgreSQL {1000 * per:.2f} ms of CPU with {listeners}"
+              f" connections listening ({1e6 * per / max(listeners, 1):.1f} us per listener): every NOTIFY wakes every"
+              " listening backend", flush=True)
+    finally:
+        f.stop()
+    return rows
+
+
+def load_pass(a, idle):
     f = Fleet(a)
     mgr = mp.get_context("fork")
     steps = mgr.Array("l", max(a.sizes) * a.clients_per_executor, lock=False)
@@ -419,13 +497,15 @@ def main():
         loads = [mgr.Process(target=load_proc, args=(f.url, a, cmds[i], steps, errors)) for i in range(a.load_procs)]
         for p in loads:
             p.start()
+        print(f"the fleet training: each client a forward_backward of {a.datums} x {a.tokens} tokens + optim_step,"
+              f" awaited, again (rank {a.rank}); {a.clients_per_executor} clients per executor")
         print(HEAD, flush=True)
         clients = 0
         for n in a.sizes:
             f.grow(n)
             want = n * a.clients_per_executor
             new = list(range(clients, want))
-            for i, (cid, key) in enumerate(zip(new, f.keys(clients, len(new)))):
+            for cid, key in zip(new, f.keys(clients, len(new))):
                 cmds[cid % a.load_procs].put([(cid, key)])
             clients = want
             deadline = time.time() + 120 + want / 4
@@ -442,7 +522,7 @@ def main():
         print(f"at {a.sizes[-1]} GPUs: {conns} PostgreSQL connections; memory (PSS): executors"
               f" {pss_mb([r.get('executor', 0)] + [p.pid for p in f.execs]):.0f} MiB in all,"
               f" PostgreSQL {pss_mb([f.pm] + children(f.pm)):.0f} MiB, api {pss_mb([r.get('api', 0)]):.0f} MiB")
-        summary(ms, a)
+        summary(ms, idle)
     finally:
         for q in cmds:
             q.put(None)
@@ -455,6 +535,36 @@ def main():
         err_seen.append(errors.get())
     if err_seen:
         print(f"{len(err_seen)} client(s) stopped on an error, e.g. {err_seen[0]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
+    ap.add_argument("--parts", default="idle,load", help="idle: the fleet with no work; load: training clients")
+    ap.add_argument("--sizes", default="1,4,16,64,128,256", help="fleet sizes (executors), growing")
+    ap.add_argument("--clients-per-executor", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=15, help="measurement window per size")
+    ap.add_argument("--warmup", type=float, default=5, help="seconds after every client stepped once")
+    ap.add_argument("--datums", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--scale", type=float, default=1.0, help="LOOM_SIM_SCALE (0: no modelled time)")
+    ap.add_argument("--load-procs", type=int, default=4)
+    ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
+    ap.add_argument("--keep", action="store_true", help="keep the data directories")
+    a = ap.parse_args()
+    a.sizes = [int(x) for x in a.sizes.split(",")]
+    a.loom = os.path.abspath(a.loom)
+    parts = a.parts.split(",")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"machine: {os.cpu_count()} CPUs ({cpu}), {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB;"
+          f" one PostgreSQL, api, scheduler and every executor on it, with the load; {a.seconds:g} s per size")
+    print(f"sim: H100 + Qwen3-8B timing x{a.scale:g} (a step of 2 x 2048 tokens: 250 ms)", flush=True)
+    idle = idle_pass(a) if "idle" in parts else None
+    if "load" in parts:
+        if idle:
+            print()
+        load_pass(a, idle[-1] if idle else None)
 
 
 if __name__ == "__main__":
