@@ -19,7 +19,7 @@
  *    dℓ/dlogits is zero): an accumulator never holds inf or NaN because of the inputs.
  *  - Adapters passed to a context were allocated by that context.
  *  - Results are those of the CPU backend (backend/cpu/), the numerical reference, within
- *    the tolerances the reference suites state.
+ *    the tolerances the reference suites state (except "sim", below).
  *
  * Backends: "cpu" (backend/cpu/, always built); "sim" (backend/sim/, always built: a
  * modelled GPU that computes a tiny model of its own and takes the modelled time, for

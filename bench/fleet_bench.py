@@ -11,7 +11,8 @@ executor, from several load processes. For each fleet size it prints:
                    queued to the cycle's start (scheduler wake-up, cycle build, notify,
                    the executor's start): GPU time the queue costs per cycle; p50 / p99
   commit ms        per cycle: the executor's commit after computing (p50), also GPU idle
-  busy %           each executor's modelled-GPU time over the window: mean and worst
+  busy %           each executor's modelled-GPU time (its cycles' forward_backward tokens at
+                   the profile's rate) over the window: mean and worst
   CPU (cores)      PostgreSQL (postmaster and its backends), the api, the scheduler, all
                    executors, the load processes, and the whole machine (of os.cpu_count())
   PG ms/op         PostgreSQL CPU per operation
@@ -36,6 +37,9 @@ MODEL = "sim/qwen3-8b"
 ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
 HZ = os.sysconf("SC_CLK_TCK")
 GOAL_CLAIM_MS = 2.5       # 1 % of a 250 ms step
+# The modelled GPU's forward_backward (backend/sim/sim_profile.c, h100-qwen3-8b): what
+# "busy" counts, the GPU's own time.
+SIM_PASS_S, SIM_FB_S_PER_TOKEN = 2e-3, 60.5e-6
 GOAL_BUSY = 0.95          # of each modelled GPU's time
 GOAL_MACHINE = 0.90       # the machine itself not saturated (else every figure is the machine's)
 
@@ -291,13 +295,16 @@ def measure(f, loads, n, seconds):
         f"SELECT (SELECT count(*) FROM cycles WHERE state = 'done' AND finished_at BETWEEN {win}),"
         f" (SELECT count(*) FROM operations WHERE state = 'done' AND finished_at BETWEEN {win})").split("|"))
     failed = int(f.psql(f"SELECT count(*) FROM operations WHERE state = 'failed' AND finished_at BETWEEN {win}"))
-    # each executor's modelled-GPU time inside the window (a cycle computes from its start)
+    # each executor's modelled-GPU time inside the window: a cycle's forward_backward
+    # tokens at the profile's rate, from the cycle's start (not compute_s, which also holds
+    # the executor's restore, database round trips included)
     busy = [float(x) for x in f.psql(
-        "SELECT coalesce(sum(greatest(0, least(extract(epoch FROM c.started_at) + c.compute_s, {t1})"
+        "SELECT coalesce(sum(greatest(0, least(extract(epoch FROM c.started_at) + {m}, {t1})"
         " - greatest(extract(epoch FROM c.started_at), {t0}))), 0) / ({t1} - {t0})"
-        " FROM executors e LEFT JOIN cycles c ON c.executor_id = e.id AND c.state = 'done'"
-        " AND c.started_at < to_timestamp({t1}) AND c.finished_at > to_timestamp({t0})"
-        " WHERE e.state <> 'gone' GROUP BY e.id".format(t0=t0, t1=t1)).split()]
+        " FROM executors e LEFT JOIN cycles c ON c.executor_id = e.id AND c.state IN ('done', 'running')"
+        " AND c.started_at < to_timestamp({t1}) AND coalesce(c.finished_at, now()) > to_timestamp({t0})"
+        " AND c.n_tokens > 0 WHERE e.state <> 'gone' GROUP BY e.id".format(
+            t0=t0, t1=t1, m=f"{f.a.scale} * ({SIM_PASS_S} + {SIM_FB_S_PER_TOKEN} * c.n_tokens)")).split()]
     rows = f.psql(
         "WITH c AS (SELECT id, created_at, started_at, finished_at, compute_s,"
         " lag(finished_at) OVER (PARTITION BY executor_id ORDER BY started_at) AS prev_end,"
