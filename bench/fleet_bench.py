@@ -299,8 +299,8 @@ def measure(f, loads, n, seconds):
     # tokens at the profile's rate, from the cycle's start (not compute_s, which also holds
     # the executor's restore, database round trips included)
     busy = [float(x) for x in f.psql(
-        "SELECT coalesce(sum(greatest(0, least(extract(epoch FROM c.started_at) + {m}, {t1})"
-        " - greatest(extract(epoch FROM c.started_at), {t0}))), 0) / ({t1} - {t0})"
+        "SELECT coalesce(sum(CASE WHEN c.id IS NOT NULL THEN greatest(0, least(extract(epoch FROM c.started_at) + {m},"
+        " {t1}) - greatest(extract(epoch FROM c.started_at), {t0})) END), 0) / ({t1} - {t0})"
         " FROM executors e LEFT JOIN cycles c ON c.executor_id = e.id AND c.state IN ('done', 'running')"
         " AND c.started_at < to_timestamp({t1}) AND coalesce(c.finished_at, now()) > to_timestamp({t0})"
         " AND c.n_tokens > 0 WHERE e.state <> 'gone' GROUP BY e.id".format(
