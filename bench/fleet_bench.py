@@ -1,8 +1,14 @@
 """A simulated fleet: one PostgreSQL, one api, one scheduler, and N executors on the sim
 backend (backend/sim/: an H100 training LoRA on Qwen3-8B, in time only: a step of 2 x 2048
-tokens takes 250 ms), N growing; simulated clients train over HTTP as the SDK's plain loop
-does (forward_backward of 2 x 2048 tokens, optim_step, await both, again), a few per
-executor, from several load processes. For each fleet size it prints:
+tokens takes 250 ms), N growing. Two passes, each on a fresh `loom up`:
+
+idle   the fleet with no work, size by size: the CPU its executors cost PostgreSQL, the
+       executors and the scheduler by being there; a lone forward_backward's queue
+       (created -> claimed) and dispatch (claimed -> started), goal 2.5 ms together; at the
+       largest size, what one NOTIFY costs PostgreSQL per listening connection.
+load   simulated clients train over HTTP as the SDK's plain loop does (forward_backward of
+       2 x 2048 tokens, optim_step, await both, again), a few per executor, from several
+       load processes. For each size:
 
   cycles/s, ops/s  what the fleet ran, against what it would run if the queue cost nothing
                    (the same cycles with every executor computing all the time: measured
@@ -17,13 +23,15 @@ executor, from several load processes. For each fleet size it prints:
                    executors, the load processes, and the whole machine (of os.cpu_count())
   PG ms/op         PostgreSQL CPU per operation
 
-then, for each figure, the fleet size where it first missed its goal, and what one
-PostgreSQL serves by the measured CPU per operation. Prints figures; never passes or
-fails. On a small machine PostgreSQL, the api, the scheduler, every executor and the load
-processes share its cores: the figures are a lower bound on what dedicated hardware does.
+then the claim's parts and PostgreSQL's CPU by whom it served, for each figure the fleet
+size where it first missed its goal, and how many GPUs one PostgreSQL serves by its
+measured CPU (a fit: a constant, per operation, per executor woken per cycle, per idle
+executor). Prints figures; never passes or fails. On a small machine PostgreSQL, the api,
+the scheduler, every executor and the load processes share its cores: the wall-clock
+figures are a lower bound on what dedicated hardware does.
 
     /usr/bin/python3 bench/fleet_bench.py [--sizes 1,4,16,64,128,256] [--clients-per-executor 2]
-        [--seconds 15] [--scale 1] [--load-procs 4]
+        [--seconds 15] [--parts idle,load] [--scale 1] [--load-procs 4]
 
 --scale multiplies the modelled times (LOOM_SIM_SCALE): 0 = infinitely fast GPUs, the
 queue's own ceiling.
@@ -387,38 +395,56 @@ def summary(ms, idle):
     one_postgresql(ms, idle)
 
 
+def least_squares(rows):
+    """x minimising |A x - y| for rows (a_1 .. a_k, y): the normal equations, by Gaussian
+    elimination (k is 3 here)."""
+    k = len(rows[0]) - 1
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * r[k] for r in rows)] for i in range(k)]
+    for i in range(k):
+        p = max(range(i, k), key=lambda r: abs(m[r][i]))
+        m[i], m[p] = m[p], m[i]
+        if not m[i][i]:
+            return None
+        for r in range(k):
+            if r != i:
+                f = m[r][i] / m[i][i]
+                m[r] = [x - f * y for x, y in zip(m[r], m[i])]
+    return [m[i][k] / m[i][i] for i in range(k)]
+
+
 def one_postgresql(ms, idle):
-    """How many GPUs one PostgreSQL serves, from its measured CPU. Its cores, per second:
-    a·ops/s (each operation's own statements: submit, claim, start, commit, result)
-    + b·N·cycles/s (every cycle's notify wakes every executor, each of which then asks for
-    a cycle of its own) + g·N (each executor's idle polls and heartbeats, from the idle
-    fleet). a and b by least squares over the sizes; a fully busy GPU makes the operations
-    and cycles per second of the unsaturated sizes, divided by their busy fraction."""
+    """How many GPUs one PostgreSQL serves, from its measured CPU. Its cores:
+    k (what it does whatever the load: folds, background writers) + a·ops/s (each
+    operation's own statements: submit, claim, start, commit, result) + b·N·cycles/s (every
+    cycle's notify wakes every executor, each of which then asks for a cycle of its own)
+    + g·N (each executor's idle polls and heartbeats, from the idle fleet). k, a and b by
+    least squares over the sizes; a fully busy GPU makes the operations and cycles per
+    second of the unsaturated sizes, divided by their busy fraction."""
     g = idle["cores"]["pg"] / idle["n"] if idle else 0.0
-    rows = [(m["ops"], m["n"] * m["cycles"], m["cores"]["pg"] - g * m["n"]) for m in ms if m["ops"] > 0]
-    sxx = sum(x * x for x, _, _ in rows); syy = sum(y * y for _, y, _ in rows); sxy = sum(x * y for x, y, _ in rows)
-    sxz = sum(x * z for x, _, z in rows); syz = sum(y * z for _, y, z in rows)
-    det = sxx * syy - sxy * sxy
-    if not det:
+    rows = [(1.0, m["ops"], m["n"] * m["cycles"], m["cores"]["pg"] - g * m["n"]) for m in ms if m["ops"] > 0]
+    if len(rows) < 3:
         return
-    a, b = (sxz * syy - syz * sxy) / det, (syz * sxx - sxz * sxy) / det
-    if b < 0:   # no cost that grows with the executors woken: one term, a alone
-        a, b = sum(z for _, _, z in rows) / sum(x for x, _, _ in rows), 0.0
+    k, a, b = least_squares(rows) or (0, 0, 0)
+    if b < 0 or a < 0:   # too few or too noisy sizes to tell the terms apart
+        k, b = 0.0, 0.0
+        a = sum(r[3] for r in rows) / sum(r[1] for r in rows)
+        print("(the sizes do not tell the terms apart: all of PostgreSQL's CPU is counted per operation)")
     ok = [m for m in ms if m["cores"]["machine"] < GOAL_MACHINE * os.cpu_count() and statistics.mean(m["busy"] or [0]) > 0.5]
     ok = ok or ms[:1]
     r = statistics.median(m["ops"] / m["n"] / statistics.mean(m["busy"]) for m in ok)
     c = statistics.median(m["cycles"] / m["n"] / statistics.mean(m["busy"]) for m in ok)
-    print(f"PostgreSQL's CPU, fitted: {1000 * a:.2f} ms per operation + {1e6 * b:.1f} us per executor woken per"
-          f" cycle + {1000 * g:.2f} ms/s per idle executor" + (f" (the idle fleet of {idle['n']})" if idle else
-                                                                  " (no idle pass: taken as 0)"))
-    print(f"a fully busy modelled GPU: {r:.1f} operations/s in {c:.1f} cycles/s. GPUs one PostgreSQL serves at full speed:")
+    print(f"PostgreSQL's CPU, fitted: {k:.2f} cores + {1000 * a:.2f} ms per operation + {1e6 * b:.0f} us per executor"
+          f" woken per cycle + {1000 * g:.2f} ms/s per idle executor" + (f" (the idle fleet of {idle['n']})" if idle else
+                                                                        " (no idle pass: taken as 0)"))
+    print(f"a fully busy modelled GPU: {r:.1f} operations/s in {c:.1f} cycles/s. GPUs one PostgreSQL serves at full speed"
+          " (if its work spread over its cores):")
 
     def gpus(cores, herd):
         lo, hi = 0.0, 1e6
         for _ in range(100):
             n = (lo + hi) / 2
             woken = n * n if herd else n   # executor wake-ups per modelled cycle per GPU
-            lo, hi = (n, hi) if a * r * n + b * c * woken + g * n <= cores else (lo, n)
+            lo, hi = (n, hi) if k + a * r * n + b * c * woken + g * n <= cores else (lo, n)
         return lo
     for cores in (1, 16, 64):
         print(f"  {cores:3d} core(s): {gpus(cores, True):6.0f} as it is; {gpus(cores, False):6.0f} if each executor"
