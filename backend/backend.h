@@ -19,10 +19,12 @@
  *    dℓ/dlogits is zero): an accumulator never holds inf or NaN because of the inputs.
  *  - Adapters passed to a context were allocated by that context.
  *  - Results are those of the CPU backend (backend/cpu/), the numerical reference, within
- *    the tolerances the reference suites state.
+ *    the tolerances the reference suites state (except "sim", below).
  *
- * Backends: "cpu" (backend/cpu/, always built); "cuda" (backend/cuda/, built where nvcc is
- * found).
+ * Backends: "cpu" (backend/cpu/, always built); "sim" (backend/sim/, always built: a
+ * modelled GPU that computes a tiny model of its own and takes the modelled time, for
+ * fleet benchmarks; not held to the CPU's results); "cuda" (backend/cuda/, built where nvcc
+ * is found).
  */
 #ifndef LOOM_BACKEND_BACKEND_H
 #define LOOM_BACKEND_BACKEND_H
@@ -228,7 +230,7 @@ typedef struct exe_backend {
 } exe_backend;
 
 /* The backends of this build, by name; NULL if unknown. exe_backend_names lists them
- * ("cpu, cuda") for messages. (backends.c) */
+ * ("cpu, sim, cuda") for messages. (backends.c) */
 const exe_backend *exe_backend_find(const char *name);
 const char *exe_backend_names(void);
 

@@ -1,7 +1,7 @@
 /* backends.c — the backends of this build, found by name (`loom executor --backend`,
  * LOOM_TEST_BACKEND in the tests, `bench_backend --backend`).
  *
- * The CPU backend is linked in. Device backends are modules loaded on first use
+ * The CPU backend and the simulated GPU (backend/sim/, for fleet benchmarks) are linked in. Device backends are modules loaded on first use
  * (libloom_backend_<name>.so, exporting `exe_backend_<name>`), so that the loom binary
  * and its Debian package depend on no vendor library (cuBLAS is no Debian package): a
  * machine without the CUDA libraries runs every other part of Loom, and `--backend cuda`
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 extern const exe_backend exe_backend_cpu;   /* backend/cpu/cpu_backend.c */
+extern const exe_backend exe_backend_sim;   /* backend/sim/sim_backend.c */
 
 #ifndef LOOM_MODULE_DIR
 #define LOOM_MODULE_DIR "/usr/lib/loom"
@@ -80,18 +81,19 @@ static const exe_backend *module(int i) {
 const exe_backend *exe_backend_find(const char *name)
 {
     if (!strcmp(name, exe_backend_cpu.name)) return &exe_backend_cpu;
+    if (!strcmp(name, exe_backend_sim.name)) return &exe_backend_sim;
     for (int i = 0; i < N_MODULES; i++)
         if (!strcmp(name, module_names[i])) return module(i);
     return NULL;
 }
 
-/* "cpu, cuda" — or "cpu (cuda: <why it cannot load>)". */
+/* "cpu, sim, cuda" — or "cpu, sim (cuda: <why it cannot load>)". */
 const char *exe_backend_names(void)
 {
     static char names[1024];
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
-    snprintf(names, sizeof names, "%s", exe_backend_cpu.name);
+    snprintf(names, sizeof names, "%s, %s", exe_backend_cpu.name, exe_backend_sim.name);
     for (int i = 0; i < N_MODULES; i++) {
         size_t n = strlen(names);
         if (module(i)) snprintf(names + n, sizeof names - n, ", %s", module_names[i]);

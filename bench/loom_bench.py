@@ -32,7 +32,9 @@ class Conn:
         self.c = http.client.HTTPConnection(self.host, self.port, timeout=120)
 
     def post(self, path, body):
-        data = json.dumps(body)
+        """body: JSON-able, or bytes already encoded (bench/fleet_bench.py encodes its big
+        forward_backward bodies once)."""
+        data = body if isinstance(body, bytes) else json.dumps(body)
         for attempt in range(3):
             try:
                 self.c.request("POST", path, data, {"Content-Type": "application/json", "X-API-Key": self.key})

@@ -109,7 +109,9 @@ static void nvml_id_of(int device, char *out, size_t n) {
 }
 
 exe_gpu *exe_gpu_open(const char *backend, int device) {
-    if (!strcmp(backend, "cpu")) return NULL;
+    /* The CPU has no NVML figures; the sim's GPU is modelled (a real GPU of the host would
+     * put its figures in the row of an executor that does not use it). */
+    if (!strcmp(backend, "cpu") || !strcmp(backend, "sim")) return NULL;
     const char *path = getenv("LOOM_NVML_LIBRARY");
     if (!path || !*path) path = "libnvidia-ml.so.1";
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -37,3 +37,11 @@ add_dependencies(test_exe_gpu nvml_shim)
 if(EXISTS ${CMAKE_SOURCE_DIR}/tests/deb_test.py)
   set_tests_properties(deb_test PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The simulated GPU (backend/sim/) on the backend suites it is held to: batch invariance
+# (its replays are exact) and the executor's sampling. Not the reference or learning
+# suites: its tiny model of its own is not the CPU backend's (tests/sim_test.py drives it
+# through the whole stack).
+foreach(name test_batch_invariance test_exe_sample)
+  add_test(NAME ${name}_sim COMMAND ${name})
+  set_tests_properties(${name}_sim PROPERTIES ENVIRONMENT "LOOM_TEST_BACKEND=sim;LOOM_BIN=$<TARGET_FILE:loom>" TIMEOUT 600)
+endforeach()
