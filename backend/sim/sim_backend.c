@@ -31,6 +31,7 @@
 #include "backend/cpu/cpu_adapter.h"
 #include "backend/cpu/cpu_choose.h"
 #include "backend/sim/sim_profile.h"
+#include "common/clock.h"
 #include "common/err.h"
 
 #include <errno.h>
@@ -50,13 +51,6 @@ typedef struct {
 } sim_ctx;
 
 /* ---- time ------------------------------------------------------------------------------ */
-
-static double sim_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* Sleeps until the monotonic time `until` (seconds), signals or not: a call must not
  * return before its modelled time is over. */
@@ -252,7 +246,7 @@ static void sim_adapter_free(void *ctx, exe_adapter *a) { (void)ctx; cpu_adapter
 
 static int sim_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
-    double t0 = sim_now();
+    double t0 = clock_mono_s();
     int rc = cpu_adapter_upload(a, src, parts, err, errlen);
     if (rc == 0) sim_take(ctx, t0, sim_host_copy_s(((sim_ctx *)ctx)->p, sim_part_bytes(ctx, a, parts)));
     return rc;
@@ -260,7 +254,7 @@ static int sim_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsig
 
 static int sim_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen)
 {
-    double t0 = sim_now();
+    double t0 = clock_mono_s();
     int rc = cpu_adapter_download(a, dst, parts, err, errlen);
     if (rc == 0) sim_take(ctx, t0, sim_host_copy_s(((sim_ctx *)ctx)->p, sim_part_bytes(ctx, a, parts)));
     return rc;
@@ -268,7 +262,7 @@ static int sim_download(void *ctx, const exe_adapter *a, adapter_state *dst, uns
 
 static int sim_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen)
 {
-    double t0 = sim_now();
+    double t0 = clock_mono_s();
     int rc = cpu_adapter_copy(dst, src, parts, err, errlen);
     if (rc == 0) sim_take(ctx, t0, sim_device_copy_s(((sim_ctx *)ctx)->p, sim_part_bytes(ctx, src, parts)));
     return rc;
@@ -278,7 +272,7 @@ static int sim_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigne
 
 /* One sequence's outputs; returns dℓ/dθ summed over its positions (0 when it adds no
  * gradient). Positions whose dℓ/dlp is not finite add nothing (backend.h). */
-static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad)
+static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad, float *z)
 {
     int K = s->k > 1 ? s->k : 1;
     double G = 0;
@@ -301,6 +295,10 @@ static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad)
             dtheta += (double)dlp * ((t == r.f ? 1.0 : 0.0) - r.pf);
         }
         if (s->loss_out) s->loss_out[pos] = (float)loss;
+        if (z && exe_seq_has_extras(s)) {   /* target_prompt_logprobs, prompt_alt_tokens: from the whole row */
+            for (long t = 0; t < r.V; t++) z[t] = (float)sim_logit(&r, (int32_t)t);
+            exe_prompt_extras(s, pos, z, r.V, r.lse);
+        }
         for (int i = 0; i < s->topk; i++) {
             int32_t id = sim_ranked(&r, i);
             s->topk_ids_out[(long)pos * s->topk + i] = id;
@@ -314,10 +312,16 @@ static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad)
 static int sim_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     sim_ctx *c = ctx;
-    double t0 = sim_now();
+    double t0 = clock_mono_s();
     if (nseq < 0 || (nseq > 0 && !seqs)) { err_set(err, errlen, "bad batch"); return -1; }
     long T = 0;
-    for (int i = 0; i < nseq; i++) T += seqs[i].n;
+    bool extras = false;
+    for (int i = 0; i < nseq; i++) T += seqs[i].n, extras |= exe_seq_has_extras(&seqs[i]);
+    float *z = NULL;   /* a whole row of logits, only for the prompt extras */
+    if (extras && !(z = malloc((size_t)c->cfg.vocab_size * sizeof *z))) {
+        err_set(err, errlen, "out of memory for a row of logits");
+        return -1;
+    }
     /* A group is a run of consecutive sequences of one adapter and one group: its
      * gradient is summed on its own and added when the run ends, in batch order. */
     const exe_adapter *theta_of = NULL;
@@ -332,12 +336,13 @@ static int sim_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
             sim_add_grad(run_ad, G);
             run_ad = NULL;
         }
-        double g = sim_seq(c, s, theta, grad);
+        double g = sim_seq(c, s, theta, grad, z);
         if (!grad) continue;
         if (!run_ad) run_ad = s->ad, run_group = s->group, G = 0;
         G += g;
     }
     if (run_ad) sim_add_grad(run_ad, G);
+    free(z);
     sim_take(c, t0, sim_fb_s(c->p, T, backward));
     return 0;
 }
@@ -348,7 +353,7 @@ static int sim_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, do
                           size_t errlen)
 {
     sim_ctx *c = ctx;
-    double t0 = sim_now();
+    double t0 = clock_mono_s();
     cpu_adapter *a = cpu_adapter_of(pub);
     size_t n = pub->layout.num_params;
     if (!pub->trainable) { err_set(err, errlen, "sim: optim_step on an adapter that is not trainable"); return -1; }
@@ -385,7 +390,7 @@ static void sim_pick(sim_ctx *c, exe_sample_stream *s, int32_t x, double theta)
 static int sim_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
 {
     sim_ctx *c = ctx;
-    double t = sim_now();
+    double t = clock_mono_s();
     long T = 0, S = 0;
     for (int r = 0; r < nreq; r++) {
         char why[256];
