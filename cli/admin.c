@@ -6,6 +6,7 @@
 #include "common/db.h"
 #include "common/keys.h"
 #include "common/migrate.h"
+#include "common/pgarray.h"
 #include "common/pgcluster.h"
 #include <limits.h>
 #include <stdio.h>
@@ -96,8 +97,8 @@ static const cfg_cmd KEY_REVOKE = {.cmd = "loom key revoke", .synopsis = "ID [op
                                    .about = "Revokes the key with this id (`loom key list` shows ids).",
                                    .tables = {CFG_DB, CFG_DATA_DIR}, .min_pos = 1, .max_pos = 1, .pos_name = "ID"};
 
-/* "train,read" -> "{train,read}" (a text[] literal). Unknown or repeated names: -1. */
-static int parse_scopes(const char *list, char *out, size_t outlen) {
+/* "train,read" -> a text[] literal of the scopes (free() it). Unknown or repeated names: NULL. */
+static char *parse_scopes(const char *list) {
     static const char *const known[] = {"train", "sample", "read", "admin", "metrics"};
     enum { N_KNOWN = sizeof known / sizeof known[0] };
     int seen[N_KNOWN] = {0}, n = 0;
@@ -107,27 +108,31 @@ static int parse_scopes(const char *list, char *out, size_t outlen) {
         int k = -1;
         for (int i = 0; i < N_KNOWN; i++)
             if (len == strlen(known[i]) && !strncmp(p, known[i], len)) k = i;
-        if (k < 0 || seen[k]) return -1;
+        if (k < 0 || seen[k]) return NULL;
         seen[k] = 1;
         n++;
         p += len;
         if (*p == ',') p++;
     }
-    if (!n) return -1;
-    snprintf(out, outlen, "{");
+    if (!n) return NULL;
+    pgarray a;
+    pga_init(&a);
     for (int i = 0; i < N_KNOWN; i++)
-        if (seen[i]) snprintf(out + strlen(out), outlen - strlen(out), "%s%s", strlen(out) > 1 ? "," : "", known[i]);
-    snprintf(out + strlen(out), outlen - strlen(out), "}");
-    return 0;
+        if (seen[i]) pga_text(&a, known[i]);
+    return pga_end(&a);
 }
 
 static int key_create(const cfg *o) {
-    char err[1024], scopes[64], expires[40];
+    char err[1024], expires[40];
     const char *tenant = cfg_str(o, "tenant"), *name = cfg_str(o, "name");
-    if (parse_scopes(cfg_str(o, "scopes"), scopes, sizeof scopes) < 0)
+    char *scopes = parse_scopes(cfg_str(o, "scopes"));
+    if (!scopes)
         return cfg_usage_error(o->cmd, "--scopes takes a comma-separated list of train, sample, read, admin, metrics (each once), "
                                "got '%s'", cfg_str(o, "scopes"));
-    if (name && strlen(name) > 128) return cfg_usage_error(o->cmd, "--name is at most 128 bytes");
+    if (name && strlen(name) > 128) {
+        free(scopes);
+        return cfg_usage_error(o->cmd, "--name is at most 128 bytes");
+    }
     if (cfg_str(o, "expires-in-days")) {
         time_t at = time(NULL) + (time_t)cfg_int(o, "expires-in-days") * 86400;
         struct tm tm;
@@ -135,14 +140,18 @@ static int key_create(const cfg *o) {
         strftime(expires, sizeof expires, "%Y-%m-%dT%H:%M:%SZ", &tm);
     }
     unsigned char secret[KEY_SECRET_BYTES];
-    if (keys_init() < 0 || cfg_secret(o, false, secret, err, sizeof err) < 0) return cli_fail(o, NULL, "%s", err);
+    if (keys_init() < 0 || cfg_secret(o, false, secret, err, sizeof err) < 0) {
+        free(scopes);
+        return cli_fail(o, NULL, "%s", err);
+    }
     PGconn *c = cli_connect(o);
     int64_t tid;
     char key[KEY_MAX_LEN];
-    if (keys_tenant_find(c, tenant, &tid, err, sizeof err) < 0 ||
-        keys_create(c, secret, tid, name, scopes, cfg_str(o, "expires-in-days") ? expires : NULL, key, err,
-                    sizeof err) < 0)
-        return cli_fail(o, c, "%s", err);
+    int rc = keys_tenant_find(c, tenant, &tid, err, sizeof err) < 0 ||
+             keys_create(c, secret, tid, name, scopes, cfg_str(o, "expires-in-days") ? expires : NULL, key, err,
+                         sizeof err) < 0;
+    free(scopes);
+    if (rc) return cli_fail(o, c, "%s", err);
     PQfinish(c);
     printf("%s\n", key);
     fprintf(stderr, "store this key now: it is shown only once\n");

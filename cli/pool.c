@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/cli_sql.h"
 #include "common/db.h"
+#include "common/pgarray.h"
 #include "executor/executor.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,35 +30,42 @@ static const cfg_cmd UNDRAIN = {.cmd = "loom executor undrain", .synopsis = "NAM
                                 .about = "Lets a drained executor take models and work again.",
                                 .tables = {CFG_DB, CFG_DATA_DIR}, .min_pos = 1, .max_pos = 1, .pos_name = "NAME|ID"};
 
-/* Sets draining on the executors named; their ids as a bigint[] literal in ids. */
-static int set_draining(const cfg *o, PGconn *c, bool on, char *ids, size_t idslen) {
+/* Sets draining on the executors named; their ids as a bigint[] literal in *ids (free() it). */
+static int set_draining(const cfg *o, PGconn *c, bool on, char **ids) {
     char err[1024];
     const char *p[2] = {o->pos[0], on ? "t" : "f"};
     PGresult *r = db_query(c, SQL_CLI_EXECUTOR_DRAIN, 2, p, err, sizeof err);
     if (!r) return cli_fail(o, c, "%s", err);
     int n = PQntuples(r);
-    snprintf(ids, idslen, "{");
+    pgarray a;
+    pga_init(&a);
     for (int i = 0; i < n; i++) {
         printf("executor %s (%s on %s, base model %s) %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
                PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), on ? "draining" : "takes work again");
-        snprintf(ids + strlen(ids), idslen - strlen(ids), "%s%s", i ? "," : "", PQgetvalue(r, i, 0));
+        pga_int(&a, db_int(r, i, 0));
     }
-    snprintf(ids + strlen(ids), idslen - strlen(ids), "}");
+    *ids = pga_end(&a);
     PQclear(r);
-    if (n == 0) return cli_fail(o, c, "no live executor has the name or id '%s' (see `loom status`)", o->pos[0]);
+    if (n == 0) {
+        free(*ids);
+        return cli_fail(o, c, "no live executor has the name or id '%s' (see `loom status`)", o->pos[0]);
+    }
     return 0;
 }
 
 static int drain(const cfg *o) {
     PGconn *c = cli_connect(o);
-    char ids[4096], err[1024];
-    if (set_draining(o, c, true, ids, sizeof ids)) return 1;
+    char *ids, err[1024];
+    if (set_draining(o, c, true, &ids)) return 1;
     long wait = cfg_int(o, "wait");
     time_t until = time(NULL) + wait;
     const char *p[1] = {ids};
     for (;;) {
         PGresult *r = db_query(c, SQL_CLI_EXECUTOR_MODELS, 1, p, err, sizeof err);
-        if (!r) return cli_fail(o, c, "%s", err);
+        if (!r) {
+            free(ids);
+            return cli_fail(o, c, "%s", err);
+        }
         long models = (long)db_int(r, 0, 0), samplers = (long)db_int(r, 0, 1);
         PQclear(r);
         if (models == 0 && samplers == 0) {
@@ -67,19 +75,22 @@ static int drain(const cfg *o) {
         if (time(NULL) >= until) {
             printf("%ld model(s) and %ld sampler snapshot(s) still there%s\n", models, samplers,
                    wait ? "" : " (they move as the executor hands them over)");
+            free(ids);
             PQfinish(c);
             return wait ? 1 : 0;
         }
         usleep(250 * 1000);
     }
+    free(ids);
     PQfinish(c);
     return 0;
 }
 
 static int undrain(const cfg *o) {
     PGconn *c = cli_connect(o);
-    char ids[4096];
-    if (set_draining(o, c, false, ids, sizeof ids)) return 1;
+    char *ids;
+    if (set_draining(o, c, false, &ids)) return 1;
+    free(ids);
     PQfinish(c);
     return 0;
 }

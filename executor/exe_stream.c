@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "common/pgarray.h"
 #include "common/strbuf.h"
 #include "executor/exe_sql.h"
 #include <errno.h>
@@ -165,30 +166,23 @@ static void on_cancel(const char *request_id) {
     log_info("stream: %s canceled (its client went away)%s", request_id, found ? "" : " before decoding");
 }
 
-/* The lines as one text[] literal of payloads, each at most PAYLOAD_MAX bytes of whole lines. */
+/* The lines as one text[] literal of payloads, each at most PAYLOAD_MAX bytes of whole
+ * lines: a payload is a run of lines as they stand, '\n' between them. */
 static char *payload_array(const char *lines, size_t len) {
-    strbuf a;
-    sb_init(&a, len + 64);
-    sb_putc(&a, '{');
-    size_t i = 0, in_payload = 0;
+    pgarray a;
+    pga_init(&a);
+    size_t i = 0, start = 0, end = 0;
     bool open = false;
     while (i < len) {
         const char *nl = memchr(lines + i, '\n', len - i);
         size_t l = (nl ? (size_t)(nl - lines) : len) - i;
-        if (open && in_payload + 1 + l > PAYLOAD_MAX) sb_puts(&a, "\","), open = false;
-        if (!open) sb_putc(&a, '"'), open = true, in_payload = 0;
-        else sb_putc(&a, '\n'), in_payload++;
-        for (size_t k = 0; k < l; k++) {
-            char ch = lines[i + k];
-            if (ch == '"' || ch == '\\') sb_putc(&a, '\\');
-            sb_putc(&a, ch);
-        }
-        in_payload += l;
+        if (open && end - start + 1 + l > PAYLOAD_MAX) pga_textn(&a, lines + start, end - start), open = false;
+        if (!open) start = i, open = true;
+        end = i + l;
         i += l + 1;
     }
-    if (open) sb_putc(&a, '"');
-    sb_putc(&a, '}');
-    return sb_steal(&a, NULL);
+    if (open) pga_textn(&a, lines + start, end - start);
+    return pga_end(&a);
 }
 
 static void *publisher_main(void *arg) {

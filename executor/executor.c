@@ -33,7 +33,7 @@
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
-#include "common/strbuf.h"
+#include "common/pgarray.h"
 #include "common/migrate.h"
 #include <errno.h>
 #include <jansson.h>
@@ -85,44 +85,41 @@ static void capacity_of(const exe_state *st, capacity_params *cp) {
 static char *expert_tokens_param(const exe_state *st) {
     int layers = model_num_moe_layers(&st->model), E = st->model.num_experts;
     if (!st->expert_tokens || layers == 0) return NULL;
-    strbuf b;
-    sb_init(&b, (size_t)layers * E * 8 + 16);
-    sb_puts(&b, "{");
+    pgarray a;
+    pga_init(&a);
     for (int l = 0; l < layers; l++) {
-        sb_puts(&b, l ? ",{" : "{");
-        for (int e = 0; e < E; e++) sb_printf(&b, "%s%lld", e ? "," : "", (long long)st->expert_tokens[(size_t)l * E + e]);
-        sb_puts(&b, "}");
+        pga_open(&a);
+        for (int e = 0; e < E; e++) pga_int(&a, st->expert_tokens[(size_t)l * E + e]);
+        pga_close(&a);
     }
-    sb_puts(&b, "}");
-    return b.data;
+    return pga_end(&a);
 }
 
 /* Each model's last operation of the cycle that changed its state, for models.state_seq
  * (ops are in seq order per model): the text[] and int[] parameters of
  * SQL_EXE_MODEL_STATES (malloc'd), or false when no model's state changed. */
 static bool model_states_params(const exe_op *ops, int n, char **models, char **seqs_out) {
-    json_t *ids = json_array(), *seqs = json_array();
+    pgarray ids, seqs;
+    pga_init(&ids);
+    pga_init(&seqs);
+    bool any = false;
     for (int i = 0; i < n; i++) {
         if (!ops[i].model_id[0] || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
         int64_t seq = -1;
         for (int j = i; j >= 0 && !strcmp(ops[j].model_id, ops[i].model_id); j--)
             if (ops[j].applied && ops[j].seq_id > seq) seq = ops[j].seq_id;
         if (seq < 0) continue;
-        json_array_append_new(ids, json_string(ops[i].model_id));
-        json_array_append_new(seqs, json_integer(seq));
+        pga_text(&ids, ops[i].model_id);
+        pga_int(&seqs, seq);
+        any = true;
     }
-    bool any = json_array_size(ids) > 0;
-    if (any) {
-        /* text[] and int[] literals: model ids are server-made (uuid:train:N), JSON quoting
-         * is also array-literal quoting for them */
-        char *a = json_dumps(ids, JSON_COMPACT), *b = json_dumps(seqs, JSON_COMPACT);
-        a[0] = b[0] = '{';
-        a[strlen(a) - 1] = b[strlen(b) - 1] = '}';
-        *models = a;
-        *seqs_out = b;
+    *models = pga_end(&ids);
+    *seqs_out = pga_end(&seqs);
+    if (!any) {
+        free(*models);
+        free(*seqs_out);
+        *models = *seqs_out = NULL;
     }
-    json_decref(ids);
-    json_decref(seqs);
     return any;
 }
 

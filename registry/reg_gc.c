@@ -18,6 +18,7 @@
 #include "registry/registry.h"
 #include "registry/reg_sql.h"
 #include "common/db.h"
+#include "common/pgarray.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,17 +141,16 @@ static int sweep_orphans(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_
     blob_info *all;
     size_t n;
     if (blob_list(bs, &all, &n, err, errlen) < 0) return -1;
-    char *arr = malloc(ORPHAN_BATCH * (BLOB_DIGEST_HEX + 1) + 3);
-    int rc = arr ? 0 : -1;
-    if (!arr) snprintf(err, errlen, "gc: out of memory");
+    int rc = 0;
     for (size_t start = 0; start < n && rc == 0; start += ORPHAN_BATCH) {
-        size_t end = start + ORPHAN_BATCH < n ? start + ORPHAN_BATCH : n, len = 0;
-        arr[len++] = '{';
-        for (size_t i = start; i < end; i++) len += (size_t)sprintf(arr + len, "%s%s", i > start ? "," : "", all[i].digest);
-        arr[len++] = '}';
-        arr[len] = 0;
+        size_t end = start + ORPHAN_BATCH < n ? start + ORPHAN_BATCH : n;
+        pgarray a;
+        pga_init(&a);
+        for (size_t i = start; i < end; i++) pga_text(&a, all[i].digest);
+        char *arr = pga_end(&a);
         const char *p[1] = {arr};
         PGresult *r = db_query(c, SQL_REG_GC_ORPHANS, 1, p, err, errlen);
+        free(arr);
         if (!r) { rc = -1; break; }
         for (int k = 0; k < PQntuples(r) && rc == 0; k++) {
             int64_t i = db_int(r, k, 0);
@@ -161,7 +161,6 @@ static int sweep_orphans(PGconn *c, blobstore *bs, const reg_gc_opts *o, reg_gc_
         }
         PQclear(r);
     }
-    free(arr);
     free(all);
     return rc;
 }

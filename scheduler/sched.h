@@ -1,6 +1,9 @@
 /* sched.h: the scheduler. Builds clock cycles for idle executors from queued
  * operations and reaps expired leases. Several schedulers may run at once: every
- * claim locks its executor, model and operation rows with FOR UPDATE SKIP LOCKED. */
+ * claim locks its executor, model and operation rows with FOR UPDATE SKIP LOCKED.
+ * The loop is sched.c; a cycle's SQL cycle.c, its decisions planner.c; the reaper and
+ * seq order reaper.c; placement place.c; session expiry sessions.c; every statement
+ * sched_sql.h. */
 #pragma once
 #include <libpq-fe.h>
 #include <stdbool.h>

@@ -89,6 +89,59 @@ static void test_order_and_steps(void) {
     CHECK(n == 2, "gap filled: seq 4 and 5 run together (got %d)", n);
 }
 
+/* Round trips c makes while fn runs: each ends with a message that asks the server to
+ * answer (Sync, or a simple Query), counted in libpq's trace of the connection. */
+static int round_trips(PGconn *c, void (*fn)(void *), void *arg) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    PQtrace(c, f);
+    PQsetTraceFlags(c, PQTRACE_SUPPRESS_TIMESTAMPS);
+    fn(arg);
+    PQuntrace(c);
+    fclose(f);
+    int n = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+        if (!strncmp(line, "F\t", 2) && (strstr(line, "\tSync") || strstr(line, "\tQuery\t"))) n++;
+    free(buf);
+    return n;
+}
+
+typedef struct { int64_t exe; int n; int64_t cycle; } build_arg;
+static void build_fn(void *p) {
+    build_arg *a = p;
+    char err[512];
+    sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
+    a->n = sched_build_cycle(C, a->exe, &o, &a->cycle, NULL, err, sizeof err);
+}
+
+/* The cycle build's round trips (docs/architecture.md, "The path of an operation"): four when it
+ * claims (lock the executor and read the rate limits; lock models and samples; lock
+ * their operations; claim, advance, notify and commit), fewer when it finds nothing. The
+ * statements are prepared by a first build (a round trip each, once per connection). */
+static void test_round_trips(void) {
+    reset();
+    sql("INSERT INTO tenant_limits (tenant_id, tokens_per_minute) VALUES (2, 1000)");
+    model("a1", 1);
+    model("b1", 2);
+    sql("UPDATE models SET executor_id = 1");
+    op("a1", 0, "create_model", 0);
+    op("b1", 0, "create_model", 0);
+    build_arg a = {.exe = 1};
+    build_fn(&a);   /* prepares */
+    finish_cycle(a.cycle);
+    op("a1", 1, "forward_backward", 10);
+    op("b1", 1, "forward_backward", 10);
+    op("b1", 2, "optim_step", 0);
+    int rt = round_trips(C, build_fn, &a);
+    CHECK(a.n == 3 && rt == 4, "a cycle of 3 operations of 2 tenants is built in 4 round trips (%d ops, %d trips)", a.n, rt);
+    rt = round_trips(C, build_fn, &a);
+    CHECK(a.n == 0 && rt == 2, "a busy executor: 2 round trips (the lock finds it busy; rollback) (%d trips)", rt);
+    finish_cycle(a.cycle);
+    rt = round_trips(C, build_fn, &a);
+    CHECK(a.n == 0 && rt == 3, "nothing queued: 3 round trips (executor; models and samples; rollback) (%d trips)", rt);
+}
+
 static void test_fairness(void) {
     reset();
     model("a1", 1);
@@ -394,6 +447,7 @@ int main(void) {
     test_reaper();
     test_placement();
     test_settle();
+    test_round_trips();
     dbt_stop();
     return check_summary();
 }
