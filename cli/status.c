@@ -6,7 +6,7 @@
 #include "cli/status.h"
 #include "cli/cli.h"
 #include "common/db.h"
-#include "service/console_sql.h"
+#include "console/console_sql.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
