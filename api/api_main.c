@@ -1,19 +1,20 @@
 /* api_main.c: `loom api` options and start-up: secret, database workers, event loops,
  * the LISTEN thread, then the one stdout line `loom up` waits for. */
 #include "api/api.h"
+#include "api/api_routes.h"
 #include "common/config.h"
 #include "common/keys.h"
 #include "common/log.h"
 #include "core/api_json.h"
 #include "core/api_listen.h"
 #include "core/api_metrics.h"
+#include "core/api_pool.h"
+#include "core/http_server.h"
 #include "openai/api_openai.h"
 #include "openai/api_openai_sql.h"
-#include "core/api_pool.h"
-#include "api/api_routes.h"
 #include "tinker/api_sql.h"
-#include "tinker/api_weights.h"
-#include "core/http_server.h"
+#include "tinker/api_state.h"
+#include "tinker/api_upload.h"
 #include <jansson.h>
 #include <malloc.h>
 #include <signal.h>
@@ -73,7 +74,8 @@ int api_main(int argc, char **argv) {
         return cfg_usage_error(&API_CMD, "--tls-cert and --tls-key go together");
     http_conf hc = {.host = cfg_str(&o, "host"), .port = (int)cfg_int(&o, "port"), .nthreads = (int)cfg_int(&o, "threads"),
                     .prefix = cfg_str(&o, "path-prefix") ? cfg_str(&o, "path-prefix") : "",
-                    .tls_cert = cfg_str(&o, "tls-cert"), .tls_key = cfg_str(&o, "tls-key")};
+                    .tls_cert = cfg_str(&o, "tls-cert"), .tls_key = cfg_str(&o, "tls-key"),
+                    .routes = &api_routes, .signed_body = api_upload_gate_check};
     int workers = (int)cfg_int(&o, "db-workers"), max_body_mb = (int)cfg_int(&o, "max-body-mb"),
         max_queued = (int)cfg_int(&o, "max-queued-samples"), max_streams = (int)cfg_int(&o, "max-streams"),
         oai_max_tokens = (int)cfg_int(&o, "openai-max-tokens"),
@@ -122,7 +124,7 @@ int api_main(int argc, char **argv) {
         log_error("%s", err);
         return 1;
     }
-    if (api_weights_init(pc.secret, blob_dir, err, sizeof err) < 0) {
+    if (api_state_init(pc.secret, blob_dir, err, sizeof err) < 0) {
         log_error("blob store %s: %s", blob_dir, err);
         return 1;
     }
@@ -134,11 +136,13 @@ int api_main(int argc, char **argv) {
         log_error("cannot connect to the database (%s): %s", db_from, err);
         return 1;
     }
-    api_metrics_init();
+    api_metrics_init(&api_routes);
     if (api_metrics_start_folding(db, err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }
+    /* The OpenAI routes answer their completions on the loops (openai/api_openai_stream.c). */
+    http_loop_ext_add(&oai_loop_ext);
     int port;
     if (http_server_start(&hc, pool, &port, err, sizeof err) < 0) {
         log_error("%s", err);

@@ -6,10 +6,11 @@
 #include "console/api_console.h"
 #include "core/api_metrics.h"
 #include "openai/api_openai.h"
+#include "service/api_proto.h"
 #include "tinker/api_session_futures.h"
 #include "tinker/api_upload.h"
 #include "tinker/api_weights.h"
-#include <string.h>
+#include "tinker/tinker.h"
 
 /* client/config (docs/protocol.md §2.1); api_main.c rewrites it for --proto before any loop starts.
  * The sample_* flags turn on routes the SDK uses only when told: the per-session poll
@@ -20,6 +21,10 @@ char api_client_config[512] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_tran
 #define V1 "/api/v1"
 #define TODO(m, p) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_TODO, NULL, NULL}
 
+/* A route names its hooks (core/api_route.h) by designator; the routes without them leave
+ * those fields out, zero. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const api_route routes[] = {
     /* bootstrap (§2): static answers, no key needed */
     /* liveness: the process and its event loops answer (no database needed) */
@@ -53,7 +58,7 @@ static const api_route routes[] = {
     /* training (§7) */
     {"POST", V1 "/create_model", 0, api_h_create_model, NULL},
     {"POST", V1 "/get_info", ROUTE_READ, api_h_get_info, NULL},
-    {"POST", V1 "/forward_backward", ROUTE_PROTO_BODY, api_h_forward_backward, NULL},
+    {"POST", V1 "/forward_backward", 0, api_h_forward_backward, NULL, .proto_budget = proto_decode_budget},
     {"POST", V1 "/forward", 0, api_h_forward, NULL},
     {"POST", V1 "/optim_step", 0, api_h_optim_step, NULL},
     /* the unnamed form (no path) is ours; the named form goes to api_weights.c */
@@ -95,13 +100,14 @@ static const api_route routes[] = {
     /* adapter uploads (§12.7): api_upload.c; the PUT's body is staged by the loop */
     {"POST", V1 "/external_weights_upload_start", 0, api_h_upload_start, NULL},
     {"POST", V1 "/external_weights_upload_finish", 0, api_h_upload_finish, NULL},
-    {"PUT", V1 "/external_weights_uploads/*", ROUTE_NO_AUTH | ROUTE_UPLOAD | ROUTE_RAW_BODY, api_h_upload_put, NULL},
+    {"PUT", V1 "/external_weights_uploads/*", ROUTE_NO_AUTH | ROUTE_RAW_BODY, api_h_upload_put, NULL,
+     .stage = api_upload_stage},
 
     /* the OpenAI-compatible routes (§18): api_openai.c; the aliases they take as models */
-    {"GET", "/v1/models", ROUTE_OPENAI, api_h_oai_models, NULL},
-    {"GET", "/v1/models/*", ROUTE_OPENAI, api_h_oai_model, NULL},
-    {"POST", "/v1/completions", ROUTE_OPENAI | ROUTE_SAMPLE, api_h_oai_completions, NULL},
-    {"POST", "/v1/chat/completions", ROUTE_OPENAI | ROUTE_SAMPLE, api_h_oai_chat, NULL},
+    {"GET", "/v1/models", 0, api_h_oai_models, NULL, .errors = &oai_error_shape},
+    {"GET", "/v1/models/*", 0, api_h_oai_model, NULL, .errors = &oai_error_shape},
+    {"POST", "/v1/completions", ROUTE_SAMPLE, api_h_oai_completions, NULL, .errors = &oai_error_shape},
+    {"POST", "/v1/chat/completions", ROUTE_SAMPLE, api_h_oai_chat, NULL, .errors = &oai_error_shape},
     {"GET", V1 "/aliases", 0, api_h_aliases_list, NULL},
     {"PUT", V1 "/aliases/+", 0, api_h_alias_put, NULL},
     {"DELETE", V1 "/aliases/+", 0, api_h_alias_delete, NULL},
@@ -109,10 +115,10 @@ static const api_route routes[] = {
     /* observability (README "Metrics", "Web console"): the console's files, its read-only
      * JSON (tenant-scoped like every route; /console/admin/ needs an operator key) */
     {"GET", "/metrics", ROUTE_METRICS, api_h_metrics, NULL},
-    {"GET", "/", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
-    {"GET", "/console", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
-    {"GET", "/console/", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
-    {"GET", "/console/+", ROUTE_NO_AUTH | ROUTE_STATIC, NULL, NULL},
+    {"GET", "/", ROUTE_NO_AUTH, NULL, NULL, .serve = api_console_static},
+    {"GET", "/console", ROUTE_NO_AUTH, NULL, NULL, .serve = api_console_static},
+    {"GET", "/console/", ROUTE_NO_AUTH, NULL, NULL, .serve = api_console_static},
+    {"GET", "/console/+", ROUTE_NO_AUTH, NULL, NULL, .serve = api_console_static},
     {"GET", V1 "/console/whoami", ROUTE_ANY_KEY, api_h_console_whoami, NULL},
     {"GET", V1 "/console/runs", 0, api_h_console_runs, NULL},
     {"GET", V1 "/console/runs/+", 0, api_h_console_run, NULL},
@@ -126,51 +132,9 @@ static const api_route routes[] = {
     /* not implemented yet */
     TODO("POST", "/auth/token"),
 };
+#pragma GCC diagnostic pop
 
-size_t api_route_count(void) { return sizeof routes / sizeof routes[0]; }
-const api_route *api_route_at(size_t i) { return &routes[i]; }
-size_t api_route_index(const api_route *r) { return (size_t)(r - routes); }
+/* Requests under /v1/ that no route answers get OpenAI's error shape too. */
+static const api_error_shape *const shapes[] = {&oai_error_shape, NULL};
 
-/* 0: no match; 1: match (suffix offset in *arg_off for wildcards). A "+" segment inside
- * a pattern ("/sessions/+/finish") is one path segment; the suffix then starts there. */
-static int path_matches(const char *pattern, const char *path, size_t plen, size_t *arg_off) {
-    size_t n = strlen(pattern);
-    const char *mid = strstr(pattern, "/+/");
-    if (mid) {
-        size_t base = (size_t)(mid - pattern) + 1, tail = n - base - 1;   /* tail: "/finish" */
-        if (plen <= base + tail || memcmp(pattern, path, base) != 0 ||
-            memcmp(pattern + base + 1, path + plen - tail, tail) != 0 ||
-            memchr(path + base, '/', plen - tail - base))
-            return 0;
-        *arg_off = base;
-        return 1;
-    }
-    if (n >= 2 && pattern[n - 2] == '/' && (pattern[n - 1] == '*' || pattern[n - 1] == '+')) {
-        size_t base = n - 1; /* includes the '/' */
-        if (plen <= base || memcmp(pattern, path, base) != 0) return 0;
-        if (pattern[n - 1] == '+' && memchr(path + base, '/', plen - base)) return 0;
-        *arg_off = base;
-        return 1;
-    }
-    *arg_off = 0;
-    return plen == n && memcmp(pattern, path, n) == 0;
-}
-
-const api_route *api_route_find(const char *method, size_t mlen, const char *path, size_t plen,
-                                int *status, size_t *arg_off) {
-    bool path_known = false;
-    /* HEAD is answered like GET (h2o drops the body). */
-    if (mlen == 4 && !memcmp(method, "HEAD", 4)) method = "GET", mlen = 3;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        const api_route *r = &routes[i];
-        size_t off;
-        if (!path_matches(r->path, path, plen, &off)) continue;
-        path_known |= !(r->flags & ROUTE_TODO);
-        if (strlen(r->method) == mlen && !memcmp(r->method, method, mlen)) {
-            *arg_off = off;
-            return r;
-        }
-    }
-    *status = path_known ? 405 : 404;
-    return NULL;
-}
+const api_route_table api_routes = {routes, sizeof routes / sizeof routes[0], shapes};

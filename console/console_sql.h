@@ -112,9 +112,6 @@
     " 'base_models', (SELECT COALESCE(json_agg(b.name ORDER BY b.name), '[]')"                \
     " FROM base_models b))::text"
 
-/* $1 base model -> its directory (tokenizer for the playground) */
-#define SQL_CON_BASE_MODEL_DIR "SELECT path FROM base_models WHERE name = $1"
-
 /* ---- operators --------------------------------------------------------------------------- */
 
 /* The executors an operator sees: the live ones and the 5 newest that are gone. */

@@ -3,7 +3,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "core/api_call.h"
-#include "tinker/api_sql.h"
+#include "core/core_sql.h"
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>

@@ -4,8 +4,7 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "core/api_json.h"
-#include "openai/api_openai.h"
-#include "api/api_routes.h"
+#include "core/api_route.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +39,19 @@ PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const c
     return api_error(c, 404, "%s %.200s not found", noun, id), NULL;
 }
 
+int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
+                       const char *const *params, const char *not_found) {
+    PGresult *r = db_query(c->db, sql, n, params, c->err, sizeof c->err);
+    if (!r) return api_db_error(c, what, c->err);
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        return api_error(c, 404, "%s", not_found);
+    }
+    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return 0;
+}
+
 int api_reply_text(api_call *c, int status, const char *json) {
     size_t n = strlen(json);
     char *copy = malloc(n + 1);
@@ -60,7 +72,7 @@ int api_error_v(api_call *c, int status, const char *param, const char *code, co
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t len;
     const api_route *r = c->job->route;
-    char *body = r && (r->flags & ROUTE_OPENAI) ? oai_error_body(status, msg, param, code, &len) : jx_detail(msg, &len);
+    char *body = r && r->errors ? r->errors->body(status, msg, param, code, &len) : jx_detail(msg, &len);
     c->job->park = false;
     return api_reply_take(c, status, body, len);
 }

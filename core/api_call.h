@@ -34,7 +34,7 @@ typedef struct api_call {
     unsigned scopes;       /* SCOPE_* of the key */
     json_t *body;          /* parsed request object; NULL on ROUTE_RAW_BODY routes and on
                             * protobuf bodies (job->body holds the decoded bytes then) */
-    bool proto_body;       /* the body is application/x-protobuf (ROUTE_PROTO_BODY routes) */
+    bool proto_body;       /* the body is application/x-protobuf (routes with proto_budget) */
     char err[1024];        /* scratch for messages */
 } api_call;
 
@@ -46,8 +46,8 @@ int api_reply_take(api_call *c, int status, char *json, size_t len); /* takes ma
 /* A binary body (takes malloc'd bytes) with its Content-Type (a static string). */
 int api_reply_bytes(api_call *c, int status, const char *content_type, void *data, size_t len);
 int api_error(api_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* The same with the field (param) and a code for OpenAI's error shape (docs/protocol.md
- * §18.1), which a route flagged ROUTE_OPENAI answers in; NULL: none. */
+/* The same with the field (param) and a code for a route whose errors take another shape
+ * (api_route.h: api_error_shape; OpenAI's, docs/protocol.md §18.1); NULL: none. */
 int api_error_v(api_call *c, int status, const char *param, const char *code, const char *fmt, va_list ap);
 /* A database failure: logged with `what`, answered 503 (the SDK retries 5xx). On a
  * long-poll route (retrieve_future) the answer is held instead: the loop parks the job
@@ -61,7 +61,7 @@ int api_db_error(api_call *c, const char *what, const char *err);
  * what). */
 PGresult *api_tenant_row(api_call *c, const char *what, const char *sql, const char *id, const char *noun);
 /* Runs a statement whose one cell is the whole JSON answer: 200 with it, 404 with
- * not_found when there is no row, 503 on a database error (api_rest.c). */
+ * not_found when there is no row, 503 on a database error. */
 int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
                        const char *const *params, const char *not_found);
 
@@ -80,40 +80,3 @@ size_t api_url_decode(char *s);
 /* The path suffix and the query string must be UTF-8 once percent-decoded (they end up
  * in SQL parameters and JSON answers). 0, or -1 with the 400 answered. */
 int api_check_request_text(api_call *c);
-
-/* Inside a transaction: locks the tenant's session (it serialises seq_id allocation in the
- * session) and counts the submit as its sign of life. 0 when it is there and live; 1 when
- * the answer (404 unknown, 400 expired or finished) is given and the transaction rolled
- * back; -1 on a database error (err in c->err). */
-int api_session_lock(api_call *c, const char *session_id);
-
-/* "session S finished (reason) ...": the message of a request bound to a session its
- * client finished (sessions/{id}/finish), which takes no more requests. */
-void api_session_finished_msg(char *out, size_t outlen, const char *session_id, const char *reason);
-
-/* Route handlers (api_session.c, api_training.c, api_futures.c, api_sampling.c,
- * api_rest.c). */
-int api_h_create_session(api_call *c);
-int api_h_session_heartbeat(api_call *c);
-int api_h_session_finish(api_call *c);   /* POST sessions/{id}/finish */
-int api_h_session_project(api_call *c);  /* PUT sessions/{id}/project */
-int api_h_capabilities(api_call *c);
-int api_h_readyz(api_call *c);
-int api_h_usage(api_call *c);
-int api_h_checkpoint_storage_current(api_call *c);   /* GET billing/usage/checkpoints/current */
-int api_h_telemetry(api_call *c);
-int api_h_create_model(api_call *c);
-int api_h_get_info(api_call *c);
-int api_h_forward_backward(api_call *c);
-int api_h_forward(api_call *c);
-int api_h_optim_step(api_call *c);
-int api_h_retrieve_future(api_call *c);
-int api_h_create_sampling_session(api_call *c);
-int api_h_get_sampler(api_call *c);
-int api_h_save_weights_for_sampler(api_call *c);
-int api_h_asample(api_call *c);
-int api_h_unload_model(api_call *c);
-int api_h_list_sessions(api_call *c);
-int api_h_get_session(api_call *c);
-int api_h_list_training_runs(api_call *c);
-int api_h_get_training_run(api_call *c);

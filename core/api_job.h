@@ -59,9 +59,12 @@ typedef struct api_job {
     char tenant_name[API_TENANT_NAME_MAX];  /* set by the worker once the key is checked */
     double started;                /* wall clock (s) when h2o began reading the request */
 
-    /* The OpenAI routes (api_openai.h): set by a handler that accepted a request (what its
-     * loop needs to answer it), or on the loop's own jobs; NULL otherwise. */
-    struct oai_spec *oai;
+    /* A job a loop extension answers (http_server.h: http_loop_ext; the OpenAI routes):
+     * set by a handler that accepted a request (ext: what its loop needs to answer it,
+     * freed with the job by loop_ext->ext_free), or on the extension's own jobs; NULL
+     * otherwise. */
+    const struct http_loop_ext *loop_ext;
+    void *ext;
 
     /* The gate (http_gate.h). gate_auth: this job only checks api_key, before the body
      * of gate_conn's request is read (the worker sets status 200, 401 or 503, resp the

@@ -3,7 +3,7 @@
  * The text format is Prometheus' 0.0.4 exposition format: one "# HELP" and "# TYPE" line
  * per family, then its samples; label values escape \ " and newline; histograms give
  * cumulative _bucket{le=...} lines ending at +Inf, then _sum and _count. Route labels are
- * the patterns of api_routes.c ("/api/v1/training_runs/{id}"), never raw paths, so the
+ * the patterns of the route table (api/api_routes.c: "/api/v1/training_runs/{id}"), never raw paths, so the
  * number of series is fixed by the route table and the status codes. */
 #include "core/api_metrics.h"
 #include "common/clock.h"
@@ -11,7 +11,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
-#include "api/api_routes.h"
+#include "core/api_route.h"
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -40,12 +40,14 @@ typedef struct {
 /* One per route of the table, then the two pseudo-routes. */
 enum { PSEUDO_UNMATCHED, PSEUDO_H2O, N_PSEUDO };
 static route_stats *g_stats;
+static const api_route *g_routes;
 static size_t g_nroutes;
 static _Atomic long g_in_flight;
 static double g_started;
 
-void api_metrics_init(void) {
-    g_nroutes = api_route_count();
+void api_metrics_init(const api_route_table *t) {
+    g_routes = t->routes;
+    g_nroutes = t->n;
     g_stats = calloc(g_nroutes + N_PSEUDO, sizeof *g_stats);
     if (!g_stats) abort();
     g_started = clock_wall_s();
@@ -55,21 +57,21 @@ void api_metrics_in_flight(int delta) { atomic_fetch_add(&g_in_flight, delta); }
 
 static size_t stats_index(const api_access *a) {
     if (a->by_h2o) return g_nroutes + PSEUDO_H2O;
-    return a->route ? api_route_index(a->route) : g_nroutes + PSEUDO_UNMATCHED;
+    return a->route ? (size_t)(a->route - g_routes) : g_nroutes + PSEUDO_UNMATCHED;
 }
 
 /* The label of a route: its pattern with the wildcards named. */
 static void route_label(size_t i, char *out, size_t n) {
     if (i == g_nroutes + PSEUDO_UNMATCHED) { snprintf(out, n, "unmatched"); return; }
     if (i == g_nroutes + PSEUDO_H2O) { snprintf(out, n, "h2o"); return; }
-    const char *p = api_route_at(i)->path;
+    const char *p = g_routes[i].path;
     size_t len = strlen(p);
     if (len >= 2 && p[len - 2] == '/' && (p[len - 1] == '+' || p[len - 1] == '*'))
         snprintf(out, n, "%.*s%s", (int)(len - 1), p, p[len - 1] == '+' ? "{id}" : "{path}");
     else snprintf(out, n, "%s", p);
 }
 
-static const char *route_method(size_t i) { return i < g_nroutes ? api_route_at(i)->method : "other"; }
+static const char *route_method(size_t i) { return i < g_nroutes ? g_routes[i].method : "other"; }
 
 void api_log_id(const char *client, size_t len, char *out) {
     bool ok = client && len >= 1 && len <= 64;

@@ -10,12 +10,14 @@
  *    of migrations/0007 (operation latencies, cycles, tokens per tenant). Every api
  *    answers the same values for these; take one (max without(instance)), never a sum. */
 #pragma once
-#include "core/api_call.h"
+#include "core/api_route.h"
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Sizes the per-route counters; call once before the loops start. */
-void api_metrics_init(void);
+/* Sizes the per-route counters (one per route of t, which must outlive the process's
+ * requests: every api_access.route is one of its routes); call once before the loops
+ * start. */
+void api_metrics_init(const api_route_table *t);
 /* Starts the thread that folds metric events every 15 s on its own connection, so the
  * event tables stay small when nobody scrapes. 0, or -1 with err. */
 int api_metrics_start_folding(const char *conninfo, char *err, size_t errlen);

@@ -1,14 +1,13 @@
 /* api_pool.c: database worker threads (see api_pool.h). */
 #include "core/api_pool.h"
-#include "service/api_proto.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "core/api_auth.h"
 #include "core/api_body.h"
 #include "core/api_call.h"
 #include "core/api_json.h"
-#include "api/api_routes.h"
-#include "tinker/api_sql.h"
+#include "core/api_route.h"
+#include "core/core_sql.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <strings.h>
@@ -70,7 +69,7 @@ static bool ensure_db(worker *w, char *err, size_t errlen) {
     return true;
 }
 
-/* The scope a route needs (see ROUTE_READ in api_routes.h); 0 = any tenant key. */
+/* The scope a route needs (see ROUTE_READ in api_route.h); 0 = any tenant key. */
 static unsigned route_scope(const api_route *r) {
     if (r->flags & ROUTE_ADMIN) return SCOPE_ADMIN;
     if (r->flags & ROUTE_METRICS) return SCOPE_METRICS;
@@ -132,20 +131,21 @@ static int read_body(api_call *c, const api_route *r) {
         return -1;
     }
     if (is_proto(job->content_type)) {
-        if (!(r->flags & ROUTE_PROTO_BODY)) {
+        if (!r->proto_budget) {
             api_error(c, 415, "%s takes a JSON body (Content-Type: application/json); only "
                               "forward_backward also takes application/x-protobuf", r->path);
             return -1;
         }
         /* Its decoding draws from the process's decode budget, as a JSON parse does
          * (api_json.h): reserved before it starts, given back when the job is done. */
-        if (proto_decode_budget(job->body_len) > jx_decode_limit()) {
+        size_t budget = r->proto_budget(job->body_len);
+        if (budget > jx_decode_limit()) {
             api_error(c, 413, "request body is too large to decode: its %zu bytes of protobuf may take up to %zu "
                               "MiB, more than this server's limit of %zu MiB (loom api --max-decode-mb)",
-                      job->body_len, proto_decode_budget(job->body_len) >> 20, jx_decode_limit() >> 20);
+                      job->body_len, budget >> 20, jx_decode_limit() >> 20);
             return -1;
         }
-        if (!jx_decode_take(proto_decode_budget(job->body_len))) {
+        if (!jx_decode_take(budget)) {
             api_error(c, 503, "server busy: other request bodies being decoded hold the memory for it (loom api "
                               "--max-decode-mb %zu); retry shortly", jx_decode_limit() >> 20);
             job->retry_after = 1;

@@ -2,7 +2,12 @@
  *
  * Threads: each loop owns its listener socket, its h2o context and a multithread queue
  * with two receivers: finished jobs from the workers, and request ids from the LISTEN
- * thread. Nothing here blocks: the database is only reached through api_pool.
+ * thread (a loop extension adds its own: the OpenAI routes' progress lines). Nothing here
+ * blocks: the database is only reached through api_pool.
+ *
+ * Routes come from the table in http_conf (api/api_routes.c); what a route room does on
+ * the loop comes through the route's hooks (api_route.h) and the loop extensions: this
+ * file names no route room.
  *
  * Client gone: every job hands its request a small ref object allocated with
  * h2o_mem_alloc_shared in req->pool; when h2o frees the request, the ref's dispose
@@ -11,12 +16,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/strbuf.h"
-#include "console/api_console.h"
 #include "core/api_json.h"
 #include "core/api_metrics.h"
-#include "openai/api_openai.h"
-#include "api/api_routes.h"
-#include "tinker/api_upload.h"
 #include "core/http_gate.h"
 #include <errno.h>
 #include <netdb.h>
@@ -65,7 +66,8 @@ struct http_loop {
         uint64_t at;
     } recent[RECENT_NOTIFY];
     int recent_next;
-    oai_loop *oai;          /* the OpenAI routes' answers in progress (api_openai.h) */
+    /* each loop extension's slot in ctx's storage (http_loop_ext: its state for this loop) */
+    size_t ext_key[HTTP_MAX_LOOP_EXTS];
     gate_loop *gate;        /* request heads before h2o reads their bodies (http_gate.h) */
 };
 
@@ -79,6 +81,8 @@ static struct {
     http_loop *loops;
     int nloops;
     h2o_barrier_t ready;
+    const http_loop_ext *exts[HTTP_MAX_LOOP_EXTS];
+    int nexts;
 } g;
 
 /* ---- responses -------------------------------------------------------------------- */
@@ -128,16 +132,14 @@ static void send_response(h2o_req_t *req, int status, const char *body, size_t l
     send_typed(req, status, "application/json", 0, body, len);
 }
 
-/* The OpenAI routes (/v1/...) answer errors in OpenAI's shape (docs/protocol.md §18.1). */
-static bool openai_path(h2o_req_t *req) {
+/* An error the loop answers takes the shape of its path's routes (api_route_table.shapes:
+ * the OpenAI routes' /v1/..., docs/protocol.md §18.1), else {"detail": "..."}. */
+static char *error_body(h2o_req_t *req, int status, const char *msg, size_t *len) {
     const char *p = req->path_normalized.base;
     size_t n = req->path_normalized.len;
     if (g.prefix_len && n >= g.prefix_len && !memcmp(p, g.prefix, g.prefix_len)) p += g.prefix_len, n -= g.prefix_len;
-    return n >= 4 && !memcmp(p, "/v1/", 4);
-}
-
-static char *error_body(h2o_req_t *req, int status, const char *msg, size_t *len) {
-    return openai_path(req) ? oai_error_body(status, msg, NULL, NULL, len) : jx_detail(msg, len);
+    const api_error_shape *shape = api_route_path_shape(g.conf.routes, p, n);
+    return shape ? shape->body(status, msg, NULL, NULL, len) : jx_detail(msg, len);
 }
 
 static void send_error_retry(h2o_req_t *req, int status, int retry_after, const char *msg) {
@@ -234,7 +236,7 @@ static void json_error_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
 
 void api_job_free(api_job *job) {
     gate_hold_release(job->hold);
-    if (job->oai) oai_spec_free(job->oai);
+    if (job->ext) job->loop_ext->ext_free(job->ext);
     free(job->body);
     free(job->api_key);
     free(job->accept);
@@ -381,6 +383,23 @@ static void park(http_loop *L, api_job *job) {
     h2o_timeout_link(L->evloop, &L->recheck_timeout, &job->timer);
 }
 
+/* ---- loop extensions ---------------------------------------------------------------- */
+
+int http_loop_ext_add(const http_loop_ext *ext) {
+    if (g.nexts == HTTP_MAX_LOOP_EXTS) return -1;
+    g.exts[g.nexts++] = ext;
+    return 0;
+}
+
+/* Extension i's state on loop L (set by loop_main). */
+static void *ext_state(http_loop *L, int i) { return *h2o_context_get_storage(&L->ctx, &L->ext_key[i], NULL); }
+
+static int ext_index(const http_loop_ext *ext) {
+    for (int i = 0; i < g.nexts; i++)
+        if (g.exts[i] == ext) return i;
+    return -1;
+}
+
 int http_loop_submit(http_loop *L, api_job *job) {
     job->loop = L;
     job->reply_to = &L->job_receiver;
@@ -398,10 +417,16 @@ static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
             gate_auth_back(job);
             continue;
         }
-        if (job->oai) {   /* an accepted OpenAI request, or the loop's own look (api_openai.h) */
+        if (job->loop_ext) {   /* an accepted request a loop extension answers, or its own job */
             h2o_req_t *req = job->ref ? job->ref->req : NULL;
             if (job->ref) job->ref->job = NULL, job->ref = NULL;
-            oai_job_back(L->oai, job, req);
+            int i = ext_index(job->loop_ext);
+            if (i < 0) {   /* api_main registers every extension whose handlers run */
+                log_error("%s: a job of a loop extension that is not registered", job->route->path);
+                api_job_free(job);
+                continue;
+            }
+            job->loop_ext->job_back(ext_state(L, i), job, req);
             continue;
         }
         if (!job->ref) {
@@ -425,7 +450,8 @@ static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mess
     while (!h2o_linklist_is_empty(messages)) {
         notify_msg *m = H2O_STRUCT_FROM_MEMBER(notify_msg, super.link, messages->next);
         h2o_linklist_unlink(&m->super.link);
-        oai_op_done(L->oai, m->all ? NULL : m->id);
+        for (int i = 0; i < g.nexts; i++)
+            if (g.exts[i]->op_done) g.exts[i]->op_done(ext_state(L, i), m->all ? NULL : m->id);
         if (!m->all) {
             snprintf(L->recent[L->recent_next].id, API_REQUEST_ID_MAX, "%s", m->id);
             L->recent[L->recent_next].at = now;
@@ -531,11 +557,12 @@ static char *base_url_of(h2o_req_t *req) {
     return sb_steal(&b, NULL);
 }
 
-/* A file of the web console (or the redirect to it), with headers that keep the page to
- * its own files and keep download links out of Referer headers. */
+/* A route the loop answers from memory (the web console's files, or the redirect to
+ * them), with headers that keep the page to its own files and keep download links out of
+ * Referer headers. */
 static void send_static(h2o_req_t *req, const api_route *r, const char *path, size_t plen) {
     api_static st;
-    api_console_static(path, plen, &st);
+    r->serve(path, plen, &st);
     static const struct { const char *name, *value; } hdrs[] = {
         {"content-security-policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; "
                                     "base-uri 'none'; frame-ancestors 'none'; form-action 'none'"},
@@ -570,7 +597,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     }
     int status = 404;
     size_t arg_off = 0;
-    const api_route *r = api_route_find(req->method.base, req->method.len, path, plen, &status,
+    const api_route *r = api_route_find(g.conf.routes, req->method.base, req->method.len, path, plen, &status,
                                         &arg_off);
     char method[16], spath[256], msg[600], log_id[API_LOG_ID_MAX];
     safe_copy(method, sizeof method, req->method.base, req->method.len);
@@ -606,22 +633,23 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         send_response(req, 200, r->inline_body, strlen(r->inline_body));
         return 0;
     }
-    if (r->flags & ROUTE_STATIC) {
+    if (r->serve) {
         send_static(req, r, path, plen);
         return 0;
     }
-    /* A signed upload: its body goes to a staged file in the blob store (a write into the
-     * page cache, at most --max-body-mb), never to a worker's heap; the worker records it. */
+    /* A route that stages its body (a signed upload: tinker/api_upload.c): the body goes
+     * to a staged file in the blob store (a write into the page cache, at most
+     * --max-body-mb), never to a worker's heap; the worker records it. */
     bool staged = false;
-    if (r->flags & ROUTE_UPLOAD) {
+    if (r->stage) {
         ssize_t ce = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_ENCODING, -1);
         int st = 415;
         if (ce >= 0 && !h2o_lcstris(req->headers.entries[ce].value.base, req->headers.entries[ce].value.len,
                                     H2O_STRLIT("identity")))
             snprintf(msg, sizeof msg, "an upload is the file's bytes as they are: no Content-Encoding");
         else
-            st = api_upload_stage(path + arg_off, plen - arg_off, req->entity.base ? req->entity.base : "",
-                                  req->entity.base ? req->entity.len : 0, msg, sizeof msg);
+            st = r->stage(path + arg_off, plen - arg_off, req->entity.base ? req->entity.base : "",
+                          req->entity.base ? req->entity.len : 0, msg, sizeof msg);
         if (st) {
             observe_inline(req, r, false, st, msg);
             send_error(req, st, msg);
@@ -684,7 +712,10 @@ static void *loop_main(void *arg) {
     h2o_multithread_register_receiver(L->queue, &L->notify_receiver, on_notify);
     h2o_timeout_init(L->evloop, &L->recheck_timeout, RECHECK_MS);
     h2o_linklist_init_anchor(&L->parked);
-    L->oai = oai_loop_new(L, L->evloop, L->queue);
+    for (int i = 0; i < g.nexts; i++) {
+        L->ext_key[i] = SIZE_MAX;   /* h2o assigns the next free slot of this loop's context */
+        *h2o_context_get_storage(&L->ctx, &L->ext_key[i], NULL) = g.exts[i]->loop_init(L, L->evloop, L->queue);
+    }
     L->gate = gate_loop_new(L, L->evloop, &L->accept_ctx);
     h2o_socket_t *sock = h2o_evloop_socket_create(L->evloop, L->fd, H2O_SOCKET_FLAG_DONT_READ);
     sock->data = L;
@@ -780,7 +811,7 @@ int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char
     g.globalconf.http1.req_timeout = 60000;
     g.globalconf.http1.upgrade_to_http2 = 0;   /* no h2c either (see setup_tls) */
     gate_init(&(gate_conf){.max_body = conf->max_body, .inflight_total = conf->inflight_total,
-                           .inflight_per_key = conf->inflight_per_key, .signed_body = api_upload_gate_check});
+                           .inflight_per_key = conf->inflight_per_key, .signed_body = conf->signed_body});
     g.globalconf.http2.idle_timeout = 60000;
     h2o_hostconf_t *host = h2o_config_register_host(&g.globalconf,
                                                     h2o_iovec_init(H2O_STRLIT("default")), 65535);

@@ -55,6 +55,8 @@ char *oai_error_body(int status, const char *msg, const char *param, const char 
     return sb_steal(&b, len);
 }
 
+const api_error_shape oai_error_shape = {"/v1/", oai_error_body};
+
 /* An error naming the field (param) and OpenAI's code; returns 0 like api_error. */
 static int __attribute__((format(printf, 5, 6))) oai_fail(api_call *c, int status, const char *param,
                                                           const char *code, const char *fmt, ...) {
@@ -627,7 +629,8 @@ static int completion(api_call *c, bool chat) {
     }
     s->nstop = q.nstop;
     prompts_free(&p);
-    c->job->oai = s;
+    c->job->loop_ext = &oai_loop_ext;
+    c->job->ext = s;
     return api_reply_text(c, 200, "{}");   /* the loop answers (api_openai_stream.c) */
 }
 
@@ -637,7 +640,7 @@ int api_h_oai_chat(api_call *c) { return completion(c, true); }
 /* ---- the loop's own looks ----------------------------------------------------------------------------- */
 
 int api_h_oai_internal(api_call *c) {
-    oai_spec *s = c->job->oai;
+    oai_spec *s = c->job->ext;
     char tid[24];
     api_fmt_i64(tid, s->tenant_id);
     const char *p[2] = {s->fetch_id, tid};

@@ -13,7 +13,9 @@
  *    body at the end. */
 #pragma once
 #include "core/api_call.h"
-#include "console/api_console.h"
+#include "core/api_route.h"
+#include "core/http_server.h"
+#include "tinker/api_state.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -49,6 +51,8 @@ void oai_spec_free(oai_spec *s);
 
 /* {"error": {"message", "type", "param", "code"}} (malloc'd), the type from the status. */
 char *oai_error_body(int status, const char *msg, const char *param, const char *code, size_t *len);
+/* That shape, for the OpenAI routes and the paths under /v1/ (core/api_route.h). */
+extern const api_error_shape oai_error_shape;
 
 /* Route handlers (database workers). */
 int api_h_oai_models(api_call *c);          /* GET /v1/models */
@@ -63,16 +67,10 @@ int api_h_oai_internal(api_call *c);
 
 /* ---- the event loop's side (api_openai_stream.c) ------------------------------------------ */
 
-typedef struct oai_loop oai_loop;
-typedef struct http_loop http_loop;
-
-/* Per event loop: called by the loop thread before it serves requests. */
-oai_loop *oai_loop_new(http_loop *L, h2o_evloop_t *evloop, h2o_multithread_queue_t *queue);
-/* A job with job->oai came back to its loop: an accepted request (req its h2o request, or
- * NULL when the client went away meanwhile) or one of the loop's own jobs. Takes the job. */
-void oai_job_back(oai_loop *ol, api_job *job, h2o_req_t *req);
-/* NOTIFY loom_op_done for request_id arrived (NULL: some may have been missed). Loop thread. */
-void oai_op_done(oai_loop *ol, const char *request_id);
+/* The OpenAI routes as a loop extension (core/http_server.h), registered by `loom api`
+ * before its loops start: each loop's streams, and the jobs (job->loop_ext, job->ext: the
+ * oai_spec) an accepted request and the loop's own looks come back as. */
+extern const http_loop_ext oai_loop_ext;
 /* The LISTEN thread's callback for CHAN_SAMPLE_PROGRESS (any thread; payload NULL after a
  * reconnect). */
 void oai_progress(const char *payload, void *arg);

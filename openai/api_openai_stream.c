@@ -28,7 +28,7 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "core/api_metrics.h"
-#include "api/api_routes.h"
+#include "core/api_route.h"
 #include "core/http_server.h"
 #include <float.h>
 #include <pthread.h>
@@ -61,10 +61,12 @@ typedef struct {
     bool finish_sent;
 } oai_choice;
 
+typedef struct oai_loop oai_loop;
+
 typedef struct oai_stream {
     oai_loop *ol;
     h2o_req_t *req;
-    api_job *job;                  /* the request's job (access log); job->oai is the spec */
+    api_job *job;                  /* the request's job (access log); job->ext is the spec */
     oai_spec *spec;
     h2o_generator_t gen;
     strbuf pending, inflight;
@@ -93,8 +95,11 @@ typedef struct {
 } progress_msg;
 
 /* The loops' own jobs run this handler on a database worker (api_h_oai_internal). */
-static const api_route internal_route = {"POST", "/v1/(internal)", ROUTE_NO_AUTH | ROUTE_RAW_BODY | ROUTE_OPENAI,
-                                         api_h_oai_internal, NULL};
+static const api_route internal_route = {"POST", "/v1/(internal)", ROUTE_NO_AUTH | ROUTE_RAW_BODY,
+                                         api_h_oai_internal, NULL, .errors = &oai_error_shape};
+
+/* The spec of a job of this extension (job->loop_ext is oai_loop_ext). */
+static oai_spec *s_of(const api_job *job) { return job->ext; }
 
 /* ---- the registry: request_id -> loop and stream ---------------------------------------------- */
 
@@ -635,7 +640,8 @@ static api_job *internal_job(int kind, const char *rid, int64_t tenant) {
     s->kind = kind;
     s->tenant_id = tenant;
     snprintf(s->fetch_id, sizeof s->fetch_id, "%s", rid);
-    j->oai = s;
+    j->loop_ext = &oai_loop_ext;
+    j->ext = s;
     j->route = &internal_route;
     j->body = calloc(1, 1);
     snprintf(j->log_id, sizeof j->log_id, "openai-%s", kind == OAI_FETCH ? "fetch" : "cancel");
@@ -664,7 +670,7 @@ static void maybe_fetch(oai_stream *st, bool due) {
     if (op < 0) return;
     st->op_notified[op] = false;
     api_job *j = internal_job(OAI_FETCH, st->spec->request_ids[op], st->spec->tenant_id);
-    j->oai->waiter = st;
+    s_of(j)->waiter = st;
     if (http_loop_submit(st->ol->L, j) < 0) {
         api_job_free(j);   /* the workers are busy: the next tick tries again */
         return;
@@ -724,7 +730,7 @@ static void on_dispose(void *p) {
     }
     observe(st, 499, NULL, 0);
     if (h2o_linklist_is_linked(&st->link)) h2o_linklist_unlink(&st->link);
-    if (st->fetch) st->fetch->oai->waiter = NULL;
+    if (st->fetch) s_of(st->fetch)->waiter = NULL;
     for (int i = 0; i < st->nch; i++) {
         oai_choice *c = &st->ch[i];
         free(c->ids), free(c->lps), free(c->top_ids), free(c->top_lps), free(c->offsets);
@@ -746,7 +752,7 @@ static void start(oai_loop *ol, api_job *job, h2o_req_t *req) {
     st->ol = ol;
     st->req = req;
     st->job = job;
-    st->spec = job->oai;
+    st->spec = s_of(job);
     st->nch = st->spec->nprompts * st->spec->n;
     st->ch = calloc(st->nch, sizeof *st->ch);
     st->op_done = calloc(st->spec->nprompts, sizeof *st->op_done);
@@ -776,8 +782,10 @@ static void start(oai_loop *ol, api_job *job, h2o_req_t *req) {
     flush(st);
 }
 
-void oai_job_back(oai_loop *ol, api_job *job, h2o_req_t *req) {
-    oai_spec *s = job->oai;
+/* http_loop_ext.job_back */
+static void oai_job_back(void *state, api_job *job, h2o_req_t *req) {
+    oai_loop *ol = state;
+    oai_spec *s = s_of(job);
     if (s->kind == OAI_ANSWER) {
         if (req) return start(ol, job, req);
         cancel_ops(ol, s);   /* the client went away while the request was being accepted */
@@ -795,7 +803,9 @@ void oai_job_back(oai_loop *ol, api_job *job, h2o_req_t *req) {
     api_job_free(job);
 }
 
-void oai_op_done(oai_loop *ol, const char *request_id) {
+/* http_loop_ext.op_done */
+static void oai_op_done(void *state, const char *request_id) {
+    oai_loop *ol = state;
     if (!request_id) {
         for (h2o_linklist_t *n = ol->streams.next; n != &ol->streams; n = n->next) {
             oai_stream *st = H2O_STRUCT_FROM_MEMBER(oai_stream, link, n);
@@ -853,7 +863,8 @@ void oai_progress(const char *payload, void *arg) {
     }
 }
 
-oai_loop *oai_loop_new(http_loop *L, h2o_evloop_t *evloop, h2o_multithread_queue_t *queue) {
+/* http_loop_ext.loop_init */
+static void *oai_loop_new(http_loop *L, h2o_evloop_t *evloop, h2o_multithread_queue_t *queue) {
     oai_loop *ol = calloc(1, sizeof *ol);
     if (!ol) abort();
     ol->L = L;
@@ -866,3 +877,7 @@ oai_loop *oai_loop_new(http_loop *L, h2o_evloop_t *evloop, h2o_multithread_queue
     pthread_mutex_unlock(&g_reg_mu);
     return ol;
 }
+
+static void spec_free(void *ext) { oai_spec_free(ext); }
+
+const http_loop_ext oai_loop_ext = {oai_loop_new, oai_job_back, oai_op_done, spec_free};

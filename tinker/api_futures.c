@@ -10,6 +10,7 @@
 #include "core/api_json.h"
 #include "service/api_proto.h"
 #include "tinker/api_sql.h"
+#include "tinker/tinker.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -8,6 +8,7 @@
 #include "core/api_json.h"
 #include "tinker/api_ops.h"
 #include "tinker/api_sql.h"
+#include "tinker/tinker.h"
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,19 +29,6 @@ static int list_params(api_call *c, int64_t def_limit, char limit[24], char offs
                          v), -1;
     api_fmt_i64(limit, lim);
     api_fmt_i64(offset, off);
-    return 0;
-}
-
-int api_reply_sql_json(api_call *c, const char *what, const char *sql, int n,
-                       const char *const *params, const char *not_found) {
-    PGresult *r = db_query(c->db, sql, n, params, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, what, c->err);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return api_error(c, 404, "%s", not_found);
-    }
-    api_reply_text(c, 200, PQgetvalue(r, 0, 0));
-    PQclear(r);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "tinker/api_sql.h"
 #include "tinker/api_weights.h"
 #include "service/sample_req.h"
+#include "tinker/tinker.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

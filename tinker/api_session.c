@@ -4,6 +4,7 @@
 #include "core/api_call.h"
 #include "core/api_json.h"
 #include "tinker/api_sql.h"
+#include "tinker/tinker.h"
 #include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>

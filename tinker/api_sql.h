@@ -1,28 +1,17 @@
-/* api_sql.h: every SQL statement the api process runs, by name. Parameters are always
- * bound ($n), never spliced. Tenant scoping lives here: a row of another tenant is
- * simply not found. */
+/* api_sql.h: the SQL statements of the Tinker routes (and those the OpenAI routes share
+ * with them), by name. Parameters are always bound ($n), never spliced. Tenant scoping
+ * lives here: a row of another tenant is simply not found. The HTTP runtime's own (key
+ * checks, worker sessions) are in core/core_sql.h, the registry's in registry/reg_sql.h. */
 #pragma once
 #include "common/contract.h"
 #include "registry/reg_sql.h"
-
-/* ---- API keys ---------------------------------------------------------------------- */
-/* $1 prefix -> id, tenant_id, hash (hex), revoked, expired, touch_due, train, sample, read */
-#define SQL_KEY_LOOKUP                                                                      \
-    "SELECT k.id, k.tenant_id, encode(k.hash, 'hex'), k.revoked_at IS NOT NULL,"            \
-    " k.expires_at IS NOT NULL AND k.expires_at <= now(),"                                  \
-    " k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute',"              \
-    " 'train' = ANY(k.scopes), 'sample' = ANY(k.scopes), 'read' = ANY(k.scopes),"           \
-    " 'admin' = ANY(k.scopes), 'metrics' = ANY(k.scopes), t.name"                           \
-    " FROM api_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.prefix = $1"
-/* $1 key id. At most once a minute per key, also across api processes. */
-#define SQL_KEY_TOUCH                                                                       \
-    "UPDATE api_keys SET last_used_at = now() WHERE id = $1"                                \
-    " AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')"
 
 /* ---- base models -------------------------------------------------------------------- */
 #define SQL_BASE_MODELS_LIST "SELECT name, max_context FROM base_models ORDER BY name"
 /* $1 name -> max_context, vocab_size */
 #define SQL_BASE_MODEL_GET "SELECT max_context, vocab_size FROM base_models WHERE name = $1"
+/* $1 name -> its directory (its tokenizer, api_state.c) */
+#define SQL_BASE_MODEL_DIR "SELECT path FROM base_models WHERE name = $1"
 /* A live executor: not written off, and it beat within $N seconds (--executor-timeout-s,
  * the silence after which the scheduler writes it off). */
 #define SQL_EXECUTOR_LIVE(e, secs)                                                          \
@@ -409,11 +398,6 @@
 #define SQL_LINK_KEY_TENANT                                                                 \
     "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"           \
     " AND (expires_at IS NULL OR expires_at > now())"
-
-/* ---- worker connections (api_pool.c) -------------------------------------------------- */
-/* A stuck lock must not hold a worker forever; the client retries a 503. */
-#define SQL_WORKER_TIMEOUT "SET statement_timeout = '30s'"
-#define SQL_WORKER_NAME "SET application_name = 'loom-api'"
 
 /* ---- limits and usage (migration 0014) ----------------------------------------------- */
 /* $1 tenant -> its live-models limit and active models (at most the limit) */

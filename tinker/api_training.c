@@ -12,6 +12,7 @@
 #include "tinker/api_sql.h"
 #include "tinker/api_weights.h"
 #include "service/fwdbwd.h"
+#include "tinker/tinker.h"
 #include <math.h>
 #include <sodium.h>
 #include <stdio.h>

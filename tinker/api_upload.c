@@ -28,6 +28,7 @@
 #include "tinker/api_sql.h"
 #include "tinker/api_upload_sql.h"
 #include "tinker/api_weights.h"
+#include "tinker/api_state.h"
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@ int api_h_upload_start(api_call *c);    /* POST /external_weights_upload_start *
 int api_h_upload_finish(api_call *c);   /* POST /external_weights_upload_finish */
 int api_h_upload_put(api_call *c);      /* PUT /external_weights_uploads/<signed link> (the worker's half) */
 
-/* The loop's half of a PUT (http_server.c, on a ROUTE_UPLOAD route): checks the link's
+/* The loop's half of a PUT (the route's stage hook, core/api_route.h): checks the link's
  * signature, expiry and file name (no database), and writes the body to the upload's
  * staged file in the blob store, so that no worker holds it. arg: the path after the
  * route's prefix. 0, or an HTTP status with msg (nothing written). */

@@ -7,6 +7,7 @@
 #include "common/db.h"
 #include "core/api_call.h"
 #include "tinker/api_sql.h"
+#include "tinker/tinker.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

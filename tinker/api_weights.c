@@ -12,6 +12,7 @@
 #include "tinker/api_sql.h"
 #include "core/api_json.h"
 #include "tinker/api_ops.h"
+#include "tinker/api_state.h"
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,20 +25,6 @@
 #define TTL_MAX_S (100LL * 365 * 86400)
 #define EXTERNAL_TTL_MAX_S (10LL * 365 * 86400)   /* save_weights_external: 1 hour .. 10 years */
 #define CKPT_LIST_MAX_LIMIT 10000      /* ?limit of checkpoint listings (§12.2) */
-
-static unsigned char g_secret[32];
-static bool g_have_secret;
-static blobstore *g_blobs;
-
-int api_weights_init(const unsigned char secret[32], const char *blob_dir, char *err, size_t errlen) {
-    memcpy(g_secret, secret, sizeof g_secret);
-    g_have_secret = true;
-    if (blob_dir && !(g_blobs = blob_open_dir(blob_dir, err, errlen))) return -1;
-    return 0;
-}
-
-blobstore *api_blobs(void) { return g_blobs; }
-const unsigned char *api_link_secret(void) { return g_have_secret ? g_secret : NULL; }
 
 static int reply_future(api_call *c, const char *request_id, const char *model_id) {
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "request_id", request_id, "model_id", model_id));
@@ -626,7 +613,7 @@ static int archive_url(api_call *c, const ckpt_route *rt) {
 static char *signed_link(api_call *c, const reg_version *v, const char *fmt, time_t expires) {
     char id[REG_NAME_MAX + 32], token[REG_TOKEN_HEX];
     snprintf(id, sizeof id, "%s/%s", v->path.dir, v->path.name);
-    reg_download_sign(g_secret, v->path.run, id, fmt, (int64_t)expires, c->key_id, token);
+    reg_download_sign(api_link_secret(), v->path.run, id, fmt, (int64_t)expires, c->key_id, token);
     strbuf url;
     sb_init(&url, 256);
     sb_printf(&url, "%s/api/v1/checkpoint_archives/%lld/%s/%s/%lld/%s/%s",
@@ -641,7 +628,7 @@ int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char
     int st = reg_find_readable(c->db, c->tenant_id, tinker_path, &v, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "archive", c->err), -1;
     if (st > 0) return api_error(c, st, "%s", c->err), -1;
-    if (!g_have_secret || !g_blobs)
+    if (!api_link_secret() || !api_blobs())
         return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)"), -1;
     time_t expires = time(NULL) + DOWNLOAD_TTL_S;
     *url_out = signed_link(c, &v, fmt, expires);
@@ -670,7 +657,7 @@ static int external_urls(api_call *c, const ckpt_route *rt) {
     int st = reg_find_readable(c->db, c->tenant_id, rt->tinker_path, &v, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "external_weights_urls", c->err);
     if (st > 0) return api_error(c, st, "%s", c->err);
-    if (!g_have_secret || !g_blobs)
+    if (!api_link_secret() || !api_blobs())
         return api_error(c, 503, "downloads need the registry blob store (loom api --blob-dir)");
     time_t expires = time(NULL) + DOWNLOAD_TTL_S;
     char exp_iso[32];
@@ -848,7 +835,7 @@ int api_h_checkpoint_download(api_call *c) {
     bool one_file = external_file_fmt(fmt);
     if (*end || *kend || (strcmp(fmt, "tinker") && strcmp(fmt, "peft") && strcmp(fmt, "peft-nohead") && !one_file))
         return api_error(c, 403, "invalid download link");
-    if (!g_have_secret || !reg_download_verify(g_secret, run, id, fmt, expires, key_id, token))
+    if (!api_link_secret() || !reg_download_verify(api_link_secret(), run, id, fmt, expires, key_id, token))
         return api_error(c, 403, "invalid download link (bad signature)");
     if (expires < (long long)time(NULL))
         return api_error(c, 403, "this download link has expired; request a new one (GET .../archive)");
@@ -867,10 +854,10 @@ int api_h_checkpoint_download(api_call *c) {
         return api_error(c, 404, "checkpoint %.300s no longer exists or is no longer readable with "
                                  "the key this link was made for (deleted, expired, unpublished or "
                                  "unshared)", path);
-    if (!g_blobs) return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
+    if (!api_blobs()) return api_error(c, 503, "archive downloads need the registry blob store (loom api --blob-dir)");
     void *blob;
     size_t blen;
-    if (blob_get(g_blobs, v.digest, &blob, &blen, c->err, sizeof c->err) < 0) {
+    if (blob_get(api_blobs(), v.digest, &blob, &blen, c->err, sizeof c->err) < 0) {
         log_error("download %s: %s", path, c->err);
         return api_error(c, 500, "checkpoint %.300s cannot be read: %s", path, c->err);
     }

@@ -18,10 +18,6 @@
  * not parse. */
 void api_adapter_size_json(json_t *obj, const char *config_text, const lora_config *lc);
 
-/* Called once by `loom api` before serving: the server secret signs download URLs;
- * blob_dir (may be NULL: archives then answer 503) is the registry blob store. 0 or -1. */
-int api_weights_init(const unsigned char secret[32], const char *blob_dir, char *err, size_t errlen);
-
 /* POST /api/v1/save_weights_for_sampler with "path" (named form). */
 int api_weights_save_for_sampler_named(api_call *c);
 
@@ -45,12 +41,6 @@ int api_h_checkpoint_download(api_call *c);         /* GET|HEAD /checkpoint_arch
  * answered. The archive route (302) and the web console share it. */
 int api_archive_link(api_call *c, const char *tinker_path, const char *fmt, char **url, char exp_iso[32],
                      char exp_http[64]);
-
-/* The registry blob store (NULL without --blob-dir) and the server secret that signs links
- * (NULL before api_weights_init), for the other checkpoint routes (api_weights_ext.c,
- * api_upload.c). */
-blobstore *api_blobs(void);
-const unsigned char *api_link_secret(void);
 
 /* POST /api/v1/copy_weights (§7.10): api_weights_ext.c. */
 int api_h_copy_weights(api_call *c);

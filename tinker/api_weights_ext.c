@@ -10,6 +10,8 @@
 #include "tinker/api_ops.h"
 #include "tinker/api_sql.h"
 #include "tinker/api_weights.h"
+#include "tinker/tinker.h"
+#include "tinker/api_state.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
