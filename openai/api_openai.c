@@ -9,8 +9,9 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "core/api_json.h"
-#include "tinker/api_ops.h"
 #include "openai/api_openai_sql.h"
+#include "registry/registry.h"
+#include "tinker/api_ops.h"
 #include "tinker/api_sql.h"
 #include "service/sample_req.h"
 #include <sodium.h>
@@ -695,20 +696,15 @@ int api_h_alias_put(api_call *c) {
     if (!owned)
         return api_error(c, 404, "checkpoint %.300s not found among your live checkpoints (an alias names a "
                          "checkpoint of your own)", path);
-    const char *sp[3] = {alias, tid, path};
-    if (db_exec(c->db, SQL_OAI_ALIAS_SET, 3, sp, c->err, sizeof c->err) < 0) return api_db_error(c, "alias", c->err);
+    if (reg_alias_set(c->db, c->tenant_id, alias, path, c->err, sizeof c->err) < 0)
+        return api_db_error(c, "alias", c->err);
     return api_reply_json(c, 200, json_pack("{s:s, s:s}", "alias", alias, "model_path", path));
 }
 
 int api_h_alias_delete(api_call *c) {
     const char *alias = api_path_id(c);
-    char tid[24];
-    api_fmt_i64(tid, c->tenant_id);
-    const char *p[2] = {alias, tid};
-    PGresult *r = db_query(c->db, SQL_OAI_ALIAS_DELETE, 2, p, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "alias", c->err);
-    int n = atoi(PQcmdTuples(r));
-    PQclear(r);
+    int n = reg_alias_delete(c->db, c->tenant_id, alias, c->err, sizeof c->err);
+    if (n < 0) return api_db_error(c, "alias", c->err);
     if (!n) return api_error(c, 404, "alias %.200s not found", alias);
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "alias", alias, "deleted", 1));
 }

@@ -65,12 +65,6 @@
 /* $1 tinker path, $2 tenant -> 1 when the tenant owns that live checkpoint */
 #define SQL_OAI_OWNED_CHECKPOINT                                                            \
     "SELECT 1" REG_FROM " WHERE v.tinker_path = $1 AND a.tenant_id = $2 AND " REG_LIVE
-/* $1 alias, $2 tenant, $3 tinker path */
-#define SQL_OAI_ALIAS_SET                                                                   \
-    "INSERT INTO adapter_aliases (alias, tenant_id, tinker_path) VALUES ($1, $2, $3)"       \
-    " ON CONFLICT (tenant_id, alias) DO UPDATE SET tinker_path = $3, created_at = now()"
-/* $1 alias, $2 tenant */
-#define SQL_OAI_ALIAS_DELETE "DELETE FROM adapter_aliases WHERE alias = $1 AND tenant_id = $2"
 /* $1 tenant -> {"aliases": [{alias, model_path, created_at}]} */
 #define SQL_OAI_ALIASES                                                                     \
     "SELECT json_build_object('aliases', COALESCE(json_agg(json_build_object('alias', alias," \

@@ -343,12 +343,6 @@
     " WHERE s.id = $1 AND s.tenant_id = $2"
 
 /* ---- checkpoints and the registry (api_weights.c; REG_* from registry/reg_sql.h) ----- */
-/* $1 tenant or NULL, $2 key id, $3 action, $4 object, $5 details (JSON or NULL): an
- * audit row with the calling key as actor ('key:<prefix>'). */
-#define SQL_AUDIT_BY_KEY                                                                    \
-    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                     \
-    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys"                  \
-    " WHERE id = $2::bigint), 'api'), $3, $4, COALESCE($5::jsonb, '{}'))"
 /* $1 model, $2 tenant -> base_model, lora_rank, train_attn, train_mlp, train_unembed */
 #define SQL_MODEL_LORA                                                                      \
     "SELECT base_model, lora_rank, train_attn, train_mlp, train_unembed FROM models"        \
@@ -390,10 +384,6 @@
     " ORDER BY v.created_at DESC, v.id DESC LIMIT $1::int"
 /* $1 tenant, $2 project id -> a row when one of the tenant's sessions names the project */
 #define SQL_TENANT_HAS_PROJECT "SELECT 1 FROM sessions WHERE tenant_id = $1 AND project_id = $2 LIMIT 1"
-/* $1 version, $2 ttl seconds (< 0: never expires) */
-#define SQL_SET_TTL                                                                         \
-    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"           \
-    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
 /* $1 key id -> its tenant, if the key is neither revoked nor expired */
 #define SQL_LINK_KEY_TENANT                                                                 \
     "SELECT tenant_id FROM api_keys WHERE id = $1::bigint AND revoked_at IS NULL"           \

@@ -151,15 +151,12 @@ int api_h_upload_put(api_call *c) {
     if (!st && blob_stage_map(bs, name, FILE_MAX[l.file], &data, &n, why, sizeof why) < 0) st = 500;
     if (!st) {
         blob_stage_unmap(data, n);
-        char bytes[24];
-        api_fmt_i64(bytes, (int64_t)n);
-        const char *pf[3] = {l.id, reg_upload_files[l.file], bytes};
-        if (!(r = db_query(c->db, SQL_UPL_FILE_STAGED, 3, pf, c->err, sizeof c->err))) {
+        int staged = reg_upload_file_staged(c->db, l.id, l.file, (int64_t)n, c->err, sizeof c->err);
+        if (staged < 0) {
             blob_stage_remove(bs, name, why, sizeof why);
             return api_db_error(c, "upload", c->err);
         }
-        st = PQntuples(r) ? 0 : 409;
-        PQclear(r);
+        st = staged ? 0 : 409;
     }
     if (st) blob_stage_remove(bs, name, why, sizeof why);   /* a refused PUT keeps no bytes */
     switch (st) {
@@ -235,13 +232,12 @@ int api_h_upload_start(api_call *c) {
 
     unsigned char rnd[16];
     randombytes_buf(rnd, sizeof rnd);
-    char id[UPLOAD_ID_LEN + 1] = "upl-", k[24], ttl[24];
+    char id[UPLOAD_ID_LEN + 1] = "upl-";
     sodium_bin2hex(id + 4, sizeof id - 4, rnd, sizeof rnd);
-    api_fmt_i64(k, c->key_id);
-    api_fmt_i64(ttl, UPLOAD_TTL_S);
     char *lcs = lc && json_is_object(lc) ? json_dumps(lc, JSON_COMPACT) : NULL;
-    const char *pi[7] = {id, tid, c->key_id > 0 ? k : NULL, base, lcs ? lcs : "{}", project, ttl};
-    int rc = db_exec(c->db, SQL_UPL_INSERT, 7, pi, c->err, sizeof c->err);
+    reg_upload_req q = {.id = id, .tenant_id = c->tenant_id, .key_id = c->key_id, .base_model = base,
+                        .lora_config = lcs ? lcs : "{}", .project = project, .ttl_seconds = UPLOAD_TTL_S};
+    int rc = reg_upload_open(c->db, &q, c->err, sizeof c->err);
     free(lcs);
     if (rc < 0) return api_db_error(c, "external_weights_upload_start", c->err);
 
@@ -409,8 +405,7 @@ int api_h_upload_finish(api_call *c) {
             st = (api_db_error(c, "external_weights_upload_finish", c->err), 503);
         } else {
             if (rc == 409) snprintf(path, sizeof path, "tinker://%s/sampler_weights/%s", id, UPLOAD_NAME);
-            const char *pf[2] = {id, path};
-            if (db_exec(c->db, SQL_UPL_FINISHED, 2, pf, c->err, sizeof c->err) < 0)
+            if (reg_upload_finished(c->db, id, path, c->err, sizeof c->err) < 0)
                 log_error("upload %s: recording its end: %s", id, c->err);
         }
     }

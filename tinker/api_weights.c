@@ -31,14 +31,10 @@ static int reply_future(api_call *c, const char *request_id, const char *model_i
 }
 
 static int audit(api_call *c, int64_t tenant, const char *action, const char *object, json_t *details) {
-    char t[24], k[24];
-    api_fmt_i64(t, tenant);
-    api_fmt_i64(k, c->key_id);
     char *d = details ? json_dumps(details, JSON_COMPACT) : NULL;
     json_decref(details);
-    const char *p[5] = {tenant > 0 ? t : NULL, k, action, object, d};
     char err[512];
-    int rc = db_exec(c->db, SQL_AUDIT_BY_KEY, 5, p, err, sizeof err);
+    int rc = reg_audit_key(c->db, tenant, c->key_id, action, object, d, err, sizeof err);
     free(d);
     if (rc < 0) log_error("audit %s %s: %s", action, object, err);
     return rc;
@@ -703,12 +699,7 @@ static int owned(api_call *c, const ckpt_route *rt, reg_version *v, const char *
 static int set_visibility(api_call *c, const ckpt_route *rt, bool pub) {
     reg_version v;
     if (owned(c, rt, &v, pub ? "publish" : "unpublish") < 0) return 0;
-    char id[24];
-    api_fmt_i64(id, v.id);
-    const char *p[2] = {id, pub ? "public" : "private"};
-    if (db_begin(c->db, c->err, sizeof c->err) < 0 ||
-        db_exec(c->db, SQL_REG_SET_VISIBILITY, 2, p, c->err, sizeof c->err) < 0 ||
-        (!pub && reg_fail_unreadable_samples(c->db, v.adapter_id, c->err, sizeof c->err) < 0) ||
+    if (db_begin(c->db, c->err, sizeof c->err) < 0 || reg_version_set_public(c->db, &v, pub, c->err, sizeof c->err) < 0 ||
         db_commit(c->db, c->err, sizeof c->err) < 0) {
         db_rollback(c->db);
         return api_db_error(c, "publish", c->err);
@@ -732,11 +723,7 @@ int api_h_run_checkpoints_put(api_call *c) {
     if (decode_ttl(c->body, &ttl, c->err, sizeof c->err) < 0) return api_error(c, 400, "%s", c->err);
     reg_version v;
     if (owned(c, &rt, &v, "ttl") < 0) return 0;
-    char id[24], t[24];
-    api_fmt_i64(id, v.id);
-    api_fmt_i64(t, ttl);
-    const char *p[2] = {id, t};
-    if (db_exec(c->db, SQL_SET_TTL, 2, p, c->err, sizeof c->err) < 0) return api_db_error(c, "ttl", c->err);
+    if (reg_version_set_ttl(c->db, v.id, ttl, c->err, sizeof c->err) < 0) return api_db_error(c, "ttl", c->err);
     reg_find_live(c->db, v.tinker_path, &v, c->err, sizeof c->err);
     return api_reply_json(c, 200, reg_checkpoint_json(&v));
 }
@@ -748,11 +735,7 @@ int api_h_run_checkpoints_delete(api_call *c) {
     if (rt.action[0]) return api_error(c, 405, "DELETE is for a checkpoint or its .../publish");
     reg_version v;
     if (owned(c, &rt, &v, "delete") < 0) return 0;
-    char id[24];
-    api_fmt_i64(id, v.id);
-    const char *p[1] = {id};
-    if (db_exec(c->db, SQL_REG_MARK_DELETED, 1, p, c->err, sizeof c->err) < 0)
-        return api_db_error(c, "delete", c->err);
+    if (reg_version_delete(c->db, v.id, c->err, sizeof c->err) < 0) return api_db_error(c, "delete", c->err);
     audit(c, v.tenant_id, "checkpoint.delete", v.tinker_path, json_pack("{s:s}", "blob_digest", v.digest));
     return api_reply_json(c, 200, json_pack("{s:s, s:b}", "tinker_path", v.tinker_path, "deleted", 1));
 }
@@ -904,14 +887,11 @@ int api_h_checkpoint_download(api_call *c) {
     /* one audit row per download, not per range: ranges that start after byte 0 are the
      * rest of a download already recorded */
     if (a == 0) {
-        char t[24];
-        api_fmt_i64(t, v.tenant_id);
-        const char *ap[5] = {t, "download-link", "checkpoint.download", path, NULL};
         json_t *d = json_pack("{s:s, s:I}", "format", fmt, "bytes", (json_int_t)tlen);
         char *ds = json_dumps(d, JSON_COMPACT);
         json_decref(d);
-        ap[4] = ds;
-        if (db_exec(c->db, SQL_REG_AUDIT, 5, ap, c->err, sizeof c->err) < 0) log_error("audit download: %s", c->err);
+        if (reg_audit(c->db, v.tenant_id, "download-link", "checkpoint.download", path, ds, c->err, sizeof c->err) < 0)
+            log_error("audit download: %s", c->err);
         free(ds);
     }
     if (ranged > 0) {

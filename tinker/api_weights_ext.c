@@ -30,13 +30,9 @@ static int copy_ttl(api_call *c, int64_t *ttl) {
 }
 
 static int audit_copy(api_call *c, int64_t tenant, const char *action, const char *object, json_t *details) {
-    char t[24], k[24];
-    api_fmt_i64(t, tenant);
-    api_fmt_i64(k, c->key_id);
     char *d = json_dumps(details, JSON_COMPACT);
     json_decref(details);
-    const char *p[5] = {t, k, action, object, d};
-    int rc = db_exec(c->db, SQL_AUDIT_BY_KEY, 5, p, c->err, sizeof c->err);
+    int rc = reg_audit_key(c->db, tenant, c->key_id, action, object, d, c->err, sizeof c->err);
     free(d);
     return rc;
 }
