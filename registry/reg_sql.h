@@ -92,7 +92,7 @@
     "   WHERE o.model_id = $1 AND o.seq_id = $3::int)"                                         \
     " FROM models m, agg WHERE m.id = $1 RETURNING id"
 
-/* ---- imports and copies (cli/adapter.c, service/api_upload.c, service/api_weights_ext.c) - */
+/* ---- imports and copies (cli/adapter.c, tinker/api_upload.c, tinker/api_weights_ext.c) --- */
 /* $1 tenant, $2 run name -> adapter id (the tenant's run, created when absent) */
 /* $1 tenant, $2 run name -> the tenant's adapter of that name (made when new); no row when
  * the name is another tenant's run (a tinker://RUN/... path names one run for everyone).
@@ -195,7 +195,7 @@
     " AND NOT EXISTS (SELECT 1 FROM sampling_sessions s WHERE s.snapshot_digest = u.d)"
 
 /* Adapter uploads (migration 0022) not finished before they expired, or finished: their
- * staged files go (names: upload-<id>-<file index>, service/api_upload.c). An unfinished
+ * staged files go (names: upload-<id>-<file index>, tinker/api_upload.c). An unfinished
  * one is deleted after its files; a finished one stays (its files are removed at finish,
  * this only repeats it). -> id of each expired unfinished upload, deleted */
 #define SQL_REG_GC_EXPIRED_UPLOADS                                                            \

@@ -1,6 +1,6 @@
 /* api_futures.c: POST /api/v1/retrieve_future (docs/protocol.md §4.2), the worker side. One look at the
  * operations row: done -> the stored result; failed/canceled -> {"error", "category"};
- * queued/claimed -> the job is parked by its event loop (http_server.c), which sends it
+ * queued/claimed -> the job is parked by its event loop (core/http_server.c), which sends it
  * back here on a NOTIFY on CHAN_OP_DONE or after 1 s, and answers try_again after 25 s,
  * with the queue state and the reason the operation waits. */
 #include "common/db.h"

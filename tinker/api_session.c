@@ -134,7 +134,7 @@ static int session_finish(api_call *c, const char *sid) {
     return 0;
 }
 
-/* The route's suffix is "{id}/finish" (api_routes.c matched the shape). */
+/* The route's suffix is "{id}/finish" (the route table matched its shape: core/api_route.c). */
 int api_h_session_finish(api_call *c) {
     char *arg = (char *)api_path_id(c);
     char *slash = strrchr(arg, '/');

@@ -8,7 +8,7 @@
  *   that finished since it last looked (operations.report_seq, under the sampling
  *   session's row lock), so a commit that lands after a later one is reported with a
  *   later number rather than missed; the cursor is the last number the client saw.
- *   Nothing is waiting: the job is parked on its loop (http_server.c) under the key
+ *   Nothing is waiting: the job is parked on its loop (core/http_server.c) under the key
  *   'ss:' || md5(session), which is the payload of the NOTIFY a finished sample sends.
  * - POST /api/v1/cancel_future: a sample the client abandoned (client/dynamic_config
  *   sample_cancel_enabled).

@@ -10,8 +10,9 @@
  * validation and conversion of model/adapter_io.c (adapter_io_import) and the registry's
  * reg_import. A PUT's body never reaches a worker's heap: its event loop checks the
  * link's signature and writes the body to a staged file in the blob store
- * (api_upload_stage, called from http_server.c), and the worker records it. Bodies are
- * bounded before they are read (h2o refuses a Content-Length over --max-body-mb with 413),
+ * (api_upload_stage, the route's stage hook, called by core/http_server.c), and the
+ * worker records it. Bodies are bounded before they are read (h2o refuses a
+ * Content-Length over --max-body-mb with 413),
  * adapter_config.json to 1 MiB more. _finish maps the staged files (page cache, not the
  * heap), imports them as tinker://<upload id>/sampler_weights/imported and removes them.
  * An upload not finished within UPLOAD_TTL_S expires: the registry GC drops it and its

@@ -2,7 +2,7 @@
  * load_weights, weights_info (docs/protocol.md §7.6, §7.7, §12.2), the checkpoint REST routes of §12.2
  * (list, delete, publish, ttl, archive) and the signed archive download (§12.3, §17.7).
  *
- * Routing: api_routes.c registers these handlers. POST /save_weights_for_sampler belongs
+ * Routing: api/api_routes.c registers these handlers. POST /save_weights_for_sampler belongs
  * to the sampling routes; their handler calls api_weights_save_for_sampler_named when
  * the body has a "path" (the named form saves a registry checkpoint). */
 #pragma once
