@@ -3,6 +3,7 @@
  * works offline), and the read-only JSON routes its pages read. The key never travels in
  * a URL: the page keeps it in sessionStorage and sends it as X-API-Key. */
 #pragma once
+#include "core/api_call.h"
 #include "core/api_route.h"
 #include <stddef.h>
 

@@ -10,6 +10,7 @@
  *    of migrations/0007 (operation latencies, cycles, tokens per tenant). Every api
  *    answers the same values for these; take one (max without(instance)), never a sum. */
 #pragma once
+#include "core/api_call.h"
 #include "core/api_route.h"
 #include <stdbool.h>
 #include <stddef.h>

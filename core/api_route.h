@@ -3,8 +3,10 @@
  * matched by api_route_find. The table itself is the api's (api/api_routes.c): core/
  * names no route room, each room hands it what it needs through these fields. */
 #pragma once
-#include "core/api_call.h"
 #include <stddef.h>
+
+typedef struct api_call api_call;   /* api_call.h: what a handler sees */
+typedef struct api_route api_route;
 
 enum {
     ROUTE_NO_AUTH = 1,    /* no API key needed */

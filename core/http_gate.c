@@ -18,7 +18,6 @@
 #include "common/keys.h"
 #include "common/log.h"
 #include "common/strbuf.h"
-#include "core/http_server.h"
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -398,7 +397,7 @@ static void judge_head(gate_conn *gc, const char *method, size_t mlen, const cha
     gc->state = G_WAIT;
     gc->auth = job;
     h2o_socket_read_stop(gc->sock);   /* nothing of the body is read while the key is checked */
-    if (http_loop_submit(gc->gl->L, job) < 0) {
+    if (g_conf.submit(gc->gl->L, job) < 0) {
         gc->auth = NULL;
         api_job_free(job);
         reject(gc, 503, 1, false, "server busy: too many requests waiting for the database; retry shortly");

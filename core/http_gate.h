@@ -44,13 +44,16 @@ typedef struct {
      * status to refuse it with, and msg. No database: the loop thread calls it. */
     int (*signed_body)(const char *method, size_t mlen, const char *path, size_t plen, size_t len,
                        int64_t *key_id, char *msg, size_t msglen);
+    /* Sends an auth job to a database worker from loop L (http_server.c: http_loop_submit);
+     * -1 when the workers' queue is full. */
+    int (*submit)(http_loop *L, api_job *job);
 } gate_conf;
 
 /* Once, before the loops start. */
 void gate_init(const gate_conf *conf);
 
 typedef struct gate_loop gate_loop;
-/* Per event loop (its thread): auth jobs go through http_loop_submit and come back to
+/* Per event loop (its thread): auth jobs go through gate_conf.submit and come back to
  * gate_auth_back. */
 gate_loop *gate_loop_new(http_loop *L, h2o_evloop_t *evloop, h2o_accept_ctx_t *actx);
 

@@ -811,7 +811,8 @@ int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char
     g.globalconf.http1.req_timeout = 60000;
     g.globalconf.http1.upgrade_to_http2 = 0;   /* no h2c either (see setup_tls) */
     gate_init(&(gate_conf){.max_body = conf->max_body, .inflight_total = conf->inflight_total,
-                           .inflight_per_key = conf->inflight_per_key, .signed_body = conf->signed_body});
+                           .inflight_per_key = conf->inflight_per_key, .signed_body = conf->signed_body,
+                           .submit = http_loop_submit});
     g.globalconf.http2.idle_timeout = 60000;
     h2o_hostconf_t *host = h2o_config_register_host(&g.globalconf,
                                                     h2o_iovec_init(H2O_STRLIT("default")), 65535);
