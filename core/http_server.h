@@ -1,6 +1,7 @@
 /* http_server.h: the h2o side of the api process: N event-loop threads on one port
- * (SO_REUSEPORT), routing, handing jobs to the database workers and answering when they
- * come back, long-poll parking for retrieve_future, JSON bodies for h2o's own errors. */
+ * (SO_REUSEPORT), routing (the table in http_conf), handing jobs to the database workers
+ * and answering when they come back, long-poll parking for retrieve_future, JSON bodies
+ * for h2o's own errors, and the loop extensions of route rooms that answer on the loop. */
 #pragma once
 #include "core/api_pool.h"
 #include "core/api_route.h"
