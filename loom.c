@@ -3,7 +3,7 @@
 #include "executor/executor.h"
 #include "model/mkmodel.h"
 #include "scheduler/sched.h"
-#include "service/api.h"
+#include "api/api.h"
 #include "cli/adapter.h"
 #include "cli/admin.h"
 #include "cli/status.h"

@@ -11,7 +11,6 @@
 #include "model/model.h"
 #include "registry/blobstore.h"
 #include "registry/registry.h"
-#include "registry/reg_sql.h"
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
@@ -425,12 +424,10 @@ static int cmd_share(const cfg *o) {
     char tid[24];
     snprintf(tid, sizeof tid, "%lld", (long long)tid_n);
     if (!strcmp(tid, owner)) return cli_fail(o, c, "tenant %s owns %s already", tenant, run);
-    const char *pg[2] = {aid, tid};
     char details[160];
     snprintf(details, sizeof details, "{\"grantee\": \"%s\", \"grantee_id\": %s}", tenant, tid);
     if (db_begin(c, err, sizeof err) < 0 ||
-        db_exec(c, revoke ? SQL_CLI_REVOKE : SQL_CLI_GRANT, 2, pg, err, sizeof err) < 0 ||
-        (revoke && reg_fail_unreadable_samples(c, atoll(aid), err, sizeof err) < 0) ||
+        (revoke ? reg_revoke : reg_grant)(c, atoll(aid), tid_n, err, sizeof err) < 0 ||
         reg_audit(c, atoll(owner), "cli", revoke ? "adapter.revoke" : "adapter.grant", run, details, err,
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
@@ -448,12 +445,8 @@ static int cmd_publish(const cfg *o) {
     PGconn *c = cli_connect(o);
     reg_version v;
     if (find_path(o, c, path, &v) < 0) { PQfinish(c); return 1; }
-    char err[512], id[24];
-    snprintf(id, sizeof id, "%lld", (long long)v.id);
-    const char *p[2] = {id, undo ? "private" : "public"};
-    if (db_begin(c, err, sizeof err) < 0 ||
-        db_exec(c, SQL_REG_SET_VISIBILITY, 2, p, err, sizeof err) < 0 ||
-        (undo && reg_fail_unreadable_samples(c, v.adapter_id, err, sizeof err) < 0) ||
+    char err[512];
+    if (db_begin(c, err, sizeof err) < 0 || reg_version_set_public(c, &v, !undo, err, sizeof err) < 0 ||
         reg_audit(c, v.tenant_id, "cli", undo ? "checkpoint.unpublish" : "checkpoint.publish", path, NULL, err,
                   sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
@@ -470,10 +463,8 @@ static int cmd_delete(const cfg *o) {
     PGconn *c = cli_connect(o);
     reg_version v;
     if (find_path(o, c, path, &v) < 0) { PQfinish(c); return 1; }
-    char err[512], id[24];
-    snprintf(id, sizeof id, "%lld", (long long)v.id);
-    const char *p[1] = {id};
-    if (db_begin(c, err, sizeof err) < 0 || db_exec(c, SQL_REG_MARK_DELETED, 1, p, err, sizeof err) < 0 ||
+    char err[512];
+    if (db_begin(c, err, sizeof err) < 0 || reg_version_delete(c, v.id, err, sizeof err) < 0 ||
         reg_audit(c, v.tenant_id, "cli", "checkpoint.delete", path, NULL, err, sizeof err) < 0 ||
         db_commit(c, err, sizeof err) < 0) {
         db_rollback(c);

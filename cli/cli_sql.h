@@ -67,10 +67,6 @@
 #define SQL_CLI_BASE_CONFIG "SELECT config::text FROM base_models WHERE name = $1"
 /* $1 run -> adapter id, owner */
 #define SQL_CLI_RUN_ADAPTER "SELECT id, tenant_id FROM adapters WHERE name = $1"
-/* $1 adapter, $2 tenant */
-#define SQL_CLI_GRANT                                                                           \
-    "INSERT INTO adapter_grants (adapter_id, tenant_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-#define SQL_CLI_REVOKE "DELETE FROM adapter_grants WHERE adapter_id = $1 AND tenant_id = $2"
 
 /* ---- loom up (up.c) ---------------------------------------------------------------------- */
 /* -> the largest executors.id now */

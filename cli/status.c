@@ -1,12 +1,12 @@
 /* status.c: `loom status`: what the web console's operator view shows, in a terminal:
  * executors and their devices, the queue, tenants with their usage, and the newest
  * cycles with the tenants that shared them. It reads PostgreSQL directly (DATABASE_URL
- * or --db) with the console's statements (service/console_sql.h), so it works while the
+ * or --db) with the console's statements (console/console_sql.h), so it works while the
  * api is down. */
 #include "cli/status.h"
 #include "cli/cli.h"
 #include "common/db.h"
-#include "service/console_sql.h"
+#include "console/console_sql.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

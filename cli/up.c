@@ -28,7 +28,7 @@
 #include "backend/backend.h"
 #include "executor/executor.h"
 #include "scheduler/sched.h"
-#include "service/api.h"
+#include "api/api.h"
 #include "model/mkmodel.h"
 #include <errno.h>
 #include <fcntl.h>

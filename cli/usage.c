@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "cli/cli_sql.h"
 #include "common/db.h"
-#include "service/api_sql.h"
+#include "tinker/api_sql.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

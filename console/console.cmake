@@ -1,6 +1,6 @@
 # console/console.cmake: the web console's files (console/*.html, *.js, *.css, *.svg)
-# compiled into loom_service, so that `loom api` serves them with no files at run time
-# and no network (included by service/service.cmake).
+# compiled into loom_console, so that `loom api` serves them with no files at run time
+# and no network (included by the top-level CMakeLists.txt after loom_console).
 file(GLOB LOOM_CONSOLE_FILES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/console/*.html ${CMAKE_SOURCE_DIR}/console/*.js
      ${CMAKE_SOURCE_DIR}/console/*.css ${CMAKE_SOURCE_DIR}/console/*.svg)
 set(LOOM_CONSOLE_C ${CMAKE_BINARY_DIR}/console_embedded.c)
@@ -10,4 +10,4 @@ add_custom_command(
           -P ${CMAKE_SOURCE_DIR}/console/embed.cmake
   DEPENDS ${LOOM_CONSOLE_FILES} ${CMAKE_SOURCE_DIR}/console/embed.cmake
   COMMENT "Embedding the web console")
-target_sources(loom_service PRIVATE ${LOOM_CONSOLE_C})
+target_sources(loom_console PRIVATE ${LOOM_CONSOLE_C})

@@ -2,7 +2,7 @@
 # (run by console/console.cmake at build time).
 file(GLOB files ${SRC_DIR}/*.html ${SRC_DIR}/*.js ${SRC_DIR}/*.css ${SRC_DIR}/*.svg)
 list(SORT files)
-set(body "// generated from console/; do not edit\n#include \"service/api_console_files.h\"\nconst api_console_file api_console_files[] = {\n")
+set(body "// generated from console/; do not edit\n#include \"console/api_console_files.h\"\nconst api_console_file api_console_files[] = {\n")
 foreach(f ${files})
   get_filename_component(name ${f} NAME)
   get_filename_component(ext ${f} LAST_EXT)

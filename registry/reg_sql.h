@@ -92,7 +92,7 @@
     "   WHERE o.model_id = $1 AND o.seq_id = $3::int)"                                         \
     " FROM models m, agg WHERE m.id = $1 RETURNING id"
 
-/* ---- imports and copies (cli/adapter.c, service/api_upload.c, service/api_weights_ext.c) - */
+/* ---- imports and copies (cli/adapter.c, tinker/api_upload.c, tinker/api_weights_ext.c) --- */
 /* $1 tenant, $2 run name -> adapter id (the tenant's run, created when absent) */
 /* $1 tenant, $2 run name -> the tenant's adapter of that name (made when new); no row when
  * the name is another tenant's run (a tinker://RUN/... path names one run for everyone).
@@ -195,7 +195,7 @@
     " AND NOT EXISTS (SELECT 1 FROM sampling_sessions s WHERE s.snapshot_digest = u.d)"
 
 /* Adapter uploads (migration 0022) not finished before they expired, or finished: their
- * staged files go (names: upload-<id>-<file index>, service/api_upload.c). An unfinished
+ * staged files go (names: upload-<id>-<file index>, tinker/api_upload.c). An unfinished
  * one is deleted after its files; a finished one stays (its files are removed at finish,
  * this only repeats it). -> id of each expired unfinished upload, deleted */
 #define SQL_REG_GC_EXPIRED_UPLOADS                                                            \
@@ -208,3 +208,38 @@
 #define SQL_REG_AUDIT                                                                         \
     "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                       \
     " VALUES ($1::bigint, $2, $3, $4, COALESCE($5::jsonb, '{}'))"
+/* $1 tenant or NULL, $2 key id, $3 action, $4 object, $5 details (JSON or NULL): an
+ * audit row with the calling key as actor ('key:<prefix>'). */
+#define SQL_REG_AUDIT_BY_KEY                                                                  \
+    "INSERT INTO audit_log (tenant_id, actor, action, object, details)"                       \
+    " VALUES ($1::bigint, COALESCE((SELECT 'key:' || prefix FROM api_keys"                    \
+    " WHERE id = $2::bigint), 'api'), $3, $4, COALESCE($5::jsonb, '{}'))"
+
+/* ---- an owner's changes (reg_edit.c) ------------------------------------------------------ */
+/* $1 version, $2 ttl seconds (< 0: never expires) */
+#define SQL_REG_SET_TTL                                                                       \
+    "UPDATE adapter_versions SET expires_at = CASE WHEN $2::bigint < 0 THEN NULL"             \
+    " ELSE now() + make_interval(secs => $2::float8) END WHERE id = $1::bigint"
+/* $1 adapter, $2 tenant */
+#define SQL_REG_GRANT                                                                         \
+    "INSERT INTO adapter_grants (adapter_id, tenant_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+#define SQL_REG_REVOKE "DELETE FROM adapter_grants WHERE adapter_id = $1 AND tenant_id = $2"
+/* $1 alias, $2 tenant, $3 tinker path */
+#define SQL_REG_ALIAS_SET                                                                     \
+    "INSERT INTO adapter_aliases (alias, tenant_id, tinker_path) VALUES ($1, $2, $3)"         \
+    " ON CONFLICT (tenant_id, alias) DO UPDATE SET tinker_path = $3, created_at = now()"
+/* $1 alias, $2 tenant */
+#define SQL_REG_ALIAS_DELETE "DELETE FROM adapter_aliases WHERE alias = $1 AND tenant_id = $2"
+
+/* ---- adapter uploads (reg_edit.c; docs/protocol.md §12.7, migration 0022) ---------------- */
+/* $1 id, $2 tenant, $3 key, $4 base model, $5 lora_config (JSON), $6 project, $7 ttl s */
+#define SQL_REG_UPLOAD_INSERT                                                                 \
+    "INSERT INTO weight_uploads (id, tenant_id, key_id, base_model, lora_config, project_id,"   \
+    " expires_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, now() + make_interval(secs => $7::int))"
+/* $1 id, $2 file name, $3 bytes: the file is staged (only while the upload is open) */
+#define SQL_REG_UPLOAD_FILE_STAGED                                                            \
+    "UPDATE weight_uploads SET files = files || jsonb_build_object($2::text, $3::bigint)"    \
+    " WHERE id = $1 AND finished_at IS NULL AND expires_at > now() RETURNING 1"
+/* $1 id, $2 tinker path */
+#define SQL_REG_UPLOAD_FINISHED                                                               \
+    "UPDATE weight_uploads SET finished_at = now(), tinker_path = $2 WHERE id = $1 AND finished_at IS NULL"

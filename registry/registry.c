@@ -1,5 +1,6 @@
 /* registry.c: paths, versions, access, locks, audit and download tokens (registry.h).
- * GC lives in reg_gc.c, the tar writer in reg_tar.c. */
+ * GC lives in reg_gc.c, the tar writer in reg_tar.c, an owner's changes and the records
+ * of adapter uploads in reg_edit.c. */
 #include "registry/registry.h"
 #include "registry/reg_sql.h"
 #include "common/db.h"
@@ -403,6 +404,15 @@ int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, 
     snprintf(t, sizeof t, "%lld", (long long)tenant);
     const char *p[5] = {tenant > 0 ? t : NULL, actor, action, object, details};
     return db_exec(c, SQL_REG_AUDIT, 5, p, err, errlen);
+}
+
+int reg_audit_key(PGconn *c, int64_t tenant, int64_t key_id, const char *action, const char *object,
+                  const char *details, char *err, size_t errlen) {
+    char t[24], k[24];
+    snprintf(t, sizeof t, "%lld", (long long)tenant);
+    snprintf(k, sizeof k, "%lld", (long long)key_id);
+    const char *p[5] = {tenant > 0 ? t : NULL, k, action, object, details};
+    return db_exec(c, SQL_REG_AUDIT_BY_KEY, 5, p, err, errlen);
 }
 
 int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t errlen) {

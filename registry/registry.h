@@ -1,7 +1,10 @@
 /* registry.h: the adapter registry: tinker:// checkpoint paths, checkpoint versions and
  * their provenance, access rules between tenants, the blob locks that keep GC from
  * removing a blob a concurrent save is about to reference, GC itself, signed download
- * tokens and the tar writer of checkpoint archives.
+ * tokens and the tar writer of checkpoint archives. Every write to its tables (adapters,
+ * adapter_versions, adapter_grants, adapter_aliases, weight_uploads, and the audit rows
+ * of what happens to them) goes through here: the api's routes, the executor and the CLI
+ * call these functions and run none of the registry's write statements themselves.
  *
  * Access rule (one place: reg_find_readable): a tenant may read a live version (not
  * deleted, not past its TTL) of its own adapters, any public version, and every version
@@ -134,6 +137,46 @@ int reg_copy(PGconn *c, const reg_version *src, int64_t tenant, const char *run,
 extern const char *const reg_upload_files[REG_UPLOAD_NFILES];
 void reg_upload_stage_name(const char *upload_id, int i, char out[128]);
 
+/* The record of an adapter upload over HTTP (weight_uploads), in the order of its life:
+ * opened (expires ttl_seconds later unless finished; key_id 0: none), each file staged
+ * (bytes of reg_upload_files[file]: 1 recorded, 0 when the upload is no longer open,
+ * finished or expired), finished with the checkpoint it became. 0 (or 1) or -1 with err.
+ * GC drops the ones never finished (reg_gc). */
+typedef struct {
+    const char *id;
+    int64_t tenant_id, key_id;
+    const char *base_model;
+    const char *lora_config;    /* JSON object text */
+    const char *project;        /* NULL: none */
+    int64_t ttl_seconds;
+} reg_upload_req;
+int reg_upload_open(PGconn *c, const reg_upload_req *q, char *err, size_t errlen);
+int reg_upload_file_staged(PGconn *c, const char *upload_id, int file, int64_t bytes, char *err, size_t errlen);
+int reg_upload_finished(PGconn *c, const char *upload_id, const char *tinker_path, char *err, size_t errlen);
+
+/* ---- an owner's changes ------------------------------------------------------------------
+ * The caller found the version with reg_find_owned (the api: the tenant owns it) or is an
+ * operator (the CLI). Each runs in the caller's transaction when one is open. 0 or -1
+ * with err. */
+
+/* Marks the version deleted; its blob goes at the next GC unless a live version names it. */
+int reg_version_delete(PGconn *c, int64_t version_id, char *err, size_t errlen);
+/* Makes v public, or private again; then the samples other tenants queued on its adapter
+ * and may no longer run fail too (reg_fail_unreadable_samples): run it in a transaction. */
+int reg_version_set_public(PGconn *c, const reg_version *v, bool is_public, char *err, size_t errlen);
+/* The version expires ttl_seconds from now (< 0: never). */
+int reg_version_set_ttl(PGconn *c, int64_t version_id, int64_t ttl_seconds, char *err, size_t errlen);
+/* Lets tenant read every version of the adapter (again: no change). reg_revoke withdraws
+ * that, and the samples queued on the adapter that may no longer run fail: run it in a
+ * transaction. */
+int reg_grant(PGconn *c, int64_t adapter_id, int64_t tenant, char *err, size_t errlen);
+int reg_revoke(PGconn *c, int64_t adapter_id, int64_t tenant, char *err, size_t errlen);
+
+/* A tenant's alias of one of its checkpoints (the OpenAI routes take it as a model name):
+ * set (a new one, or pointed elsewhere), or deleted (1, or 0 when it had none). -1 with err. */
+int reg_alias_set(PGconn *c, int64_t tenant, const char *alias, const char *tinker_path, char *err, size_t errlen);
+int reg_alias_delete(PGconn *c, int64_t tenant, const char *alias, char *err, size_t errlen);
+
 /* ---- blob locks and GC ---------------------------------------------------------------- */
 
 /* Transaction-scoped advisory locks on one digest: a save takes it shared before it
@@ -178,6 +221,9 @@ int reg_fail_unreadable_samples(PGconn *c, int64_t adapter_id, char *err, size_t
 /* Appends one audit_log row; details is a JSON object text or NULL. */
 int reg_audit(PGconn *c, int64_t tenant, const char *actor, const char *action, const char *object,
               const char *details, char *err, size_t errlen);
+/* The same by an API key: the actor is 'key:<its prefix>' ('api' for an unknown key). */
+int reg_audit_key(PGconn *c, int64_t tenant, int64_t key_id, const char *action, const char *object,
+                  const char *details, char *err, size_t errlen);
 
 /* ---- signed download URLs (docs/protocol.md §17.7) ------------------------------------ */
 

@@ -4,7 +4,7 @@
 #include "common/fb_check.h"
 #include "common/strbuf.h"
 #include "common/xalloc.h"
-#include "service/api_json.h"
+#include "core/api_json.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include "service/sample_req.h"
 #include "common/strbuf.h"
 #include "common/xalloc.h"
-#include "service/api_json.h"
+#include "core/api_json.h"
 #include "service/fwdbwd.h"
 #include <sodium.h>
 #include <stdio.h>

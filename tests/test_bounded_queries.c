@@ -11,8 +11,8 @@
  * generic plan the processes' prepared statements settle on. */
 #include "scheduler/sched_sql.h"
 #include "executor/exe_sql.h"
-#include "service/api_sql.h"
-#include "service/api_futures_sql.h"
+#include "tinker/api_sql.h"
+#include "tinker/api_futures_sql.h"
 #include "check.h"
 #include "dbtest.h"
 
