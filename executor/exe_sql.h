@@ -1,7 +1,7 @@
 /* exe_sql.h: every SQL statement of the executor, named. Parameters are always bound.
  * Tables and states: docs/architecture.md ("Data model"). */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 
 /* ---- start-up ------------------------------------------------------------------------ */
 

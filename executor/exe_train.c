@@ -4,8 +4,8 @@
 #include "executor/exe_train.h"
 #include "backend/loss.h"
 #include "common/err.h"
-#include "common/fb_check.h"
 #include "common/log.h"
+#include "contract/fb_check.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +22,7 @@ typedef struct {
 } fb_span;
 
 /* The loss of an op: its name and loss_fn_config over the defaults, checked as the api
- * checked it (common/fb_check.h). */
+ * checked it (contract/fb_check.h). */
 static int op_loss(const exe_op *op, loss_spec *out, char *err, size_t errlen) {
     const char *name = json_string_value(json_object_get(op->payload, "loss_fn"));
     loss_kind kind;

@@ -1,6 +1,6 @@
 /* reg_sql.h: every SQL statement of the registry, by name. Parameters are always bound. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 
 /* A version is live while it is neither deleted nor past its TTL. */
 #define REG_LIVE "v.deleted_at IS NULL AND (v.expires_at IS NULL OR v.expires_at > now())"

@@ -2,7 +2,7 @@
  * bound ($n), never spliced. Tenant scoping lives here: a row of another tenant is
  * simply not found. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "registry/reg_sql.h"
 
 /* ---- API keys ---------------------------------------------------------------------- */

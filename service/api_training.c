@@ -296,7 +296,7 @@ int api_h_forward(api_call *c) { return submit_fwd(c, true); }
 
 /* ---- optim_step (§7.5) ---------------------------------------------------------------- */
 
-/* The fields and their defaults; their ranges are optim_param_check's (common/contract.h). */
+/* The fields and their defaults; their ranges are optim_param_check's (contract/contract.h). */
 static const struct {
     const char *key;
     double def;

@@ -1,9 +1,9 @@
 /* fwdbwd.c: forward / forward_backward requests: JSON decoding, validation, payload
  * (see fwdbwd.h). Messages name the datum and field so a user can fix the call. */
 #include "service/fwdbwd.h"
-#include "common/fb_check.h"
 #include "common/strbuf.h"
 #include "common/xalloc.h"
+#include "contract/fb_check.h"
 #include "service/api_json.h"
 #include <math.h>
 #include <stdio.h>

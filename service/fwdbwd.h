@@ -10,8 +10,8 @@
  * (N·K values) with "k": K in the datum; "k" is written only when K > 1, so an [N, 1]
  * input gives the same payload as its 1-D twin. */
 #pragma once
-#include "common/contract.h"
-#include "common/fb_check.h"
+#include "contract/contract.h"
+#include "contract/fb_check.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,7 +58,7 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_set_loss: r->loss from a name (NULL = cross_entropy for forward-only requests);
  * fb_add_config: appends a loss_fn_config entry (cap = the most entries there will be);
  * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
- * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, common/fb_check.h, the
+ * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, contract/fb_check.h, the
  * one for 2-D inputs where only 1-D ones are accepted: loss_input_two_d says where).
  * fb_check_n_data: at most LIMIT_DATA datums.
  * fb_tensor_alloc_1d: t becomes a present 1-D input of n zero values (ints: t->i, else t->f).
@@ -90,7 +90,7 @@ int fb_decode_model_input(const json_t *mi, const char *where, int64_t **tokens,
                           size_t *n_tokens, char *err, size_t errlen);
 
 /* Checks against the base model and the loss's rules, with the checker the executor uses
- * too (common/fb_check.h): seq_id range, at least one datum, the loss_fn_config, and every
+ * too (contract/fb_check.h): seq_id range, at least one datum, the loss_fn_config, and every
  * datum. 0 or -1 with err. */
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen);

@@ -14,7 +14,7 @@
  * Defaults are filled in here: seed (random when absent) and max_tokens (when absent,
  * min(256, context - prompt length)), so the payload is complete and reproducible. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>

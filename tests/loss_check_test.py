@@ -2,7 +2,7 @@
 """loss_check_test.py: one validation of a forward_backward, and losses that overflow.
 
 - The api and the executor check a forward_backward with the same rules
-  (common/fb_check.h). A loss_fn_config with clip_low_threshold above
+  (contract/fb_check.h). A loss_fn_config with clip_low_threshold above
   clip_high_threshold is a 400 at submit (ppo and cispo), recorded as a refused seq_id.
 - A payload that breaks a rule anyway (written past the api) fails its own operation in
   the executor and nothing else: another tenant's operation in the same packed batch

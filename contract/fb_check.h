@@ -9,7 +9,7 @@
  * request, the executor from the payload JSON. Every function returns 0, or -1 with a
  * message in err that starts with `where` ("forward_backward_input.data[3]", "data[3]"). */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* fb_check.c: the shared validation of a forward / forward_backward (fb_check.h). The
  * messages name the datum and field and say what to send instead. */
-#include "common/fb_check.h"
+#include "contract/fb_check.h"
 #include "common/err.h"
 #include <math.h>
 
