@@ -89,16 +89,16 @@ static int reply_waiting(api_call *c, const PGresult *r) {
 }
 
 /* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
- * (§4.2, §14; SDK 0.25 accepts nothing else for them), else the stored JSON. */
+ * (§4.2, §14; SDK 0.25 accepts nothing else for them), else JSON: a fwd/bwd's from its
+ * packed result (api_proto.c), any other the stored JSON. */
 static int reply_result(api_call *c, const char *kind, const char *json) {
     bool fwd = !strcmp(kind, OP_FORWARD_BACKWARD) || !strcmp(kind, OP_FORWARD);
-    bool sample = !strcmp(kind, OP_SAMPLE);
-    if ((fwd || sample) && proto_accepted(c->job->accept)) {
+    if (fwd && proto_reply_fb_result(c) == 0) return 0;
+    if (!strcmp(kind, OP_SAMPLE) && proto_accepted(c->job->accept)) {
         uint8_t *buf;
         size_t len;
-        int rc = fwd ? proto_encode_fwdbwd_output(json, &buf, &len, c->err, sizeof c->err)
-                     : proto_encode_sample_response(json, &buf, &len, c->err, sizeof c->err);
-        if (rc == 0) return api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
+        if (proto_encode_sample_response(json, &buf, &len, c->err, sizeof c->err) == 0)
+            return api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
         log_warn("retrieve_future %s: %s; answering JSON", c->job->request_id, c->err);
     }
     return api_reply_text(c, 200, json);

@@ -129,17 +129,18 @@
     "SELECT COALESCE(max(seq_id), 0) + 1 FROM operations WHERE model_id = $1"
 
 /* ---- operations (queue + futures) ---------------------------------------------------- */
-/* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 payload, $7 n_tokens */
+/* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 payload, $7 n_tokens, $8
+ * payload_bin (binary parameter; NULL but for forward / forward_backward) */
 #define SQL_OP_INSERT                                                                       \
-    "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
-    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
+    "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
+    " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
 /* The same in one statement, its own transaction, waking the scheduler: the common submit
  * (an explicit seq_id), one round trip and one commit. No row back: (model, seq_id) was
  * taken. */
 #define SQL_OP_SUBMIT                                                                       \
-    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
-    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
+    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
+    " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 /* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 error, $7 HTTP status: a
@@ -195,6 +196,10 @@
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
     " WHERE o.request_id = $1 AND o.tenant_id = $2"
+/* $1 request_id, $2 tenant -> result_bin: a finished forward / forward_backward's packed
+ * result (contract/fb_result.h), read with binary results (its bytes, not hex). */
+#define SQL_FB_RESULT_BIN                                                                   \
+    "SELECT result_bin FROM operations WHERE request_id = $1 AND tenant_id = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
