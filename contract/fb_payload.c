@@ -123,7 +123,7 @@ void fb_payload_encode(const fb_request *r, fb_payload *out) {
             if (t->i) {
                 p = put_ids(p, t->i, n);
             } else {
-                packed_write4(p, t->f, n);
+                packed_write_f32(p, t->f, n);
                 p += 4 * n;
             }
         }

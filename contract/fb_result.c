@@ -66,15 +66,15 @@ uint8_t *fb_result_encode(const fb_metric *metrics, size_t n_metrics, const fb_o
     for (size_t i = 0; i < n_metrics; i++, p += METRIC_SIZE) {
         memset(p, 0, FB_METRIC_KEY_MAX);
         memcpy(p, m[i].key, strlen(m[i].key));
-        packed_put_f64(p + FB_METRIC_KEY_MAX, fb_result_round(m[i].value));
+        packed_put_f64(p + FB_METRIC_KEY_MAX, fb_result_round(m[i].value) + 0.0);   /* no negative zero */
     }
     free(m);
     for (size_t d = 0; d < n_out; d++) {
         size_t n = out[d].n, k = out[d].k ? out[d].k : 1;
         packed_put_u32(p, (uint32_t)n);
         packed_put_u32(p + 4, (uint32_t)k);
-        packed_write4(p + 8, out[d].logprobs, n * k);
-        packed_write4(p + 8 + 4 * n * k, out[d].loss, n);
+        packed_write_f32(p + 8, out[d].logprobs, n * k);
+        packed_write_f32(p + 8 + 4 * n * k, out[d].loss, n);
         p += 8 + 4 * n * (k + 1);
     }
     *len = size;

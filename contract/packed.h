@@ -49,7 +49,7 @@ static inline void packed_put_f64(uint8_t *p, double d) {
     packed_put_u64(p, u);
 }
 
-/* n 4-byte elements (int32 or float32) between host order (dst / src) and packed bytes. */
+/* n 4-byte elements (int32 or float32) from packed bytes into host order. */
 static inline void packed_read4(void *dst, const uint8_t *src, size_t n) {
     if (PACKED_LE_HOST) {
         memcpy(dst, src, n * 4);
@@ -58,10 +58,14 @@ static inline void packed_read4(void *dst, const uint8_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = packed_get_u32(src + 4 * i);
 }
 
-static inline void packed_write4(uint8_t *dst, const void *src, size_t n) {
-    if (PACKED_LE_HOST) {
-        memcpy(dst, src, n * 4);
-        return;
+/* n float32 values as packed bytes, negative zero written as zero: the JSON text these
+ * arrays replaced went through jsonb, whose numbers have no negative zero, so the
+ * executor and clients got zero there; they still do. */
+static inline void packed_write_f32(uint8_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float f = src[i] == 0.0f ? 0.0f : src[i];
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        packed_put_u32(dst + 4 * i, u);
     }
-    for (size_t i = 0; i < n; i++) packed_put_u32(dst + 4 * i, ((const uint32_t *)src)[i]);
 }
