@@ -2,12 +2,10 @@
  * Arrays on this wire are raw little-endian bytes; they are read and written byte by
  * byte so the code does not depend on the host's byte order. */
 #include "service/api_proto.h"
-#include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "common/xalloc.h"
 #include "service/api_call.h"
-#include "service/api_sql.h"
 #include "service/proto/tinker_public.pb-c.h"
 #include <jansson.h>
 #include <math.h>
@@ -403,34 +401,23 @@ void proto_encode_fb_result(const fb_result_view *v, uint8_t **out, size_t *len)
     free(keys);
 }
 
-int proto_reply_fb_result(api_call *c) {
-    char tid[24];
-    api_fmt_i64(tid, c->job->tenant_id);
-    const char *p[2] = {c->job->request_id, tid};
-    PGresult *r = db_query_bin(c->db, SQL_FB_RESULT_BIN, 2, p, NULL, NULL, 1, c->err, sizeof c->err);
-    if (!r) return api_db_error(c, "retrieve_future", c->err);
-    if (PQntuples(r) == 0 || PQgetisnull(r, 0, 0)) {
-        PQclear(r);
-        return 1;
-    }
+int proto_reply_fb_result(api_call *c, const uint8_t *bin, size_t len) {
     fb_result_view v;
-    int rc = fb_result_open(&v, (const uint8_t *)PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), c->err,
-                            sizeof c->err);
+    int rc = fb_result_open(&v, bin, len, c->err, sizeof c->err);
     if (rc < 0) {
         log_error("retrieve_future %s: %s", c->job->request_id, c->err);
         api_error(c, 500, "the stored result of %s cannot be read: %s", c->job->request_id, c->err);
     } else if (proto_accepted(c->job->accept)) {
         uint8_t *buf;
-        size_t len;
-        proto_encode_fb_result(&v, &buf, &len);
-        api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
+        size_t n;
+        proto_encode_fb_result(&v, &buf, &n);
+        api_reply_bytes(c, 200, "application/x-protobuf", buf, n);
     } else {
-        size_t len;
-        char *json = fb_result_json(&v, &len);
-        api_reply_take(c, 200, json, len);
+        size_t n;
+        char *json = fb_result_json(&v, &n);
+        api_reply_take(c, 200, json, n);
     }
     fb_result_close(&v);
-    PQclear(r);
     return 0;
 }
 

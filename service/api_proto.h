@@ -32,12 +32,11 @@ int proto_encode_sample_response(const char *json, uint8_t **out, size_t *len, c
                                  size_t errlen);
 
 /* The answer of retrieve_future for a finished forward / forward_backward (docs/protocol.md
- * §4.2, §14): its packed result (operations.result_bin) as ForwardBackwardOutput when the
- * client accepts protobuf, else as the JSON the client receives (fb_result_json). 0 with
- * the answer sent (a database error is api_db_error's), or 1 when the row holds no packed
- * result: the caller answers its stored JSON. */
+ * §4.2, §14) from its packed result (operations.result_bin, len bytes): a
+ * ForwardBackwardOutput when the client accepts protobuf, else the JSON the client
+ * receives (fb_result_json); a 500 when the bytes cannot be read. Returns 0. */
 typedef struct api_call api_call;
-int proto_reply_fb_result(api_call *c);
+int proto_reply_fb_result(api_call *c, const uint8_t *bin, size_t len);
 
 /* Whether an Accept header asks for protobuf results. */
 int proto_accepted(const char *accept);

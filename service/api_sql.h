@@ -175,11 +175,15 @@
  * it, the model's next_seq, whether no operation exists at next_seq (a gap), the tenant's
  * queued samples (at most $3, for samples), its tokens per minute limit, the tokens
  * claimed in the last minute, and the name of the draining executor that holds the
- * weights of a sample's sampler snapshot (not handed over to the pool). */
+ * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
+ * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
+ * results (db_query_bin): result_bin comes as its bytes; every other column is text,
+ * which binary results carry as they are. */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
-    " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples,"   \
-    " x.tokens_per_minute, x.tokens_last_minute, x.holder_draining"                         \
+    " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
+    " x.gap::text, x.queued_samples::text, x.tokens_per_minute::text,"                      \
+    " x.tokens_last_minute::text, x.holder_draining, o.result_bin"                          \
     " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
     "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE " SQL_EXECUTOR_LIVE("e", "$4") \
     "   AND e.base_model = COALESCE(m.base_model, s.base_model)) AS served, m.next_seq,"   \
@@ -196,10 +200,6 @@
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
     " WHERE o.request_id = $1 AND o.tenant_id = $2"
-/* $1 request_id, $2 tenant -> result_bin: a finished forward / forward_backward's packed
- * result (contract/fb_result.h), read with binary results (its bytes, not hex). */
-#define SQL_FB_RESULT_BIN                                                                   \
-    "SELECT result_bin FROM operations WHERE request_id = $1 AND tenant_id = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
