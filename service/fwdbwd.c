@@ -1,7 +1,6 @@
-/* fwdbwd.c: forward / forward_backward requests: JSON decoding, validation, payload
+/* fwdbwd.c: forward / forward_backward requests: JSON decoding and validation
  * (see fwdbwd.h). Messages name the datum and field so a user can fix the call. */
 #include "service/fwdbwd.h"
-#include "common/strbuf.h"
 #include "common/xalloc.h"
 #include "contract/fb_check.h"
 #include "service/api_json.h"

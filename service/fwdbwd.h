@@ -4,8 +4,8 @@
  * fb_payload_encode (the contract's codec, which the executor reads back) writes it.
  * 2-D cross_entropy (docs/protocol.md §8, top-k distillation): target_tokens / weights of
  * shape [N, K] arrive dense or sparse CSR and are densified here (row-major, N·K values).
- * The answer of a finished one (fb_reply_result) is rendered from its packed result
- * (contract/fb_result.h), as JSON or protobuf. */
+ * The answer of a finished one is written from its packed result (contract/fb_result.h)
+ * by api_proto.c, as JSON or protobuf. */
 #pragma once
 #include "contract/contract.h"
 #include "contract/fb_check.h"
