@@ -45,7 +45,7 @@ uint8_t *fb_result_encode(const fb_metric *metrics, size_t n_metrics, const fb_o
     size_t size = HEAD + n_metrics * METRIC_SIZE;
     bool ok = true;
     for (size_t i = 0; i < n_metrics; i++) {
-        ok &= memchr(m[i].key, 0, FB_METRIC_KEY_MAX) != NULL && isfinite(m[i].value);
+        ok &= m[i].key[0] && memchr(m[i].key, 0, FB_METRIC_KEY_MAX) != NULL && isfinite(m[i].value);
         ok &= i == 0 || key_order(m[i - 1].key, m[i].key) < 0;
     }
     for (size_t d = 0; d < n_out; d++) {
