@@ -13,7 +13,7 @@
  * The contract (docs/architecture.md, "The backend table"):
  *  - A context is used by one thread at a time; calls run to completion (synchronous).
  *  - Inputs are trusted: the executor validates every datum before it calls
- *    forward_backward (common/fb_check.h), so a backend does not check token ids, lengths
+ *    forward_backward (contract/fb_check.h), so a backend does not check token ids, lengths
  *    or loss inputs again. Errors it reports are its own (out of memory, device faults).
  *  - A position whose dℓ/dlp is not finite adds nothing to any gradient (its row of
  *    dℓ/dlogits is zero): an accumulator never holds inf or NaN because of the inputs.
@@ -35,7 +35,7 @@
 
 #include "backend/adamw.h"
 #include "backend/loss.h"
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/rng.h"

@@ -13,7 +13,7 @@
 #ifndef LOOM_BACKEND_LOSS_H
 #define LOOM_BACKEND_LOSS_H
 
-#include "common/contract.h"
+#include "contract/contract.h"
 
 #include <math.h>
 #include <stdbool.h>

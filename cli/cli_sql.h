@@ -1,7 +1,7 @@
 /* cli_sql.h: every SQL statement of the operator commands and `loom up` (cli/), by
  * name. Parameters are always bound. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "registry/reg_sql.h"
 
 /* ---- loom tenant / loom key (admin.c) --------------------------------------------------- */

@@ -307,6 +307,11 @@ static void prepared_name(PGconn *c, const char *sql, int nparams, char name[24]
 
 PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *params,
                    char *err, size_t errlen) {
+    return db_query_bin(c, sql, nparams, params, NULL, NULL, 0, err, errlen);
+}
+
+PGresult *db_query_bin(PGconn *c, const char *sql, int nparams, const char *const *params, const int *lengths,
+                       const int *formats, int result_format, char *err, size_t errlen) {
     t_sqlstate[0] = 0;
     char name[24] = "";
     /* Outside a transaction a statement that cannot be prepared (its tables do not exist
@@ -314,8 +319,8 @@ PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *p
      * as running it would. */
     if (PQtransactionStatus(c) == PQTRANS_IDLE || PQtransactionStatus(c) == PQTRANS_INTRANS)
         prepared_name(c, sql, nparams, name);
-    PGresult *r = name[0] ? PQexecPrepared(c, name, nparams, params, NULL, NULL, 0)
-                          : PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+    PGresult *r = name[0] ? PQexecPrepared(c, name, nparams, params, lengths, formats, result_format)
+                          : PQexecParams(c, sql, nparams, NULL, params, lengths, formats, result_format);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
@@ -355,6 +360,11 @@ static void pipeline_abandon(PGconn *c) {
 }
 
 int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen) {
+    return db_pipeline_bin(c, st, NULL, n, res, err, errlen);
+}
+
+int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGresult **res, char *err,
+                    size_t errlen) {
     t_sqlstate[0] = 0;
     if (err && errlen) err[0] = 0;
     for (int i = 0; i < n; i++) res[i] = NULL;
@@ -365,9 +375,12 @@ int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, 
     if (PQtransactionStatus(c) == PQTRANS_IDLE || PQtransactionStatus(c) == PQTRANS_INTRANS)
         for (int i = 0; i < n; i++) prepared_name(c, st[i].sql, st[i].nparams, names[i]);
     bool sent = PQenterPipelineMode(c) == 1;
-    for (int i = 0; sent && i < n; i++)
-        sent = (names[i][0] ? PQsendQueryPrepared(c, names[i], st[i].nparams, st[i].params, NULL, NULL, 0)
-                            : PQsendQueryParams(c, st[i].sql, st[i].nparams, NULL, st[i].params, NULL, NULL, 0)) == 1;
+    for (int i = 0; sent && i < n; i++) {
+        const int *lengths = bin ? bin[i].lengths : NULL, *formats = bin ? bin[i].formats : NULL;
+        sent = (names[i][0] ? PQsendQueryPrepared(c, names[i], st[i].nparams, st[i].params, lengths, formats, 0)
+                            : PQsendQueryParams(c, st[i].sql, st[i].nparams, NULL, st[i].params, lengths, formats,
+                                                0)) == 1;
+    }
     free(names);
     if (sent) sent = PQpipelineSync(c) == 1;
     int ok = 0;

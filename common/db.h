@@ -53,6 +53,12 @@ void db_finish(PGconn *c);
  * COMMAND_OK or TUPLES_OK, else NULL with the server's message in err. */
 PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *params,
                    char *err, size_t errlen);
+/* The same with parameters in binary form where formats[i] is 1 (lengths[i] bytes;
+ * formats NULL: all text) and the result in binary form when result_format is 1: a bytea
+ * then travels as its bytes, not as hex text (a text column reads as in text form; other
+ * types in their binary send formats). */
+PGresult *db_query_bin(PGconn *c, const char *sql, int nparams, const char *const *params, const int *lengths,
+                       const int *formats, int result_format, char *err, size_t errlen);
 /* Same, for statements whose result is not needed. Returns 0 or -1. */
 int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, char *err,
             size_t errlen);
@@ -74,6 +80,13 @@ typedef struct {
  * open (aborted after a failure: the caller rolls back). Statements are prepared as
  * db_query prepares them, so they may not depend on a table created earlier in the batch. */
 int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen);
+/* The same with binary parameters: bin[i] gives statement i's parameter lengths and
+ * formats as db_query_bin takes them (bin NULL, or both NULL: all text). */
+typedef struct {
+    const int *lengths, *formats;
+} db_bin;
+int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGresult **res, char *err,
+                    size_t errlen);
 
 int db_begin(PGconn *c, char *err, size_t errlen);
 int db_commit(PGconn *c, char *err, size_t errlen);

@@ -5,17 +5,20 @@
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
-int migrate_run(PGconn *c, char *err, size_t errlen) {
+int migrate_run(PGconn *c, char *err, size_t errlen) { return migrate_run_upto(c, INT_MAX, err, errlen); }
+
+int migrate_run_upto(PGconn *c, int last, char *err, size_t errlen) {
     if (db_exec(c, SQL_MIGRATIONS_TABLE, 0, NULL, err, errlen) < 0) {
         /* Two first-time runners can race on CREATE TABLE IF NOT EXISTS; retry once. */
         if (db_exec(c, SQL_MIGRATIONS_PROBE, 0, NULL, err, errlen) < 0)
             return -1;
     }
     int applied = 0;
-    for (const loom_migration *m = loom_migrations; m->name; m++) {
+    for (const loom_migration *m = loom_migrations; m->name && m->version <= last; m++) {
         char ver[16];
         snprintf(ver, sizeof ver, "%d", m->version);
         const char *p[2] = {ver, m->name};

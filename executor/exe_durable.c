@@ -101,6 +101,11 @@ static int replay_op(exe_state *st, const char *model_id, const lora_config *lcf
         err_set(err, errlen, "seq_id %lld: stored payload is not JSON: %s", (long long)op.seq_id, je.text);
         return -1;
     }
+    if (!PQgetisnull(r, row, 4) && !(op.payload_bin = exe_copy_bytes(r, row, 4, &op.payload_bin_len))) {
+        json_decref(op.payload);
+        err_set(err, errlen, "seq_id %lld: no memory for its payload", (long long)op.seq_id);
+        return -1;
+    }
     if (!strcmp(op.kind, OP_FORWARD_BACKWARD)) {
         exe_op *p = &op;
         exe_run_fb_batch(st, &p, 1, true);
@@ -132,6 +137,8 @@ static int replay_op(exe_state *st, const char *model_id, const lora_config *lcf
     }
     json_decref(op.payload);
     json_decref(op.result);
+    free(op.payload_bin);
+    free(op.result_bin);
     return rc;
 }
 
@@ -145,7 +152,7 @@ static int replay(exe_state *st, PGconn *c, const char *model_id, const lora_con
         snprintf(to, sizeof to, "%lld", (long long)state_seq);
         snprintf(lim, sizeof lim, "%d", REPLAY_BATCH);
         const char *p[4] = {model_id, from, to, lim};
-        PGresult *r = db_query(c, SQL_EXE_REPLAY_OPS, 4, p, err, errlen);
+        PGresult *r = db_query_bin(c, SQL_EXE_REPLAY_OPS, 4, p, NULL, NULL, 1, err, errlen);
         if (!r) return -1;
         int rows = PQntuples(r);
         for (int i = 0; i < rows; i++) {

@@ -2,6 +2,8 @@
 #include "executor/exe_ops.h"
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
     va_list ap;
@@ -10,6 +12,16 @@ void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) {
     va_end(ap);
     op->category = category;
     if (op->result) { json_decref(op->result); op->result = NULL; }
+    free(op->result_bin);
+    op->result_bin = NULL;
+    op->result_bin_len = 0;
+}
+
+uint8_t *exe_copy_bytes(const PGresult *r, int row, int col, size_t *len) {
+    *len = (size_t)PQgetlength(r, row, col);
+    uint8_t *p = malloc(*len ? *len : 1);
+    if (p) memcpy(p, PQgetvalue(r, row, col), *len);
+    return p;
 }
 
 exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op) {

@@ -1,7 +1,9 @@
 /* exe_ops.h: what the executor's loop (executor.c) shares with the files that implement
  * families of operations (exe_train.h, exe_sample.h, exe_ckpt.h). An operation handler
- * reads op->payload (the api's normalised JSON) and sets either op->result (the exact
- * JSON the client receives) or an error via exe_op_fail. Handlers reach adapters only
+ * reads op->payload (the api's normalised JSON; a forward / forward_backward its packed
+ * op->payload_bin, contract/fb_payload.h) and sets either op->result (the exact JSON the
+ * client receives; a forward / forward_backward its JSON header and op->result_bin,
+ * contract/fb_result.h) or an error via exe_op_fail. Handlers reach adapters only
  * through the store (exe_store.h) and their numbers only through the backend table. */
 #pragma once
 #include "backend/backend.h"
@@ -43,9 +45,13 @@ typedef struct exe_op_ {
     char kind[32];
     int64_t tenant_id;         /* the model's (or sampling session's) tenant */
     json_t *payload;
+    uint8_t *payload_bin;      /* operations.payload_bin (malloc'd), NULL when none */
+    size_t payload_bin_len;
     lora_config lcfg;
     /* outcome */
     json_t *result;
+    uint8_t *result_bin;       /* operations.result_bin (malloc'd), NULL when none */
+    size_t result_bin_len;
     char error[512];
     const char *category;   /* NULL = success */
     int64_t seq_id;
@@ -64,6 +70,9 @@ typedef struct exe_op_ {
 
 /* exe_ops.c */
 void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The bytes of a cell of a binary-format result (a bytea) as a malloc'd copy of *len
+ * bytes; NULL when out of memory. */
+uint8_t *exe_copy_bytes(const PGresult *r, int row, int col, size_t *len);
 /* The model's training slot, or NULL after failing op with a message that says its
  * state is not on this executor. */
 exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op);

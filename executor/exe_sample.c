@@ -43,6 +43,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_stream.h"
 #include "backend/loss.h"
+#include "contract/sample_payload.h"
 #include "text/tokenizer.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -275,59 +276,30 @@ static void job_free(exe_state *st, sample_job *j) {
     free(j->alt_ids); free(j->alt_lp);
 }
 
-/* An int list of at most cap entries in [lo, hi] as int64 (malloc'd, *n entries). */
-static bool get_ints(json_t *v, size_t cap, long long lo, long long hi, int64_t **out, size_t *n)
+/* The payload's target_prompt_logprobs (decoded and checked: contract/sample_payload.h)
+ * into j, the asked cells in row order as the prompt pass's score_* rows; j takes the CSR
+ * arrays. false: op failed. */
+static bool target_take(sample_payload *p, sample_job *j)
 {
-    *out = NULL;
-    *n = json_array_size(v);
-    if (!json_is_array(v) || *n > cap || !(*out = malloc((*n ? *n : 1) * sizeof **out))) return false;
-    for (size_t i = 0; i < *n; i++) {
-        json_t *e = json_array_get(v, i);
-        if (!json_is_integer(e) || json_integer_value(e) < lo || json_integer_value(e) > hi) return false;
-        (*out)[i] = json_integer_value(e);
-    }
-    return true;
-}
-
-/* The payload's target_prompt_logprobs (sample_req.h; the api checked it) into j, the asked
- * cells in row order as the prompt pass's score_* rows. false: op failed. */
-static bool target_parse(json_t *t, sample_job *j, int vocab)
-{
-    json_t *shape = json_object_get(t, "shape");
-    int64_t *ids = NULL, *crow = NULL, *col = NULL;
-    size_t n = 0, nc = 0, nl = 0;
-    long long R = json_integer_value(json_array_get(shape, 0)), K = json_integer_value(json_array_get(shape, 1));
-    bool sparse = json_object_get(t, "crow") != NULL, ok = R == j->n_prompt - 1 && K >= 1 && K <= LIMIT_TARGET_PROMPT_K &&
-        get_ints(json_object_get(t, "data"), LIMIT_TARGET_PROMPT_CELLS, -1, vocab - 1, &ids, &n);
-    if (ok && sparse) {
-        ok = get_ints(json_object_get(t, "crow"), (size_t)R + 1, 0, (long long)n, &crow, &nc) && nc == (size_t)R + 1 &&
-             get_ints(json_object_get(t, "col"), n, 0, K - 1, &col, &nl) && nl == n && crow[0] == 0 &&
-             crow[R] == (int64_t)n;
-        for (long long r = 0; ok && r < R; r++) ok = crow[r] <= crow[r + 1];
-    } else if (ok) {
-        ok = n == (size_t)(R * K);
-    }
-    if (!ok) {
-        free(ids); free(crow); free(col);
-        exe_op_fail(j->op, "user", "bad target_prompt_logprobs: shape [len(prompt) - 1, K], token ids or -1, and a "
-                    "well-formed CSR are needed");
-        return false;
-    }
+    size_t n = p->n_target_ids;
+    long long R = p->target_rows, K = p->target_cols;
+    bool sparse = p->target_crow != NULL;
     j->has_target = true;
     j->target_rows = (int)R;
     j->target_cols = (int)K;
     j->n_target = n;
-    j->target_crow = crow;
-    j->target_col = col;
+    j->target_crow = p->target_crow;
+    j->target_col = p->target_col;
+    p->target_crow = p->target_col = NULL;
     j->score_start = calloc((size_t)R + 1, sizeof *j->score_start);
     j->score_cell = malloc((n ? n : 1) * sizeof *j->score_cell);
     j->score_ids = malloc((n ? n : 1) * sizeof *j->score_ids);
     j->score_lp = calloc(n ? n : 1, sizeof *j->score_lp);
     if (!j->score_start || !j->score_cell || !j->score_ids || !j->score_lp) {
-        free(ids);
         exe_op_fail(j->op, "server", "out of memory for target_prompt_logprobs");
         return false;
     }
+    const int64_t *ids = p->target_ids, *crow = j->target_crow;
     int64_t m = 0;
     for (long long r = 0; r < R; r++) {
         size_t a = sparse ? (size_t)crow[r] : (size_t)(r * K), b = sparse ? (size_t)crow[r + 1] : (size_t)((r + 1) * K);
@@ -338,24 +310,7 @@ static bool target_parse(json_t *t, sample_job *j, int vocab)
         }
         j->score_start[r + 1] = m;
     }
-    free(ids);
     return true;
-}
-
-static bool get_int(json_t *p, const char *key, long long lo, long long hi, long long dflt, long long *out) {
-    json_t *v = json_object_get(p, key);
-    if (!v || json_is_null(v)) { *out = dflt; return true; }
-    if (!json_is_integer(v)) return false;
-    *out = json_integer_value(v);
-    return *out >= lo && *out <= hi;
-}
-
-static bool get_real(json_t *p, const char *key, double dflt, double *out) {
-    json_t *v = json_object_get(p, key);
-    if (!v || json_is_null(v)) { *out = dflt; return true; }
-    if (!json_is_number(v)) return false;
-    *out = json_number_value(v);
-    return isfinite(*out);
 }
 
 /* Whether j needs the forward pass over its prompt (prompt_logprobs, topk_prompt_logprobs,
@@ -367,95 +322,68 @@ static bool job_prompt_pass(const sample_job *j)
 
 /* Reads the payload into j and resolves the sampler. false: op failed. */
 static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
-    json_t *p = op->payload;
     const model_config *mc = &st->model;
     j->op = op;
-    json_t *prompt = json_object_get(p, "prompt");
-    int np = (int)json_array_size(prompt);
-    if (!json_is_array(prompt) || np < 1) { exe_op_fail(op, "user", "the prompt is empty"); return false; }
-    if (np > mc->max_position_embeddings) {
-        exe_op_fail(op, "user", "the prompt has %d tokens, more than the model's context of %d", np,
-                    mc->max_position_embeddings);
+    sample_payload p;
+    char why[512];
+    if (sample_payload_decode(op->payload, mc->vocab_size, mc->max_position_embeddings, &p, why, sizeof why) < 0) {
+        sample_payload_free(&p);
+        exe_op_fail(op, "user", "%s", why);
         return false;
     }
+    int np = (int)p.n_prompt;
     j->prompt = malloc(np * sizeof *j->prompt);
     j->n_prompt = np;
-    for (int i = 0; i < np; i++) {
-        json_t *v = json_array_get(prompt, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= mc->vocab_size) {
-            exe_op_fail(op, "user", "prompt token %d is not a token id in [0, %d)", i, mc->vocab_size);
-            return false;
-        }
-        j->prompt[i] = (int32_t)json_integer_value(v);
-    }
-    long long ns, mt, tk, tpk, seed, tlp, tsl, last_n, alt_k;
+    for (int i = 0; i < np; i++) j->prompt[i] = (int32_t)p.prompt[i];
     int room = mc->max_position_embeddings - np + 1;   /* the backend stops at the context */
-    if (!get_int(p, "num_samples", 1, LIMIT_NUM_SAMPLES, 1, &ns) || !get_int(p, "max_tokens", 0, 1 << 24, room < 256 ? room : 256, &mt) ||
-        !get_int(p, "top_k", LLONG_MIN, LLONG_MAX, -1, &tk) || !get_int(p, "topk_prompt_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tpk) ||
-        !get_int(p, "seed", LLONG_MIN, LLONG_MAX, 0, &seed) || !get_real(p, "temperature", 1.0, &j->temperature) ||
-        !get_int(p, "top_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tlp) ||
-        !get_int(p, "topk_sample_logprobs", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &tsl) ||
-        !get_int(p, "prompt_logprobs_last_n", 0, INT_MAX, 0, &last_n) ||
-        !get_int(p, "prompt_alt_tokens_k", 0, LIMIT_TOPK_PROMPT_LOGPROBS, 0, &alt_k) ||
-        !get_real(p, "top_p", 1.0, &j->top_p)) {
-        exe_op_fail(op, "user", "bad sampling parameters (num_samples, max_tokens, top_k, seed, temperature, top_p, "
-                    "topk_prompt_logprobs, topk_sample_logprobs, prompt_logprobs_last_n or prompt_alt_tokens_k)");
-        return false;
-    }
-    if (j->temperature < 0 || !(j->top_p > 0 && j->top_p <= 1)) {
-        exe_op_fail(op, "user", "temperature must be >= 0 and top_p in (0, 1]");
-        return false;
-    }
-    j->num_samples = (int)ns;
+    long long mt = p.has_max_tokens ? p.max_tokens : room < 256 ? room : 256, tlp = p.top_logprobs;
+    j->temperature = p.temperature;
+    j->top_p = p.top_p;
+    j->num_samples = (int)p.num_samples;
     j->max_tokens = (int)(mt < room ? mt : room);
-    j->top_k = tk <= 0 || tk > mc->vocab_size ? -1 : (int)tk;
-    j->topk_prompt = (int)(tpk < mc->vocab_size ? tpk : mc->vocab_size);
-    j->seed = (uint64_t)seed;
-    j->prompt_logprobs = json_is_true(json_object_get(p, "prompt_logprobs"));
-    j->top_key = tsl > 0 ? "topk_logprobs" : "top_logprobs";
-    if (tsl > 0) tlp = tsl;
+    j->top_k = p.top_k <= 0 || p.top_k > mc->vocab_size ? -1 : (int)p.top_k;
+    j->topk_prompt = (int)(p.topk_prompt_logprobs < mc->vocab_size ? p.topk_prompt_logprobs : mc->vocab_size);
+    j->seed = (uint64_t)p.seed;
+    j->prompt_logprobs = p.prompt_logprobs;
+    j->top_key = p.topk_sample_logprobs > 0 ? "topk_logprobs" : "top_logprobs";
+    if (p.topk_sample_logprobs > 0) tlp = p.topk_sample_logprobs;
     j->top_logprobs = (int)(tlp < mc->vocab_size ? tlp : mc->vocab_size);
-    j->progress = json_is_true(json_object_get(p, "progress"));
-    j->last_n = (int)last_n;
-    j->alt_k = (int)alt_k;
-    json_t *target = json_object_get(p, "target_prompt_logprobs");
-    if (target && !json_is_null(target) && !target_parse(target, j, mc->vocab_size)) return false;
+    j->progress = p.progress;
+    j->last_n = (int)p.prompt_logprobs_last_n;
+    j->alt_k = (int)p.prompt_alt_tokens_k;
+    if (p.has_target && !target_take(&p, j)) {
+        sample_payload_free(&p);
+        return false;
+    }
 
     /* stop tokens: the client's, then the model's EOS ids */
-    json_t *stops = json_object_get(p, "stop_tokens");
-    j->stop_tokens = malloc((json_array_size(stops) + MODEL_MAX_EOS + 1) * sizeof *j->stop_tokens);
-    for (size_t i = 0; i < json_array_size(stops); i++) {
-        json_t *v = json_array_get(stops, i);
-        if (!json_is_integer(v)) { exe_op_fail(op, "user", "stop tokens must be token ids"); return false; }
-        j->stop_tokens[j->n_stop++] = (int32_t)json_integer_value(v);
-    }
+    j->stop_tokens = malloc((p.n_stop_tokens + MODEL_MAX_EOS + 1) * sizeof *j->stop_tokens);
+    for (size_t i = 0; i < p.n_stop_tokens; i++) j->stop_tokens[j->n_stop++] = (int32_t)p.stop_tokens[i];
     for (int i = 0; i < mc->n_eos; i++) j->stop_tokens[j->n_stop++] = mc->eos_token_ids[i];
 
-    json_t *strs = json_object_get(p, "stop_strings");
-    if (json_array_size(strs) > 0) {
+    if (p.n_stop_strings > 0) {
         const tokenizer *tok = sampler_tokenizer(st);
         if (!tok) {
+            sample_payload_free(&p);
             exe_op_fail(op, "user", "stop strings need the base model's tokenizer.json, which this executor cannot "
                         "load (%s); pass stop token ids instead", st->tok_err);
             return false;
         }
-        size_t n = json_array_size(strs);
+        size_t n = p.n_stop_strings;
         j->ss.tok = tok;
         j->ss.s = calloc(n, sizeof *j->ss.s);
         j->ss.len = calloc(n, sizeof *j->ss.len);
         for (size_t i = 0; i < n; i++) {
-            json_t *v = json_array_get(strs, i);
-            if (!json_is_string(v)) { exe_op_fail(op, "user", "stop strings must be strings"); return false; }
-            j->ss.s[j->ss.n] = json_string_value(v);
-            j->ss.len[j->ss.n] = json_string_length(v);
+            j->ss.s[j->ss.n] = p.stop_strings[i];   /* the payload's (op->payload outlives the job) */
+            j->ss.len[j->ss.n] = strlen(p.stop_strings[i]);
             if (j->ss.len[j->ss.n] > j->ss.maxlen) j->ss.maxlen = j->ss.len[j->ss.n];
             j->ss.n++;
         }
     }
+    const char *source = p.source, *digest = p.blob_digest;
+    sample_payload_free(&p);
 
     /* the sampler */
-    const char *source = json_string_value(json_object_get(p, "source"));
-    const char *digest = json_string_value(json_object_get(p, "blob_digest"));
     if (!source) source = op->sampling_session_id[0] && exe_store_get(&st->store, STORE_SNAPSHOT, op->sampling_session_id)
                           ? "snapshot" : digest ? "checkpoint" : "base";
     if (!strcmp(source, "base")) {

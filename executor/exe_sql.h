@@ -1,7 +1,7 @@
 /* exe_sql.h: every SQL statement of the executor, named. Parameters are always bound.
  * Tables and states: docs/architecture.md ("Data model"). */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 
 /* ---- start-up ------------------------------------------------------------------------ */
 
@@ -47,15 +47,19 @@
  * taken again. One row per claimed operation (sample operations have no model and come
  * after the model ops; with the blob of their sampler's snapshot when one was handed
  * over), or one row of NULLs but the cycle id when none is left; no row when the executor
- * has no open cycle. The cycle id is the last column. */
+ * has no open cycle. The cycle id is column 15; column 16 is payload_bin (forward /
+ * forward_backward: contract/fb_payload.h). Run with binary results (db_query_bin):
+ * payload_bin comes as its bytes, not as hex; every other column is cast to text, which
+ * binary results carry as they are, so that it reads as in a text result. */
 #define SQL_EXE_START_CYCLE                                                                   \
     "WITH c AS (UPDATE cycles SET state = 'running', started_at = coalesce(started_at, now())" \
     "   WHERE id = (SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')" \
     "   ORDER BY id LIMIT 1) RETURNING id)"                                                   \
-    " SELECT o.id, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"           \
-    " m.lora_rank, m.lora_seed, m.train_attn, m.train_mlp, m.train_unembed,"                   \
-    " o.seq_id, coalesce(o.sampling_session_id, ''), o.tenant_id, m.state_seq,"                \
-    " coalesce(s.snapshot_digest, ''), c.id"                                                   \
+    " SELECT o.id::text, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"     \
+    " m.lora_rank::text, m.lora_seed::text, m.train_attn::text, m.train_mlp::text,"            \
+    " m.train_unembed::text, o.seq_id::text, coalesce(o.sampling_session_id, ''),"             \
+    " o.tenant_id::text, m.state_seq::text, coalesce(s.snapshot_digest, ''), c.id::text,"      \
+    " o.payload_bin"                                                                           \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
     " LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                           \
@@ -64,14 +68,18 @@
 /* ---- committing a cycle (one transaction) --------------------------------------------- */
 
 /* $1 JSON array of the cycle's outcomes [{"id", "state", "result", "error", "category",
- * "applied"}], $2 cycle: every operation's result in one statement, each only while still
- * claimed by this cycle (so a cycle the reaper took back cannot write: the caller checks
- * that every one was written). */
+ * "applied", "bin_at", "bin_len"}], $2 cycle, $3 the packed results of the cycle's forward
+ * / forward_backward operations one after the other (binary parameter; contract/fb_result.h),
+ * an outcome's result_bin being bin_len bytes of it from bin_at (1-based; absent: none):
+ * every operation's result in one statement, each only while still claimed by this cycle
+ * (so a cycle the reaper took back cannot write: the caller checks that every one was
+ * written). */
 #define SQL_EXE_FINISH_OPS                                                                    \
     "UPDATE operations o SET state = v.state, result = v.result, error = v.error,"            \
-    " error_category = v.category, finished_at = now(), applied = v.applied"                  \
+    " error_category = v.category, finished_at = now(), applied = v.applied,"                 \
+    " result_bin = substring($3::bytea FROM v.bin_at FOR v.bin_len)"                         \
     " FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text, result jsonb, error text," \
-    " category text, applied boolean)"                                                        \
+    " category text, applied boolean, bin_at integer, bin_len integer)"                        \
     " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"
 
 /* $1 text[] models, $2 int[] the seq_id of each one's last operation in the cycle that
@@ -167,9 +175,10 @@
 
 /* $1 model, $2 after seq, $3 up to seq (the committed state_seq), $4 limit -> the
  * operations that changed the model's state, in seq order, to replay: seq_id, kind,
- * payload, the loss:sum they reported (a forward_backward's, to check the replay) */
+ * payload, the loss:sum they reported (a forward_backward's, to check the replay),
+ * payload_bin. With binary results, as SQL_EXE_START_CYCLE. */
 #define SQL_EXE_REPLAY_OPS                                                                    \
-    "SELECT seq_id, kind, payload::text, metrics->>'loss:sum' FROM operations"                \
+    "SELECT seq_id::text, kind, payload::text, metrics->>'loss:sum', payload_bin FROM operations" \
     " WHERE model_id = $1 AND applied AND seq_id > $2 AND seq_id <= $3"                       \
     " ORDER BY seq_id LIMIT $4"
 

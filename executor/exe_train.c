@@ -4,8 +4,10 @@
 #include "executor/exe_train.h"
 #include "backend/loss.h"
 #include "common/err.h"
-#include "common/fb_check.h"
 #include "common/log.h"
+#include "contract/fb_check.h"
+#include "contract/fb_payload.h"
+#include "contract/fb_result.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,48 +23,6 @@ typedef struct {
     bool dropped;            /* failed before the pass: none of its sequences run */
 } fb_span;
 
-/* The loss of an op: its name and loss_fn_config over the defaults, checked as the api
- * checked it (common/fb_check.h). */
-static int op_loss(const exe_op *op, loss_spec *out, char *err, size_t errlen) {
-    const char *name = json_string_value(json_object_get(op->payload, "loss_fn"));
-    loss_kind kind;
-    if (loss_kind_parse(name, &kind) < 0) {
-        err_set(err, errlen, "unknown loss_fn '%s'", name ? name : "(none)");
-        return -1;
-    }
-    *out = loss_spec_default(kind);
-    const char *key;
-    json_t *v;
-    json_object_foreach(json_object_get(op->payload, "loss_fn_config"), key, v)
-        if (json_is_number(v)) loss_config_set(out, key, json_number_value(v));
-    return fb_check_loss(out, "payload", err, errlen);
-}
-
-/* A JSON array as a new int64 (ints) or float array of *n values; *present false when the
- * key is absent. false when it is not an array of numbers (of integers for ints). */
-static bool read_array(json_t *a, bool ints, void **out, size_t *n, bool *present) {
-    *out = NULL;
-    *n = 0;
-    *present = a && !json_is_null(a);
-    if (!*present) return true;
-    if (!json_is_array(a)) return false;
-    *n = json_array_size(a);
-    *out = malloc((*n ? *n : 1) * (ints ? sizeof(int64_t) : sizeof(float)));
-    for (size_t i = 0; i < *n; i++) {
-        json_t *e = json_array_get(a, i);
-        if (ints ? !json_is_integer(e) : !json_is_number(e)) return false;
-        if (ints) ((int64_t *)*out)[i] = json_integer_value(e);
-        else ((float *)*out)[i] = (float)json_number_value(e);
-    }
-    return true;
-}
-
-static int32_t *narrow(const int64_t *x, size_t n) {
-    int32_t *o = malloc((n ? n : 1) * sizeof *o);
-    for (size_t i = 0; i < n; i++) o[i] = (int32_t)x[i];
-    return o;
-}
-
 static void free_seq(exe_seq *s) {
     free((void *)s->tokens); free((void *)s->targets); free((void *)s->weights);
     free((void *)s->sampler_logprobs); free((void *)s->advantages);
@@ -70,45 +30,36 @@ static void free_seq(exe_seq *s) {
 }
 
 /* One datum of the payload as a sequence of the batch, after the shared check (the
- * executor's defence: a payload that breaks a rule fails its own operation only). */
-static int read_datum(exe_state *st, json_t *dj, const loss_spec *ls, const char *where, exe_seq *s, char *err,
-                      size_t errlen) {
-    static const bool ints[LOSS_N_INPUTS] = {true, false, false, false};
-    void *tok = NULL, *in[LOSS_N_INPUTS] = {NULL};
-    size_t ntok, len[LOSS_N_INPUTS];
-    bool present, has[LOSS_N_INPUTS], ok = read_array(json_object_get(dj, "tokens"), true, &tok, &ntok, &present);
+ * executor's defence: a payload that breaks a rule fails its own operation only). The
+ * sequence takes over the datum's arrays. */
+static int read_datum(exe_state *st, fb_payload_datum *d, const loss_spec *ls, const char *where, exe_seq *s,
+                      char *err, size_t errlen) {
+    unsigned accepted = loss_inputs_accepted(ls->kind);
     for (int k = 0; k < LOSS_N_INPUTS; k++) {   /* the api writes only the inputs the loss reads */
-        json_t *a = loss_inputs_accepted(ls->kind) & (1u << k) ? json_object_get(dj, loss_input_names[k]) : NULL;
-        ok &= read_array(a, ints[k], &in[k], &len[k], &has[k]);
+        if (!d->has[k] || accepted & (1u << k)) continue;
+        d->has[k] = false;
+        free(k == LOSS_IN_TARGET_TOKENS ? (void *)d->targets : (void *)d->f[k]);
+        if (k == LOSS_IN_TARGET_TOKENS) d->targets = NULL;
+        else d->f[k] = NULL;
     }
-    json_t *kj = json_object_get(dj, "k");
-    json_int_t K = kj ? (json_is_integer(kj) ? json_integer_value(kj) : -1) : 1;
-    int rc = -1;
-    if (!ok || !present || K < 1) {
-        err_set(err, errlen, "%s: tokens, k or a loss input is not of the expected type", where);
-        goto out;
-    }
-    fb_view v = {.n_tokens = ntok, .tokens = tok, .targets = in[LOSS_IN_TARGET_TOKENS]};
+    fb_view v = {.n_tokens = d->n, .tokens32 = d->tokens, .targets32 = d->targets};
     for (int k = 0; k < LOSS_N_INPUTS; k++) {
         bool per_target = k == LOSS_IN_TARGET_TOKENS || k == LOSS_IN_WEIGHTS;
-        v.in[k] = (fb_view_input){.present = has[k], .dims = per_target && K > 1 ? 2 : 1,
-                                   .cols = per_target ? (size_t)K : 1, .values = len[k]};
+        size_t cols = per_target ? d->k : 1;
+        v.in[k] = (fb_view_input){.present = d->has[k], .dims = cols > 1 ? 2 : 1, .cols = cols,
+                                   .values = d->has[k] ? d->n * cols : 0};
     }
     fb_check_model m = {.vocab_size = st->model.vocab_size, .max_context = st->model.max_position_embeddings};
-    if (fb_check_datum(&m, ls->kind, &v, where, err, errlen) < 0) goto out;
-    size_t n = ntok, nk = n * (size_t)K;
-    *s = (exe_seq){.loss = *ls, .n = (int)n, .k = (int)K, .tokens = narrow(tok, n),
-                   .targets = narrow(in[LOSS_IN_TARGET_TOKENS], nk), .weights = in[LOSS_IN_WEIGHTS],
-                   .sampler_logprobs = in[LOSS_IN_LOGPROBS], .advantages = in[LOSS_IN_ADVANTAGES],
-                   .logprobs_out = calloc(nk, sizeof(float)), .loss_out = calloc(n, sizeof(float))};
+    if (fb_check_datum(&m, ls->kind, &v, where, err, errlen) < 0) return -1;
+    size_t n = d->n, nk = n * d->k;
+    *s = (exe_seq){.loss = *ls, .n = (int)n, .k = (int)d->k, .tokens = d->tokens, .targets = d->targets,
+                   .weights = d->f[LOSS_IN_WEIGHTS], .sampler_logprobs = d->f[LOSS_IN_LOGPROBS],
+                   .advantages = d->f[LOSS_IN_ADVANTAGES], .logprobs_out = calloc(nk, sizeof(float)),
+                   .loss_out = calloc(n, sizeof(float))};
     size_t ncount = (size_t)model_num_moe_layers(&st->model) * st->model.num_experts;
     if (ncount) s->expert_counts_out = calloc(ncount, sizeof(int32_t));
-    in[LOSS_IN_WEIGHTS] = in[LOSS_IN_LOGPROBS] = in[LOSS_IN_ADVANTAGES] = NULL;   /* now the sequence's */
-    rc = 0;
-out:
-    free(tok);
-    for (int k = 0; k < LOSS_N_INPUTS; k++) free(in[k]);
-    return rc;
+    memset(d, 0, sizeof *d);   /* now the sequence's */
+    return 0;
 }
 
 static bool seq_at_risk(const exe_seq *s) {
@@ -154,21 +105,12 @@ static bool span_in_range(const exe_seq *seqs, const fb_span *sp, bool strict, c
     return true;
 }
 
-/* A float32 TensorData of shape [n] (k <= 1) or [n, k] (k > 1, x row-major). */
-static json_t *tensor_json(const float *x, int n, int k) {
-    json_t *data = json_array();
-    long total = (long)n * (k > 1 ? k : 1);
-    for (long i = 0; i < total; i++) json_array_append_new(data, json_real(x[i]));
-    if (k > 1) return json_pack("{s:o, s:s, s:[i, i]}", "data", data, "dtype", "float32", "shape", n, k);
-    return json_pack("{s:o, s:s, s:[i]}", "data", data, "dtype", "float32", "shape", n);
-}
-
 /* The routing metrics the SDK documents for MoE models (ForwardBackwardOutput.metrics),
  * over the op's tokens, sparse layer by sparse layer: with c_e the tokens expert e got and
  * b = Σ c_e / E the perfectly balanced share, the fraction of experts with c_e > 0 and
  * with c_e > b, (max c_e − b) / b and (min c_e − b) / b; ":mean" averages the layers,
  * e_max_violation:max takes the worst. counts: [layers, E], summed over the op's datums. */
-static void moe_metrics(json_t *metrics, const int64_t *counts, int layers, int E) {
+static size_t moe_metrics(fb_metric *m, const int64_t *counts, int layers, int E) {
     double with = 0, over = 0, maxv = 0, maxv_max = -INFINITY, minv = 0;
     int used = 0;
     for (int l = 0; l < layers; l++) {
@@ -191,35 +133,42 @@ static void moe_metrics(json_t *metrics, const int64_t *counts, int layers, int 
         minv += (lo - bal) / bal;
         used++;
     }
-    if (!used) return;
-    json_object_set_new(metrics, "e_frac_with_tokens:mean", json_real(with / used));
-    json_object_set_new(metrics, "e_frac_oversubscribed:mean", json_real(over / used));
-    json_object_set_new(metrics, "e_max_violation:mean", json_real(maxv / used));
-    json_object_set_new(metrics, "e_max_violation:max", json_real(maxv_max));
-    json_object_set_new(metrics, "e_min_violation:mean", json_real(minv / used));
+    if (!used) return 0;
+    m[0] = (fb_metric){"e_frac_with_tokens:mean", with / used};
+    m[1] = (fb_metric){"e_frac_oversubscribed:mean", over / used};
+    m[2] = (fb_metric){"e_max_violation:mean", maxv / used};
+    m[3] = (fb_metric){"e_max_violation:max", maxv_max};
+    m[4] = (fb_metric){"e_min_violation:mean", minv / used};
+    return 5;
 }
 
+/* The op's result: the packed outputs and metrics (op->result_bin, what the client
+ * receives) and their JSON header (op->result); contract/fb_result.h. Neither when the
+ * result cannot be encoded (the caller fails the op). */
 static void set_result(exe_state *st, exe_op *op, const exe_seq *seqs, const fb_span *sp) {
-    json_t *outs = json_array();
     double loss_sum = 0;
     int layers = model_num_moe_layers(&st->model), E = st->model.num_experts;
     size_t ncount = (size_t)layers * E;
     int64_t *counts = ncount ? calloc(ncount, sizeof *counts) : NULL;
-    for (int k = sp->first_seq; k < sp->first_seq + sp->nseq; k++) {
-        const exe_seq *s = &seqs[k];
+    fb_output *outs = calloc(sp->nseq ? sp->nseq : 1, sizeof *outs);
+    for (int d = 0; d < sp->nseq && outs; d++) {
+        const exe_seq *s = &seqs[sp->first_seq + d];
         for (int t = 0; t < s->n; t++) loss_sum += s->loss_out[t];
         for (size_t i = 0; counts && s->expert_counts_out && i < ncount; i++) counts[i] += s->expert_counts_out[i];
-        json_array_append_new(outs, json_pack("{s:o, s:o}", "logprobs", tensor_json(s->logprobs_out, s->n, s->k),
-                                              "elementwise_loss", tensor_json(s->loss_out, s->n, 1)));
+        outs[d] = (fb_output){.n = (size_t)s->n, .k = s->k > 1 ? (size_t)s->k : 1, .logprobs = s->logprobs_out,
+                              .loss = s->loss_out};
     }
-    op->result = json_pack("{s:s, s:o, s:{s:f}}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs", outs,
-                           "metrics", "loss:sum", loss_sum);
+    fb_metric m[6] = {{"loss:sum", loss_sum}};
+    size_t nm = 1;
     if (counts) {
-        moe_metrics(json_object_get(op->result, "metrics"), counts, layers, E);
+        nm += moe_metrics(m + 1, counts, layers, E);
         /* the operator's per-expert counts (executors.expert_tokens), since start */
         if (!st->expert_tokens) st->expert_tokens = calloc(ncount, sizeof *st->expert_tokens);
         for (size_t i = 0; st->expert_tokens && i < ncount; i++) st->expert_tokens[i] += counts[i];
     }
+    if (outs && (op->result_bin = fb_result_encode(m, nm, outs, (size_t)sp->nseq, &op->result_bin_len)))
+        op->result = fb_result_header(m, nm);
+    free(outs);
     free(counts);
 }
 
@@ -258,8 +207,15 @@ static int run_pass(exe_state *st, exe_seq *seqs, fb_span *spans, int nspan, boo
  * gradient, so the accumulators (theirs and every other op's) stay as they were. */
 void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
     if (nops == 0) return;
+    fb_payload_reader *rd = calloc(nops, sizeof *rd);
+    char (*why)[512] = calloc(nops, sizeof *why);
     int cap = 0;
-    for (int i = 0; i < nops; i++) cap += (int)json_array_size(json_object_get(ops[i]->payload, "data"));
+    for (int i = 0; i < nops; i++) {
+        if (fb_payload_open(&rd[i], ops[i]->payload_bin, ops[i]->payload_bin_len, why[i], sizeof why[i]) == 0 &&
+            fb_check_loss(&rd[i].loss, "payload", why[i], sizeof why[i]) == 0 && rd[i].datums > (size_t)LIMIT_DATA)
+            err_set(why[i], sizeof why[i], "%zu datums, more than the %d of a request", rd[i].datums, LIMIT_DATA);
+        if (!why[i][0]) cap += (int)rd[i].datums;
+    }
     exe_seq *seqs = calloc(cap ? cap : 1, sizeof *seqs);
     fb_span *spans = calloc(nops, sizeof *spans);
     int ns = 0, nspan = 0;
@@ -268,40 +224,42 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
         exe_op *op = ops[i];
         exe_adapter *ad = exe_op_training_slot(st, op);
         if (!ad) continue;
-        loss_spec ls;
-        char why[512] = "";
-        json_t *data = json_object_get(op->payload, "data");
         int start = ns;
         bool risk = false;
-        if (op_loss(op, &ls, why, sizeof why) == 0) {
-            for (size_t d = 0; d < json_array_size(data); d++) {
-                char where[32];
-                snprintf(where, sizeof where, "data[%zu]", d);
-                if (read_datum(st, json_array_get(data, d), &ls, where, &seqs[ns], why, sizeof why) < 0) break;
-                seqs[ns].ad = ad;
-                seqs[ns].group = i + 1;   /* each op's gradient on its own (batch invariance) */
-                risk |= backward && seq_at_risk(&seqs[ns]);
-                ns++;
-            }
+        fb_payload_datum d;
+        for (size_t k = 0; !why[i][0]; k++) {
+            int got = fb_payload_next(&rd[i], &d, why[i], sizeof why[i]);
+            if (got <= 0) break;
+            char where[32];
+            snprintf(where, sizeof where, "data[%zu]", k);
+            int rc = read_datum(st, &d, &rd[i].loss, where, &seqs[ns], why[i], sizeof why[i]);
+            fb_payload_datum_free(&d);
+            if (rc < 0) break;
+            seqs[ns].ad = ad;
+            seqs[ns].group = i + 1;   /* each op's gradient on its own (batch invariance) */
+            risk |= backward && seq_at_risk(&seqs[ns]);
+            ns++;
         }
-        if (why[0]) {
+        if (why[i][0]) {
             for (int k = start; k < ns; k++) free_seq(&seqs[k]);
             ns = start;
-            exe_op_fail(op, "user", "malformed %s payload: %s", op->kind, why);
+            exe_op_fail(op, "user", "malformed %s payload: %s", op->kind, why[i]);
             continue;
         }
         spans[nspan++] = (fb_span){op, start, ns - start, risk, false};
         any_risk |= risk;
     }
-    char err[512] = "", why[1024];
+    free(rd);
+    free(why);
+    char err[512] = "", msg[1024];
     if (any_risk) {
         int rc = run_pass(st, seqs, spans, nspan, true, false, err, sizeof err);
         for (int i = 0; i < nspan; i++) {
             fb_span *sp = &spans[i];
             if (!sp->at_risk) continue;
             if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
-            else if (!span_in_range(seqs, sp, true, why, sizeof why))
-                exe_op_fail(sp->op, "user", "%s. The operation was not applied: it added no gradient.", why);
+            else if (!span_in_range(seqs, sp, true, msg, sizeof msg))
+                exe_op_fail(sp->op, "user", "%s. The operation was not applied: it added no gradient.", msg);
             sp->dropped = sp->op->category != NULL;
         }
     }
@@ -313,8 +271,8 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
          * positions (those added nothing): a replay must add it again. */
         sp->op->applied = backward && rc == 0;
         if (rc < 0) exe_op_fail(sp->op, "server", "backend error: %s", err);
-        else if (!span_in_range(seqs, sp, false, why, sizeof why))
-            exe_op_fail(sp->op, "user", "%s.%s", why, backward ? " Positions whose loss is not finite added no gradient." : "");
+        else if (!span_in_range(seqs, sp, false, msg, sizeof msg))
+            exe_op_fail(sp->op, "user", "%s.%s", msg, backward ? " Positions whose loss is not finite added no gradient." : "");
         else set_result(st, sp->op, seqs, sp);
     }
     for (int k = 0; k < ns; k++) free_seq(&seqs[k]);

@@ -1,5 +1,5 @@
 /* exe_train.h: the training operations of a cycle (exe_train.c): create_model, the packed
- * forward / forward_backward batches (every datum checked by common/fb_check.h before a
+ * forward / forward_backward batches (every datum checked by contract/fb_check.h before a
  * backend sees it) and optim_step. */
 #pragma once
 #include "executor/exe_ops.h"

@@ -123,16 +123,28 @@ static bool model_states_params(const exe_op *ops, int n, char **models, char **
     return any;
 }
 
-/* The cycle's outcomes as the JSON parameter of SQL_EXE_FINISH_OPS (malloc'd). */
-static char *outcomes_json(const exe_op *ops, int n) {
+/* The cycle's outcomes as the JSON parameter of SQL_EXE_FINISH_OPS (malloc'd), and the
+ * packed results it points into as its binary parameter (*bins, malloc'd; NULL: none). */
+static char *outcomes_json(const exe_op *ops, int n, uint8_t **bins, size_t *bins_len) {
     json_t *outs = json_array();
+    size_t at = 0;
+    for (int i = 0; i < n; i++) at += ops[i].category ? 0 : ops[i].result_bin_len;
+    *bins = at ? malloc(at) : NULL;
+    *bins_len = at;
+    if (at && !*bins) return NULL;
+    at = 0;
     for (int i = 0; i < n; i++) {
         const exe_op *op = &ops[i];
-        json_array_append_new(outs, json_pack("{s:I, s:s, s:O?, s:s?, s:s?, s:b}", "id", (json_int_t)op->id,
-                                              "state", op->category ? "failed" : "done", "result",
-                                              op->category ? NULL : op->result, "error",
-                                              op->category ? op->error : NULL, "category", op->category,
-                                              "applied", op->applied));
+        json_t *o = json_pack("{s:I, s:s, s:O?, s:s?, s:s?, s:b}", "id", (json_int_t)op->id, "state",
+                              op->category ? "failed" : "done", "result", op->category ? NULL : op->result, "error",
+                              op->category ? op->error : NULL, "category", op->category, "applied", op->applied);
+        if (o && !op->category && op->result_bin) {
+            memcpy(*bins + at, op->result_bin, op->result_bin_len);
+            json_object_set_new(o, "bin_at", json_integer((json_int_t)at + 1));
+            json_object_set_new(o, "bin_len", json_integer((json_int_t)op->result_bin_len));
+            at += op->result_bin_len;
+        }
+        json_array_append_new(outs, o);
     }
     char *text = json_dumps(outs, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(outs);
@@ -173,24 +185,34 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     for (int i = 0; i < n; i++) hooks |= !ops[i].category && ops[i].commit_hook;
     if (hooks && (db_begin(c, err, errlen) < 0 || run_commit_hooks(c, st, ops, n, err, errlen) < 0)) goto fail;
 
-    char *outcomes = n > 0 ? outcomes_json(ops, n) : NULL, *models = NULL, *seqs = NULL;
-    if (n > 0 && !outcomes) { snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
+    uint8_t *bins = NULL;
+    size_t bins_len = 0;
+    char *outcomes = n > 0 ? outcomes_json(ops, n, &bins, &bins_len) : NULL, *models = NULL, *seqs = NULL;
+    if (n > 0 && !outcomes) { free(bins); snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
+    const char *pf[3] = {outcomes, cyc, (const char *)bins};
+    const int pf_len[3] = {[2] = (int)bins_len}, pf_fmt[3] = {[2] = 1};
+    db_bin bin[4] = {{NULL, NULL}};
     bool states = model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
-    const char *pf[2] = {outcomes, cyc}, *pm[2] = {models, seqs};
+    const char *pm[2] = {models, seqs};
     const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
     db_stmt b[4];
     int nb = 0, finish_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
-    if (n > 0) { finish_at = nb; b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 2, pf}; }
+    if (n > 0) {
+        finish_at = nb;
+        bin[nb] = (db_bin){pf_len, pf_fmt};
+        b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
+    }
     if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
     b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 8, pc};
     PGresult *r[4];
-    int got = db_pipeline(c, b, nb, r, err, errlen);
+    int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     free(experts);
     free(outcomes);
+    free(bins);
     free(models);
     free(seqs);
     int changed = finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
@@ -224,7 +246,7 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, i
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
-    PGresult *r = db_query(c, SQL_EXE_START_CYCLE, 1, p, err, errlen);
+    PGresult *r = db_query_bin(c, SQL_EXE_START_CYCLE, 1, p, NULL, NULL, 1, err, errlen);
     if (!r) return -1;
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
@@ -249,6 +271,8 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, i
         op->state_seq = PQgetisnull(r, i, 13) ? -1 : db_int(r, i, 13);
         snprintf(op->snapshot_digest, sizeof op->snapshot_digest, "%s", PQgetvalue(r, i, 14));
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
+        if (!PQgetisnull(r, i, 16) && !(op->payload_bin = exe_copy_bytes(r, i, 16, &op->payload_bin_len)))
+            exe_op_fail(op, "server", "no memory for its payload (%d bytes)", PQgetlength(r, i, 16));
     }
     PQclear(r);
     return 1;
@@ -258,6 +282,8 @@ static void free_ops(exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         json_decref(ops[i].payload);
         json_decref(ops[i].result);
+        free(ops[i].payload_bin);
+        free(ops[i].result_bin);
         free(ops[i].hook_data);
     }
     free(ops);

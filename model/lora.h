@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "model/model.h"
 
 #define LORA_ALPHA 32.0f

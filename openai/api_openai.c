@@ -8,6 +8,7 @@
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
+#include "contract/sample_payload.h"
 #include "core/api_json.h"
 #include "openai/api_openai_sql.h"
 #include "registry/registry.h"
@@ -473,28 +474,24 @@ static int read_prompts(api_call *c, const oai_req *q, const api_tokenizer *t, c
 
 /* ---- accepting a completion ------------------------------------------------------------------------- */
 
-/* The operation's payload: asample's (sample_req.h) plus "progress" and "top_logprobs". */
+/* The operation's payload: asample's, with "progress" and "top_logprobs" (contract/sample_payload.h). */
 static char *payload_of(const oai_req *q, const oai_model *m, const oai_prompts *p, int i, int64_t max_tokens,
                         int64_t seed, const int32_t *stop_ids, size_t nstop_ids) {
     int64_t stops[8];
-    sample_req r = {.num_samples = q->n, .max_tokens = max_tokens, .temperature = q->temperature, .top_p = q->top_p,
-                    .top_k = q->top_k, .seed = seed, .stop_strings = (const char **)q->stop,
-                    .n_stop_strings = (size_t)q->nstop, .n_prompt = p->n[i], .n_stop_tokens = nstop_ids};
+    sample_payload r = {.num_samples = q->n, .max_tokens = max_tokens, .has_max_tokens = true,
+                        .temperature = q->temperature, .top_p = q->top_p, .top_k = q->top_k, .seed = seed,
+                        .stop_strings = q->nstop ? (const char **)q->stop : NULL, .n_stop_strings = (size_t)q->nstop,
+                        .n_prompt = p->n[i], .n_stop_tokens = nstop_ids, .source = *m->path ? "checkpoint" : "base",
+                        .blob_digest = *m->path ? m->digest : NULL, .progress = true,
+                        .top_logprobs = q->logprobs ? q->top_logprobs : 0};
     r.prompt = malloc((p->n[i] + 1) * sizeof *r.prompt);
     if (!r.prompt) abort();
     for (size_t k = 0; k < p->n[i]; k++) r.prompt[k] = p->ids[i][k];
     for (size_t k = 0; k < nstop_ids && k < 8; k++) stops[k] = stop_ids[k];
     r.stop_tokens = nstop_ids ? stops : NULL;
-    if (!q->nstop) r.stop_strings = NULL;
-    size_t len;
-    char *pl = sample_payload_json(&r, *m->path ? "checkpoint" : "base", *m->path ? m->digest : NULL, &len);
+    char *pl = sample_payload_encode(&r, NULL);
     free(r.prompt);
-    strbuf b;
-    sb_init(&b, len + 64);
-    sb_append(&b, pl, len - 1);   /* without its closing brace */
-    sb_printf(&b, ", \"progress\": true, \"top_logprobs\": %lld}", (long long)(q->logprobs ? q->top_logprobs : 0));
-    free(pl);
-    return sb_steal(&b, NULL);
+    return pl;
 }
 
 /* Inserts the operations under the tenant's bounds, in one transaction. 0 with the

@@ -2,7 +2,7 @@
  * api_openai_stream.c; docs/protocol.md §18). Parameters are bound; tenant scoping as in
  * api_sql.h: what the tenant may not read is not found. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "registry/reg_sql.h"
 #include "tinker/api_sql.h"   /* SQL_EXECUTOR_LIVE */
 

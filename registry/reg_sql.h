@@ -1,6 +1,7 @@
 /* reg_sql.h: every SQL statement of the registry, by name. Parameters are always bound. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
+#include "contract/fb_payload.h"
 
 /* A version is live while it is neither deleted nor past its TTL. */
 #define REG_LIVE "v.deleted_at IS NULL AND (v.expires_at IS NULL OR v.expires_at > now())"
@@ -54,10 +55,12 @@
     " ORDER BY seq_id DESC LIMIT 1"
 /* $1 model, $2 seq_from, $3 save seq, $4 adapter, $5 kind, $6 name, $7 path, $8 step,
  * $9 parent id or NULL, $10 digest, $11 size, $12 key id or NULL, $13 ttl seconds (< 0
- * never) -> id. Provenance: the completed operations in [seq_from, save seq). The
+ * never) -> id. Provenance: the completed operations in [seq_from, save seq); its
+ * data_digest hashes their packed datums (contract/fb_payload.h: payload_bin from
+ * FB_PAYLOAD_DATA_AT, the data without the loss), in seq order, joined by a newline. The
  * user_metadata is the save operation's (the api checked it: string values, bounded). */
 #define SQL_REG_VERSION_INSERT                                                                \
-    "WITH ops AS (SELECT kind, seq_id, n_tokens, payload, result FROM operations"             \
+    "WITH ops AS (SELECT kind, seq_id, n_tokens, payload, payload_bin, result FROM operations" \
     "  WHERE model_id = $1 AND seq_id >= $2 AND seq_id < $3 AND state = 'done'),"            \
     " fb AS (SELECT * FROM ops WHERE kind = '" OP_FORWARD_BACKWARD "'),"                             \
     " agg AS (SELECT"                                                                          \
@@ -71,8 +74,9 @@
     "  (SELECT jsonb_build_object('sum', sum(l), 'first', (array_agg(l ORDER BY seq_id))[1],"  \
     "     'last', (array_agg(l ORDER BY seq_id DESC))[1], 'min', min(l), 'max', max(l))"       \
     "   FROM (SELECT seq_id, (result->'metrics'->>'loss:sum')::float8 AS l FROM fb) x) AS loss,"\
-    "  (SELECT encode(sha256(convert_to(COALESCE(string_agg((payload->'data')::text, E'\\n'"  \
-    "     ORDER BY seq_id), ''), 'UTF8')), 'hex') FROM fb) AS data_digest)"                   \
+    "  (SELECT encode(sha256(COALESCE(string_agg(substring(payload_bin FROM "               \
+    FB_PAYLOAD_DATA_AT_S " + 1), '\\x0a'::bytea ORDER BY seq_id), ''::bytea)), 'hex')"       \
+    "   FROM fb) AS data_digest)"                                                             \
     " INSERT INTO adapter_versions (adapter_id, kind, name, tinker_path, step, parent_id,"     \
     "  base_model, lora_config, blob_digest, size_bytes, provenance, created_by_key,"          \
     "  expires_at, seq_id, user_metadata)"                                                     \

@@ -10,7 +10,7 @@
  * with a huge backlog cannot starve a small one. A single operation larger than the budget
  * still runs, alone. */
 #include "scheduler/planner.h"
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "common/xalloc.h"
 #include <stdio.h>
 #include <string.h>

@@ -11,7 +11,7 @@
 typedef struct {
     int64_t id;
     int seq;             /* seq_id (a sample: unused) */
-    char kind[32];       /* OP_* of common/contract.h */
+    char kind[32];       /* OP_* of contract/contract.h */
     int tokens;
     double age_ms;       /* since its submit */
     double created_ms;   /* its submit, epoch ms */

@@ -1,6 +1,6 @@
 /* sched_sql.h: every SQL statement of the scheduler, named. Parameters are bound. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 
 /* The scheduler's session commits without waiting for the disk (sched.c, listen_all). */
 #define SQL_ASYNC_COMMIT "SET synchronous_commit = off"

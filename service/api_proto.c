@@ -2,8 +2,10 @@
  * Arrays on this wire are raw little-endian bytes; they are read and written byte by
  * byte so the code does not depend on the host's byte order. */
 #include "service/api_proto.h"
+#include "common/log.h"
 #include "common/strbuf.h"
 #include "common/xalloc.h"
+#include "core/api_call.h"
 #include "service/proto/tinker_public.pb-c.h"
 #include <jansson.h>
 #include <math.h>
@@ -298,189 +300,125 @@ static int shape_err(char *err, size_t errlen, const char *what) {
     return -1;
 }
 
-/* The values of a TensorData object ({"data", "dtype", "shape"}) or of a bare list. */
-static const json_t *tensor_values(const json_t *t) {
-    return json_is_object(t) ? json_object_get(t, "data") : t;
-}
-
-static bool tensor_is_int(const json_t *t) {
-    const char *dt = json_is_object(t) ? json_string_value(json_object_get(t, "dtype")) : NULL;
-    return dt && (!strcmp(dt, "int64") || !strcmp(dt, "int32"));
-}
-
-/* shape[1:] of a TensorData as a malloc'd array; *n = its length. */
-static int64_t *trailing_shape(const json_t *t, size_t *n) {
-    const json_t *shape = json_is_object(t) ? json_object_get(t, "shape") : NULL;
-    size_t dims = json_is_array(shape) ? json_array_size(shape) : 0;
-    *n = dims > 1 ? dims - 1 : 0;
-    int64_t *out = xcalloc(*n, sizeof *out);
-    for (size_t i = 0; i < *n; i++) out[i] = json_integer_value(json_array_get(shape, i + 1));
-    return out;
-}
-
 typedef struct {
     TinkerPublic__ArrayRecord__FieldsEntry entry;
     TinkerPublic__BatchedTensor tensor;
+    int64_t trailing[1];
 } batched_field;
 
-static void free_fields(batched_field *f, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        free(f[i].tensor.data.data);
-        free(f[i].tensor.offsets.data);
-        free(f[i].tensor.trailing_shape);
-    }
-    free(f);
-}
-
-/* One field of datums [from, from + nd), concatenated, with int64 byte offsets. */
-static int batch_field(const json_t *outputs, size_t from, size_t nd, const char *key,
-                       batched_field *f, char *err, size_t errlen) {
-    const json_t *first = json_object_get(json_array_get(outputs, from), key);
-    bool is_int = tensor_is_int(first);
-    int size = is_int ? 8 : 4;
-    size_t total = 0;
+/* One output field (logprobs or elementwise_loss) of datums [from, from + nd), their
+ * float32 values concatenated as the packed result holds them, with int64 byte offsets. */
+static void batch_field(const fb_result_view *v, size_t from, size_t nd, bool logprobs, batched_field *f) {
     tinker_public__batched_tensor__init(&f->tensor);
     tinker_public__array_record__fields_entry__init(&f->entry);
+    size_t total = 0, k = fb_result_datum(v, from).k;
     for (size_t d = from; d < from + nd; d++) {
-        const json_t *v = tensor_values(json_object_get(json_array_get(outputs, d), key));
-        if (!json_is_array(v)) return shape_err(err, errlen, "a datum lacks an output field");
-        total += json_array_size(v);
+        fb_output_packed o = fb_result_datum(v, d);
+        total += logprobs ? o.n * o.k : o.n;
     }
-    f->entry.key = (char *)key;
+    f->entry.key = logprobs ? "logprobs" : "elementwise_loss";
     f->entry.value = &f->tensor;
-    f->tensor.dtype = is_int ? TINKER_PUBLIC__DTYPE__DTYPE_INT64 : TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
-    f->tensor.trailing_shape = trailing_shape(first, &f->tensor.n_trailing_shape);
-    f->tensor.data.data = xcalloc(total, (size_t)size);
-    f->tensor.data.len = total * (size_t)size;
+    f->tensor.dtype = TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
+    if (logprobs && k > 1) {   /* [N, K] logprobs of a 2-D cross_entropy */
+        f->trailing[0] = (int64_t)k;
+        f->tensor.trailing_shape = f->trailing;
+        f->tensor.n_trailing_shape = 1;
+    }
+    f->tensor.data.data = xcalloc(total, 4);
+    f->tensor.data.len = total * 4;
     f->tensor.offsets.data = xcalloc(nd + 1, 8);
     f->tensor.offsets.len = (nd + 1) * 8;
     size_t pos = 0;
     for (size_t d = 0; d < nd; d++) {
-        const json_t *t = json_object_get(json_array_get(outputs, from + d), key);
-        if (tensor_is_int(t) != is_int) return shape_err(err, errlen, "mixed dtypes in a field");
-        const json_t *v = tensor_values(t);
-        put_le(f->tensor.offsets.data + 8 * d, (uint64_t)(pos * (size_t)size), 8);
-        for (size_t k = 0; k < json_array_size(v); k++, pos++) {
-            const json_t *e = json_array_get(v, k);
-            uint8_t *p = f->tensor.data.data + pos * (size_t)size;
-            if (is_int) put_le(p, (uint64_t)json_integer_value(e), 8);
-            else put_le(p, f32_bits(json_is_number(e) ? (float)json_number_value(e) : NAN), 4);
-        }
+        fb_output_packed o = fb_result_datum(v, from + d);
+        size_t n = logprobs ? o.n * o.k : o.n;
+        put_le(f->tensor.offsets.data + 8 * d, (uint64_t)pos, 8);
+        memcpy(f->tensor.data.data + pos, logprobs ? o.logprobs : o.loss, 4 * n);
+        pos += 4 * n;
     }
-    put_le(f->tensor.offsets.data + 8 * nd, (uint64_t)(pos * (size_t)size), 8);
-    return 0;
+    put_le(f->tensor.offsets.data + 8 * nd, (uint64_t)pos, 8);
 }
 
-/* Whether two TensorData have the same shape after the first dimension. */
-static bool same_trailing(const json_t *a, const json_t *b) {
-    size_t na, nb;
-    int64_t *ta = trailing_shape(a, &na), *tb = trailing_shape(b, &nb);
-    bool same = na == nb && (na == 0 || !memcmp(ta, tb, na * sizeof *ta));
-    free(ta);
-    free(tb);
-    return same;
-}
-
-/* A run of datums sharing every field's trailing shape, as one ArrayRecord (the SDK
- * rebuilds each datum's shape from its BatchedTensor's trailing_shape, so datums of a
- * different K — 2-D cross_entropy logprobs [N, K] — go to a record of their own). */
-typedef struct {
-    TinkerPublic__ArrayRecord rec;
-    batched_field *fields;
-    TinkerPublic__ArrayRecord__FieldsEntry **fp;
-    size_t nf;
-} record_run;
-
-static void free_runs(record_run *r, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        free_fields(r[i].fields, r[i].nf);
-        free(r[i].fp);
-    }
-    free(r);
-}
-
-static int pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
+static void pack(const ProtobufCMessage *m, uint8_t **out, size_t *len) {
     size_t n = protobuf_c_message_get_packed_size(m);
     *out = malloc(n ? n : 1);
     if (!*out) abort();
     *len = protobuf_c_message_pack(m, *out);
-    return 0;
 }
 
-int proto_encode_fwdbwd_output(const char *json, uint8_t **out, size_t *len, char *err,
-                               size_t errlen) {
-    json_t *r = json_loads(json, 0, NULL);
-    const json_t *outputs = json_object_get(r, "loss_fn_outputs");
-    const json_t *metrics = json_object_get(r, "metrics");
-    if (!json_is_object(r) || !json_is_array(outputs)) {
-        json_decref(r);
-        return shape_err(err, errlen, "no loss_fn_outputs list");
-    }
-    size_t nd = json_array_size(outputs);
-    const json_t *d0 = json_array_get(outputs, 0);
-    size_t nf = nd ? json_object_size(d0) : 0;
-    record_run *runs = xcalloc(nd, sizeof *runs);
-    TinkerPublic__ArrayRecord **rp = xcalloc(nd, sizeof *rp);
-    size_t nr = 0;
-    size_t nm = json_object_size(metrics);
-    TinkerPublic__ForwardBackwardOutput__MetricsEntry *me = xcalloc(nm, sizeof *me), **mp =
-        xcalloc(nm, sizeof *mp);
-    int rc = -1;
-    const char *key;
-    json_t *v;
+/* Runs of datums with the same columns K go to one ArrayRecord each (the SDK rebuilds
+ * each datum's shape from its BatchedTensor's trailing_shape, so datums of another K — 2-D
+ * cross_entropy logprobs [N, K] — go to a record of their own). Fields in the JSON's
+ * order: logprobs, elementwise_loss; metrics in the result's (jsonb's) order. */
+void proto_encode_fb_result(const fb_result_view *v, uint8_t **out, size_t *len) {
+    size_t nd = v->n_datums, nr = 0;
+    TinkerPublic__ArrayRecord *recs = xcalloc(nd, sizeof *recs), **rp = xcalloc(nd, sizeof *rp);
+    batched_field *fields = xcalloc(2 * nd, sizeof *fields);
+    TinkerPublic__ArrayRecord__FieldsEntry **fp = xcalloc(2 * nd, sizeof *fp);
     for (size_t from = 0; from < nd;) {
-        const json_t *df = json_array_get(outputs, from);
-        size_t to = from + 1;
-        for (; to < nd; to++) {
-            const json_t *dt = json_array_get(outputs, to);
-            bool same = true;
-            json_object_foreach((json_t *)d0, key, v)
-                same = same && same_trailing(json_object_get(df, key), json_object_get(dt, key));
-            if (!same) break;
-        }
-        record_run *run = &runs[nr++];
-        run->fields = xcalloc(nf, sizeof *run->fields);
-        run->fp = xcalloc(nf, sizeof *run->fp);
-        size_t i = 0;
-        json_object_foreach((json_t *)d0, key, v) {
-            run->nf = i + 1;
-            if (batch_field(outputs, from, to - from, key, &run->fields[i], err, errlen) < 0)
-                goto out;
-            run->fp[i] = &run->fields[i].entry;
-            i++;
-        }
-        run->nf = i;
-        tinker_public__array_record__init(&run->rec);
-        run->rec.n_fields = i;
-        run->rec.fields = run->fp;
-        run->rec.num_datums = (int64_t)(to - from);
-        rp[nr - 1] = &run->rec;
+        size_t to = from + 1, k = fb_result_datum(v, from).k;
+        while (to < nd && fb_result_datum(v, to).k == k) to++;
+        batched_field *f = &fields[2 * nr];
+        batch_field(v, from, to - from, true, &f[0]);
+        batch_field(v, from, to - from, false, &f[1]);
+        fp[2 * nr] = &f[0].entry;
+        fp[2 * nr + 1] = &f[1].entry;
+        tinker_public__array_record__init(&recs[nr]);
+        recs[nr].n_fields = 2;
+        recs[nr].fields = &fp[2 * nr];
+        recs[nr].num_datums = (int64_t)(to - from);
+        rp[nr] = &recs[nr];
+        nr++;
         from = to;
     }
-    size_t m = 0;
-    json_object_foreach((json_t *)metrics, key, v) {
-        if (!json_is_number(v)) continue;
-        tinker_public__forward_backward_output__metrics_entry__init(&me[m]);
-        me[m].key = (char *)key;
-        me[m].value = json_number_value(v);
-        mp[m] = &me[m];
-        m++;
+    size_t nm = v->n_metrics;
+    TinkerPublic__ForwardBackwardOutput__MetricsEntry *me = xcalloc(nm, sizeof *me), **mp = xcalloc(nm, sizeof *mp);
+    fb_metric *keys = xcalloc(nm, sizeof *keys);
+    for (size_t i = 0; i < nm; i++) {
+        keys[i] = fb_result_metric(v, i);
+        tinker_public__forward_backward_output__metrics_entry__init(&me[i]);
+        me[i].key = keys[i].key;
+        me[i].value = keys[i].value;
+        mp[i] = &me[i];
     }
     TinkerPublic__ForwardBackwardOutput o = TINKER_PUBLIC__FORWARD_BACKWARD_OUTPUT__INIT;
-    const char *type = json_string_value(json_object_get(r, "loss_fn_output_type"));
-    o.loss_fn_output_type = (char *)(type ? type : "ArrayRecord");
+    o.loss_fn_output_type = "ArrayRecord";
     o.n_loss_fn_outputs = nr;
     o.loss_fn_outputs = rp;
-    o.n_metrics = m;
+    o.n_metrics = nm;
     o.metrics = mp;
-    rc = pack(&o.base, out, len);
-out:
-    free_runs(runs, nr);
+    pack(&o.base, out, len);
+    for (size_t i = 0; i < 2 * nr; i++) {
+        free(fields[i].tensor.data.data);
+        free(fields[i].tensor.offsets.data);
+    }
+    free(fields);
+    free(fp);
+    free(recs);
     free(rp);
     free(me);
     free(mp);
-    json_decref(r);
-    return rc;
+    free(keys);
+}
+
+int proto_reply_fb_result(api_call *c, const uint8_t *bin, size_t len) {
+    fb_result_view v;
+    int rc = fb_result_open(&v, bin, len, c->err, sizeof c->err);
+    if (rc < 0) {
+        log_error("retrieve_future %s: %s", c->job->request_id, c->err);
+        api_error(c, 500, "the stored result of %s cannot be read: %s", c->job->request_id, c->err);
+    } else if (proto_accepted(c->job->accept)) {
+        uint8_t *buf;
+        size_t n;
+        proto_encode_fb_result(&v, &buf, &n);
+        api_reply_bytes(c, 200, "application/x-protobuf", buf, n);
+    } else {
+        size_t n;
+        char *json = fb_result_json(&v, &n);
+        api_reply_take(c, 200, json, n);
+    }
+    fb_result_close(&v);
+    return 0;
 }
 
 /* A list of numbers (null -> NaN) as float32 LE bytes. */

@@ -1,9 +1,8 @@
-/* fwdbwd.c: forward / forward_backward requests: JSON decoding, validation, payload
+/* fwdbwd.c: forward / forward_backward requests: JSON decoding and validation
  * (see fwdbwd.h). Messages name the datum and field so a user can fix the call. */
 #include "service/fwdbwd.h"
-#include "common/fb_check.h"
-#include "common/strbuf.h"
 #include "common/xalloc.h"
+#include "contract/fb_check.h"
 #include "core/api_json.h"
 #include <math.h>
 #include <stdio.h>
@@ -471,13 +470,6 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
     return 0;
 }
 
-/* The loss with the request's loss_fn_config over the defaults. */
-static loss_spec request_loss(const fb_request *r) {
-    loss_spec ls = loss_spec_default(r->loss);
-    for (size_t i = 0; i < r->n_config; i++) loss_config_set(&ls, r->config[i].key, r->config[i].value);
-    return ls;
-}
-
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen) {
     const char *in_key = r->forward_only ? "forward_input" : "forward_backward_input";
@@ -490,7 +482,7 @@ int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, ch
         snprintf(err, errlen, "%s.data is empty: send at least one datum", in_key);
         return -1;
     }
-    loss_spec ls = request_loss(r);
+    loss_spec ls = fb_request_loss(r);
     if (fb_check_loss(&ls, in_key, err, errlen) < 0) return -1;
     fb_check_model m = {.vocab_size = vocab_size, .max_context = max_context};
     for (size_t i = 0; i < r->n_data; i++) {
@@ -509,83 +501,3 @@ int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, ch
     return 0;
 }
 
-int64_t fb_total_tokens(const fb_request *r) {
-    int64_t n = 0;
-    for (size_t i = 0; i < r->n_data; i++) n += (int64_t)r->data[i].n_tokens;
-    return n;
-}
-
-char *fb_payload_json(const fb_request *r, size_t *len) {
-    strbuf b;
-    /* ~8 bytes per number is a fair first guess; the buffer grows as needed. */
-    sb_init(&b, 256 + 8 * (size_t)fb_total_tokens(r) * 3);
-    sb_puts(&b, "{\"loss_fn\": ");
-    sb_json_str(&b, loss_kind_name(r->loss));
-    sb_puts(&b, ", \"loss_fn_config\": {");
-    bool first = true;
-    for (size_t i = 0; i < r->n_config; i++) {
-        if (!first) sb_puts(&b, ", ");
-        first = false;
-        sb_json_str(&b, r->config[i].key);
-        sb_puts(&b, ": ");
-        sb_double(&b, r->config[i].value);
-    }
-    loss_spec defaults = loss_spec_default(r->loss);
-    for (int k = 0; k < LOSS_CONFIG_KEYS; k++) {
-        if (!loss_config_used(r->loss, k)) continue;
-        bool given = false;
-        for (size_t i = 0; i < r->n_config; i++) given |= !strcmp(r->config[i].key, loss_config_keys[k]);
-        if (given) continue;
-        if (!first) sb_puts(&b, ", ");
-        first = false;
-        sb_json_str(&b, loss_config_keys[k]);
-        sb_puts(&b, ": ");
-        sb_double(&b, loss_config_get(&defaults, k));
-    }
-    sb_puts(&b, "}, \"data\": [");
-    for (size_t i = 0; i < r->n_data; i++) {
-        const fb_datum *d = &r->data[i];
-        sb_puts(&b, i ? ", {\"tokens\": [" : "{\"tokens\": [");
-        for (size_t k = 0; k < d->n_tokens; k++) {
-            if (k) sb_putc(&b, ',');
-            sb_int(&b, d->tokens[k]);
-        }
-        sb_putc(&b, ']');
-        size_t K = d->in[LOSS_IN_TARGET_TOKENS].present ? d->in[LOSS_IN_TARGET_TOKENS].k : 1;
-        if (K > 1) {
-            sb_puts(&b, ", \"k\": ");
-            sb_int(&b, (int64_t)K);
-        }
-        for (int k = 0; k < LOSS_N_INPUTS; k++) {
-            const fb_tensor *t = &d->in[k];
-            if (!t->present) continue;
-            sb_puts(&b, ", ");
-            sb_json_str(&b, loss_input_names[k]);
-            sb_puts(&b, ": [");
-            for (size_t p = 0; p < t->n * (t->k ? t->k : 1); p++) {
-                if (p) sb_putc(&b, ',');
-                if (t->i) sb_int(&b, t->i[p]);
-                else sb_float(&b, t->f[p]);
-            }
-            sb_putc(&b, ']');
-        }
-        sb_putc(&b, '}');
-    }
-    sb_puts(&b, "]}");
-    return sb_steal(&b, len);
-}
-
-void fb_request_free(fb_request *r) {
-    free(r->model_id);
-    for (size_t i = 0; i < r->n_config; i++) free(r->config[i].key);
-    free(r->config);
-    for (size_t i = 0; i < r->n_data; i++) {
-        free(r->data[i].tokens);
-        for (int k = 0; k < LOSS_N_INPUTS; k++) {
-            free(r->data[i].in[k].i);
-            free(r->data[i].in[k].f);
-        }
-    }
-    free(r->data);
-    memset(r, 0, sizeof *r);
-}

@@ -1,53 +1,19 @@
-/* fwdbwd.h: a forward / forward_backward request as one plain struct. The JSON decoder
- * here and the protobuf decoder (api_proto.c, docs/protocol.md §14) fill it; fb_validate checks it
- * against the model's base model; fb_payload_json writes operations.payload, the exact
- * contract the executor reads:
- *   {"loss_fn": "...", "loss_fn_config": {...}, "data": [{"tokens": [...],
- *    "target_tokens": [...], "weights": [...], "logprobs": [...], "advantages": [...]}]}
- * Chunks are concatenated into "tokens"; only the inputs the loss uses are written.
- * 2-D cross_entropy (docs/protocol.md §8, top-k distillation): target_tokens / weights of shape [N, K]
- * (dense or sparse CSR on the wire, densified here) are written flattened row-major
- * (N·K values) with "k": K in the datum; "k" is written only when K > 1, so an [N, 1]
- * input gives the same payload as its 1-D twin. */
+/* fwdbwd.h: a forward / forward_backward request from its JSON body: the decoder here and
+ * the protobuf decoder (api_proto.c, docs/protocol.md §14) fill the same fb_request
+ * (contract/fb_payload.h), fb_validate checks it against the model's base model, and
+ * fb_payload_encode (the contract's codec, which the executor reads back) writes it.
+ * 2-D cross_entropy (docs/protocol.md §8, top-k distillation): target_tokens / weights of
+ * shape [N, K] arrive dense or sparse CSR and are densified here (row-major, N·K values).
+ * The answer of a finished one is written from its packed result (contract/fb_result.h)
+ * by api_proto.c, as JSON or protobuf. */
 #pragma once
-#include "common/contract.h"
-#include "common/fb_check.h"
+#include "contract/contract.h"
+#include "contract/fb_check.h"
+#include "contract/fb_payload.h"
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef struct {
-    bool present;
-    size_t n;     /* rows (the leading dimension: one per model input token) */
-    size_t k;     /* columns: 1 for a 1-D input, K for shape [N, K] */
-    int dims;     /* 1 or 2, as sent */
-    int64_t *i;   /* LOSS_IN_TARGET_TOKENS; n·k values, row-major */
-    float *f;     /* the float inputs; n·k values, row-major */
-} fb_tensor;
-
-typedef struct {
-    int64_t *tokens;        /* model input: text chunks concatenated */
-    size_t n_tokens;
-    fb_tensor in[LOSS_N_INPUTS];
-} fb_datum;
-
-typedef struct {
-    char *key;
-    double value;
-} fb_kv;
-
-typedef struct {
-    char *model_id;
-    bool has_seq_id;
-    int64_t seq_id;
-    bool forward_only;
-    loss_kind loss;
-    fb_kv *config;          /* loss_fn_config as sent */
-    size_t n_config;
-    fb_datum *data;
-    size_t n_data;
-} fb_request;
 
 /* Decodes the JSON body of /forward_backward (forward_only false) or /forward (true).
  * Structural errors (types, shapes, chunk kinds) -> -1 with a message naming the datum
@@ -58,7 +24,7 @@ int fb_decode_json(const json_t *body, bool forward_only, fb_request *out, char 
  * fb_set_loss: r->loss from a name (NULL = cross_entropy for forward-only requests);
  * fb_add_config: appends a loss_fn_config entry (cap = the most entries there will be);
  * fb_check_float: a float32 input value must be finite and below 1e18 in magnitude;
- * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, common/fb_check.h, the
+ * fb_err_chunk_type: the message for non-text chunks (fb_err_two_d, contract/fb_check.h, the
  * one for 2-D inputs where only 1-D ones are accepted: loss_input_two_d says where).
  * fb_check_n_data: at most LIMIT_DATA datums.
  * fb_tensor_alloc_1d: t becomes a present 1-D input of n zero values (ints: t->i, else t->f).
@@ -90,11 +56,7 @@ int fb_decode_model_input(const json_t *mi, const char *where, int64_t **tokens,
                           size_t *n_tokens, char *err, size_t errlen);
 
 /* Checks against the base model and the loss's rules, with the checker the executor uses
- * too (common/fb_check.h): seq_id range, at least one datum, the loss_fn_config, and every
+ * too (contract/fb_check.h): seq_id range, at least one datum, the loss_fn_config, and every
  * datum. 0 or -1 with err. */
 int fb_validate(const fb_request *r, int64_t vocab_size, int64_t max_context, char *err,
                 size_t errlen);
-/* The operations.payload JSON (malloc'd), loss_fn_config defaults filled in. */
-char *fb_payload_json(const fb_request *r, size_t *len);
-int64_t fb_total_tokens(const fb_request *r);
-void fb_request_free(fb_request *r);

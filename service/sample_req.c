@@ -2,7 +2,6 @@
  * Messages name the field (sampling_params.top_p, prompt.chunks[0].tokens[3]) so a
  * user can fix the call. */
 #include "service/sample_req.h"
-#include "common/strbuf.h"
 #include "common/xalloc.h"
 #include "core/api_json.h"
 #include "service/fwdbwd.h"
@@ -16,8 +15,8 @@ static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen
     const json_t *stop = json_object_get(sp, "stop");
     if (!stop || json_is_null(stop)) return 0;
     if (json_is_string(stop)) {
-        r->stop_strings = xcalloc(1, sizeof *r->stop_strings);
-        r->stop_strings[r->n_stop_strings++] = json_string_value(stop);
+        r->p.stop_strings = xcalloc(1, sizeof *r->p.stop_strings);
+        r->p.stop_strings[r->p.n_stop_strings++] = json_string_value(stop);
     } else if (json_is_array(stop)) {
         size_t n = json_array_size(stop), n_str = 0, n_int = 0;
         if (n > SAMPLE_MAX_STOP) {
@@ -41,19 +40,19 @@ static int decode_stop(const json_t *sp, sample_req *r, char *err, size_t errlen
                                   "a list of strings or a list of token ids");
             return -1;
         }
-        if (n_str) r->stop_strings = xcalloc(n, sizeof *r->stop_strings);
-        if (n_int) r->stop_tokens = xcalloc(n, sizeof *r->stop_tokens);
+        if (n_str) r->p.stop_strings = xcalloc(n, sizeof *r->p.stop_strings);
+        if (n_int) r->p.stop_tokens = xcalloc(n, sizeof *r->p.stop_tokens);
         for (size_t i = 0; i < n; i++) {
             const json_t *e = json_array_get(stop, i);
-            if (n_str) r->stop_strings[r->n_stop_strings++] = json_string_value(e);
-            else jx_as_int(e, &r->stop_tokens[r->n_stop_tokens++]);
+            if (n_str) r->p.stop_strings[r->p.n_stop_strings++] = json_string_value(e);
+            else jx_as_int(e, &r->p.stop_tokens[r->p.n_stop_tokens++]);
         }
     } else {
         snprintf(err, errlen, "sampling_params.stop: expected a string, a list of strings or a "
                               "list of token ids, got %s", jx_type_name(stop));
         return -1;
     }
-    for (size_t i = 0; i < r->n_stop_strings; i++) {
+    for (size_t i = 0; i < r->p.n_stop_strings; i++) {
         const json_t *e = json_is_string(stop) ? stop : json_array_get(stop, i);
         if (json_string_length(e) == 0 || json_string_length(e) > SAMPLE_MAX_STOP_LEN) {
             snprintf(err, errlen, "sampling_params.stop: stop strings must be non-empty and at "
@@ -114,7 +113,7 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
         snprintf(err, errlen, "target_prompt_logprobs.shape: expected [len(prompt) - 1, K] (two integers)");
         return -1;
     }
-    int64_t rows = (int64_t)r->n_prompt - 1;
+    int64_t rows = (int64_t)r->p.n_prompt - 1;
     if (rows < 1) {
         snprintf(err, errlen, "target_prompt_logprobs needs a prompt of at least 2 tokens (position 0 has no "
                               "preceding context)");
@@ -126,8 +125,8 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
                  (long long)dims[0], (long long)dims[1], (long long)rows, LIMIT_TARGET_PROMPT_K);
         return -1;
     }
-    r->target_rows = rows;
-    r->target_cols = dims[1];
+    r->p.target_rows = rows;
+    r->p.target_cols = dims[1];
     const json_t *data = json_object_get(t, "data"), *crow = json_object_get(t, "sparse_crow_indices"),
                  *col = json_object_get(t, "sparse_col_indices");
     if (crow && json_is_null(crow)) crow = NULL;
@@ -143,10 +142,10 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
                  (long long)(rows * dims[1]), LIMIT_TARGET_PROMPT_CELLS);
         return -1;
     }
-    r->has_target = true;
-    if (int_list(data, "data", LIMIT_TARGET_PROMPT_CELLS, &r->target_ids, &r->n_target_ids, err, errlen) < 0)
+    r->p.has_target = true;
+    if (int_list(data, "data", LIMIT_TARGET_PROMPT_CELLS, &r->p.target_ids, &r->p.n_target_ids, err, errlen) < 0)
         return -1;
-    size_t nnz = r->n_target_ids;
+    size_t nnz = r->p.n_target_ids;
     if (!crow) {
         if (nnz != (size_t)(rows * dims[1])) {
             snprintf(err, errlen, "target_prompt_logprobs.shape [%lld, %lld] needs %lld values (row-major), data "
@@ -155,8 +154,8 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
         }
     } else {
         size_t nc, nl;
-        if (int_list(crow, "sparse_crow_indices", (size_t)rows + 1, &r->target_crow, &nc, err, errlen) < 0 ||
-            int_list(col, "sparse_col_indices", nnz, &r->target_col, &nl, err, errlen) < 0)
+        if (int_list(crow, "sparse_crow_indices", (size_t)rows + 1, &r->p.target_crow, &nc, err, errlen) < 0 ||
+            int_list(col, "sparse_col_indices", nnz, &r->p.target_col, &nl, err, errlen) < 0)
             return -1;
         if (nc != (size_t)rows + 1 || nl != nnz) {
             snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices needs rows + 1 = "
@@ -164,21 +163,21 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
                      (long long)rows + 1, nc, nnz, nl);
             return -1;
         }
-        if (r->target_crow[0] != 0 || r->target_crow[rows] != (int64_t)nnz) {
+        if (r->p.target_crow[0] != 0 || r->p.target_crow[rows] != (int64_t)nnz) {
             snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices must start at 0 and "
                                   "end at the number of values %zu", nnz);
             return -1;
         }
         for (int64_t i = 0; i < rows; i++) {
-            int64_t a = r->target_crow[i], b = r->target_crow[i + 1];
+            int64_t a = r->p.target_crow[i], b = r->p.target_crow[i + 1];
             if (b < a) {
                 snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_crow_indices must not decrease "
                                       "(entry %lld)", (long long)i + 1);
                 return -1;
             }
             for (int64_t q = a; q < b; q++) {
-                int64_t c = r->target_col[q];
-                if (c < 0 || c >= dims[1] || (q > a && c <= r->target_col[q - 1])) {
+                int64_t c = r->p.target_col[q];
+                if (c < 0 || c >= dims[1] || (q > a && c <= r->p.target_col[q - 1])) {
                     snprintf(err, errlen, "target_prompt_logprobs (sparse CSR): sparse_col_indices[%lld] = %lld: "
                                           "columns must lie in [0, %lld) and rise within a row", (long long)q,
                              (long long)c, (long long)dims[1]);
@@ -189,12 +188,12 @@ static int decode_target(const json_t *t, sample_req *r, char *err, size_t errle
     }
     bool any = false;
     for (size_t q = 0; q < nnz; q++) {
-        if (r->target_ids[q] < -1) {
+        if (r->p.target_ids[q] < -1) {
             snprintf(err, errlen, "target_prompt_logprobs.data[%zu] = %lld: a token id, or -1 for nothing",
-                     q, (long long)r->target_ids[q]);
+                     q, (long long)r->p.target_ids[q]);
             return -1;
         }
-        any = any || r->target_ids[q] >= 0;
+        any = any || r->p.target_ids[q] >= 0;
     }
     if (!any) {
         snprintf(err, errlen, "target_prompt_logprobs names no token id (every cell is -1); leave it out instead");
@@ -220,31 +219,31 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
     }
     json_t *prompt, *sp;
     if (jx_int(b, "", "seq_id", 0, &r->seq_id, &r->has_seq_id, err, errlen) < 0 ||
-        jx_int(b, "", "num_samples", 1, &r->num_samples, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "num_samples", 1, &r->p.num_samples, NULL, err, errlen) < 0 ||
         jx_obj(b, "", "prompt", &prompt, err, errlen) < 0 ||
         jx_obj(b, "", "sampling_params", &sp, err, errlen) < 0 ||
-        jx_bool(b, "", "prompt_logprobs", false, &r->prompt_logprobs, err, errlen) < 0 ||
-        jx_int(b, "", "topk_prompt_logprobs", 0, &r->topk_prompt_logprobs, NULL, err, errlen) < 0 ||
-        jx_int(b, "", "topk_sample_logprobs", 0, &r->topk_sample_logprobs, NULL, err, errlen) < 0 ||
-        jx_int(b, "", "prompt_logprobs_last_n", 0, &r->prompt_logprobs_last_n, NULL, err, errlen) < 0 ||
-        jx_int(b, "", "prompt_alt_tokens_k", 0, &r->prompt_alt_tokens_k, NULL, err, errlen) < 0)
+        jx_bool(b, "", "prompt_logprobs", false, &r->p.prompt_logprobs, err, errlen) < 0 ||
+        jx_int(b, "", "topk_prompt_logprobs", 0, &r->p.topk_prompt_logprobs, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "topk_sample_logprobs", 0, &r->p.topk_sample_logprobs, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "prompt_logprobs_last_n", 0, &r->p.prompt_logprobs_last_n, NULL, err, errlen) < 0 ||
+        jx_int(b, "", "prompt_alt_tokens_k", 0, &r->p.prompt_alt_tokens_k, NULL, err, errlen) < 0)
         return -1;
     if (r->has_seq_id && r->seq_id < 0) {
         snprintf(err, errlen, "seq_id must be >= 0, got %lld", (long long)r->seq_id);
         return -1;
     }
-    if (r->num_samples < 1 || r->num_samples > LIMIT_NUM_SAMPLES) {
+    if (r->p.num_samples < 1 || r->p.num_samples > LIMIT_NUM_SAMPLES) {
         snprintf(err, errlen, "num_samples must be between 1 and %d, got %lld",
-                 LIMIT_NUM_SAMPLES, (long long)r->num_samples);
+                 LIMIT_NUM_SAMPLES, (long long)r->p.num_samples);
         return -1;
     }
-    if (r->topk_prompt_logprobs < 0 || r->topk_prompt_logprobs > LIMIT_TOPK_PROMPT_LOGPROBS) {
+    if (r->p.topk_prompt_logprobs < 0 || r->p.topk_prompt_logprobs > LIMIT_TOPK_PROMPT_LOGPROBS) {
         snprintf(err, errlen, "topk_prompt_logprobs must be between 0 and %d, got %lld",
-                 LIMIT_TOPK_PROMPT_LOGPROBS, (long long)r->topk_prompt_logprobs);
+                 LIMIT_TOPK_PROMPT_LOGPROBS, (long long)r->p.topk_prompt_logprobs);
         return -1;
     }
     const struct { const char *name; int64_t v; } counts[] = {
-        {"topk_sample_logprobs", r->topk_sample_logprobs}, {"prompt_alt_tokens_k", r->prompt_alt_tokens_k}};
+        {"topk_sample_logprobs", r->p.topk_sample_logprobs}, {"prompt_alt_tokens_k", r->p.prompt_alt_tokens_k}};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         if (counts[i].v < 0 || counts[i].v > LIMIT_TOPK_PROMPT_LOGPROBS) {
             snprintf(err, errlen, "%s must be between 0 and %d, got %lld", counts[i].name,
@@ -252,12 +251,12 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
             return -1;
         }
     }
-    if (r->prompt_logprobs_last_n < 0) {
+    if (r->p.prompt_logprobs_last_n < 0) {
         snprintf(err, errlen, "prompt_logprobs_last_n must be >= 1 (0 or null: the whole prompt), got %lld",
-                 (long long)r->prompt_logprobs_last_n);
+                 (long long)r->p.prompt_logprobs_last_n);
         return -1;
     }
-    if (r->prompt_logprobs_last_n > 0 && !r->prompt_logprobs) {
+    if (r->p.prompt_logprobs_last_n > 0 && !r->p.prompt_logprobs) {
         snprintf(err, errlen, "prompt_logprobs_last_n needs prompt_logprobs: true (it limits the prompt "
                               "logprobs to the last n positions)");
         return -1;
@@ -267,42 +266,42 @@ int sample_decode_json(const json_t *b, sample_req *r, char *err, size_t errlen)
                               "\"encoded_text\", \"tokens\": [...]}]})");
         return -1;
     }
-    if (fb_decode_model_input(prompt, "prompt", &r->prompt, &r->n_prompt, err, errlen) < 0)
+    if (fb_decode_model_input(prompt, "prompt", &r->p.prompt, &r->p.n_prompt, err, errlen) < 0)
         return -1;
     if (decode_target(json_object_get(b, "target_prompt_logprobs"), r, err, errlen) < 0) return -1;
 
     json_t *empty = sp ? NULL : json_object();
     const json_t *p = sp ? sp : empty;
     int rc = -1;
-    if (jx_int(p, "sampling_params", "max_tokens", 0, &r->max_tokens, &r->has_max_tokens, err,
+    if (jx_int(p, "sampling_params", "max_tokens", 0, &r->p.max_tokens, &r->p.has_max_tokens, err,
                errlen) < 0 ||
-        jx_num(p, "sampling_params", "temperature", 1.0, &r->temperature, err, errlen) < 0 ||
-        jx_int(p, "sampling_params", "top_k", -1, &r->top_k, NULL, err, errlen) < 0 ||
-        jx_num(p, "sampling_params", "top_p", 1.0, &r->top_p, err, errlen) < 0 ||
-        jx_int(p, "sampling_params", "seed", 0, &r->seed, &r->has_seed, err, errlen) < 0 ||
+        jx_num(p, "sampling_params", "temperature", 1.0, &r->p.temperature, err, errlen) < 0 ||
+        jx_int(p, "sampling_params", "top_k", -1, &r->p.top_k, NULL, err, errlen) < 0 ||
+        jx_num(p, "sampling_params", "top_p", 1.0, &r->p.top_p, err, errlen) < 0 ||
+        jx_int(p, "sampling_params", "seed", 0, &r->p.seed, &r->has_seed, err, errlen) < 0 ||
         decode_stop(p, r, err, errlen) < 0)
         goto out;
-    if (r->has_max_tokens && r->max_tokens < 1) {
+    if (r->p.has_max_tokens && r->p.max_tokens < 1) {
         snprintf(err, errlen, "sampling_params.max_tokens must be >= 1, got %lld",
-                 (long long)r->max_tokens);
+                 (long long)r->p.max_tokens);
         goto out;
     }
-    if (!(r->temperature >= 0) || r->temperature >= 1e18) {
+    if (!(r->p.temperature >= 0) || r->p.temperature >= 1e18) {
         snprintf(err, errlen, "sampling_params.temperature must be >= 0 (0 = greedy), got %g",
-                 r->temperature);
+                 r->p.temperature);
         goto out;
     }
-    if (!(r->top_p > 0 && r->top_p <= 1)) {
-        snprintf(err, errlen, "sampling_params.top_p must be in (0, 1], got %g", r->top_p);
+    if (!(r->p.top_p > 0 && r->p.top_p <= 1)) {
+        snprintf(err, errlen, "sampling_params.top_p must be in (0, 1], got %g", r->p.top_p);
         goto out;
     }
-    if (r->top_k != -1 && r->top_k < 1) {
+    if (r->p.top_k != -1 && r->p.top_k < 1) {
         snprintf(err, errlen, "sampling_params.top_k must be -1 (no limit) or >= 1, got %lld",
-                 (long long)r->top_k);
+                 (long long)r->p.top_k);
         goto out;
     }
-    if (r->has_seed && r->seed < 0) {
-        snprintf(err, errlen, "sampling_params.seed must be >= 0, got %lld", (long long)r->seed);
+    if (r->has_seed && r->p.seed < 0) {
+        snprintf(err, errlen, "sampling_params.seed must be >= 0, got %lld", (long long)r->p.seed);
         goto out;
     }
     rc = 0;
@@ -313,148 +312,83 @@ out:
 
 int sample_validate(sample_req *r, int64_t vocab_size, int64_t max_context, char *err,
                     size_t errlen) {
-    if (r->n_prompt == 0) {
+    if (r->p.n_prompt == 0) {
         snprintf(err, errlen, "prompt has no tokens");
         return -1;
     }
-    for (size_t k = 0; k < r->n_prompt; k++) {
-        if (r->prompt[k] < 0 || r->prompt[k] >= vocab_size) {
+    for (size_t k = 0; k < r->p.n_prompt; k++) {
+        if (r->p.prompt[k] < 0 || r->p.prompt[k] >= vocab_size) {
             snprintf(err, errlen, "prompt: token id %lld at position %zu is outside the vocabulary "
-                                  "[0, %lld)", (long long)r->prompt[k], k, (long long)vocab_size);
+                                  "[0, %lld)", (long long)r->p.prompt[k], k, (long long)vocab_size);
             return -1;
         }
     }
-    for (size_t q = 0; q < r->n_target_ids; q++) {
-        if (r->target_ids[q] >= vocab_size) {
+    for (size_t q = 0; q < r->p.n_target_ids; q++) {
+        if (r->p.target_ids[q] >= vocab_size) {
             snprintf(err, errlen, "target_prompt_logprobs.data[%zu]: token id %lld is outside the vocabulary "
-                                  "[0, %lld) (-1 = nothing)", q, (long long)r->target_ids[q],
+                                  "[0, %lld) (-1 = nothing)", q, (long long)r->p.target_ids[q],
                      (long long)vocab_size);
             return -1;
         }
     }
-    for (size_t k = 0; k < r->n_stop_tokens; k++) {
-        if (r->stop_tokens[k] < 0 || r->stop_tokens[k] >= vocab_size) {
+    for (size_t k = 0; k < r->p.n_stop_tokens; k++) {
+        if (r->p.stop_tokens[k] < 0 || r->p.stop_tokens[k] >= vocab_size) {
             snprintf(err, errlen, "sampling_params.stop[%zu]: token id %lld is outside the "
-                                  "vocabulary [0, %lld)", k, (long long)r->stop_tokens[k],
+                                  "vocabulary [0, %lld)", k, (long long)r->p.stop_tokens[k],
                      (long long)vocab_size);
             return -1;
         }
     }
-    int64_t room = max_context - (int64_t)r->n_prompt;
+    int64_t room = max_context - (int64_t)r->p.n_prompt;
     if (room < 1) {
         snprintf(err, errlen, "prompt has %zu tokens; the base model's context length is %lld, "
-                              "which leaves no room to generate", r->n_prompt,
+                              "which leaves no room to generate", r->p.n_prompt,
                  (long long)max_context);
         return -1;
     }
-    if (!r->has_max_tokens) {
-        r->max_tokens = room < SAMPLE_DEFAULT_MAX_TOKENS ? room : SAMPLE_DEFAULT_MAX_TOKENS;
-        r->has_max_tokens = true;
+    if (!r->p.has_max_tokens) {
+        r->p.max_tokens = room < SAMPLE_DEFAULT_MAX_TOKENS ? room : SAMPLE_DEFAULT_MAX_TOKENS;
+        r->p.has_max_tokens = true;
     }
-    if (r->max_tokens > room) {
+    if (r->p.max_tokens > room) {
         snprintf(err, errlen, "prompt (%zu tokens) + sampling_params.max_tokens (%lld) exceeds the "
                               "base model's context length %lld; lower max_tokens to at most %lld",
-                 r->n_prompt, (long long)r->max_tokens, (long long)max_context, (long long)room);
+                 r->p.n_prompt, (long long)r->p.max_tokens, (long long)max_context, (long long)room);
         return -1;
     }
-    if (r->topk_sample_logprobs > 0 &&
-        r->num_samples * r->max_tokens * r->topk_sample_logprobs > LIMIT_TOPK_SAMPLE_CELLS) {
+    if (r->p.topk_sample_logprobs > 0 &&
+        r->p.num_samples * r->p.max_tokens * r->p.topk_sample_logprobs > LIMIT_TOPK_SAMPLE_CELLS) {
         snprintf(err, errlen, "topk_sample_logprobs %lld x num_samples %lld x max_tokens %lld is more than the %d "
                               "top-k entries one request may return; lower one of them",
-                 (long long)r->topk_sample_logprobs, (long long)r->num_samples, (long long)r->max_tokens,
+                 (long long)r->p.topk_sample_logprobs, (long long)r->p.num_samples, (long long)r->p.max_tokens,
                  LIMIT_TOPK_SAMPLE_CELLS);
         return -1;
     }
     /* "the last n positions" of a prompt that has fewer is all of it */
-    if (r->prompt_logprobs_last_n > (int64_t)r->n_prompt - 1) r->prompt_logprobs_last_n = (int64_t)r->n_prompt - 1;
+    if (r->p.prompt_logprobs_last_n > (int64_t)r->p.n_prompt - 1)
+        r->p.prompt_logprobs_last_n = (int64_t)r->p.n_prompt - 1;
     if (!r->has_seed) {
         uint64_t s;
         randombytes_buf(&s, sizeof s);
-        r->seed = (int64_t)(s & ((UINT64_C(1) << 48) - 1)); /* exact in any JSON reader */
+        r->p.seed = (int64_t)(s & ((UINT64_C(1) << 48) - 1)); /* exact in any JSON reader */
         r->has_seed = true;
     }
     return 0;
 }
 
 int64_t sample_n_tokens(const sample_req *r) {
-    return r->num_samples * ((int64_t)r->n_prompt + r->max_tokens);
-}
-
-static void put_ints(strbuf *b, const int64_t *v, size_t n) {
-    sb_putc(b, '[');
-    for (size_t k = 0; k < n; k++) {
-        if (k) sb_putc(b, ',');
-        sb_int(b, v[k]);
-    }
-    sb_putc(b, ']');
+    return r->p.num_samples * ((int64_t)r->p.n_prompt + r->p.max_tokens);
 }
 
 char *sample_payload_json(const sample_req *r, const char *source, const char *blob_digest,
                           size_t *len) {
-    strbuf b;
-    sb_init(&b, 256 + 8 * r->n_prompt + 8 * r->n_target_ids);
-    sb_puts(&b, "{\"prompt\": [");
-    for (size_t k = 0; k < r->n_prompt; k++) {
-        if (k) sb_putc(&b, ',');
-        sb_int(&b, r->prompt[k]);
-    }
-    sb_printf(&b, "], \"num_samples\": %lld, \"max_tokens\": %lld, \"temperature\": ",
-              (long long)r->num_samples, (long long)r->max_tokens);
-    sb_real(&b, r->temperature);
-    sb_printf(&b, ", \"top_k\": %lld, \"top_p\": ", (long long)r->top_k);
-    sb_real(&b, r->top_p);
-    sb_printf(&b, ", \"seed\": %lld", (long long)r->seed);
-    if (r->stop_tokens) {
-        sb_puts(&b, ", \"stop_tokens\": [");
-        for (size_t k = 0; k < r->n_stop_tokens; k++) {
-            if (k) sb_putc(&b, ',');
-            sb_int(&b, r->stop_tokens[k]);
-        }
-        sb_putc(&b, ']');
-    }
-    if (r->stop_strings) {
-        sb_puts(&b, ", \"stop_strings\": [");
-        for (size_t k = 0; k < r->n_stop_strings; k++) {
-            if (k) sb_puts(&b, ", ");
-            sb_json_str(&b, r->stop_strings[k]);
-        }
-        sb_putc(&b, ']');
-    }
-    sb_printf(&b, ", \"prompt_logprobs\": %s, \"topk_prompt_logprobs\": %lld, \"source\": ",
-              r->prompt_logprobs ? "true" : "false", (long long)r->topk_prompt_logprobs);
-    sb_json_str(&b, source);
-    if (r->topk_sample_logprobs > 0)
-        sb_printf(&b, ", \"topk_sample_logprobs\": %lld", (long long)r->topk_sample_logprobs);
-    if (r->prompt_logprobs_last_n > 0)
-        sb_printf(&b, ", \"prompt_logprobs_last_n\": %lld", (long long)r->prompt_logprobs_last_n);
-    if (r->prompt_alt_tokens_k > 0)
-        sb_printf(&b, ", \"prompt_alt_tokens_k\": %lld", (long long)r->prompt_alt_tokens_k);
-    if (r->has_target) {
-        sb_printf(&b, ", \"target_prompt_logprobs\": {\"shape\": [%lld, %lld], \"data\": ",
-                  (long long)r->target_rows, (long long)r->target_cols);
-        put_ints(&b, r->target_ids, r->n_target_ids);
-        if (r->target_crow) {
-            sb_puts(&b, ", \"crow\": ");
-            put_ints(&b, r->target_crow, (size_t)r->target_rows + 1);
-            sb_puts(&b, ", \"col\": ");
-            put_ints(&b, r->target_col, r->n_target_ids);
-        }
-        sb_putc(&b, '}');
-    }
-    if (blob_digest) {
-        sb_puts(&b, ", \"blob_digest\": ");
-        sb_json_str(&b, blob_digest);
-    }
-    sb_putc(&b, '}');
-    return sb_steal(&b, len);
+    sample_payload p = r->p;
+    p.source = source;
+    p.blob_digest = blob_digest;
+    return sample_payload_encode(&p, len);
 }
 
 void sample_req_free(sample_req *r) {
-    free(r->prompt);
-    free(r->stop_tokens);
-    free(r->stop_strings);
-    free(r->target_ids);
-    free(r->target_crow);
-    free(r->target_col);
+    sample_payload_free(&r->p);
     memset(r, 0, sizeof *r);
 }

@@ -7,6 +7,7 @@
 #include "common/db.h"
 #include "common/migrate.h"
 #include "common/pgcluster.h"
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,9 @@ static inline void dbt_die(const char *what, const char *detail) {
     exit(2);
 }
 
-/* Starts the cluster in /tmp/<prefix>-XXXXXX, connects C and migrates. */
-static inline void dbt_start(const char *prefix) {
+/* Starts the cluster in /tmp/<prefix>-XXXXXX, connects C and migrates up to migration
+ * `last` (INT_MAX: all; migrate_run_upto). */
+static inline void dbt_start_upto(const char *prefix, int last) {
     char err[1024];
     snprintf(dbt_dir, sizeof dbt_dir, "/tmp/%s-XXXXXX", prefix);
     if (!mkdtemp(dbt_dir)) dbt_die("mkdtemp", dbt_dir);
@@ -32,8 +34,11 @@ static inline void dbt_start(const char *prefix) {
     snprintf(conninfo, sizeof conninfo, "%s", pc.conninfo);
     C = db_connect(conninfo, 10000, err, sizeof err);
     if (!C) dbt_die("connect", err);
-    if (migrate_run(C, err, sizeof err) < 0) dbt_die("migrate", err);
+    if (migrate_run_upto(C, last, err, sizeof err) < 0) dbt_die("migrate", err);
 }
+
+/* Starts the cluster in /tmp/<prefix>-XXXXXX, connects C and migrates. */
+static inline void dbt_start(const char *prefix) { dbt_start_upto(prefix, INT_MAX); }
 
 static inline void dbt_stop(void) {
     char err[1024], cmd[128];

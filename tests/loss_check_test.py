@@ -2,7 +2,7 @@
 """loss_check_test.py: one validation of a forward_backward, and losses that overflow.
 
 - The api and the executor check a forward_backward with the same rules
-  (common/fb_check.h). A loss_fn_config with clip_low_threshold above
+  (contract/fb_check.h). A loss_fn_config with clip_low_threshold above
   clip_high_threshold is a 400 at submit (ppo and cispo), recorded as a refused seq_id.
 - A payload that breaks a rule anyway (written past the api) fails its own operation in
   the executor and nothing else: another tenant's operation in the same packed batch
@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from apitest import is_detail, loom_cli  # noqa: E402
+import packed  # noqa: E402
 from stack import Results, Stack  # noqa: E402
 
 R = Results()
@@ -93,16 +94,17 @@ def main():
 
         # ---- the executor's defence fails one operation only --------------------------------
         good = datum("cross_entropy")
-        bad_payload = json.dumps({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 1.5,
-                                                                        "clip_high_threshold": 0.5},
-                                  "data": [{"tokens": TOKENS, "target_tokens": [t + 1 for t in TOKENS],
-                                            "logprobs": [-2.0] * 5, "advantages": [1.0] * 5}]})
+        bad_header = json.dumps({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 1.5,
+                                                                       "clip_high_threshold": 0.5}, "datums": 1})
+        bad_bin = packed.payload_bytes("ppo", [{"tokens": TOKENS, "target_tokens": [t + 1 for t in TOKENS],
+                                                "logprobs": [-2.0] * 5, "advantages": [1.0] * 5}],
+                                       clip_low=1.5, clip_high=0.5).hex()
 
         def submit_both():
             st, f = fb(s.key, a, 3, "cross_entropy", [good])
-            s.psql("INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)"
-                   f" SELECT 'req-bad-payload', tenant_id, id, 1, 'forward_backward', '{bad_payload}'::jsonb, 5"
-                   f" FROM models WHERE id = '{b}'; NOTIFY loom_op_queued")
+            s.psql("INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, payload_bin,"
+                   f" n_tokens) SELECT 'req-bad-payload', tenant_id, id, 1, 'forward_backward', '{bad_header}'::jsonb,"
+                   f" decode('{bad_bin}', 'hex'), 5 FROM models WHERE id = '{b}'; NOTIFY loom_op_queued")
             return f["request_id"]
         good_req = paused(submit_both)
         rb = s.result("req-bad-payload", key=key_b)

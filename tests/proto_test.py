@@ -169,7 +169,7 @@ def main():
         st, ct, raw = http(s.url, s.key, "/api/v1/forward_backward", body, content_type=PROTO)
         R.check(st == 200 and json.loads(raw)["request_id"] == f2.get("request_id"),
                 "protobuf resubmission returns the same request_id")
-        R.check(s.psql(f"SELECT count(*) FROM (SELECT DISTINCT payload FROM operations WHERE model_id = '{mid}'"
+        R.check(s.psql(f"SELECT count(*) FROM (SELECT DISTINCT payload, payload_bin FROM operations WHERE model_id = '{mid}'"
                        f" AND seq_id IN (1, 2)) x") == "1"
                 and s.psql(f"SELECT string_agg(kind, ',' ORDER BY seq_id) FROM operations WHERE model_id = '{mid}'"
                            f" AND seq_id IN (1, 2)") == "forward_backward,forward_backward",
@@ -212,7 +212,7 @@ def main():
                                encoding="zstd")
             f4 = json.loads(raw) if st == 200 else {}
             R.check(st == 200 and "request_id" in f4, "zstd-compressed protobuf body accepted")
-            R.check(s.psql(f"SELECT count(DISTINCT payload) FROM operations WHERE model_id = '{mid}'"
+            R.check(s.psql(f"SELECT count(DISTINCT (payload, payload_bin)) FROM operations WHERE model_id = '{mid}'"
                            f" AND seq_id IN (1, 4)") == "1", "zstd body gives the same payload")
             if f4:
                 ct, raw = result(s, f4["request_id"], accept=PROTO)

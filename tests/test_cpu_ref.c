@@ -18,7 +18,7 @@
 #include "backend/adamw.h"
 #include "backend/backend.h"
 #include "backend/loss.h"
-#include "common/fb_check.h"
+#include "contract/fb_check.h"
 #include "model/lora.h"
 #include "model/mkmodel.h"
 #include "model/model.h"
@@ -34,7 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A sequence as the shared check (common/fb_check.h) sees a datum: its loss config, then
+/* A sequence as the shared check (contract/fb_check.h) sees a datum: its loss config, then
  * the datum with every input it has. 0, or -1 with err. */
 static int check_seq(const model_config *mc, const exe_seq *s, char *err, size_t errlen)
 {
@@ -630,7 +630,7 @@ static void test_arch(const char *arch)
     }
     for (int k = 0; k < b.nseq; k++) b.seqs[k].forward_only = TR_SEQS[b.ad_of[k]].fwd_only;
 
-    /* bad sequences never reach the backend: the one check of a datum (common/fb_check.h,
+    /* bad sequences never reach the backend: the one check of a datum (contract/fb_check.h,
      * which the api and the executor share and backends trust) refuses them, and every
      * sequence of the scenario passes it */
     bool all_ok = true;

@@ -15,6 +15,7 @@
  * targets they give their own logprobs), the same alone as batched. */
 #include "backend/backend.h"
 #include "backend/loss.h"
+#include "contract/fb_payload.h"
 #include "executor/exe_sample.h"
 #include "executor/exe_train.h"
 #include "model/mkmodel.h"
@@ -50,8 +51,30 @@ static void free_op(exe_op *op)
 {
     json_decref(op->payload);
     json_decref(op->result);
+    free(op->payload_bin);
+    free(op->result_bin);
     free(op->hook_data);
     free(op);
+}
+
+/* A cross_entropy forward_backward of one or two datums (tokens t, targets t + 1), its
+ * payload packed as the api packs it (contract/fb_payload.h). */
+static exe_op *fb_op(const int64_t *t0, size_t n0, const int64_t *t1, size_t n1)
+{
+    exe_op *op = new_op("forward_backward", "m1", NULL, "{\"loss_fn\": \"cross_entropy\"}");
+    fb_datum d[2] = {{.tokens = (int64_t *)t0, .n_tokens = n0}, {.tokens = (int64_t *)t1, .n_tokens = n1}};
+    int64_t tg[2][4];
+    for (int i = 0; i < 2; i++) {
+        for (size_t k = 0; k < d[i].n_tokens; k++) tg[i][k] = d[i].tokens[k] + 1;
+        d[i].in[LOSS_IN_TARGET_TOKENS] = (fb_tensor){.present = true, .n = d[i].n_tokens, .k = 1, .dims = 1, .i = tg[i]};
+    }
+    fb_request r = {.loss = LOSS_CROSS_ENTROPY, .data = d, .n_data = t1 ? 2 : 1};
+    fb_payload p;
+    fb_payload_encode(&r, &p);
+    op->payload_bin = p.bin;
+    op->payload_bin_len = p.bin_len;
+    free(p.header);
+    return op;
 }
 
 /* One sample op, alone. */
@@ -551,13 +574,11 @@ int main(void)
     /* ---- forward_backward: a bad datum fails its own operation only ---- */
     {
         exe_op *fb[2];
-        fb[0] = new_op("forward_backward", "m1", NULL, "{\"loss_fn\": \"cross_entropy\", \"data\": [{\"tokens\": [1, 2, 3],"
-                                                      " \"target_tokens\": [2, 3, 4]}]}");
-        fb[1] = new_op("forward_backward", "m1", NULL, "{\"loss_fn\": \"cross_entropy\", \"data\": [{\"tokens\": [1, 2],"
-                                                      " \"target_tokens\": [2, 3]}, {\"tokens\": [1, 256],"
-                                                      " \"target_tokens\": [2, 3]}]}");
+        fb[0] = fb_op((int64_t[]){1, 2, 3}, 3, NULL, 0);
+        fb[1] = fb_op((int64_t[]){1, 2}, 2, (int64_t[]){1, 256}, 2);   /* 256: outside the vocabulary */
         exe_run_fb_batch(&st, fb, 2, true);
-        CHECK(!fb[0]->category && json_object_get(fb[0]->result, "loss_fn_outputs"), "the good op ran: %s", fb[0]->error);
+        CHECK(!fb[0]->category && fb[0]->result_bin && json_object_get(fb[0]->result, "metrics"),
+              "the good op ran: %s", fb[0]->error);
         CHECK(fb[1]->category && !strcmp(fb[1]->category, "user") && strstr(fb[1]->error, "data[1]") &&
                   strstr(fb[1]->error, "token id"), "the bad datum fails its op as the user's error: %s", fb[1]->error);
         free_op(fb[0]);

@@ -4,7 +4,7 @@
  * forward_backward held for its optim_step and what a model's claims teach (rule 5),
  * samples as runs of one (rule 6); then invariants over many random inputs. */
 #include "scheduler/planner.h"
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "check.h"
 #include <math.h>
 #include <stdlib.h>

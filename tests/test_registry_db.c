@@ -5,6 +5,7 @@
  * the operator views, GC with keep-last, and GC racing concurrent saves that reuse the
  * same blobs: a live version's blob must never disappear. */
 #include "check.h"
+#include "contract/fb_payload.h"
 #include "dbtest.h"
 #include "regtest.h"
 #include <sodium.h>
@@ -20,6 +21,22 @@ static int save(PGconn *c, const char *model, int seq, const char *kind, const c
     return save_version(c, NULL, &v, vid, err, errlen);
 }
 
+/* The packed arrays of a one-datum forward_backward (contract/fb_payload.h), as the api writes them. */
+static void set_payload_bin(const char *request_id, loss_kind loss, int64_t *tokens, int64_t *targets, size_t n) {
+    fb_request r = {.loss = loss, .n_data = 1};
+    fb_datum d = {.tokens = tokens, .n_tokens = n};
+    d.in[LOSS_IN_TARGET_TOKENS] = (fb_tensor){.present = true, .n = n, .k = 1, .dims = 1, .i = targets};
+    r.data = &d;
+    fb_payload p;
+    fb_payload_encode(&r, &p);
+    char q[512];
+    int at = snprintf(q, sizeof q, "UPDATE operations SET payload_bin = '\\x");
+    for (size_t i = 0; i < p.bin_len; i++) at += snprintf(q + at, sizeof q - at, "%02x", p.bin[i]);
+    snprintf(q + at, sizeof q - at, "' WHERE request_id = '%s'", request_id);
+    sql(q);
+    fb_payload_free(&p);
+}
+
 static void setup(void) {
     sql("INSERT INTO tenants (name) VALUES ('a'), ('b'), ('c')");
     sql("INSERT INTO base_models (name, path, arch, max_context, vocab_size, config)"
@@ -31,13 +48,15 @@ static void setup(void) {
     sql("INSERT INTO api_keys (tenant_id, prefix, hash) VALUES (1, 'abcdefgh', '\\x01')");
     /* model sa:train:0: fb (seq 1), optim (2), then the save at seq 3; fb (4), failed fb (5), save at 6 */
     sql("INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens, state, result) VALUES"
-        " ('r1', 1, 'sa:train:0', 1, 'forward_backward', '{\"data\": [{\"tokens\": [1, 2, 3], \"target_tokens\": [2, 3, 4]}],"
-        "   \"loss_fn\": \"cross_entropy\"}', 3, 'done', '{\"metrics\": {\"loss:sum\": 3.5}}'),"
+        " ('r1', 1, 'sa:train:0', 1, 'forward_backward', '{\"datums\": 1, \"loss_fn\": \"cross_entropy\"}', 3, 'done',"
+        "   '{\"metrics\": {\"loss:sum\": 3.5}}'),"
         " ('r2', 1, 'sa:train:0', 2, 'optim_step', '{\"adam_params\": {\"learning_rate\": 0.01}}', 0, 'done', '{}'),"
-        " ('r4', 1, 'sa:train:0', 4, 'forward_backward', '{\"data\": [{\"tokens\": [5], \"target_tokens\": [6]}],"
-        "   \"loss_fn\": \"importance_sampling\"}', 1, 'done', '{\"metrics\": {\"loss:sum\": 1.25}}'),"
-        " ('r5', 1, 'sa:train:0', 5, 'forward_backward', '{\"data\": [{\"tokens\": [9], \"target_tokens\": [9]}]}', 1,"
-        "   'failed', NULL)");
+        " ('r4', 1, 'sa:train:0', 4, 'forward_backward', '{\"datums\": 1, \"loss_fn\": \"importance_sampling\"}', 1,"
+        "   'done', '{\"metrics\": {\"loss:sum\": 1.25}}'),"
+        " ('r5', 1, 'sa:train:0', 5, 'forward_backward', '{\"datums\": 1}', 1, 'failed', NULL)");
+    set_payload_bin("r1", LOSS_CROSS_ENTROPY, (int64_t[]){1, 2, 3}, (int64_t[]){2, 3, 4}, 3);
+    set_payload_bin("r4", LOSS_IMPORTANCE_SAMPLING, (int64_t[]){5}, (int64_t[]){6}, 1);
+    set_payload_bin("r5", LOSS_CROSS_ENTROPY, (int64_t[]){9}, (int64_t[]){9}, 1);
 }
 
 static void test_versions(void) {
@@ -61,10 +80,10 @@ static void test_versions(void) {
              " AND tinker_path = 'tinker://sa:train:0/weights/000003' AND kind = 'training' AND expires_at IS NULL"
              " FROM adapter_versions WHERE id = %lld", (long long)v1);
     CHECK(!strcmp(text(q), "t"), "provenance: op range 1..2, one fwd/bwd, 3 tokens, loss 3.5, lr 0.01, creator key");
-    snprintf(q, sizeof q, "SELECT provenance->>'data_digest' = encode(sha256(convert_to((SELECT (payload->'data')::text"
-             " FROM operations WHERE request_id = 'r1'), 'UTF8')), 'hex') FROM adapter_versions WHERE id = %lld",
-             (long long)v1);
-    CHECK(!strcmp(text(q), "t"), "data digest = sha256 of the consumed data");
+    snprintf(q, sizeof q, "SELECT provenance->>'data_digest' = encode(sha256(substring((SELECT payload_bin"
+             " FROM operations WHERE request_id = 'r1') FROM %d)), 'hex') FROM adapter_versions WHERE id = %lld",
+             FB_PAYLOAD_DATA_AT + 1, (long long)v1);
+    CHECK(!strcmp(text(q), "t"), "data digest = sha256 of the consumed data (the packed datums, not the loss)");
     CHECK(scalar("SELECT count(*) FROM adapters WHERE name = 'sa:train:0' AND tenant_id = 1") == 1,
           "adapter row named after the model");
 

@@ -9,7 +9,7 @@ foreach(src ${LOOM_C_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src})
   target_link_libraries(${name} PRIVATE loom_api loom_scheduler loom_executor loom_backend loom_model
-                        loom_text loom_registry loom_common)
+                        loom_text loom_registry loom_contract loom_common)
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "LOOM_BIN=$<TARGET_FILE:loom>" TIMEOUT 600)
 endforeach()

@@ -3,7 +3,7 @@
 end to end against `loom up`.
 
 target_tokens / weights of shape [N, K] sent as JSON dense, JSON sparse CSR, protobuf
-dense and protobuf sparse CSR all become the same operation payload ("k": K, row-major)
+dense and protobuf sparse CSR all become the same operation payload (packed: k = K, row-major)
 and the same result: logprobs of shape [N, K] (protobuf: trailing_shape [K]),
 elementwise_loss [N], equal loss:sum. The numbers are checked against 1-D forwards:
 logprobs[i, j] equals the 1-D logprob of target t[i, j] (a forward with t[:, j] as the
@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from stack import Results, Stack  # noqa: E402
+import packed  # noqa: E402
 import tinker_proto as tp  # noqa: E402
 import wire  # noqa: E402
 
@@ -91,8 +92,8 @@ def main():
                 print("      got", st, raw[:300])
             return n, json.loads(raw).get("request_id") if st == 200 else None
 
-        def payload(n):
-            return json.loads(s.psql(f"SELECT payload FROM operations WHERE model_id = '{mid}' AND seq_id = {n}"))
+        def payload(n):   # the header and the packed arrays, as one dict
+            return packed.payload_of(s, f"model_id = '{mid}' AND seq_id = {n}")
 
         # N = 6 positions, K = 3 targets each; zeros in both (ids 0 and weights 0) so that
         # the sparse forms leave entries out; negative weights allowed (docs/protocol.md §8).

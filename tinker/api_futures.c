@@ -90,16 +90,17 @@ static int reply_waiting(api_call *c, const PGresult *r) {
 }
 
 /* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
- * (§4.2, §14; SDK 0.25 accepts nothing else for them), else the stored JSON. */
-static int reply_result(api_call *c, const char *kind, const char *json) {
+ * (§4.2, §14; SDK 0.25 accepts nothing else for them), else JSON: a fwd/bwd's from its
+ * packed result (api_proto.c), any other the stored JSON. */
+static int reply_result(api_call *c, const char *kind, const char *json, const PGresult *r) {
     bool fwd = !strcmp(kind, OP_FORWARD_BACKWARD) || !strcmp(kind, OP_FORWARD);
-    bool sample = !strcmp(kind, OP_SAMPLE);
-    if ((fwd || sample) && proto_accepted(c->job->accept)) {
+    if (fwd && !PQgetisnull(r, 0, 16))
+        return proto_reply_fb_result(c, (const uint8_t *)PQgetvalue(r, 0, 16), (size_t)PQgetlength(r, 0, 16));
+    if (!strcmp(kind, OP_SAMPLE) && proto_accepted(c->job->accept)) {
         uint8_t *buf;
         size_t len;
-        int rc = fwd ? proto_encode_fwdbwd_output(json, &buf, &len, c->err, sizeof c->err)
-                     : proto_encode_sample_response(json, &buf, &len, c->err, sizeof c->err);
-        if (rc == 0) return api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
+        if (proto_encode_sample_response(json, &buf, &len, c->err, sizeof c->err) == 0)
+            return api_reply_bytes(c, 200, "application/x-protobuf", buf, len);
         log_warn("retrieve_future %s: %s; answering JSON", c->job->request_id, c->err);
     }
     return api_reply_text(c, 200, json);
@@ -122,7 +123,7 @@ int api_h_retrieve_future(api_call *c) {
     api_fmt_i64(lim, c->settings->max_queued_samples);
     api_fmt_i64(timeout, c->settings->executor_timeout_s);
     const char *p[4] = {job->request_id, tid, lim, timeout};
-    PGresult *r = db_query(c->db, SQL_FUTURE_GET, 4, p, c->err, sizeof c->err);
+    PGresult *r = db_query_bin(c->db, SQL_FUTURE_GET, 4, p, NULL, NULL, 1, c->err, sizeof c->err);
     if (!r) {
         /* A long poll outlives a database outage: keep waiting, look again in a second. */
         log_msg(PQstatus(c->db) == CONNECTION_OK ? LOG_WARN_ : db_outage_level(),
@@ -137,7 +138,7 @@ int api_h_retrieve_future(api_call *c) {
     const char *state = PQgetvalue(r, 0, 0);
     if (!strcmp(state, "done")) {
         if (PQgetisnull(r, 0, 1)) reply_failed(c, "operation finished without a result", "server");
-        else reply_result(c, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 1));
+        else reply_result(c, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 1), r);
     } else if (!strcmp(state, "failed") || !strcmp(state, "canceled")) {
         const char *error = PQgetisnull(r, 0, 2) ? NULL : PQgetvalue(r, 0, 2);
         const char *cat = PQgetisnull(r, 0, 3) ? NULL : PQgetvalue(r, 0, 3);

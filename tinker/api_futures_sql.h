@@ -2,7 +2,7 @@
  * (api_session_futures.c: retrieve_futures, cancel_future, join_sampling_session;
  * docs/protocol.md §4.4–§4.6, migration 0022). Parameters are always bound. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 
 /* The samples of one client of a sampling session: seq_id in [$2, $3), and, for client
  * 0, samples submitted without a seq_id. */

@@ -123,8 +123,9 @@ static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, con
                       char request_id[API_REQUEST_ID_MAX], char *err, size_t errlen) {
     char seq[24];
     api_fmt_i64(seq, q->seq_id);
-    const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
-    PGresult *r = db_query(db, SQL_OP_SUBMIT, 7, p, err, errlen);
+    const char *p[8] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok, (const char *)q->payload_bin};
+    const int len[8] = {[7] = (int)q->payload_bin_len}, fmt[8] = {[7] = 1};
+    PGresult *r = db_query_bin(db, SQL_OP_SUBMIT, 8, p, len, fmt, 0, err, errlen);
     if (!r) return -1;
     int inserted = PQntuples(r) > 0;
     PQclear(r);
@@ -166,8 +167,9 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
             }
             api_fmt_i64(seq, next);
         }
-        const char *p[7] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok};
-        PGresult *r = db_query(db, SQL_OP_INSERT, 7, p, err, errlen);
+        const char *p[8] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok, (const char *)q->payload_bin};
+        const int len[8] = {[7] = (int)q->payload_bin_len}, fmt[8] = {[7] = 1};
+        PGresult *r = db_query_bin(db, SQL_OP_INSERT, 8, p, len, fmt, 0, err, errlen);
         if (!r) goto fail;
         int inserted = PQntuples(r) > 0;
         PQclear(r);

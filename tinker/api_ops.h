@@ -37,6 +37,8 @@ typedef struct {
     bool has_seq_id;         /* false: the next free seq_id is allocated under a row lock */
     int64_t seq_id;
     const char *payload;     /* JSON text */
+    const uint8_t *payload_bin;   /* operations.payload_bin (contract/fb_payload.h), or NULL */
+    size_t payload_bin_len;
     int64_t n_tokens;
     /* Optional: more writes in the same transaction, after the row is inserted (not on a
      * resubmission). Returns 0, -1 (database error in err) or an HTTP status with err;

@@ -365,7 +365,7 @@ int api_h_asample(api_call *c) {
 
     /* A resubmission returns its first future (and that one's sequence ids), even under
      * backpressure. */
-    int64_t first_n = q.num_samples;
+    int64_t first_n = q.p.num_samples;
     int found = existing_sample(c, &q, seq, request_id, &first_n);
     if (found < 0) goto dberr;
     if (found) {

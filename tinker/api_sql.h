@@ -3,7 +3,7 @@
  * lives here: a row of another tenant is simply not found. The HTTP runtime's own (key
  * checks, worker sessions) are in core/core_sql.h, the registry's in registry/reg_sql.h. */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include "registry/reg_sql.h"
 
 /* ---- base models -------------------------------------------------------------------- */
@@ -118,17 +118,18 @@
     "SELECT COALESCE(max(seq_id), 0) + 1 FROM operations WHERE model_id = $1"
 
 /* ---- operations (queue + futures) ---------------------------------------------------- */
-/* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 payload, $7 n_tokens */
+/* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 payload, $7 n_tokens, $8
+ * payload_bin (binary parameter; NULL but for forward / forward_backward) */
 #define SQL_OP_INSERT                                                                       \
-    "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
-    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
+    "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
+    " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
 /* The same in one statement, its own transaction, waking the scheduler: the common submit
  * (an explicit seq_id), one round trip and one commit. No row back: (model, seq_id) was
  * taken. */
 #define SQL_OP_SUBMIT                                                                       \
-    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)" \
-    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"                                           \
+    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
+    " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
 /* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 error, $7 HTTP status: a
@@ -163,11 +164,15 @@
  * it, the model's next_seq, whether no operation exists at next_seq (a gap), the tenant's
  * queued samples (at most $3, for samples), its tokens per minute limit, the tokens
  * claimed in the last minute, and the name of the draining executor that holds the
- * weights of a sample's sampler snapshot (not handed over to the pool). */
+ * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
+ * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
+ * results (db_query_bin): result_bin comes as its bytes; every other column is text,
+ * which binary results carry as they are. */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
-    " o.seq_id, o.cycle_id, x.base_model, x.served, x.next_seq, x.gap, x.queued_samples,"   \
-    " x.tokens_per_minute, x.tokens_last_minute, x.holder_draining"                         \
+    " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
+    " x.gap::text, x.queued_samples::text, x.tokens_per_minute::text,"                      \
+    " x.tokens_last_minute::text, x.holder_draining, o.result_bin"                          \
     " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
     "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE " SQL_EXECUTOR_LIVE("e", "$4") \
     "   AND e.base_model = COALESCE(m.base_model, s.base_model)) AS served, m.next_seq,"   \

@@ -180,8 +180,8 @@ static int create_model(api_call *c, create_model_req q) {
                   (long long)q.rank, (long long)q.seed, q.train_attn ? "true" : "false",
                   q.train_mlp ? "true" : "false", q.train_unembed ? "true" : "false", q.optimizer);
         op_new_request_id(request_id);
-        const char *op[7] = {request_id, tid, model_id, "0", OP_CREATE_MODEL, pl.data, "0"};
-        r = db_query(c->db, SQL_OP_INSERT, 7, op, c->err, sizeof c->err);
+        const char *op[8] = {request_id, tid, model_id, "0", OP_CREATE_MODEL, pl.data, "0", NULL};
+        r = db_query(c->db, SQL_OP_INSERT, 8, op, c->err, sizeof c->err);
         sb_free(&pl);
         if (!r) goto dberr;
         PQclear(r);
@@ -273,18 +273,18 @@ static int submit_fwd(api_call *c, bool forward_only) {
         return 0;
     }
     double t1 = clock_mono_s();
-    size_t plen;
-    char *payload = fb_payload_json(&q, &plen);
+    fb_payload pl;
+    fb_payload_encode(&q, &pl);
     double t2 = clock_mono_s();
     op_submit_req s = {.tenant_id = c->tenant_id, .model_id = q.model_id, .kind = route,
-                       .has_seq_id = q.has_seq_id, .seq_id = q.seq_id, .payload = payload,
-                       .n_tokens = fb_total_tokens(&q)};
+                       .has_seq_id = q.has_seq_id, .seq_id = q.seq_id, .payload = pl.header,
+                       .payload_bin = pl.bin, .payload_bin_len = pl.bin_len, .n_tokens = fb_total_tokens(&q)};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
-    free(payload);
     log_debug("%s: %zu datums, %lld tokens, %zu bytes in, payload %zu bytes: decode+validate "
               "%.3f s, payload %.3f s, insert %.3f s", route, q.n_data, (long long)s.n_tokens,
-              c->job->body_len, plen, t1 - t0, t2 - t1, clock_mono_s() - t2);
+              c->job->body_len, pl.bin_len, t1 - t0, t2 - t1, clock_mono_s() - t2);
+    fb_payload_free(&pl);
     if (st == 0) reply_future(c, request_id, q.model_id);
     else if (st < 0) api_db_error(c, route, c->err);
     else op_reject(c, st, q.model_id, q.has_seq_id, q.seq_id, route);
@@ -297,7 +297,7 @@ int api_h_forward(api_call *c) { return submit_fwd(c, true); }
 
 /* ---- optim_step (§7.5) ---------------------------------------------------------------- */
 
-/* The fields and their defaults; their ranges are optim_param_check's (common/contract.h). */
+/* The fields and their defaults; their ranges are optim_param_check's (contract/contract.h). */
 static const struct {
     const char *key;
     double def;

@@ -97,7 +97,7 @@ add_library(loom_gpu_test_support STATIC
   ${LOOM_CPU_TWIN_DIR}/cpu_choose.c
   ${LOOM_EXE_TWIN_DIR}/sample_pick.c
   ${LOOM_EXE_TWIN_DIR}/adamw.c
-  ${CMAKE_SOURCE_DIR}/common/contract.c)
+  ${CMAKE_SOURCE_DIR}/contract/contract.c)
 target_include_directories(loom_gpu_test_support PUBLIC ${CMAKE_SOURCE_DIR} ${OPENBLAS_INCLUDE_DIRS})
 target_link_libraries(loom_gpu_test_support PUBLIC loom_gpu_gt Threads::Threads m)
 

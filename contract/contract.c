@@ -1,6 +1,6 @@
 /* contract.c: the loss table and the optimizer's accepted ranges of contract.h, and the ids
  * of sampled sequences. */
-#include "common/contract.h"
+#include "contract/contract.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

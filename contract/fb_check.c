@@ -1,6 +1,6 @@
 /* fb_check.c: the shared validation of a forward / forward_backward (fb_check.h). The
  * messages name the datum and field and say what to send instead. */
-#include "common/fb_check.h"
+#include "contract/fb_check.h"
 #include "common/err.h"
 #include <math.h>
 
@@ -27,16 +27,18 @@ int fb_err_two_d(const char *where, const char *name, char *err, size_t errlen) 
     return -1;
 }
 
-static int check_ids(const int64_t *ids, size_t n, size_t cols, int64_t vocab, const char *where, const char *field,
-                     char *err, size_t errlen) {
+/* ids: int64 ids, or NULL and ids32. */
+static int check_ids(const int64_t *ids, const int32_t *ids32, size_t n, size_t cols, int64_t vocab,
+                     const char *where, const char *field, char *err, size_t errlen) {
     for (size_t p = 0; p < n; p++) {
-        if (ids[p] >= 0 && ids[p] < vocab) continue;
+        int64_t id = ids ? ids[p] : ids32[p];
+        if (id >= 0 && id < vocab) continue;
         if (cols > 1)
             err_set(err, errlen, "%s.%s: token id %lld at [%zu, %zu] is outside the vocabulary [0, %lld)", where, field,
-                    (long long)ids[p], p / cols, p % cols, (long long)vocab);
+                    (long long)id, p / cols, p % cols, (long long)vocab);
         else
             err_set(err, errlen, "%s.%s: token id %lld at position %zu is outside the vocabulary [0, %lld)", where,
-                    field, (long long)ids[p], p, (long long)vocab);
+                    field, (long long)id, p, (long long)vocab);
         return -1;
     }
     return 0;
@@ -104,12 +106,14 @@ int fb_check_datum(const fb_check_model *m, loss_kind loss, const fb_view *d, co
                 d->n_tokens, (long long)m->max_context);
         return -1;
     }
-    if (check_ids(d->tokens, d->n_tokens, 1, m->vocab_size, where, "model_input", err, errlen) < 0) return -1;
+    if (check_ids(d->tokens, d->tokens32, d->n_tokens, 1, m->vocab_size, where, "model_input", err, errlen) < 0)
+        return -1;
     for (int k = 0; k < LOSS_N_INPUTS; k++)
         if (check_input(loss, (loss_input)k, &d->in[k], d->n_tokens, where, err, errlen) < 0) return -1;
     const fb_view_input *tt = &d->in[LOSS_IN_TARGET_TOKENS];
     if (tt->present &&
-        check_ids(d->targets, tt->values, tt->cols, m->vocab_size, where, "loss_fn_inputs.target_tokens", err, errlen) < 0)
+        check_ids(d->targets, d->targets32, tt->values, tt->cols, m->vocab_size, where, "loss_fn_inputs.target_tokens",
+                  err, errlen) < 0)
         return -1;
     return check_same_shape(d, where, err, errlen);
 }

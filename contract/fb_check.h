@@ -6,10 +6,11 @@
  *    before any backend sees it (backends trust their inputs): a payload that breaks a
  *    rule fails only its own operation, never the others packed with it.
  * Both describe a datum with the plain view below; the api fills it from its decoded
- * request, the executor from the payload JSON. Every function returns 0, or -1 with a
+ * request (ids as sent, int64), the executor from the packed payload (contract/fb_payload.h:
+ * int32 ids). Every function returns 0, or -1 with a
  * message in err that starts with `where` ("forward_backward_input.data[3]", "data[3]"). */
 #pragma once
-#include "common/contract.h"
+#include "contract/contract.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,10 +29,12 @@ typedef struct {
     size_t values;
 } fb_view_input;
 
+/* The ids are one of int64 (tokens, targets) or int32 (tokens32, targets32). */
 typedef struct {
     size_t n_tokens;
     const int64_t *tokens;            /* [n_tokens] model input */
     const int64_t *targets;           /* the values of in[LOSS_IN_TARGET_TOKENS], or NULL */
+    const int32_t *tokens32, *targets32;
     fb_view_input in[LOSS_N_INPUTS];
 } fb_view;
 
