@@ -69,7 +69,7 @@ static const api_route routes[] = {
     {"POST", V1 "/asample", ROUTE_SAMPLE, api_h_asample, NULL},
     {"POST", V1 "/sample", ROUTE_SAMPLE, api_h_asample, NULL},
 
-    /* the tenant's own usage, limits and live work (README "Quotas and usage") */
+    /* the tenant's own usage, limits and live work (docs/operating.md "Quotas and usage") */
     {"GET", V1 "/usage", 0, api_h_usage, NULL},
     {"GET", V1 "/billing/usage/checkpoints/current", 0, api_h_checkpoint_storage_current, NULL},
 
@@ -112,7 +112,7 @@ static const api_route routes[] = {
     {"PUT", V1 "/aliases/+", 0, api_h_alias_put, NULL},
     {"DELETE", V1 "/aliases/+", 0, api_h_alias_delete, NULL},
 
-    /* observability (README "Metrics", "Web console"): the console's files, its read-only
+    /* observability (docs/operating.md "Metrics", docs/using.md "Web console"): the console's files, its read-only
      * JSON (tenant-scoped like every route; /console/admin/ needs an operator key) */
     {"GET", "/metrics", ROUTE_METRICS, api_h_metrics, NULL},
     {"GET", "/", ROUTE_NO_AUTH, NULL, NULL, .serve = api_console_static},

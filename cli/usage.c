@@ -1,4 +1,4 @@
-/* usage.c: `loom tenant set-limits` and `loom usage` (README "Quotas and usage"). Limits:
+/* usage.c: `loom tenant set-limits` and `loom usage` (docs/operating.md "Quotas and usage"). Limits:
  * queued operations (429 at submit), tokens per minute (the scheduler holds the tenant's
  * work: paused_rate_limit), live models (429 at create_model), checkpoint bytes (400 at a
  * save). Usage: tokens per tenant, run and kind from the usage_tokens view's folded

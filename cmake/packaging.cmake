@@ -1,8 +1,9 @@
 # Installation (`cmake --install build`) and the Debian package (`cpack -G DEB` in the
 # build directory): the loom binary, the systemd units, the config file (kept if one is
-# there), the README, the copyright (Apache-2.0), the Grafana dashboard. The package adds a `loom` system user, /var/lib/loom with the
-# server secret, and takes its Depends from dpkg-shlibdeps (deploy/debian/ has the
-# maintainer scripts; README "Install as a service" tells the rest).
+# there), the README and the guides of docs/, the copyright (Apache-2.0), the Grafana dashboard.
+# The package adds a `loom` system user, /var/lib/loom with the server secret, and takes its
+# Depends from dpkg-shlibdeps (deploy/debian/ has the maintainer scripts; docs/operating.md
+# "Install as a service" tells the rest).
 include(GNUInstallDirs)
 
 install(TARGETS loom RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -18,9 +19,11 @@ install(CODE "
          DESTINATION \"\${CMAKE_INSTALL_PREFIX}/lib/systemd/system\")
   endforeach()")
 install(FILES deploy/systemd/loom-gc.timer DESTINATION lib/systemd/system)
-install(FILES README.md docs/architecture.md deploy/loom.conf deploy/debian/copyright
-        DESTINATION ${CMAKE_INSTALL_DOCDIR})
-# The Grafana dashboard of /metrics (README "Metrics"), for the operator to import.
+install(FILES README.md deploy/loom.conf deploy/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# Under docs/, as in the tree, so that the README's links to them hold.
+install(FILES docs/using.md docs/operating.md docs/development.md docs/architecture.md docs/protocol.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
+# The Grafana dashboard of /metrics (docs/operating.md "Metrics"), for the operator to import.
 install(FILES deploy/grafana/loom.json DESTINATION ${CMAKE_INSTALL_DATADIR}/loom/grafana)
 # /etc/loom/loom.conf, where every loom command looks for it (common/config.c): installed
 # when absent, so that `cmake --install` never overwrites an operator's settings (the
@@ -57,7 +60,7 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
-# One host runs PostgreSQL (README "Several machines"); `loom up` needs its programs.
+# One host runs PostgreSQL (docs/operating.md "Several machines"); `loom up` needs its programs.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "postgresql")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/deploy/debian/postinst ${CMAKE_SOURCE_DIR}/deploy/debian/prerm

@@ -1,4 +1,4 @@
-/* api_console.h: the web console (README "Web console"): its files, served by the event
+/* api_console.h: the web console (docs/using.md "Web console"): its files, served by the event
  * loop from the copies compiled into the binary (the files of console/, embedded at build time, so it
  * works offline), and the read-only JSON routes its pages read. The key never travels in
  * a URL: the page keeps it in sessionStorage and sends it as X-API-Key. */

@@ -1,7 +1,7 @@
 /* api_metrics.h: what the api counts about its own requests (per process), the one
  * access-log line per request, and GET /metrics (Prometheus text format 0.0.4).
  *
- * Two kinds of series (README "Metrics"):
+ * Two kinds of series (docs/operating.md "Metrics"):
  *  - per api process, counted here in memory: loom_http_* (requests by route pattern and
  *    status, latency by route, in flight). Behind a balancer each api is its own scrape
  *    target; add them up (sum without(instance)).

@@ -1,5 +1,5 @@
 # Writes a C file holding every migrations/NNNN_name.sql as a string, in order.
-file(GLOB files ${SRC_DIR}/*.sql)
+file(GLOB files ${SRC_DIR}/[0-9]*.sql)   # not schema.sql, the generated snapshot
 list(SORT files)
 set(body "// generated from the files in migrations/; do not edit\n#include \"common/migrate.h\"\nconst loom_migration loom_migrations[] = {\n")
 foreach(f ${files})

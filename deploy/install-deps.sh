@@ -18,7 +18,7 @@ PKGS=(
   libcurl4-openssl-dev              # `loom chat`: the OpenAI routes of a running server, streamed
   libprotobuf-c-dev protobuf-c-compiler libzstd-dev   # protobuf wire format (SDK 0.25)
   dpkg-dev file                     # the .deb (CPack runs dpkg-shlibdeps for its Depends)
-  curl python3                      # the README's examples (HTTP, and JSON read with python3)
+  curl python3                      # the examples of the README and docs/ (HTTP, JSON read with python3)
 )
 apt_install_missing "${PKGS[@]}"
 echo "install-deps: all packages present"

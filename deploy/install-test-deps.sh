@@ -9,7 +9,7 @@ PKGS=(
   python3-zstandard                 # zstd-compressed protobuf request bodies
   chromium chromium-driver python3-selenium fonts-dejavu-core   # the web console in a real browser
   mmdebstrap systemd                # a clean Debian root for the .deb; systemd-analyze verify
-  curl                              # the README's commands (readme_test)
+  curl                              # the commands of the README and docs/ (readme_test)
 )
 # Node.js for Hugging Face's JavaScript tokenizers (chat_template_test): Debian's, when
 # there is no npm already.

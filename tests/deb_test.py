@@ -1,7 +1,7 @@
 """The Debian package on a clean Debian 12: builds the .deb (cpack), installs it with its
 dependencies into a fresh root (mmdebstrap from the host's apt sources, with systemd so
-that the installed units can be checked by `systemd-analyze verify`), follows the
-README's "Install as a service" steps there, starts what each unit's ExecStart says (as
+that the installed units can be checked by `systemd-analyze verify`), follows the steps
+of docs/operating.md "Install as a service" there, starts what each unit's ExecStart says (as
 its User, with its Environment and UMask: systemd itself cannot run in CI) and trains a
 few steps through the api over HTTP, saves a checkpoint, exports it and runs the GC unit.
 
@@ -100,7 +100,7 @@ def start_unit(unit, instance="", stdout=None):
 
 
 def as_loom(*args, **kw):
-    """A README command `sudo -u loom ...` inside ROOT."""
+    """A command of docs/operating.md, `sudo -u loom ...`, inside ROOT."""
     uid, gid, home = chroot_user("loom")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "USER": "loom", "LANG": "C.UTF-8"}
     return run(["chroot", f"--userspec={uid}:{gid}", ROOT] + list(args), env=env, **kw)
@@ -240,7 +240,8 @@ def run_all(R):
         info = run(["dpkg-deb", "-f", deb, "Depends"]).stdout
         R.check("libpq5" in info and "libh2o" in info and "adduser" in info, f"Depends from shlibdeps: {info.strip()}")
         files = run(["dpkg-deb", "-c", deb]).stdout
-        for f in ("./usr/share/loom/grafana/loom.json", "./usr/share/doc/loom/copyright"):
+        for f in ("./usr/share/loom/grafana/loom.json", "./usr/share/doc/loom/copyright",
+                  "./usr/share/doc/loom/docs/operating.md"):
             R.check(re.search(r"\s" + re.escape(f) + r"$", files, re.M) is not None, f"the package ships {f[1:]}")
         src = os.path.join(HERE, "..")
         R.check("Apache License" in open(os.path.join(src, "LICENSE")).read(2000) and "License: Apache-2.0" in
@@ -273,7 +274,7 @@ def run_all(R):
                     and svc.get("PrivateTmp") == ["yes"] and svc.get("ProtectHome") == ["yes"]
                     and svc["ExecStart"][0].startswith("/usr/bin/loom "), f"{u}: runs as loom, hardened")
 
-        # The README's steps, this root standing for the host: a database for the loom user...
+        # The steps of docs/operating.md, this root standing for the host: a database for the loom user...
         pg = HostPostgres()
         pg.start()
         os.makedirs(os.path.join(ROOT, "run/postgresql"), exist_ok=True)

@@ -28,7 +28,7 @@ R = Results()
 BASE = "loom/tiny-llama"
 SEED = int(os.environ.get("LOOM_FUZZ_SEED", "8"))
 SCALE = float(os.environ.get("LOOM_FUZZ_N", "2"))
-NOT_IMPLEMENTED = ("/api/v1/auth/token",)  # 501 by design (README)
+NOT_IMPLEMENTED = ("/api/v1/auth/token",)  # 501 by design (README "Not implemented")
 
 ODD_STRINGS = ["", "a", "\u0000", "x\u0000y", "\ud800", "é", "\u202e", "x" * 5000, "%ff", "../..",
                "tinker://", "tinker://a/weights/b", "tinker://a/sampler_weights/" + "n" * 200,

@@ -1,6 +1,6 @@
-"""README "Several machines", followed on one machine: each host is a directory of its own
-(the service user's home and data directory, with its own config file, found through
-LOOM_CONFIG as /etc/loom/loom.conf would be, and its own ~/.pgpass), and each process runs
+"""docs/operating.md "Several machines", followed on one machine: each host is a directory
+of its own (the service user's home and data directory, with its own config file, found
+through LOOM_CONFIG as /etc/loom/loom.conf would be, and its own ~/.pgpass), and each process runs
 as the units start them (`loom api`, `loom scheduler`, `loom executor --device 0`), with
 nothing on its command line that the section does not put in the config file.
 

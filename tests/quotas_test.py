@@ -1,4 +1,4 @@
-"""Per-tenant limits and usage (README "Quotas and usage").
+"""Per-tenant limits and usage (docs/operating.md "Quotas and usage").
 
   - max queued operations: the submit past it is a 429 with Retry-After, not recorded (the
     SDK sends the same seq_id again, and then it runs);

@@ -1,6 +1,10 @@
-"""The README's commands work as printed: every ```sh block of README.md, in order, in one
-shell session (variables carry over from block to block), against a fresh `loom up` with
-the default data directory, as a user would run them after the Quick start.
+"""The documents' commands work as printed: every ```sh block of README.md, then of
+docs/using.md, docs/operating.md, docs/development.md and docs/protocol.md (DOCS), each
+file's in order, in one shell session (variables carry over from block to block and from
+file to file, as a reader goes on from the README to the guides), against a fresh `loom up`
+with the default data directory, as a user would run them after the Quick start. No
+example escapes: a Markdown file of the repository with ```sh blocks that DOCS does not
+name fails the test.
 
 A block preceded by `<!-- readme-test: skip (why) -->` is left out: the Quick start's
 build itself, the test suite, and what installs on the host or needs systemd, vLLM or
@@ -24,13 +28,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "lib"))
 from stack import LOOM_BIN, Results  # noqa: E402
 
-README = os.path.join(HERE, "..", "README.md")
+ROOT = os.path.normpath(os.path.join(HERE, ".."))
+# The order a reader goes in: the front door, then the guides, then the wire.
+DOCS = ["README.md", "docs/using.md", "docs/operating.md", "docs/development.md", "docs/protocol.md"]
 SKIP = re.compile(r"<!-- readme-test: skip \((.+?)\) -->\s*$")
 
 
-def blocks():
-    """[(line, skip reason or None, text)] of the README's sh blocks."""
-    out, lines, i = [], open(README).read().splitlines(), 0
+def blocks(doc):
+    """[(line, skip reason or None, text)] of a Markdown file's sh blocks."""
+    out, lines, i = [], open(os.path.join(ROOT, doc)).read().splitlines(), 0
     while i < len(lines):
         if lines[i].strip() == "```sh":
             start, body = i + 1, []
@@ -95,6 +101,19 @@ CURL_FAILS = """curl() {
 }"""
 
 
+def markdown_with_sh():
+    """Every Markdown file of the repository (not build trees, dependencies or .git) that
+    holds an ```sh block, relative to the root."""
+    out = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = [x for x in dirs if not (x.startswith(".") or x.startswith("build") or x == "node_modules")]
+        for name in files:
+            path = os.path.join(d, name)
+            if name.endswith(".md") and any(l.strip() == "```sh" for l in open(path, errors="replace")):
+                out.append(os.path.relpath(path, ROOT))
+    return sorted(out)
+
+
 def packages(script):
     """The Debian packages a deploy/ script's PKGS=( ... ) lists."""
     text = open(os.path.join(HERE, "..", "deploy", script)).read()
@@ -120,13 +139,19 @@ def test_packages_split(R):
 
 def main():
     R = Results()
-    found = blocks()
-    runnable = [b for b in found if not b[1]]
-    skipped = [b for b in found if b[1]]
-    R.check(len(runnable) >= 10 and len(skipped) <= 6,
-            f"{len(found)} sh blocks: {len(runnable)} to run, {len(skipped)} marked skip")
-    for line, why, _ in skipped:
-        print(f"     skip README.md:{line}: {why}")
+    found = [(doc, line, why, text) for doc in DOCS for line, why, text in blocks(doc)]
+    runnable = [(doc, line, text) for doc, line, why, text in found if not why]
+    skipped = [(doc, line, why) for doc, line, why, _ in found if why]
+    R.check(len(runnable) >= 10 and len(skipped) <= 8,
+            f"{len(found)} sh blocks in {len(DOCS)} files: {len(runnable)} to run, {len(skipped)} marked skip")
+    for doc, line, why in skipped:
+        print(f"     skip {doc}:{line}: {why}")
+    stray = [m for m in markdown_with_sh() if m not in DOCS]
+    R.check(not stray, f"every Markdown file with sh blocks is run here {stray}")
+    opening = [text for _, _, text in blocks("README.md")[:2]]
+    R.check(len(opening) == 2 and "./deploy/install-deps.sh" in opening[0] and "loom up" in opening[0]
+            and opening[1].strip() == "./deploy/test.sh",
+            "the README's first two commands: set up and run Loom (the Quick start), then the tests")
     test_packages_split(R)
     user = User()
     up, env, printed = start_up(user)
@@ -143,7 +168,7 @@ def main():
             f.write(f"export TINKER_BASE_URL='{env['TINKER_BASE_URL']}' TINKER_API_KEY='{env['TINKER_API_KEY']}'\n")
         if user.prefix:
             os.chown(state, pwd.getpwnam("nobody").pw_uid, -1)
-        for line, _, text in runnable:
+        for doc, line, text in runnable:
             # One session: what a block sets (set -a exports it) is there for the next. A
             # variable nobody set is an error (set -u), and so is an HTTP error of curl.
             script = (f"set -a\n. {state}\nset -euo pipefail\n"
@@ -153,7 +178,7 @@ def main():
             p = user.popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = p.communicate(timeout=300)
             first = text.strip().splitlines()[0]
-            R.check(p.returncode == 0, f"README.md:{line}: {first}" +
+            R.check(p.returncode == 0, f"{doc}:{line}: {first}" +
                     ("" if p.returncode == 0 else f"\n--- exit {p.returncode}\n{out.decode()[-1500:]}\n"
                                                   f"{err.decode()[-1500:]}"))
     finally:

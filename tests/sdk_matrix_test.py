@@ -13,8 +13,9 @@ Each row ends in one of:
              row's checks on what it means (a loss restored, ids distinct, ...);
   refused    the row's own route answered a 4xx with a JSON {"detail"} (never 408/409/429,
              which the SDK retries; never a 5xx, which it retries for minutes) naming what
-             is refused, and README.md lists that route as missing: in its routes table,
-             the row whose first cell says "not implemented" (or "missing");
+             is refused, and README.md lists that route as missing: in its section whose
+             heading says "Not implemented" (or "missing"), or a table row whose first
+             cell says so;
   client     the method sends no request (SDK source cited in the row);
 and the test fails for a row that is none of them (a 5xx, a 404 nobody documented, an
 answer the SDK cannot parse, a check that does not hold). The matrix is printed at the
@@ -761,8 +762,8 @@ def close():
 
 # ---- running the rows ----------------------------------------------------------------------
 def not_implemented_text():
-    """README.md's list of what is missing: routes-table rows whose first cell says
-    "not implemented" or "missing", and sections whose heading says so."""
+    """README.md's list of what is missing: its section whose heading says "Not implemented"
+    (or "missing"), and table rows whose first cell says so."""
     out, section = [], False
     for line in open(README).read().splitlines():
         if line.startswith("#"):

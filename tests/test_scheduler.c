@@ -115,7 +115,7 @@ static void build_fn(void *p) {
     a->n = sched_build_cycle(C, a->exe, &o, &a->cycle, NULL, err, sizeof err);
 }
 
-/* The cycle build's round trips (docs/architecture.md, "The path of an operation"): four when it
+/* The cycle build's round trips (docs/architecture.md, "One forward_backward, end to end"): four when it
  * claims (lock the executor and read the rate limits; lock models and samples; lock
  * their operations; claim, advance, notify and commit), fewer when it finds nothing. The
  * statements are prepared by a first build (a round trip each, once per connection). */

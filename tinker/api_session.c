@@ -176,9 +176,10 @@ int api_h_capabilities(api_call *c) {
     return api_reply_json(c, 200, json_pack("{s:o}", "supported_models", models));
 }
 
-/* Readiness (README "Health"): 200 when the database answers and at least one base model
- * has a live executor (one that beat within --executor-timeout-s) that takes work, else 503; the body says which base models are
- * served (a load balancer or an orchestrator reads the status, an operator the body). */
+/* Readiness (docs/architecture.md "Health and readiness"): 200 when the database answers and
+ * at least one base model has a live executor (one that beat within --executor-timeout-s) that
+ * takes work, else 503; the body says which base models are served (a load balancer or an
+ * orchestrator reads the status, an operator the body). */
 int api_h_readyz(api_call *c) {
     if (!c->db)
         return api_reply_json(c, 503, json_pack("{s:b, s:b, s:[], s:s}", "ready", 0, "database", 0, "base_models",

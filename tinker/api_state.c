@@ -81,7 +81,7 @@ const api_tokenizer *api_tokenizer_for(api_call *c, const char *base_model) {
     snprintf(file, sizeof file, "%s/tokenizer.json", dir);
     tokenizer *t = tok_load(file, err, sizeof err);
     /* The directory is the executor's (base_models.path): an api on another host needs a
-     * copy of the tokenizer files there (README "Several machines"). */
+     * copy of the tokenizer files there (docs/operating.md "Several machines"). */
     if (!t)
         return api_error(c, 503, "this api cannot read the tokenizer of %.200s (%.300s): copy the model's "
                                  "tokenizer.json and tokenizer_config.json (and chat_template.jinja, if it has "

@@ -1,4 +1,4 @@
-/* api_usage.c: GET /api/v1/usage (README "Quotas and usage"): the calling key's tenant's
+/* api_usage.c: GET /api/v1/usage (docs/operating.md "Quotas and usage"): the calling key's tenant's
  * tokens per kind (train, prefill, sample) and per run over the last ?days= days (UTC,
  * default 30, at most 366), its checkpoint storage, its live work and its limits. Folded
  * usage is at most a few seconds behind (the scheduler folds every 2 s).
