@@ -97,7 +97,7 @@ static int probe_devices(const char *name) {
     pid_t pid = fork();
     if (pid < 0) return 0;
     if (pid == 0) {
-        int n = exe_backend_device_count(name);
+        int n = be_backend_device_count(name);
         _exit(n > 200 ? 200 : n);
     }
     int st;
@@ -401,7 +401,7 @@ int up_main(int argc, char **argv) {
     const char *backend = cfg_level(&o, "backend") == CFG_DEFAULT ? NULL : cfg_str(&o, "backend");
     const char *device = cfg_level(&o, "device") == CFG_DEFAULT ? NULL : cfg_str(&o, "device");
     int per_model = (int)cfg_int(&o, "executors-per-model"), n_exec = n_models * per_model,
-        gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
+        gpus = be_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
     if (!backend) backend = gpus > 0 ? "cuda" : "cpu";
     bool per_gpu = !device && !strcmp(backend, "cuda");
     if (per_gpu) {

@@ -665,8 +665,8 @@ static const cfg_cmd EXE_CMD = {.cmd = "loom executor", .section = "executor",
                                 .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
 
 int exe_check_opts(const cfg *o, char *err, size_t errlen) {
-    if (!exe_backend_find(cfg_str(o, "backend"))) {
-        snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), exe_backend_names());
+    if (!be_backend_find(cfg_str(o, "backend"))) {
+        snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), be_backend_names());
         return -1;
     }
     if (cfg_str(o, "memory-budget") && !cfg_parse_bytes(cfg_str(o, "memory-budget"))) {
@@ -682,7 +682,7 @@ int exe_check_opts(const cfg *o, char *err, size_t errlen) {
 static size_t adapter_bytes_per_rank(exe_state *st) {
     lora_config lc = {.rank = 1, .train_attn = true, .train_mlp = true, .train_unembed = true};
     char err[256];
-    exe_adapter *a = st->be->adapter_alloc(st->ctx, &lc, true, err, sizeof err);
+    be_adapter *a = st->be->adapter_alloc(st->ctx, &lc, true, err, sizeof err);
     if (!a) return 0;
     size_t n = a->device_bytes;
     st->be->adapter_free(st->ctx, a);
@@ -735,7 +735,7 @@ int exe_main(int argc, char **argv) {
         device = (int)cfg_int(&o, "device");
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
-    exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
+    exe_state st = {.be = be_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
                     .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
                     .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
@@ -753,14 +753,14 @@ int exe_main(int argc, char **argv) {
         return 1;
     }
     st.model = mf->cfg;
-    exe_backend_opts bo = {.device = device, .threads = threads};
+    be_backend_opts bo = {.device = device, .threads = threads};
     st.ctx = st.be->create(mf, &bo, err, sizeof err);
     model_close(mf);
     if (!st.ctx) {
         log_error("backend %s: %s", st.be->name, err);
         return 1;
     }
-    exe_device_info dev;
+    be_device_info dev;
     st.be->device_info(st.ctx, &dev);
     /* By default adapters may take half of what the device has left after the weights. */
     if (!store_budget) store_budget = dev.memory_free / 2;
