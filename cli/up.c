@@ -205,11 +205,9 @@ static void stop_children(child *cs, int n) {
 static int read_port(int fd, int timeout_ms) {
     char buf[512];
     size_t len = 0;
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     for (;;) {
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long left = timeout_ms - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        long left = timeout_ms - (long)((clock_mono_s() - t0) * 1000);
         if (left <= 0 || g_stop) return -1;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, (int)left) <= 0) continue;

@@ -45,6 +45,7 @@
 #include "backend/loss.h"
 #include "contract/sample_payload.h"
 #include "text/tokenizer.h"
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <float.h>
@@ -621,8 +622,7 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
             j->stream = exe_stream_track(st, j->op->request_id, j->num_samples, j->max_tokens, j->tokens, j->logprobs,
                                          j->top_logprobs, j->top_ids, j->top_lp);
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     run_jobs(st, fwd, nfwd, true);
     int k = 0;
     for (int i = 0; i < nrun; i++) {
@@ -638,7 +638,7 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
         exe_stream_untrack(j->stream, ok ? j->n_out : NULL, ok ? j->stopped : NULL);
         j->stream = NULL;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = clock_mono_s() - t0;
     int nseq = 0;
     for (int i = 0; i < nrun; i++) {
         sample_job *j = run[i];
@@ -647,7 +647,6 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
         nseq += j->num_samples;
         for (int s = 0; s < j->num_samples; s++) new_tokens += j->n_out[s];
     }
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
     if (nrun) log_info("sample: %d request(s), %d sequence(s), %ld new tokens in %.3f s (%.0f tok/s)", nrun, nseq,
                        new_tokens, secs, secs > 0 ? new_tokens / secs : 0.0);
     for (int i = 0; i < nops; i++) job_free(st, &jobs[i]);

@@ -3,6 +3,7 @@
  * optim_step (AdamW on one adapter). */
 #include "executor/exe_train.h"
 #include "backend/loss.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "contract/fb_check.h"
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ---- forward / forward_backward ------------------------------------------------- */
 
@@ -188,11 +188,9 @@ static int run_pass(exe_state *st, be_seq *seqs, fb_span *spans, int nspan, bool
             tokens += seqs[k].n;
         }
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     int rc = nb ? st->be->forward_backward(st->ctx, batch, nb, backward, err, errlen) : 0;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = clock_mono_s() - t0;
     if (nb)
         log_info("%s%s: %d sequences, %ld tokens in %.3f s (%.0f tok/s)", backward ? OP_FORWARD_BACKWARD : OP_FORWARD,
                  at_risk_only ? " (losses at risk, without gradients)" : "", nb, tokens, secs,

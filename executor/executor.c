@@ -30,6 +30,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_train.h"
 #include "registry/blobstore.h"
+#include "common/clock.h"
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -386,8 +387,7 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
  * (database error: the caller polls again, reconnecting if needed). */
 static int run_cycle(exe_state *st, PGconn *c) {
     char err[1024], cyc[24];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     exe_op *ops = NULL;
     int64_t cycle = 0;
     int n = 0, started = start_cycle(c, st, &cycle, &ops, &n, err, sizeof err);
@@ -397,8 +397,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
     }
     if (started == 0) return 0;
     fmt_i64(cyc, sizeof cyc, cycle);
-    struct timespec tc;   /* the cycle's own time (restore, compute) starts once it is read */
-    clock_gettime(CLOCK_MONOTONIC, &tc);
+    double tc = clock_mono_s();   /* the cycle's own time (restore, compute) starts once it is read */
     st->db = c;
     restore_slots(st, c, ops, n);
     run_ops(st, ops, n);
@@ -407,9 +406,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
     exe_snap_set *snaps = exe_snapshots_before_commit(st, ops, n);
     exit_if_fenced("before committing a cycle");
 
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps,
-                                         (t1.tv_sec - tc.tv_sec) + (t1.tv_nsec - tc.tv_nsec) / 1e9);
+    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps, clock_mono_s() - tc);
     exe_snapshots_done(st, snaps, committed);
     if (!committed) {
         log_error("cycle %s was not committed: the reaper requeues its operations; the models' copies here are "
@@ -419,8 +416,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
         return 1;
     }
     exe_snapshots_after_commit(st, ops, n);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    exe_log_cycle(c, cycle, ops, n, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+    exe_log_cycle(c, cycle, ops, n, clock_mono_s() - t0);
     free_ops(ops, n);
     return 1;
 }
