@@ -8,7 +8,7 @@
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 
-int exe_sample_check(const model_config *mc, const exe_sample_req *r, char *err, size_t errlen)
+int be_sample_check(const model_config *mc, const be_sample_req *r, char *err, size_t errlen)
 {
     if (r->n_prompt < 1 || !r->prompt) { err_set(err, errlen, "empty prompt"); return -1; }
     if (r->n_prompt > mc->max_position_embeddings) {
@@ -36,17 +36,17 @@ int exe_sample_check(const model_config *mc, const exe_sample_req *r, char *err,
     return 0;
 }
 
-void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index)
+void be_sample_stream_init(be_sample_stream *s, be_sample_req *r, int index)
 {
-    *s = (exe_sample_stream){.req = r, .index = index, .done = r->max_tokens == 0};
+    *s = (be_sample_stream){.req = r, .index = index, .done = r->max_tokens == 0};
     rng_seed(&s->rng, r->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(index + 1)));
     r->n_out[index] = 0;
     r->stopped_out[index] = false;
 }
 
-void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos)
+void be_sample_record(be_sample_stream *s, int32_t tok, float lp, int max_pos)
 {
-    exe_sample_req *r = s->req;
+    be_sample_req *r = s->req;
     long o = (long)s->index * r->max_tokens + s->n_gen;
     r->tokens_out[o] = tok;
     r->logprobs_out[o] = lp;
@@ -65,8 +65,8 @@ void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos)
 
 /* ---- adapters ------------------------------------------------------------------------------ */
 
-int exe_adapter_check_parts(const exe_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
-                            size_t errlen)
+int be_adapter_check_parts(const be_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
+                           size_t errlen)
 {
     if (!lora_layout_same(&a->layout, other)) {
         err_set(err, errlen, "%s: the two adapters have different layouts", who);
@@ -79,10 +79,10 @@ int exe_adapter_check_parts(const exe_adapter *a, const lora_layout *other, unsi
     return 0;
 }
 
-exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adapter_state *st, bool trainable,
-                                    char *err, size_t errlen)
+be_adapter *be_adapter_from_state(const be_backend *be, void *ctx, const adapter_state *st, bool trainable,
+                                  char *err, size_t errlen)
 {
-    exe_adapter *a = be->adapter_alloc(ctx, &st->layout.cfg, trainable, err, errlen);
+    be_adapter *a = be->adapter_alloc(ctx, &st->layout.cfg, trainable, err, errlen);
     if (!a) return NULL;
     if (!lora_layout_same(&a->layout, &st->layout)) {
         err_set(err, errlen, "the adapter state does not fit this base model");
@@ -97,10 +97,10 @@ exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adap
     return a;
 }
 
-exe_adapter *exe_adapter_new(const exe_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,
-                             size_t errlen)
+be_adapter *be_adapter_new(const be_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,
+                           size_t errlen)
 {
-    exe_adapter *a = be->adapter_alloc(ctx, c, trainable, err, errlen);
+    be_adapter *a = be->adapter_alloc(ctx, c, trainable, err, errlen);
     if (!a) return NULL;
     adapter_state st;
     if (adapter_state_alloc(&st, &a->layout, ADAPTER_PARAMS, err, errlen) < 0) {
@@ -117,8 +117,8 @@ exe_adapter *exe_adapter_new(const exe_backend *be, void *ctx, const lora_config
     return a;
 }
 
-int exe_adapter_to_state(const exe_backend *be, void *ctx, const exe_adapter *a, unsigned parts, adapter_state *dst,
-                         char *err, size_t errlen)
+int be_adapter_to_state(const be_backend *be, void *ctx, const be_adapter *a, unsigned parts, adapter_state *dst,
+                        char *err, size_t errlen)
 {
     if (adapter_state_alloc(dst, &a->layout, parts, err, errlen) < 0) return -1;
     if (be->adapter_download(ctx, a, dst, parts, err, errlen) < 0) {
@@ -130,7 +130,7 @@ int exe_adapter_to_state(const exe_backend *be, void *ctx, const exe_adapter *a,
 
 /* ---- sparse layers ---------------------------------------------------------------------- */
 
-void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok)
+void be_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok)
 {
     memset(off, 0, (size_t)(E + 1) * sizeof *off);
     for (long a = 0; a < T * K; a++) off[sel[a] + 1]++;
@@ -146,7 +146,7 @@ void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill
         }
 }
 
-int exe_moe_lower(const int32_t *a_tok, int lo, int hi, long t)
+int be_moe_lower(const int32_t *a_tok, int lo, int hi, long t)
 {
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;

@@ -3,7 +3,7 @@
  * A backend is opened on one device of one base model (create) and owns everything that
  * lives there: the base weights, in whatever form it computes in, and the LoRA adapters
  * (weights, gradient accumulators, AdamW moments). The executor holds adapters only as
- * opaque handles (exe_adapter) and moves their numbers with adapter_upload /
+ * opaque handles (be_adapter) and moves their numbers with adapter_upload /
  * adapter_download through the host form of model/lora.h (adapter_state): checkpoints,
  * snapshots, imports, durable snapshots and eviction all go through those two calls, so a backend
  * always knows when its copy changes. Compute is three calls: one packed
@@ -42,17 +42,17 @@
 
 /* An adapter resident on a backend's device. Backends allocate a larger struct that
  * starts with this header; the executor reads the header only. */
-typedef struct exe_adapter {
+typedef struct be_adapter {
     lora_layout layout;      /* its tensors (names, shapes, offsets): host metadata */
     bool trainable;          /* has gradient accumulators and AdamW moments */
     int64_t step;            /* optimizer steps taken: optim_step adds one; an upload of
                                 ADAPTER_OPTIM sets it */
     size_t device_bytes;     /* device memory it holds (what the adapter store budgets) */
-} exe_adapter;
+} be_adapter;
 
 /* One sequence of a packed batch; sequences may belong to different adapters and losses. */
 typedef struct {
-    exe_adapter *ad;              /* NULL = base model only (forward only, no gradient) */
+    be_adapter *ad;               /* NULL = base model only (forward only, no gradient) */
     loss_spec loss;
     int n;                        /* tokens */
     const int32_t *tokens;        /* model input x[0..n) */
@@ -76,7 +76,7 @@ typedef struct {
     int32_t *topk_ids_out;
     float *topk_lp_out;
     /* Extensions for sampling's prompt pass (docs/protocol.md §11.2), answered from each
-     * row's logits like topk, by the arithmetic every backend shares (exe_prompt_extras,
+     * row's logits like topk, by the arithmetic every backend shares (be_prompt_extras,
      * sample_pick.c): the same logits give the same numbers on every backend, and a row's
      * answers depend on that row alone (batch invariance).
      * score_*: target_prompt_logprobs. Row i asks for log p(id | x[..i]) of the ids
@@ -109,7 +109,7 @@ typedef struct {
                                      of several groups equals one pass per group (an
                                      operation's gradient does not depend on the cycle that
                                      carried it) */
-} exe_seq;
+} be_seq;
 
 /* One sampling request (docs/protocol.md §11): num_samples completions of one prompt, which is
  * prefilled once. Generation of a sample ends after a token of stop_tokens (kept as its
@@ -119,8 +119,8 @@ typedef struct {
  * log-probs. At temperature 1 without filtering they equal forward_backward's logprobs
  * for the same tokens (docs/protocol.md §9.1). Samples are reproducible per (seed, sample index),
  * independently of what else is in the batch. */
-typedef struct exe_sample_req {
-    exe_adapter *ad;              /* NULL = base model */
+typedef struct be_sample_req {
+    be_adapter *ad;               /* NULL = base model */
     int n_prompt;                 /* ≥ 1 */
     const int32_t *prompt;
     int num_samples;              /* ≥ 1 */
@@ -136,7 +136,7 @@ typedef struct exe_sample_req {
      * executor's stop strings). May be called from several threads at once. A backend
      * may ignore it (it then only costs decode steps: the executor cuts the sequence at
      * the stop string itself), so it must be a pure function of its arguments. */
-    bool (*stop_check)(const struct exe_sample_req *r, int sample, const int32_t *tokens, int n);
+    bool (*stop_check)(const struct be_sample_req *r, int sample, const int32_t *tokens, int n);
     void *stop_user;              /* for stop_check */
     /* Optional (NULL = none): told after each token is recorded for a sample (tokens_out,
      * logprobs_out, top_*_out, n_out and stopped_out hold it; done: the sample has
@@ -144,7 +144,7 @@ typedef struct exe_sample_req {
      * (streaming, docs/architecture.md "Streaming"). Called from any of the backend's
      * threads, for different samples at once: it must be cheap and thread-safe. True ends
      * the sample there (its client went away), as at max_tokens. */
-    bool (*on_token)(const struct exe_sample_req *r, int sample, int n, bool done);
+    bool (*on_token)(const struct be_sample_req *r, int sample, int n, bool done);
     void *on_token_user;          /* for on_token */
     /* Optional: the top_logprobs most likely tokens of the distribution each token was
      * drawn from (the one its logprob is taken from: after temperature, top-k, top-p;
@@ -158,22 +158,22 @@ typedef struct exe_sample_req {
     float *logprobs_out;          /* [num_samples, max_tokens] */
     int *n_out;                   /* [num_samples] tokens generated */
     bool *stopped_out;            /* [num_samples] true: ended on a stop token; false: length */
-} exe_sample_req;
+} be_sample_req;
 
 /* Where a backend runs. */
 typedef struct {
     int device;                   /* device index (the CPU backend has one device, 0) */
     int threads;                  /* CPU threads; ≤ 0: all online CPUs */
-} exe_backend_opts;
+} be_backend_opts;
 
 /* What a backend says about its device, after the base weights are loaded. */
 typedef struct {
     char device[128];             /* e.g. "cpu:0 (16 threads)", "cuda:1 NVIDIA H100" */
     size_t memory_total;          /* bytes of device memory */
     size_t memory_free;           /* bytes still free for adapters and activations */
-} exe_device_info;
+} be_device_info;
 
-typedef struct exe_backend {
+typedef struct be_backend {
     const char *name;
     /* Batch invariance (docs/architecture.md, "Batch invariance"): every output of a
      * sequence and every group's gradient are the same bits whatever else shares the
@@ -188,28 +188,28 @@ typedef struct exe_backend {
     /* ---- the device and the base model -------------------------------------------- */
     /* Opens device o->device and loads m's weights there. m may be closed once create
      * returns. NULL with err (no such device, out of memory, unsupported model). */
-    void *(*create)(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen);
+    void *(*create)(const model_files *m, const be_backend_opts *o, char *err, size_t errlen);
     void (*destroy)(void *ctx);
-    void (*device_info)(void *ctx, exe_device_info *out);
+    void (*device_info)(void *ctx, be_device_info *out);
 
     /* ---- adapters ----------------------------------------------------------------- */
     /* A new adapter of config c on this model: every part zero, step 0 (the executor
      * uploads the initial weights). trainable: with gradients and AdamW moments (a
      * training slot); else weights only (a sampler). NULL with err (out of memory). */
-    exe_adapter *(*adapter_alloc)(void *ctx, const lora_config *c, bool trainable, char *err, size_t errlen);
-    void (*adapter_free)(void *ctx, exe_adapter *a);
+    be_adapter *(*adapter_alloc)(void *ctx, const lora_config *c, bool trainable, char *err, size_t errlen);
+    void (*adapter_free)(void *ctx, be_adapter *a);
     /* Copies the parts named (ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM) from the host
      * form into a; a NULL array of src writes zeros; ADAPTER_OPTIM also sets a->step. src
      * has a's layout. Parts not named are left as they are. Naming GRADS or OPTIM for an
      * adapter that is not trainable is an error. 0, or -1 with err and a unchanged. */
-    int (*adapter_upload)(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err,
+    int (*adapter_upload)(void *ctx, be_adapter *a, const adapter_state *src, unsigned parts, char *err,
                           size_t errlen);
     /* Copies the parts named from a into dst, whose arrays for them are allocated
      * (adapter_state_alloc with a's layout); ADAPTER_OPTIM also sets dst->step. */
-    int (*adapter_download)(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+    int (*adapter_download)(void *ctx, const be_adapter *a, adapter_state *dst, unsigned parts, char *err,
                             size_t errlen);
     /* dst's parts named := src's, on the device (a sampler snapshot of a training slot). */
-    int (*adapter_copy)(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err,
+    int (*adapter_copy)(void *ctx, be_adapter *dst, const be_adapter *src, unsigned parts, char *err,
                         size_t errlen);
 
     /* ---- compute ------------------------------------------------------------------ */
@@ -217,70 +217,70 @@ typedef struct exe_backend {
      * itself). backward=true ADDS d(sum of loss_out)/dθ into each trainable adapter's
      * gradient accumulator; false touches no gradient. Returns 0, or -1 with err having
      * changed nothing. */
-    int (*forward_backward)(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen);
+    int (*forward_backward)(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen);
     /* One AdamW step (torch.optim.AdamW: decoupled weight decay, bias correction) on the
      * accumulated gradients after optional global-norm clipping (torch clip_grad_norm_);
      * zeroes the gradients; *grad_norm_out = pre-clip global L2 norm (may be NULL). */
-    int (*optim_step)(void *ctx, exe_adapter *a, const adam_params *p, double *grad_norm_out, char *err,
+    int (*optim_step)(void *ctx, be_adapter *a, const adam_params *p, double *grad_norm_out, char *err,
                       size_t errlen);
     /* Runs the sampling requests together (KV cache; prompts packed, then one token per
      * live sample per step). Touches no gradient. Returns 0, or -1 with err having
      * changed nothing (prompt longer than the context, bad token id, bad parameters). */
-    int (*sample)(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen);
-} exe_backend;
+    int (*sample)(void *ctx, be_sample_req *reqs, int nreq, char *err, size_t errlen);
+} be_backend;
 
-/* The backends of this build, by name; NULL if unknown. exe_backend_names lists them
+/* The backends of this build, by name; NULL if unknown. be_backend_names lists them
  * ("cpu, sim, cuda") for messages. (backends.c) */
-const exe_backend *exe_backend_find(const char *name);
-const char *exe_backend_names(void);
+const be_backend *be_backend_find(const char *name);
+const char *be_backend_names(void);
 
 /* The named backend's device_count (0 when the name is unknown). (backends.c) */
-int exe_backend_device_count(const char *name);
+int be_backend_device_count(const char *name);
 
 /* ---- what every backend's sample does alike (backend.c) -------------------------------- */
 
 /* One sample being generated. Its PRNG stream is seeded by (seed, sample index) alone, so
  * that a sample does not depend on the rest of the batch. */
 typedef struct {
-    exe_sample_req *req;
+    be_sample_req *req;
     int index;                    /* sample index within its request */
     int n_gen;                    /* tokens generated so far */
     bool done;
     int32_t last;                 /* the last token generated: the next decode input */
     rng_state rng;
-} exe_sample_stream;
+} be_sample_stream;
 
 /* Checks a request against the model (prompt ids and length, parameters, output buffers).
  * 0, or -1 with err. */
-int exe_sample_check(const model_config *mc, const exe_sample_req *r, char *err, size_t errlen);
+int be_sample_check(const model_config *mc, const be_sample_req *r, char *err, size_t errlen);
 /* Sample `index` of r before its first token (done at once when max_tokens is 0); resets
  * r's n_out and stopped_out for it. */
-void exe_sample_stream_init(exe_sample_stream *s, exe_sample_req *r, int index);
+void be_sample_stream_init(be_sample_stream *s, be_sample_req *r, int index);
 /* Appends a generated token to s's outputs and decides whether s is done: a stop token
  * (kept as the last token), stop_check, max_tokens, or the context limit max_pos (the next
  * pass would feed the token at position n_prompt + n_gen − 1). */
-void exe_sample_record(exe_sample_stream *s, int32_t tok, float lp, int max_pos);
-/* The choice's arithmetic (sample_pick.c), shared by the CPU sampler (cpu_choose.c) and exe_sample_top.
- * exe_sample_weights: *best = the argmax of z; greedy (temperature 0): returns
+void be_sample_record(be_sample_stream *s, int32_t tok, float lp, int max_pos);
+/* The choice's arithmetic (sample_pick.c), shared by the CPU sampler (cpu_choose.c) and be_sample_top.
+ * be_sample_weights: *best = the argmax of z; greedy (temperature 0): returns
  * Σ exp(z − max) (w untouched); else w[v] = exp((z − max) / temperature), zero below the
  * top-k threshold, and returns Σ w. keys: V uint64 of scratch. */
-double exe_sample_weights(const exe_sample_req *r, const float *z, long V, float *w, uint64_t *keys, long *best);
+double be_sample_weights(const be_sample_req *r, const float *z, long V, float *w, uint64_t *keys, long *best);
 /* The top-p nucleus of w (sum Σ w): keys[0..keep) = (bits(w) << 32 | id) of the smallest
  * set of most likely tokens whose mass *cum reaches top_p·sum, most likely first; returns
  * keep. */
-long exe_sample_nucleus(const exe_sample_req *r, const float *w, long V, double sum, uint64_t *keys, double *cum);
+long be_sample_nucleus(const be_sample_req *r, const float *w, long V, double sum, uint64_t *keys, double *cum);
 /* When s's request asks for top_logprobs: the most likely tokens of the distribution the
  * next token of s is drawn from, given that row's logits z[0..V), into the request's
- * top_*_out at s's next position (call before exe_sample_record). w: V floats and keys: V
+ * top_*_out at s's next position (call before be_sample_record). w: V floats and keys: V
  * uint64 of scratch. The same arithmetic as the CPU backend's choice (cpu_choose.c), so
  * that the sampled token's entry equals its logprob. */
-void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w, uint64_t *keys);
-/* The prompt-pass extensions of exe_seq (score_*, draw_*) for row `row` of s, from that
+void be_sample_top(const be_sample_stream *s, const float *z, long V, float *w, uint64_t *keys);
+/* The prompt-pass extensions of be_seq (score_*, draw_*) for row `row` of s, from that
  * row's logits z[0..V) and lse = log Σ exp(z) (the one its logprobs_out used). Pure and
  * thread-safe: the CPU backend calls it inside its head, the CUDA backend on rows it
  * brings to the host, so that both draw the same tokens from the same logits. */
-void exe_prompt_extras(const exe_seq *s, int row, const float *z, long V, double lse);
-static inline bool exe_seq_has_extras(const exe_seq *s) { return s->score_start || s->draw_k > 0; }
+void be_prompt_extras(const be_seq *s, int row, const float *z, long V, double lse);
+static inline bool be_seq_has_extras(const be_seq *s) { return s->score_start || s->draw_k > 0; }
 
 /* ---- what every backend's sparse (mixture-of-experts) layer does alike (backend.c) ------- */
 
@@ -289,26 +289,26 @@ static inline bool exe_seq_has_extras(const exe_seq *s) { return s->score_start 
  * expert's rows are one block: off[E + 1] each expert's first grouped row, a_pos[T·K] the
  * grouped row of each assignment, a_tok[T·K] the token row of each grouped row. fill: E
  * ints of scratch. */
-void exe_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok);
+void be_moe_group(const int32_t *sel, long T, int K, int E, int *off, int *fill, int32_t *a_pos, int32_t *a_tok);
 /* The first grouped row of [lo, hi) (one expert's block) whose token row is at least t:
  * where a segment starting at row t begins in that block. */
-int exe_moe_lower(const int32_t *a_tok, int lo, int hi, long t);
+int be_moe_lower(const int32_t *a_tok, int lo, int hi, long t);
 
 /* The transfer contract's check (adapter_upload / download / copy): a's layout is other's,
  * and GRADS or OPTIM are named only for a trainable adapter. 0, or -1 with err (prefixed
  * by who, the backend's name). (backend.c) */
-int exe_adapter_check_parts(const exe_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
-                            size_t errlen);
+int be_adapter_check_parts(const be_adapter *a, const lora_layout *other, unsigned parts, const char *who, char *err,
+                           size_t errlen);
 
 /* Helpers made of table calls only (backend.c). */
 /* A fresh adapter with PEFT's initial weights (model/lora.h), zero Adam state. */
-exe_adapter *exe_adapter_new(const exe_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,
-                             size_t errlen);
+be_adapter *be_adapter_new(const be_backend *be, void *ctx, const lora_config *c, bool trainable, char *err,
+                           size_t errlen);
 /* A new adapter holding st's parts (those st has). */
-exe_adapter *exe_adapter_from_state(const exe_backend *be, void *ctx, const adapter_state *st, bool trainable,
-                                    char *err, size_t errlen);
+be_adapter *be_adapter_from_state(const be_backend *be, void *ctx, const adapter_state *st, bool trainable,
+                                  char *err, size_t errlen);
 /* The parts of a as a new host state (dst is allocated here). */
-int exe_adapter_to_state(const exe_backend *be, void *ctx, const exe_adapter *a, unsigned parts, adapter_state *dst,
-                         char *err, size_t errlen);
+int be_adapter_to_state(const be_backend *be, void *ctx, const be_adapter *a, unsigned parts, adapter_state *dst,
+                        char *err, size_t errlen);
 
 #endif

@@ -2,7 +2,7 @@
  * LOOM_TEST_BACKEND in the tests, `bench_backend --backend`).
  *
  * The CPU backend and the simulated GPU (backend/sim/, for fleet benchmarks) are linked in. Device backends are modules loaded on first use
- * (libloom_backend_<name>.so, exporting `exe_backend_<name>`), so that the loom binary
+ * (libloom_backend_<name>.so, exporting `be_backend_<name>`), so that the loom binary
  * and its Debian package depend on no vendor library (cuBLAS is no Debian package): a
  * machine without the CUDA libraries runs every other part of Loom, and `--backend cuda`
  * there says why it cannot load. Modules are looked for in $LOOM_BACKEND_DIR, next to the
@@ -18,8 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
-extern const exe_backend exe_backend_cpu;   /* backend/cpu/cpu_backend.c */
-extern const exe_backend exe_backend_sim;   /* backend/sim/sim_backend.c */
+extern const be_backend be_backend_cpu;     /* backend/cpu/cpu_backend.c */
+extern const be_backend be_backend_sim;     /* backend/sim/sim_backend.c */
 
 #ifndef LOOM_MODULE_DIR
 #define LOOM_MODULE_DIR "/usr/lib/loom"
@@ -31,12 +31,12 @@ enum { N_MODULES = sizeof module_names / sizeof module_names[0] };
 
 static struct {
     pthread_once_t once;
-    const exe_backend *be;
+    const be_backend *be;
     char why[512];   /* why it could not be loaded */
 } modules[N_MODULES] = {[0 ... N_MODULES - 1] = {.once = PTHREAD_ONCE_INIT}};
 static int loading;  /* the index pthread_once is running for */
 
-static const exe_backend *try_load(const char *dir, const char *name, char *why, size_t whylen) {
+static const be_backend *try_load(const char *dir, const char *name, char *why, size_t whylen) {
     char path[PATH_MAX + 64], sym[64];
     snprintf(path, sizeof path, "%s/libloom_backend_%s.so", dir, name);
     if (access(path, F_OK) != 0) return NULL;
@@ -45,8 +45,8 @@ static const exe_backend *try_load(const char *dir, const char *name, char *why,
         snprintf(why, whylen, "%s", dlerror());
         return NULL;
     }
-    snprintf(sym, sizeof sym, "exe_backend_%s", name);
-    const exe_backend *be = dlsym(h, sym);
+    snprintf(sym, sizeof sym, "be_backend_%s", name);
+    const be_backend *be = dlsym(h, sym);
     if (!be) snprintf(why, whylen, "%s has no %s", path, sym);
     return be;
 }
@@ -69,7 +69,7 @@ static void load_module(void) {
         if (dirs[d] && dirs[d][0]) modules[i].be = try_load(dirs[d], name, modules[i].why, sizeof modules[i].why);
 }
 
-static const exe_backend *module(int i) {
+static const be_backend *module(int i) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);   /* `loading` passes the index to pthread_once's callback */
     loading = i;
@@ -78,22 +78,22 @@ static const exe_backend *module(int i) {
     return modules[i].be;
 }
 
-const exe_backend *exe_backend_find(const char *name)
+const be_backend *be_backend_find(const char *name)
 {
-    if (!strcmp(name, exe_backend_cpu.name)) return &exe_backend_cpu;
-    if (!strcmp(name, exe_backend_sim.name)) return &exe_backend_sim;
+    if (!strcmp(name, be_backend_cpu.name)) return &be_backend_cpu;
+    if (!strcmp(name, be_backend_sim.name)) return &be_backend_sim;
     for (int i = 0; i < N_MODULES; i++)
         if (!strcmp(name, module_names[i])) return module(i);
     return NULL;
 }
 
 /* "cpu, sim, cuda" — or "cpu, sim (cuda: <why it cannot load>)". */
-const char *exe_backend_names(void)
+const char *be_backend_names(void)
 {
     static char names[1024];
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
-    snprintf(names, sizeof names, "%s, %s", exe_backend_cpu.name, exe_backend_sim.name);
+    snprintf(names, sizeof names, "%s, %s", be_backend_cpu.name, be_backend_sim.name);
     for (int i = 0; i < N_MODULES; i++) {
         size_t n = strlen(names);
         if (module(i)) snprintf(names + n, sizeof names - n, ", %s", module_names[i]);
@@ -103,8 +103,8 @@ const char *exe_backend_names(void)
     return names;
 }
 
-int exe_backend_device_count(const char *name)
+int be_backend_device_count(const char *name)
 {
-    const exe_backend *be = exe_backend_find(name);
+    const be_backend *be = be_backend_find(name);
     return be ? be->device_count() : 0;
 }

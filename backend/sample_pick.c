@@ -1,5 +1,5 @@
 /* sample_pick.c — the arithmetic of picking a token that every sampler shares (see
- * backend.h: exe_sample_weights, exe_sample_nucleus, exe_sample_top, exe_prompt_extras):
+ * backend.h: be_sample_weights, be_sample_nucleus, be_sample_top, be_prompt_extras):
  * the CPU backend's choice (cpu/cpu_choose.c), the top_logprobs of both backends and the
  * prompt pass's target logprobs and alternative draws. Its own file, without
  * dependencies, so that the CUDA kernel tests' CPU twins link it too. */
@@ -15,7 +15,7 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-double exe_sample_weights(const exe_sample_req *r, const float *z, long V, float *w, uint64_t *keys, long *best)
+double be_sample_weights(const be_sample_req *r, const float *z, long V, float *w, uint64_t *keys, long *best)
 {
     float mx = z[0];
     *best = 0;
@@ -51,7 +51,7 @@ double exe_sample_weights(const exe_sample_req *r, const float *z, long V, float
     return sum;
 }
 
-long exe_sample_nucleus(const exe_sample_req *r, const float *w, long V, double sum, uint64_t *keys, double *cum)
+long be_sample_nucleus(const be_sample_req *r, const float *w, long V, double sum, uint64_t *keys, double *cum)
 {
     /* Weights are non-negative floats, so their bit patterns sort like their values: the
      * key (bits << 32 | token) sorts by weight with a context-free comparator. */
@@ -81,9 +81,9 @@ static void top_insert(int32_t *ids, double *xs, int *n, int k, int32_t id, doub
     xs[i] = x;
 }
 
-void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w, uint64_t *keys)
+void be_sample_top(const be_sample_stream *s, const float *z, long V, float *w, uint64_t *keys)
 {
-    const exe_sample_req *r = s->req;
+    const be_sample_req *r = s->req;
     int k = r->top_logprobs;
     if (k <= 0 || !r->top_ids_out || !r->top_lp_out) return;
     size_t at = ((size_t)s->index * r->max_tokens + s->n_gen) * k;
@@ -94,7 +94,7 @@ void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w
     int n = 0;
     if (k > LIMIT_TOPK_PROMPT_LOGPROBS) k = LIMIT_TOPK_PROMPT_LOGPROBS;
     long best;
-    double sum = exe_sample_weights(r, z, V, w, keys, &best);
+    double sum = be_sample_weights(r, z, V, w, keys, &best);
     if (r->temperature == 0) {
         /* greedy: the model's own distribution, log p = z − max − log Σ exp(z − max) */
         float mx = z[best];
@@ -102,7 +102,7 @@ void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w
         for (int i = 0; i < n; i++) lps[i] = (float)((z[best_ids[i]] - mx) - log(sum));
     } else if (r->top_p < 1.0) {
         double cum;
-        long keep = exe_sample_nucleus(r, w, V, sum, keys, &cum);
+        long keep = be_sample_nucleus(r, w, V, sum, keys, &cum);
         for (long i = 0; i < keep && n < k; i++, n++) {
             best_ids[n] = (int32_t)(uint32_t)keys[i];
             lps[n] = (float)log(w[best_ids[n]] / cum);
@@ -118,7 +118,7 @@ void exe_sample_top(const exe_sample_stream *s, const float *z, long V, float *w
 }
 
 /* A draw's stream: seeded by (seed, row) and nothing else, so that draws do not depend on
- * the batch. The mix is the sample streams' (exe_sample_stream_init: seed ^ φ·(index + 1))
+ * the batch. The mix is the sample streams' (be_sample_stream_init: seed ^ φ·(index + 1))
  * with the multiplier offset by 2^32: multiplying by odd φ is a bijection modulo 2^64, so
  * no prompt row's stream is ever a sample's stream of the same seed. */
 static void draw_stream(rng_state *r, uint64_t seed, int row)
@@ -126,7 +126,7 @@ static void draw_stream(rng_state *r, uint64_t seed, int row)
     rng_seed(r, seed ^ (0x9e3779b97f4a7c15ull * ((UINT64_C(1) << 32) + (uint64_t)row + 1)));
 }
 
-void exe_prompt_extras(const exe_seq *s, int row, const float *z, long V, double lse)
+void be_prompt_extras(const be_seq *s, int row, const float *z, long V, double lse)
 {
     if (s->score_start)
         for (int64_t q = s->score_start[row]; q < s->score_start[row + 1]; q++)

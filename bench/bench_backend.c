@@ -98,7 +98,7 @@ static double openblas_rate(int threads)
 
 /* The durability figures (see the file's comment), printed; step_s: one forward_backward
  * + optim_step of the batch, the unit they are put in proportion to. */
-static void durability(const exe_backend *be, void *ctx, exe_adapter *ad, double step_s, int every, int iters)
+static void durability(const be_backend *be, void *ctx, be_adapter *ad, double step_s, int every, int iters)
 {
     char err[512], dir[64] = "/tmp/loom_bench_blobs_XXXXXX", dg[BLOB_DIGEST_HEX];
     if (!mkdtemp(dir)) { perror("mkdtemp"); return; }
@@ -109,7 +109,7 @@ static void durability(const exe_backend *be, void *ctx, exe_adapter *ad, double
     for (int it = 0; it < iters; it++) {
         adapter_state host;
         double t0 = clock_mono_s();
-        if (exe_adapter_to_state(be, ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, &host, err, sizeof err) < 0) break;
+        if (be_adapter_to_state(be, ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, &host, err, sizeof err) < 0) break;
         double t1 = clock_mono_s();
         uint8_t *bytes;
         host.params[it] += 1e-3f;   /* another state each time: the store really writes */
@@ -185,7 +185,7 @@ static void usage(FILE *f)
                "  --gen G       new tokens per sample (default 32)\n"
                "  --samples K   samples per prompt (default 1; RL-style sampling uses many)\n"
                "  --snapshot-every N  steps between snapshots, for the durability figures (default 20)\n",
-               exe_backend_names());
+               be_backend_names());
 }
 
 int main(int argc, char **argv)
@@ -216,8 +216,8 @@ int main(int argc, char **argv)
     if (nseqs < 1 || tokens < nseqs) { fprintf(stderr, "need tokens >= seqs >= 1\n"); return 2; }
     if (nad < 1 || nad > nseqs) { fprintf(stderr, "need 1 <= adapters <= seqs\n"); return 2; }
     if (gen < 2 || nsamples < 1) { fprintf(stderr, "need --gen >= 2 and --samples >= 1\n"); return 2; }
-    const exe_backend *be = exe_backend_find(backend);
-    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
+    const be_backend *be = be_backend_find(backend);
+    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, be_backend_names()); return 2; }
     bool on_cpu = !strcmp(be->name, "cpu");
     char err[512], tmpdir[64] = "";
     if (!model_dir) {
@@ -236,30 +236,30 @@ int main(int argc, char **argv)
     double t0 = clock_mono_s();
     if (model_open(model_dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
     const model_config mcfg = m->cfg, *c = &mcfg;
-    exe_backend_opts bo = {.device = device, .threads = threads};
+    be_backend_opts bo = {.device = device, .threads = threads};
     void *ctx = be->create(m, &bo, err, sizeof err);
     model_close(m);
     double t_load = clock_mono_s() - t0;
     if (!ctx) { fprintf(stderr, "%s\n", err); return 1; }
-    exe_device_info dev;
+    be_device_info dev;
     be->device_info(ctx, &dev);
     lora_config lc = {rank, 1, true, true, true};
-    exe_adapter **ads = calloc(nad, sizeof *ads);
+    be_adapter **ads = calloc(nad, sizeof *ads);
     for (int a = 0; a < nad; a++) {
         lc.seed = 1 + (uint64_t)a;
-        if (!(ads[a] = exe_adapter_new(be, ctx, &lc, true, err, sizeof err))) { fprintf(stderr, "%s\n", err); return 1; }
+        if (!(ads[a] = be_adapter_new(be, ctx, &lc, true, err, sizeof err))) { fprintf(stderr, "%s\n", err); return 1; }
     }
-    exe_adapter *ad = ads[0];
+    be_adapter *ad = ads[0];
     size_t ad_params = ad->layout.num_params;
 
     /* nseqs sequences of equal length, cross-entropy, all with the adapter */
     int n = tokens / nseqs;
-    exe_seq *seqs = calloc(nseqs, sizeof *seqs);
+    be_seq *seqs = calloc(nseqs, sizeof *seqs);
     int32_t *tok = malloc((size_t)tokens * 4);
     float *lp = malloc((size_t)tokens * 4), *loss = malloc((size_t)tokens * 4);
     for (int i = 0; i < tokens; i++) tok[i] = (int32_t)((i * 7919L) % c->vocab_size);
     for (int s = 0; s < nseqs; s++) {
-        seqs[s] = (exe_seq){.ad = ads[s % nad], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = tok + s * n,
+        seqs[s] = (be_seq){.ad = ads[s % nad], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = tok + s * n,
                             .targets = tok + s * n + 1, .logprobs_out = lp + s * n, .loss_out = loss + s * n};
         if (s == nseqs - 1) seqs[s].n = n - 1; /* targets stay inside the array */
     }
@@ -297,7 +297,7 @@ int main(int argc, char **argv)
      * each, no stop tokens; first with max_tokens 1 (prefill + one pick), then in full: the
      * difference is the decode of gen − 1 tokens per sample. */
     int plen = tokens / nseqs < 128 ? tokens / nseqs : 128, S = nseqs * nsamples;
-    exe_sample_req *rq = calloc(nseqs, sizeof *rq);
+    be_sample_req *rq = calloc(nseqs, sizeof *rq);
     int32_t *stok = malloc((size_t)S * gen * 4);
     float *slp = malloc((size_t)S * gen * 4);
     int *sn = calloc(S, sizeof *sn);
@@ -306,7 +306,7 @@ int main(int argc, char **argv)
     for (int it = 0; it < iters; it++)
         for (int full = 0; full < 2; full++) {
             for (int s = 0; s < nseqs; s++)
-                rq[s] = (exe_sample_req){.ad = ad, .n_prompt = plen, .prompt = tok + s * n, .num_samples = nsamples,
+                rq[s] = (be_sample_req){.ad = ad, .n_prompt = plen, .prompt = tok + s * n, .num_samples = nsamples,
                                          .max_tokens = full ? gen : 1, .temperature = 1.0, .top_k = -1, .top_p = 1.0,
                                          .seed = (uint64_t)s, .tokens_out = stok + (long)s * nsamples * gen,
                                          .logprobs_out = slp + (long)s * nsamples * gen, .n_out = sn + s * nsamples,

@@ -97,7 +97,7 @@ static int probe_devices(const char *name) {
     pid_t pid = fork();
     if (pid < 0) return 0;
     if (pid == 0) {
-        int n = exe_backend_device_count(name);
+        int n = be_backend_device_count(name);
         _exit(n > 200 ? 200 : n);
     }
     int st;
@@ -205,11 +205,9 @@ static void stop_children(child *cs, int n) {
 static int read_port(int fd, int timeout_ms) {
     char buf[512];
     size_t len = 0;
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     for (;;) {
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long left = timeout_ms - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        long left = timeout_ms - (long)((clock_mono_s() - t0) * 1000);
         if (left <= 0 || g_stop) return -1;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, (int)left) <= 0) continue;
@@ -401,7 +399,7 @@ int up_main(int argc, char **argv) {
     const char *backend = cfg_level(&o, "backend") == CFG_DEFAULT ? NULL : cfg_str(&o, "backend");
     const char *device = cfg_level(&o, "device") == CFG_DEFAULT ? NULL : cfg_str(&o, "device");
     int per_model = (int)cfg_int(&o, "executors-per-model"), n_exec = n_models * per_model,
-        gpus = exe_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
+        gpus = be_backend_find("cuda") && (!backend || !strcmp(backend, "cuda")) ? probe_devices("cuda") : 0;
     if (!backend) backend = gpus > 0 ? "cuda" : "cpu";
     bool per_gpu = !device && !strcmp(backend, "cuda");
     if (per_gpu) {

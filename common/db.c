@@ -1,5 +1,6 @@
 /* db.c: libpq helpers. Errors are returned as values with the server's message. */
 #include "common/db.h"
+#include "common/clock.h"
 #include "common/common_sql.h"
 #include "common/log.h"
 #include <errno.h>
@@ -122,8 +123,7 @@ PGconn *db_probe(const char *conninfo, char *err, size_t errlen) {
 }
 
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) {
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    double start = clock_mono_s();
     char where[512];
     db_describe(conninfo, where, sizeof where);
     for (;;) {
@@ -135,8 +135,7 @@ PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen) 
         }
         set_err(err, errlen, PQerrorMessage(c));
         PQfinish(c);
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        long waited = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        long waited = (long)((clock_mono_s() - start) * 1000);
         bool last = waited >= wait_ms || stopping();
         note_down(where, err, last ? (wait_ms > 0 ? -1 : 0) : (int)((wait_ms - waited + 999) / 1000));
         if (last) {

@@ -1,5 +1,6 @@
 /* api_pool.c: database worker threads (see api_pool.h). */
 #include "core/api_pool.h"
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "core/api_auth.h"
@@ -14,14 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct worker {
     api_pool *pool;
     int index;
     PGconn *db;
     pthread_t tid;
-    struct timespec failed_at;   /* last failed connection attempt */
+    double failed_at;   /* clock_mono_s() of the last failed connection attempt; 0: none since */
 } worker;
 
 struct api_pool {
@@ -52,10 +52,8 @@ static PGconn *connect_worker(const char *conninfo, int wait_ms, char *err, size
  * second, and each would otherwise try). */
 static bool ensure_db(worker *w, char *err, size_t errlen) {
     if (w->db && PQstatus(w->db) == CONNECTION_OK) return true;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    long since = (now.tv_sec - w->failed_at.tv_sec) * 1000 + (now.tv_nsec - w->failed_at.tv_nsec) / 1000000;
-    if (w->failed_at.tv_sec && since < RECONNECT_EVERY_MS) {
+    double now = clock_mono_s();
+    if (w->failed_at && (now - w->failed_at) * 1000 < RECONNECT_EVERY_MS) {
         snprintf(err, errlen, "database unavailable (reconnecting)");
         return false;
     }
@@ -65,7 +63,7 @@ static bool ensure_db(worker *w, char *err, size_t errlen) {
         w->failed_at = now;   /* db_connect said so, once for the process */
         return false;
     }
-    w->failed_at.tv_sec = 0;
+    w->failed_at = 0;
     return true;
 }
 

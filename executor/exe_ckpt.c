@@ -29,7 +29,7 @@ typedef struct {
     uint8_t bytes[];               /* the blob, to store again if GC took it */
 } save_hook_data;
 
-int exe_adapter_to_blob(exe_state *st, exe_adapter *ad, bool training, uint8_t **bytes, size_t *len,
+int exe_adapter_to_blob(exe_state *st, be_adapter *ad, bool training, uint8_t **bytes, size_t *len,
                         char digest[BLOB_DIGEST_HEX], char *err, size_t errlen) {
     if (!st->blobs) {
         snprintf(err, errlen, "this executor has no registry blob store (start it with --blob-dir)");
@@ -37,8 +37,8 @@ int exe_adapter_to_blob(exe_state *st, exe_adapter *ad, bool training, uint8_t *
     }
     adapter_state host;
     char why[512];
-    if (exe_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | (training ? ADAPTER_OPTIM : 0), &host, why,
-                             sizeof why) < 0) {
+    if (be_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | (training ? ADAPTER_OPTIM : 0), &host, why,
+                            sizeof why) < 0) {
         snprintf(err, errlen, "reading the adapter from the device failed: %s", why);
         return -1;
     }
@@ -91,7 +91,7 @@ static void run_save(exe_state *st, exe_op *op, const char *kind) {
         exe_op_fail(op, "user", "checkpoint name: %s", name ? err : "missing");
         return;
     }
-    exe_adapter *ad = exe_op_training_slot(st, op);
+    be_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
     bool training = !strcmp(kind, "training");
     uint8_t *bytes;
@@ -178,7 +178,7 @@ void exe_load_checkpoint(exe_state *st, exe_op *op) {
     /* The checkpoint is checked against the model's layout on the host first, so that a
      * bad one leaves the slot as it was. A model whose state this executor lost (restart)
      * is rebuilt from the checkpoint. */
-    exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
+    be_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
     lora_layout layout;
     adapter_state host = {0};
     int rc = lora_layout_init(&layout, &st->model, &op->lcfg, err, sizeof err);
@@ -201,7 +201,7 @@ void exe_load_checkpoint(exe_state *st, exe_op *op) {
     /* Weights, and Adam state (zeros when the optimizer is not loaded); gradients zero. */
     if (ad) rc = st->be->adapter_upload(st->ctx, ad, &host, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM, err,
                                         sizeof err);
-    else if (!(ad = exe_adapter_from_state(st->be, st->ctx, &host, true, err, sizeof err)) ||
+    else if (!(ad = be_adapter_from_state(st->be, st->ctx, &host, true, err, sizeof err)) ||
              exe_store_put(&st->store, STORE_TRAINING, op->model_id, ad, false, err, sizeof err) < 0)
         rc = -1;
     adapter_state_free(&host);
@@ -231,7 +231,7 @@ const exe_handler_entry exe_ckpt_handlers[] = {
 
 /* ---- sampler adapters from the registry ---------------------------------------------- */
 
-int exe_load_sampler_adapter(exe_state *st, const char *digest, exe_adapter **out, char *err, size_t errlen) {
+int exe_load_sampler_adapter(exe_state *st, const char *digest, be_adapter **out, char *err, size_t errlen) {
     if ((*out = exe_store_acquire(&st->store, STORE_CHECKPOINT, digest))) return 0;
     if (!st->blobs) { snprintf(err, errlen, "this executor has no registry blob store (--blob-dir)"); return -1; }
     void *buf;
@@ -241,7 +241,7 @@ int exe_load_sampler_adapter(exe_state *st, const char *digest, exe_adapter **ou
     int rc = adapter_io_decode(&st->model, buf, len, &host, err, errlen);
     free(buf);
     if (rc < 0) return -1;
-    exe_adapter *ad = exe_adapter_from_state(st->be, st->ctx, &host, false, err, errlen);
+    be_adapter *ad = be_adapter_from_state(st->be, st->ctx, &host, false, err, errlen);
     adapter_state_free(&host);
     if (!ad || exe_store_put(&st->store, STORE_CHECKPOINT, digest, ad, true, err, errlen) < 0) return -1;
     *out = ad;

@@ -28,8 +28,8 @@ typedef struct {
 } snap_blob;
 
 /* The slot's weights, moments and step (the state after its base_seq) on the host. */
-static int download(exe_state *st, exe_adapter *ad, adapter_state *host, char *err, size_t errlen) {
-    return exe_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, host, err, errlen);
+static int download(exe_state *st, be_adapter *ad, adapter_state *host, char *err, size_t errlen) {
+    return be_adapter_to_state(st->be, st->ctx, ad, ADAPTER_PARAMS | ADAPTER_OPTIM, host, err, errlen);
 }
 
 static int store_blob(exe_state *st, const adapter_state *host, snap_blob *b, char *err, size_t errlen) {
@@ -57,7 +57,7 @@ static int record_blob(exe_state *st, PGconn *c, const snap_blob *b, char *err, 
 /* The model's snapshot as a new training adapter and, in *seq, the seq_id it was taken after; 1 when there
  * is none, 0 done, -1 with err. */
 static int load_snapshot(exe_state *st, PGconn *c, const char *model_id, const lora_config *lcfg, int64_t state_seq,
-                         exe_adapter **out, int64_t *seq, char *err, size_t errlen) {
+                         be_adapter **out, int64_t *seq, char *err, size_t errlen) {
     char sseq[24];
     snprintf(sseq, sizeof sseq, "%lld", (long long)state_seq);
     const char *p[2] = {model_id, sseq};
@@ -81,7 +81,7 @@ static int load_snapshot(exe_state *st, PGconn *c, const char *model_id, const l
     }
     if (rc == 0) rc = adapter_io_restore(&host, buf, len, true, err, errlen);
     free(buf);
-    if (rc == 0 && !(*out = exe_adapter_from_state(st->be, st->ctx, &host, true, err, errlen))) rc = -1;
+    if (rc == 0 && !(*out = be_adapter_from_state(st->be, st->ctx, &host, true, err, errlen))) rc = -1;
     adapter_state_free(&host);
     return rc;
 }
@@ -183,13 +183,13 @@ int exe_slot_restore(exe_state *st, PGconn *c, const char *model_id, const lora_
     }
     if (state_seq < 0) return 0;
     double t0 = clock_mono_s();
-    exe_adapter *ad = NULL;
+    be_adapter *ad = NULL;
     int64_t snap = -1;
     int rc = load_snapshot(st, c, model_id, lcfg, state_seq, &ad, &snap, err, errlen);
     if (rc < 0) return -1;
     if (rc == 1) {   /* no snapshot: from the create_model (seq 0) on */
         snap = -1;
-        if (!(ad = exe_adapter_new(st->be, st->ctx, lcfg, true, err, errlen))) return -1;
+        if (!(ad = be_adapter_new(st->be, st->ctx, lcfg, true, err, errlen))) return -1;
     }
     int64_t step0 = ad->step;
     if (exe_store_put(&st->store, STORE_TRAINING, model_id, ad, false, err, errlen) < 0) return -1;
@@ -256,7 +256,7 @@ exe_snap_set *exe_snapshots_before_commit(exe_state *st, exe_op *ops, int n) {
         snprintf(b->model_id, sizeof b->model_id, "%s", ops[i].model_id);
         b->seq = ops[i].seq_id;
         char err[512] = "";
-        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
+        be_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
         adapter_state host;
         int rc = ad ? download(st, ad, &host, err, sizeof err) : (err_set(err, sizeof err, "no training slot"), -1);
         if (rc == 0) {
@@ -407,7 +407,7 @@ int exe_snapshot_writer_start(exe_state *st, char *err, size_t errlen) {
 }
 
 /* Hands the slot's state to the writer; wait: even if the queue is full (else skipped). */
-static void enqueue(exe_state *st, const char *model_id, slot_seqs *q, exe_adapter *ad, bool wait) {
+static void enqueue(exe_state *st, const char *model_id, slot_seqs *q, be_adapter *ad, bool wait) {
     struct snap_writer *w = st->writer;
     if (!w || !st->blobs) return;
     pthread_mutex_lock(&w->mu);
@@ -462,7 +462,7 @@ static void take_failures(exe_state *st) {
 }
 
 /* Whether the slot's snapshot is due after a committed cycle that changed its state. */
-static bool snapshot_due(const exe_state *st, const slot_seqs *q, const exe_adapter *ad) {
+static bool snapshot_due(const exe_state *st, const slot_seqs *q, const be_adapter *ad) {
     return q->base_seq > q->snap_seq && (q->snap_retry || ad->step - q->snap_step >= st->snapshot_every);
 }
 
@@ -471,7 +471,7 @@ void exe_snapshots_after_commit(exe_state *st, const exe_op *ops, int n) {
     for (int i = 0; i < n; i++) {
         if (!ops[i].applied || (i + 1 < n && !strcmp(ops[i + 1].model_id, ops[i].model_id))) continue;
         slot_seqs *q = exe_store_seqs(&st->store, ops[i].model_id);
-        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
+        be_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, ops[i].model_id);
         if (q && ad && snapshot_due(st, q, ad)) enqueue(st, ops[i].model_id, q, ad, false);
     }
 }
@@ -486,7 +486,7 @@ void exe_snapshot_slots(exe_state *st, const char *model_id, bool wait) {
     for (int i = 0; i < n; i++) {
         if (model_id && strcmp(keys[i], model_id)) continue;
         slot_seqs *q = exe_store_seqs(&st->store, keys[i]);
-        exe_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, keys[i]);
+        be_adapter *ad = exe_store_peek(&st->store, STORE_TRAINING, keys[i]);
         if (q && ad && q->base_seq > q->snap_seq) enqueue(st, keys[i], q, ad, true);
     }
     free(keys);

@@ -24,8 +24,8 @@ uint8_t *exe_copy_bytes(const PGresult *r, int row, int col, size_t *len) {
     return p;
 }
 
-exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op) {
-    exe_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
+be_adapter *exe_op_training_slot(exe_state *st, exe_op *op) {
+    be_adapter *ad = exe_store_get(&st->store, STORE_TRAINING, op->model_id);
     if (!ad)
         exe_op_fail(op, "server", "this model's training state is not on this executor (it was restarted); "
                     "create a new model or load a checkpoint");

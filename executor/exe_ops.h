@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 typedef struct exe_state_ {
-    const exe_backend *be;
+    const be_backend *be;
     void *ctx;
     model_config model;        /* the base model this executor serves */
     exe_store store;           /* every adapter it holds */
@@ -75,7 +75,7 @@ void exe_op_fail(exe_op *op, const char *category, const char *fmt, ...) __attri
 uint8_t *exe_copy_bytes(const PGresult *r, int row, int col, size_t *len);
 /* The model's training slot, or NULL after failing op with a message that says its
  * state is not on this executor. */
-exe_adapter *exe_op_training_slot(exe_state *st, exe_op *op);
+be_adapter *exe_op_training_slot(exe_state *st, exe_op *op);
 
 /* A handler of one kind of operation that runs after the cycle's training work (one op
  * at a time, in seq order per model): sets op->result or fails the op. The op family

@@ -19,7 +19,7 @@
  * The prompt pass also answers asample's target_prompt_logprobs (chosen ids scored at
  * chosen positions, laid out as the client sent them: dense or sparse CSR) and
  * prompt_alt_tokens_k (draws along the prompt at the request's temperature, from streams
- * seeded by the request's seed and the position): exe_seq's score_* and draw_*, which every
+ * seeded by the request's seed and the position): be_seq's score_* and draw_*, which every
  * backend answers with the same arithmetic (backend.h). prompt_logprobs_last_n masks the
  * prompt logprobs before the last n positions (null), the top-k rows with them.
  *
@@ -45,6 +45,7 @@
 #include "backend/loss.h"
 #include "contract/sample_payload.h"
 #include "text/tokenizer.h"
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <float.h>
@@ -80,10 +81,10 @@ void exe_run_snapshot(exe_state *st, exe_op *op) {
         exe_op_fail(op, "server", "save_weights_for_sampler payload lacks a valid sampling_session_id");
         return;
     }
-    exe_adapter *ad = exe_op_training_slot(st, op);
+    be_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
     char err[256];
-    exe_adapter *copy = st->be->adapter_alloc(st->ctx, &ad->layout.cfg, false, err, sizeof err);
+    be_adapter *copy = st->be->adapter_alloc(st->ctx, &ad->layout.cfg, false, err, sizeof err);
     if (!copy || st->be->adapter_copy(st->ctx, copy, ad, ADAPTER_PARAMS, err, sizeof err) < 0) {
         if (copy) st->be->adapter_free(st->ctx, copy);
         exe_op_fail(op, "server", "cannot snapshot the weights: %s", err);
@@ -102,7 +103,7 @@ void exe_run_snapshot(exe_state *st, exe_op *op) {
 /* One snapshot into the blob store and its sampling session pointed at it, in one
  * transaction on c. 0, or -1 with err. */
 static int hand_over_sampler(exe_state *st, PGconn *c, const char *sid, char *err, size_t errlen) {
-    exe_adapter *ad = exe_store_peek(&st->store, STORE_SNAPSHOT, sid);
+    be_adapter *ad = exe_store_peek(&st->store, STORE_SNAPSHOT, sid);
     uint8_t *bytes;
     size_t len;
     char digest[BLOB_DIGEST_HEX], eid[24];
@@ -215,7 +216,7 @@ static bool stop_string_hit(const stop_strings *ss, const int32_t *tokens, int n
     return hit;
 }
 
-static bool stop_check(const exe_sample_req *r, int sample, const int32_t *tokens, int n) {
+static bool stop_check(const be_sample_req *r, int sample, const int32_t *tokens, int n) {
     (void)sample;
     return stop_string_hit(r->stop_user, tokens, n);
 }
@@ -232,7 +233,7 @@ typedef struct {
     int n_stop;
     stop_strings ss;
     bool prompt_logprobs;
-    exe_adapter *ad;
+    be_adapter *ad;
     bool pinned;                 /* ad is pinned in the store until job_free */
     /* outputs */
     int32_t *tokens;
@@ -451,8 +452,8 @@ static bool job_parse(exe_state *st, exe_op *op, sample_job *j) {
     return true;
 }
 
-static exe_sample_req job_req(sample_job *j) {
-    return (exe_sample_req){.ad = j->ad, .n_prompt = j->n_prompt, .prompt = j->prompt, .num_samples = j->num_samples,
+static be_sample_req job_req(sample_job *j) {
+    return (be_sample_req){.ad = j->ad, .n_prompt = j->n_prompt, .prompt = j->prompt, .num_samples = j->num_samples,
                             .max_tokens = j->max_tokens, .temperature = j->temperature, .top_k = j->top_k,
                             .top_p = j->top_p, .seed = j->seed, .stop_tokens = j->stop_tokens, .n_stop = j->n_stop,
                             .stop_check = j->ss.n ? stop_check : NULL, .stop_user = &j->ss,
@@ -462,8 +463,8 @@ static exe_sample_req job_req(sample_job *j) {
                             .stopped_out = j->stopped};
 }
 
-static exe_seq job_seq(sample_job *j) {
-    return (exe_seq){.ad = j->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = j->n_prompt - 1,
+static be_seq job_seq(sample_job *j) {
+    return (be_seq){.ad = j->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = j->n_prompt - 1,
                      .tokens = j->prompt, .targets = j->prompt + 1, .logprobs_out = j->plp, .loss_out = j->ploss,
                      .topk = j->topk_prompt, .topk_ids_out = j->tk_ids, .topk_lp_out = j->tk_lp,
                      .score_start = j->has_target ? j->score_start : NULL, .score_ids = j->score_ids,
@@ -478,12 +479,12 @@ static void run_jobs(exe_state *st, sample_job **jobs, int n, bool prompt) {
     char err[512] = "";
     int rc;
     if (prompt) {
-        exe_seq *seqs = calloc(n, sizeof *seqs);
+        be_seq *seqs = calloc(n, sizeof *seqs);
         for (int i = 0; i < n; i++) seqs[i] = job_seq(jobs[i]);
         rc = st->be->forward_backward(st->ctx, seqs, n, false, err, sizeof err);
         free(seqs);
     } else {
-        exe_sample_req *reqs = calloc(n, sizeof *reqs);
+        be_sample_req *reqs = calloc(n, sizeof *reqs);
         for (int i = 0; i < n; i++) reqs[i] = job_req(jobs[i]);
         rc = st->be->sample(st->ctx, reqs, n, err, sizeof err);
         free(reqs);
@@ -621,8 +622,7 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
             j->stream = exe_stream_track(st, j->op->request_id, j->num_samples, j->max_tokens, j->tokens, j->logprobs,
                                          j->top_logprobs, j->top_ids, j->top_lp);
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     run_jobs(st, fwd, nfwd, true);
     int k = 0;
     for (int i = 0; i < nrun; i++) {
@@ -638,7 +638,7 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
         exe_stream_untrack(j->stream, ok ? j->n_out : NULL, ok ? j->stopped : NULL);
         j->stream = NULL;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = clock_mono_s() - t0;
     int nseq = 0;
     for (int i = 0; i < nrun; i++) {
         sample_job *j = run[i];
@@ -647,7 +647,6 @@ void exe_run_sample_batch(exe_state *st, exe_op **ops, int nops) {
         nseq += j->num_samples;
         for (int s = 0; s < j->num_samples; s++) new_tokens += j->n_out[s];
     }
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
     if (nrun) log_info("sample: %d request(s), %d sequence(s), %ld new tokens in %.3f s (%.0f tok/s)", nrun, nseq,
                        new_tokens, secs, secs > 0 ? new_tokens / secs : 0.0);
     for (int i = 0; i < nops; i++) job_free(st, &jobs[i]);

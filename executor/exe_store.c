@@ -11,7 +11,7 @@
 
 static const char *const kind_names[STORE_NKINDS] = {"training slot", "sampler snapshot", "cached checkpoint"};
 
-void exe_store_init(exe_store *s, const exe_backend *be, void *ctx, size_t budget) {
+void exe_store_init(exe_store *s, const be_backend *be, void *ctx, size_t budget) {
     memset(s, 0, sizeof *s);
     s->be = be;
     s->ctx = ctx;
@@ -39,7 +39,7 @@ static void remove_at(exe_store *s, int i) {
     s->e[i] = s->e[--s->n];
 }
 
-exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key) {
+be_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
@@ -47,12 +47,12 @@ exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key) {
     return s->e[i].ad;
 }
 
-exe_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key) {
+be_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     return i < 0 ? NULL : s->e[i].ad;
 }
 
-exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key) {
+be_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key) {
     int i = find(s, kind, key);
     if (i < 0) return NULL;
     s->e[i].last_use = ++s->clock;
@@ -64,7 +64,7 @@ exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key) {
 
 /* Evicts least recently used snapshots and checkpoints, unpinned and other than keep,
  * until `need` more bytes fit the budget. false if they cannot make enough room. */
-static bool make_room(exe_store *s, size_t need, const exe_adapter *keep) {
+static bool make_room(exe_store *s, size_t need, const be_adapter *keep) {
     while (s->used + need > s->budget) {
         int lru = -1;
         for (int i = 0; i < s->n; i++) {
@@ -82,7 +82,7 @@ static bool make_room(exe_store *s, size_t need, const exe_adapter *keep) {
 
 /* Pinned adapters may have taken the store over its budget: once released, the least
  * recently used of them go. */
-void exe_store_release(exe_store *s, exe_adapter *ad) {
+void exe_store_release(exe_store *s, be_adapter *ad) {
     for (int i = 0; i < s->n; i++)
         if (s->e[i].ad == ad && s->e[i].pins > 0) {
             s->e[i].pins--;
@@ -91,7 +91,7 @@ void exe_store_release(exe_store *s, exe_adapter *ad) {
     make_room(s, 0, NULL);
 }
 
-int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *ad, bool pinned, char *err,
+int exe_store_put(exe_store *s, store_kind kind, const char *key, be_adapter *ad, bool pinned, char *err,
                   size_t errlen) {
     if (strlen(key) >= sizeof s->e[0].key) {
         s->be->adapter_free(s->ctx, ad);

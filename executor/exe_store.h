@@ -37,7 +37,7 @@ typedef struct {
 typedef struct {
     store_kind kind;
     char key[256];
-    exe_adapter *ad;
+    be_adapter *ad;
     int pins;
     uint64_t last_use;
     double used_at;     /* CLOCK_MONOTONIC seconds of the last use */
@@ -45,7 +45,7 @@ typedef struct {
 } store_entry;
 
 typedef struct {
-    const exe_backend *be;
+    const be_backend *be;
     void *ctx;
     size_t budget;      /* bytes of device memory adapters may hold */
     size_t used;
@@ -60,24 +60,24 @@ typedef struct {
     int count[STORE_NKINDS];
 } exe_store_stats;
 
-void exe_store_init(exe_store *s, const exe_backend *be, void *ctx, size_t budget);
+void exe_store_init(exe_store *s, const be_backend *be, void *ctx, size_t budget);
 /* Frees every adapter. */
 void exe_store_free(exe_store *s);
 
 /* The adapter of (kind, key), or NULL; counts as a use for the LRU order. */
-exe_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key);
+be_adapter *exe_store_get(exe_store *s, store_kind kind, const char *key);
 /* Same, without counting as a use (bookkeeping: snapshots, eviction). */
-exe_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key);
+be_adapter *exe_store_peek(const exe_store *s, store_kind kind, const char *key);
 /* Same, pinned until exe_store_release (which evicts what pins kept over the budget). */
-exe_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key);
-void exe_store_release(exe_store *s, exe_adapter *ad);
+be_adapter *exe_store_acquire(exe_store *s, store_kind kind, const char *key);
+void exe_store_release(exe_store *s, be_adapter *ad);
 
 /* Adds ad under (kind, key), the store taking ownership; an adapter already there under
  * that key is freed (a retried operation). A training slot starts with seqs -1. Snapshots and checkpoints are evicted to fit
  * the budget (never ad itself); a training slot is added even when they cannot make room
  * (it is logged). pinned: ad comes back pinned (as exe_store_acquire). 0, or -1 with err
  * and ad freed (key too long). */
-int exe_store_put(exe_store *s, store_kind kind, const char *key, exe_adapter *ad, bool pinned, char *err,
+int exe_store_put(exe_store *s, store_kind kind, const char *key, be_adapter *ad, bool pinned, char *err,
                   size_t errlen);
 /* Frees the adapter of (kind, key) if there is one (unload_model). */
 void exe_store_drop(exe_store *s, store_kind kind, const char *key);

@@ -291,7 +291,7 @@ exe_stream_op *exe_stream_track(exe_state *st, const char *request_id, int num_s
     return o;
 }
 
-bool exe_stream_on_token(const exe_sample_req *r, int sample, int n, bool done) {
+bool exe_stream_on_token(const be_sample_req *r, int sample, int n, bool done) {
     exe_stream_op *o = r->on_token_user;
     int word = n << 2 | (r->stopped_out[sample] ? 2 : 0) | (done ? 1 : 0);
     atomic_store_explicit(&o->progress[sample], word, memory_order_release);

@@ -22,7 +22,7 @@ exe_stream_op *exe_stream_track(exe_state *st, const char *request_id, int num_s
                                 const int32_t *tokens, const float *logprobs, int top_k, const int32_t *top_ids,
                                 const float *top_lp);
 /* The backend's on_token callback (backend.h): records the sample's progress. */
-bool exe_stream_on_token(const exe_sample_req *r, int sample, int n, bool done);
+bool exe_stream_on_token(const be_sample_req *r, int sample, int n, bool done);
 /* After the backend calls: queues what was not published yet (n_out, stopped: the final
  * outputs; NULL when the operation failed: nothing more is sent) and stops following
  * the operation. o may be NULL. */

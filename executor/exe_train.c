@@ -3,6 +3,7 @@
  * optim_step (AdamW on one adapter). */
 #include "executor/exe_train.h"
 #include "backend/loss.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "contract/fb_check.h"
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ---- forward / forward_backward ------------------------------------------------- */
 
@@ -23,7 +23,7 @@ typedef struct {
     bool dropped;            /* failed before the pass: none of its sequences run */
 } fb_span;
 
-static void free_seq(exe_seq *s) {
+static void free_seq(be_seq *s) {
     free((void *)s->tokens); free((void *)s->targets); free((void *)s->weights);
     free((void *)s->sampler_logprobs); free((void *)s->advantages);
     free(s->logprobs_out); free(s->loss_out); free(s->expert_counts_out);
@@ -32,7 +32,7 @@ static void free_seq(exe_seq *s) {
 /* One datum of the payload as a sequence of the batch, after the shared check (the
  * executor's defence: a payload that breaks a rule fails its own operation only). The
  * sequence takes over the datum's arrays. */
-static int read_datum(exe_state *st, fb_payload_datum *d, const loss_spec *ls, const char *where, exe_seq *s,
+static int read_datum(exe_state *st, fb_payload_datum *d, const loss_spec *ls, const char *where, be_seq *s,
                       char *err, size_t errlen) {
     unsigned accepted = loss_inputs_accepted(ls->kind);
     for (int k = 0; k < LOSS_N_INPUTS; k++) {   /* the api writes only the inputs the loss reads */
@@ -52,7 +52,7 @@ static int read_datum(exe_state *st, fb_payload_datum *d, const loss_spec *ls, c
     fb_check_model m = {.vocab_size = st->model.vocab_size, .max_context = st->model.max_position_embeddings};
     if (fb_check_datum(&m, ls->kind, &v, where, err, errlen) < 0) return -1;
     size_t n = d->n, nk = n * d->k;
-    *s = (exe_seq){.loss = *ls, .n = (int)n, .k = (int)d->k, .tokens = d->tokens, .targets = d->targets,
+    *s = (be_seq){.loss = *ls, .n = (int)n, .k = (int)d->k, .tokens = d->tokens, .targets = d->targets,
                    .weights = d->f[LOSS_IN_WEIGHTS], .sampler_logprobs = d->f[LOSS_IN_LOGPROBS],
                    .advantages = d->f[LOSS_IN_ADVANTAGES], .logprobs_out = calloc(nk, sizeof(float)),
                    .loss_out = calloc(n, sizeof(float))};
@@ -62,7 +62,7 @@ static int read_datum(exe_state *st, fb_payload_datum *d, const loss_spec *ls, c
     return 0;
 }
 
-static bool seq_at_risk(const exe_seq *s) {
+static bool seq_at_risk(const be_seq *s) {
     int K = s->k > 1 ? s->k : 1;
     for (long q = 0; q < (long)s->n * K; q++)
         if (loss_token_at_risk(&s->loss, s->weights ? s->weights[q] : 1.0f,
@@ -75,9 +75,9 @@ static bool seq_at_risk(const exe_seq *s) {
 /* Whether the op's outputs are in range: every log-prob and loss finite, and (strict, for
  * the pass without gradients that decides whether an op at risk may run) every
  * |loss| below LIMIT_LOSS. Otherwise why names the first bad position and its inputs. */
-static bool span_in_range(const exe_seq *seqs, const fb_span *sp, bool strict, char *why, size_t n) {
+static bool span_in_range(const be_seq *seqs, const fb_span *sp, bool strict, char *why, size_t n) {
     for (int d = 0; d < sp->nseq; d++) {
-        const exe_seq *s = &seqs[sp->first_seq + d];
+        const be_seq *s = &seqs[sp->first_seq + d];
         int K = s->k > 1 ? s->k : 1;
         for (int t = 0; t < s->n; t++) {
             bool bad = !isfinite(s->loss_out[t]) || (strict && !(fabsf(s->loss_out[t]) < LIMIT_LOSS));
@@ -145,14 +145,14 @@ static size_t moe_metrics(fb_metric *m, const int64_t *counts, int layers, int E
 /* The op's result: the packed outputs and metrics (op->result_bin, what the client
  * receives) and their JSON header (op->result); contract/fb_result.h. Neither when the
  * result cannot be encoded (the caller fails the op). */
-static void set_result(exe_state *st, exe_op *op, const exe_seq *seqs, const fb_span *sp) {
+static void set_result(exe_state *st, exe_op *op, const be_seq *seqs, const fb_span *sp) {
     double loss_sum = 0;
     int layers = model_num_moe_layers(&st->model), E = st->model.num_experts;
     size_t ncount = (size_t)layers * E;
     int64_t *counts = ncount ? calloc(ncount, sizeof *counts) : NULL;
     fb_output *outs = calloc(sp->nseq ? sp->nseq : 1, sizeof *outs);
     for (int d = 0; d < sp->nseq && outs; d++) {
-        const exe_seq *s = &seqs[sp->first_seq + d];
+        const be_seq *s = &seqs[sp->first_seq + d];
         for (int t = 0; t < s->n; t++) loss_sum += s->loss_out[t];
         for (size_t i = 0; counts && s->expert_counts_out && i < ncount; i++) counts[i] += s->expert_counts_out[i];
         outs[d] = (fb_output){.n = (size_t)s->n, .k = s->k > 1 ? (size_t)s->k : 1, .logprobs = s->logprobs_out,
@@ -174,11 +174,11 @@ static void set_result(exe_state *st, exe_op *op, const exe_seq *seqs, const fb_
 
 /* Runs the sequences of the spans that are not dropped (all of them, or only those at
  * risk) as one packed pass. -1 with err when the backend failed. */
-static int run_pass(exe_state *st, exe_seq *seqs, fb_span *spans, int nspan, bool at_risk_only, bool backward,
+static int run_pass(exe_state *st, be_seq *seqs, fb_span *spans, int nspan, bool at_risk_only, bool backward,
                     char *err, size_t errlen) {
     int cap = 0;
     for (int i = 0; i < nspan; i++) cap += spans[i].nseq;
-    exe_seq *batch = malloc((cap ? cap : 1) * sizeof *batch);
+    be_seq *batch = malloc((cap ? cap : 1) * sizeof *batch);
     int nb = 0;
     long tokens = 0;
     for (int i = 0; i < nspan; i++) {
@@ -188,11 +188,9 @@ static int run_pass(exe_state *st, exe_seq *seqs, fb_span *spans, int nspan, boo
             tokens += seqs[k].n;
         }
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     int rc = nb ? st->be->forward_backward(st->ctx, batch, nb, backward, err, errlen) : 0;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = clock_mono_s() - t0;
     if (nb)
         log_info("%s%s: %d sequences, %ld tokens in %.3f s (%.0f tok/s)", backward ? OP_FORWARD_BACKWARD : OP_FORWARD,
                  at_risk_only ? " (losses at risk, without gradients)" : "", nb, tokens, secs,
@@ -216,13 +214,13 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
             err_set(why[i], sizeof why[i], "%zu datums, more than the %d of a request", rd[i].datums, LIMIT_DATA);
         if (!why[i][0]) cap += (int)rd[i].datums;
     }
-    exe_seq *seqs = calloc(cap ? cap : 1, sizeof *seqs);
+    be_seq *seqs = calloc(cap ? cap : 1, sizeof *seqs);
     fb_span *spans = calloc(nops, sizeof *spans);
     int ns = 0, nspan = 0;
     bool any_risk = false;
     for (int i = 0; i < nops; i++) {
         exe_op *op = ops[i];
-        exe_adapter *ad = exe_op_training_slot(st, op);
+        be_adapter *ad = exe_op_training_slot(st, op);
         if (!ad) continue;
         int start = ns;
         bool risk = false;
@@ -285,7 +283,7 @@ void exe_run_fb_batch(exe_state *st, exe_op **ops, int nops, bool backward) {
 void exe_run_create(exe_state *st, exe_op *op) {
     if (!exe_store_get(&st->store, STORE_TRAINING, op->model_id)) {
         char err[512] = "";
-        exe_adapter *ad = exe_adapter_new(st->be, st->ctx, &op->lcfg, true, err, sizeof err);
+        be_adapter *ad = be_adapter_new(st->be, st->ctx, &op->lcfg, true, err, sizeof err);
         if (!ad || exe_store_put(&st->store, STORE_TRAINING, op->model_id, ad, false, err, sizeof err) < 0) {
             exe_op_fail(op, "user", "cannot create LoRA adapter: %s", err);
             return;
@@ -296,7 +294,7 @@ void exe_run_create(exe_state *st, exe_op *op) {
 }
 
 void exe_run_optim(exe_state *st, exe_op *op) {
-    exe_adapter *ad = exe_op_training_slot(st, op);
+    be_adapter *ad = exe_op_training_slot(st, op);
     if (!ad) return;
     /* The api refuses every family but AdamW; an operation that names another one, or
      * carries no Adam parameters, is not run as Adam with zeros or defaults. (Payloads

@@ -30,6 +30,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_train.h"
 #include "registry/blobstore.h"
+#include "common/clock.h"
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -386,8 +387,7 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
  * (database error: the caller polls again, reconnecting if needed). */
 static int run_cycle(exe_state *st, PGconn *c) {
     char err[1024], cyc[24];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_mono_s();
     exe_op *ops = NULL;
     int64_t cycle = 0;
     int n = 0, started = start_cycle(c, st, &cycle, &ops, &n, err, sizeof err);
@@ -397,8 +397,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
     }
     if (started == 0) return 0;
     fmt_i64(cyc, sizeof cyc, cycle);
-    struct timespec tc;   /* the cycle's own time (restore, compute) starts once it is read */
-    clock_gettime(CLOCK_MONOTONIC, &tc);
+    double tc = clock_mono_s();   /* the cycle's own time (restore, compute) starts once it is read */
     st->db = c;
     restore_slots(st, c, ops, n);
     run_ops(st, ops, n);
@@ -407,9 +406,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
     exe_snap_set *snaps = exe_snapshots_before_commit(st, ops, n);
     exit_if_fenced("before committing a cycle");
 
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps,
-                                         (t1.tv_sec - tc.tv_sec) + (t1.tv_nsec - tc.tv_nsec) / 1e9);
+    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps, clock_mono_s() - tc);
     exe_snapshots_done(st, snaps, committed);
     if (!committed) {
         log_error("cycle %s was not committed: the reaper requeues its operations; the models' copies here are "
@@ -419,8 +416,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
         return 1;
     }
     exe_snapshots_after_commit(st, ops, n);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    exe_log_cycle(c, cycle, ops, n, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+    exe_log_cycle(c, cycle, ops, n, clock_mono_s() - t0);
     free_ops(ops, n);
     return 1;
 }
@@ -665,8 +661,8 @@ static const cfg_cmd EXE_CMD = {.cmd = "loom executor", .section = "executor",
                                 .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
 
 int exe_check_opts(const cfg *o, char *err, size_t errlen) {
-    if (!exe_backend_find(cfg_str(o, "backend"))) {
-        snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), exe_backend_names());
+    if (!be_backend_find(cfg_str(o, "backend"))) {
+        snprintf(err, errlen, "unknown backend '%s' (this build has: %s)", cfg_str(o, "backend"), be_backend_names());
         return -1;
     }
     if (cfg_str(o, "memory-budget") && !cfg_parse_bytes(cfg_str(o, "memory-budget"))) {
@@ -682,7 +678,7 @@ int exe_check_opts(const cfg *o, char *err, size_t errlen) {
 static size_t adapter_bytes_per_rank(exe_state *st) {
     lora_config lc = {.rank = 1, .train_attn = true, .train_mlp = true, .train_unembed = true};
     char err[256];
-    exe_adapter *a = st->be->adapter_alloc(st->ctx, &lc, true, err, sizeof err);
+    be_adapter *a = st->be->adapter_alloc(st->ctx, &lc, true, err, sizeof err);
     if (!a) return 0;
     size_t n = a->device_bytes;
     st->be->adapter_free(st->ctx, a);
@@ -735,7 +731,7 @@ int exe_main(int argc, char **argv) {
         device = (int)cfg_int(&o, "device");
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
-    exe_state st = {.be = exe_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
+    exe_state st = {.be = be_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
                     .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
                     .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
@@ -753,14 +749,14 @@ int exe_main(int argc, char **argv) {
         return 1;
     }
     st.model = mf->cfg;
-    exe_backend_opts bo = {.device = device, .threads = threads};
+    be_backend_opts bo = {.device = device, .threads = threads};
     st.ctx = st.be->create(mf, &bo, err, sizeof err);
     model_close(mf);
     if (!st.ctx) {
         log_error("backend %s: %s", st.be->name, err);
         return 1;
     }
-    exe_device_info dev;
+    be_device_info dev;
     st.be->device_info(st.ctx, &dev);
     /* By default adapters may take half of what the device has left after the weights. */
     if (!store_budget) store_budget = dev.memory_free / 2;

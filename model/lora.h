@@ -1,7 +1,7 @@
 /* lora.h — LoRA adapters as data: their layout (which tensors, PEFT names, shapes) and
  * their host form (adapter_state: the numbers, for files, checkpoints and transfers to
  * and from a backend). Where an adapter lives while it trains is the backend's business
- * (backend/backend.h: exe_adapter); this is what every backend and file format agrees on.
+ * (backend/backend.h: be_adapter); this is what every backend and file format agrees on.
  *
  * Conventions (docs/protocol.md §17.2/§17.4, PEFT): for an adapted nn.Linear with weight W [out, in],
  *   y = x Wᵀ + scale · (x Aᵀ) Bᵀ,   A [r, in], B [out, r],   scale = alpha / r, alpha = 32.

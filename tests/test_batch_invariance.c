@@ -15,7 +15,7 @@
  *   - on a context with another thread count,
  * its log-probs, losses, gradients and (after AdamW) parameters and moments must be the
  * same bits. The backend is LOOM_TEST_BACKEND; a backend whose table does not promise
- * batch invariance (exe_backend.batch_invariant) skips the suite (77).
+ * batch invariance (be_backend.batch_invariant) skips the suite (77).
  *
  * Below the backend, the CPU backend's GEMM (backend/cpu/cpu_gemm.h): a row of op(A)
  * gives the same bits in any position of any M, and every kernel this CPU can run
@@ -42,7 +42,7 @@ typedef struct {
     float lp[MAXLEN], loss[MAXLEN];
 } seqbuf;
 
-static const exe_backend *be;
+static const be_backend *be;
 
 static void fill(seqbuf *s, int n, uint64_t seed, int vocab)
 {
@@ -52,30 +52,30 @@ static void fill(seqbuf *s, int n, uint64_t seed, int vocab)
     for (int i = 0; i <= n; i++) s->tok[i] = (int32_t)(rng_next(&r) % (uint64_t)(vocab - 2)) + 1;
 }
 
-static exe_seq seq_of(seqbuf *s, exe_adapter *ad, int group, bool fwd_only)
+static be_seq seq_of(seqbuf *s, be_adapter *ad, int group, bool fwd_only)
 {
-    return (exe_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = s->n, .tokens = s->tok,
+    return (be_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = s->n, .tokens = s->tok,
                      .targets = s->tok + 1, .logprobs_out = s->lp, .loss_out = s->loss, .group = group,
                      .forward_only = fwd_only};
 }
 
-static exe_adapter *adapter(void *ctx, int rank, uint64_t seed, bool unembed)
+static be_adapter *adapter(void *ctx, int rank, uint64_t seed, bool unembed)
 {
     char err[256];
     lora_config c = {.rank = rank, .seed = seed, .train_attn = true, .train_mlp = true, .train_unembed = unembed};
-    exe_adapter *a = exe_adapter_new(be, ctx, &c, true, err, sizeof err);
+    be_adapter *a = be_adapter_new(be, ctx, &c, true, err, sizeof err);
     if (!a) { printf("adapter: %s\n", err); exit(2); }
     /* B starts at zero (PEFT): one step first so that every LoRA gradient is non-zero. */
     return a;
 }
 
-static void pass(void *ctx, exe_seq *s, int n)
+static void pass(void *ctx, be_seq *s, int n)
 {
     char err[256];
     if (be->forward_backward(ctx, s, n, true, err, sizeof err) != 0) { printf("fb: %s\n", err); exit(2); }
 }
 
-static void adam(void *ctx, exe_adapter *a)
+static void adam(void *ctx, be_adapter *a)
 {
     adam_params p = {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.01};
     char err[256];
@@ -88,7 +88,7 @@ typedef struct {
     adapter_state grads, after;   /* gradients after both ops; every part after AdamW */
 } outcome;
 
-static void capture(void *ctx, exe_adapter *x, seqbuf *xs, outcome *o)
+static void capture(void *ctx, be_adapter *x, seqbuf *xs, outcome *o)
 {
     for (int i = 0; i < 3; i++) {
         memcpy(o->lp[i], xs[i].lp, sizeof o->lp[i]);
@@ -114,17 +114,17 @@ static void compare(const char *what, const outcome *ref, const outcome *o, cons
           "%s: X's parameters and Adam moments after the step are the same bits", what);
 }
 
-static void release(void *ctx, exe_adapter **ads, int n, outcome *o)
+static void release(void *ctx, be_adapter **ads, int n, outcome *o)
 {
     for (int i = 0; i < n; i++) if (ads[i]) be->adapter_free(ctx, ads[i]);
     if (o) { adapter_state_free(&o->grads); adapter_state_free(&o->after); }
 }
 
 /* X (rank 4, every module and the head) after a warm-up step, so that B is not zero. */
-static exe_adapter *warm_x(void *ctx, seqbuf *warm)
+static be_adapter *warm_x(void *ctx, seqbuf *warm)
 {
-    exe_adapter *x = adapter(ctx, 4, 11, true);
-    exe_seq s = seq_of(warm, x, 0, false);
+    be_adapter *x = adapter(ctx, 4, 11, true);
+    be_seq s = seq_of(warm, x, 0, false);
     pass(ctx, &s, 1);
     adam(ctx, x);
     return x;
@@ -160,8 +160,8 @@ static void suite(const char *arch)
 
     /* 1. the replay: X alone, one pass per operation */
     outcome ref, o;
-    exe_adapter *x = warm_x(ctx2, &warm);
-    exe_seq op1[2] = {seq_of(&xs[0], x, 1, false), seq_of(&xs[1], x, 1, false)}, op2 = seq_of(&xs[2], x, 2, false);
+    be_adapter *x = warm_x(ctx2, &warm);
+    be_seq op1[2] = {seq_of(&xs[0], x, 1, false), seq_of(&xs[1], x, 1, false)}, op2 = seq_of(&xs[2], x, 2, false);
     pass(ctx2, op1, 2);
     pass(ctx2, &op2, 1);
     capture(ctx2, x, xs, &ref);
@@ -169,8 +169,8 @@ static void suite(const char *arch)
 
     /* 2. one cycle: both ops packed between Y, a base-only and a forward-only sequence, Z */
     x = warm_x(ctx2, &warm);
-    exe_adapter *y = adapter(ctx2, 8, 12, true), *z = adapter(ctx2, 2, 13, false), *ads[3] = {x, y, z};
-    exe_seq b[10] = {seq_of(&ys[0], y, 0, false), seq_of(&ys[1], y, 0, false), seq_of(&base, NULL, 0, false),
+    be_adapter *y = adapter(ctx2, 8, 12, true), *z = adapter(ctx2, 2, 13, false), *ads[3] = {x, y, z};
+    be_seq b[10] = {seq_of(&ys[0], y, 0, false), seq_of(&ys[1], y, 0, false), seq_of(&base, NULL, 0, false),
                      seq_of(&xs[0], x, 1, false), seq_of(&xs[1], x, 1, false), seq_of(&xs[2], x, 2, false),
                      seq_of(&fwd, y, 0, true),   seq_of(&zs[0], z, 0, false), seq_of(&zs[1], z, 0, false),
                      seq_of(&ys[2], y, 0, false)};
@@ -183,10 +183,10 @@ static void suite(const char *arch)
     x = warm_x(ctx2, &warm);
     y = adapter(ctx2, 8, 12, true);
     z = adapter(ctx2, 2, 13, false);
-    exe_adapter *ads3[3] = {x, y, z};
-    exe_seq c1[4] = {seq_of(&zs[1], z, 0, false), seq_of(&xs[0], x, 7, false), seq_of(&xs[1], x, 7, false),
+    be_adapter *ads3[3] = {x, y, z};
+    be_seq c1[4] = {seq_of(&zs[1], z, 0, false), seq_of(&xs[0], x, 7, false), seq_of(&xs[1], x, 7, false),
                      seq_of(&ys[2], y, 0, false)};
-    exe_seq c2[2] = {seq_of(&ys[0], y, 0, false), seq_of(&xs[2], x, 0, false)};
+    be_seq c2[2] = {seq_of(&ys[0], y, 0, false), seq_of(&xs[2], x, 0, false)};
     pass(ctx2, c1, 4);
     pass(ctx2, c2, 2);
     capture(ctx2, x, xs, &o);
@@ -195,7 +195,7 @@ static void suite(const char *arch)
 
     /* 4. another thread count (another executor of the pool) */
     x = warm_x(ctx1, &warm);
-    exe_seq d[3] = {seq_of(&xs[0], x, 1, false), seq_of(&xs[1], x, 1, false), seq_of(&xs[2], x, 2, false)};
+    be_seq d[3] = {seq_of(&xs[0], x, 1, false), seq_of(&xs[1], x, 1, false), seq_of(&xs[2], x, 2, false)};
     pass(ctx1, d, 3);
     capture(ctx1, x, xs, &o);
     compare("one thread instead of two, both ops in one pass", &ref, &o, xs);

@@ -36,7 +36,7 @@
 
 /* A sequence as the shared check (contract/fb_check.h) sees a datum: its loss config, then
  * the datum with every input it has. 0, or -1 with err. */
-static int check_seq(const model_config *mc, const exe_seq *s, char *err, size_t errlen)
+static int check_seq(const model_config *mc, const be_seq *s, char *err, size_t errlen)
 {
     if (fb_check_loss(&s->loss, "seq", err, errlen) < 0) return -1;
     int K = s->k > 1 ? s->k : 1;
@@ -86,7 +86,7 @@ static const tr_seq_def TR_SEQS[] = {
 
 typedef struct {
     int nseq;
-    exe_seq seqs[TR_NSEQ];
+    be_seq seqs[TR_NSEQ];
     int ad_of[TR_NSEQ];
     int32_t *tok[TR_NSEQ], *tgt[TR_NSEQ];
     float *w[TR_NSEQ], *q[TR_NSEQ], *adv[TR_NSEQ], *lp[TR_NSEQ], *loss[TR_NSEQ];
@@ -103,12 +103,12 @@ static void tr_batch_free(tr_batch *b)
 }
 
 /* Adapters of the scenario, with B ~ N(0, 0.02²) so that every LoRA gradient is nonzero. */
-static void tr_make_adapters(const exe_backend *be, void *ctx, exe_adapter **ads)
+static void tr_make_adapters(const be_backend *be, void *ctx, be_adapter **ads)
 {
     char err[256];
     for (int a = 0; a < TR_NAD; a++) {
         lora_config lc = {TR_ADS[a].rank, TR_ADS[a].seed, TR_ADS[a].attn, TR_ADS[a].mlp, TR_ADS[a].unembed};
-        ads[a] = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
+        ads[a] = be_adapter_new(be, ctx, &lc, true, err, sizeof err);
         if (!ads[a]) { fprintf(stderr, "adapter: %s\n", err); exit(2); }
         adapter_state h = test_download(be, ctx, ads[a], ADAPTER_PARAMS);
         rng_state r;
@@ -123,13 +123,13 @@ static void tr_make_adapters(const exe_backend *be, void *ctx, exe_adapter **ads
     }
 }
 
-static void tr_free_adapters(const exe_backend *be, void *ctx, exe_adapter **ads)
+static void tr_free_adapters(const be_backend *be, void *ctx, be_adapter **ads)
 {
     for (int a = 0; a < TR_NAD; a++) be->adapter_free(ctx, ads[a]);
 }
 
 /* The global L2 norm of an adapter's gradient (adamw_grad_norm of its host copy). */
-static double tr_grad_norm(const exe_backend *be, void *ctx, const exe_adapter *ad)
+static double tr_grad_norm(const be_backend *be, void *ctx, const be_adapter *ad)
 {
     adapter_state h = test_download(be, ctx, ad, ADAPTER_GRADS);
     double n = adamw_grad_norm(h.grads, h.layout.num_params);
@@ -139,7 +139,7 @@ static double tr_grad_norm(const exe_backend *be, void *ctx, const exe_adapter *
 
 /* Tokens, targets and weights; RL inputs get placeholders until tr_fill_rl. only_ad ≥ 0
  * keeps the sequences of that adapter alone (same data: the same rng draws happen). */
-static void tr_make_batch(const model_config *mc, exe_adapter **ads, tr_batch *b, int only_ad)
+static void tr_make_batch(const model_config *mc, be_adapter **ads, tr_batch *b, int only_ad)
 {
     memset(b, 0, sizeof *b);
     rng_state r;
@@ -163,7 +163,7 @@ static void tr_make_batch(const model_config *mc, exe_adapter **ads, tr_batch *b
             b->w[i][t] = u < 0.15 ? 0.0f : (float)rng_normal(&r); /* zero and negative weights */
         }
         if (only_ad >= 0 && d->ad != only_ad) continue;
-        exe_seq *s = &b->seqs[b->nseq];
+        be_seq *s = &b->seqs[b->nseq];
         b->ad_of[b->nseq] = i;
         b->nseq++;
         s->ad = d->ad >= 0 ? ads[d->ad] : NULL;
@@ -204,14 +204,14 @@ static double tr_loss_sum(const tr_batch *b)
 {
     double s = 0;
     for (int k = 0; k < b->nseq; k++) {
-        const exe_seq *q = &b->seqs[k];
+        const be_seq *q = &b->seqs[k];
         if (q->forward_only || !q->ad) continue;
         for (int t = 0; t < q->n; t++) s += q->loss_out[t];
     }
     return s;
 }
 
-static int tr_run(const exe_backend *be, void *ctx, tr_batch *b, bool backward)
+static int tr_run(const be_backend *be, void *ctx, tr_batch *b, bool backward)
 {
     char err[256];
     int rc = be->forward_backward(ctx, b->seqs, b->nseq, backward, err, sizeof err);
@@ -273,8 +273,8 @@ static void tr_put_outputs(tr_dump *du, const char *prefix, const tr_batch *b)
 }
 
 /* kind: 0 param, 1 grad, 2 Adam first moment, 3 Adam second moment */
-static void tr_put_adapter(tr_dump *du, const char *prefix, int a, const exe_backend *be, void *ctx,
-                           const exe_adapter *ad, int kind)
+static void tr_put_adapter(tr_dump *du, const char *prefix, int a, const be_backend *be, void *ctx,
+                           const be_adapter *ad, int kind)
 {
     static const char *kinds[] = {"param", "grad", "exp_avg", "exp_avg_sq"};
     static const unsigned parts[] = {ADAPTER_PARAMS, ADAPTER_GRADS, ADAPTER_OPTIM, ADAPTER_OPTIM};
@@ -293,10 +293,10 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
 {
     char err[512], path[4096];
     model_config mc;
-    const exe_backend *be = test_backend();
+    const be_backend *be = test_backend();
     void *ctx = test_backend_open(be, model_dir, threads, &mc, err, sizeof err);
     if (!ctx) { fprintf(stderr, "%s\n", err); return 2; }
-    exe_adapter *ads[TR_NAD];
+    be_adapter *ads[TR_NAD];
     tr_make_adapters(be, ctx, ads);
     tr_batch b;
     tr_make_batch(&mc, ads, &b, -1);
@@ -320,7 +320,7 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
     fprintf(cj, "],\n \"seqs\": [");
     for (int i = 0; i < TR_NSEQ; i++) {
         const tr_seq_def *d = &TR_SEQS[i];
-        const exe_seq *s = &b.seqs[i];
+        const be_seq *s = &b.seqs[i];
         fprintf(cj, "%s\n  {\"adapter\": %d, \"loss\": \"%s\", \"clip_low\": %.17g, \"clip_high\": %.17g, "
                     "\"beta\": %.17g, \"n\": %d, \"k\": %d, \"has_weights\": %s, \"forward_only\": %s}",
                 i ? "," : "", d->ad, loss_kind_name(d->kind), s->loss.clip_low, s->loss.clip_high, s->loss.beta, d->n,
@@ -367,7 +367,7 @@ static int tr_dump_main(const char *model_dir, const char *out_dir, int threads)
         }
     }
     /* Each adapter alone, from the initial state: must match the packed step 0. */
-    exe_adapter *solo[TR_NAD];
+    be_adapter *solo[TR_NAD];
     tr_make_adapters(be, ctx, solo);
     for (int a = 0; a < TR_NAD; a++) {
         tr_batch sb;
@@ -411,11 +411,11 @@ static int tr_curve_main(const char *model_dir, const char *out_dir, int threads
 {
     char err[512], path[4096];
     model_config mc;
-    const exe_backend *be = test_backend();
+    const be_backend *be = test_backend();
     void *ctx = test_backend_open(be, model_dir, threads, &mc, err, sizeof err);
     if (!ctx) { fprintf(stderr, "%s\n", err); return 2; }
     lora_config lc = {4, 5, true, true, true};
-    exe_adapter *ad = exe_adapter_new(be, ctx, &lc, true, err, sizeof err);
+    be_adapter *ad = be_adapter_new(be, ctx, &lc, true, err, sizeof err);
     if (!ad) { fprintf(stderr, "adapter: %s\n", err); return 2; }
     tr_dump du = {0};
     tr_put_adapter(&du, "init", 0, be, ctx, ad, 0);
@@ -423,10 +423,10 @@ static int tr_curve_main(const char *model_dir, const char *out_dir, int threads
     float lp[TC_SEQS][TC_LEN], loss[TC_SEQS][TC_LEN];
     rng_state r;
     rng_seed(&r, 99);
-    exe_seq s[TC_SEQS];
+    be_seq s[TC_SEQS];
     for (int i = 0; i < TC_SEQS; i++) {
         for (int t = 0; t <= TC_LEN; t++) tok[i][t] = (int32_t)(rng_next(&r) % mc.vocab_size);
-        s[i] = (exe_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = TC_LEN, .tokens = tok[i],
+        s[i] = (be_seq){.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = TC_LEN, .tokens = tok[i],
                          .targets = tok[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
     }
     tr_put(&du, "tokens", ST_I32, TC_SEQS, TC_LEN + 1, tok);
@@ -472,7 +472,7 @@ static int tr_make_model(const char *arch, const char *sub, bool bf16, char *dir
     return 0;
 }
 
-static void tr_zero_grads(const exe_backend *be, void *ctx, exe_adapter **ads)
+static void tr_zero_grads(const be_backend *be, void *ctx, be_adapter **ads)
 {
     for (int a = 0; a < TR_NAD; a++) {
         adapter_state zero = {.layout = ads[a]->layout};   /* NULL arrays upload zeros */
@@ -484,7 +484,7 @@ static void tr_zero_grads(const exe_backend *be, void *ctx, exe_adapter **ads)
  * against the analytic directional derivative g·u. *rerouted (MoE models): the two
  * evaluations routed some sequence's tokens to other experts, so the loss is not smooth
  * between them and the difference says nothing about the gradient. */
-static double tr_fd(const exe_backend *be, void *ctx, tr_batch *b, exe_adapter *ad, const float *u, double eps,
+static double tr_fd(const be_backend *be, void *ctx, tr_batch *b, be_adapter *ad, const float *u, double eps,
                     bool *rerouted)
 {
     adapter_state save = test_download(be, ctx, ad, ADAPTER_PARAMS), moved = test_download(be, ctx, ad, ADAPTER_PARAMS);
@@ -514,11 +514,11 @@ static void test_arch(const char *arch)
     char dir[512], err[512];
     if (tr_make_model(arch, arch, false, dir, sizeof dir) != 0) { CHECK(0, "mkmodel %s", arch); return; }
     model_config mc;
-    const exe_backend *be = test_backend();
+    const be_backend *be = test_backend();
     void *ctx = test_backend_open(be, dir, 2, &mc, err, sizeof err);
     CHECK(ctx != NULL, "%s: open the model on the backend: %s", arch, err);
     if (!ctx) return;
-    exe_adapter *ads[TR_NAD];
+    be_adapter *ads[TR_NAD];
     tr_make_adapters(be, ctx, ads);
     for (int a = 0; a < TR_NAD; a++)   /* get_info's count, without a layout */
         CHECK(lora_count_params(&mc, &ads[a]->layout.cfg) == ads[a]->layout.num_params,
@@ -565,7 +565,7 @@ static void test_arch(const char *arch)
     /* packing: each adapter alone gives the packed numbers (fp32: 1e-5; a bf16 backend's
      * base GEMMs over other row counts may round differently: 2e-2, test_gpu_backend) */
     double pack_tol = test_backend_bf16(be) ? 2e-2 : 1e-5;
-    exe_adapter *solo[TR_NAD];
+    be_adapter *solo[TR_NAD];
     tr_make_adapters(be, ctx, solo);
     for (int a = 0; a < TR_NAD; a++) {
         tr_batch sb;
@@ -636,7 +636,7 @@ static void test_arch(const char *arch)
     bool all_ok = true;
     for (int k = 0; k < b.nseq; k++) all_ok &= check_seq(&mc, &b.seqs[k], err, sizeof err) == 0;
     CHECK(all_ok, "%s: a valid sequence refused: %s", arch, err);
-    exe_seq bad = b.seqs[1];
+    be_seq bad = b.seqs[1];
     int32_t bad_tok = mc.vocab_size;
     bad.tokens = &bad_tok;
     bad.n = 1;
@@ -701,7 +701,7 @@ static void test_arch(const char *arch)
               !memcmp(back.v, all.v, nb) && back.step == 41 && ads[0]->step == 41,
           "%s: upload + download round trip", arch);
     lora_config c0 = {TR_ADS[0].rank, 0, TR_ADS[0].attn, TR_ADS[0].mlp, TR_ADS[0].unembed};
-    exe_adapter *snap = be->adapter_alloc(ctx, &c0, false, err, sizeof err);
+    be_adapter *snap = be->adapter_alloc(ctx, &c0, false, err, sizeof err);
     CHECK(snap && !snap->trainable && be->adapter_copy(ctx, snap, ads[0], ADAPTER_PARAMS, err, sizeof err) == 0,
           "%s: sampler copy: %s", arch, err);
     if (snap) {
@@ -886,28 +886,28 @@ static void test_models(void)
 /* ---- sampling ------------------------------------------------------------------------ */
 
 typedef struct {
-    exe_sample_req r;
+    be_sample_req r;
     int32_t prompt[4096], tok[64 * 16];
     float lp[64 * 16];
     int n[16];
     bool stopped[16];
 } tr_sreq;
 
-static void tr_sreq_init(tr_sreq *q, exe_adapter *ad, int n_prompt, int ns, int max_tokens, double temp, uint64_t seed, int V)
+static void tr_sreq_init(tr_sreq *q, be_adapter *ad, int n_prompt, int ns, int max_tokens, double temp, uint64_t seed, int V)
 {
     memset(q, 0, sizeof *q);
     rng_state r;
     rng_seed(&r, seed * 31 + n_prompt);
     for (int i = 0; i < n_prompt; i++) q->prompt[i] = (int32_t)(rng_next(&r) % V);
-    q->r = (exe_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = max_tokens,
+    q->r = (be_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = max_tokens,
                             .temperature = temp, .top_k = -1, .top_p = 1.0, .seed = seed, .tokens_out = q->tok,
                             .logprobs_out = q->lp, .n_out = q->n, .stopped_out = q->stopped};
 }
 
 /* Sampler log-probs (temperature 1) must equal forward log-probs of prompt + completion. */
-static double tr_sample_vs_forward(const exe_backend *be, void *ctx, const tr_sreq *q)
+static double tr_sample_vs_forward(const be_backend *be, void *ctx, const tr_sreq *q)
 {
-    const exe_sample_req *r = &q->r;
+    const be_sample_req *r = &q->r;
     double worst = 0;
     for (int i = 0; i < r->num_samples; i++) {
         int n = r->n_prompt + r->n_out[i];
@@ -915,7 +915,7 @@ static double tr_sample_vs_forward(const exe_backend *be, void *ctx, const tr_sr
         float *lp = malloc(n * sizeof(float)), *loss = malloc(n * sizeof(float));
         memcpy(seq, r->prompt, r->n_prompt * sizeof(int32_t));
         memcpy(seq + r->n_prompt, r->tokens_out + i * r->max_tokens, r->n_out[i] * sizeof(int32_t));
-        exe_seq s = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = seq,
+        be_seq s = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = seq,
                      .targets = seq + 1, .logprobs_out = lp, .loss_out = loss};
         char err[256];
         if (be->forward_backward(ctx, &s, 1, false, err, sizeof err) != 0) { free(seq); free(lp); free(loss); return 1e9; }
@@ -936,7 +936,7 @@ static int tr_cmp_desc(const void *a, const void *b)
  * next-token log-probs (a forward with all V tokens as 2-D targets of the last position):
  * every sampled token must lie in the kept set and carry log p of the renormalised
  * distribution; frequencies must be plausible. */
-static void test_sample_dist(const exe_backend *be, void *ctx, const model_config *mc, exe_adapter *ad, const char *arch)
+static void test_sample_dist(const be_backend *be, void *ctx, const model_config *mc, be_adapter *ad, const char *arch)
 {
     int V = mc->vocab_size, N = 400;
     double T = 0.7, top_p = 0.8;
@@ -947,13 +947,13 @@ static void test_sample_dist(const exe_backend *be, void *ctx, const model_confi
     float *lps = malloc(N * sizeof(float)), *lp = malloc((size_t)6 * V * sizeof(float)), loss[6];
     int *n = malloc(N * sizeof(int));
     bool *stopped = malloc(N * sizeof(bool));
-    q.r = (exe_sample_req){.ad = ad, .n_prompt = 6, .prompt = q.prompt, .num_samples = N, .max_tokens = 1, .temperature = T,
+    q.r = (be_sample_req){.ad = ad, .n_prompt = 6, .prompt = q.prompt, .num_samples = N, .max_tokens = 1, .temperature = T,
                            .top_k = top_k, .top_p = top_p, .seed = 17, .tokens_out = tok, .logprobs_out = lps, .n_out = n,
                            .stopped_out = stopped};
     char err[256];
     CHECK(be->sample(ctx, &q.r, 1, err, sizeof err) == 0, "dist sample: %s", err);
     for (long i = 0; i < (long)6 * V; i++) targets[i] = (int32_t)(i % V);
-    exe_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = 6, .tokens = q.prompt, .targets = targets,
+    be_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = 6, .tokens = q.prompt, .targets = targets,
                  .logprobs_out = lp, .loss_out = loss, .k = V};
     CHECK(be->forward_backward(ctx, &s, 1, false, err, sizeof err) == 0, "full-vocabulary forward: %s", err);
     const float *last = lp + (long)5 * V;
@@ -990,10 +990,10 @@ static void test_sample(const char *arch)
     char dir[512], err[512];
     snprintf(dir, sizeof dir, "%s/%s", tr_tmp, arch); /* written by test_arch */
     model_config mc;
-    const exe_backend *be = test_backend();
+    const be_backend *be = test_backend();
     void *ctx = test_backend_open(be, dir, 2, &mc, err, sizeof err);
     if (!ctx) { CHECK(0, "load: %s", err); return; }
-    exe_adapter *ads[TR_NAD];
+    be_adapter *ads[TR_NAD];
     tr_make_adapters(be, ctx, ads);
     int V = mc.vocab_size;
     static tr_sreq q[4], again[4];
@@ -1003,7 +1003,7 @@ static void test_sample(const char *arch)
     tr_sreq_init(&q[3], ads[2], 70, 2, 20, 0.7, 4, V);
     q[3].r.top_p = 0.5;
     q[3].r.top_k = 20;
-    exe_sample_req rs[4];
+    be_sample_req rs[4];
     for (int i = 0; i < 4; i++) rs[i] = q[i].r;
     CHECK(be->sample(ctx, rs, 4, err, sizeof err) == 0, "%s: sample: %s", arch, err);
     for (int i = 0; i < 4; i++) q[i].r = rs[i];

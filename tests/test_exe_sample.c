@@ -95,10 +95,10 @@ static int ints(json_t *a, int32_t *out, int cap)
 }
 
 /* log p(x[i+1] | x[..i]) for i < n−1 under adapter ad, by the training forward pass. */
-static void forward_lp(exe_adapter *ad, const int32_t *x, int n, float *lp)
+static void forward_lp(be_adapter *ad, const int32_t *x, int n, float *lp)
 {
     float *loss = calloc(n, sizeof *loss);
-    exe_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = x, .targets = x + 1,
+    be_seq s = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n - 1, .tokens = x, .targets = x + 1,
                  .logprobs_out = lp, .loss_out = loss};
     char err[256];
     if (st.be->forward_backward(st.ctx, &s, 1, false, err, sizeof err) != 0) printf("forward: %s\n", err);
@@ -106,7 +106,7 @@ static void forward_lp(exe_adapter *ad, const int32_t *x, int n, float *lp)
 }
 
 /* Largest |sampled logprob − forward logprob| over a sample's generated tokens. */
-static double lp_gap(exe_adapter *ad, const int32_t *prompt, int np, json_t *seq)
+static double lp_gap(be_adapter *ad, const int32_t *prompt, int np, json_t *seq)
 {
     int32_t x[512];
     memcpy(x, prompt, np * sizeof *x);
@@ -148,7 +148,7 @@ int main(void)
     /* a training model whose B is not zero, so that the adapter changes the distribution */
     exe_op *cr = new_op("create_model", "m1", NULL, "{}");
     exe_run_create(&st, cr);
-    exe_adapter *ad = exe_store_get(&st.store, STORE_TRAINING, "m1");
+    be_adapter *ad = exe_store_get(&st.store, STORE_TRAINING, "m1");
     CHECK(ad && cr->result, "create_model");
     if (!ad) return 1;
     adapter_state w = test_download(st.be, st.ctx, ad, ADAPTER_PARAMS);
@@ -156,7 +156,7 @@ int main(void)
     rng_seed(&r, 9);
     for (size_t i = 0; i < w.layout.num_params; i++) w.params[i] = (float)(0.05 * rng_normal(&r));
     test_upload(st.be, st.ctx, ad, &w, ADAPTER_PARAMS);
-    exe_adapter *at_snap = exe_adapter_from_state(st.be, st.ctx, &w, false, err, sizeof err);
+    be_adapter *at_snap = be_adapter_from_state(st.be, st.ctx, &w, false, err, sizeof err);
 
     /* ---- snapshot ---- */
     exe_op *sn = new_op("save_weights_for_sampler", "m1", NULL, "{\"sampling_session_id\": \"S:sample:0\"}");
@@ -538,7 +538,7 @@ int main(void)
     /* ---- eviction: with room for the training slot and 64 snapshots, a 65th snapshot
      * evicts the least recently used ---- */
     {
-        exe_adapter *s0 = exe_store_get(&st.store, STORE_SNAPSHOT, "S:sample:0");
+        be_adapter *s0 = exe_store_get(&st.store, STORE_SNAPSHOT, "S:sample:0");
         CHECK(s0 && s0->device_bytes > 0 && ad->device_bytes > s0->device_bytes,
               "a snapshot holds weights only: %zu bytes, the training slot %zu", s0 ? s0->device_bytes : 0, ad->device_bytes);
         if (!s0) return 1;

@@ -25,19 +25,19 @@
 #include <string.h>
 #include <unistd.h>
 
-static const exe_backend *be;
+static const be_backend *be;
 static void *ctx;
 
-static exe_adapter *new_adapter(int rank, uint64_t seed)
+static be_adapter *new_adapter(int rank, uint64_t seed)
 {
     char err[256];
     lora_config c = {.rank = rank, .seed = seed, .train_attn = true, .train_mlp = true, .train_unembed = true};
-    exe_adapter *a = exe_adapter_new(be, ctx, &c, true, err, sizeof err);
+    be_adapter *a = be_adapter_new(be, ctx, &c, true, err, sizeof err);
     if (!a) { printf("adapter: %s\n", err); exit(1); }
     return a;
 }
 
-static void step(exe_adapter *a, double lr)
+static void step(be_adapter *a, double lr)
 {
     adam_params p = {.learning_rate = lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0, .grad_clip_norm = 0};
     char err[256];
@@ -57,11 +57,11 @@ static void test_sft(void)
         seq[i][0] = 1; /* BOS */
         for (int t = 1; t < SFT_LEN; t++) seq[i][t] = 3 + (int32_t)(rng_next(&r) % 250);
     }
-    exe_adapter *a = new_adapter(8, 7);
+    be_adapter *a = new_adapter(8, 7);
     float lp[SFT_N][SFT_LEN], loss[SFT_N][SFT_LEN];
-    exe_seq s[SFT_N];
+    be_seq s[SFT_N];
     for (int i = 0; i < SFT_N; i++)
-        s[i] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
+        s[i] = (be_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
                          .targets = seq[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
     double first = 0, last = 0;
     char err[256];
@@ -79,13 +79,13 @@ static void test_sft(void)
     CHECK(last < 0.1 * first, "SFT memorises: mean NLL %.3f -> %.3f (-%.1f%%) in %d steps", first, last,
           100 * (1 - last / first), SFT_STEPS);
     /* greedy continuation of each sequence's first 4 tokens */
-    exe_sample_req q[SFT_N];
+    be_sample_req q[SFT_N];
     int32_t out[SFT_N][SFT_LEN];
     float olp[SFT_N][SFT_LEN];
     int n_out[SFT_N];
     bool stopped[SFT_N];
     for (int i = 0; i < SFT_N; i++)
-        q[i] = (exe_sample_req){.ad = a, .n_prompt = 4, .prompt = seq[i], .num_samples = 1, .max_tokens = SFT_LEN - 4,
+        q[i] = (be_sample_req){.ad = a, .n_prompt = 4, .prompt = seq[i], .num_samples = 1, .max_tokens = SFT_LEN - 4,
                                 .temperature = 0, .top_p = 1, .tokens_out = out[i], .logprobs_out = olp[i],
                                 .n_out = &n_out[i], .stopped_out = &stopped[i]};
     int right = 0, total = 0;
@@ -103,7 +103,7 @@ enum { RL_SAMPLES = 32, RL_GEN = 12, RL_STEPS = 40, RL_X = 42 };
 
 static void test_rl(void)
 {
-    exe_adapter *a = new_adapter(8, 11);
+    be_adapter *a = new_adapter(8, 11);
     const int32_t prompt[] = {1, 10, 20, 30};
     const int np = 4, n = np + RL_GEN - 1;
     int32_t toks[RL_SAMPLES][RL_GEN];
@@ -113,13 +113,13 @@ static void test_rl(void)
     int32_t x[RL_SAMPLES][np + RL_GEN], tg[RL_SAMPLES][np + RL_GEN];
     float q[RL_SAMPLES][np + RL_GEN], adv[RL_SAMPLES][np + RL_GEN], lp[RL_SAMPLES][np + RL_GEN],
           loss[RL_SAMPLES][np + RL_GEN];
-    exe_seq s[RL_SAMPLES];
+    be_seq s[RL_SAMPLES];
     char err[256];
     double early = 0, late = 0, worst_ratio = 0;
     printf("RL: importance_sampling, reward 1 when the %d-token completion contains token %d; %d samples/step, "
            "AdamW lr 1e-2\n", RL_GEN, RL_X, RL_SAMPLES);
     for (int k = 0; k < RL_STEPS; k++) {
-        exe_sample_req req = {.ad = a, .n_prompt = np, .prompt = prompt, .num_samples = RL_SAMPLES,
+        be_sample_req req = {.ad = a, .n_prompt = np, .prompt = prompt, .num_samples = RL_SAMPLES,
                               .max_tokens = RL_GEN, .temperature = 1, .top_p = 1, .seed = 1000 + k,
                               .tokens_out = &toks[0][0], .logprobs_out = &slp[0][0], .n_out = n_out,
                               .stopped_out = stopped};
@@ -146,7 +146,7 @@ static void test_rl(void)
                 q[i][t] = gen ? slp[i][t + 1 - np] : 0;
                 adv[i][t] = gen ? (float)(reward[i] - mean) : 0;
             }
-            s[ns++] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_IMPORTANCE_SAMPLING), .n = m, .tokens = x[i],
+            s[ns++] = (be_seq){.ad = a, .loss = loss_spec_default(LOSS_IMPORTANCE_SAMPLING), .n = m, .tokens = x[i],
                                 .targets = tg[i], .sampler_logprobs = q[i], .advantages = adv[i],
                                 .logprobs_out = lp[i], .loss_out = loss[i]};
         }

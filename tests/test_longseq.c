@@ -34,9 +34,9 @@ int main(void) {
     o.max_pos = 16384;
     if (mkmodel_write(&o, err, sizeof err) != 0) { printf("mkmodel: %s\n", err); return 2; }
     lora_config lc = {.rank = 8, .seed = 3, .train_attn = true, .train_mlp = true, .train_unembed = true};
-    const exe_backend *be = test_backend();
+    const be_backend *be = test_backend();
     void *ctx = test_backend_open(be, dir, 2, NULL, err, sizeof err);
-    exe_adapter *ad = ctx ? exe_adapter_new(be, ctx, &lc, true, err, sizeof err) : NULL;
+    be_adapter *ad = ctx ? be_adapter_new(be, ctx, &lc, true, err, sizeof err) : NULL;
     if (!ad || !ctx) { printf("setup: %s\n", err); return 2; }
     /* Nonzero B so every LoRA gradient is exercised. */
     adapter_state h = test_download(be, ctx, ad, ADAPTER_PARAMS);
@@ -47,13 +47,13 @@ int main(void) {
     test_upload(be, ctx, ad, &h, ADAPTER_PARAMS);
     adapter_state_free(&h);
     long rss_before = peak_rss_mb();
-    exe_device_info dev0, dev1;
+    be_device_info dev0, dev1;
     be->device_info(ctx, &dev0);
     int32_t *tok = malloc(T * sizeof *tok), *tgt = malloc(T * sizeof *tgt);
     for (int i = 0; i < T; i++) { tok[i] = (i * 31 + 7) % 251; tgt[i] = (i * 31 + 38) % 251; }
     float *lp = calloc(T, sizeof *lp), *loss = calloc(T, sizeof *loss);
     float *lp_short = calloc(SHORT, sizeof *lp_short), *loss_short = calloc(SHORT, sizeof *loss_short);
-    exe_seq s = {.ad = ad, .loss = {.kind = LOSS_CROSS_ENTROPY}, .n = T, .tokens = tok, .targets = tgt,
+    be_seq s = {.ad = ad, .loss = {.kind = LOSS_CROSS_ENTROPY}, .n = T, .tokens = tok, .targets = tgt,
                  .logprobs_out = lp, .loss_out = loss};
     int rc = be->forward_backward(ctx, &s, 1, true, err, sizeof err);
     CHECK(rc == 0, "forward_backward on %d tokens: %s", T, rc ? err : "ok");
@@ -72,7 +72,7 @@ int main(void) {
     for (size_t k = 0; k < g.layout.num_params; k++) finite &= isfinite(g.grads[k]);
     adapter_state_free(&g);
     CHECK(finite, "all logprobs and LoRA gradients finite");
-    exe_seq s2 = {.ad = ad, .loss = {.kind = LOSS_CROSS_ENTROPY}, .n = SHORT, .tokens = tok, .targets = tgt,
+    be_seq s2 = {.ad = ad, .loss = {.kind = LOSS_CROSS_ENTROPY}, .n = SHORT, .tokens = tok, .targets = tgt,
                   .logprobs_out = lp_short, .loss_out = loss_short};
     rc = be->forward_backward(ctx, &s2, 1, false, err, sizeof err);
     double worst = 0;

@@ -300,7 +300,7 @@ static void test_sampler_loader(void) {
     }
     /* room for 8 cached checkpoints: an inference adapter is its weights, num_params floats */
     exe_store_init(&st.store, st.be, st.ctx, 8 * src.layout.num_params * sizeof(float));
-    exe_adapter *a0, *a0b, *a1;
+    be_adapter *a0, *a0b, *a1;
     CHECK(exe_load_sampler_adapter(&st, dg[0], &a0, err, sizeof err) == 0 && a0->layout.cfg.rank == 2 && !a0->trainable,
           "load a sampler blob as an adapter: %s", err);
     adapter_state h = test_download(st.be, st.ctx, a0, ADAPTER_PARAMS);
@@ -309,7 +309,7 @@ static void test_sampler_loader(void) {
     CHECK(exe_load_sampler_adapter(&st, dg[0], &a0b, err, sizeof err) == 0 && a0b == a0, "second load: cache hit");
     CHECK(exe_load_sampler_adapter(&st, dg[1], &a1, err, sizeof err) == 0 && a1 != a0 && a1->step == 0,
           "a training blob loads as inference weights (optimizer state left out)");
-    exe_adapter *more[10];
+    be_adapter *more[10];
     for (int i = 2; i < 12; i++) exe_load_sampler_adapter(&st, dg[i], &more[i - 2], err, sizeof err);
     h = test_download(st.be, st.ctx, a0, ADAPTER_PARAMS);
     CHECK(h.params[7] == (float)(0.001 * 7 - 0.03), "pinned adapters survive a full cache");
@@ -319,7 +319,7 @@ static void test_sampler_loader(void) {
     exe_store_release(&st.store, a0);
     exe_store_release(&st.store, a0b);
     /* unpinned, the least recently used go when a new one needs the room */
-    exe_adapter *again;
+    be_adapter *again;
     CHECK(exe_load_sampler_adapter(&st, dg[0], &again, err, sizeof err) == 0, "reload: %s", err);
     exe_store_release(&st.store, again);
     exe_store_stats ss;
@@ -330,7 +330,7 @@ static void test_sampler_loader(void) {
     snprintf(path, sizeof path, "%s/sha256/%.2s/%s", bdir, dg[11], dg[11]);
     FILE *f = fopen(path, "r+b");
     if (f) { fseek(f, 100, SEEK_SET); fputc('Z', f); fclose(f); }
-    exe_adapter *x = NULL;
+    be_adapter *x = NULL;
     /* dg[11] may still be cached (recently used); a never-loaded corrupted blob must fail */
     fill(&src, 9.0f);
     uint8_t *b;

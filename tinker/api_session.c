@@ -1,4 +1,5 @@
 /* api_session.c: sessions (docs/protocol.md §3.1, §3.2), server capabilities (§2.5) and telemetry (§13). */
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "core/api_call.h"
@@ -10,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Sizes a session stores (bytes). */
 #define SESSION_MAX_JSON 65536   /* tags, user_metadata (as compact JSON) */
@@ -230,9 +230,7 @@ static pthread_mutex_t g_tel_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Whether the tenant's batch may be logged; *dropped: batches dropped before it. A slot
  * taken by another tenant (hash collision) starts over for the newcomer. */
 static bool telemetry_admit(int64_t tenant, int64_t *dropped) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    double now = clock_mono_s();
     pthread_mutex_lock(&g_tel_mu);
     telemetry_bucket *b = &g_tel[(uint64_t)tenant % TELEMETRY_SLOTS];
     if (b->tenant != tenant) *b = (telemetry_bucket){.tenant = tenant, .tokens = TELEMETRY_BURST, .at = now};

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, bool trainable, char *err,
-                               size_t errlen)
+be_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, bool trainable, char *err,
+                              size_t errlen)
 {
     cpu_adapter *a = calloc(1, sizeof *a);
     if (!a) { err_set(err, errlen, "cpu: out of memory"); return NULL; }
@@ -50,7 +50,7 @@ exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, boo
     return &a->pub;
 }
 
-void cpu_adapter_free(exe_adapter *pub)
+void cpu_adapter_free(be_adapter *pub)
 {
     if (!pub) return;
     cpu_adapter *a = cpu_adapter_of(pub);
@@ -85,10 +85,10 @@ static void ca_put(float *dst, const float *src, size_t n)
     else memset(dst, 0, n * sizeof *dst);
 }
 
-int cpu_adapter_upload(exe_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+int cpu_adapter_upload(be_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     cpu_adapter *a = cpu_adapter_of(pub);
-    if (exe_adapter_check_parts(pub, &src->layout, parts, "cpu", err, errlen) < 0) return -1;
+    if (be_adapter_check_parts(pub, &src->layout, parts, "cpu", err, errlen) < 0) return -1;
     size_t n = pub->layout.num_params;
     if (parts & ADAPTER_PARAMS) ca_put(a->params, src->params, n);
     if (parts & ADAPTER_GRADS) ca_put(a->grads, src->grads, n);
@@ -100,10 +100,10 @@ int cpu_adapter_upload(exe_adapter *pub, const adapter_state *src, unsigned part
     return 0;
 }
 
-int cpu_adapter_download(const exe_adapter *pub, adapter_state *dst, unsigned parts, char *err, size_t errlen)
+int cpu_adapter_download(const be_adapter *pub, adapter_state *dst, unsigned parts, char *err, size_t errlen)
 {
     const cpu_adapter *a = (const cpu_adapter *)pub;
-    if (exe_adapter_check_parts(pub, &dst->layout, parts, "cpu", err, errlen) < 0) return -1;
+    if (be_adapter_check_parts(pub, &dst->layout, parts, "cpu", err, errlen) < 0) return -1;
     if (((parts & ADAPTER_PARAMS) && !dst->params) || ((parts & ADAPTER_GRADS) && !dst->grads) ||
         ((parts & ADAPTER_OPTIM) && (!dst->m || !dst->v))) {
         err_set(err, errlen, "cpu: the host state has no room for the parts asked for");
@@ -120,11 +120,11 @@ int cpu_adapter_download(const exe_adapter *pub, adapter_state *dst, unsigned pa
     return 0;
 }
 
-int cpu_adapter_copy(exe_adapter *dpub, const exe_adapter *spub, unsigned parts, char *err, size_t errlen)
+int cpu_adapter_copy(be_adapter *dpub, const be_adapter *spub, unsigned parts, char *err, size_t errlen)
 {
     const cpu_adapter *s = (const cpu_adapter *)spub;
-    if (exe_adapter_check_parts(dpub, &spub->layout, parts, "cpu", err, errlen) < 0 ||
-        exe_adapter_check_parts(spub, &dpub->layout, parts, "cpu", err, errlen) < 0)
+    if (be_adapter_check_parts(dpub, &spub->layout, parts, "cpu", err, errlen) < 0 ||
+        be_adapter_check_parts(spub, &dpub->layout, parts, "cpu", err, errlen) < 0)
         return -1;
     adapter_state view = {.layout = spub->layout, .step = spub->step, .params = s->params, .grads = s->grads,
                           .m = s->m, .v = s->v};

@@ -1,4 +1,4 @@
-/* cpu_adapter.h — a LoRA adapter of the CPU backend: the exe_adapter header, then its
+/* cpu_adapter.h — a LoRA adapter of the CPU backend: the be_adapter header, then its
  * parts as flat fp32 arrays in host memory (one allocation, layout order) and per-module
  * views for the layer code. */
 #ifndef LOOM_BACKEND_CPU_ADAPTER_H
@@ -15,7 +15,7 @@ typedef struct {
 } lora_pair;
 
 typedef struct {
-    exe_adapter pub;
+    be_adapter pub;
     float scale;                   /* LORA_ALPHA / rank */
     lora_pair *mods;               /* [num_layers * LORA_NUM_MODULES] */
     lora_pair *experts;            /* [num_layers * num_experts * 3] gate, up, down of each
@@ -25,7 +25,7 @@ typedef struct {
     float *mem;
 } cpu_adapter;
 
-static inline cpu_adapter *cpu_adapter_of(exe_adapter *a) { return (cpu_adapter *)a; }
+static inline cpu_adapter *cpu_adapter_of(be_adapter *a) { return (cpu_adapter *)a; }
 
 /* The module of a layer, or NULL when it is not trained. */
 const lora_pair *cpu_adapter_module(const cpu_adapter *a, int layer, lora_module mod);
@@ -36,12 +36,12 @@ const lora_pair *cpu_adapter_expert(const cpu_adapter *a, int layer, int e, lora
 const lora_pair *cpu_adapter_head(const cpu_adapter *a);
 
 /* The table's adapter entries (see backend.h), for a model of config mc. */
-exe_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, bool trainable, char *err,
-                               size_t errlen);
-void cpu_adapter_free(exe_adapter *a);
-int cpu_adapter_upload(exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen);
-int cpu_adapter_download(const exe_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen);
-int cpu_adapter_copy(exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen);
+be_adapter *cpu_adapter_alloc(const model_config *mc, const lora_config *c, bool trainable, char *err,
+                              size_t errlen);
+void cpu_adapter_free(be_adapter *a);
+int cpu_adapter_upload(be_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen);
+int cpu_adapter_download(const be_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen);
+int cpu_adapter_copy(be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen);
 void cpu_adapter_zero_grad(cpu_adapter *a);
 
 #endif

@@ -1,4 +1,4 @@
-/* cpu_backend.c — the CPU executor backend (exe_backend_cpu): the table's entry points:
+/* cpu_backend.c — the CPU executor backend (be_backend_cpu): the table's entry points:
  * the context (weights, pool), adapters (cpu_adapter.c), the packed forward/backward
  * driver and the AdamW step; sampling is cpu_sample.c.
  * Plain C with its own batch-invariant GEMM (cpu_gemm.c; OpenBLAS only in sampling's
@@ -38,7 +38,7 @@ static void cpu_destroy(void *ctx)
     free(c);
 }
 
-static void *cpu_create(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen)
+static void *cpu_create(const model_files *m, const be_backend_opts *o, char *err, size_t errlen)
 {
     if (o->device != 0) {
         err_set(err, errlen, "no device %d (the CPU backend has one device, 0)", o->device);
@@ -65,7 +65,7 @@ static void *cpu_create(const model_files *m, const exe_backend_opts *o, char *e
 }
 
 /* The device is the machine: its memory is what /proc/meminfo says. */
-static void cpu_device_info(void *ctx, exe_device_info *out)
+static void cpu_device_info(void *ctx, be_device_info *out)
 {
     cpu_ctx *c = ctx;
     memset(out, 0, sizeof *out);
@@ -82,32 +82,32 @@ static void cpu_device_info(void *ctx, exe_device_info *out)
 
 /* ---- adapters: host memory (cpu_adapter.c) ------------------------------------------- */
 
-static exe_adapter *cpu_alloc_adapter(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
+static be_adapter *cpu_alloc_adapter(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
 {
     return cpu_adapter_alloc(&((cpu_ctx *)ctx)->m->cfg, lc, trainable, err, errlen);
 }
 
-static void cpu_free_adapter(void *ctx, exe_adapter *a) { cpu_adapter_free(a); }
+static void cpu_free_adapter(void *ctx, be_adapter *a) { cpu_adapter_free(a); }
 
-static int cpu_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+static int cpu_upload(void *ctx, be_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     return cpu_adapter_upload(a, src, parts, err, errlen);
 }
 
-static int cpu_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+static int cpu_download(void *ctx, const be_adapter *a, adapter_state *dst, unsigned parts, char *err,
                         size_t errlen)
 {
     return cpu_adapter_download(a, dst, parts, err, errlen);
 }
 
-static int cpu_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen)
+static int cpu_copy(void *ctx, be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen)
 {
     return cpu_adapter_copy(dst, src, parts, err, errlen);
 }
 
 /* ---- forward / backward -------------------------------------------------------------- */
 
-static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
+static int cpu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     cpu_ctx *c = ctx;
     const model_config *mc = &c->m->cfg;
@@ -116,7 +116,7 @@ static int cpu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
     int max_len = 0, max_rank = 0;
     bool any_grad = false, layer_grad = false;
     for (int i = 0; i < nseq; i++) {
-        const exe_seq *s = &seqs[i];
+        const be_seq *s = &seqs[i];
         T += s->n;
         if (s->n > max_len) max_len = s->n;
         if (!s->ad || s->n == 0) continue;
@@ -174,7 +174,7 @@ static void cb_adam_range(void *va, long b, long e, int thread)
     adamw_update(a->params + b, a->grads + b, a->m + b, a->v + b, (size_t)(e - b), j->hp, a->pub.step, j->coef);
 }
 
-static int cpu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
+static int cpu_optim_step(void *ctx, be_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
                           size_t errlen)
 {
     cpu_ctx *c = ctx;
@@ -199,7 +199,7 @@ static int cpu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, do
 
 static int cpu_device_count(void) { return 1; }
 
-const exe_backend exe_backend_cpu = {
+const be_backend be_backend_cpu = {
     .name = "cpu",
     .batch_invariant = true,
     .device_count = cpu_device_count,

@@ -123,13 +123,13 @@ int cpu_reserve_seqs(cpu_ctx *c, int nseq)
 
 /* Packs the non-empty sequences back to back (tokens, positions, row → sequence) and
  * builds the LoRA segments: runs of consecutive sequences of one adapter and group. */
-int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
+int cpu_pack(cpu_ctx *c, const be_seq *seqs, int nseq, bool any_grad)
 {
     if (cpu_reserve_seqs(c, nseq) != 0) return -1;
     int np = 0, row = 0;
     c->nsegs = 0;
     for (int i = 0; i < nseq; i++) {
-        const exe_seq *s = &seqs[i];
+        const be_seq *s = &seqs[i];
         if (s->n == 0) continue;
         c->seq_index[np] = i;
         c->seq_start[np] = row;
@@ -142,7 +142,7 @@ int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
         bool grad = any_grad && ad && ad->pub.trainable && !s->forward_only;
         cpu_segment *last = c->nsegs ? &c->segs[c->nsegs - 1] : NULL;
         /* One segment per operation (group): its gradient is one reduction over its own
-         * rows, the same however the cycle packed it (backend.h, exe_seq.group). */
+         * rows, the same however the cycle packed it (backend.h, be_seq.group). */
         if (ad && last && last->ad == ad && last->grad == grad && last->group == s->group && last->row_end == row) {
             last->row_end = row + s->n;
         } else if (ad) {

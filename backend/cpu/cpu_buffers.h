@@ -12,7 +12,7 @@ int cpu_reserve(cpu_ctx *c, long T, int max_len, int max_rank, bool need_saved);
 /* seq_start, blk_start, seq_index, segs for nseq sequences. */
 int cpu_reserve_seqs(cpu_ctx *c, int nseq);
 /* Packs the non-empty sequences into rows and builds the LoRA segments. */
-int cpu_pack(cpu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
+int cpu_pack(cpu_ctx *c, const be_seq *seqs, int nseq, bool any_grad);
 void cpu_buffers_free(cpu_ctx *c);
 
 #endif

@@ -9,5 +9,5 @@
 
 /* z: V logits. w: V floats of scratch, keys: V uint64 of scratch. Returns the token; *lp
  * its log-prob under the distribution sampled from (see backend.h). */
-int32_t cpu_choose_token(const exe_sample_req *r, const float *z, long V, rng_state *rng, float *w, uint64_t *keys,
+int32_t cpu_choose_token(const be_sample_req *r, const float *z, long V, rng_state *rng, float *w, uint64_t *keys,
                          float *lp);

@@ -66,7 +66,7 @@ typedef struct {
                                                     (in the backward: dL/dy, then dL/dx) */
     float *eg, *eu, *eh, *edh;                   /* [T·K, Im] */
     float *ez, *edz;                             /* [T·K, cap_rank] LoRA intermediates */
-    exe_seq *route_seqs;                         /* the pass's sequences, whose
+    be_seq *route_seqs;                          /* the pass's sequences, whose
                                                     expert_counts_out the forward fills
                                                     (NULL: sampling, recompute) */
     float *attn_scratch;                         /* per thread */

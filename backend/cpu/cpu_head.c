@@ -1,6 +1,6 @@
 /* cpu_head.c — the output head: logits chunk by chunk (never [T, V]), log-softmax, the
  * losses of backend/loss.h per target, top-k log-probs, sampling's prompt-pass extras
- * (exe_prompt_extras), and the head's gradients. */
+ * (be_prompt_extras), and the head's gradients. */
 #include "backend/cpu/cpu_head.h"
 #include "backend/cpu/cpu_layer.h"
 #include "backend/cpu/cpu_ops.h"
@@ -10,7 +10,7 @@
 
 typedef struct {
     cpu_ctx *c;
-    exe_seq *seqs;
+    be_seq *seqs;
     long c0;
     bool any_grad;
 } cb_head_job;
@@ -40,7 +40,7 @@ static void cb_head_rows(void *va, long b, long e, int thread)
     long V = c->m->cfg.vocab_size;
     for (long i = b; i < e; i++) {
         long t = j->c0 + i;
-        const exe_seq *s = &j->seqs[c->row_seq[t]];
+        const be_seq *s = &j->seqs[c->row_seq[t]];
         int pos = c->pos[t], K = s->k > 1 ? s->k : 1;
         const int32_t *tg = s->targets + (long)pos * K;
         float *z = c->logits + i * V;
@@ -64,7 +64,7 @@ static void cb_head_rows(void *va, long b, long e, int thread)
         }
         if (s->loss_out) s->loss_out[pos] = (float)loss;
         if (s->topk > 0) cb_topk(z, V, s->topk, lse, s->topk_ids_out + (long)pos * s->topk, s->topk_lp_out + (long)pos * s->topk);
-        if (exe_seq_has_extras(s)) exe_prompt_extras(s, pos, z, V, lse);
+        if (be_seq_has_extras(s)) be_prompt_extras(s, pos, z, V, lse);
         if (!j->any_grad) continue;
         /* Zero rows keep the GEMMs exact; a row whose dℓ/dlp is not finite adds no gradient
          * (backend/backend.h), so no accumulator ever holds inf or NaN because of the inputs. */
@@ -112,7 +112,7 @@ static long cb_chunk_end(const cpu_ctx *c, long c0, long T)
 
 /* Runs the head over all rows in chunks: xf [T, H] → outputs; with gradients, adds the
  * head-LoRA gradients and (want_dxf) writes dL/dxf into dxf. */
-void cpu_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any_grad, float *dxf)
+void cpu_head(cpu_ctx *c, be_seq *seqs, long T, const float *xf, bool any_grad, float *dxf)
 {
     const model_config *mc = &c->m->cfg;
     int V = mc->vocab_size, H = mc->hidden_size;

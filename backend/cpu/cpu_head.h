@@ -9,6 +9,6 @@ void cpu_head_logits_chunk(cpu_ctx *c, const float *xf, long c0, int n);
 /* Runs the head over all T rows of xf [T, H] in chunks: log-probs, losses and top-k into
  * the sequences' outputs; with any_grad, adds the head-LoRA gradients and (dxf not NULL)
  * writes dL/dxf into dxf. */
-void cpu_head(cpu_ctx *c, exe_seq *seqs, long T, const float *xf, bool any_grad, float *dxf);
+void cpu_head(cpu_ctx *c, be_seq *seqs, long T, const float *xf, bool any_grad, float *dxf);
 
 #endif

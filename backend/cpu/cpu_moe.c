@@ -104,8 +104,8 @@ static void moe_route_rows(void *va, long b, long e, int thread)
 static void moe_group(cpu_ctx *c, long T)
 {
     const model_config *mc = &c->m->cfg;
-    exe_moe_group(c->r_sel, T, mc->num_experts_per_tok, mc->num_experts, c->e_off, c->e_off + mc->num_experts + 1,
-                  c->a_pos, c->a_tok);
+    be_moe_group(c->r_sel, T, mc->num_experts_per_tok, mc->num_experts, c->e_off, c->e_off + mc->num_experts + 1,
+                 c->a_pos, c->a_tok);
 }
 
 /* The routing of each sequence added into its expert_counts_out (cpu_forward_backward
@@ -135,7 +135,7 @@ static void moe_lora(const moe_job *j, cpu_pool *pool, int e, lora_module mod, c
         if (dy && !sg->grad) continue;
         const lora_pair *p = cpu_adapter_expert(sg->ad, j->l, e, mod);
         if (!p) continue;
-        int a = exe_moe_lower(c->a_tok, r0, r1, sg->row_begin), b = exe_moe_lower(c->a_tok, a, r1, sg->row_end);
+        int a = be_moe_lower(c->a_tok, r0, r1, sg->row_begin), b = be_moe_lower(c->a_tok, a, r1, sg->row_end);
         if (a == b) continue;
         float *z = c->ez + (size_t)a * c->cap_rank, *dz = c->edz + (size_t)a * c->cap_rank;
         if (dy)

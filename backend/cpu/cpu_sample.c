@@ -1,4 +1,4 @@
-/* cpu_sample.c — sampling with a KV cache (exe_backend_cpu.sample), llama2.c style but
+/* cpu_sample.c — sampling with a KV cache (be_backend_cpu.sample), llama2.c style but
  * batched: all prompts are prefilled in one packed pass (the training forward, with
  * cpu_kv_store (cpu_kv.c) copying each layer's K/V into the caches of the prompt's
  * samples), then every live sample advances one token per decode pass, attending to its
@@ -28,7 +28,7 @@
 
 typedef struct {
     cpu_ctx *c;
-    exe_sample_stream *st;
+    be_sample_stream *st;
     long c0;
 } cs_pick_job;
 
@@ -46,19 +46,19 @@ static void cs_pick_rows(void *va, long b, long e, int thread)
     for (long i = b; i < e; i++) {
         long row = j->c0 + i;
         for (int s = c->kv_stream0[row]; s < c->kv_stream0[row] + c->kv_nstream[row]; s++) {
-            exe_sample_stream *st = &j->st[s];
+            be_sample_stream *st = &j->st[s];
             if (st->done) continue;
             float lp;
-            if (st->req->top_logprobs > 0) exe_sample_top(st, c->logits + i * V, V, w, keys);
+            if (st->req->top_logprobs > 0) be_sample_top(st, c->logits + i * V, V, w, keys);
             int32_t tok = cpu_choose_token(st->req, c->logits + i * V, V, &st->rng, w, keys, &lp);
-            exe_sample_record(st, tok, lp, c->m->cfg.max_position_embeddings);
+            be_sample_record(st, tok, lp, c->m->cfg.max_position_embeddings);
         }
     }
 }
 
 /* Logits of the R rows of xf (final-normed), chunk by chunk, and a token for each live
  * stream of each row. */
-static void cs_head_pick(cpu_ctx *c, const float *xf, long R, exe_sample_stream *st)
+static void cs_head_pick(cpu_ctx *c, const float *xf, long R, be_sample_stream *st)
 {
     for (long c0 = 0; c0 < R; c0 += c->head_rows) {
         int n = (int)(R - c0 < c->head_rows ? R - c0 : c->head_rows);
@@ -108,7 +108,7 @@ static int cs_reserve(cpu_ctx *c, int nrows, int S, int kv_cap)
     return cpu_reserve_seqs(c, n);
 }
 
-int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+int cpu_sample(void *ctx, be_sample_req *reqs, int nreq, char *err, size_t errlen)
 {
     cpu_ctx *c = ctx;
     const model_config *mc = &c->m->cfg;
@@ -116,7 +116,7 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     int S = 0, kv_cap = 1, max_rank = 0, H = mc->hidden_size, L = mc->num_hidden_layers;
     for (int r = 0; r < nreq; r++) {
         char why[256];
-        if (exe_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
+        if (be_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
         T += reqs[r].n_prompt;
         S += reqs[r].num_samples;
         long cap = (long)reqs[r].n_prompt + reqs[r].max_tokens;
@@ -126,8 +126,8 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     }
     if (nreq <= 0) return 0;
     if (T > (1L << 30) || S > (1 << 24)) { err_set(err, errlen, "sampling batch too large"); return -1; }
-    exe_sample_stream *st = calloc(S, sizeof *st);
-    exe_seq *ps = calloc(nreq, sizeof *ps);
+    be_sample_stream *st = calloc(S, sizeof *st);
+    be_seq *ps = calloc(nreq, sizeof *ps);
     const cpu_adapter **ads = calloc(S > nreq ? S : nreq, sizeof *ads);
     if (!st || !ps || !ads || cpu_reserve(c, T > S ? T : S, kv_cap, max_rank, false) != 0 || cs_reserve(c, nreq, S, kv_cap) != 0) {
         free(st); free(ps); free(ads);
@@ -136,12 +136,12 @@ int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errl
     }
     int s = 0;
     for (int r = 0; r < nreq; r++) {
-        exe_sample_req *q = &reqs[r];
-        ps[r] = (exe_seq){.ad = q->ad, .n = q->n_prompt, .tokens = q->prompt, .targets = q->prompt};
+        be_sample_req *q = &reqs[r];
+        ps[r] = (be_seq){.ad = q->ad, .n = q->n_prompt, .tokens = q->prompt, .targets = q->prompt};
         c->kv_stream0[r] = s;
         c->kv_nstream[r] = q->num_samples;
         ads[r] = q->ad ? cpu_adapter_of(q->ad) : NULL;
-        for (int i = 0; i < q->num_samples; i++, s++) exe_sample_stream_init(&st[s], q, i);
+        for (int i = 0; i < q->num_samples; i++, s++) be_sample_stream_init(&st[s], q, i);
     }
     /* prefill: every prompt in one packed pass; K/V go to the caches of its samples */
     cpu_pack(c, ps, nreq, false);

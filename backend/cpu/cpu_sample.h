@@ -4,7 +4,7 @@
 
 #include "backend/cpu/cpu_ctx.h"
 
-/* exe_backend_cpu.sample (see backend.h). */
-int cpu_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen);
+/* be_backend_cpu.sample (see backend.h). */
+int cpu_sample(void *ctx, be_sample_req *reqs, int nreq, char *err, size_t errlen);
 
 #endif

@@ -11,7 +11,7 @@
 
 static size_t ca_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
-exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, char *err, size_t errlen)
+be_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, char *err, size_t errlen)
 {
     cu_adapter *a = calloc(1, sizeof *a);
     if (!a) { err_set(err, errlen, "cuda: out of host memory"); return NULL; }
@@ -71,7 +71,7 @@ exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, 
     return &a->pub;
 }
 
-void cu_adapter_free(cu_ctx *c, exe_adapter *pub)
+void cu_adapter_free(cu_ctx *c, be_adapter *pub)
 {
     (void)c;
     if (!pub) return;
@@ -118,10 +118,10 @@ static int ca_put(cu_ctx *c, float *dst, const float *src, size_t n)
     return 0;
 }
 
-int cu_adapter_upload(cu_ctx *c, exe_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+int cu_adapter_upload(cu_ctx *c, be_adapter *pub, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     cu_adapter *a = cu_adapter_of(pub);
-    if (exe_adapter_check_parts(pub, &src->layout, parts, "cuda", err, errlen) < 0) return -1;
+    if (be_adapter_check_parts(pub, &src->layout, parts, "cuda", err, errlen) < 0) return -1;
     size_t n = pub->layout.num_params;
     cu_where(c, "adapter upload");
     if (((parts & ADAPTER_PARAMS) && (ca_put(c, a->params, src->params, n) < 0 || cu_adapter_refresh_bf16(c, a) < 0)) ||
@@ -133,11 +133,11 @@ int cu_adapter_upload(cu_ctx *c, exe_adapter *pub, const adapter_state *src, uns
     return 0;
 }
 
-int cu_adapter_download(cu_ctx *c, const exe_adapter *pub, adapter_state *dst, unsigned parts, char *err,
+int cu_adapter_download(cu_ctx *c, const be_adapter *pub, adapter_state *dst, unsigned parts, char *err,
                         size_t errlen)
 {
     const cu_adapter *a = (const cu_adapter *)pub;
-    if (exe_adapter_check_parts(pub, &dst->layout, parts, "cuda", err, errlen) < 0) return -1;
+    if (be_adapter_check_parts(pub, &dst->layout, parts, "cuda", err, errlen) < 0) return -1;
     if (((parts & ADAPTER_PARAMS) && !dst->params) || ((parts & ADAPTER_GRADS) && !dst->grads) ||
         ((parts & ADAPTER_OPTIM) && (!dst->m || !dst->v))) {
         err_set(err, errlen, "cuda: the host state has no room for the parts asked for");
@@ -159,12 +159,12 @@ int cu_adapter_download(cu_ctx *c, const exe_adapter *pub, adapter_state *dst, u
     return 0;
 }
 
-int cu_adapter_copy(cu_ctx *c, exe_adapter *dpub, const exe_adapter *spub, unsigned parts, char *err, size_t errlen)
+int cu_adapter_copy(cu_ctx *c, be_adapter *dpub, const be_adapter *spub, unsigned parts, char *err, size_t errlen)
 {
     cu_adapter *d = cu_adapter_of(dpub);
     const cu_adapter *s = (const cu_adapter *)spub;
-    if (exe_adapter_check_parts(dpub, &spub->layout, parts, "cuda", err, errlen) < 0 ||
-        exe_adapter_check_parts(spub, &dpub->layout, parts, "cuda", err, errlen) < 0)
+    if (be_adapter_check_parts(dpub, &spub->layout, parts, "cuda", err, errlen) < 0 ||
+        be_adapter_check_parts(spub, &dpub->layout, parts, "cuda", err, errlen) < 0)
         return -1;
     size_t n = dpub->layout.num_params, bytes = n * sizeof(float);
     cu_where(c, "adapter copy");

@@ -13,12 +13,12 @@ const cu_lora_pair *cu_adapter_expert(const cu_adapter *a, int layer, int e, lor
 const cu_lora_pair *cu_adapter_head(const cu_adapter *a);
 
 /* The table's adapter entries (see backend.h). */
-exe_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, char *err, size_t errlen);
-void cu_adapter_free(cu_ctx *c, exe_adapter *a);
-int cu_adapter_upload(cu_ctx *c, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen);
-int cu_adapter_download(cu_ctx *c, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+be_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, char *err, size_t errlen);
+void cu_adapter_free(cu_ctx *c, be_adapter *a);
+int cu_adapter_upload(cu_ctx *c, be_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen);
+int cu_adapter_download(cu_ctx *c, const be_adapter *a, adapter_state *dst, unsigned parts, char *err,
                         size_t errlen);
-int cu_adapter_copy(cu_ctx *c, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen);
+int cu_adapter_copy(cu_ctx *c, be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen);
 
 /* Queued on c->stream: the bf16 copy of the parameters from the fp32 masters; zero
  * gradients. 0 or -1 (recorded in c). */

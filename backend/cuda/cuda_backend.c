@@ -1,4 +1,4 @@
-/* cuda_backend.c — the CUDA executor backend (exe_backend_cuda): the table's entry points:
+/* cuda_backend.c — the CUDA executor backend (be_backend_cuda): the table's entry points:
  * the context (device, stream, cuBLASLt, bf16 base weights, head buffers), adapters
  * (cuda_adapter.c), the packed forward/backward driver and the AdamW step; sampling is
  * cuda_sample.c. Hopper first: the kernels are built for sm_90 (LOOM_CUDA_GENCODE), and
@@ -75,7 +75,7 @@ static int cu_probe_kernels(cu_ctx *c, char *err, size_t errlen)
     return 0;
 }
 
-static void *cu_create(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen)
+static void *cu_create(const model_files *m, const be_backend_opts *o, char *err, size_t errlen)
 {
     const model_config *mc = &m->cfg;
     int n = 0;
@@ -139,7 +139,7 @@ static void *cu_create(const model_files *m, const exe_backend_opts *o, char *er
     return c;
 }
 
-static void cu_device_info(void *ctx, exe_device_info *out)
+static void cu_device_info(void *ctx, be_device_info *out)
 {
     cu_ctx *c = ctx;
     memset(out, 0, sizeof *out);
@@ -154,28 +154,28 @@ static void cu_device_info(void *ctx, exe_device_info *out)
 
 /* ---- adapters: device memory (cuda_adapter.c) ------------------------------------------ */
 
-static exe_adapter *cu_alloc_adapter(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
+static be_adapter *cu_alloc_adapter(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
     if (cu_begin(c, err, errlen) < 0) return NULL;
     return cu_adapter_alloc(c, lc, trainable, err, errlen);
 }
 
-static void cu_free_adapter(void *ctx, exe_adapter *a)
+static void cu_free_adapter(void *ctx, be_adapter *a)
 {
     cu_ctx *c = ctx;
     cudaSetDevice(c->device);
     cu_adapter_free(c, a);
 }
 
-static int cu_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+static int cu_upload(void *ctx, be_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
     if (cu_begin(c, err, errlen) < 0) return -1;
     return cu_adapter_upload(c, a, src, parts, err, errlen);
 }
 
-static int cu_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err,
+static int cu_download(void *ctx, const be_adapter *a, adapter_state *dst, unsigned parts, char *err,
                        size_t errlen)
 {
     cu_ctx *c = ctx;
@@ -183,7 +183,7 @@ static int cu_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsi
     return cu_adapter_download(c, a, dst, parts, err, errlen);
 }
 
-static int cu_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen)
+static int cu_copy(void *ctx, be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
     if (cu_begin(c, err, errlen) < 0) return -1;
@@ -193,7 +193,7 @@ static int cu_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned
 /* ---- forward / backward ---------------------------------------------------------------- */
 
 /* The pass itself, on buffers already large enough. 0 or -1 (recorded in c). */
-static int cu_fb_run(cu_ctx *c, const exe_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk,
+static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk,
                      bool extras)
 {
     const model_config *mc = &c->cfg;
@@ -260,14 +260,14 @@ static int cu_fb_fail(cu_ctx *c, char *err, size_t errlen)
 }
 
 /* The outputs of the pass (in c->meta's host mirror) into the callers' arrays. */
-static void cu_fb_scatter(cu_ctx *c, exe_seq *seqs)
+static void cu_fb_scatter(cu_ctx *c, be_seq *seqs)
 {
     const cu_meta_layout *m = &c->ml;
     const int32_t *q_start = cu_meta_host(c, m->q_start), *ids = cu_meta_host(c, m->topk_ids);
     const int64_t *tgt_start = cu_meta_host(c, m->tgt_start), *topk_start = cu_meta_host(c, m->topk_start);
     const float *lp = cu_meta_host(c, m->lp), *loss = cu_meta_host(c, m->loss), *tlp = cu_meta_host(c, m->topk_lp);
     for (int p = 0; p < c->nseq_packed; p++) {
-        exe_seq *s = &seqs[c->seq_index[p]];
+        be_seq *s = &seqs[c->seq_index[p]];
         long r0 = q_start[p], K = s->k > 1 ? s->k : 1;
         if (s->logprobs_out) memcpy(s->logprobs_out, lp + tgt_start[r0], (size_t)s->n * K * sizeof(float));
         if (s->loss_out) memcpy(s->loss_out, loss + r0, (size_t)s->n * sizeof(float));
@@ -278,7 +278,7 @@ static void cu_fb_scatter(cu_ctx *c, exe_seq *seqs)
     }
 }
 
-static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
+static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
     if (cu_begin(c, err, errlen) < 0) return -1;
@@ -287,9 +287,9 @@ static int cu_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward
     int max_len = 0, np = 0;
     bool any_grad = false, layer_grad = false, extras = false;
     for (int i = 0; i < nseq; i++) {
-        const exe_seq *s = &seqs[i];
+        const be_seq *s = &seqs[i];
         T += s->n;
-        extras = extras || (s->n > 0 && exe_seq_has_extras(s));
+        extras = extras || (s->n > 0 && be_seq_has_extras(s));
         nnz += (long)s->n * (s->k > 1 ? s->k : 1);
         ntopk += s->topk > 0 ? (long)s->n * s->topk : 0;
         if (s->n > max_len) max_len = s->n;
@@ -348,7 +348,7 @@ static int cu_optim_run(cu_ctx *c, cu_adapter *a, const adam_params *hp, double 
     return 0;
 }
 
-static int cu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
+static int cu_optim_step(void *ctx, be_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
                          size_t errlen)
 {
     cu_ctx *c = ctx;
@@ -366,14 +366,14 @@ static int cu_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, dou
     return 0;
 }
 
-static int cu_sample_entry(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+static int cu_sample_entry(void *ctx, be_sample_req *reqs, int nreq, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
     if (cu_begin(c, err, errlen) < 0) return -1;
     return cu_sample(c, reqs, nreq, err, errlen);
 }
 
-const exe_backend exe_backend_cuda = {
+const be_backend be_backend_cuda = {
     .name = "cuda",
     .device_count = cu_device_count,
     .create = cu_create,

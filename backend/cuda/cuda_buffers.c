@@ -268,7 +268,7 @@ int cu_meta_reserve(cu_ctx *c, long T, int nseq, long nnz, long ntopk, char *err
     return 0;
 }
 
-int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
+int cu_pack(cu_ctx *c, const be_seq *seqs, int nseq, bool any_grad)
 {
     const cu_meta_layout *m = &c->ml;
     int32_t *tokens = cu_meta_host(c, m->tokens), *pos = cu_meta_host(c, m->pos), *row_seq = cu_meta_host(c, m->row_seq);
@@ -280,7 +280,7 @@ int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad)
     int np = 0;
     c->nsegs = 0;
     for (int i = 0; i < nseq; i++) {
-        const exe_seq *s = &seqs[i];
+        const be_seq *s = &seqs[i];
         if (s->n == 0) continue;
         const cu_adapter *ad = s->ad ? (const cu_adapter *)s->ad : NULL;
         bool grad = any_grad && ad && ad->pub.trainable && !s->forward_only;

@@ -29,7 +29,7 @@ static inline void *cu_meta_dev(const cu_ctx *c, size_t off) { return (char *)c-
  * positions, targets, loss inputs, top-k layout), builds the LoRA segments and the
  * self-attention descriptor, and uploads the inputs. any_grad: this pass computes
  * gradients. 0 or -1 (recorded in c). */
-int cu_pack(cu_ctx *c, const exe_seq *seqs, int nseq, bool any_grad);
+int cu_pack(cu_ctx *c, const be_seq *seqs, int nseq, bool any_grad);
 
 /* Appends row run [b, e) of adapter ad (NULL: none) to c->segs, merging with the last
  * segment when it continues it. */

@@ -62,7 +62,7 @@ typedef struct {
  * num_params each; grads, m, v only when trainable) and the bf16 copy of params. Every
  * part keeps the layout's tensor order (model/lora.h), so a transfer is one copy. */
 typedef struct {
-    exe_adapter pub;
+    be_adapter pub;
     float scale;                   /* LORA_ALPHA / rank */
     float *params, *grads, *m, *v;
     lcu_bf16 *params_bf16;
@@ -73,10 +73,10 @@ typedef struct {
     cu_lora_pair head;
 } cu_adapter;
 
-static inline cu_adapter *cu_adapter_of(exe_adapter *a) { return (cu_adapter *)a; }
+static inline cu_adapter *cu_adapter_of(be_adapter *a) { return (cu_adapter *)a; }
 
 /* A run of consecutive packed rows sharing one adapter and one group (operation, see
- * exe_seq.group): the LoRA products are per run. */
+ * be_seq.group): the LoRA products are per run. */
 typedef struct {
     const cu_adapter *ad;
     long row_begin, row_end;
@@ -186,7 +186,7 @@ typedef struct {
     int nsegs, cap_segs;
     int *seq_index;                 /* [cap_segs] packed sequence → caller's index */
     lcu_lora_seg *lsegs;            /* [cap_segs] the kernel layer's view of one module */
-    /* sparse layers (cuda_moe.c), host: the grouping of the assignments (exe_moe_group, on
+    /* sparse layers (cuda_moe.c), host: the grouping of the assignments (be_moe_group, on
      * the router's choices brought back from the device), the experts' LoRA segments
      * (nsegs × E) and grouped-GEMM items (E) */
     int32_t *h_sel, *h_apos, *h_atok;   /* [cap_T·K] */
@@ -194,7 +194,7 @@ typedef struct {
     lcu_lora_seg *esegs;
     int cap_esegs;
     lcu_group_item *gitems;             /* [E] */
-    const exe_seq *route_seqs;          /* the pass's sequences: the first forward adds its
+    const be_seq *route_seqs;           /* the pass's sequences: the first forward adds its
                                            routing into their expert_counts_out */
     int nseq_packed;                /* non-empty sequences of the pass */
     const int32_t *d_pos;           /* device [T] position of each row in its sequence */

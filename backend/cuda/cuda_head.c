@@ -32,11 +32,11 @@ int cu_head_logits(cu_ctx *c, const lcu_bf16 *xf, long c0, int n)
 
 /* Sampling's prompt-pass extras of the chunk's rows c0..c0+n (whose logits are in c->logits
  * and whose lse the loss kernel has written): the rows of sequences that ask for them come
- * to the host with their lse, in blocks of at most 64 MiB, and exe_prompt_extras
+ * to the host with their lse, in blocks of at most 64 MiB, and be_prompt_extras
  * (sample_pick.c) answers them there with the CPU backend's arithmetic, so that the same
  * logits give the same draws on both. Correct first, like sampling's top_logprobs
  * (cuda_sample.c): these outputs are asked for rarely; a device kernel is speed work. */
-static int cu_head_extras(cu_ctx *c, const exe_seq *seqs, long c0, int n)
+static int cu_head_extras(cu_ctx *c, const be_seq *seqs, long c0, int n)
 {
     const cu_meta_layout *m = &c->ml;
     const int32_t *row_seq = cu_meta_host(c, m->row_seq), *pos = cu_meta_host(c, m->pos);
@@ -48,9 +48,9 @@ static int cu_head_extras(cu_ctx *c, const exe_seq *seqs, long c0, int n)
     double *lse = NULL;
     int rc = -1;
     for (long b = c0; b < c0 + n;) {
-        if (!exe_seq_has_extras(&seqs[c->seq_index[row_seq[b]]])) { b++; continue; }
+        if (!be_seq_has_extras(&seqs[c->seq_index[row_seq[b]]])) { b++; continue; }
         long e = b + 1;
-        while (e < c0 + n && e - b < cap && exe_seq_has_extras(&seqs[c->seq_index[row_seq[e]]])) e++;
+        while (e < c0 + n && e - b < cap && be_seq_has_extras(&seqs[c->seq_index[row_seq[e]]])) e++;
         if (!z && (!(z = malloc((size_t)cap * V * sizeof *z)) || !(lse = malloc((size_t)cap * sizeof *lse)))) {
             cu_where(c, "prompt logprob extras: out of host memory");
             goto out;
@@ -63,7 +63,7 @@ static int cu_head_extras(cu_ctx *c, const exe_seq *seqs, long c0, int n)
             cu_sync(c) < 0)
             goto out;
         for (long r = b; r < e; r++)
-            exe_prompt_extras(&seqs[c->seq_index[row_seq[r]]], pos[r], z + (size_t)(r - b) * V, V, lse[r - b]);
+            be_prompt_extras(&seqs[c->seq_index[row_seq[r]]], pos[r], z + (size_t)(r - b) * V, V, lse[r - b]);
         b = e;
     }
     rc = 0;
@@ -73,7 +73,7 @@ out:
     return rc;
 }
 
-int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, const exe_seq *extras, float *dxf)
+int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, const be_seq *extras, float *dxf)
 {
     const cu_meta_layout *m = &c->ml;
     int V = c->cfg.vocab_size, H = c->cfg.hidden_size;

@@ -15,8 +15,8 @@ int cu_head_logits(cu_ctx *c, const lcu_bf16 *xf, long c0, int n);
 /* The head over all T rows of xf (bf16 [T, H]) in chunks: log-probs, losses and (topk)
  * top-k into c->meta's outputs; with any_grad, adds the head-LoRA gradients and, when dxf
  * is not NULL, writes dL/dxf (fp32 [T, H]) there. extras: the packed sequences when some
- * ask for sampling's prompt-pass extras (exe_seq score_* / draw_*), written straight into
+ * ask for sampling's prompt-pass extras (be_seq score_* / draw_*), written straight into
  * their output arrays; NULL when none do. 0 or -1 (recorded in c). */
-int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, const exe_seq *extras, float *dxf);
+int cu_head(cu_ctx *c, long T, const lcu_bf16 *xf, bool any_grad, bool topk, const be_seq *extras, float *dxf);
 
 #endif

@@ -2,7 +2,7 @@
  * backend's cpu_moe.c (its header has the math) with the kernel layer's dtypes:
  *
  *   p = softmax(xn2 Wrᵀ), the K most likely      lcu_gemm, lcu_moe_route   (fp32, double)
- *   group the T·K assignments by expert           exe_moe_group on the host (as the CPU)
+ *   group the T·K assignments by expert           be_moe_group on the host (as the CPU)
  *   x_e = the rows of expert e                   lcu_moe_gather            (bf16)
  *   g, u = x_e W{g,u}ᵀ + LoRA                    lcu_grouped_gemm + lcu_lora_fwd (fp32)
  *   h = silu(g)·u → bf16,  y = h W_dᵀ + LoRA     (fp32)
@@ -13,7 +13,7 @@
  * (lcu_lora_fwd / lcu_lora_bwd take runs that are sorted and disjoint, which grouped rows
  * are). The grouping is computed on the host from the router's choices, brought back once
  * per layer and pass: the host needs each expert's row count to size the products anyway,
- * and the CPU backend's grouping (exe_moe_group) then gives the same rows on both.
+ * and the CPU backend's grouping (be_moe_group) then gives the same rows on both.
  */
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_adapter.h"
@@ -31,7 +31,7 @@ static int cm_group(cu_ctx *c, int l, long T, bool count)
     size_t A = (size_t)T * K;
     CU_TRY(c, cudaMemcpyAsync(c->h_sel, c->a.r_sel, A * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     if (cu_sync(c) < 0) return -1;
-    exe_moe_group(c->h_sel, T, K, E, c->h_off, c->h_off + E + 1, c->h_apos, c->h_atok);
+    be_moe_group(c->h_sel, T, K, E, c->h_off, c->h_off + E + 1, c->h_apos, c->h_atok);
     /* from pageable memory: staged before the call returns, so the arrays may change after */
     CU_TRY(c, cudaMemcpyAsync(c->a.a_pos, c->h_apos, A * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     CU_TRY(c, cudaMemcpyAsync(c->a.a_tok, c->h_atok, A * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
@@ -59,7 +59,7 @@ static int cm_esegs(cu_ctx *c, int l, lora_module mod, bool grad_only)
             const cu_segment *sg = &c->segs[s];
             const cu_lora_pair *p = cu_adapter_expert(sg->ad, l, e, mod);
             if (!p || (grad_only && !sg->grad)) continue;
-            int a = exe_moe_lower(c->h_atok, r0, r1, sg->row_begin), b = exe_moe_lower(c->h_atok, a, r1, sg->row_end);
+            int a = be_moe_lower(c->h_atok, r0, r1, sg->row_begin), b = be_moe_lower(c->h_atok, a, r1, sg->row_end);
             if (a < b) c->esegs[n++] = (lcu_lora_seg){a, b, p->rank, sg->ad->scale, p->A, p->B, p->gA, p->gB};
         }
     }

@@ -348,7 +348,7 @@ int lcu_adamw(float *p, const float *g, float *m, float *v, size_t n, const lcu_
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 
-/* Per-row sampling parameters, as exe_sample_req: temperature 0 = greedy; top_k ≤ 0 = no
+/* Per-row sampling parameters, as be_sample_req: temperature 0 = greedy; top_k ≤ 0 = no
  * limit; top_p in (0, 1], 1 = no limit. */
 typedef struct {
     double temperature;

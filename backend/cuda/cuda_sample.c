@@ -4,7 +4,7 @@
  * every live sample advances one token per decode pass, attending to its own cache
  * (lcu_attn_fwd with kv_start/kv_len). Tokens are picked on the device by lcu_sample (the
  * CPU's cpu_choose_token algorithm) from each sample's own xoshiro256** stream, kept on
- * the host between passes (exe_sample_stream: seeded by (seed, sample index) exactly as
+ * the host between passes (be_sample_stream: seeded by (seed, sample index) exactly as
  * the CPU backend seeds it); stop tokens, stop_check and the limits are backend.c's.
  *
  * Correct first: every sample has its own cache rows (a prompt's K/V are copied once per
@@ -63,9 +63,9 @@ static int cs_pick_rows(const cu_ctx *c)
 }
 
 /* top_logprobs of stream s from row j of c->logits: the row comes to the host and
- * exe_sample_top (backend.c) ranks it there. Correct first: one copy per row asking for
+ * be_sample_top (backend.c) ranks it there. Correct first: one copy per row asking for
  * them; a device top-k is speed work. */
-static int cs_top_on_host(cu_ctx *c, int j, const exe_sample_stream *s)
+static int cs_top_on_host(cu_ctx *c, int j, const be_sample_stream *s)
 {
     long V = c->cfg.vocab_size;
     float *z = malloc(V * sizeof *z), *w = malloc(V * sizeof *w);
@@ -79,7 +79,7 @@ static int cs_top_on_host(cu_ctx *c, int j, const exe_sample_stream *s)
     if (cu_check(c, (int)cudaMemcpyAsync(z, c->logits + (size_t)j * V, V * sizeof *z, cudaMemcpyDeviceToHost, c->stream),
                  "cudaMemcpyAsync", __FILE__, __LINE__) != 0 || cu_sync(c) < 0)
         goto out;
-    exe_sample_top(s, z, V, w, keys);
+    be_sample_top(s, z, V, w, keys);
     rc = 0;
 out:
     free(z);
@@ -90,7 +90,7 @@ out:
 
 /* Logits of the n rows of c->a.xn2 (final-normed; c->segs by row), and a token for each
  * row's stream (row_stream[i]) that is still live. */
-static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_stream *st, const cs_rows *L)
+static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, be_sample_stream *st, const cs_rows *L)
 {
     int V = c->cfg.vocab_size, SR = cs_pick_rows(c), maxp = c->cfg.max_position_embeddings;
     lcu_sample_params par[SR > 0 ? SR : 1];
@@ -101,7 +101,7 @@ static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_str
         int k = (int)(n - c0 < SR ? n - c0 : SR);
         cu_where(c, "sampling head rows %ld..%ld", c0, c0 + k);
         for (int j = 0; j < k; j++) {
-            const exe_sample_stream *s = &st[row_stream[c0 + j]];
+            const be_sample_stream *s = &st[row_stream[c0 + j]];
             par[j] = (lcu_sample_params){s->req->temperature, s->req->top_k, s->req->top_p};
             memcpy(rng + 4L * j, s->rng.s, 32);
         }
@@ -114,11 +114,11 @@ static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, exe_sample_str
         CU_TRY(c, cudaMemcpyAsync(lp, CS_D(c, L->lp), (size_t)k * 4, cudaMemcpyDeviceToHost, c->stream));
         if (cu_sync(c) < 0) return -1;
         for (int j = 0; j < k; j++) {
-            exe_sample_stream *s = &st[row_stream[c0 + j]];
+            be_sample_stream *s = &st[row_stream[c0 + j]];
             if (s->done) continue; /* its stream did not draw (max_tokens 0) */
             memcpy(s->rng.s, rng + 4L * j, 32);
             if (s->req->top_logprobs > 0 && cs_top_on_host(c, j, s) < 0) return -1;
-            exe_sample_record(s, tok[j], lp[j], maxp);
+            be_sample_record(s, tok[j], lp[j], maxp);
         }
     }
     return 0;
@@ -145,11 +145,11 @@ static int cs_pass(cu_ctx *c, long T, const int32_t *d_tokens, const int64_t *d_
     return 0;
 }
 
-static const cu_adapter *cs_ad(const exe_sample_req *r) { return r->ad ? (const cu_adapter *)r->ad : NULL; }
+static const cu_adapter *cs_ad(const be_sample_req *r) { return r->ad ? (const cu_adapter *)r->ad : NULL; }
 
 /* Prefill: every prompt in one packed pass, K/V into the caches of its samples; then the
  * first token of every sample from its prompt's last row. */
-static int cs_prefill(cu_ctx *c, exe_sample_req *reqs, int nreq, exe_sample_stream *st, int S, long T, long nmap,
+static int cs_prefill(cu_ctx *c, be_sample_req *reqs, int nreq, be_sample_stream *st, int S, long T, long nmap,
                       int *row_stream)
 {
     cs_rows L;
@@ -160,7 +160,7 @@ static int cs_prefill(cu_ctx *c, exe_sample_req *reqs, int nreq, exe_sample_stre
     int s = 0;
     c->nsegs = 0;
     for (int r = 0; r < nreq; r++) {
-        const exe_sample_req *q = &reqs[r];
+        const be_sample_req *q = &reqs[r];
         qs[r] = (int32_t)row;
         for (int t = 0; t < q->n_prompt; t++) {
             tok[row + t] = q->prompt[t];
@@ -198,7 +198,7 @@ static int cs_prefill(cu_ctx *c, exe_sample_req *reqs, int nreq, exe_sample_stre
 
 /* One decode pass: each live sample feeds its last token and attends to its cache.
  * *live = how many samples were live. */
-static int cs_decode(cu_ctx *c, exe_sample_stream *st, int S, int *row_stream, long *live)
+static int cs_decode(cu_ctx *c, be_sample_stream *st, int S, int *row_stream, long *live)
 {
     cs_rows L;
     cs_rows_layout(&L, S, S, S, cs_pick_rows(c));
@@ -271,14 +271,14 @@ static int cs_reserve(cu_ctx *c, long T, int S, int nreq, long nmap, int kv_cap,
     return 0;
 }
 
-int cu_sample(cu_ctx *c, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+int cu_sample(cu_ctx *c, be_sample_req *reqs, int nreq, char *err, size_t errlen)
 {
     const model_config *mc = &c->cfg;
     long T = 0, nmap = 0;
     int S = 0, kv_cap = 1;
     for (int r = 0; r < nreq; r++) {
         char why[256];
-        if (exe_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
+        if (be_sample_check(mc, &reqs[r], why, sizeof why) != 0) { err_set(err, errlen, "request %d: %s", r, why); return -1; }
         T += reqs[r].n_prompt;
         S += reqs[r].num_samples;
         nmap += (long)reqs[r].n_prompt * reqs[r].num_samples;
@@ -288,7 +288,7 @@ int cu_sample(cu_ctx *c, exe_sample_req *reqs, int nreq, char *err, size_t errle
     }
     if (nreq <= 0) return 0;
     if (T > (1L << 30) || S > (1 << 24) || nmap > (1L << 34)) { err_set(err, errlen, "sampling batch too large"); return -1; }
-    exe_sample_stream *st = calloc(S, sizeof *st);
+    be_sample_stream *st = calloc(S, sizeof *st);
     int *row_stream = calloc(S, sizeof *row_stream);
     if (!st || !row_stream) {
         free(st);
@@ -300,7 +300,7 @@ int cu_sample(cu_ctx *c, exe_sample_req *reqs, int nreq, char *err, size_t errle
     if (rc == 0) {
         int s = 0;
         for (int r = 0; r < nreq; r++)
-            for (int i = 0; i < reqs[r].num_samples; i++, s++) exe_sample_stream_init(&st[s], &reqs[r], i);
+            for (int i = 0; i < reqs[r].num_samples; i++, s++) be_sample_stream_init(&st[s], &reqs[r], i);
         rc = cs_prefill(c, reqs, nreq, st, S, T, nmap, row_stream);
         for (long live = 1; rc == 0 && live > 0;) rc = cs_decode(c, st, S, row_stream, &live);
         if (rc < 0) cu_fail(c, err, errlen, "cuda: sampling failed");

@@ -4,7 +4,7 @@
 
 #include "backend/cuda/cuda_ctx.h"
 
-/* exe_backend_cuda.sample (see backend.h); c's device is current. */
-int cu_sample(cu_ctx *c, exe_sample_req *reqs, int nreq, char *err, size_t errlen);
+/* be_backend_cuda.sample (see backend.h); c's device is current. */
+int cu_sample(cu_ctx *c, be_sample_req *reqs, int nreq, char *err, size_t errlen);
 
 #endif

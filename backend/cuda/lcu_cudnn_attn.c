@@ -30,11 +30,11 @@
  * (lcd_ragged_prep), so one plan serves every batch of its bucket.
  */
 #include "backend/cuda/lcu_cudnn.h"
+#include "common/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef LOOM_HAVE_CUDNN_H
 
@@ -76,13 +76,6 @@ struct lcu_cudnn {
     float neg_inf;  /* the mask value: −inf, or −FLT_MAX before 9.10 (as the frontend) */
     char desc[600];
 };
-
-static double lca_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static int lca_bucket_b(int nseq)
 {
@@ -294,7 +287,7 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     memset(p, 0, sizeof *p);
     *p = (lca_plan){true, bwd, false, false, B, S, a->nq, a->nkv, a->d, {0}, c->tick, 0, 0, -1};
     lcd_graph_init(&p->g, c->api);
-    double t0 = lca_now();
+    double t0 = clock_mono_s();
     if (bwd) lca_graph_bwd(&p->g, p);
     else lca_graph_fwd(&p->g, p);
     bool planned = !p->g.st && lcd_finish(&p->g, c->h, c->devprop, bwd && !c->any_engine) == 0;
@@ -317,7 +310,7 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
     if (c->verbose)
         fprintf(stderr, "loom cuda: cuDNN attention %s plan for %d sequences × %d rows, heads %d/%d × %d: engine %lld, "
                 "workspace %.1f MiB, built in %.0f ms\n", bwd ? "backward" : "forward", B, S, a->nq, a->nkv, a->d,
-                (long long)p->g.engine, p->g.workspace / 1048576.0, (lca_now() - t0) * 1e3);
+                (long long)p->g.engine, p->g.workspace / 1048576.0, (clock_mono_s() - t0) * 1e3);
     return p;
 }
 

@@ -3,7 +3,7 @@
  * likely, their weights), gathering a token's row into its experts' blocks, combining the
  * experts' outputs, and the backward of the combine and of the routing weights. The
  * experts' products themselves are grouped GEMMs (lcu_grouped_gemm, lcu_sgmv.cu) and the
- * grouping of the assignments is the host's (exe_moe_group, backend/backend.c), as on the
+ * grouping of the assignments is the host's (be_moe_group, backend/backend.c), as on the
  * CPU. Every output element is written by one thread in a fixed order (no atomics).
  */
 #include "backend/cuda/lcu_common.cuh"

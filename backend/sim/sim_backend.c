@@ -1,4 +1,4 @@
-/* sim_backend.c — the simulated executor backend (exe_backend_sim, `--backend sim`): it
+/* sim_backend.c — the simulated executor backend (be_backend_sim, `--backend sim`): it
  * computes next to nothing and takes the time a modelled GPU would (sim_profile.h: an
  * H100 training LoRA on Qwen3-8B by default), so that many executors on one machine load
  * PostgreSQL, the scheduler and the api as a fleet of GPUs would (bench/fleet_bench.py).
@@ -85,7 +85,7 @@ static size_t sim_count_b(const lora_layout *l)
 }
 
 /* θ of an adapter (0 for the base model). */
-static double sim_theta(const exe_adapter *ad)
+static double sim_theta(const be_adapter *ad)
 {
     if (!ad) return 0;
     const lora_layout *l = &ad->layout;
@@ -101,7 +101,7 @@ static double sim_theta(const exe_adapter *ad)
 }
 
 /* grads += G·d (on the lora_B entries). */
-static void sim_add_grad(exe_adapter *ad, double G)
+static void sim_add_grad(be_adapter *ad, double G)
 {
     const lora_layout *l = &ad->layout;
     float *g = ((cpu_adapter *)ad)->grads;
@@ -171,7 +171,7 @@ static void sim_destroy(void *ctx)
     free(c);
 }
 
-static void *sim_create(const model_files *m, const exe_backend_opts *o, char *err, size_t errlen)
+static void *sim_create(const model_files *m, const be_backend_opts *o, char *err, size_t errlen)
 {
     const char *name = getenv("LOOM_SIM_PROFILE"), *scale = getenv("LOOM_SIM_SCALE");
     if (!name || !*name) name = "h100-qwen3-8b";
@@ -212,7 +212,7 @@ static void *sim_create(const model_files *m, const exe_backend_opts *o, char *e
     return c;
 }
 
-static void sim_device_info(void *ctx, exe_device_info *out)
+static void sim_device_info(void *ctx, be_device_info *out)
 {
     sim_ctx *c = ctx;
     memset(out, 0, sizeof *out);
@@ -228,23 +228,23 @@ static int sim_device_count(void) { return 1024; }
 /* ---- adapters: the CPU backend's host arrays, the modelled GPU's sizes and transfer times -- */
 
 /* Bytes the modelled adapter of a's config holds in the parts named. */
-static double sim_part_bytes(const sim_ctx *c, const exe_adapter *a, unsigned parts)
+static double sim_part_bytes(const sim_ctx *c, const be_adapter *a, unsigned parts)
 {
     int arrays = !!(parts & ADAPTER_PARAMS) + !!(parts & ADAPTER_GRADS) + 2 * !!(parts & ADAPTER_OPTIM);
     return arrays * 4.0 * sim_lora_params(c->p, &a->layout.cfg);
 }
 
-static exe_adapter *sim_adapter_alloc(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
+static be_adapter *sim_adapter_alloc(void *ctx, const lora_config *lc, bool trainable, char *err, size_t errlen)
 {
     sim_ctx *c = ctx;
-    exe_adapter *a = cpu_adapter_alloc(&c->cfg, lc, trainable, err, errlen);
+    be_adapter *a = cpu_adapter_alloc(&c->cfg, lc, trainable, err, errlen);
     if (a) a->device_bytes = (size_t)sim_part_bytes(c, a, ADAPTER_PARAMS | (trainable ? ADAPTER_GRADS | ADAPTER_OPTIM : 0));
     return a;
 }
 
-static void sim_adapter_free(void *ctx, exe_adapter *a) { (void)ctx; cpu_adapter_free(a); }
+static void sim_adapter_free(void *ctx, be_adapter *a) { (void)ctx; cpu_adapter_free(a); }
 
-static int sim_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
+static int sim_upload(void *ctx, be_adapter *a, const adapter_state *src, unsigned parts, char *err, size_t errlen)
 {
     double t0 = clock_mono_s();
     int rc = cpu_adapter_upload(a, src, parts, err, errlen);
@@ -252,7 +252,7 @@ static int sim_upload(void *ctx, exe_adapter *a, const adapter_state *src, unsig
     return rc;
 }
 
-static int sim_download(void *ctx, const exe_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen)
+static int sim_download(void *ctx, const be_adapter *a, adapter_state *dst, unsigned parts, char *err, size_t errlen)
 {
     double t0 = clock_mono_s();
     int rc = cpu_adapter_download(a, dst, parts, err, errlen);
@@ -260,7 +260,7 @@ static int sim_download(void *ctx, const exe_adapter *a, adapter_state *dst, uns
     return rc;
 }
 
-static int sim_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigned parts, char *err, size_t errlen)
+static int sim_copy(void *ctx, be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen)
 {
     double t0 = clock_mono_s();
     int rc = cpu_adapter_copy(dst, src, parts, err, errlen);
@@ -272,7 +272,7 @@ static int sim_copy(void *ctx, exe_adapter *dst, const exe_adapter *src, unsigne
 
 /* One sequence's outputs; returns dℓ/dθ summed over its positions (0 when it adds no
  * gradient). Positions whose dℓ/dlp is not finite add nothing (backend.h). */
-static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad, float *z)
+static double sim_seq(const sim_ctx *c, be_seq *s, double theta, bool grad, float *z)
 {
     int K = s->k > 1 ? s->k : 1;
     double G = 0;
@@ -295,9 +295,9 @@ static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad, flo
             dtheta += (double)dlp * ((t == r.f ? 1.0 : 0.0) - r.pf);
         }
         if (s->loss_out) s->loss_out[pos] = (float)loss;
-        if (z && exe_seq_has_extras(s)) {   /* target_prompt_logprobs, prompt_alt_tokens: from the whole row */
+        if (z && be_seq_has_extras(s)) {    /* target_prompt_logprobs, prompt_alt_tokens: from the whole row */
             for (long t = 0; t < r.V; t++) z[t] = (float)sim_logit(&r, (int32_t)t);
-            exe_prompt_extras(s, pos, z, r.V, r.lse);
+            be_prompt_extras(s, pos, z, r.V, r.lse);
         }
         for (int i = 0; i < s->topk; i++) {
             int32_t id = sim_ranked(&r, i);
@@ -309,14 +309,14 @@ static double sim_seq(const sim_ctx *c, exe_seq *s, double theta, bool grad, flo
     return G;
 }
 
-static int sim_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
+static int sim_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     sim_ctx *c = ctx;
     double t0 = clock_mono_s();
     if (nseq < 0 || (nseq > 0 && !seqs)) { err_set(err, errlen, "bad batch"); return -1; }
     long T = 0;
     bool extras = false;
-    for (int i = 0; i < nseq; i++) T += seqs[i].n, extras |= exe_seq_has_extras(&seqs[i]);
+    for (int i = 0; i < nseq; i++) T += seqs[i].n, extras |= be_seq_has_extras(&seqs[i]);
     float *z = NULL;   /* a whole row of logits, only for the prompt extras */
     if (extras && !(z = malloc((size_t)c->cfg.vocab_size * sizeof *z))) {
         err_set(err, errlen, "out of memory for a row of logits");
@@ -324,12 +324,12 @@ static int sim_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
     }
     /* A group is a run of consecutive sequences of one adapter and one group: its
      * gradient is summed on its own and added when the run ends, in batch order. */
-    const exe_adapter *theta_of = NULL;
+    const be_adapter *theta_of = NULL;
     double theta = 0, G = 0;
-    exe_adapter *run_ad = NULL;
+    be_adapter *run_ad = NULL;
     int run_group = 0;
     for (int i = 0; i < nseq; i++) {
-        exe_seq *s = &seqs[i];
+        be_seq *s = &seqs[i];
         if (!s->ad || s->ad != theta_of) theta = sim_theta(s->ad), theta_of = s->ad;
         bool grad = backward && s->ad && s->ad->trainable && !s->forward_only;
         if (run_ad && (s->ad != run_ad || s->group != run_group)) {
@@ -349,7 +349,7 @@ static int sim_forward_backward(void *ctx, exe_seq *seqs, int nseq, bool backwar
 
 /* ---- optimizer --------------------------------------------------------------------------- */
 
-static int sim_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
+static int sim_optim_step(void *ctx, be_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
                           size_t errlen)
 {
     sim_ctx *c = ctx;
@@ -376,25 +376,25 @@ static int sim_optim_step(void *ctx, exe_adapter *pub, const adam_params *hp, do
 
 /* The next token of stream s after token x, by the CPU backend's choice arithmetic on the
  * sim's row of logits. */
-static void sim_pick(sim_ctx *c, exe_sample_stream *s, int32_t x, double theta)
+static void sim_pick(sim_ctx *c, be_sample_stream *s, int32_t x, double theta)
 {
     long V = c->cfg.vocab_size;
     sim_row r = sim_row_of(c, x, theta);
     sim_fill(c, &r);
     float lp;
-    if (s->req->top_logprobs > 0) exe_sample_top(s, c->z, V, c->w, c->keys);
+    if (s->req->top_logprobs > 0) be_sample_top(s, c->z, V, c->w, c->keys);
     int32_t tok = cpu_choose_token(s->req, c->z, V, &s->rng, c->w, c->keys, &lp);
-    exe_sample_record(s, tok, lp, c->cfg.max_position_embeddings);
+    be_sample_record(s, tok, lp, c->cfg.max_position_embeddings);
 }
 
-static int sim_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size_t errlen)
+static int sim_sample(void *ctx, be_sample_req *reqs, int nreq, char *err, size_t errlen)
 {
     sim_ctx *c = ctx;
     double t = clock_mono_s();
     long T = 0, S = 0;
     for (int r = 0; r < nreq; r++) {
         char why[256];
-        if (exe_sample_check(&c->cfg, &reqs[r], why, sizeof why) != 0) {
+        if (be_sample_check(&c->cfg, &reqs[r], why, sizeof why) != 0) {
             err_set(err, errlen, "request %d: %s", r, why);
             return -1;
         }
@@ -402,7 +402,7 @@ static int sim_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size
         S += reqs[r].num_samples;
     }
     if (nreq <= 0) return 0;
-    exe_sample_stream *st = calloc(S, sizeof *st);
+    be_sample_stream *st = calloc(S, sizeof *st);
     double *theta = calloc(nreq, sizeof *theta);
     if (!st || !theta) {
         free(st);
@@ -413,7 +413,7 @@ static int sim_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size
     long s = 0;
     for (int r = 0; r < nreq; r++) {
         theta[r] = sim_theta(reqs[r].ad);
-        for (int i = 0; i < reqs[r].num_samples; i++, s++) exe_sample_stream_init(&st[s], &reqs[r], i);
+        for (int i = 0; i < reqs[r].num_samples; i++, s++) be_sample_stream_init(&st[s], &reqs[r], i);
     }
     /* prefill: the prompts in one pass; each sample's first token follows its prompt */
     t += c->scale * sim_fb_s(c->p, T, false);
@@ -437,7 +437,7 @@ static int sim_sample(void *ctx, exe_sample_req *reqs, int nreq, char *err, size
     return 0;
 }
 
-const exe_backend exe_backend_sim = {
+const be_backend be_backend_sim = {
     .name = "sim",
     .batch_invariant = true,
     .device_count = sim_device_count,

@@ -230,10 +230,10 @@ static bool peer_lookup(const char *g, int batch, int seq, double *fwd, double *
 /* ---- one row ------------------------------------------------------------------------------ */
 
 typedef struct {
-    const exe_backend *be;
+    const be_backend *be;
     void *ctx;
     const geo *g;
-    exe_adapter *ads[32];
+    be_adapter *ads[32];
     int nads;
     int iters;
     json_t *out;
@@ -250,7 +250,7 @@ static double median(double *x, int n)
 /* Median seconds of `iters` passes (after one warm-up: workspace growth, GEMM plans), or
  * of fewer once the passes so far took 20 s: a slow row (32K tokens on Qwen3-8B) then
  * costs a bounded time, so the rows after it still run inside the call's time limit. */
-static double time_pass(bench *b, exe_seq *s, int n, bool backward, char *err, size_t errlen)
+static double time_pass(bench *b, be_seq *s, int n, bool backward, char *err, size_t errlen)
 {
     if (b->be->forward_backward(b->ctx, s, n, backward, err, errlen) != 0) return -1;
     double t[16], spent = 0;
@@ -272,22 +272,22 @@ static void run_row(bench *b, const row *r)
     char err[512];
     while (b->nads < r->nad) {
         lora_config lc = {32, (uint64_t)b->nads + 1, true, true, false};
-        exe_adapter *a = exe_adapter_new(b->be, b->ctx, &lc, true, err, sizeof err);
+        be_adapter *a = be_adapter_new(b->be, b->ctx, &lc, true, err, sizeof err);
         if (!a) { printf("%-13s adapter %d: %s\n", g->name, b->nads, err); return; }
         b->ads[b->nads++] = a;
     }
     int32_t *tok = malloc((T + 1) * sizeof *tok);
     float *lp = malloc(T * sizeof *lp), *loss = malloc(T * sizeof *loss);
-    exe_seq *s = calloc(nseq, sizeof *s);
+    be_seq *s = calloc(nseq, sizeof *s);
     uint64_t x = 88172645463325252ull;
     for (long i = 0; i <= T; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; tok[i] = (int32_t)(x % g->V); }
     for (int i = 0; i < nseq; i++)
-        s[i] = (exe_seq){.ad = b->ads[i * r->nad / nseq], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n,
+        s[i] = (be_seq){.ad = b->ads[i * r->nad / nseq], .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n,
                          .tokens = tok + (long)i * n, .targets = tok + (long)i * n + 1, .logprobs_out = lp + (long)i * n,
                          .loss_out = loss + (long)i * n};
     double tf = time_pass(b, s, nseq, false, err, sizeof err);
     double tb = tf < 0 ? -1 : time_pass(b, s, nseq, true, err, sizeof err);
-    exe_device_info di;
+    be_device_info di;
     b->be->device_info(b->ctx, &di);
     double mem = (double)(di.memory_total - di.memory_free) / 1073741824.0;
     char shape[32];
@@ -359,8 +359,8 @@ int main(int argc, char **argv)
         p += len + (p[len] == ',');
     }
     if (quick) iters = 1;
-    const exe_backend *be = exe_backend_find(backend);
-    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, exe_backend_names()); return 2; }
+    const be_backend *be = be_backend_find(backend);
+    if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, be_backend_names()); return 2; }
     if (be->device_count() == 0) { /* like the gpu tests and the other benches */
         printf("bench_cuda: no %s device on this machine: skipped\n", backend);
         return 77;
@@ -383,11 +383,11 @@ int main(int argc, char **argv)
         rand_model m;
         double t0 = clock_mono_s();
         if (rm_build(&m, &g, err, sizeof err) < 0) { printf("%s: %s\n", g.name, err); return 1; }
-        exe_backend_opts o = {.device = device, .threads = 0};
+        be_backend_opts o = {.device = device, .threads = 0};
         void *ctx = be->create(&m.mf, &o, err, sizeof err);
         rm_free(&m);
         if (!ctx) { printf("%s: %s\n", g.name, err); return 1; }
-        exe_device_info di;
+        be_device_info di;
         be->device_info(ctx, &di);
         printf("== %s (%d layers; %.0f M matmul parameters) on %s, loaded in %.1f s\n", g.name, g.L,
                matmul_params(&g) / 1e6, di.device, clock_mono_s() - t0);

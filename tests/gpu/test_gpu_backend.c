@@ -10,7 +10,7 @@
  *
  * Mixture of experts: the bf16 router logits of the GPU may order two nearly equal experts
  * the other way than the CPU's fp32 ones (a routing flip), and then a token's numbers
- * differ by design. The backends' per-sequence expert counts (exe_seq.expert_counts_out)
+ * differ by design. The backends' per-sequence expert counts (be_seq.expert_counts_out)
  * tell where routing agreed: sequences routed differently are left out of the output
  * checks and adapters with such a sequence out of the gradient checks (each printed),
  * as are, packed against alone, sequences the GPU itself routed differently; at least two
@@ -69,9 +69,9 @@
 #define NAD 3
 
 typedef struct {
-    const exe_backend *be;
+    const be_backend *be;
     void *ctx;
-    exe_adapter *ads[NAD];
+    be_adapter *ads[NAD];
 } side;
 
 typedef struct {
@@ -83,31 +83,31 @@ typedef struct {
 typedef struct { int rank; bool attn, mlp, unembed; uint64_t seed; } ad_def;
 static const ad_def ADS[NAD] = {{4, true, true, true, 11}, {8, true, false, true, 22}, {2, false, true, false, 33}};
 
-static void *open_ctx(const exe_backend *be, const char *dir, model_config *mc)
+static void *open_ctx(const be_backend *be, const char *dir, model_config *mc)
 {
     char err[512];
     model_files *mf;
     if (model_open(dir, &mf, err, sizeof err) < 0) { printf("FATAL model %s: %s\n", dir, err); exit(1); }
     if (mc) *mc = mf->cfg;
-    exe_backend_opts o = {.device = 0, .threads = 2};
+    be_backend_opts o = {.device = 0, .threads = 2};
     void *ctx = be->create(mf, &o, err, sizeof err);
     model_close(mf);
     if (!ctx) { printf("FATAL %s backend on %s: %s\n", be->name, dir, err); exit(1); }
     return ctx;
 }
 
-static adapter_state download(const side *s, const exe_adapter *a, unsigned parts)
+static adapter_state download(const side *s, const be_adapter *a, unsigned parts)
 {
     adapter_state st;
     char err[256];
-    if (exe_adapter_to_state(s->be, s->ctx, a, parts, &st, err, sizeof err) < 0) {
+    if (be_adapter_to_state(s->be, s->ctx, a, parts, &st, err, sizeof err) < 0) {
         printf("FATAL %s download: %s\n", s->be->name, err);
         exit(1);
     }
     return st;
 }
 
-static void upload(const side *s, exe_adapter *a, const adapter_state *st, unsigned parts)
+static void upload(const side *s, be_adapter *a, const adapter_state *st, unsigned parts)
 {
     char err[256];
     if (s->be->adapter_upload(s->ctx, a, st, parts, err, sizeof err) < 0) {
@@ -118,11 +118,11 @@ static void upload(const side *s, exe_adapter *a, const adapter_state *st, unsig
 
 /* Adapter a of the scenario on one side: PEFT's A, and B ~ N(0, 0.02²) so that every
  * LoRA gradient is nonzero (the same numbers on both sides). */
-static exe_adapter *make_adapter(const side *s, int a)
+static be_adapter *make_adapter(const side *s, int a)
 {
     char err[256];
     lora_config lc = {ADS[a].rank, ADS[a].seed, ADS[a].attn, ADS[a].mlp, ADS[a].unembed};
-    exe_adapter *ad = exe_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
+    be_adapter *ad = be_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
     if (!ad) { printf("FATAL %s adapter: %s\n", s->be->name, err); exit(1); }
     adapter_state h = download(s, ad, ADAPTER_PARAMS);
     rng_state r;
@@ -136,7 +136,7 @@ static exe_adapter *make_adapter(const side *s, int a)
     return ad;
 }
 
-static void zero_grads(const side *s, exe_adapter *a)
+static void zero_grads(const side *s, be_adapter *a)
 {
     adapter_state z = {.layout = a->layout}; /* NULL arrays upload zeros */
     upload(s, a, &z, ADAPTER_GRADS);
@@ -190,7 +190,7 @@ typedef struct {
 } inputs;
 
 typedef struct {
-    exe_seq s[NSEQ];
+    be_seq s[NSEQ];
     int idx[NSEQ]; /* SEQS index of s[k] */
     int n;
     float *lp[NSEQ], *loss[NSEQ], *tlp[NSEQ];
@@ -227,18 +227,18 @@ static void make_inputs(inputs *in, int V)
 
 /* The scenario on side s (only_ad ≥ 0: that adapter's sequences alone; kinds: CE for all
  * when ce_only, to get the log-probs the RL inputs are drawn around). */
-static void make_batch(batch *b, const side *s, exe_adapter *const *ads, const inputs *in, int only_ad, bool ce_only)
+static void make_batch(batch *b, const side *s, be_adapter *const *ads, const inputs *in, int only_ad, bool ce_only)
 {
     memset(b, 0, sizeof *b);
     for (int i = 0; i < NSEQ; i++) {
         const seq_def *d = &SEQS[i];
         if (only_ad >= 0 && d->ad != only_ad) continue;
         int n = d->n, K = KOF(i), k = b->n++;
-        exe_seq *q = &b->s[k];
+        be_seq *q = &b->s[k];
         b->idx[k] = i;
         b->lp[k] = calloc((size_t)n * K, sizeof(float));
         b->loss[k] = calloc(n, sizeof(float));
-        *q = (exe_seq){.ad = d->ad >= 0 ? ads[d->ad] : NULL, .loss = loss_spec_default(ce_only ? LOSS_CROSS_ENTROPY : d->kind),
+        *q = (be_seq){.ad = d->ad >= 0 ? ads[d->ad] : NULL, .loss = loss_spec_default(ce_only ? LOSS_CROSS_ENTROPY : d->kind),
                        .n = n, .tokens = in->tok[i], .targets = in->tgt[i], .weights = d->weights ? in->w[i] : NULL,
                        .sampler_logprobs = in->q[i], .advantages = in->adv[i], .logprobs_out = b->lp[k],
                        .loss_out = b->loss[k], .forward_only = d->fwd_only, .k = d->k, .topk = d->topk};
@@ -471,7 +471,7 @@ static void check_case(pair *p)
 
     /* packed against each adapter alone (cuda), from the same initial state */
     for (int a = 0; a < NAD; a++) {
-        exe_adapter *solo[NAD];
+        be_adapter *solo[NAD];
         for (int j = 0; j < NAD; j++) solo[j] = make_adapter(&p->gpu, j);
         batch sb;
         make_batch(&sb, &p->gpu, solo, &in, a, false);
@@ -565,27 +565,27 @@ static void check_case(pair *p)
 enum { SMAX = 12, SN = 3 };
 
 typedef struct {
-    exe_sample_req r;
+    be_sample_req r;
     int32_t prompt[64], tok[SN * SMAX];
     float lp[SN * SMAX];
     int n[SN];
     bool stopped[SN];
 } sreq;
 
-static void sreq_init(sreq *q, exe_adapter *ad, int n_prompt, int ns, double temp, uint64_t seed, int V)
+static void sreq_init(sreq *q, be_adapter *ad, int n_prompt, int ns, double temp, uint64_t seed, int V)
 {
     memset(q, 0, sizeof *q);
     rng_state r;
     rng_seed(&r, seed * 31 + n_prompt);
     for (int i = 0; i < n_prompt; i++) q->prompt[i] = (int32_t)(rng_next(&r) % V);
-    q->r = (exe_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = SMAX,
+    q->r = (be_sample_req){.ad = ad, .n_prompt = n_prompt, .prompt = q->prompt, .num_samples = ns, .max_tokens = SMAX,
                             .temperature = temp, .top_k = -1, .top_p = 1.0, .seed = seed, .tokens_out = q->tok,
                             .logprobs_out = q->lp, .n_out = q->n, .stopped_out = q->stopped};
 }
 
 static void do_sample(const side *s, sreq *q, int nq)
 {
-    exe_sample_req rs[4];
+    be_sample_req rs[4];
     char err[512];
     for (int i = 0; i < nq; i++) rs[i] = q[i].r;
     if (s->be->sample(s->ctx, rs, nq, err, sizeof err) != 0) { printf("FATAL %s sample: %s\n", s->be->name, err); exit(1); }
@@ -595,14 +595,14 @@ static void do_sample(const side *s, sreq *q, int nq)
  * completion at the completion's positions. */
 static void forward_lp(const side *s, const sreq *q, int i, float *lp_out, float *gap)
 {
-    const exe_sample_req *r = &q->r;
+    const be_sample_req *r = &q->r;
     int n = r->n_prompt + r->n_out[i] - 1;
     int32_t seq[64 + SMAX];
     memcpy(seq, r->prompt, r->n_prompt * 4);
     memcpy(seq + r->n_prompt, r->tokens_out + i * SMAX, r->n_out[i] * 4);
     float lp[64 + SMAX], loss[64 + SMAX], tlp[2 * (64 + SMAX)];
     int32_t tid[2 * (64 + SMAX)];
-    exe_seq e = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = seq, .targets = seq + 1,
+    be_seq e = {.ad = r->ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = n, .tokens = seq, .targets = seq + 1,
                  .logprobs_out = lp, .loss_out = loss, .topk = 2, .topk_ids_out = tid, .topk_lp_out = tlp};
     char err[512];
     if (s->be->forward_backward(s->ctx, &e, 1, false, err, sizeof err) != 0) { printf("FATAL forward: %s\n", err); exit(1); }
@@ -617,7 +617,7 @@ static void check_sampling(pair *p)
 {
     const char *cs = p->name;
     int V = p->mc.vocab_size;
-    exe_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
+    be_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
     static sreq q[3], again[3], qc[3];
     sreq_init(&q[0], ag, 5, 3, 1.0, 1, V);
     sreq_init(&q[1], NULL, 9, 2, 1.0, 2, V);
@@ -676,7 +676,7 @@ static void check_sampling(pair *p)
     p->gpu.be->adapter_free(p->gpu.ctx, ag);
 }
 
-/* ---- sampling's prompt-pass extras (exe_seq score_* / draw_*) --------------------------- */
+/* ---- sampling's prompt-pass extras (be_seq score_* / draw_*) --------------------------- */
 
 enum { XN = 40, XK = 6, XS = 3 };
 
@@ -688,7 +688,7 @@ typedef struct {
 
 /* One forward pass over a 41-token prompt asking, at every position, for the log-probs of
  * three ids (the actual next token first) and XK draws at temperature 0.8. */
-static void extras_pass(const side *s, exe_adapter *ad, xpass *x, const int32_t *score_ids)
+static void extras_pass(const side *s, be_adapter *ad, xpass *x, const int32_t *score_ids)
 {
     rng_state r;
     rng_seed(&r, 77);
@@ -699,7 +699,7 @@ static void extras_pass(const side *s, exe_adapter *ad, xpass *x, const int32_t 
         x->ids[i * XS + 1] = (7 * i) % 256;
         x->ids[i * XS + 2] = 255 - i;
     }
-    exe_seq e = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = XN, .tokens = x->tok,
+    be_seq e = {.ad = ad, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = XN, .tokens = x->tok,
                  .targets = x->tok + 1, .logprobs_out = x->lp, .loss_out = x->loss, .score_start = x->start,
                  .score_ids = score_ids ? score_ids : x->ids, .score_lp_out = x->slp, .draw_k = XK,
                  .draw_temperature = 0.8, .draw_seed = 4242, .draw_ids_out = x->draw, .draw_lp_out = x->dlp};
@@ -710,7 +710,7 @@ static void extras_pass(const side *s, exe_adapter *ad, xpass *x, const int32_t 
 static void check_prompt_extras(pair *p)
 {
     const char *cs = p->name;
-    exe_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
+    be_adapter *ac = make_adapter(&p->cpu, 0), *ag = make_adapter(&p->gpu, 0);
     static xpass c, g, g2, gs;
     extras_pass(&p->cpu, ac, &c, NULL);
     extras_pass(&p->gpu, ag, &g, NULL);
@@ -742,12 +742,12 @@ static void check_prompt_extras(pair *p)
 
 enum { SFT_N = 8, SFT_LEN = 16, SFT_STEPS = 30 };
 
-static double sft_step(const side *s, exe_adapter *a, int32_t (*seq)[SFT_LEN], bool step)
+static double sft_step(const side *s, be_adapter *a, int32_t (*seq)[SFT_LEN], bool step)
 {
     float lp[SFT_N][SFT_LEN], loss[SFT_N][SFT_LEN];
-    exe_seq e[SFT_N];
+    be_seq e[SFT_N];
     for (int i = 0; i < SFT_N; i++)
-        e[i] = (exe_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
+        e[i] = (be_seq){.ad = a, .loss = loss_spec_default(LOSS_CROSS_ENTROPY), .n = SFT_LEN - 1, .tokens = seq[i],
                          .targets = seq[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
     char err[512];
     if (s->be->forward_backward(s->ctx, e, SFT_N, true, err, sizeof err) != 0) { printf("FATAL fb: %s\n", err); exit(1); }
@@ -758,11 +758,11 @@ static double sft_step(const side *s, exe_adapter *a, int32_t (*seq)[SFT_LEN], b
     return nll / (SFT_N * (SFT_LEN - 1));
 }
 
-static exe_adapter *sft_adapter(const side *s)
+static be_adapter *sft_adapter(const side *s)
 {
     char err[256];
     lora_config lc = {.rank = 8, .seed = 7, .train_attn = true, .train_mlp = true, .train_unembed = true};
-    exe_adapter *a = exe_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
+    be_adapter *a = be_adapter_new(s->be, s->ctx, &lc, true, err, sizeof err);
     if (!a) { printf("FATAL adapter: %s\n", err); exit(1); }
     return a;
 }
@@ -777,7 +777,7 @@ static void check_training(pair *p)
         seq[i][0] = 1;
         for (int t = 1; t < SFT_LEN; t++) seq[i][t] = 3 + (int32_t)(rng_next(&r) % 250);
     }
-    exe_adapter *ac = sft_adapter(&p->cpu), *ag = sft_adapter(&p->gpu);
+    be_adapter *ac = sft_adapter(&p->cpu), *ag = sft_adapter(&p->gpu);
     double worst = 0, first_c = 0, last_c = 0, last_g = 0;
     int wk = 0;
     printf("  %s SFT (8 x 16 tokens, rank 8, AdamW lr 1e-2): step, mean NLL cpu, cuda\n", cs);
@@ -798,7 +798,7 @@ static void check_training(pair *p)
     sft_step(&p->gpu, ag, seq, false); /* gradients pending in the saved state */
     adapter_state st = download(&p->gpu, ag, ADAPTER_PARAMS | ADAPTER_GRADS | ADAPTER_OPTIM);
     char err[256];
-    exe_adapter *bg = exe_adapter_from_state(p->gpu.be, p->gpu.ctx, &st, true, err, sizeof err);
+    be_adapter *bg = be_adapter_from_state(p->gpu.be, p->gpu.ctx, &st, true, err, sizeof err);
     if (!bg) { printf("FATAL from_state: %s\n", err); exit(1); }
     bool same = true;
     for (int k = 0; k < 3; k++) {
@@ -829,7 +829,7 @@ static void check_f32_file(pair *p, const char *f32_dir)
     side f = {p->gpu.be, open_ctx(p->gpu.be, f32_dir, NULL), {0}};
     inputs in;
     make_inputs(&in, p->mc.vocab_size);
-    exe_adapter *a1[NAD], *a2[NAD];
+    be_adapter *a1[NAD], *a2[NAD];
     for (int a = 0; a < NAD; a++) {
         a1[a] = make_adapter(&p->gpu, a);
         a2[a] = make_adapter(&f, a);
@@ -873,8 +873,8 @@ int main(void)
     g_cases = getenv("GPU_BACKEND_CASES");
     if (g_cases && !*g_cases) g_cases = NULL;
     if (strcmp(under, "cpu") != 0) gt_init("test_gpu_backend");
-    const exe_backend *cpu = exe_backend_find("cpu"), *cuda = exe_backend_find(under);
-    if (!cuda) { printf("FATAL this build has no %s backend (%s)\n", under, exe_backend_names()); return 1; }
+    const be_backend *cpu = be_backend_find("cpu"), *cuda = be_backend_find(under);
+    if (!cuda) { printf("FATAL this build has no %s backend (%s)\n", under, be_backend_names()); return 1; }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_gpu_backend_XXXXXX");
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
     static const struct { const char *name, *arch; bool llama3; int kv_heads, max_pos; } cases[] = {
@@ -917,7 +917,7 @@ int main(void)
         p.gpu.ctx = open_ctx(cuda, dir, NULL);
         g_ncnt = model_num_moe_layers(&p.mc) * p.mc.num_experts;
         if (!printed_device) {
-            exe_device_info di;
+            be_device_info di;
             cuda->device_info(p.gpu.ctx, &di);
             printf("  device: %s, %.1f GiB, %.1f GiB free\n", di.device, di.memory_total / 1073741824.0,
                    di.memory_free / 1073741824.0);

@@ -76,7 +76,7 @@ static void test_route(int T, int E, int K, bool norm)
 
 /* ---- gather, combine, backward ----------------------------------------------------------- */
 
-/* A random routing of T tokens to K of E experts, grouped as exe_moe_group does. */
+/* A random routing of T tokens to K of E experts, grouped as be_moe_group does. */
 static void random_routing(int T, int K, int E, int32_t *sel, int32_t *a_pos, int32_t *a_tok)
 {
     for (int t = 0; t < T; t++)

@@ -48,7 +48,7 @@ static void test_rows(int rows, int V, bool ties, int rounds)
     double *lp64 = malloc(rows * 8);
     for (int round = 0; round < rounds; round++) {
         for (int r = 0; r < rows; r++) {
-            exe_sample_req q = {.temperature = p[r].temperature, .top_k = p[r].top_k, .top_p = p[r].top_p};
+            be_sample_req q = {.temperature = p[r].temperature, .top_k = p[r].top_k, .top_p = p[r].top_p};
             tok[r] = cpu_choose_token(&q, z + r * ld, V, &st[r], w, keys, &lp[r]);
             lp64[r] = lp[r];
             memcpy(s4 + 4 * r, st[r].s, 32);
