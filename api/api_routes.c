@@ -1,7 +1,8 @@
 /* api_routes.c: every path of the wire protocol (docs/protocol.md §1.4), with how Loom answers it. Paths not
- * in this table are 404, and so are the other methods on a path only a ROUTE_TODO entry
- * names (GET sessions/{id}/trace_export is not offered: 404, not 405); a known path with
- * another method is 405; ROUTE_TODO entries answer 501 until implemented. */
+ * in this table are 404, and so are the other methods on a path only a ROUTE_TODO or
+ * ROUTE_MISSING entry names; a known path with another method is 405; ROUTE_TODO entries
+ * answer 501 until implemented; ROUTE_MISSING entries, SDK methods Loom does not serve,
+ * 404 naming the method. */
 #include "api/api_routes.h"
 #include "console/api_console.h"
 #include "core/api_metrics.h"
@@ -20,6 +21,7 @@ char api_client_config[512] = "{\"pjwt_auth_enabled\": false, \"use_pyqwest_tran
 
 #define V1 "/api/v1"
 #define TODO(m, p) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_TODO, NULL, NULL}
+#define MISSING(m, p, sdk) {m, V1 p, ROUTE_NO_AUTH | ROUTE_INLINE | ROUTE_MISSING, NULL, sdk}
 
 /* A route names its hooks (core/api_route.h) by designator; the routes without them leave
  * those fields out, zero. */
@@ -131,6 +133,11 @@ static const api_route routes[] = {
 
     /* not implemented yet */
     TODO("POST", "/auth/token"),
+    /* SDK 0.38 methods Loom does not serve (README.md, "Not implemented") */
+    MISSING("POST", "/sessions/search", "RestClient.search_sessions"),
+    MISSING("GET", "/sessions/+/trace_export", "RestClient.export_session_trace"),
+    MISSING("GET", "/billing/usage/events", "RestClient.get_billing_usage"),
+    MISSING("GET", "/audit", "RestClient.get_audit_log"),
 };
 #pragma GCC diagnostic pop
 

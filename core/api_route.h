@@ -25,6 +25,10 @@ enum {
     /* Answered even while the database is away: the handler runs with db NULL and no
      * tenant (the key cannot be checked) and must store nothing (telemetry). */
     ROUTE_DB_OPTIONAL = 4096,
+    /* A route of the SDK that Loom does not serve (README.md, "Not implemented"): 404 that
+     * says so and names the SDK method, in `inline_body`. A 4xx, not 501: the SDK retries
+     * a 5xx for minutes, and a 404 it raises at once. */
+    ROUTE_MISSING = 8192,
 };
 
 /* How a set of routes words its errors, when not as {"detail": "..."} (jx_detail): the

@@ -622,6 +622,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         send_error(req, status, msg);
         return 0;
     }
+    if (r->flags & ROUTE_MISSING) {
+        snprintf(msg, sizeof msg, "not implemented in Loom: %s %s (the SDK's %s); README.md, \"Not "
+                 "implemented\", lists what Loom does not serve", r->method, spath, r->inline_body);
+        observe_inline(req, r, false, 404, msg);
+        send_error(req, 404, msg);
+        return 0;
+    }
     if (r->flags & ROUTE_TODO) {
         snprintf(msg, sizeof msg, "not implemented yet in Loom: %s %s", r->method, r->path);
         observe_inline(req, r, false, 501, msg);

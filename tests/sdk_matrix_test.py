@@ -801,6 +801,8 @@ def run_row(row, missing):
                                + f"; a refusal must be a 4xx it does not retry ({e.detail})"), False
         if not e.detail:
             return "neither", f"{e.status} without a JSON detail", False
+        if e.status == 404 and "not implemented" not in e.detail.lower():
+            return "neither", f"404 that does not say Loom does not implement it ({e.detail[:160]})", False
         named = all(w.lower() in e.detail.lower() for w in row.names)
         listed = bool(row.readme) and row.readme.lower() in missing.lower()
         why = f"{e.status}: {e.detail[:160]}"
