@@ -97,6 +97,8 @@ static const stmt STMTS[] = {
     {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000, 30)"},
     {"api: readyz", SQL_READY, "(30)"},
     {"api: a submit's model check", SQL_MODEL_FOR_OP, "('live1:train:0', 1)"},
+    {"api: a submit", SQL_OP_SUBMIT, "('x1', 1, 'live1:train:0', 9, 'forward_backward', '{}', 8, NULL)"},
+    {"api: a submit's session touch (several statements)", SQL_OP_TOUCH_SESSION, "('live1:train:0', 1)"},
     {"api: session heartbeat (every client, every 10 s)", SQL_SESSION_HEARTBEAT, "('live1', 1)"},
     {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
     {"api: GET usage", SQL_USAGE, "(1, 30)"},
