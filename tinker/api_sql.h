@@ -180,8 +180,6 @@
     "SELECT request_id, kind, payload ? 'rejected', error FROM operations"                  \
     " WHERE model_id = $1 AND seq_id = $2"
 #define SQL_OP_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
-/* The LISTEN thread (api_listen.c): finished operations wake their parked futures. */
-#define SQL_LISTEN_OP_DONE "LISTEN " CHAN_OP_DONE
 /* Tokens the tenant's operations claimed into cycles in the last minute (its rate limit). */
 #define SQL_TENANT_TOKENS_LAST_MINUTE(tenant)                                               \
     "(SELECT coalesce(sum(r.n_tokens), 0) FROM operations r WHERE r.tenant_id = " tenant    \
