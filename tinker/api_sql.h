@@ -193,7 +193,10 @@
  * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
  * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
  * results (db_query_bin): result_bin comes as its bytes; every other column is text,
- * which binary results carry as they are. */
+ * which binary results carry as they are. The operation is found by its request_id
+ * (unique), its tenant checked after: `tenant_id + 0` keeps PostgreSQL off the (tenant_id,
+ * created_at) index, which statistics taken while each tenant had one operation make look
+ * as good, and which then filters every operation of the tenant (test_bounded_queries). */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
     " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
@@ -214,7 +217,7 @@
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
-    " WHERE o.request_id = $1 AND o.tenant_id = $2"
+    " WHERE o.request_id = $1 AND o.tenant_id + 0 = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
