@@ -107,6 +107,7 @@ static const stmt STMTS[] = {
     {"api: a submit's model check", SQL_MODEL_FOR_OP, "('live1:train:0', 1)"},
     {"api: a submit", SQL_OP_SUBMIT, "('x1', 1, 'live1:train:0', 9, 'forward_backward', '{}', 8, NULL)"},
     {"api: a submit's session touch (several statements)", SQL_OP_TOUCH_SESSION, "('live1:train:0', 1)"},
+    {"api: a sample's submit", SQL_SAMPLE_SUBMIT, "('x2', 8, 's7:sample:0', 9, '{}', 8)"},
     {"api: session heartbeat (every client, every 10 s)", SQL_SESSION_HEARTBEAT, "('live1', 1)"},
     {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
     {"api: GET usage", SQL_USAGE, "(1, 30)"},

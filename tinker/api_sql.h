@@ -245,10 +245,9 @@
  * model_path, checkpoint still readable by the tenant (access is checked again at every
  * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling),
  * whether the sampler's session expired, how its client finished it (NULL: it did not).
- * The sample touches that session (SQL_SESSION_TOUCH). */
+ * Only reads: the sample's submit touches that session (SQL_SAMPLE_SUBMIT). */
 #define SQL_SAMPLER_FOR_OP                                                                  \
-    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM sampling_sessions WHERE id = $1 AND tenant_id = $2") ")" \
-    " SELECT b.vocab_size, b.max_context,"                                                   \
+    "SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
     " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE ","   \
@@ -276,6 +275,20 @@
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
     " DO NOTHING RETURNING request_id)"                                                     \
     " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
+/* The same for asample (§11), touching the sampler's session in the same statement
+ * (SQL_SESSION_TOUCH_LIVE; the OpenAI routes' own session needs none) -> whether the
+ * session took it (false: it expired since the sampler check; nothing inserted), the
+ * request_id (NULL: (sampler, seq_id) was taken). */
+#define SQL_SAMPLER_SESSION "SELECT session_id FROM sampling_sessions WHERE id = $3 AND tenant_id = $2"
+#define SQL_SAMPLE_SUBMIT                                                                   \
+    "WITH " SQL_SESSION_TOUCH_LIVE(SQL_SAMPLER_SESSION) ","                                  \
+    " ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"          \
+    " seq_id, kind, payload, n_tokens) SELECT $1, $2::bigint, $3, $4::int, '" OP_SAMPLE "',"  \
+    " $5::jsonb, $6::int FROM live WHERE live.ok"                                           \
+    " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
+    " DO NOTHING RETURNING request_id)"                                                     \
+    " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
+    " (SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins) i ON true"
 
 /* ---- unload_model (§7.8) ------------------------------------------------------------- */
 /* $1 model, $2 tenant -> status, request_id of an earlier unload_model or NULL; locks it */
