@@ -5,14 +5,14 @@
 #include "common/config.h"
 #include "common/keys.h"
 #include "common/log.h"
+#include "contract/contract.h"
+#include "core/api_auth.h"
 #include "core/api_json.h"
 #include "core/api_listen.h"
 #include "core/api_metrics.h"
 #include "core/api_pool.h"
 #include "core/http_server.h"
 #include "openai/api_openai.h"
-#include "openai/api_openai_sql.h"
-#include "tinker/api_sql.h"
 #include "tinker/api_state.h"
 #include "tinker/api_upload.h"
 #include <jansson.h>
@@ -148,8 +148,13 @@ int api_main(int argc, char **argv) {
         log_error("%s", err);
         return 1;
     }
-    if (api_listen_start(db, SQL_LISTEN_OP_DONE, http_server_notify, NULL, err, sizeof err) < 0 ||
-        api_listen_start(db, SQL_OAI_LISTEN_PROGRESS, oai_progress, NULL, err, sizeof err) < 0) {
+    /* One listening connection: PostgreSQL wakes each on every NOTIFY of the database. */
+    static const api_listen_chan chans[] = {
+        {CHAN_OP_DONE, http_server_notify, NULL},
+        {CHAN_SAMPLE_PROGRESS, oai_progress, NULL},
+        {CHAN_API_KEYS, api_auth_cache_flush, NULL},
+    };
+    if (api_listen_start(db, chans, (int)(sizeof chans / sizeof chans[0]), err, sizeof err) < 0) {
         log_error("%s", err);
         return 1;
     }

@@ -33,6 +33,7 @@
 #define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
 #define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executors (payload: executor id) */
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
+#define CHAN_API_KEYS "loom_api_keys"               /* database triggers (migration 0031) -> api: a key changed */
 /* Streaming (docs/protocol.md §18.5): the tokens of sample operations that asked for
  * progress ("progress": true in the payload) as the executor's decode loop makes them
  * (payload: lines of JSON, one per request and sample), and the request_id of such an

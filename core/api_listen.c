@@ -12,22 +12,29 @@
 
 typedef struct {
     char *conninfo;
-    char *listen_sql;
-    api_listen_cb cb;
-    void *arg;
+    int n;
+    api_listen_chan chans[API_LISTEN_MAX_CHANNELS];   /* channel names strdup'ed */
+    char *listen_sql[API_LISTEN_MAX_CHANNELS];        /* "LISTEN <channel>" */
 } listener;
 
 static PGconn *listen_connect(listener *l) {
     char err[512];
     PGconn *c = db_connect(l->conninfo, 0, err, sizeof err);
     if (!c) return NULL;   /* db_connect said so, once for the process */
-    db_setup_stmt setup[1] = {{l->listen_sql, NULL}};
-    if (db_session_setup(c, setup, 1, err, sizeof err) < 0) {
-        log_warn("listen: %s failed: %s", l->listen_sql, err);
+    db_setup_stmt setup[API_LISTEN_MAX_CHANNELS];
+    for (int i = 0; i < l->n; i++) setup[i] = (db_setup_stmt){l->listen_sql[i], NULL};
+    if (db_session_setup(c, setup, l->n, err, sizeof err) < 0) {
+        log_warn("listen: LISTEN failed: %s", err);
         db_finish(c);
         return NULL;
     }
     return c;
+}
+
+/* Every channel's callback: NULL, or a notification's payload on its channel. */
+static void deliver(listener *l, const char *channel, const char *payload) {
+    for (int i = 0; i < l->n; i++)
+        if (!channel || !strcmp(channel, l->chans[i].channel)) l->chans[i].cb(payload, l->chans[i].arg);
 }
 
 static void *listen_main(void *arg) {
@@ -43,7 +50,7 @@ static void *listen_main(void *arg) {
                 continue;
             }
             backoff_ms = 100;
-            l->cb(NULL, l->arg); /* anything sent while we were away is re-checked */
+            deliver(l, NULL, NULL); /* anything sent while we were away is re-checked */
         }
         struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
         int rc = poll(&p, 1, 1000);
@@ -64,21 +71,31 @@ static void *listen_main(void *arg) {
         }
         PGnotify *n;
         while ((n = PQnotifies(c))) {
-            l->cb(n->extra, l->arg);
+            deliver(l, n->relname, n->extra);
             PQfreemem(n);
         }
     }
     return NULL;
 }
 
-int api_listen_start(const char *conninfo, const char *listen_sql, api_listen_cb cb, void *arg,
-                     char *err, size_t errlen) {
+int api_listen_start(const char *conninfo, const api_listen_chan *chans, int n, char *err, size_t errlen) {
+    if (n < 1 || n > API_LISTEN_MAX_CHANNELS) {
+        snprintf(err, errlen, "the LISTEN thread takes 1 to %d channels, not %d", API_LISTEN_MAX_CHANNELS, n);
+        return -1;
+    }
     listener *l = calloc(1, sizeof *l);
     if (!l) abort();
     l->conninfo = strdup(conninfo);
-    l->listen_sql = strdup(listen_sql);
-    l->cb = cb;
-    l->arg = arg;
+    l->n = n;
+    for (int i = 0; i < n; i++) {
+        l->chans[i] = chans[i];
+        l->chans[i].channel = strdup(chans[i].channel);
+        size_t len = strlen(chans[i].channel) + 8;
+        l->listen_sql[i] = malloc(len);
+        if (!l->chans[i].channel || !l->listen_sql[i]) abort();
+        snprintf(l->listen_sql[i], len, "LISTEN %s", chans[i].channel);
+    }
+    if (!l->conninfo) abort();
     pthread_t tid;
     if (pthread_create(&tid, NULL, listen_main, l) != 0) {
         snprintf(err, errlen, "cannot start the LISTEN thread");

@@ -20,12 +20,21 @@
 --   0024_moe
 --   0026_one_token_count
 --   0028_packed_fwdbwd
+--   0031_api_key_notify
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     RAISE EXCEPTION 'audit_log is append-only';
+END $$;
+
+CREATE FUNCTION public.loom_api_keys_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('loom_api_keys', '');   -- one per transaction: PostgreSQL folds repeats
+    RETURN NULL;
 END $$;
 
 CREATE FUNCTION public.loom_metrics_fold() RETURNS boolean
@@ -841,6 +850,10 @@ CREATE INDEX sessions_tenant ON public.sessions USING btree (tenant_id, created_
 
 CREATE INDEX weight_uploads_open ON public.weight_uploads USING btree (tenant_id, expires_at) WHERE (finished_at IS NULL);
 
+CREATE TRIGGER api_keys_changed AFTER UPDATE ON public.api_keys FOR EACH ROW WHEN (((((((old.revoked_at IS DISTINCT FROM new.revoked_at) OR (old.expires_at IS DISTINCT FROM new.expires_at)) OR (old.scopes IS DISTINCT FROM new.scopes)) OR (old.hash IS DISTINCT FROM new.hash)) OR (old.prefix IS DISTINCT FROM new.prefix)) OR (old.tenant_id IS DISTINCT FROM new.tenant_id))) EXECUTE FUNCTION public.loom_api_keys_changed();
+
+CREATE TRIGGER api_keys_deleted AFTER DELETE ON public.api_keys FOR EACH STATEMENT EXECUTE FUNCTION public.loom_api_keys_changed();
+
 CREATE TRIGGER audit_log_no_update BEFORE DELETE OR UPDATE ON public.audit_log FOR EACH ROW EXECUTE FUNCTION public.audit_log_append_only();
 
 CREATE TRIGGER cycles_metric_finish AFTER UPDATE OF state ON public.cycles FOR EACH ROW WHEN (((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'expired'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'expired'::text])))) EXECUTE FUNCTION public.metric_cycle_event();
@@ -852,6 +865,8 @@ CREATE TRIGGER operations_metric_insert AFTER INSERT ON public.operations FOR EA
 CREATE TRIGGER operations_sample_finished AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.kind = 'sample'::text) AND (new.sampling_session_id IS NOT NULL) AND (new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.loom_sample_finished_notify();
 
 CREATE TRIGGER operations_usage AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.state = 'done'::text) AND (old.state <> 'done'::text) AND (new.kind = ANY (ARRAY['forward_backward'::text, 'forward'::text, 'sample'::text])))) EXECUTE FUNCTION public.usage_event();
+
+CREATE TRIGGER tenants_changed AFTER DELETE OR UPDATE OF name ON public.tenants FOR EACH STATEMENT EXECUTE FUNCTION public.loom_api_keys_changed();
 
 CREATE TRIGGER usage_events_metric AFTER INSERT ON public.usage_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.metric_usage_event();
 

@@ -59,7 +59,6 @@
     " error = 'the client closed the connection', error_category = 'user'"                  \
     " WHERE request_id = $1 AND tenant_id = $2 AND state = 'queued' RETURNING 1)"           \
     " SELECT pg_notify('" CHAN_SAMPLE_CANCEL "', $1) WHERE NOT EXISTS (SELECT 1 FROM c)"
-#define SQL_OAI_LISTEN_PROGRESS "LISTEN " CHAN_SAMPLE_PROGRESS
 
 /* ---- aliases (PUT/DELETE/GET /api/v1/aliases) -------------------------------------------- */
 /* $1 tinker path, $2 tenant -> 1 when the tenant owns that live checkpoint */

@@ -12,6 +12,10 @@ data is private.
   forge a log line; an oversized batch and a flood of batches add only a few lines.
 - Blobs (tenants' weights), the secret, the API key file and the data directory are
   readable by the service user only.
+- A key in use is refused within a second of its revocation, expiry or deletion, though
+  the api keeps keys it checked for 5 s: the change's NOTIFY (migration 0031) empties its
+  cache; so does the LISTEN connection's reconnect (a revocation while it was away).
+  Without a notification the key is refused once its 5 s are up.
 - HTTP framing that two readers could take differently (request smuggling): two
   different Content-Length headers, Content-Length with Transfer-Encoding: chunked (whose
   "body" held a second request, which was served), two Transfer-Encoding headers: one
@@ -24,6 +28,7 @@ import signal
 import socket
 import stat
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -94,10 +99,57 @@ def framing(s):
     R.check(fetch(s.url + "/api/v1/healthz") == 200, "still serving")
 
 
+def key_changes(s, secret):
+    """Each change is made right after the key's first use (so the api has just cached it,
+    for 5 s); it must be refused well within that."""
+    loom_cli(s, "tenant", "create", "carol")
+
+    def refused_within(key, change, what, limit):
+        R.check(s.get("/api/v1/get_server_capabilities", key=key)[0] == 200, f"{what}: the key works first")
+        s.get("/api/v1/get_server_capabilities", key=key)   # a second use: answered from the cache
+        prefix = key[4:12]
+        kid = s.psql(f"SELECT id FROM api_keys WHERE prefix = '{prefix}'")
+        t0 = time.time()
+        change(kid)
+        st = 200
+        while st == 200 and time.time() - t0 < 6:
+            st = s.get("/api/v1/get_server_capabilities", key=key)[0]
+            if st == 200:
+                time.sleep(0.02)
+        took = time.time() - t0
+        R.check(st == 401 and took < limit, f"{what}: refused after {took:.2f} s (limit {limit} s; the cache "
+                                            f"keeps a key 5 s without a notification), status {st}")
+
+    def key():
+        return loom_cli(s, "key", "create", "--tenant", "carol", "--secret-file", secret)
+    refused_within(key(), lambda kid: loom_cli(s, "key", "revoke", kid), "loom key revoke", 1.0)
+    refused_within(key(), lambda kid: s.psql(f"UPDATE api_keys SET expires_at = now() WHERE id = {kid}"),
+                   "expires_at set by hand", 1.0)
+    refused_within(key(), lambda kid: s.psql(f"DELETE FROM api_keys WHERE id = {kid}"), "key deleted", 1.0)
+    # The api's LISTEN connection dropped (its last statement was LISTEN loom_api_keys), the
+    # key revoked before it is back: the reconnect empties the cache (it retries after 0.1 s).
+    refused_within(key(), lambda kid: s.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN " + "loom_api_keys';"
+        f" UPDATE api_keys SET revoked_at = now() WHERE id = {kid}"), "revoked while the api's LISTEN connection "
+        "was down", 2.5)
+    # Without a notification (triggers off for the session) the api goes on believing the
+    # key until its 5 s are up, and no longer: the cache is there, and bounded.
+    k = key()
+    R.check(s.get("/api/v1/get_server_capabilities", key=k)[0] == 200, "no notification: the key works first")
+    t0 = time.time()
+    s.psql("SET session_replication_role = replica;"
+           f" UPDATE api_keys SET revoked_at = now() WHERE prefix = '{k[4:12]}'")
+    while s.get("/api/v1/get_server_capabilities", key=k)[0] == 200 and time.time() - t0 < 10:
+        time.sleep(0.05)
+    took = time.time() - t0
+    R.check(1.5 < took < 7.5, f"no notification: refused after {took:.2f} s (the cache's 5 s)")
+
+
 def main():
     with Stack() as s:
         framing(s)
         secret = os.path.join(s.dir, "secret.key")
+        key_changes(s, secret)
         loom_cli(s, "tenant", "create", "bob")
         key_b = loom_cli(s, "key", "create", "--tenant", "bob", "--secret-file", secret)
         key_a2 = loom_cli(s, "key", "create", "--tenant", "default", "--secret-file", secret)

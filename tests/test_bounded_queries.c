@@ -8,7 +8,8 @@
  * finished operations, 100k cycles, 3k executor registrations, 20k finished runs and
  * sessions, 20k sampling sessions) beside a little live work, analyzed, and each
  * statement's plan is read with EXPLAIN, both as PostgreSQL first plans it and as the
- * generic plan the processes' prepared statements settle on. */
+ * generic plan the processes' prepared statements settle on. Before that ANALYZE, with
+ * statistics from when the table was small (STALE), lookups by a unique key must use it. */
 #include "scheduler/sched_sql.h"
 #include "executor/exe_sql.h"
 #include "tinker/api_sql.h"
@@ -42,7 +43,15 @@ static const char *HISTORY[] = {
     " created_at, finished_at)"
     " SELECT 'r' || i, 1 + i % 50, 's' || (1 + i % 20000) || ':train:0', i / 20000, CASE WHEN i % 2 = 0"
     " THEN 'forward_backward' ELSE 'optim_step' END, '{}', 'done', 1 + i % 100000, true, now() - interval '1 day',"
-    " now() - interval '1 day' FROM generate_series(1, 300000) i",
+    " now() - interval '1 day' FROM generate_series(1, 10) i",
+    /* statistics of operations from when it held those 10, one per tenant (a fresh
+     * install's first autovacuum): STALE below reads plans with them */
+    "ANALYZE operations",
+    "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, state, cycle_id, applied,"
+    " created_at, finished_at)"
+    " SELECT 'r' || i, 1 + i % 50, 's' || (1 + i % 20000) || ':train:0', i / 20000, CASE WHEN i % 2 = 0"
+    " THEN 'forward_backward' ELSE 'optim_step' END, '{}', 'done', 1 + i % 100000, true, now() - interval '1 day',"
+    " now() - interval '1 day' FROM generate_series(11, 300000) i",
     "INSERT INTO sampling_sessions (id, tenant_id, session_id, seq_id, base_model, source_model_id, executor_id)"
     " SELECT 's' || i || ':sample:0', 1 + i % 50, 's' || i, 0, 'm', 's' || i || ':train:0', 1 + i % 3000"
     " FROM generate_series(1, 20000) i",
@@ -56,7 +65,6 @@ static const char *HISTORY[] = {
     /* live work: queued operations of the live models */
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload)"
     " SELECT 'q' || i, 1, 'live' || i || ':train:0', 3, 'forward_backward', '{}' FROM generate_series(1, 10) i",
-    "ANALYZE",
 };
 
 typedef struct {
@@ -97,12 +105,25 @@ static const stmt STMTS[] = {
     {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000, 30)"},
     {"api: readyz", SQL_READY, "(30)"},
     {"api: a submit's model check", SQL_MODEL_FOR_OP, "('live1:train:0', 1)"},
+    {"api: a submit", SQL_OP_SUBMIT, "('x1', 1, 'live1:train:0', 9, 'forward_backward', '{}', 8, NULL)"},
+    {"api: a submit's session touch (several statements)", SQL_OP_TOUCH_SESSION, "('live1:train:0', 1)"},
+    {"api: a sample's submit", SQL_SAMPLE_SUBMIT, "('x2', 8, 's7:sample:0', 9, '{}', 8)"},
     {"api: session heartbeat (every client, every 10 s)", SQL_SESSION_HEARTBEAT, "('live1', 1)"},
     {"api: live models limit", SQL_TENANT_LIVE_MODELS, "(1)"},
     {"api: GET usage", SQL_USAGE, "(1, 30)"},
     /* the api: every retrieve_futures poll (and its re-checks while parked) */
     {"api: retrieve_futures, the session's lock", SQL_SSF_LOCK, "('s7:sample:0', 8)"},
     {"api: retrieve_futures, number and report", SQL_SSF_POLL, "('s7:sample:0', 0, 1000000000, 0, 1000)"},
+};
+
+/* Statements that must find their rows by a unique key whatever the statistics say, and
+ * the index: read before the ANALYZE, with statistics from when operations held a row per
+ * tenant, so that tenant_id looked unique (retrieve_future's lookup took the (tenant_id,
+ * created_at) index then and filtered every operation of the tenant). */
+static const struct {
+    const char *name, *sql, *args, *index;
+} STALE[] = {
+    {"api: retrieve_future", SQL_FUTURE_GET, "('q1', 1, 1000, 30)", "operations_request_id_key on operations o"},
 };
 
 static const char *BIG[] = {"operations", "cycles", "executors", "models", "sessions", "sampling_sessions"};
@@ -133,6 +154,17 @@ static char *plan(const stmt *st, bool generic) {
 int main(void) {
     dbt_start("loom-bounded");
     for (size_t i = 0; i < sizeof HISTORY / sizeof HISTORY[0]; i++) sql(HISTORY[i]);
+    for (size_t i = 0; i < sizeof STALE / sizeof STALE[0]; i++)
+        for (int generic = 0; generic < 2; generic++) {
+            stmt st = {STALE[i].name, STALE[i].sql, STALE[i].args};
+            char *p = plan(&st, generic);
+            bool ok = strstr(p, STALE[i].index) != NULL;
+            CHECK(ok, "%s (%s plan, statistics from a small table): scans %s", STALE[i].name,
+                  generic ? "generic" : "custom", STALE[i].index);
+            if (!ok) printf("%s", p);
+            free(p);
+        }
+    sql("ANALYZE");
     for (size_t i = 0; i < sizeof STMTS / sizeof STMTS[0]; i++)
         for (int generic = 0; generic < 2; generic++) {
             char *p = plan(&STMTS[i], generic);

@@ -17,6 +17,14 @@ void op_new_request_id(char out[API_REQUEST_ID_MAX]) {
     sodium_bin2hex(out + 4, API_REQUEST_ID_MAX - 4, raw, sizeof raw);
 }
 
+/* The 400 for a submit to a model whose session expired (session: its id, or NULL). */
+static void expired_msg(char *err, size_t errlen, const char *model_id, const char *session) {
+    snprintf(err, errlen, "model %.200s expired with its session%s%.100s (no heartbeat and no request for a "
+             "while) and takes no more operations; its state is saved as tinker://%.200s/weights/"
+             SESSION_EXPIRED_CHECKPOINT ": create a new model and load_weights it to continue", model_id,
+             session ? " " : "", session ? session : "", model_id);
+}
+
 int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
                    char *err, size_t errlen) {
     char tid[24];
@@ -32,10 +40,7 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
     }
     const char *status = PQgetvalue(r, 0, 0);
     if (!strcmp(status, "expired") || (!strcmp(status, "active") && db_bool(r, 0, 5))) {
-        snprintf(err, errlen, "model %.200s expired with its session %.100s (no heartbeat and no request for a "
-                 "while) and takes no more operations; its state is saved as tinker://%.200s/weights/"
-                 SESSION_EXPIRED_CHECKPOINT ": create a new model and load_weights it to continue", model_id,
-                 PQgetvalue(r, 0, 3), model_id);
+        expired_msg(err, errlen, model_id, PQgetvalue(r, 0, 3));
         PQclear(r);
         return 400;
     }
@@ -117,8 +122,9 @@ static int existing_op(PGconn *db, const char *model_id, const char *seq, const 
     return found;
 }
 
-/* The common submit: an explicit seq_id and nothing else to write: one statement. 1 when
- * (model, seq_id) was taken (the caller looks at what took it), 0 inserted, -1 error. */
+/* The common submit: an explicit seq_id and nothing else to write: one statement, which
+ * also touches the model's session. 1 when (model, seq_id) was taken (the caller looks at
+ * what took it), 0 inserted, 400 the session expired since the model check, -1 error. */
 static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, const char *tid, const char *ntok,
                       char request_id[API_REQUEST_ID_MAX], char *err, size_t errlen) {
     char seq[24];
@@ -127,11 +133,28 @@ static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, con
     const int len[8] = {[7] = (int)q->payload_bin_len}, fmt[8] = {[7] = 1};
     PGresult *r = db_query_bin(db, SQL_OP_SUBMIT, 8, p, len, fmt, 0, err, errlen);
     if (!r) return -1;
-    int inserted = PQntuples(r) > 0;
+    bool live = PQntuples(r) > 0 && db_bool(r, 0, 0), inserted = live && !PQgetisnull(r, 0, 1);
     PQclear(r);
+    if (!live) {
+        expired_msg(err, errlen, q->model_id, NULL);
+        return 400;
+    }
     if (!inserted) return 1;
     snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
     return 0;
+}
+
+/* Inside the submit's transaction, first: touches the model's session. 0, 400 (expired
+ * since the model check), -1 error. */
+static int touch_session(PGconn *db, const char *model_id, const char *tid, char *err, size_t errlen) {
+    const char *p[2] = {model_id, tid};
+    PGresult *r = db_query(db, SQL_OP_TOUCH_SESSION, 2, p, err, errlen);
+    if (!r) return -1;
+    bool live = PQntuples(r) > 0 && db_bool(r, 0, 0);
+    PQclear(r);
+    if (live) return 0;
+    expired_msg(err, errlen, model_id, NULL);
+    return 400;
 }
 
 int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID_MAX], char *err,
@@ -142,10 +165,16 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
     op_new_request_id(fresh);
     if (q->has_seq_id && !q->in_tx) {
         int rc = submit_one(db, q, fresh, tid, ntok, request_id, err, errlen);
-        if (rc <= 0) return rc;
+        if (rc != 1) return rc;
         /* taken: the same op resubmitted (its first future), or a conflict (below) */
     }
     if (db_begin(db, err, errlen) < 0) return -1;
+    int touched = touch_session(db, q->model_id, tid, err, errlen);
+    if (touched < 0) goto fail;
+    if (touched > 0) {
+        db_rollback(db);
+        return touched;
+    }
     const char *mp[1] = {q->model_id};
     if (!q->has_seq_id && db_exec(db, SQL_MODEL_LOCK, 1, mp, err, errlen) < 0) goto fail;
     /* With an allocated seq_id, a conflict can only come from a client that mixes explicit

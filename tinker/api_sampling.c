@@ -384,9 +384,14 @@ int api_h_asample(api_call *c) {
     op_new_request_id(request_id);
     const char *ip[6] = {request_id, tid, q.sampling_session_id, q.has_seq_id ? seq : NULL,
                          payload, ntok};
-    r = db_query(c->db, SQL_SAMPLE_INSERT, 6, ip, c->err, sizeof c->err);
+    r = db_query(c->db, SQL_SAMPLE_SUBMIT, 6, ip, c->err, sizeof c->err);
     if (!r) goto dberr;
-    if (PQntuples(r) == 0 && (found = existing_sample(c, &q, seq, request_id, &first_n)) <= 0) {
+    if (PQntuples(r) == 0 || !db_bool(r, 0, 0)) {
+        api_error(c, 400, "the session of sampling session %.200s expired (no heartbeat and no request for a "
+                          "while); create a new session and sampler", q.sampling_session_id);
+        goto out;
+    }
+    if (PQgetisnull(r, 0, 1) && (found = existing_sample(c, &q, seq, request_id, &first_n)) <= 0) {
         if (found < 0) goto dberr;
         api_error(c, 503, "sample %s of %.200s vanished during submission; retry", seq,
                   q.sampling_session_id);

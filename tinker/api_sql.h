@@ -70,11 +70,26 @@
     " AND tenant_id = $2 FOR UPDATE"
 /* Every submit bound to a session (an operation of one of its models or samplers, a model
  * or sampler created in it) counts as a sign of life of the session, as a heartbeat does:
- * clients without heartbeats keep theirs by working. Written at most every 5 s. `session`:
- * an SQL expression for the session's id. */
+ * clients without heartbeats keep theirs by working. Written at most every 5 s
+ * (SQL_SESSION_TOUCH_EVERY), in the submit's own statement or transaction: the write
+ * costs no commit of its own. `session`: an SQL expression for the session's id. */
+#define SQL_SESSION_TOUCH_EVERY "interval '5 seconds'"
 #define SQL_SESSION_TOUCH(session)                                                          \
     "UPDATE sessions SET last_heartbeat_at = now() WHERE id = (" session ")"                \
-    " AND expired_at IS NULL AND last_heartbeat_at < now() - interval '5 seconds'"
+    " AND expired_at IS NULL AND last_heartbeat_at < now() - " SQL_SESSION_TOUCH_EVERY
+/* Two CTEs for a submit's statement: `touch` (the touch above) and `live` (one row: ok,
+ * whether the session may take the submit). The check before the submit read the session
+ * as not expired; the scheduler may expire it in between only when it had been silent
+ * for the whole timeout, so when the touch was due. Then the touch either wrote the row
+ * (and holds it: the expiry skips locked sessions) or found it expired meanwhile (it
+ * re-reads a row changed under it): ok is "touched, or touched within 5 s and not
+ * expired", which also holds for a session that needed no touch (the timeout is well
+ * above 5 s: docs/operating.md). */
+#define SQL_SESSION_TOUCH_LIVE(session)                                                     \
+    "touch AS (" SQL_SESSION_TOUCH(session) " RETURNING 1),"                                \
+    " live AS (SELECT EXISTS (SELECT 1 FROM touch) OR EXISTS (SELECT 1 FROM sessions ls"    \
+    "   WHERE ls.id = (" session ") AND ls.expired_at IS NULL"                               \
+    "   AND ls.last_heartbeat_at >= now() - " SQL_SESSION_TOUCH_EVERY ") AS ok)"
 /* $1 id (locked by SQL_SESSION_LOCK: the caller's) */
 #define SQL_SESSION_TOUCH_ID SQL_SESSION_TOUCH("$1")
 /* $1 session -> next free model_seq_id */
@@ -92,10 +107,10 @@
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
  * running (at most the limit), the optimizer family, how its session's client finished
- * it (NULL: it did not). The submit touches the session (SQL_SESSION_TOUCH). */
+ * it (NULL: it did not). Only reads: the submit that follows touches the session
+ * (SQL_OP_SUBMIT, SQL_OP_TOUCH_SESSION). */
 #define SQL_MODEL_FOR_OP                                                                    \
-    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
-    " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
+    "SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
     " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer,"   \
@@ -124,14 +139,27 @@
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
     " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
-/* The same in one statement, its own transaction, waking the scheduler: the common submit
- * (an explicit seq_id), one round trip and one commit. No row back: (model, seq_id) was
- * taken. */
+/* The session of a tenant's model, as SQL (`model`, `tenant`: parameters) */
+#define SQL_MODEL_SESSION(model, tenant)                                                    \
+    "SELECT session_id FROM models WHERE id = " model " AND tenant_id = " tenant
+/* The same in one statement, its own transaction, touching the model's session
+ * (SQL_SESSION_TOUCH_LIVE) and waking the scheduler: the common submit (an explicit
+ * seq_id), one round trip and one commit. -> whether the session took it (false: it
+ * expired since the model check; nothing inserted), the request_id (NULL: (model, seq_id)
+ * was taken). */
 #define SQL_OP_SUBMIT                                                                       \
-    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
-    " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
+    "WITH " SQL_SESSION_TOUCH_LIVE(SQL_MODEL_SESSION("$3", "$2")) ","                                      \
+    " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
+    " payload_bin) SELECT $1, $2::bigint, $3, $4::int, $5, $6::jsonb, $7::int, $8::bytea"  \
+    " FROM live WHERE live.ok"                                                              \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
-    " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
+    " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
+    " (SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins) i ON true"
+/* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
+ * takes more than one statement (op_submit), before it locks the model (the expiry locks
+ * the session, then its models) -> whether the session may take it (as above). */
+#define SQL_OP_TOUCH_SESSION                                                                \
+    "WITH " SQL_SESSION_TOUCH_LIVE(SQL_MODEL_SESSION("$1", "$2")) " SELECT ok FROM live"
 /* $1 request_id, $2 tenant, $3 model, $4 seq_id, $5 kind, $6 error, $7 HTTP status: a
  * submit the api refused, kept as a failed operation (payload {"rejected": status}) so
  * that the model's later seq_ids run (the client has used the seq_id up). Only on the
@@ -152,8 +180,6 @@
     "SELECT request_id, kind, payload ? 'rejected', error FROM operations"                  \
     " WHERE model_id = $1 AND seq_id = $2"
 #define SQL_OP_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
-/* The LISTEN thread (api_listen.c): finished operations wake their parked futures. */
-#define SQL_LISTEN_OP_DONE "LISTEN " CHAN_OP_DONE
 /* Tokens the tenant's operations claimed into cycles in the last minute (its rate limit). */
 #define SQL_TENANT_TOKENS_LAST_MINUTE(tenant)                                               \
     "(SELECT coalesce(sum(r.n_tokens), 0) FROM operations r WHERE r.tenant_id = " tenant    \
@@ -167,7 +193,10 @@
  * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
  * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
  * results (db_query_bin): result_bin comes as its bytes; every other column is text,
- * which binary results carry as they are. */
+ * which binary results carry as they are. The operation is found by its request_id
+ * (unique), its tenant checked after: `tenant_id + 0` keeps PostgreSQL off the (tenant_id,
+ * created_at) index, which statistics taken while each tenant had one operation make look
+ * as good, and which then filters every operation of the tenant (test_bounded_queries). */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
     " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
@@ -188,7 +217,7 @@
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
-    " WHERE o.request_id = $1 AND o.tenant_id = $2"
+    " WHERE o.request_id = $1 AND o.tenant_id + 0 = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
@@ -216,10 +245,9 @@
  * model_path, checkpoint still readable by the tenant (access is checked again at every
  * sample: an unpublished checkpoint or a revoked share ends another tenant's sampling),
  * whether the sampler's session expired, how its client finished it (NULL: it did not).
- * The sample touches that session (SQL_SESSION_TOUCH). */
+ * Only reads: the sample's submit touches that session (SQL_SAMPLE_SUBMIT). */
 #define SQL_SAMPLER_FOR_OP                                                                  \
-    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM sampling_sessions WHERE id = $1 AND tenant_id = $2") ")" \
-    " SELECT b.vocab_size, b.max_context,"                                                   \
+    "SELECT b.vocab_size, b.max_context,"                                                   \
     " CASE WHEN s.source_model_id IS NOT NULL THEN 'snapshot'"                              \
     "      WHEN s.adapter_version_id IS NOT NULL THEN 'checkpoint' ELSE 'base' END,"        \
     " v.blob_digest, NOT (" REG_LIVE "), s.model_path, v.id IS NULL OR " REG_READABLE ","   \
@@ -247,6 +275,20 @@
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
     " DO NOTHING RETURNING request_id)"                                                     \
     " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
+/* The same for asample (§11), touching the sampler's session in the same statement
+ * (SQL_SESSION_TOUCH_LIVE; the OpenAI routes' own session needs none) -> whether the
+ * session took it (false: it expired since the sampler check; nothing inserted), the
+ * request_id (NULL: (sampler, seq_id) was taken). */
+#define SQL_SAMPLER_SESSION "SELECT session_id FROM sampling_sessions WHERE id = $3 AND tenant_id = $2"
+#define SQL_SAMPLE_SUBMIT                                                                   \
+    "WITH " SQL_SESSION_TOUCH_LIVE(SQL_SAMPLER_SESSION) ","                                  \
+    " ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"          \
+    " seq_id, kind, payload, n_tokens) SELECT $1, $2::bigint, $3, $4::int, '" OP_SAMPLE "',"  \
+    " $5::jsonb, $6::int FROM live WHERE live.ok"                                           \
+    " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
+    " DO NOTHING RETURNING request_id)"                                                     \
+    " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
+    " (SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins) i ON true"
 
 /* ---- unload_model (§7.8) ------------------------------------------------------------- */
 /* $1 model, $2 tenant -> status, request_id of an earlier unload_model or NULL; locks it */
