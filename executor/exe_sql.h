@@ -113,9 +113,10 @@
 
 /* $1 JSON array of the model ids holding training slots here, $2 executor -> those whose
  * models are no longer active (unloaded, expired, failed) or no longer placed here (moved
- * to another executor): their slots are freed. */
+ * to another executor): their slots are freed. The ids are looked up by key (= ANY of an
+ * array): as a join, PostgreSQL guessed 100 ids and read every model ever created. */
 #define SQL_EXE_INACTIVE_MODELS                                                               \
-    "SELECT id FROM models WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb))"          \
+    "SELECT id FROM models WHERE id = ANY(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))" \
     " AND (status <> 'active' OR executor_id IS DISTINCT FROM $2::bigint)"
 
 /* $1 model, $2 executor: the model leaves this executor (drain, eviction) when none of its

@@ -167,13 +167,16 @@
  * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
  * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
  * results (db_query_bin): result_bin comes as its bytes; every other column is text,
- * which binary results carry as they are. */
+ * which binary results carry as they are. The operation is found by its request_id alone
+ * (unique) and its tenant checked after: OFFSET 0 keeps PostgreSQL from choosing a
+ * tenant's index instead, which without statistics read every operation of the tenant. */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
     " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
     " x.gap::text, x.queued_samples::text, x.tokens_per_minute::text,"                      \
     " x.tokens_last_minute::text, x.holder_draining, o.result_bin"                          \
-    " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
+    " FROM (SELECT * FROM operations WHERE request_id = $1 OFFSET 0) o"                     \
+    " LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"                       \
     "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE " SQL_EXECUTOR_LIVE("e", "$4") \
     "   AND e.base_model = COALESCE(m.base_model, s.base_model)) AS served, m.next_seq,"   \
     "   m.id IS NOT NULL AND o.seq_id > m.next_seq AND NOT EXISTS (SELECT 1 FROM"           \
@@ -188,7 +191,7 @@
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
-    " WHERE o.request_id = $1 AND o.tenant_id = $2"
+    " WHERE o.tenant_id = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
