@@ -92,18 +92,21 @@
 /* $1 model, $2 tenant -> status, vocab_size, max_context, session_id, base_model, whether
  * its session expired, the tenant's queued-operations limit and its operations queued or
  * running (at most the limit), the optimizer family, how its session's client finished
- * it (NULL: it did not). The submit touches the session (SQL_SESSION_TOUCH). */
+ * it (NULL: it did not). The submit touches the session (SQL_SESSION_TOUCH). The model is
+ * found by its id alone and its tenant checked after (OFFSET 0): with statistics taken
+ * when the tenant had few models, PostgreSQL read all of them through models_tenant. */
 #define SQL_MODEL_FOR_OP                                                                    \
-    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM models WHERE id = $1 AND tenant_id = $2") ")" \
+    "WITH touch AS (" SQL_SESSION_TOUCH("SELECT session_id FROM (SELECT session_id, tenant_id FROM models" \
+    " WHERE id = $1 OFFSET 0) x WHERE x.tenant_id = $2") ")"                                \
     " SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
     " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer,"   \
     " s.finish_reason"                                                                      \
-    " FROM models m"                                                                        \
+    " FROM (SELECT * FROM models WHERE id = $1 OFFSET 0) m"                                 \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
-    " WHERE m.id = $1 AND m.tenant_id = $2"
+    " WHERE m.tenant_id = $2"
 /* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id, train_attn,
  * train_mlp, train_unembed, the base model's config.json */
 #define SQL_MODEL_INFO                                                                      \
@@ -419,11 +422,15 @@
     " WHERE a.tenant_id = $1 AND " REG_LIVE " AND ($2::text IS NULL OR ss.project_id = $2)" \
     " GROUP BY ss.project_id ORDER BY ss.project_id NULLS FIRST"
 /* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
- * over the last $2 days (UTC, today included), checkpoint storage, live work, limits */
+ * over the last $2 days (UTC, today included), checkpoint storage, live work, limits.
+ * Storage goes from the live versions to their adapters by key: the tenant's adapters
+ * include every run it ever saved. */
 #define SQL_USAGE                                                                           \
     "WITH u AS (SELECT run, kind, sum(tokens) AS tokens FROM usage_daily WHERE tenant_id = $1" \
     "   AND day > (now() AT TIME ZONE 'UTC')::date - $2::int GROUP BY run, kind),"          \
-    " st AS (SELECT a.name AS run, count(*) AS checkpoints, sum(v.size_bytes) AS bytes" REG_FROM \
+    " st AS (SELECT a.name AS run, count(*) AS checkpoints, sum(v.size_bytes) AS bytes"    \
+    "   FROM adapter_versions v CROSS JOIN LATERAL (SELECT id, name, tenant_id FROM adapters" \
+    "   WHERE id = v.adapter_id OFFSET 0) a"                                                 \
     "   WHERE a.tenant_id = $1 AND " REG_LIVE " GROUP BY a.name)"                           \
     " SELECT json_build_object('tenant', t.name, 'days', $2::int, 'since',"                 \
     " to_char((now() AT TIME ZONE 'UTC')::date - $2::int + 1, 'YYYY-MM-DD'),"               \
