@@ -13,10 +13,15 @@ passes or fails.
               step, per-tenant step latency
   durability  the cost of durable state per optim_step, end to end: steps with a snapshot
               every step against the default
+  history     (not run by default) a lone forward_backward's latency and the idle stack's
+              CPU (every loom process and PostgreSQL backend, from /proc) on an empty
+              database, then after 200k operations of history are inserted (copies of the
+              run's own rows, in bulk), with the statistics taken before (stale) and after
+              (fresh)
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability]
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability,history]
 """
-import argparse, http.client, json, os, statistics, sys, threading, time, urllib.parse
+import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 import stack  # noqa: E402
 
@@ -308,6 +313,124 @@ def durability(loom_args, steps=60):
           " (snapshots are written beside the compute; bench_backend prints the bytes and seconds of one)")
 
 
+def stack_cpu(s):
+    """CPU seconds used so far by each process of the stack: `loom up` and its children,
+    and the PostgreSQL postmaster (pg_ctl detaches it) and its backends: {pid: seconds}."""
+    parent, cpu = {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(p)] = int(f[1])
+        cpu[int(p)] = (int(f[11]) + int(f[12])) / tick   # utime + stime
+    with open(os.path.join(s.dir, "pg", "postmaster.pid")) as f:
+        roots = {s.proc.pid, int(f.readline())}
+    mine = set(roots)
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return {p: cpu[p] for p in mine if p in cpu}
+
+
+def idle_cpu(s, secs=20):
+    """CPU seconds the whole stack spends in secs of idling."""
+    time.sleep(3)   # the last request's commits and notifications settle
+    a = stack_cpu(s)
+    time.sleep(secs)
+    b = stack_cpu(s)
+    return sum(v - a.get(p, 0) for p, v in b.items())
+
+
+def lone_fbs(s, c, mid, seq, n):
+    """n lone forward_backwards in a row from seq: p50 and p99 of the total latency and of
+    the overhead beyond compute, seconds."""
+    rids, tot = [], {}
+    for k in range(n):
+        t0 = time.time()
+        rid = c.post("/api/v1/forward_backward", fb_body(mid, seq + k, k, 1, 8))["request_id"]
+        c.result(rid)
+        tot[rid] = time.time() - t0
+        rids.append(rid)
+    t = op_times(s, rids)
+    over = [tot[r] - t[r][4] for r in rids]
+    return pct(list(tot.values()), 50), pct(list(tot.values()), 99), pct(over, 50), pct(over, 99)
+
+
+# The history: finished sessions, each with an unloaded model that ran 100 operations
+# (forward_backward and optim_step in turn, in cycles of two), copied from the run's own
+# rows (payload, packed payload and result, tokens) so that they are the size real ones are.
+HISTORY_SQL = """
+SET session_replication_role = replica;
+SET synchronous_commit = off;
+CREATE TEMP TABLE t AS SELECT
+  (SELECT tenant_id FROM operations WHERE request_id = '{fb}') AS tenant,
+  (SELECT executor_id FROM cycles WHERE id = (SELECT cycle_id FROM operations WHERE request_id = '{fb}')) AS exe,
+  (SELECT coalesce(max(id), 0) + 1000 FROM cycles) AS c0;
+INSERT INTO sessions (id, tenant_id, created_at, last_heartbeat_at, expired_at)
+  SELECT 'hist-' || i, t.tenant, now() - interval '3 days', now() - interval '2 days', now() - interval '2 days'
+  FROM t, generate_series(1, {models}) i;
+INSERT INTO models (id, tenant_id, session_id, model_seq_id, base_model, lora_rank, lora_seed, train_attn,
+                    train_mlp, train_unembed, status, next_seq, created_at)
+  SELECT 'hist-' || i || ':train:0', m.tenant_id, 'hist-' || i, 0, m.base_model, m.lora_rank, m.lora_seed,
+         m.train_attn, m.train_mlp, m.train_unembed, 'unloaded', {per} + 1, now() - interval '3 days'
+  FROM models m, generate_series(1, {models}) i WHERE m.id = '{mid}';
+INSERT INTO cycles (id, executor_id, state, n_ops, n_tokens, lease_expires_at, started_at, finished_at, compute_s)
+  SELECT t.c0 + i, t.exe, 'done', 2, 8, now() - interval '2 days', now() - interval '2 days',
+         now() - interval '2 days', 0.001 FROM t, generate_series(0, {models} * {per} / 2 - 1) i;
+SELECT setval(pg_get_serial_sequence('cycles', 'id'), (SELECT max(id) FROM cycles));
+INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, payload_bin, n_tokens, state,
+                        cycle_id, result, result_bin, applied, created_at, claimed_at, finished_at)
+  SELECT 'hist-' || i || '-' || k, o.tenant_id, 'hist-' || i || ':train:0', k, o.kind, o.payload, o.payload_bin,
+         o.n_tokens, 'done', t.c0 + ((i - 1) * {per} + k - 1) / 2, o.result, o.result_bin, true,
+         now() - interval '2 days', now() - interval '2 days', now() - interval '2 days'
+  FROM t, generate_series(1, {models}) i, generate_series(1, {per}) k
+  JOIN operations o ON o.request_id = CASE WHEN k % 2 = 1 THEN '{fb}' ELSE '{opt}' END;
+"""
+
+
+def history(loom_args, n=150, models=2000, per=100):
+    """A lone forward_backward's latency and the idle stack's CPU per 20 s, on an empty
+    database and after models * per operations of history (stale, then fresh statistics)."""
+    print(f"history: a lone forward_backward (1 datum, 8 tokens), {n} in a row, ms; the idle stack's CPU"
+          " (loom processes + PostgreSQL backends) per 20 s")
+    rows = []
+    with stack.Stack(loom_args) as s:
+        c = Conn(s.url, s.key)
+        sid = c.post("/api/v1/create_session", {})["session_id"]
+        mid = c.model(sid, 0)
+        fb = c.post("/api/v1/forward_backward", fb_body(mid, 1, 0, 1, 8))["request_id"]
+        c.result(fb)
+        opt = c.post("/api/v1/optim_step", {"model_id": mid, "seq_id": 2, "adam_params": ADAM})["request_id"]
+        c.result(opt)
+        for k in range(20):   # warm-up
+            c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 3, k, 1, 8))["request_id"])
+        seq = 23
+        rows.append(("empty database",) + lone_fbs(s, c, mid, seq, n) + (idle_cpu(s),))
+        seq += n
+        # Stale: the statistics of the small database, and autovacuum kept from renewing them.
+        tables = ["operations", "cycles", "models", "sessions"]
+        s.psql("ANALYZE; " + "; ".join(f"ALTER TABLE {t} SET (autovacuum_enabled = off)" for t in tables))
+        t0 = time.time()
+        s.psql(HISTORY_SQL.format(fb=fb, opt=opt, mid=mid, models=models, per=per))
+        ops = int(s.psql("SELECT count(*) FROM operations"))
+        print(f"  inserted {models * per} operations of history in {time.time() - t0:.1f} s ({ops} in all)")
+        rows.append((f"{ops // 1000}k ops, stale stats",) + lone_fbs(s, c, mid, seq, n) + (idle_cpu(s),))
+        seq += n
+        s.psql("ANALYZE; " + "; ".join(f"ALTER TABLE {t} RESET (autovacuum_enabled)" for t in tables))
+        rows.append((f"{ops // 1000}k ops, fresh stats",) + lone_fbs(s, c, mid, seq, n) + (idle_cpu(s),))
+    print(f"  {'':24s} {'p50':>7s} {'p99':>7s} {'overhead p50':>12s} {'p99':>7s} {'idle CPU s/20 s':>16s}")
+    for name, p50, p99, o50, o99, cpu in rows:
+        print(f"  {name:24s} {ms(p50)} {ms(p99)} {ms(o50):>12s} {ms(o99)} {cpu:16.2f}")
+    base = rows[0][3]
+    for name, _, _, o50, _, cpu in rows[1:]:
+        print(f"  {name}: overhead p50 {100 * (o50 / base - 1):+.0f}% of the empty database's"
+              f" (target: no growth); idle CPU {cpu:.2f} s per 20 s")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
@@ -317,7 +440,8 @@ def main():
     stack.LOOM_BIN = a.loom
     parts = a.parts.split(",")
     print(f"machine: {os.cpu_count()} CPUs; loom up (CPU backend, tiny Llama), its own PostgreSQL")
-    with stack.Stack(a.loom_arg) as s:
+    # history starts stacks of its own: no shared one for it alone
+    with stack.Stack(a.loom_arg) if {"latency", "throughput", "tenants"} & set(parts) else contextlib.nullcontext() as s:
         if "latency" in parts:
             latency(s)
         if "throughput" in parts:
@@ -326,6 +450,8 @@ def main():
             tenants(s)
     if "durability" in parts:
         durability(a.loom_arg)
+    if "history" in parts:
+        history(a.loom_arg)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,17 @@
 #define SQL_MIGRATION_DONE "SELECT 1 FROM schema_migrations WHERE version = $1"
 /* $1 version, $2 name */
 #define SQL_MIGRATION_RECORD "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
+/* After migrations: the planner's statistics of every table, which a migration that
+ * rewrote or added rows or indexes left stale. */
+#define SQL_MIGRATE_ANALYZE_ALL "ANALYZE"
+/* -> the tables that hold rows (or were never counted) but have no column statistics,
+ * quoted and comma-separated, or NULL: a fresh install's, and every table of a cluster
+ * restored from a dump (pg_dump carries no statistics) until autovacuum gets to it. */
+#define SQL_MIGRATE_UNANALYZED                                                                \
+    "SELECT string_agg(format('%I', c.relname), ', ') FROM pg_class c"                        \
+    " WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r' AND c.reltuples <> 0" \
+    " AND NOT EXISTS (SELECT 1 FROM pg_stats s WHERE s.schemaname = 'public'"                 \
+    " AND s.tablename = c.relname)"
 
 /* ---- pgcluster.c ------------------------------------------------------------------------ */
 #define SQL_PG_HAS_LOOM_DB "SELECT 1 FROM pg_database WHERE datname = 'loom'"

@@ -1,15 +1,55 @@
 /* migrate.c: schema migrations. Several processes may start at once (api, scheduler,
  * executor, `loom up`): the transaction-scoped advisory lock serialises them, and the
- * version check inside the lock makes a second runner a no-op. */
+ * version check inside the lock makes a second runner a no-op.
+ *
+ * Then the planner's statistics (docs/architecture.md, "Bounded by the work"): without
+ * them PostgreSQL guesses, and a guess can turn a lookup by key into a read of the whole
+ * history. After migrations every table is analyzed; at every other start, the tables
+ * that have none (a fresh install, a cluster restored from a dump). */
 #include "common/migrate.h"
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "common/clock.h"
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int migrate_run(PGconn *c, char *err, size_t errlen) { return migrate_run_upto(c, INT_MAX, err, errlen); }
+
+/* Analyzes every table (all) or those without statistics, under the migrations' lock so
+ * that processes starting together do it once. */
+static int analyze(PGconn *c, bool all, char *err, size_t errlen) {
+    if (db_begin(c, err, errlen) < 0) return -1;
+    if (db_exec(c, SQL_MIGRATE_LOCK, 0, NULL, err, errlen) < 0) goto fail;
+    char *q = NULL;
+    if (!all) {
+        PGresult *r = db_query(c, SQL_MIGRATE_UNANALYZED, 0, NULL, err, errlen);
+        if (!r) goto fail;
+        if (!PQgetisnull(r, 0, 0)) {
+            const char *tables = PQgetvalue(r, 0, 0);
+            size_t n = strlen(tables) + 16;
+            q = malloc(n);
+            if (q) snprintf(q, n, "ANALYZE %s", tables);
+        }
+        PQclear(r);
+        if (!q) return db_commit(c, err, errlen);
+        log_info("tables without planner statistics: %s; analyzing them", q + 8);
+    }
+    double t0 = clock_mono_s();
+    /* Table names are quoted by format('%I'): the statement is the catalog's own text. */
+    int rc = db_exec(c, q ? q : SQL_MIGRATE_ANALYZE_ALL, 0, NULL, err, errlen);
+    free(q);
+    if (rc < 0) goto fail;
+    if (db_commit(c, err, errlen) < 0) return -1;
+    log_info("planner statistics updated in %.1f s", clock_mono_s() - t0);
+    return 0;
+fail:
+    db_rollback(c);
+    return -1;
+}
 
 int migrate_run_upto(PGconn *c, int last, char *err, size_t errlen) {
     if (db_exec(c, SQL_MIGRATIONS_TABLE, 0, NULL, err, errlen) < 0) {
@@ -44,7 +84,7 @@ int migrate_run_upto(PGconn *c, int last, char *err, size_t errlen) {
         log_info("applied migration %s", m->name);
         applied++;
     }
-    return applied;
+    return analyze(c, applied > 0, err, errlen) < 0 ? -1 : applied;
 fail:
     db_rollback(c);
     return -1;

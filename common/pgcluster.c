@@ -8,6 +8,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,96 @@ static int find_bindir(char *out, size_t n, char *err, size_t errlen) {
     snprintf(err, errlen, "PostgreSQL server programs not found (install package postgresql, "
                           "or set LOOM_PG_BINDIR)");
     return -1;
+}
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+/* The memory this machine gives us: physical memory, or less where a cgroup limits it
+ * (a container). */
+static unsigned long long machine_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    unsigned long long mem = pages > 0 && page > 0 ? (unsigned long long)pages * (unsigned long long)page : 0;
+    const char *limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+        FILE *f = fopen(limits[i], "r");
+        if (!f) continue;
+        unsigned long long lim;
+        if (fscanf(f, "%llu", &lim) == 1 && lim > 0 && (mem == 0 || lim < mem)) mem = lim;   /* "max": none */
+        fclose(f);
+    }
+    return mem;
+}
+
+static unsigned long long clamp_mb(unsigned long long v, unsigned long long lo, unsigned long long hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* PostgreSQL's memory for this machine, written at every start to <cluster>/loom-memory.conf
+ * (included from postgresql.conf; a setting made with ALTER SYSTEM still wins): the
+ * queue's tables and their indexes must stay in shared buffers as history grows, and
+ * PostgreSQL's default of 128 MB holds a few hundred thousand operations. An eighth of the
+ * memory for shared buffers (128 MB to 8 GB: the executors need the rest for their
+ * models), half of it as the planner's guess of the OS cache, and sort and maintenance
+ * memory to match. Takes effect when the cluster (re)starts. */
+static int write_memory_conf(const char *dir, uid_t uid, gid_t gid, char *err, size_t errlen) {
+    unsigned long long mb = machine_memory() >> 20;
+    if (mb == 0) mb = 1024;
+    unsigned long long shared = clamp_mb(mb / 8, 128, 8192), cache = clamp_mb(mb / 2, 256, 1ULL << 30),
+                       work = mb >= 16384 ? 16 : 4, maint = clamp_mb(mb / 32, 64, 1024);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/loom-memory.conf", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) { snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)); return -1; }
+    fprintf(f, "# Written by loom at every start for a machine of %llu MB (common/pgcluster.c);\n"
+               "# ALTER SYSTEM overrides it.\n"
+               "shared_buffers = '%lluMB'\neffective_cache_size = '%lluMB'\n"
+               "work_mem = '%lluMB'\nmaintenance_work_mem = '%lluMB'\n", mb, shared, cache, work, maint);
+    fclose(f);
+    if (geteuid() == 0 && chown(path, uid, gid) < 0) {}
+    /* postgresql.conf includes it (once); clusters made before this dropped the fixed
+     * 128 MB loom wrote into postgresql.auto.conf, which would win over the include. */
+    snprintf(path, sizeof path, "%s/postgresql.conf", dir);
+    const char *inc = "include_if_exists = 'loom-memory.conf'";
+    f = fopen(path, "r");
+    bool have = false;
+    char line[1024];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, inc, strlen(inc))) have = true;
+    if (f) fclose(f);
+    if (!have) {
+        f = fopen(path, "a");
+        if (!f) { snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)); return -1; }
+        fprintf(f, "\n# The memory loom sized for this machine (loom-memory.conf)\n%s\n", inc);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/postgresql.auto.conf", dir);
+    f = fopen(path, "r");
+    if (f) {
+        char *buf = NULL;
+        size_t cap = 0, len = 0;
+        bool dropped = false;
+        while (fgets(line, sizeof line, f)) {
+            if (!strcmp(line, "shared_buffers = '128MB'\n")) { dropped = true; continue; }
+            size_t n = strlen(line);
+            if (len + n + 1 > cap) {
+                cap = (len + n + 1) * 2;
+                char *nb = realloc(buf, cap);
+                if (!nb) { free(buf); fclose(f); snprintf(err, errlen, "out of memory"); return -1; }
+                buf = nb;
+            }
+            memcpy(buf + len, line, n + 1);
+            len += n;
+        }
+        fclose(f);
+        if (dropped) {
+            f = fopen(path, "w");
+            if (f) { fwrite(buf, 1, len, f); fclose(f); }
+        }
+        free(buf);
+    }
+    log_info("PostgreSQL memory for %llu MB: shared_buffers %llu MB, effective_cache_size %llu MB, work_mem %llu MB,"
+             " maintenance_work_mem %llu MB (%s/loom-memory.conf)", mb, shared, cache, work, maint, dir);
+    return 0;
 }
 
 /* The user that owns and runs the cluster: ourselves, or an unprivileged one if root. */
@@ -165,13 +256,13 @@ int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
             snprintf(err, errlen, "initdb failed; see %s", logpath);
             return -1;
         }
-        /* Private socket only, small footprint, fast shutdown of a test cluster. */
+        /* Private socket only; the memory is sized at every start (write_memory_conf). */
         char conf[PATH_MAX + 32];
         snprintf(conf, sizeof conf, "%s/postgresql.auto.conf", out->dir);
         FILE *f = fopen(conf, "a");
         if (!f) { snprintf(err, errlen, "cannot write %s", conf); return -1; }
         fprintf(f, "listen_addresses = ''\nunix_socket_directories = '%s'\n"
-                   "max_connections = 200\nshared_buffers = '128MB'\nfsync = on\n", out->dir);
+                   "max_connections = 200\nfsync = on\n", out->dir);
         fclose(f);
         if (geteuid() == 0 && chown(conf, uid, gid) < 0) {}
     }
@@ -183,6 +274,7 @@ int pgc_start(const char *data_dir, pgcluster *out, char *err, size_t errlen) {
     PGconn *probe = NULL;
     if (stat(pmpid, &st) == 0) probe = db_probe(admin, err, errlen);   /* a stale pid file is no outage */
     if (!probe) {
+        if (write_memory_conf(out->dir, uid, gid, err, errlen) < 0) return -1;
         char pgctl[PATH_MAX + 16];
         snprintf(pgctl, sizeof pgctl, "%s/pg_ctl", bindir);
         char *argv[] = {pgctl, "-D", out->dir, "-l", logpath, "-w", "-t", "60", "start", NULL};

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/strbuf.h"
 #include "core/api_route.h"
+#include "core/core_sql.h"
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -233,45 +234,6 @@ static void http_metrics(strbuf *b) {
 }
 
 /* ---- from PostgreSQL ------------------------------------------------------------------ */
-
-/* Queue depth by state, kind and base model, zeros included so that series do not
- * vanish when the queue empties. The operations_active index bounds it by the queue. */
-#define SQL_M_QUEUE                                                                          \
-    "WITH q AS (SELECT o.state, o.kind, COALESCE(m.base_model, s.base_model) AS base_model,"  \
-    "  count(*) AS n, extract(epoch FROM now() - min(o.created_at)) AS oldest"                \
-    "  FROM operations o LEFT JOIN models m ON m.id = o.model_id"                             \
-    "  LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                         \
-    "  WHERE o.state IN ('queued','claimed') GROUP BY 1, 2, 3)"                               \
-    " SELECT st, k, b.name, COALESCE(q.n, 0), COALESCE(q.oldest, 0) FROM base_models b"       \
-    " CROSS JOIN unnest(ARRAY['queued','claimed']) st CROSS JOIN unnest(ARRAY['create_model',"\
-    " 'forward','forward_backward','optim_step','save_weights','save_weights_for_sampler',"   \
-    " 'load_weights','unload_model','sample']) k"                                             \
-    " LEFT JOIN q ON q.state = st AND q.kind = k AND q.base_model = b.name ORDER BY 3, 1, 2"
-#define SQL_M_MODELS                                                                         \
-    "SELECT b.name, (SELECT count(*) FROM models m WHERE m.base_model = b.name"               \
-    " AND m.status = 'active'), (SELECT count(*) FROM tenants) FROM base_models b ORDER BY 1"
-#define SQL_M_EXECUTORS                                                                      \
-    "SELECT e.id, e.name, e.hostname, e.device_index, e.backend, e.base_model, e.device,"     \
-    " e.state, extract(epoch FROM now() - e.heartbeat_at), e.memory_total, e.memory_budget,"  \
-    " e.memory_used, e.training_slots, e.sampler_snapshots, e.cached_checkpoints,"            \
-    " e.gpu_utilization, e.gpu_memory_used, e.gpu_memory_total, e.gpu_temperature,"           \
-    " e.gpu_power_watts, e.gpu_sampled_at > now() - interval '60 seconds'"                    \
-    " FROM executors e WHERE e.state <> 'gone' ORDER BY e.id"
-/* Live versions (not deleted; blobs still stored) by kind and owner; stored bytes count
- * each blob once (saving the same bytes twice stores them once). */
-#define SQL_M_REGISTRY                                                                       \
-    "SELECT t.name, v.kind, count(*), COALESCE(sum(v.size_bytes), 0) FROM adapter_versions v" \
-    " JOIN adapters a ON a.id = v.adapter_id JOIN tenants t ON t.id = a.tenant_id"            \
-    " WHERE v.deleted_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2"
-#define SQL_M_BLOBS                                                                          \
-    "SELECT count(*), COALESCE(sum(s), 0) FROM (SELECT max(size_bytes) AS s FROM"             \
-    " adapter_versions WHERE deleted_at IS NULL GROUP BY blob_digest) d"
-#define SQL_M_FOLD "SELECT loom_metrics_fold()"
-#define SQL_M_COUNTERS                                                                       \
-    "SELECT f.family, f.type, f.help, COALESCE(f.buckets::text, ''), c.labels::text,"         \
-    " c.suffix, c.le, c.value FROM metric_families f"                                         \
-    " LEFT JOIN metric_counters c ON c.family = f.family"                                     \
-    " ORDER BY f.family, c.labels::text, c.suffix, c.le"
 
 static double num(const PGresult *r, int i, int col) { return strtod(PQgetvalue(r, i, col), NULL); }
 

@@ -113,10 +113,14 @@
 
 /* $1 JSON array of the model ids holding training slots here, $2 executor -> those whose
  * models are no longer active (unloaded, expired, failed) or no longer placed here (moved
- * to another executor): their slots are freed. */
+ * to another executor): their slots are freed. Each id is looked up by key, one at a time
+ * (OFFSET 0 keeps the lookup from being flattened into a join): as a join PostgreSQL
+ * guessed 100 ids and read every model ever created, and = ANY of the array read them all
+ * too with statistics taken when there were few. */
 #define SQL_EXE_INACTIVE_MODELS                                                               \
-    "SELECT id FROM models WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb))"          \
-    " AND (status <> 'active' OR executor_id IS DISTINCT FROM $2::bigint)"
+    "SELECT m.id FROM jsonb_array_elements_text($1::jsonb) AS x(id)"                          \
+    " CROSS JOIN LATERAL (SELECT id, status, executor_id FROM models WHERE id = x.id OFFSET 0) m" \
+    " WHERE m.status <> 'active' OR m.executor_id IS DISTINCT FROM $2::bigint"
 
 /* $1 model, $2 executor: the model leaves this executor (drain, eviction) when none of its
  * operations is claimed (the scheduler locks the model row while it claims, so no cycle

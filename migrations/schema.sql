@@ -20,6 +20,7 @@
 --   0024_moe
 --   0026_one_token_count
 --   0028_packed_fwdbwd
+--   0030_bounded_history
 --   0031_api_key_notify
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
@@ -49,49 +50,53 @@ BEGIN
     uev AS (DELETE FROM metric_usage_events RETURNING *),
     cy AS (
         SELECT c.state, e.base_model, e.hostname, e.device_index, e.backend,
-               greatest(extract(epoch FROM c.finished_at - c.started_at), 0) AS secs,
-               c.n_ops, c.n_tokens,
+               greatest(extract(epoch FROM c.finished_at - c.started_at), 0) AS secs, c.n_ops, c.n_tokens,
                (SELECT count(DISTINCT o.tenant_id) FROM operations o WHERE o.cycle_id = c.id) AS tenants
-          FROM cev JOIN cycles c ON c.id = cev.cycle_id JOIN executors e ON e.id = c.executor_id),
-    obs AS (   -- histogram observations
-        SELECT 'loom_operation_wait_seconds' AS family, jsonb_build_object('kind', kind) AS labels,
-               wait_s AS v FROM ev WHERE wait_s IS NOT NULL AND state = 'done'
-        UNION ALL
-        SELECT 'loom_operation_run_seconds', jsonb_build_object('kind', kind), run_s
+          FROM cev
+         CROSS JOIN LATERAL (SELECT * FROM cycles c WHERE c.id = cev.cycle_id OFFSET 0) c
+         CROSS JOIN LATERAL (SELECT * FROM executors e WHERE e.id = c.executor_id OFFSET 0) e),
+    obs AS (   -- histogram observations: family, label name, label value, value
+        SELECT 'loom_operation_wait_seconds' AS family, 'kind' AS lname, kind AS lval, wait_s AS v
+          FROM ev WHERE wait_s IS NOT NULL AND state = 'done'
+        UNION ALL SELECT 'loom_operation_run_seconds', 'kind', kind, run_s
           FROM ev WHERE run_s IS NOT NULL AND state = 'done'
-        UNION ALL
-        SELECT 'loom_operation_latency_seconds', jsonb_build_object('kind', kind), latency_s
+        UNION ALL SELECT 'loom_operation_latency_seconds', 'kind', kind, latency_s
           FROM ev WHERE latency_s IS NOT NULL AND state = 'done'
-        UNION ALL
-        SELECT 'loom_cycle_seconds', jsonb_build_object('base_model', base_model), secs
+        UNION ALL SELECT 'loom_cycle_seconds', 'base_model', base_model, secs
           FROM cy WHERE state = 'done' AND secs IS NOT NULL
-        UNION ALL SELECT 'loom_cycle_tokens', jsonb_build_object('base_model', base_model), n_tokens
-          FROM cy WHERE state = 'done'
-        UNION ALL SELECT 'loom_cycle_operations', jsonb_build_object('base_model', base_model), n_ops
-          FROM cy WHERE state = 'done'
-        UNION ALL SELECT 'loom_cycle_tenants', jsonb_build_object('base_model', base_model), tenants
-          FROM cy WHERE state = 'done'),
+        UNION ALL SELECT 'loom_cycle_tokens', 'base_model', base_model, n_tokens FROM cy WHERE state = 'done'
+        UNION ALL SELECT 'loom_cycle_operations', 'base_model', base_model, n_ops FROM cy WHERE state = 'done'
+        UNION ALL SELECT 'loom_cycle_tenants', 'base_model', base_model, tenants FROM cy WHERE state = 'done'),
+    fam AS (   -- each histogram's bounds, and the same negated in reverse order: width_bucket
+               -- over those counts the bounds >= v, so n minus it is the bounds below v
+        SELECT f.family, f.buckets, cardinality(f.buckets) AS n,
+               ARRAY(SELECT -b FROM unnest(f.buckets) WITH ORDINALITY u(b, i) ORDER BY i DESC) AS neg
+          FROM metric_families f WHERE f.type = 'histogram'),
+    g AS (     -- per series: the observations whose first bucket is idx + 1 (n + 1: +Inf)
+        SELECT o.family, o.lname, o.lval, f.n - width_bucket(-o.v, f.neg) AS idx, count(*) AS k, sum(o.v) AS s
+          FROM obs o JOIN fam f ON f.family = o.family GROUP BY 1, 2, 3, 4),
     rows AS (
-        SELECT o.family, o.labels, 'bucket' AS suffix, b.le, count(*)::float8 AS inc
-          FROM obs o JOIN metric_families f ON f.family = o.family
-          CROSS JOIN LATERAL unnest(f.buckets || 'Infinity'::float8) AS b(le)
-         WHERE o.v <= b.le GROUP BY 1, 2, 4
-        UNION ALL SELECT family, labels, 'sum', 0, sum(v) FROM obs GROUP BY 1, 2
-        UNION ALL SELECT family, labels, 'count', 0, count(*) FROM obs GROUP BY 1, 2
+        SELECT g.family, jsonb_build_object(g.lname, g.lval) AS labels, 'bucket' AS suffix,
+               (f.buckets || 'Infinity'::float8)[j] AS le, sum(g.k)::float8 AS inc
+          FROM g JOIN fam f ON f.family = g.family CROSS JOIN LATERAL generate_series(g.idx + 1, f.n + 1) j
+         GROUP BY 1, 2, 4
+        UNION ALL SELECT family, jsonb_build_object(lname, lval), 'sum', 0, sum(s) FROM g GROUP BY 1, 2
+        UNION ALL SELECT family, jsonb_build_object(lname, lval), 'count', 0, sum(k) FROM g GROUP BY 1, 2
         UNION ALL
-        SELECT 'loom_operations_total', jsonb_build_object('kind', kind, 'state', state), '', 0, count(*)
-          FROM ev GROUP BY kind, state
+        SELECT 'loom_operations_total', jsonb_build_object('kind', kind, 'state', state), '', 0, n
+          FROM (SELECT kind, state, count(*) AS n FROM ev GROUP BY kind, state) x
         UNION ALL
-        SELECT 'loom_tenant_tokens_total', jsonb_build_object('tenant', t.name, 'kind', uev.kind), '', 0,
-               sum(uev.tokens)
-          FROM uev JOIN tenants t ON t.id = uev.tenant_id GROUP BY t.name, uev.kind
+        SELECT 'loom_tenant_tokens_total', jsonb_build_object('tenant', t.name, 'kind', x.kind), '', 0, x.n
+          FROM (SELECT tenant_id, kind, sum(tokens) AS n FROM uev GROUP BY tenant_id, kind) x
+         CROSS JOIN LATERAL (SELECT name FROM tenants t WHERE t.id = x.tenant_id OFFSET 0) t
         UNION ALL
-        SELECT 'loom_cycles_total', jsonb_build_object('base_model', base_model, 'state', state), '', 0,
-               count(*) FROM cy GROUP BY base_model, state
+        SELECT 'loom_cycles_total', jsonb_build_object('base_model', base_model, 'state', state), '', 0, n
+          FROM (SELECT base_model, state, count(*) AS n FROM cy GROUP BY base_model, state) x
         UNION ALL
         SELECT 'loom_executor_busy_seconds_total',
-               jsonb_build_object('host', hostname, 'device', device_index::text, 'backend', backend), '', 0,
-               sum(secs) FROM cy WHERE secs IS NOT NULL GROUP BY hostname, device_index, backend)
+               jsonb_build_object('host', hostname, 'device', device_index::text, 'backend', backend), '', 0, n
+          FROM (SELECT hostname, device_index, backend, sum(secs) AS n FROM cy WHERE secs IS NOT NULL
+                 GROUP BY hostname, device_index, backend) x)
     INSERT INTO metric_counters AS m (family, labels, suffix, le, value)
     SELECT family, labels, suffix, le, inc FROM rows
     ON CONFLICT (family, labels, suffix, le) DO UPDATE SET value = m.value + EXCLUDED.value;
@@ -792,7 +797,15 @@ CREATE INDEX adapter_versions_live_created ON public.adapter_versions USING btre
 
 CREATE UNIQUE INDEX adapter_versions_live_path ON public.adapter_versions USING btree (tinker_path) WHERE (deleted_at IS NULL);
 
+CREATE INDEX adapter_versions_unremoved ON public.adapter_versions USING btree (blob_digest) WHERE (blob_removed_at IS NULL);
+
 CREATE INDEX adapter_versions_user_metadata ON public.adapter_versions USING gin (user_metadata jsonb_path_ops) WHERE ((deleted_at IS NULL) AND (user_metadata IS NOT NULL));
+
+CREATE INDEX adapters_model ON public.adapters USING btree (model_id);
+
+CREATE INDEX adapters_name ON public.adapters USING btree (name);
+
+CREATE INDEX api_keys_prefix ON public.api_keys USING btree (prefix);
 
 CREATE INDEX api_keys_tenant ON public.api_keys USING btree (tenant_id);
 
@@ -814,29 +827,19 @@ CREATE INDEX models_tenant_active ON public.models USING btree (tenant_id) WHERE
 
 CREATE INDEX models_unplaced ON public.models USING btree (last_request_at) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
 
-CREATE INDEX operations_active ON public.operations USING btree (kind) WHERE (state = ANY (ARRAY['queued'::text, 'claimed'::text]));
+CREATE INDEX operations_in_cycle ON public.operations USING btree (cycle_id) WHERE (cycle_id IS NOT NULL);
 
-CREATE INDEX operations_applied ON public.operations USING btree (model_id, seq_id) WHERE applied;
+CREATE INDEX operations_live ON public.operations USING btree (tenant_id, kind) WHERE (state = ANY (ARRAY['queued'::text, 'claimed'::text]));
 
-CREATE INDEX operations_cycle ON public.operations USING btree (cycle_id);
-
-CREATE INDEX operations_openai_live ON public.operations USING btree (tenant_id) WHERE ((kind = 'sample'::text) AND (state = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (payload ? 'progress'::text));
-
-CREATE INDEX operations_queued ON public.operations USING btree (model_id, seq_id) WHERE (state = 'queued'::text);
+CREATE INDEX operations_model_live ON public.operations USING btree (model_id, seq_id) WHERE ((state = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (model_id IS NOT NULL));
 
 CREATE INDEX operations_sample_queued ON public.operations USING btree (id) WHERE ((state = 'queued'::text) AND (kind = 'sample'::text));
-
-CREATE INDEX operations_sample_queued_tenant ON public.operations USING btree (tenant_id) WHERE ((state = 'queued'::text) AND (kind = 'sample'::text));
 
 CREATE INDEX operations_sample_reported ON public.operations USING btree (sampling_session_id, report_seq) WHERE (report_seq IS NOT NULL);
 
 CREATE UNIQUE INDEX operations_sample_seq ON public.operations USING btree (sampling_session_id, seq_id) WHERE (sampling_session_id IS NOT NULL);
 
 CREATE INDEX operations_sample_unreported ON public.operations USING btree (sampling_session_id, seq_id) WHERE ((kind = 'sample'::text) AND (report_seq IS NULL));
-
-CREATE INDEX operations_tenant ON public.operations USING btree (tenant_id, created_at);
-
-CREATE INDEX operations_tenant_active ON public.operations USING btree (tenant_id) WHERE (state = ANY (ARRAY['queued'::text, 'claimed'::text]));
 
 CREATE INDEX operations_tenant_claimed ON public.operations USING btree (tenant_id, claimed_at) WHERE (claimed_at IS NOT NULL);
 

@@ -119,11 +119,12 @@
     " AND heartbeat_at < now() - make_interval(secs => $2::int)"
 
 /* $1 as above. Cycles past their lease (when silence counts), or on a gone executor,
- * expire. */
+ * expire. The executor of each open cycle is looked up by key (as an EXISTS, PostgreSQL
+ * hashed every registration ever made). */
 #define SQL_REAP_CYCLES \
     "UPDATE cycles c SET state = 'expired', finished_at = now(), error = 'lease expired'" \
     " WHERE c.state IN ('assigned','running') AND (($1::boolean AND c.lease_expires_at < now())" \
-    "   OR EXISTS (SELECT 1 FROM executors e WHERE e.id = c.executor_id AND e.state = 'gone'))" \
+    "   OR (SELECT e.state FROM executors e WHERE e.id = c.executor_id) = 'gone')" \
     " RETURNING id"
 
 /* An executor whose lease ran out (a cycle it held expired in the last minute) is not
@@ -154,10 +155,11 @@
     " SELECT pg_notify(CASE WHEN state = 'failed' THEN '" CHAN_OP_DONE "' ELSE '" CHAN_OP_QUEUED "' END," \
     "   request_id), (SELECT count(*) FROM back) FROM r"
 
-/* Models whose executor is gone are placed again (their state is restored there). */
+/* Models whose executor is gone are placed again (their state is restored there). Each
+ * placed model's executor is looked up by key, as in SQL_REAP_CYCLES. */
 #define SQL_UNPIN_GONE \
     "UPDATE models m SET executor_id = NULL WHERE m.status = 'active' AND m.executor_id IS NOT NULL" \
-    " AND EXISTS (SELECT 1 FROM executors e WHERE e.id = m.executor_id AND e.state = 'gone')" \
+    " AND (SELECT e.state FROM executors e WHERE e.id = m.executor_id) = 'gone'" \
     " RETURNING m.id"
 
 /* Sample ops of expired cycles that need no in-memory state (base model, checkpoint, a
@@ -176,12 +178,15 @@
     " SELECT pg_notify(CASE WHEN state = 'failed' THEN '" CHAN_OP_DONE "' ELSE '" CHAN_OP_QUEUED "' END," \
     "   request_id) FROM r"
 
-/* Samples from a snapshot that lived on a gone executor cannot run anywhere. */
+/* Samples from a snapshot that lived on a gone executor cannot run anywhere. Each live
+ * sample's sampler and its executor are looked up by key (as joins, PostgreSQL hashed every
+ * sampler ever created). */
 #define SQL_FAIL_ORPHANED_SAMPLES \
     "WITH f AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'server'," \
     "   error = 'the executor holding this sampler''s weights stopped; save weights for the sampler again'" \
-    " FROM sampling_sessions s JOIN executors e ON e.id = s.executor_id" \
-    " WHERE o.sampling_session_id = s.id AND e.state = 'gone' AND o.state IN ('queued','claimed')" \
+    " WHERE o.state IN ('queued','claimed')" \
+    "   AND (SELECT e.state FROM executors e WHERE e.id = (SELECT s.executor_id FROM sampling_sessions s" \
+    "     WHERE s.id = o.sampling_session_id)) = 'gone'" \
     " RETURNING o.request_id)" \
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
 
@@ -227,12 +232,16 @@
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id), (SELECT count(*) FROM moved) FROM failed"
 
 /* An operation that arrives for a seq_id the model has already moved past (the missing
- * one of a gap given up on, sent late) can never run: it fails with a message. */
+ * one of a gap given up on, sent late) can never run: it fails with a message. The model
+ * of each queued operation is looked up by key (as a join, PostgreSQL could read every
+ * model ever created). */
 #define SQL_FAIL_STRAGGLERS \
     "WITH f AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'user'," \
     "   error = 'seq_id ' || o.seq_id || ' arrived after model ' || o.model_id || ' had given up" \
-    " waiting for it and moved on to seq_id ' || m.next_seq || '; it was not run'" \
-    " FROM models m WHERE m.id = o.model_id AND o.state = 'queued' AND o.seq_id < m.next_seq" \
+    " waiting for it and moved on to seq_id ' || (SELECT m.next_seq FROM models m WHERE m.id = o.model_id)" \
+    "   || '; it was not run'" \
+    " WHERE o.state = 'queued' AND o.model_id IS NOT NULL" \
+    "   AND o.seq_id < (SELECT m.next_seq FROM models m WHERE m.id = o.model_id)" \
     " RETURNING o.request_id)" \
     " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM f"
 
@@ -246,10 +255,10 @@
  * per tenant behind the OpenAI routes ("openai-<tenant>", migration 0020; client sessions
  * are UUIDs) has no client to heartbeat it and never expires. */
 #define SQL_EXPIRE_SESSIONS \
-    "WITH s AS (UPDATE sessions SET expired_at = now() WHERE id IN (SELECT id FROM sessions" \
+    "WITH s AS (UPDATE sessions SET expired_at = now() WHERE id = ANY(ARRAY(SELECT id FROM sessions" \
     "   WHERE expired_at IS NULL AND last_heartbeat_at < now() - make_interval(secs => $1::int)" \
     "   AND id NOT LIKE 'openai-%'" \
-    "   ORDER BY last_heartbeat_at LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING id)," \
+    "   ORDER BY last_heartbeat_at LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING id)," \
     " m AS (SELECT mm.id, mm.tenant_id, mm.session_id, (SELECT coalesce(max(x.seq_id), 0) + 1" \
     "   FROM operations x WHERE x.model_id = mm.id) AS save_seq FROM models mm JOIN s ON s.id = mm.session_id" \
     "   WHERE mm.status = 'active')," \
@@ -262,7 +271,8 @@
     " cs AS (UPDATE operations o SET state = 'canceled', finished_at = now(), error_category = 'user'," \
     "   error = 'session ' || ss.session_id || ' expired (no heartbeat and no request for ' || $1::int" \
     "     || ' s) before this sample ran'" \
-    "   FROM sampling_sessions ss JOIN s ON s.id = ss.session_id" \
+    "   FROM s CROSS JOIN LATERAL (SELECT ss.id, ss.session_id FROM sampling_sessions ss" \
+    "     WHERE ss.session_id = s.id OFFSET 0) ss" \
     "   WHERE o.sampling_session_id = ss.id AND o.state = 'queued' RETURNING o.request_id)," \
     " sv AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload)" \
     "   SELECT 'req-' || md5(m.id || clock_timestamp()::text), m.tenant_id, m.id, m.save_seq, '" OP_SAVE_WEIGHTS "'," \
@@ -273,20 +283,24 @@
     " UNION ALL SELECT pg_notify('" CHAN_OP_QUEUED "', request_id) FROM sv"
 
 /* Active models of expired sessions with nothing pending (their last save done or
- * failed) become 'expired': their executors free them. */
+ * failed) become 'expired': their executors free them. Each active model's session is
+ * looked up by key (as a join, PostgreSQL read every session ever opened). */
 #define SQL_EXPIRE_MODELS \
-    "UPDATE models m SET status = 'expired' FROM sessions s" \
-    " WHERE m.status = 'active' AND s.id = m.session_id AND s.expired_at IS NOT NULL" \
+    "UPDATE models m SET status = 'expired'" \
+    " WHERE m.status = 'active' AND (SELECT s.expired_at FROM sessions s WHERE s.id = m.session_id) IS NOT NULL" \
     " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state IN ('queued', 'claimed'))"
 /* Sampler snapshots handed over to the blob store by a draining executor are let go of
  * once their session has expired and none of their samples is pending; the registry GC
- * then removes their blobs. */
+ * then removes their blobs. The session is looked up by key, as above. */
 #define SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS \
-    "UPDATE sampling_sessions s SET snapshot_digest = NULL FROM sessions ss" \
-    " WHERE s.snapshot_digest IS NOT NULL AND ss.id = s.session_id AND ss.expired_at IS NOT NULL" \
+    "UPDATE sampling_sessions s SET snapshot_digest = NULL" \
+    " WHERE s.snapshot_digest IS NOT NULL" \
+    " AND (SELECT ss.expired_at FROM sessions ss WHERE ss.id = s.session_id) IS NOT NULL" \
     " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.sampling_session_id = s.id" \
     "   AND o.state IN ('queued', 'claimed'))"
 /* Snapshots of models that are no longer active (unloaded, expired, failed) are dropped;
- * the registry GC then removes their blobs. */
+ * the registry GC then removes their blobs. Each snapshot's model is looked up by key (as
+ * a join, PostgreSQL could hash every model ever created). */
 #define SQL_DROP_INACTIVE_SNAPSHOTS \
-    "DELETE FROM model_snapshots ms USING models m WHERE m.id = ms.model_id AND m.status <> 'active'"
+    "DELETE FROM model_snapshots ms" \
+    " WHERE (SELECT m.status FROM models m WHERE m.id = ms.model_id) <> 'active'"

@@ -108,17 +108,19 @@
  * its session expired, the tenant's queued-operations limit and its operations queued or
  * running (at most the limit), the optimizer family, how its session's client finished
  * it (NULL: it did not). Only reads: the submit that follows touches the session
- * (SQL_OP_SUBMIT, SQL_OP_TOUCH_SESSION). */
+ * (SQL_OP_SUBMIT, SQL_OP_TOUCH_SESSION). The model is found by its id alone and its tenant
+ * checked after (OFFSET 0): with statistics taken when the tenant had few models,
+ * PostgreSQL read all of them through models_tenant. */
 #define SQL_MODEL_FOR_OP                                                                    \
     "SELECT m.status, b.vocab_size, b.max_context, m.session_id, m.base_model,"            \
     " s.expired_at IS NOT NULL, l.max_queued_ops, CASE WHEN l.max_queued_ops IS NOT NULL THEN" \
     " (SELECT count(*) FROM (SELECT 1 FROM operations q WHERE q.tenant_id = $2"             \
     " AND q.state IN ('queued', 'claimed') LIMIT l.max_queued_ops) q) END, m.optimizer,"   \
     " s.finish_reason"                                                                      \
-    " FROM models m"                                                                        \
+    " FROM (SELECT * FROM models WHERE id = $1 OFFSET 0) m"                                 \
     " JOIN base_models b ON b.name = m.base_model JOIN sessions s ON s.id = m.session_id"   \
     " LEFT JOIN tenant_limits l ON l.tenant_id = m.tenant_id"                               \
-    " WHERE m.id = $1 AND m.tenant_id = $2"
+    " WHERE m.tenant_id = $2"
 /* $1 model, $2 tenant -> id, lora_rank, base_model, arch, tokenizer_id, train_attn,
  * train_mlp, train_unembed, the base model's config.json */
 #define SQL_MODEL_INFO                                                                      \
@@ -193,16 +195,16 @@
  * weights of a sample's sampler snapshot (not handed over to the pool); last (16) a
  * forward / forward_backward's packed result (contract/fb_result.h). Run with binary
  * results (db_query_bin): result_bin comes as its bytes; every other column is text,
- * which binary results carry as they are. The operation is found by its request_id
- * (unique), its tenant checked after: `tenant_id + 0` keeps PostgreSQL off the (tenant_id,
- * created_at) index, which statistics taken while each tenant had one operation make look
- * as good, and which then filters every operation of the tenant (test_bounded_queries). */
+ * which binary results carry as they are. The operation is found by its request_id alone
+ * (unique) and its tenant checked after: OFFSET 0 keeps PostgreSQL from choosing a
+ * tenant's index instead, which without statistics read every operation of the tenant. */
 #define SQL_FUTURE_GET                                                                      \
     "SELECT o.state, o.result::text, o.error, o.error_category, o.kind, o.model_id,"        \
     " o.seq_id::text, o.cycle_id::text, x.base_model, x.served::text, x.next_seq::text,"    \
     " x.gap::text, x.queued_samples::text, x.tokens_per_minute::text,"                      \
     " x.tokens_last_minute::text, x.holder_draining, o.result_bin"                          \
-    " FROM operations o LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"     \
+    " FROM (SELECT * FROM operations WHERE request_id = $1 OFFSET 0) o"                     \
+    " LEFT JOIN LATERAL (SELECT COALESCE(m.base_model, s.base_model)"                       \
     "   AS base_model, EXISTS (SELECT 1 FROM executors e WHERE " SQL_EXECUTOR_LIVE("e", "$4") \
     "   AND e.base_model = COALESCE(m.base_model, s.base_model)) AS served, m.next_seq,"   \
     "   m.id IS NOT NULL AND o.seq_id > m.next_seq AND NOT EXISTS (SELECT 1 FROM"           \
@@ -217,7 +219,7 @@
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
     "   WHERE o.state IN ('queued', 'claimed')) x ON true"                                  \
-    " WHERE o.request_id = $1 AND o.tenant_id + 0 = $2"
+    " WHERE o.tenant_id = $2"
 
 /* ---- sampling sessions (docs/protocol.md §3.3, §3.4, §7.6 unnamed form) ----------------- */
 /* $1 tinker_path, $2 tenant -> version id, base_model, blob_digest, base model served.
@@ -458,11 +460,15 @@
     " WHERE a.tenant_id = $1 AND " REG_LIVE " AND ($2::text IS NULL OR ss.project_id = $2)" \
     " GROUP BY ss.project_id ORDER BY ss.project_id NULLS FIRST"
 /* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
- * over the last $2 days (UTC, today included), checkpoint storage, live work, limits */
+ * over the last $2 days (UTC, today included), checkpoint storage, live work, limits.
+ * Storage goes from the live versions to their adapters by key: the tenant's adapters
+ * include every run it ever saved. */
 #define SQL_USAGE                                                                           \
     "WITH u AS (SELECT run, kind, sum(tokens) AS tokens FROM usage_daily WHERE tenant_id = $1" \
     "   AND day > (now() AT TIME ZONE 'UTC')::date - $2::int GROUP BY run, kind),"          \
-    " st AS (SELECT a.name AS run, count(*) AS checkpoints, sum(v.size_bytes) AS bytes" REG_FROM \
+    " st AS (SELECT a.name AS run, count(*) AS checkpoints, sum(v.size_bytes) AS bytes"    \
+    "   FROM adapter_versions v CROSS JOIN LATERAL (SELECT id, name, tenant_id FROM adapters" \
+    "   WHERE id = v.adapter_id OFFSET 0) a"                                                 \
     "   WHERE a.tenant_id = $1 AND " REG_LIVE " GROUP BY a.name)"                           \
     " SELECT json_build_object('tenant', t.name, 'days', $2::int, 'since',"                 \
     " to_char((now() AT TIME ZONE 'UTC')::date - $2::int + 1, 'YYYY-MM-DD'),"               \
