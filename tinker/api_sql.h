@@ -152,7 +152,7 @@
 #define SQL_OP_SUBMIT                                                                       \
     "WITH " SQL_SESSION_TOUCH_LIVE(SQL_MODEL_SESSION("$3", "$2")) ","                                      \
     " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
-    " payload_bin) SELECT $1, $2::bigint, $3, $4::int, $5, $6::jsonb, $7::int, $8::bytea"  \
+    " payload_bin) SELECT $1, $2::bigint, $3, $4::bigint, $5, $6::jsonb, $7::int, $8::bytea"  \
     " FROM live WHERE live.ok"                                                              \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
@@ -285,7 +285,7 @@
 #define SQL_SAMPLE_SUBMIT                                                                   \
     "WITH " SQL_SESSION_TOUCH_LIVE(SQL_SAMPLER_SESSION) ","                                  \
     " ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"          \
-    " seq_id, kind, payload, n_tokens) SELECT $1, $2::bigint, $3, $4::int, '" OP_SAMPLE "',"  \
+    " seq_id, kind, payload, n_tokens) SELECT $1, $2::bigint, $3, $4::bigint, '" OP_SAMPLE "',"  \
     " $5::jsonb, $6::int FROM live WHERE live.ok"                                           \
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
     " DO NOTHING RETURNING request_id)"                                                     \
