@@ -79,7 +79,9 @@
 
 #define SQL_EXECUTOR_BUSY "UPDATE executors SET state = 'busy' WHERE id = $1"
 
-#define SQL_NOTIFY_CYCLE "SELECT pg_notify('" CHAN_CYCLE "', $1)"
+/* $1 executor: on its own channel, so that only it wakes (executor/exe_sql.h,
+ * SQL_EXE_LISTEN_FMT). */
+#define SQL_NOTIFY_CYCLE "SELECT pg_notify('" CHAN_CYCLE "_' || $1, $1)"
 
 /* Executors to build cycles for: idle and not draining (a draining executor's models
  * wait for it to hand them over). */
