@@ -48,6 +48,12 @@
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
+/* A cycle's start commits without waiting for the disk: it is derived (the claim says which
+ * operations are the cycle's), a crash that loses it leaves the cycle assigned or requeued
+ * (rule 4), and the cycle's own commit, which waits, makes it durable with everything
+ * before it. */
+#define SQL_EXE_ASYNC_COMMIT "SET LOCAL synchronous_commit = off"
+
 /* $1 executor. Starts its oldest open cycle and reads its operations in ONE statement (a
  * NOTIFY to read, one round trip): an error (a canceled statement, a lost connection)
  * leaves the cycle 'assigned' for the next poll instead of 'running' with nobody reading

@@ -273,15 +273,23 @@ static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
-    db_stmt b[2] = {{mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
-                    {SQL_EXE_START_CYCLE, 1, p}};
-    db_bin bin[2] = {{NULL, NULL, 0}, {NULL, NULL, 1}};
-    PGresult *res[2];
-    int pid = PQbackendPID(c), got = db_pipeline_bin(c, b, bin, 2, res, err, errlen);
-    PQclear(res[0]);
-    g_listen_pid = got >= 1 && mode == START_LISTEN && PQbackendPID(c) == pid ? pid : 0;
-    PGresult *r = res[1];
-    if (got < 2) return -1;
+    db_stmt b[5] = {{SQL_BEGIN, 0, NULL},
+                    {SQL_EXE_ASYNC_COMMIT, 0, NULL},
+                    {mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
+                    {SQL_EXE_START_CYCLE, 1, p},
+                    {SQL_COMMIT, 0, NULL}};
+    db_bin bin[5] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 1}, {NULL, NULL, 0}};
+    PGresult *res[5];
+    int pid = PQbackendPID(c), got = db_pipeline_bin(c, b, bin, 5, res, err, errlen);
+    g_listen_pid = got == 5 && mode == START_LISTEN && PQbackendPID(c) == pid ? pid : 0;
+    PGresult *r = res[3];
+    for (int i = 0; i < 5; i++)
+        if (i != 3) PQclear(res[i]);
+    if (got < 5) {
+        PQclear(r);
+        if (PQstatus(c) == CONNECTION_OK) db_rollback(c);
+        return -1;
+    }
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
     *cycle = db_int(r, 0, 15);
