@@ -689,6 +689,11 @@ const opt_spec EXE_OPTS[] = {
      .help = "over the memory budget, models idle for S seconds are evicted to the blob store"},
     {0}};
 
+/* How often an executor waiting for a cycle looks for one without being woken (a lost
+ * notification costs this much latency at most, never the cycle): rarely, as every look
+ * is a statement per idle executor for PostgreSQL. */
+#define LOOK_EVERY_S 5.0
+
 static const opt_spec EXE_OWN_OPTS[] = {
     {.name = "model-dir", .kind = OPT_STR, .arg = "DIR", .required = true,
      .help = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"},
@@ -851,7 +856,7 @@ int exe_main(int argc, char **argv) {
     const char *pid1[1] = {sid};
     int fails = 0;   /* cycles that could not be started, in a row */
     bool woken = false;
-    double last_chores = 0;
+    double last_chores = 0, last_look = 0;
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
         if (!c || PQstatus(c) != CONNECTION_OK) {
@@ -861,10 +866,13 @@ int exe_main(int argc, char **argv) {
         }
         /* A listening connection has no cycle to look for until it is woken: the scheduler
          * builds one only for an idle executor, which listens from the commit that made it
-         * idle (or from the look that follows its LISTEN), and notifies its channel. */
-        if (woken || !listening(c)) {
+         * idle (or from the look that follows its LISTEN), and notifies its channel. A
+         * notification is still only a hint: an idle executor also looks every
+         * LOOK_EVERY_S. */
+        if (woken || !listening(c) || clock_mono_s() - last_look >= LOOK_EVERY_S) {
             int ran = run_cycle(&st, c, woken && listening(c) ? START_UNLISTEN : START_LISTEN);
             woken = false;
+            last_look = clock_mono_s();
             if (ran < 0) {
                 if (++fails >= 3) {
                     log_error("a cycle could not be started 3 times in a row; exiting so that the reaper recovers it");
