@@ -127,6 +127,26 @@ int plan_cycle(plan_input *in, plan *out) {
         runs[in->nmodels + k] = (run){&sample_ops[k], rate_held(in, s->tenant) ? 0 : 1, 0, s->tenant};
         cap += (size_t)runs[in->nmodels + k].n;
     }
+    /* Rule 5, a round together: while a model is held for its optim_step, the cycle waits
+     * for it (the steps of many clients stepping in lockstep go in one cycle, not spread
+     * over the cycles their submits happen to straddle), but no model's work waits longer
+     * than pair_hold_ms from its submit, and samples never wait. The scheduler looks
+     * again when the first hold ends. */
+    if (out->held_ms > 0) {
+        double oldest = 0;
+        bool samples = false;
+        for (int i = 0; i < in->nmodels; i++)
+            if (in->models[i].run > 0 && in->models[i].ops[0].age_ms > oldest) oldest = in->models[i].ops[0].age_ms;
+        for (int k = 0; k < in->nsamples; k++) samples |= runs[in->nmodels + k].n > 0;
+        if (!samples && oldest < in->pair_hold_ms) {
+            int left = in->pair_hold_ms - (int)oldest;
+            if (left < out->held_ms) out->held_ms = left;
+            for (int i = 0; i < in->nmodels; i++) in->models[i].taken = 0;
+            free(sample_ops);
+            free(runs);
+            return 0;
+        }
+    }
     /* Rule 3: a tenant with a rate limit claims at most the tokens it has left, but its
      * first operation of the cycle may take more (one larger than a minute's tokens still
      * runs: the tenant then waits out the minute). */
