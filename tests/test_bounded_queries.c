@@ -65,13 +65,13 @@ typedef struct {
 
 static const stmt STMTS[] = {
     /* the scheduler: every wake-up */
-    {"scheduler: idle executors", SQL_IDLE_EXECUTORS, ""},
     {"scheduler: placement, models", SQL_PLACE_MODELS, ""},
     {"scheduler: placement, executors", SQL_PLACE_EXECUTORS, "(30)"},
-    {"scheduler: lock an idle executor", SQL_LOCK_IDLE_EXECUTOR, "(3001)"},
+    {"scheduler: lock the idle executors", SQL_LOCK_IDLE_EXECUTORS, "(0)"},
+    {"scheduler: lock an idle executor", SQL_LOCK_IDLE_EXECUTORS, "(3001)"},
     {"scheduler: rate limits", SQL_TENANT_RATE, ""},
-    {"scheduler: ready models", SQL_LOCK_READY_MODELS, "('m', 3001, 256, '{}')"},
-    {"scheduler: queued samples", SQL_LOCK_QUEUED_SAMPLES, "('m', 3001, 256, '{}')"},
+    {"scheduler: ready models", SQL_LOCK_READY_MODELS, "('{3001,3002}', '{m,m}', 512, '{}')"},
+    {"scheduler: queued samples", SQL_LOCK_QUEUED_SAMPLES, "('{3001,3002}', '{m,m}', 512, '{}')"},
     {"scheduler: queued ops", SQL_LOCK_QUEUED_OPS, "('{live1:train:0,live2:train:0}')"},
     /* the scheduler: every 2 s */
     {"reaper: silent executors", SQL_REAP_EXECUTORS, "(true, 30)"},
@@ -91,6 +91,7 @@ static const stmt STMTS[] = {
     /* the executor: every poll, heartbeat */
     {"executor: start a cycle", SQL_EXE_START_CYCLE, "(3001)"},
     {"executor: heartbeat", SQL_EXE_HEARTBEAT, "(3001)"},
+    {"executor: after a commit, whether work waits", SQL_EXE_READY_IF_QUEUED, ""},
     {"executor: inactive models", SQL_EXE_INACTIVE_MODELS, "('[\"live1:train:0\"]', 3001)"},
     {"executor: drain, models without a slot", SQL_EXE_UNPIN_SLOTLESS, "(3001, '[\"live1:train:0\"]')"},
     /* the api: every retrieve_future, readiness probe */
