@@ -376,9 +376,10 @@ int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGre
     bool sent = PQenterPipelineMode(c) == 1;
     for (int i = 0; sent && i < n; i++) {
         const int *lengths = bin ? bin[i].lengths : NULL, *formats = bin ? bin[i].formats : NULL;
-        sent = (names[i][0] ? PQsendQueryPrepared(c, names[i], st[i].nparams, st[i].params, lengths, formats, 0)
+        int rf = bin ? bin[i].result_format : 0;
+        sent = (names[i][0] ? PQsendQueryPrepared(c, names[i], st[i].nparams, st[i].params, lengths, formats, rf)
                             : PQsendQueryParams(c, st[i].sql, st[i].nparams, NULL, st[i].params, lengths, formats,
-                                                0)) == 1;
+                                                rf)) == 1;
     }
     free(names);
     if (sent) sent = PQpipelineSync(c) == 1;

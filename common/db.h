@@ -81,9 +81,11 @@ typedef struct {
  * db_query prepares them, so they may not depend on a table created earlier in the batch. */
 int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, size_t errlen);
 /* The same with binary parameters: bin[i] gives statement i's parameter lengths and
- * formats as db_query_bin takes them (bin NULL, or both NULL: all text). */
+ * formats as db_query_bin takes them (bin NULL, or both NULL: all text), and its
+ * result_format (1: binary, as db_query_bin's). */
 typedef struct {
     const int *lengths, *formats;
+    int result_format;
 } db_bin;
 int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGresult **res, char *err,
                     size_t errlen);

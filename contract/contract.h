@@ -31,7 +31,8 @@
 
 #define CHAN_OP_QUEUED "loom_op_queued"             /* api, reaper -> scheduler */
 #define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
-#define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executors (payload: executor id) */
+#define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executor: the prefix of each
+                                                       executor's channel, loom_cycle_<id> */
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
 #define CHAN_API_KEYS "loom_api_keys"               /* database triggers (migration 0031) -> api: a key changed */
 /* Streaming (docs/protocol.md §18.5): the tokens of sample operations that asked for

@@ -10,29 +10,30 @@
 
 /* ---- the cycle line ------------------------------------------------------------------------ */
 
-#define SQL_OBS_CYCLE_TENANTS                                                                 \
-    "SELECT t.name, count(*), COALESCE(sum(o.n_tokens), 0) FROM operations o"                  \
-    " JOIN tenants t ON t.id = o.tenant_id WHERE o.cycle_id = $1 GROUP BY 1 ORDER BY 1"
-
 #define LINE_MAX_MODELS 16   /* models named in one line; the rest are counted */
 
-void exe_log_cycle(PGconn *c, int64_t cycle, const exe_op *ops, int n, double seconds) {
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds) {
     if (!log_enabled(LOG_INFO_)) return;
-    char cyc[24], err[256];
-    snprintf(cyc, sizeof cyc, "%lld", (long long)cycle);
     strbuf tenants, models, losses;
     sb_init(&tenants, 64);
     sb_init(&models, 256);
     sb_init(&losses, 256);
+    /* The tenants by name with their operations, from what the cycle's start read (no
+     * query of its own on the loop's connection). */
     double tokens = 0;
-    const char *p[1] = {cyc};
-    PGresult *r = db_query(c, SQL_OBS_CYCLE_TENANTS, 1, p, err, sizeof err);
-    for (int i = 0; r && i < PQntuples(r); i++) {
-        sb_printf(&tenants, "%s%s(%s)", i ? "," : "", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1));
-        tokens += strtod(PQgetvalue(r, i, 2), NULL);
+    const char **names = calloc(n ? (size_t)n : 1, sizeof *names);
+    for (int i = 0; names && i < n; i++) {
+        names[i] = ops[i].tenant_name;
+        tokens += (double)ops[i].tokens;
     }
-    if (r) PQclear(r);
-    else sb_puts(&tenants, "?");
+    if (names) qsort(names, (size_t)n, sizeof *names, by_name);
+    for (int i = 0, k = 0; names && i < n; i = k) {
+        for (k = i; k < n && !strcmp(names[k], names[i]); k++) {}
+        sb_printf(&tenants, "%s%s(%d)", i ? "," : "", names[i], k - i);
+    }
+    free(names);
     /* ops come sorted by model: one entry per model, its forward_backward losses summed */
     int failed = 0, named = 0, more = 0;
     const char *first_error = NULL;

@@ -44,6 +44,8 @@ typedef struct exe_op_ {
     char model_id[256];
     char kind[32];
     int64_t tenant_id;         /* the model's (or sampling session's) tenant */
+    char tenant_name[64];      /* its name (for the cycle's log line; cut to fit) */
+    int64_t tokens;            /* operations.n_tokens */
     json_t *payload;
     uint8_t *payload_bin;      /* operations.payload_bin (malloc'd), NULL when none */
     size_t payload_bin_len;

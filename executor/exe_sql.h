@@ -35,10 +35,24 @@
 /* $1 application_name: tells this executor's connections apart in pg_stat_activity. */
 #define SQL_EXE_APP_NAME "SELECT set_config('application_name', $1, false)"
 
-#define SQL_EXE_LISTEN "LISTEN " CHAN_CYCLE
+/* The loop's connection listens on its own channel (CHAN_CYCLE "_<executor id>": the
+ * scheduler notifies only the executor a cycle is for), and only while the executor waits
+ * for a cycle: PostgreSQL (before 19) signals every listening backend of the database on
+ * every NOTIFY, whatever its channel, so a listener costs the database on every
+ * notification of the queue; a busy executor needs none (it looks for its next cycle when
+ * it is done anyway). docs/architecture.md, "One PostgreSQL, many GPUs". The name is a
+ * parameter of exe_listen_sql (executor.c): LISTEN takes no bind parameters. */
+#define SQL_EXE_LISTEN_FMT "LISTEN " CHAN_CYCLE "_%lld"
+#define SQL_EXE_UNLISTEN "UNLISTEN *"
 #define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
 
 /* ---- the loop ------------------------------------------------------------------------ */
+
+/* A cycle's start commits without waiting for the disk: it is derived (the claim says which
+ * operations are the cycle's), a crash that loses it leaves the cycle assigned or requeued
+ * (rule 4), and the cycle's own commit, which waits, makes it durable with everything
+ * before it. */
+#define SQL_EXE_ASYNC_COMMIT "SET LOCAL synchronous_commit = off"
 
 /* $1 executor. Starts its oldest open cycle and reads its operations in ONE statement (a
  * NOTIFY to read, one round trip): an error (a canceled statement, a lost connection)
@@ -48,7 +62,9 @@
  * after the model ops; with the blob of their sampler's snapshot when one was handed
  * over), or one row of NULLs but the cycle id when none is left; no row when the executor
  * has no open cycle. The cycle id is column 15; column 16 is payload_bin (forward /
- * forward_backward: contract/fb_payload.h). Run with binary results (db_query_bin):
+ * forward_backward: contract/fb_payload.h); 17 and 18 the tenant's name and the
+ * operation's tokens (for the cycle's log line, which so needs no query of its own). Run
+ * with binary results:
  * payload_bin comes as its bytes, not as hex; every other column is cast to text, which
  * binary results carry as they are, so that it reads as in a text result. */
 #define SQL_EXE_START_CYCLE                                                                   \
@@ -59,9 +75,10 @@
     " m.lora_rank::text, m.lora_seed::text, m.train_attn::text, m.train_mlp::text,"            \
     " m.train_unembed::text, o.seq_id::text, coalesce(o.sampling_session_id, ''),"             \
     " o.tenant_id::text, m.state_seq::text, coalesce(s.snapshot_digest, ''), c.id::text,"      \
-    " o.payload_bin"                                                                           \
+    " o.payload_bin, t.name, o.n_tokens::text"                                                 \
     " FROM c LEFT JOIN operations o ON o.cycle_id = c.id AND o.state = 'claimed'"              \
     " LEFT JOIN models m ON m.id = o.model_id"                                                 \
+    " LEFT JOIN tenants t ON t.id = o.tenant_id"                                               \
     " LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                           \
     " ORDER BY o.model_id NULLS LAST, o.seq_id, o.id"
 
@@ -97,8 +114,8 @@
  * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints, $8 the
  * tokens routed to each expert since start (bigint[][] literal, MoE models; NULL keeps
  * what is there): the cycle is done, the executor idle again with what its adapter store
- * holds now (unless written off as gone), the futures of the cycle's operations and the
- * scheduler woken; one statement. */
+ * holds now (unless written off as gone), the futures of the cycle's operations woken; one
+ * statement. (The scheduler is woken after the commit: SQL_EXE_READY_IF_QUEUED.) */
 #define SQL_EXE_FINISH_CYCLE                                                                  \
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
@@ -106,8 +123,17 @@
     "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int,"  \
     "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
     "   WHERE id = $3::bigint AND state <> 'gone')"                                           \
-    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1::bigint" \
-    " UNION ALL SELECT pg_notify('" CHAN_EXECUTOR_READY "', '')"
+    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1::bigint"
+
+/* Sent with the commit of a cycle (after it, in the same round trip): the scheduler is
+ * woken for this executor, idle again, only when operations wait in the queue (those that
+ * arrived while every executor was busy, so that its pass found none idle). An empty queue
+ * gives it nothing to build, and the next submit wakes it anyway: no empty pass per
+ * operation. After the commit, not in it: a submit committed after this statement's
+ * snapshot wakes a scheduler that already sees the executor idle. */
+#define SQL_EXE_READY_IF_QUEUED                                                               \
+    "SELECT pg_notify('" CHAN_EXECUTOR_READY "', '') WHERE EXISTS"                            \
+    " (SELECT 1 FROM operations WHERE state = 'queued')"
 
 /* ---- between cycles ------------------------------------------------------------------ */
 

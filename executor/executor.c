@@ -67,6 +67,14 @@ static void exit_if_fenced(const char *when) {
 
 static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (long long)v); }
 
+/* The loop's connection LISTENs on this executor's channel only while it waits for a
+ * cycle (SQL_EXE_LISTEN_FMT): g_listen_sql is the statement, g_listen_pid the server
+ * process of the session that listens (0: none; a reset or reconnect is a new session
+ * that does not). */
+static char g_listen_sql[64];
+static int g_listen_pid;
+static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
+
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
     char used[24], training[16], snapshots[16], cached[16];
@@ -192,24 +200,27 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     if (n > 0 && !outcomes) { free(bins); snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
     const char *pf[3] = {outcomes, cyc, (const char *)bins};
     const int pf_len[3] = {[2] = (int)bins_len}, pf_fmt[3] = {[2] = 1};
-    db_bin bin[4] = {{NULL, NULL}};
+    db_bin bin[5] = {{NULL, NULL, 0}};
     bool states = model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
     const char *pm[2] = {models, seqs};
     const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
-    db_stmt b[4];
+    db_stmt b[5];
     int nb = 0, finish_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
+    /* The executor is idle, and listens for its next cycle, from the same commit: the
+     * scheduler, which builds cycles only for idle executors, cannot notify it before. */
+    b[nb++] = (db_stmt){g_listen_sql, 0, NULL};
     if (n > 0) {
         finish_at = nb;
-        bin[nb] = (db_bin){pf_len, pf_fmt};
+        bin[nb] = (db_bin){pf_len, pf_fmt, 0};
         b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
     }
     if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
     b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 8, pc};
-    PGresult *r[4];
+    PGresult *r[5];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     free(experts);
     free(outcomes);
@@ -226,7 +237,15 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         return -2;
     }
     if (exe_snapshots_record(st, c, snaps, err, errlen) < 0) goto fail;
-    return db_commit(c, err, errlen);
+    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_READY_IF_QUEUED, 0, NULL}};
+    PGresult *re[2];
+    int ended = db_pipeline(c, end, 2, re, err, errlen);
+    PQclear(re[0]);
+    PQclear(re[1]);
+    if (ended < 1) return -1;   /* the session broke in its commit: it is tried again */
+    if (ended < 2) log_warn("cycle %s: waking the scheduler: %s", cyc, err);
+    g_listen_pid = PQbackendPID(c);
+    return 0;
 fail:
     db_rollback(c);
     return -1;
@@ -240,15 +259,37 @@ static exe_op_handler find_handler(const char *kind) {
     return NULL;
 }
 
-/* Starts this executor's oldest open cycle and reads its operations (SQL_EXE_START_CYCLE).
- * 1 with *cycle, *ops, *n (free with free_ops); 0 when it has no open cycle; -1 on a
- * database error, the cycle left as it was. */
-static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, int *n, char *err, size_t errlen) {
+/* How start_cycle changes the loop connection's LISTEN, in the same round trip: before
+ * waiting the executor listens (and then looks, so that no cycle built in between goes
+ * unseen); woken for a cycle, it stops listening while it runs one. */
+typedef enum { START_LISTEN, START_UNLISTEN } start_mode;
+
+/* Starts this executor's oldest open cycle and reads its operations (SQL_EXE_START_CYCLE),
+ * after LISTEN or UNLISTEN as mode says. 1 with *cycle, *ops, *n (free with free_ops); 0
+ * when it has no open cycle; -1 on a database error, the cycle left as it was (and the
+ * connection taken as not listening). */
+static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle, exe_op **ops, int *n, char *err,
+                       size_t errlen) {
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
-    PGresult *r = db_query_bin(c, SQL_EXE_START_CYCLE, 1, p, NULL, NULL, 1, err, errlen);
-    if (!r) return -1;
+    db_stmt b[5] = {{SQL_BEGIN, 0, NULL},
+                    {SQL_EXE_ASYNC_COMMIT, 0, NULL},
+                    {mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
+                    {SQL_EXE_START_CYCLE, 1, p},
+                    {SQL_COMMIT, 0, NULL}};
+    db_bin bin[5] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 1}, {NULL, NULL, 0}};
+    PGresult *res[5];
+    int pid = PQbackendPID(c), got = db_pipeline_bin(c, b, bin, 5, res, err, errlen);
+    g_listen_pid = got == 5 && mode == START_LISTEN && PQbackendPID(c) == pid ? pid : 0;
+    PGresult *r = res[3];
+    for (int i = 0; i < 5; i++)
+        if (i != 3) PQclear(res[i]);
+    if (got < 5) {
+        PQclear(r);
+        if (PQstatus(c) == CONNECTION_OK) db_rollback(c);
+        return -1;
+    }
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
     *cycle = db_int(r, 0, 15);
@@ -271,6 +312,8 @@ static int start_cycle(PGconn *c, exe_state *st, int64_t *cycle, exe_op **ops, i
         op->tenant_id = db_int(r, i, 12);
         op->state_seq = PQgetisnull(r, i, 13) ? -1 : db_int(r, i, 13);
         snprintf(op->snapshot_digest, sizeof op->snapshot_digest, "%s", PQgetvalue(r, i, 14));
+        snprintf(op->tenant_name, sizeof op->tenant_name, "%s", PQgetvalue(r, i, 17));
+        op->tokens = db_int(r, i, 18);
         if (!op->payload) exe_op_fail(op, "server", "stored payload is not JSON: %s", je.text);
         if (!PQgetisnull(r, i, 16) && !(op->payload_bin = exe_copy_bytes(r, i, 16, &op->payload_bin_len)))
             exe_op_fail(op, "server", "no memory for its payload (%d bytes)", PQgetlength(r, i, 16));
@@ -365,8 +408,7 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     for (int attempt = 0;; attempt++) {
         if (attempt) {
             sleep(attempt < 5 ? 1 : 2);
-            /* db_reset: the new session LISTENs again (else every later cycle would wait
-             * for the poll interval instead of its NOTIFY) */
+            /* a new session (it listens once this commit, which LISTENs, goes through) */
             if (PQstatus(c) != CONNECTION_OK) db_reset(c);
         }
         int rc = commit_cycle(c, st, cycle, ops, n, snaps, compute_s, err, sizeof err);
@@ -383,14 +425,14 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     }
 }
 
-/* Runs this executor's next cycle: 1 one ran; 0 none is open; -1 it could not be started
- * (database error: the caller polls again, reconnecting if needed). */
-static int run_cycle(exe_state *st, PGconn *c) {
+/* Runs this executor's next cycle (start_cycle's mode): 1 one ran; 0 none is open; -1 it
+ * could not be started (database error: the caller polls again, reconnecting if needed). */
+static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
     char err[1024], cyc[24];
     double t0 = clock_mono_s();
     exe_op *ops = NULL;
     int64_t cycle = 0;
-    int n = 0, started = start_cycle(c, st, &cycle, &ops, &n, err, sizeof err);
+    int n = 0, started = start_cycle(c, st, mode, &cycle, &ops, &n, err, sizeof err);
     if (started < 0) {
         log_error("starting the next cycle failed (it stays assigned and is tried again): %s", err);
         return -1;
@@ -416,7 +458,7 @@ static int run_cycle(exe_state *st, PGconn *c) {
         return 1;
     }
     exe_snapshots_after_commit(st, ops, n);
-    exe_log_cycle(c, cycle, ops, n, clock_mono_s() - t0);
+    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0);
     free_ops(ops, n);
     return 1;
 }
@@ -647,6 +689,11 @@ const opt_spec EXE_OPTS[] = {
      .help = "over the memory budget, models idle for S seconds are evicted to the blob store"},
     {0}};
 
+/* How often an executor waiting for a cycle looks for one without being woken (a lost
+ * notification costs this much latency at most, never the cycle): rarely, as every look
+ * is a statement per idle executor for PostgreSQL. */
+#define LOOK_EVERY_S 5.0
+
 static const opt_spec EXE_OWN_OPTS[] = {
     {.name = "model-dir", .kind = OPT_STR, .arg = "DIR", .required = true,
      .help = "a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"},
@@ -703,16 +750,16 @@ static void retire_previous(PGconn *c, const char *host, const char *name, const
     PQclear(r);
 }
 
-/* Connects the loop's connection: named in pg_stat_activity, listening for cycles, in
- * this session and every later one (db_session_setup: a reset after a server restart
- * restores both). */
+/* Connects the loop's connection, named in pg_stat_activity in this session and every
+ * later one (db_session_setup: a reset after a server restart restores it). It LISTENs
+ * only while the executor waits for a cycle (start_cycle, commit_cycle). */
 static PGconn *connect_loop(const char *db, int64_t exe_id, int wait_ms, char *err, size_t errlen) {
     PGconn *c = db_connect(db, wait_ms, err, errlen);
     if (!c) return NULL;
     char app[64];
     snprintf(app, sizeof app, "loom executor %lld", (long long)exe_id);
-    db_setup_stmt setup[2] = {{SQL_EXE_APP_NAME, app}, {SQL_EXE_LISTEN, NULL}};
-    if (db_session_setup(c, setup + (exe_id ? 0 : 1), exe_id ? 2 : 1, err, errlen) < 0) {
+    db_setup_stmt setup[1] = {{SQL_EXE_APP_NAME, app}};
+    if (db_session_setup(c, setup, 1, err, errlen) < 0) {
         db_finish(c);
         return NULL;
     }
@@ -784,6 +831,7 @@ int exe_main(int argc, char **argv) {
     PGresult *r = db_query(c, SQL_EXE_REGISTER, 11, p, err, sizeof err);
     if (!r) { log_error("register: %s", err); return 1; }
     st.executor_id = db_int(r, 0, 0);
+    snprintf(g_listen_sql, sizeof g_listen_sql, SQL_EXE_LISTEN_FMT, (long long)st.executor_id);
     char sid[24];
     snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -807,6 +855,8 @@ int exe_main(int argc, char **argv) {
 
     const char *pid1[1] = {sid};
     int fails = 0;   /* cycles that could not be started, in a row */
+    bool woken = false;
+    double last_chores = 0, last_look = 0;
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
         if (!c || PQstatus(c) != CONNECTION_OK) {
@@ -814,26 +864,37 @@ int exe_main(int argc, char **argv) {
             c = connect_loop(db, st.executor_id, 5000, err, sizeof err);
             if (!c) { log_msg(db_outage_level(), "reconnecting the loop's connection: %s", err); continue; }
         }
-        int ran = run_cycle(&st, c);
-        if (ran > 0) {
-            fails = 0;
-            evict_idle(&st, c);
-            continue;
-        }
-        if (ran < 0) {
-            if (++fails >= 3) {
-                log_error("a cycle could not be started 3 times in a row; exiting so that the reaper recovers it");
-                exit(1);
+        /* A listening connection has no cycle to look for until it is woken: the scheduler
+         * builds one only for an idle executor, which listens from the commit that made it
+         * idle (or from the look that follows its LISTEN), and notifies its channel. A
+         * notification is still only a hint: an idle executor also looks every
+         * LOOK_EVERY_S. */
+        if (woken || !listening(c) || clock_mono_s() - last_look >= LOOK_EVERY_S) {
+            int ran = run_cycle(&st, c, woken && listening(c) ? START_UNLISTEN : START_LISTEN);
+            woken = false;
+            last_look = clock_mono_s();
+            if (ran < 0) {
+                if (++fails >= 3) {
+                    log_error("a cycle could not be started 3 times in a row; exiting so that the reaper recovers it");
+                    exit(1);
+                }
+                sleep(1);
+                continue;
             }
-            sleep(1);
-            continue;
+            fails = 0;
+            if (ran == 0 && !listening(c)) continue;   /* woken for nothing: listen again, then look */
         }
-        fails = 0;
-        if (db_wait_notify(c, 500) >= 0) {
+        /* Between cycles, at most every poll interval (not on the way to a cycle): free
+         * the slots of models no longer active here, drain, or evict idle models. */
+        if (clock_mono_s() - last_chores >= 0.5) {
             free_inactive_slots(&st, c);
             if (atomic_load(&g_draining)) drain_slots(&st, c);
             else evict_idle(&st, c);
+            last_chores = clock_mono_s();
+            continue;   /* the chores may have taken a while: look for a notification first */
         }
+        int w = db_wait_notify(c, 500);
+        if (w > 0) woken = true;
     }
     /* A clean stop leaves every model's snapshot current (before the row says gone and
      * its models move): the next executor restores them without replaying. Its sampler

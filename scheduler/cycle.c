@@ -1,8 +1,9 @@
-/* cycle.c: building one clock cycle for one executor (docs/architecture.md, "Clock
- * cycles"): the candidates read under their locks, the planner's decision (planner.c)
- * written. Four round trips in all (db_pipeline): lock the executor and read the rate
- * limits; lock the ready models and queued samples; lock their operations; claim,
- * advance, notify and commit. */
+/* cycle.c: building the clock cycles of a scheduler's pass (docs/architecture.md, "Clock
+ * cycles"): the candidates of every idle executor read under their locks, the planner's
+ * decisions (planner.c, plan_pass) written, all in one transaction of four round trips
+ * (db_pipeline) whatever the number of executors: lock the idle executors and read the
+ * rate limits; lock their ready models and the queued samples; lock those models'
+ * operations; claim, advance, notify and commit. */
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
@@ -13,6 +14,7 @@
 #include "common/xalloc.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The rows of SQL_LOCK_QUEUED_OPS as the models' operations (one allocation for all):
  * the rows come grouped by their model's index in ms, in seq order, so each model's
@@ -32,23 +34,28 @@ static plan_op *read_ops(const PGresult *ro, plan_model *ms) {
     return all;
 }
 
-/* The last round trip: the cycle and its claim, the models advanced past what they
- * contribute with the pattern learned (rule 5), the executor busy, the notification and
- * the commit. 0, or -1 with err (the caller rolls back). */
-static int write_cycle(PGconn *c, const char *exe, const sched_opts *o, const plan *p, const plan_model *ms, int nm,
-                       int64_t *cycle_id, char *err, size_t errlen) {
-    char sops[16], stok[16], slease[16];
-    snprintf(sops, sizeof sops, "%d", p->nops);
-    snprintf(stok, sizeof stok, "%d", p->tokens);
+/* The last round trip: the cycles and their claims, the models advanced past what they
+ * contribute with the pattern learned (rule 5), the executors busy, the notifications and
+ * the commit. The executors' cycle ids go to their .cycle_id. 0, or -1 with err (the
+ * caller rolls back). */
+static int write_cycles(PGconn *c, const sched_opts *o, plan_executor *xs, int nx, const plan_model *ms, int nm,
+                        int64_t *cycle_ids, char *err, size_t errlen) {
+    char slease[16];
     snprintf(slease, sizeof slease, "%d", o->lease_s);
-    pgarray ops, ids, seqs, pair_p, gap, tail;
-    pga_init(&ops);
-    for (int i = 0; i < p->nops; i++) pga_int(&ops, p->ops[i]);
-    pga_init(&ids);
-    pga_init(&seqs);
-    pga_init(&pair_p);
-    pga_init(&gap);
-    pga_init(&tail);
+    pgarray exes, nops, ntok, ops, op_exes, ids, seqs, pair_p, gap, tail;
+    pgarray *all[] = {&exes, &nops, &ntok, &ops, &op_exes, &ids, &seqs, &pair_p, &gap, &tail};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pga_init(all[i]);
+    for (int e = 0; e < nx; e++) {
+        const plan *p = &xs[e].cycle;
+        if (p->nops == 0) continue;
+        pga_int(&exes, xs[e].id);
+        pga_int(&nops, p->nops);
+        pga_int(&ntok, p->tokens);
+        for (int i = 0; i < p->nops; i++) {
+            pga_int(&ops, p->ops[i]);
+            pga_int(&op_exes, xs[e].id);
+        }
+    }
     for (int i = 0; i < nm; i++) {
         if (!ms[i].taken) continue;
         pga_text(&ids, ms[i].id);
@@ -57,51 +64,62 @@ static int write_cycle(PGconn *c, const char *exe, const sched_opts *o, const pl
         pga_fixed(&gap, ms[i].pair_gap_ms, 3);
         pga_fixed(&tail, ms[i].tail_fb_ms, 3);
     }
-    char *l_ops = pga_end(&ops), *l_ids = pga_end(&ids), *l_seqs = pga_end(&seqs), *l_p = pga_end(&pair_p),
-         *l_gap = pga_end(&gap), *l_tail = pga_end(&tail);
-    const char *p5[5] = {exe, sops, stok, slease, l_ops};
-    const char *p6[5] = {l_ids, l_seqs, l_p, l_gap, l_tail};
-    const char *p7[1] = {exe};
-    db_stmt b[5] = {{SQL_INSERT_CYCLE_CLAIM, 5, p5}, {SQL_ADVANCE_MODELS, 5, p6}, {SQL_EXECUTOR_BUSY, 1, p7},
-                    {SQL_NOTIFY_CYCLE, 1, p7}, {SQL_COMMIT, 0, NULL}};
-    PGresult *r[5];
-    int got = db_pipeline(c, b, 5, r, err, errlen);
-    free(l_ops); free(l_ids); free(l_seqs); free(l_p); free(l_gap); free(l_tail);
-    *cycle_id = got == 5 ? db_int(r[0], 0, 0) : 0;
-    for (int i = 0; i < 5; i++) PQclear(r[i]);
-    return got == 5 ? 0 : -1;
+    char *l[10];
+    for (size_t i = 0; i < 10; i++) l[i] = pga_end(all[i]);
+    const char *pc[6] = {l[0], l[1], l[2], slease, l[3], l[4]};
+    const char *pa[5] = {l[5], l[6], l[7], l[8], l[9]};
+    db_stmt b[3] = {{SQL_INSERT_CYCLES_CLAIM, 6, pc}, {SQL_ADVANCE_MODELS, 5, pa}, {SQL_COMMIT, 0, NULL}};
+    PGresult *r[3];
+    int got = db_pipeline(c, b, 3, r, err, errlen);
+    for (size_t i = 0; i < 10; i++) free(l[i]);
+    for (int k = 0; got == 3 && k < PQntuples(r[0]); k++)
+        for (int e = 0; e < nx; e++)
+            if (xs[e].id == db_int(r[0], k, 1)) cycle_ids[e] = db_int(r[0], k, 0);
+    for (int i = 0; i < 3; i++) PQclear(r[i]);
+    return got == 3 ? 0 : -1;
 }
 
-int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
-                      int *held, char *err, size_t errlen) {
-    char exe[24], lim[16];
-    snprintf(exe, sizeof exe, "%lld", (long long)executor_id);
-    snprintf(lim, sizeof lim, "%d", o->max_models);
-    *cycle_id = 0;
-    int claimed = -1;
-    PGresult *rm = NULL, *rs = NULL;
+int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cycle_id, int *held, char *err,
+                       size_t errlen) {
+    char lim[16], sonly[24];
+    snprintf(sonly, sizeof sonly, "%lld", (long long)only);
+    if (cycle_id) *cycle_id = 0;
+    int claimed = -1, nx = 0, nm = 0, nsamp = 0;
+    PGresult *rx = NULL, *rm = NULL, *rs = NULL;
     plan_rate *rates = NULL;
+    plan_executor *xs = NULL;
     plan_model *ms = NULL;
     plan_sample *ss = NULL;
     plan_op *ops = NULL;
-    plan p = {0};
+    int64_t *cycle_ids = NULL;
 
-    const char *p1[1] = {exe};
-    db_stmt b1[3] = {{SQL_BEGIN, 0, NULL}, {SQL_LOCK_IDLE_EXECUTOR, 1, p1}, {SQL_TENANT_RATE, 0, NULL}};
+    const char *p1[1] = {sonly};
+    db_stmt b1[3] = {{SQL_BEGIN, 0, NULL}, {SQL_LOCK_IDLE_EXECUTORS, 1, p1}, {SQL_TENANT_RATE, 0, NULL}};
     PGresult *r1[3];
     int got1 = db_pipeline(c, b1, 3, r1, err, errlen);
     PQclear(r1[0]);
-    PGresult *re = r1[1], *rr = r1[2];
-    if (got1 < 3 || PQntuples(re) == 0) {
+    rx = r1[1];
+    PGresult *rr = r1[2];
+    if (got1 < 3 || PQntuples(rx) == 0) {
         claimed = got1 < 3 ? -1 : 0;
-        PQclear(re);
         PQclear(rr);
         goto done;
     }
-    char base[256];
-    snprintf(base, sizeof base, "%s", PQgetvalue(re, 0, 0));
-    int budget = (int)db_int(re, 0, 1);
-    PQclear(re);
+    /* the executors' base models stay in rx until the cycles are written */
+    nx = PQntuples(rx);
+    xs = xcalloc((size_t)nx, sizeof *xs);
+    cycle_ids = xcalloc((size_t)nx, sizeof *cycle_ids);
+    pgarray ax, ab;
+    pga_init(&ax);
+    pga_init(&ab);
+    for (int e = 0; e < nx; e++) {
+        xs[e] = (plan_executor){.id = db_int(rx, e, 0), .base_model = PQgetvalue(rx, e, 1),
+                                .budget = (int)db_int(rx, e, 2)};
+        pga_int(&ax, xs[e].id);
+        pga_text(&ab, xs[e].base_model);
+    }
+    char *l_exes = pga_end(&ax), *l_bases = pga_end(&ab);
+    snprintf(lim, sizeof lim, "%d", o->max_models * nx);
 
     /* Rule 3: tenants with no tokens left in this minute are held (their futures say
      * paused_rate_limit): not even their candidates are read. */
@@ -117,26 +135,40 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
     free(held_ids);
     char *held_tenants = pga_end(&a);
 
-    const char *p2[4] = {base, exe, lim, held_tenants};
+    const char *p2[4] = {l_exes, l_bases, lim, held_tenants};
     db_stmt b2[2] = {{SQL_LOCK_READY_MODELS, 4, p2}, {SQL_LOCK_QUEUED_SAMPLES, 4, p2}};
     PGresult *r2[2];
     int got2 = db_pipeline(c, b2, 2, r2, err, errlen);
     free(held_tenants);
+    free(l_exes);
+    free(l_bases);
     rm = r2[0];
     rs = r2[1];
     if (got2 < 2) goto done;
-    int nm = PQntuples(rm), nsamp = PQntuples(rs);
+    nm = PQntuples(rm);
+    nsamp = PQntuples(rs);
     if (nm == 0 && nsamp == 0) { claimed = 0; goto done; }
-    /* the models' ids stay in rm until the cycle is written */
+    /* the models' ids stay in rm, the samples' base models in rs, until the cycles are
+     * written; each executor's models are a slice of ms (sorted by executor, in the order
+     * read within one: the least recently served first) */
     ms = xcalloc((size_t)nm, sizeof *ms);
-    for (int i = 0; i < nm; i++)
-        ms[i] = (plan_model){.id = PQgetvalue(rm, i, 0), .next_seq = (int)db_int(rm, i, 1), .tenant = db_int(rm, i, 2),
-                             .pair_p = strtod(PQgetvalue(rm, i, 3), NULL),
-                             .pair_gap_ms = strtod(PQgetvalue(rm, i, 4), NULL),
-                             .tail_fb_ms = strtod(PQgetvalue(rm, i, 5), NULL)};
+    int k = 0;
+    for (int e = 0; e < nx; e++) {
+        xs[e].models = &ms[k];
+        for (int i = 0; i < nm; i++) {
+            if (db_int(rm, i, 6) != xs[e].id) continue;
+            ms[k++] = (plan_model){.id = PQgetvalue(rm, i, 0), .next_seq = (int)db_int(rm, i, 1),
+                                   .tenant = db_int(rm, i, 2), .pair_p = strtod(PQgetvalue(rm, i, 3), NULL),
+                                   .pair_gap_ms = strtod(PQgetvalue(rm, i, 4), NULL),
+                                   .tail_fb_ms = strtod(PQgetvalue(rm, i, 5), NULL)};
+            xs[e].nmodels++;
+        }
+    }
+    nm = k;
     ss = xcalloc((size_t)nsamp, sizeof *ss);
-    for (int k = 0; k < nsamp; k++)
-        ss[k] = (plan_sample){.id = db_int(rs, k, 0), .tokens = (int)db_int(rs, k, 1), .tenant = db_int(rs, k, 2)};
+    for (int i = 0; i < nsamp; i++)
+        ss[i] = (plan_sample){.id = db_int(rs, i, 0), .tokens = (int)db_int(rs, i, 1), .tenant = db_int(rs, i, 2),
+                              .base_model = PQgetvalue(rs, i, 3), .executor = db_int(rs, i, 4)};
 
     if (nm > 0) {
         pga_init(&a);
@@ -150,24 +182,35 @@ int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64
         PQclear(ro);
     }
 
-    plan_input in = {.budget = budget, .pair_hold_ms = o->pair_hold_ms, .rates = rates, .nrates = nrate,
-                     .models = ms, .nmodels = nm, .samples = ss, .nsamples = nsamp};
-    plan_cycle(&in, &p);
-    /* rule 5: look again when the first hold ends (the caller gathers over executors) */
-    if (held && p.held_ms > 0 && (*held <= 0 || p.held_ms < *held)) *held = p.held_ms;
-    if (p.nops == 0) { claimed = 0; goto done; }
-    if (write_cycle(c, exe, o, &p, ms, nm, cycle_id, err, errlen) < 0) goto done;
-    claimed = p.nops;
-    log_debug("cycle %lld: %d ops, %d tokens for executor %s", (long long)*cycle_id, p.nops, p.tokens, exe);
+    int held_ms = 0, nops = plan_pass(xs, nx, ss, nsamp, rates, nrate, o->pair_hold_ms, &held_ms);
+    /* rule 5: look again when the first hold ends */
+    if (held && held_ms > 0 && (*held <= 0 || held_ms < *held)) *held = held_ms;
+    if (nops == 0) { claimed = 0; goto done; }
+    if (write_cycles(c, o, xs, nx, ms, nm, cycle_ids, err, errlen) < 0) goto done;
+    claimed = nops;
+    for (int e = 0; e < nx; e++) {
+        if (!xs[e].cycle.nops) continue;
+        if (cycle_id && xs[e].id == only) *cycle_id = cycle_ids[e];
+        log_debug("cycle %lld: %d ops, %d tokens for executor %lld", (long long)cycle_ids[e], xs[e].cycle.nops,
+                  xs[e].cycle.tokens, (long long)xs[e].id);
+    }
 
 done:
     if (claimed <= 0) db_rollback(c);
-    plan_free(&p);
+    for (int e = 0; e < nx; e++) plan_free(&xs[e].cycle);
     free(ops);
     free(ss);
     free(ms);
+    free(xs);
+    free(cycle_ids);
     free(rates);
+    PQclear(rx);
     PQclear(rm);
     PQclear(rs);
     return claimed;
+}
+
+int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id, int *held, char *err,
+                      size_t errlen) {
+    return sched_build_cycles(c, executor_id, o, cycle_id, held, err, errlen);
 }

@@ -127,6 +127,26 @@ int plan_cycle(plan_input *in, plan *out) {
         runs[in->nmodels + k] = (run){&sample_ops[k], rate_held(in, s->tenant) ? 0 : 1, 0, s->tenant};
         cap += (size_t)runs[in->nmodels + k].n;
     }
+    /* Rule 5, a round together: while a model is held for its optim_step, the cycle waits
+     * for it (the steps of many clients stepping in lockstep go in one cycle, not spread
+     * over the cycles their submits happen to straddle), but no model's work waits longer
+     * than pair_hold_ms from its submit, and samples never wait. The scheduler looks
+     * again when the first hold ends. */
+    if (out->held_ms > 0) {
+        double oldest = 0;
+        bool samples = false;
+        for (int i = 0; i < in->nmodels; i++)
+            if (in->models[i].run > 0 && in->models[i].ops[0].age_ms > oldest) oldest = in->models[i].ops[0].age_ms;
+        for (int k = 0; k < in->nsamples; k++) samples |= runs[in->nmodels + k].n > 0;
+        if (!samples && oldest < in->pair_hold_ms) {
+            int left = in->pair_hold_ms - (int)oldest;
+            if (left < out->held_ms) out->held_ms = left;
+            for (int i = 0; i < in->nmodels; i++) in->models[i].taken = 0;
+            free(sample_ops);
+            free(runs);
+            return 0;
+        }
+    }
     /* Rule 3: a tenant with a rate limit claims at most the tokens it has left, but its
      * first operation of the cycle may take more (one larger than a minute's tokens still
      * runs: the tenant then waits out the minute). */
@@ -186,4 +206,50 @@ int plan_cycle(plan_input *in, plan *out) {
 void plan_free(plan *p) {
     free(p->ops);
     *p = (plan){0};
+}
+
+int plan_pass(plan_executor *exes, int nexes, const plan_sample *samples, int nsamples, const plan_rate *rates,
+              int nrates, int pair_hold_ms, int *held_ms) {
+    bool *taken = xcalloc((size_t)nsamples, sizeof *taken);
+    plan_sample *mine = xcalloc((size_t)nsamples, sizeof *mine);
+    int *mine_at = xcalloc((size_t)nsamples, sizeof *mine_at);
+    plan_rate *left = xcalloc((size_t)nrates, sizeof *left);
+    for (int k = 0; k < nrates; k++) left[k] = rates[k];
+    int total = 0;
+    *held_ms = 0;
+    for (int e = 0; e < nexes; e++) {
+        plan_executor *x = &exes[e];
+        int nmine = 0;
+        for (int k = 0; k < nsamples; k++) {
+            const plan_sample *s = &samples[k];
+            if (taken[k] || strcmp(s->base_model, x->base_model) || (s->executor && s->executor != x->id)) continue;
+            mine_at[nmine] = k;
+            mine[nmine++] = *s;
+        }
+        plan_input in = {.budget = x->budget, .pair_hold_ms = pair_hold_ms, .rates = left, .nrates = nrates,
+                         .models = x->models, .nmodels = x->nmodels, .samples = mine, .nsamples = nmine};
+        plan_cycle(&in, &x->cycle);
+        if (x->cycle.held_ms > 0 && (*held_ms <= 0 || x->cycle.held_ms < *held_ms)) *held_ms = x->cycle.held_ms;
+        total += x->cycle.nops;
+        /* what this cycle claimed is no one else's: its samples, and its tokens of each
+         * tenant's minute */
+        for (int i = 0; i < x->cycle.nops; i++)
+            for (int j = 0; j < nmine; j++)
+                if (mine[j].id == x->cycle.ops[i]) {
+                    taken[mine_at[j]] = true;
+                    for (int k = 0; k < nrates; k++)
+                        if (left[k].tenant == mine[j].tenant) left[k].left -= mine[j].tokens;
+                }
+        for (int i = 0; i < x->nmodels; i++) {
+            const plan_model *m = &x->models[i];
+            for (int k = 0; k < nrates; k++)
+                if (left[k].tenant == m->tenant)
+                    for (int j = 0; j < m->taken; j++) left[k].left -= m->ops[j].tokens;
+        }
+    }
+    free(left);
+    free(mine_at);
+    free(mine);
+    free(taken);
+    return total;
 }

@@ -40,6 +40,11 @@ typedef struct {
     int64_t id;
     int64_t tenant;
     int tokens;
+    /* for plan_pass (plan_cycle does not read them): the base model it samples, and the
+     * executor holding its sampler's snapshot when only that one may run it (0: any
+     * executor of the base model) */
+    const char *base_model;
+    int64_t executor;
 } plan_sample;
 
 /* A tenant with a rate limit and the tokens it may still claim in this minute. */
@@ -76,3 +81,22 @@ int plan_held_tenants(const plan_rate *rates, int nrates, int64_t *held);
  * in->models. Returns out->nops (0: nothing to run now). */
 int plan_cycle(plan_input *in, plan *out);
 void plan_free(plan *p);
+
+/* One idle executor of a scheduler's pass. */
+typedef struct {
+    int64_t id;
+    const char *base_model;
+    int budget;
+    plan_model *models;  /* the models placed on it with work queued, least recently served first */
+    int nmodels;
+    plan cycle;          /* out: its cycle (nops 0: none; plan_free it) */
+} plan_executor;
+
+/* Decides the cycles of every idle executor of a pass at once, in the order given: each
+ * executor's cycle as plan_cycle decides it from its own models and the samples it may run
+ * (its base model's, rule 6) that an executor before it did not take, with the rate limits
+ * left after what the executors before it claimed (rule 3: a tenant's minute is shared by
+ * all executors). *held_ms as plan's held_ms over all (0: none). Returns the operations
+ * claimed in all. */
+int plan_pass(plan_executor *exes, int nexes, const plan_sample *samples, int nsamples, const plan_rate *rates,
+              int nrates, int pair_hold_ms, int *held_ms);

@@ -1,8 +1,9 @@
 /* sched.c: `loom scheduler`, the loop. Wakes on NOTIFY (CHAN_OP_QUEUED, CHAN_EXECUTOR_READY)
  * or every poll interval (or when a forward_backward's hold for its optim_step ends),
  * reaps expired leases and expires sessions every 2 s, places waiting models, then builds
- * a cycle for every idle executor at once: work that arrives while an executor computes
- * fills its next cycle (an optional --gather-ms waits before building). */
+ * a cycle for every idle executor at once, in one transaction (cycle.c): work that
+ * arrives while an executor computes fills its next cycle (an optional --gather-ms waits
+ * before building). */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
 #include "common/config.h"
@@ -135,15 +136,9 @@ int sched_main(int argc, char **argv) {
             last_reap = time(NULL);
         }
         if (sched_place(c, silence_s, err, sizeof err) < 0) log_msg(fail_level(c), "placement: %s", err);
-        PGresult *r = db_query(c, SQL_IDLE_EXECUTORS, 0, NULL, err, sizeof err);
-        if (!r) { log_msg(fail_level(c), "executors: %s", err); continue; }
+        /* every idle executor's cycle in one transaction */
         held = 0;
-        for (int i = 0; i < PQntuples(r); i++) {
-            int64_t cyc;
-            if (sched_build_cycle(c, db_int(r, i, 0), &o, &cyc, &held, err, sizeof err) < 0)
-                log_msg(fail_level(c), "cycle for executor %s: %s", PQgetvalue(r, i, 0), err);
-        }
-        PQclear(r);
+        if (sched_build_cycles(c, 0, &o, NULL, &held, err, sizeof err) < 0) log_msg(fail_level(c), "cycles: %s", err);
     }
     db_finish(c);
     log_info("scheduler stopped");

@@ -18,10 +18,15 @@ typedef struct {
                            (docs/architecture.md, rule 5) */
 } sched_opts;
 
-/* Builds one cycle for an idle executor if there is eligible work. Returns the number
- * of operations claimed (0 = none, executor left idle) or -1 with err. *held (may be
- * NULL; start it at 0): when models are held back for their optim_step (rule 5), the ms
- * until the first hold ends, at most what it was: the caller should look again then. */
+/* Builds the cycles of a pass: one for every idle executor (only: that executor alone; 0:
+ * all) with eligible work, all in one transaction (cycle.c). Returns the number of
+ * operations claimed in all (0 = none, the executors left idle) or -1 with err; *cycle_id
+ * (may be NULL) the cycle of only, if one was built. *held (may be NULL; start it at 0):
+ * when models are held back for their optim_step (rule 5), the ms until the first hold
+ * ends, at most what it was: the caller should look again then. */
+int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cycle_id, int *held, char *err,
+                       size_t errlen);
+/* sched_build_cycles for one executor (the tests build cycles one by one). */
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
                       int *held, char *err, size_t errlen);
 

@@ -9,20 +9,24 @@
 #define SQL_LISTEN_OPS "LISTEN " CHAN_OP_QUEUED
 #define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
 
-/* $1 executor id. Locks the executor if idle; a second scheduler skips it. */
-#define SQL_LOCK_IDLE_EXECUTOR \
-    "SELECT base_model, token_budget FROM executors" \
-    " WHERE id = $1 AND state = 'idle' FOR UPDATE SKIP LOCKED"
+/* $1 executor id (0: every one). The idle executors that are not draining, locked (a second
+ * scheduler skips them), the most recently heard from first: a pass builds their cycles
+ * in one transaction (cycle.c). */
+#define SQL_LOCK_IDLE_EXECUTORS \
+    "SELECT id, base_model, token_budget FROM executors" \
+    " WHERE state = 'idle' AND NOT draining AND ($1::bigint = 0 OR id = $1::bigint)" \
+    " ORDER BY heartbeat_at DESC FOR UPDATE SKIP LOCKED"
 
-/* $1 base model, $2 executor id, $3 limit, $4 bigint[] tenants held by their rate limit.
- * Models placed on this executor (sched_place) with their next operation queued, of
- * tenants not held, the least recently served first, with what was
+/* $1 bigint[] executors, $2 text[] their base models, $3 limit, $4 bigint[] tenants held by
+ * their rate limit. Models placed on those executors (sched_place) with their next
+ * operation queued, of tenants not held, the least recently served first, with what was
  * learned of their pattern (rule 5): pair_p, pair_gap_ms (-1 unknown), tail_fb_at in
- * epoch ms (-1 none). */
+ * epoch ms (-1 none); and the executor. */
 #define SQL_LOCK_READY_MODELS \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
-    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) FROM models m" \
-    " WHERE m.base_model = $1 AND m.status = 'active' AND m.executor_id = $2 AND m.tenant_id <> ALL($4::bigint[])" \
+    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id" \
+    " FROM unnest($1::bigint[], $2::text[]) AS e(id, base) JOIN models m ON m.executor_id = e.id" \
+    " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL($4::bigint[])" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
@@ -37,15 +41,18 @@
     " WHERE o.state = 'queued'" \
     " ORDER BY m.i, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
-/* $1 base model, $2 executor id, $3 limit, $4 tenants held. Queued sample ops this executor can run:
- * from the base model or a checkpoint (any executor of the base model), from a
- * live-weights snapshot held in this executor's memory, or from one a draining executor
- * handed over to the blob store (any executor). Oldest first. */
+/* $1 bigint[] executors, $2 text[] their base models, $3 limit, $4 tenants held. Queued
+ * sample ops those executors can run: from the base model or a checkpoint (any executor
+ * of the base model), from a live-weights snapshot held in one executor's memory (that
+ * one: the last column, else 0), or from one a draining executor handed over to the blob
+ * store (any executor). Oldest first, with their base model. */
 #define SQL_LOCK_QUEUED_SAMPLES \
-    "SELECT o.id, o.n_tokens, o.tenant_id FROM operations o" \
-    " JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
-    " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = $1 AND o.tenant_id <> ALL($4::bigint[])" \
-    "   AND (s.source_model_id IS NULL OR s.executor_id = $2 OR s.snapshot_digest IS NOT NULL)" \
+    "SELECT o.id, o.n_tokens, o.tenant_id, s.base_model," \
+    " CASE WHEN s.source_model_id IS NULL OR s.snapshot_digest IS NOT NULL THEN 0 ELSE s.executor_id END" \
+    " FROM operations o JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
+    " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = ANY($2::text[])" \
+    "   AND o.tenant_id <> ALL($4::bigint[])" \
+    "   AND (s.source_model_id IS NULL OR s.executor_id = ANY($1::bigint[]) OR s.snapshot_digest IS NOT NULL)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
 
 /* -> tenants with a rate limit and the tokens they may still claim in this minute (their
@@ -58,14 +65,22 @@
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
 
-/* $1 executor, $2 n_ops, $3 n_tokens, $4 lease seconds, $5 bigint[] operation ids: the
- * cycle, and its operations claimed by it -> the cycle's id. */
-#define SQL_INSERT_CYCLE_CLAIM \
+/* $1 bigint[] executors, $2 int[] n_ops, $3 int[] n_tokens (one cycle each), $4 lease
+ * seconds, $5 bigint[] operation ids, $6 bigint[] the executor of each: the cycles, their
+ * operations claimed by them, their executors busy and each one notified on its own
+ * channel (executor/exe_sql.h, SQL_EXE_LISTEN_FMT) -> the cycles' ids and executors. The
+ * executors are marked busy by their ids ($1), not through the new cycles: a join with
+ * them reads the executors table whole in a generic plan (test_bounded_queries). */
+#define SQL_INSERT_CYCLES_CLAIM \
     "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
-    " VALUES ($1, $2, $3, now() + make_interval(secs => $4::int)) RETURNING id)," \
-    " claim AS (UPDATE operations SET state = 'claimed', cycle_id = (SELECT id FROM cyc), claimed_at = now()" \
-    " WHERE id = ANY($5::bigint[]) AND state = 'queued')" \
-    " SELECT id FROM cyc"
+    "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)" \
+    "   FROM unnest($1::bigint[], $2::int[], $3::int[]) AS v(e, n, t) RETURNING id, executor_id)," \
+    " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = cyc.id, claimed_at = now()" \
+    "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \
+    "   WHERE o.id = x.op AND o.state = 'queued')," \
+    " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))" \
+    " SELECT cyc.id, cyc.executor_id, pg_notify('" CHAN_CYCLE "_' || cyc.executor_id, cyc.executor_id::text)" \
+    " FROM cyc"
 
 /* $1 text[] model ids, $2 int[] next seq, $3 real[] pair_p, $4 real[] pair_gap_ms (-1:
  * unknown), $5 float8[] tail_fb_at in epoch ms (-1: none): what the claimed runs taught
@@ -76,15 +91,6 @@
     " ELSE to_timestamp(v.tail / 1000) END" \
     " FROM unnest($1::text[], $2::int[], $3::real[], $4::real[], $5::float8[]) AS v(id, next_seq, p, gap, tail)" \
     " WHERE m.id = v.id"
-
-#define SQL_EXECUTOR_BUSY "UPDATE executors SET state = 'busy' WHERE id = $1"
-
-#define SQL_NOTIFY_CYCLE "SELECT pg_notify('" CHAN_CYCLE "', $1)"
-
-/* Executors to build cycles for: idle and not draining (a draining executor's models
- * wait for it to hand them over). */
-#define SQL_IDLE_EXECUTORS \
-    "SELECT id FROM executors WHERE state = 'idle' AND NOT draining ORDER BY heartbeat_at DESC"
 
 /* ---- placement (docs/architecture.md, "Pools and placement") ------------------------------ */
 

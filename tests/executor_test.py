@@ -76,9 +76,9 @@ CREATE TRIGGER loom_test_slow_start BEFORE UPDATE ON cycles FOR EACH ROW EXECUTE
 
 
 def backend_pid(s):
-    """The PostgreSQL backend of the executor's loop connection (its last statement is the
-    poll for cycles, which starts the next one)."""
-    return s.psql("SELECT pid FROM pg_stat_activity WHERE query LIKE 'WITH c AS (UPDATE cycles SET state = ''running''%'"
+    """The PostgreSQL backend of the executor's loop connection (named 'loom executor <id>'
+    in pg_stat_activity; the newest executor's)."""
+    return s.psql("SELECT pid FROM pg_stat_activity WHERE application_name ~ '^loom executor [0-9]+$'"
                   " ORDER BY backend_start DESC LIMIT 1")
 
 

@@ -75,6 +75,12 @@ def long_cycle_outage(s, c, mid, seqs, down_s, pause_exe=None):
     q = Psql(s.db)
     running = wait_for(lambda: q.query("SELECT count(*) FROM cycles WHERE state = 'running'") != ["0"], 30,
                        step=0.01)
+    # The claim and the cycle's start commit without waiting for the disk (derived: a crash
+    # that loses them requeues the work, which runs again); the kill waits until the WAL
+    # writer has flushed them (within 3 x wal_writer_delay), so that it finds the cycle the
+    # executor's commit retries are about.
+    lsn = q.query("SELECT pg_current_wal_insert_lsn()")[0]
+    wait_for(lambda: q.query(f"SELECT pg_current_wal_flush_lsn() >= '{lsn}'") == ["t"], 10, step=0.01)
     with open(os.path.join(s.dir, "pg", "postmaster.pid")) as f:
         pm = int(f.readline())
     log_at = len(s.read_log())

@@ -2,7 +2,8 @@
  * docs/architecture.md, "Clock cycles": order per model and where a run ends (rule 1),
  * the token budget and its equal shares between tenants, rate limits (rule 3), a
  * forward_backward held for its optim_step and what a model's claims teach (rule 5),
- * samples as runs of one (rule 6); then invariants over many random inputs. */
+ * samples as runs of one (rule 6); a scheduler's pass over several executors at once
+ * (plan_pass); then invariants over many random inputs. */
 #include "scheduler/planner.h"
 #include "contract/contract.h"
 #include "check.h"
@@ -49,7 +50,7 @@ static int64_t op_aged(plan_model *m, int seq, const char *kind, int tokens, dou
 static int64_t op(plan_model *m, int seq, const char *kind, int tokens) { return op_aged(m, seq, kind, tokens, 3.6e6); }
 
 static int64_t sample(int64_t tenant, int tokens) {
-    samples[ns] = (plan_sample){next_id++, tenant, tokens};
+    samples[ns] = (plan_sample){.id = next_id++, .tenant = tenant, .tokens = tokens, .base_model = "base"};
     return samples[ns++].id;
 }
 
@@ -182,7 +183,7 @@ static void test_fairness(void) {
     fresh();
     int served = 0;
     static plan_sample many[300];
-    for (int t = 0; t < 300; t++) many[t] = (plan_sample){1000 + t, 100 + t, 1};
+    for (int t = 0; t < 300; t++) many[t] = (plan_sample){.id = 1000 + t, .tenant = 100 + t, .tokens = 1};
     plan_free(&P);
     plan_input in = {.budget = 1000, .samples = many, .nsamples = 300};
     plan_cycle(&in, &P);
@@ -252,8 +253,8 @@ static void test_pairing(void) {
     fresh();
     a = model(1, 0);
     a->pair_p = 0.9;
-    op_aged(a, 0, OP_FORWARD_BACKWARD, 10, 1);
-    op_aged(a, 1, OP_OPTIM_STEP, 0, 0.5);
+    op_aged(a, 0, OP_FORWARD_BACKWARD, 10, 1001);
+    op_aged(a, 1, OP_OPTIM_STEP, 0, 1000.5);
     plan_model *b = model(1, 0);
     b->pair_p = 0.9;
     b->pair_gap_ms = 10;
@@ -267,6 +268,20 @@ static void test_pairing(void) {
     CHECK(a->run == 2 && a->taken == 2, "with its optim_step there, both run in one cycle");
     CHECK(b->run == 0 && b->taken == 0, "a held run is held whole: its forward waits with its forward_backward");
     CHECK(c->run == 0 && P.held_ms == 11, "the cycle is looked at again when the first hold ends (%d ms)", P.held_ms);
+    /* a round together: while b and c are held, a's fresh step waits with them */
+    a->ops[0].age_ms = 1;
+    a->ops[1].age_ms = 0.5;
+    decide(1000, 1000);
+    CHECK(P.nops == 0 && a->taken == 0 && P.held_ms == 11,
+          "a fresh step waits while others are held for theirs, to share their cycle (%d ops, %d ms)", P.nops,
+          P.held_ms);
+    a->ops[0].age_ms = 995;
+    decide(1000, 1000);
+    CHECK(P.nops == 0 && P.held_ms == 5, "but no longer than pair_hold_ms from its submit (%d ms left)", P.held_ms);
+    sample(3, 5);
+    a->ops[0].age_ms = 1;
+    decide(1000, 1000);
+    CHECK(a->taken == 2 && P.nops == 3, "a sample never waits: the cycle runs what is eligible (%d ops)", P.nops);
 
     /* learning: a forward_backward then an optim_step 30 ms later, claimed in one cycle */
     fresh();
@@ -391,21 +406,74 @@ static void test_random(void) {
             /* past what it has left only with its first operation, alone */
             if (rates[r].left > 0 && tenant_tokens[t] > rates[r].left && tenant_tokens[t] != tenant_first[t]) bad_rate++;
         }
-        /* work-conserving: with something eligible of a tenant not held, something runs */
-        bool runnable = false;
-        for (int i = 0; i < nm; i++) runnable |= models[i].run > 0;
+        /* work-conserving: with something eligible of a tenant not held, something runs,
+         * unless it is a model's work younger than the hold, waiting for a held model's
+         * optim_step to share its cycle (rule 5) */
+        bool runnable = false, may_wait = P.held_ms > 0;
+        for (int i = 0; i < nm; i++) {
+            runnable |= models[i].run > 0;
+            if (models[i].run > 0 && models[i].ops[0].age_ms >= hold) may_wait = false;
+        }
         for (int k = 0; k < ns; k++) {
             bool held = false;
             for (int r = 0; r < nr; r++) held |= rates[r].tenant == samples[k].tenant && rates[r].left <= 0;
             runnable |= !held;
+            if (!held) may_wait = false;
         }
-        if (runnable && P.nops == 0) bad_idle++;
+        if (runnable && P.nops == 0 && !may_wait) bad_idle++;
     }
     CHECK(bad_prefix == 0, "3000 random inputs: each model's claim is a prefix of its run (%d bad)", bad_prefix);
     CHECK(bad_dup == 0 && bad_sum == 0, "no operation twice, tokens add up (%d, %d)", bad_dup, bad_sum);
     CHECK(bad_budget == 0, "never over the budget but for one operation alone (%d)", bad_budget);
     CHECK(bad_rate == 0, "rate limits hold (%d)", bad_rate);
-    CHECK(bad_idle == 0 && cycles > 1000, "never an empty cycle while something may run (%d; %d cycles)", bad_idle, cycles);
+    CHECK(bad_idle == 0 && cycles > 1000, "never an empty cycle while something may run but wait (%d; %d cycles)",
+          bad_idle, cycles);
+}
+
+/* ---- a pass over several executors ---------------------------------------------------------- */
+
+static bool in_cycle(const plan *p, int64_t id) {
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i] == id) return true;
+    return false;
+}
+
+static void test_pass(void) {
+    /* two executors of base "base", one of "other": each its own models; a sample taken
+     * once; a snapshot's sample only on its executor; a tenant's minute shared */
+    fresh();
+    plan_model *a = model(1, 0);
+    int64_t a0 = op(a, 0, OP_FORWARD_BACKWARD, 10);
+    int64_t a1 = op(a, 1, OP_OPTIM_STEP, 0);
+    plan_model *b = model(2, 0);
+    int64_t b0 = op(b, 0, OP_FORWARD_BACKWARD, 10);
+    plan_model *r1 = model(3, 0);
+    int64_t r10 = op(r1, 0, OP_FORWARD, 30);
+    plan_model *r2 = model(3, 0);
+    int64_t r20 = op(r2, 0, OP_FORWARD, 30);
+    int64_t s_any = sample(4, 5);
+    int64_t s_pinned = sample(5, 5);
+    samples[ns - 1].executor = 11;   /* its snapshot is on executor 11 */
+    int64_t s_other = sample(6, 5);
+    samples[ns - 1].base_model = "other";
+    rate(3, 30);                      /* tenant 3: 30 tokens left in its minute */
+    plan_executor xs[3] = {{.id = 10, .base_model = "base", .budget = 1000, .models = &models[0], .nmodels = 1},
+                           {.id = 11, .base_model = "base", .budget = 1000, .models = &models[1], .nmodels = 2},
+                           {.id = 12, .base_model = "other", .budget = 1000, .models = &models[3], .nmodels = 1}};
+    int held = 0, n = plan_pass(xs, 3, samples, ns, rates, nr, 0, &held);
+    CHECK(in_cycle(&xs[0].cycle, a0) && in_cycle(&xs[0].cycle, a1) && !in_cycle(&xs[0].cycle, b0),
+          "each executor claims its own models' runs (%d ops)", xs[0].cycle.nops);
+    CHECK(in_cycle(&xs[1].cycle, b0) && in_cycle(&xs[1].cycle, r10), "the second its own (%d ops)", xs[1].cycle.nops);
+    CHECK(in_cycle(&xs[0].cycle, s_any) && !in_cycle(&xs[1].cycle, s_any),
+          "a sample any executor may run goes to the first only");
+    CHECK(in_cycle(&xs[1].cycle, s_pinned) && !in_cycle(&xs[0].cycle, s_pinned),
+          "a sample of a snapshot goes to the executor holding it");
+    CHECK(in_cycle(&xs[2].cycle, s_other) && !in_cycle(&xs[0].cycle, s_other) && !in_cycle(&xs[1].cycle, s_other),
+          "a sample goes to an executor of its base model");
+    CHECK(!in_cycle(&xs[2].cycle, r20) && r2->taken == 0,
+          "a tenant's minute is shared: its 30 tokens claimed on one executor, nothing on the next (%d)", r2->taken);
+    CHECK(n == xs[0].cycle.nops + xs[1].cycle.nops + xs[2].cycle.nops && n == 7, "7 operations in all (%d)", n);
+    for (int e = 0; e < 3; e++) plan_free(&xs[e].cycle);
 }
 
 int main(void) {
@@ -415,6 +483,7 @@ int main(void) {
     test_rate_limits();
     test_pairing();
     test_samples();
+    test_pass();
     test_random();
     plan_free(&P);
     return check_summary();
