@@ -4,8 +4,9 @@
  *
  * Then the planner's statistics (docs/architecture.md, "Bounded by the work"): without
  * them PostgreSQL guesses, and a guess can turn a lookup by key into a read of the whole
- * history. After migrations every table is analyzed; at every other start, the tables
- * that have none (a fresh install, a cluster restored from a dump). */
+ * history. After migrations every table that holds rows is analyzed; at every other
+ * start, those of them that have no statistics (a cluster restored from a dump). Empty
+ * tables never are (common_sql.h, SQL_MIGRATE_WITH_ROWS: why). */
 #include "common/migrate.h"
 #include "common/common_sql.h"
 #include "common/db.h"
@@ -19,28 +20,26 @@
 
 int migrate_run(PGconn *c, char *err, size_t errlen) { return migrate_run_upto(c, INT_MAX, err, errlen); }
 
-/* Analyzes every table (all) or those without statistics, under the migrations' lock so
- * that processes starting together do it once. */
+/* Analyzes every table that holds rows (all) or those of them without statistics, under
+ * the migrations' lock so that processes starting together do it once. */
 static int analyze(PGconn *c, bool all, char *err, size_t errlen) {
     if (db_begin(c, err, errlen) < 0) return -1;
     if (db_exec(c, SQL_MIGRATE_LOCK, 0, NULL, err, errlen) < 0) goto fail;
     char *q = NULL;
-    if (!all) {
-        PGresult *r = db_query(c, SQL_MIGRATE_UNANALYZED, 0, NULL, err, errlen);
-        if (!r) goto fail;
-        if (!PQgetisnull(r, 0, 0)) {
-            const char *tables = PQgetvalue(r, 0, 0);
-            size_t n = strlen(tables) + 16;
-            q = malloc(n);
-            if (q) snprintf(q, n, "ANALYZE %s", tables);
-        }
-        PQclear(r);
-        if (!q) return db_commit(c, err, errlen);
-        log_info("tables without planner statistics: %s; analyzing them", q + 8);
+    PGresult *r = db_query(c, all ? SQL_MIGRATE_WITH_ROWS : SQL_MIGRATE_UNANALYZED, 0, NULL, err, errlen);
+    if (!r) goto fail;
+    if (!PQgetisnull(r, 0, 0)) {
+        const char *tables = PQgetvalue(r, 0, 0);
+        size_t n = strlen(tables) + 16;
+        q = malloc(n);
+        if (q) snprintf(q, n, "ANALYZE %s", tables);
     }
+    PQclear(r);
+    if (!q) return db_commit(c, err, errlen);
+    if (!all) log_info("tables without planner statistics: %s; analyzing them", q + 8);
     double t0 = clock_mono_s();
     /* Table names are quoted by format('%I'): the statement is the catalog's own text. */
-    int rc = db_exec(c, q ? q : SQL_MIGRATE_ANALYZE_ALL, 0, NULL, err, errlen);
+    int rc = db_exec(c, q, 0, NULL, err, errlen);
     free(q);
     if (rc < 0) goto fail;
     if (db_commit(c, err, errlen) < 0) return -1;
