@@ -1,8 +1,11 @@
 /* cpu_adapter.c — CPU adapters: allocation, views, transfers (see cpu_adapter.h). The
  * "device" is host memory, so an upload or download is a memcpy per part. */
 #include "backend/cpu/cpu_adapter.h"
+#include "backend/adamw.h"
+#include "backend/cpu/cpu_pool.h"
 #include "common/err.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,4 +132,39 @@ int cpu_adapter_copy(be_adapter *dpub, const be_adapter *spub, unsigned parts, c
     adapter_state view = {.layout = spub->layout, .step = spub->step, .params = s->params, .grads = s->grads,
                           .m = s->m, .v = s->v};
     return cpu_adapter_upload(dpub, &view, parts, err, errlen);
+}
+
+/* ---- the AdamW step ---------------------------------------------------------------------- */
+
+typedef struct {
+    cpu_adapter *a;
+    const adam_params *hp;
+    double coef;
+} adam_job;
+
+static void adam_range(void *va, long b, long e, int thread)
+{
+    (void)thread;
+    const adam_job *j = va;
+    cpu_adapter *a = j->a;
+    adamw_update(a->params + b, a->grads + b, a->m + b, a->v + b, (size_t)(e - b), j->hp, a->pub.step, j->coef);
+}
+
+int cpu_adapter_optim_step(cpu_adapter *a, cpu_pool *pool, const adam_params *hp, double *grad_norm_out, char *err,
+                           size_t errlen)
+{
+    size_t n = a->pub.layout.num_params;
+    if (adamw_check(hp, err, errlen) < 0) return -1;
+    double norm = adamw_grad_norm(a->grads, n);
+    if (grad_norm_out) *grad_norm_out = norm;
+    if (!isfinite(norm)) {
+        cpu_adapter_zero_grad(a);
+        err_set(err, errlen, "non-finite gradient norm; optimizer step skipped and gradients cleared");
+        return -1;
+    }
+    a->pub.step++;
+    adam_job j = {a, hp, adamw_clip_coef(norm, hp->grad_clip_norm)};
+    cpu_pool_for(pool, (long)n, 1 << 16, adam_range, &j);
+    cpu_adapter_zero_grad(a);
+    return 0;
 }

@@ -44,4 +44,13 @@ int cpu_adapter_download(const be_adapter *a, adapter_state *dst, unsigned parts
 int cpu_adapter_copy(be_adapter *dst, const be_adapter *src, unsigned parts, char *err, size_t errlen);
 void cpu_adapter_zero_grad(cpu_adapter *a);
 
+typedef struct cpu_pool cpu_pool;
+/* The AdamW step of a trainable adapter (the table's optim_step after its own checks),
+ * over the pool (NULL: on the caller's thread; the same bits either way, the update is
+ * per element): the clipped update, step + 1, the gradient cleared. A gradient norm that
+ * is not finite skips the step (it would poison the parameters and moments for good),
+ * clears the gradient and fails. *grad_norm_out (may be NULL) gets the norm. */
+int cpu_adapter_optim_step(cpu_adapter *a, cpu_pool *pool, const adam_params *hp, double *grad_norm_out, char *err,
+                           size_t errlen);
+
 #endif

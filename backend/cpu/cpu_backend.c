@@ -160,41 +160,12 @@ static int cpu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward
 
 /* ---- optimizer ----------------------------------------------------------------------- */
 
-typedef struct {
-    cpu_adapter *a;
-    const adam_params *hp;
-    double coef;
-} cb_adam_job;
-
-static void cb_adam_range(void *va, long b, long e, int thread)
-{
-    (void)thread;
-    const cb_adam_job *j = va;
-    cpu_adapter *a = j->a;
-    adamw_update(a->params + b, a->grads + b, a->m + b, a->v + b, (size_t)(e - b), j->hp, a->pub.step, j->coef);
-}
-
 static int cpu_optim_step(void *ctx, be_adapter *pub, const adam_params *hp, double *grad_norm_out, char *err,
                           size_t errlen)
 {
     cpu_ctx *c = ctx;
-    cpu_adapter *a = cpu_adapter_of(pub);
-    size_t n = pub->layout.num_params;
     if (!pub->trainable) { err_set(err, errlen, "cpu: optim_step on an adapter that is not trainable"); return -1; }
-    if (adamw_check(hp, err, errlen) < 0) return -1;
-    double norm = adamw_grad_norm(a->grads, n);
-    if (grad_norm_out) *grad_norm_out = norm;
-    if (!isfinite(norm)) {
-        /* Stepping would poison parameters and moments for good: skip, drop the gradient. */
-        cpu_adapter_zero_grad(a);
-        err_set(err, errlen, "non-finite gradient norm; optimizer step skipped and gradients cleared");
-        return -1;
-    }
-    pub->step++;
-    cb_adam_job j = {a, hp, adamw_clip_coef(norm, hp->grad_clip_norm)};
-    cpu_pool_for(c->pool, (long)n, 1 << 16, cb_adam_range, &j);
-    cpu_adapter_zero_grad(a);
-    return 0;
+    return cpu_adapter_optim_step(cpu_adapter_of(pub), c->pool, hp, grad_norm_out, err, errlen);
 }
 
 static int cpu_device_count(void) { return 1; }

@@ -354,20 +354,8 @@ static int sim_optim_step(void *ctx, be_adapter *pub, const adam_params *hp, dou
 {
     sim_ctx *c = ctx;
     double t0 = clock_mono_s();
-    cpu_adapter *a = cpu_adapter_of(pub);
-    size_t n = pub->layout.num_params;
     if (!pub->trainable) { err_set(err, errlen, "sim: optim_step on an adapter that is not trainable"); return -1; }
-    if (adamw_check(hp, err, errlen) < 0) return -1;
-    double norm = adamw_grad_norm(a->grads, n);
-    if (grad_norm_out) *grad_norm_out = norm;
-    if (!isfinite(norm)) {
-        cpu_adapter_zero_grad(a);
-        err_set(err, errlen, "non-finite gradient norm; optimizer step skipped and gradients cleared");
-        return -1;
-    }
-    pub->step++;
-    adamw_update(a->params, a->grads, a->m, a->v, n, hp, pub->step, adamw_clip_coef(norm, hp->grad_clip_norm));
-    cpu_adapter_zero_grad(a);
+    if (cpu_adapter_optim_step(cpu_adapter_of(pub), NULL, hp, grad_norm_out, err, errlen) < 0) return -1;
     sim_take(c, t0, sim_optim_s(c->p, sim_lora_params(c->p, &pub->layout.cfg)));
     return 0;
 }
