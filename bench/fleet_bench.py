@@ -100,13 +100,7 @@ def load_proc(url, a, cmds, steps, errors):
 
 # ---- CPU and memory from /proc --------------------------------------------------------------
 
-def stat(pid):
-    """(ppid, utime + stime, cutime + cstime) in ticks, or None for a process gone."""
-    try:
-        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
-    except (OSError, IndexError, ValueError):
-        return None
+stat = loom_bench.proc_stat   # (ppid, own ticks, reaped children's ticks), or None
 
 
 def children(ppid):

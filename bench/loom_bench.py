@@ -104,17 +104,25 @@ def op_times(s, rids):
 HZ = os.sysconf("SC_CLK_TCK")
 
 
+def proc_stat(pid):
+    """(ppid, utime + stime, cutime + cstime) of a process in ticks, or None for one gone
+    (bench/fleet_bench.py reads its processes with it too)."""
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def stack_ticks(s):
     """CPU ticks of the whole stack: `loom up` and its processes, PostgreSQL's postmaster
     and its backends (each alive one's own time, plus what exited children left in their
     parent's cutime). The bench's own client is not in it."""
     stats = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-            stats[int(p)] = (int(f[1]), int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]))
-        except (OSError, IndexError, ValueError):
-            pass
+        st = proc_stat(p)
+        if st:
+            stats[int(p)] = (st[0], st[1] + st[2])
     roots = {s.proc.pid}
     try:
         roots.add(int(open(os.path.join(s.dir, "pg", "postmaster.pid")).readline()))
