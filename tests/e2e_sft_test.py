@@ -7,8 +7,13 @@ then the SDK's wire protocol by hand: client/config, create_session, create_mode
 SDK's docs advise) and only then awaited. The mean NLL must fall by more than half,
 every operation must be a row with its result, and each step's forward_backward and
 optim_step must have run in the same clock cycle.
+
+    --losses-out FILE      writes each run's per-step mean NLL (JSON: {"json": [...], "proto": [...]})
+    --compare-with FILE    holds each step's NLL to FILE's (another backend's run, e.g. the CPU
+                           backend's for a GPU run): within 5 % of the step's NLL or 1 % of the
+                           first step's, whichever is larger (bf16 noise over 30 steps)
 """
-import math, os, sys
+import json, math, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
 from wire import forward_backward, fb_result
@@ -24,10 +29,31 @@ def datum(seq):
 
 
 def main():
+    args = sys.argv[1:]
+    out = args[args.index("--losses-out") + 1] if "--losses-out" in args else None
+    ref = args[args.index("--compare-with") + 1] if "--compare-with" in args else None
     R = Results()
+    curves = {}
     with Stack() as s:
         for proto in (False, True):
-            run(s, R, proto)
+            curves["proto" if proto else "json"] = run(s, R, proto)
+    if out:
+        with open(out, "w") as f:
+            json.dump(curves, f)
+    if ref:
+        with open(ref) as f:
+            want = json.load(f)
+        for tag, got in curves.items():
+            w = want.get(tag, [])
+            if len(got) != len(w) or not got:
+                R.check(False, f"{tag}: {len(got)} steps here, {len(w)} in {ref}")
+                continue
+            bars = [max(0.05 * abs(b), 0.01 * abs(w[0])) for b in w]
+            worst = max(range(len(got)), key=lambda i: abs(got[i] - w[i]) / bars[i])
+            R.check(all(abs(a - b) <= bar for a, b, bar in zip(got, w, bars)),
+                    f"{tag}: every step's NLL within bf16 noise of {ref}'s (worst step {worst}: {got[worst]:.4f} vs "
+                    f"{w[worst]:.4f}, |d| {abs(got[worst] - w[worst]):.4f}, bar {bars[worst]:.4f}; last "
+                    f"{got[-1]:.4f} vs {w[-1]:.4f})")
     R.finish()
 
 
@@ -104,6 +130,7 @@ def run(s, R, proto):
         R.check(stored and math.isfinite(float(stored)), f"stored result has loss:sum {stored}")
         st, h = s.get("/api/v1/healthz")
         R.check(st == 200 and h == {"status": "ok"}, f"{tag}: healthz after the run")
+        return losses
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
     prompt_logprobs[0] is null and the rest equal `forward`'s logprobs;
   * a training model: a few SFT steps, then the unnamed save_weights_for_sampler; samples
     from that snapshot have logprobs equal to `forward` on the same tokens (temperature 1,
-    1e-4), greedy samples reproduce the memorised sequence, and the snapshot keeps its
+    LP_BAR), greedy samples reproduce the memorised sequence, and the snapshot keeps its
     weights while training continues (§7.6, §11.3).
 Prints "N passed, N failed" last.
 """
@@ -18,6 +18,11 @@ from stack import Stack, Results
 from bpe_ref import bytes_to_unicode
 
 R = Results()
+# Sampled vs forward logprobs: 1e-4 on the fp32 CPU backend; on a bf16 backend (cuda) the
+# sampler's KV-cache decode and the training forward run other kernels and GEMM shapes
+# (cuDNN's attention in the forward, the own kernels in the decode), so bf16 rounding: 2e-2,
+# the bar of tests/test_cpu_ref.c and test_learning.c on such backends
+LP_BAR = 1e-4 if (os.environ.get("LOOM_TEST_BACKEND") or "cpu") in ("cpu", "sim") else 2e-2
 SEQS = [[(7 * i + 3 * j) % 251 + 3 for j in range(20)] for i in range(4)]
 
 
@@ -133,8 +138,8 @@ def main():
         flp = c.forward_lp(mid, prompt + q["tokens"])
         g1 = max_gap(q["logprobs"], flp[len(prompt) - 1:])
         g2 = max_gap(pl[1:], flp[:len(prompt) - 1])
-        R.check(g1 < 1e-4, f"base: sampled logprobs (T=1) = forward logprobs, max gap {g1:.2e}")
-        R.check(g2 < 1e-4, f"base: prompt_logprobs = forward logprobs, max gap {g2:.2e}")
+        R.check(g1 < LP_BAR, f"base: sampled logprobs (T=1) = forward logprobs, max gap {g1:.2e}")
+        R.check(g2 < LP_BAR, f"base: prompt_logprobs = forward logprobs, max gap {g2:.2e}")
 
         # temperature 0 = argmax, checked with top-1 of topk_prompt_logprobs
         g = c.sample(bss, prompt, n=2, max_tokens=8, temperature=0.0, seed=1)
@@ -209,7 +214,7 @@ def main():
         for q in a["sequences"]:
             flp = c.forward_lp(mid, SEQS[1][:5] + q["tokens"])
             worst = max(worst, max_gap(q["logprobs"], flp[4:]))
-        R.check(worst < 1e-4, f"snapshot: sampled logprobs (T=1) = forward logprobs, max gap {worst:.2e}")
+        R.check(worst < LP_BAR, f"snapshot: sampled logprobs (T=1) = forward logprobs, max gap {worst:.2e}")
         gr = c.sample(sss, SEQS[2][:5], n=1, max_tokens=10, temperature=0.0)
         got = gr["sequences"][0]["tokens"]
         match = sum(x == y for x, y in zip(got, SEQS[2][5:15]))

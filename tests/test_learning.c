@@ -65,16 +65,19 @@ static void test_sft(void)
                          .targets = seq[i] + 1, .logprobs_out = lp[i], .loss_out = loss[i]};
     double first = 0, last = 0;
     char err[256];
-    printf("SFT: %d sequences of %d tokens, LoRA rank 8, AdamW lr 1e-2\n", SFT_N, SFT_LEN);
-    for (int k = 0; k < SFT_STEPS; k++) {
-        if (be->forward_backward(ctx, s, SFT_N, true, err, sizeof err) != 0) { printf("fb: %s\n", err); break; }
+    /* lr 1e-2 decayed linearly to 1e-3: at a constant 1e-2 the NLL oscillates (0.19 -> 0.35
+     * over the last 10 steps on an H200 in bf16, 0.67 -> 0.86 -> 0.34 on the CPU), and the
+     * greedy check below would test where the last step happened to land */
+    printf("SFT: %d sequences of %d tokens, LoRA rank 8, AdamW lr 1e-2 decayed to 1e-3\n", SFT_N, SFT_LEN);
+    for (int k = 0; k <= SFT_STEPS; k++) { /* the last pass: the NLL of the adapter that samples */
+        if (be->forward_backward(ctx, s, SFT_N, k < SFT_STEPS, err, sizeof err) != 0) { printf("fb: %s\n", err); break; }
         double nll = 0;
         for (int i = 0; i < SFT_N; i++) for (int t = 0; t < SFT_LEN - 1; t++) nll -= lp[i][t];
         nll /= SFT_N * (SFT_LEN - 1);
         if (k == 0) first = nll;
         last = nll;
-        if (k % 10 == 0 || k == SFT_STEPS - 1) printf("  step %2d  mean NLL %.4f\n", k, nll);
-        step(a, 1e-2);
+        if (k % 10 == 0) printf("  step %2d  mean NLL %.4f\n", k, nll);
+        if (k < SFT_STEPS) step(a, 1e-2 * (1.0 - 0.9 * k / (SFT_STEPS - 1)));
     }
     CHECK(last < 0.1 * first, "SFT memorises: mean NLL %.3f -> %.3f (-%.1f%%) in %d steps", first, last,
           100 * (1 - last / first), SFT_STEPS);

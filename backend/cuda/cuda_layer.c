@@ -11,9 +11,9 @@
  * A sparse layer of a Qwen3-MoE model replaces the MLP by its router and experts
  * (cuda_moe.c): x' = xmid + moe(xn2).
  *
- * The attention is the kernel layer's own (lcu_attn_*), or cuDNN's fused attention when the
- * context was created with LCU_ATTN=cudnn (cl_attn_fwd/bwd choose per call; the KV-cache
- * decode always runs the own kernels).
+ * The attention is cuDNN's fused attention where libcudnn loads, else (or with LCU_ATTN=wmma
+ * or mma) the kernel layer's own (lcu_attn_*); cl_attn_fwd/bwd choose per call, and the
+ * KV-cache decode always runs the own kernels.
  *
  * The residual adds ride in the GEMMs' epilogue (beta = 1 with C = the residual). Base
  * weights are frozen: the backward produces activation gradients and LoRA gradients only,
@@ -75,14 +75,16 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
 
 /* ---- attention: cuDNN's fused kernels or the own ones ------------------------------------- */
 
+/* cuDNN unless LCU_ATTN names the own kernels (wmma: version 1, mma: version 2): on the
+ * first H200 run (bench/cuda/WINDOWS.md, 2026-11-26) it passed the checks of
+ * backend/cuda/README.md and ran Qwen3-8B 2×2048 at 9,625 tok/s against version 1's 6,579. */
 void cu_attn_choose(cu_ctx *c)
 {
     const char *e = getenv("LCU_ATTN");
-    if (!e || strcmp(e, "cudnn") != 0) return;
+    if (e && *e && strcmp(e, "cudnn") != 0) return;
     char why[1024];
     if (lcu_cudnn_create(&c->dnn, why, sizeof why) != 0)
-        fprintf(stderr, "loom cuda:%d: LCU_ATTN=cudnn: no cuDNN attention: %s; the own attention kernels run\n",
-                c->device, why);
+        fprintf(stderr, "loom cuda:%d: no cuDNN attention: %s; the own attention kernels run\n", c->device, why);
     else
         fprintf(stderr, "loom cuda:%d: attention through %s (the own kernels for KV-cache decoding and what it "
                 "refuses)\n", c->device, lcu_cudnn_describe(c->dnn));

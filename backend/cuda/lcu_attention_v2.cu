@@ -1,8 +1,9 @@
 /* lcu_attention_v2.cu — attention kernels, version 2: mma.sync with the operands in
  * registers (FlashAttention-2 style).
  *
- * Selected with LCU_ATTN=mma (version 1 stays the default until a GPU run has passed the
- * tests with both and the bench says which is faster). Same tiles, same tile tables, same
+ * Selected with LCU_ATTN=mma. Both passed on the first GPU run (an H200, 2026-11-26), where
+ * this one was no faster than version 1 at model level, so version 1 stays the own kernels'
+ * default (cuDNN's fused attention runs training passes where it loads). Same tiles, same tile tables, same
  * arithmetic (fp32 softmax, P and dS rounded to bf16, the row sum over the fp32 P), but
  * S, P, dP, dS and the accumulators never leave registers: P and dS become the A operands
  * of the next product directly from the accumulator layout. Every operand is read from

@@ -150,7 +150,7 @@ int lcu_head_loss(const float *logits, long ld, long row0, int rows, int V, cons
 /* A key that orders logits by value, then lower id first, and is unique per id. */
 __device__ __forceinline__ uint64_t lcu_topk_key(float f, int v)
 {
-    uint32_t u = __float_as_uint(f);
+    uint32_t u = f == 0.0f ? 0u : __float_as_uint(f); /* -0 ties with +0, as on the CPU */
     u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
     return ((uint64_t)u << 32) | (uint32_t)(0xffffffffu - (uint32_t)v);
 }

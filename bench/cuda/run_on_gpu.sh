@@ -8,14 +8,17 @@
 #   bash bench/cuda/run_on_gpu.sh STEP...   single steps (below), in the order given
 #
 # a: environment (driver, where cuBLAS 13 is) -> the dense kernel tests, each capped ->
-#    memcheck of the first that FATALs -> the error-policy test -> the backend test on the
-#    dense models and sampling's prompt extras (rerun with LOOM_CUDA_SYNC=1 when it
-#    FATALs) -> bench_cuda Qwen3-8B (--iters 1: 2x2048 is the MFU row, 1x32768 the
-#    memory row)
-# b: the mixture-of-experts tests (kernels, then the backend test's qwen3_moe case) ->
-#    the kernel bench at Qwen3-8B -> bench_cuda Qwen3-0.6B (1/8/32 adapters) -> the CPU
-#    suites on the cuda backend -> PyTorch's SDPA at the Qwen3-8B shapes -> version-2
-#    kernels (LCU_ATTN=mma LCU_LORA=sgmv) at model level, Qwen3-0.6B then Qwen3-8B
+#    memcheck of the first that FATALs -> the error-policy test -> cuDNN's attention test
+#    -> the mixture-of-experts tests -> the backend test, every part (rerun with
+#    LOOM_CUDA_SYNC=1 when it FATALs) -> the CPU suites on the cuda backend -> the fp64
+#    torch reference at bf16 bars -> bench_cuda Qwen3-8B (--iters 1: 2x2048 is the MFU row,
+#    1x32768 the memory row) and Qwen3-0.6B (1/8/32 adapters)
+# b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
+#    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> PyTorch's
+#    SDPA at the Qwen3-8B shapes -> the kernel bench at Qwen3-8B -> bench_cuda on the own
+#    attention kernels (the figures cuDNN is the default against)
+# The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
+# command of its own: bench/cuda/e2e_on_gpu.sh.
 #
 # Steps:
 #   kernels      every kernel test (test_gpu_* but the backend test)      kernels.log
@@ -28,6 +31,8 @@
 #   backend-sgmv   LCU_LORA=sgmv (LoRA version 2)                         backend-sgmv.log
 #   backend-mma    LCU_ATTN=mma (attention version 2)                     backend-mma.log
 #   backend-cublas LCU_GEMM=cublas (every GEMM through the fallback)      backend-cublas.log
+#   backend-own  LCU_ATTN=wmma (the own attention, version 1; cuDNN off)  backend-own.log
+#   suites-own   the suites with LCU_ATTN=wmma                            suites.log
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck            sanitize.log
 #   suites       test_cpu_ref, test_learning, test_longseq, test_exe_sample
 #                with LOOM_TEST_BACKEND=cuda                              suites.log
@@ -35,6 +40,7 @@
 #   model8b      bench_cuda --geo Qwen3-8B --iters 1                      model-8b.log/.json
 #   model06      bench_cuda --geo Qwen3-0.6B --iters 1                    model-06b.log/.json
 #   model-v2     model06 and model8b with LCU_ATTN=mma LCU_LORA=sgmv       model-v2-*.log/.json
+#   model-own    model06 and model8b with LCU_ATTN=wmma (no cuDNN)         model-own-*.log/.json
 #   quickmodel   bench_cuda --quick (≤ 2K tokens + the PEFT comparison rows) model.log/.json
 #   model        bench_cuda, every row (several minutes)                  model.log/.json
 #   bench8b      bench_cuda_kernels --geo Qwen3-8B                        bench-8b.log/.csv
@@ -275,16 +281,16 @@ run_sanitize() {
     done
 }
 
-run_suites() {
+run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of ENV)
     local t
     for t in test_cpu_ref test_learning test_longseq test_exe_sample; do
-        LOOM_TEST_BACKEND=cuda step suites.log 45 "$t (cuda)" "$BIN/$t"
+        step suites.log 45 "$t (cuda${1:+ $1})" env LOOM_TEST_BACKEND=cuda "$@" "$BIN/$t"
     done
 }
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
-       sanitize suites ref model8b model06 model-v2 quickmodel model bench8b bench quickbench layer sdpa8b sdpa
-       quicksdpa peer peer-table cudnn backend-cudnn model-cudnn"
+       backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own quickmodel model bench8b bench
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn"
 
 run_step() {
     case $1 in
@@ -298,16 +304,17 @@ run_step() {
         backend-sgmv) run_backend backend-sgmv.log "test_gpu_backend LCU_LORA=sgmv" "" LCU_LORA=sgmv ;;
         backend-mma) run_backend backend-mma.log "test_gpu_backend LCU_ATTN=mma" "" LCU_ATTN=mma ;;
         backend-cublas) run_backend backend-cublas.log "test_gpu_backend LCU_GEMM=cublas" "" LCU_GEMM=cublas ;;
-        # cuDNN's fused attention (LCU_ATTN=cudnn, backend/cuda/README.md): against version 1
-        # and the fp64 reference, bit-for-bit reruns; then the backend and the model on it
+        # the own attention kernels (version 1), which cuDNN's fused attention replaced as the
+        # default for training passes (backend/cuda/README.md)
+        backend-own) run_backend backend-own.log "test_gpu_backend LCU_ATTN=wmma" "" LCU_ATTN=wmma ;;
+        # cuDNN's fused attention against version 1 and the fp64 reference, bit-for-bit reruns
         cudnn) LOOM_CUDNN_REQUIRED=1 LCU_CUDNN_VERBOSE=1 step cudnn.log 120 test_gpu_cudnn_attn "$BIN/test_gpu_cudnn_attn" ;;
-        backend-cudnn) run_backend backend-cudnn.log "test_gpu_backend LCU_ATTN=cudnn" "$BACKEND_DENSE" LCU_ATTN=cudnn \
-                           LCU_CUDNN_VERBOSE=1 ;;
-        model-cudnn)
-            LCU_ATTN=cudnn MODEL_TAG="(cudnn)" run_model model-cudnn-06b 80 --geo Qwen3-0.6B --iters 1
-            LCU_ATTN=cudnn MODEL_TAG="(cudnn)" run_model model-cudnn-8b 200 --geo Qwen3-8B --iters 1 ;;
+        model-own)
+            LCU_ATTN=wmma MODEL_TAG="(own attention)" run_model model-own-06b 80 --geo Qwen3-0.6B --iters 1
+            LCU_ATTN=wmma MODEL_TAG="(own attention)" run_model model-own-8b 200 --geo Qwen3-8B --iters 1 ;;
         sanitize) run_sanitize ;;
         suites) run_suites ;;
+        suites-own) run_suites LCU_ATTN=wmma ;;
         ref) LOOM_TEST_BACKEND=cuda step ref.log 400 "run_ref.py (cuda, bf16 bars)" "$PY" tests/ref/run_ref.py \
                  --dump-bin "$BIN/test_cpu_ref" --work "$OUT/ref-work" --tolerance bf16 ;;
         model8b) run_model model-8b 400 --geo Qwen3-8B --iters 1 ;;
@@ -343,7 +350,7 @@ print_summary() {
     grep -hE "^(FAIL|FATAL)|  FAIL |^not ok" "$OUT"/kernels.log "$OUT"/backend*.log "$OUT"/moe.log "$OUT"/suites.log \
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
-    for f in model-8b.log model-06b.log model-v2-06b.log model-v2-8b.log model-cudnn-06b.log model-cudnn-8b.log \
+    for f in model-8b.log model-06b.log model-v2-06b.log model-v2-8b.log model-own-06b.log model-own-8b.log \
         model.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
@@ -368,23 +375,27 @@ case $MODE in
     a)
         run_dense
         run_check
-        run_backend backend.log "test_gpu_backend (dense, extras)" "$BACKEND_DENSE"
+        run_step cudnn
+        run_moe
+        run_backend backend.log test_gpu_backend ""
         stop_if_no_device test_gpu_backend backend.log
-        if fataled backend.log "test_gpu_backend (dense, extras)"; then
-            run_backend backend-sync.log "test_gpu_backend (dense, extras) LOOM_CUDA_SYNC=1" "$BACKEND_DENSE" \
-                LOOM_CUDA_SYNC=1
-            summary_line "bench_cuda Qwen3-8B: not run (the backend test faulted: fix that first)"
+        if fataled backend.log test_gpu_backend; then
+            run_backend backend-sync.log "test_gpu_backend LOOM_CUDA_SYNC=1" "" LOOM_CUDA_SYNC=1
+            summary_line "bench_cuda: not run (the backend test faulted: fix that first)"
         else
+            run_suites
+            run_step ref
             run_step model8b
+            run_step model06
         fi
         ;;
     b)
-        run_moe
-        run_step bench8b
-        run_step model06
-        run_suites
+        run_step peer-table
+        run_step backend-own
+        run_suites LCU_ATTN=wmma
         run_step sdpa8b
-        run_step model-v2
+        run_step bench8b
+        run_step model-own
         ;;
     *)
         for s in "$@"; do run_step "$s"; done

