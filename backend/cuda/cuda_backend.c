@@ -104,6 +104,9 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     c->device = o->device;
     const char *sync = getenv("LOOM_CUDA_SYNC");
     c->sync_debug = sync && *sync && strcmp(sync, "0") != 0;
+    const char *keep = getenv("LCU_KEEP_ACT"), *keep_mb = getenv("LCU_KEEP_MB");
+    c->keep.wanted = keep && *keep && strcmp(keep, "0") != 0;
+    c->keep.cap_bytes = keep_mb && *keep_mb ? (size_t)strtoull(keep_mb, NULL, 10) << 20 : 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);
@@ -192,9 +195,10 @@ static int cu_copy(void *ctx, be_adapter *dst, const be_adapter *src, unsigned p
 
 /* ---- forward / backward ---------------------------------------------------------------- */
 
-/* The pass itself, on buffers already large enough. 0 or -1 (recorded in c). */
+/* The pass itself, on buffers already large enough; keep: each layer's activations are kept
+ * in c->keep's slots for the backward instead of recomputed. 0 or -1 (recorded in c). */
 static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk,
-                     bool extras)
+                     bool extras, bool keep)
 {
     const model_config *mc = &c->cfg;
     cu_act *a = &c->a;
@@ -211,11 +215,13 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
     for (int l = 0; l < L; l++) {
         if (layer_grad)
             CU_TRY(c, cudaMemcpyAsync(a->saved + l * TH, a->x, TH * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+        if (keep) cu_keep_bind(c, l);
         if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) {
             c->route_seqs = NULL;
             return -1;
         }
     }
+    cu_keep_unbind(c); /* the final norm's xn2 and the head's buffers are the shared ones */
     c->route_seqs = NULL;
     /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
     cu_where(c, "final norm");
@@ -228,9 +234,11 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
                                   c->stream));
         for (int l = L - 1; l >= 0; l--) {
             const float *x_in = a->saved + l * TH;
-            if (cu_layer_forward(c, l, T, x_in, NULL, true) < 0 || cu_layer_backward(c, l, T, x_in, l > 0) < 0)
-                return -1;
+            if (keep) cu_keep_bind(c, l);
+            else if (cu_layer_forward(c, l, T, x_in, NULL, true) < 0) return -1;
+            if (cu_layer_backward(c, l, T, x_in, l > 0) < 0) return -1;
         }
+        cu_keep_unbind(c);
     }
     cu_where(c, "downloading the outputs");
     CU_TRY(c, cudaMemcpyAsync((char *)c->meta.host + c->ml.in_end, (char *)c->meta.dev + c->ml.in_end,
@@ -278,6 +286,20 @@ static void cu_fb_scatter(cu_ctx *c, be_seq *seqs)
     }
 }
 
+/* What cuDNN's attention may still allocate for a batch of nseq sequences, the longest
+ * max_len rows: its deterministic backward's dP, B·nq·S²·2 bytes of the plan's bucket
+ * (backend/cuda/README.md), grown ×1.5, at most the quarter of the device cuDNN may take;
+ * kept activations leave it free. */
+static size_t cu_dnn_ws_estimate(const cu_ctx *c, int nseq, int max_len)
+{
+    if (!c->dnn) return 0;
+    size_t B = 1, S = ((size_t)max_len + 127) / 128 * 128, fr = 0, tot = 0;
+    while (B < (size_t)nseq) B <<= 1;
+    cudaMemGetInfo(&fr, &tot);
+    size_t est = B * (size_t)c->cfg.num_attention_heads * S * S * 2 * 3 / 2;
+    return est < tot / 4 ? est : tot / 4;
+}
+
 static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
@@ -314,7 +336,10 @@ static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward,
     if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;
-    if (cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras) < 0) return cu_fb_fail(c, err, errlen);
+    bool keep = layer_grad && cu_keep_reserve(c, T, cu_dnn_ws_estimate(c, np, max_len));
+    int rc = cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras, keep);
+    cu_keep_unbind(c); /* also after a failure between a bind and its unbind */
+    if (rc < 0) return cu_fb_fail(c, err, errlen);
     cu_fb_scatter(c, seqs);
     return 0;
 }

@@ -11,6 +11,7 @@
 #include "common/err.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,100 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
     c->cap_seqs = cap_seqs;
     c->cap_saved = saved;
     return 0;
+}
+
+/* Places one layer's kept activations for T rows at base (NULL: sizes only); the bytes. */
+static size_t cu_keep_carve(const cu_ctx *c, char *base, long T, cu_act *k)
+{
+    const model_config *mc = &c->cfg;
+    size_t H = mc->hidden_size, I = mc->intermediate_size, nq = mc->num_attention_heads,
+           nkv = mc->num_key_value_heads, qd = nq * mc->head_dim, kvd = nkv * mc->head_dim, t = (size_t)T;
+    size_t off = 0, f = sizeof(float), b = sizeof(lcu_bf16);
+    memset(k, 0, sizeof *k);
+#define CU_TAKE(ptr, bytes)                                     \
+    do {                                                        \
+        if (base) (ptr) = (void *)(base + off);                 \
+        off += cb_align(bytes);                                 \
+    } while (0)
+    CU_TAKE(k->xn1, t * H * b);
+    CU_TAKE(k->rstd1, t * f);
+    if (mc->qk_norm) {
+        CU_TAKE(k->q_pre, t * qd * f);
+        CU_TAKE(k->k_pre, t * kvd * f);
+    }
+    CU_TAKE(k->rstd_q, t * nq * f);
+    CU_TAKE(k->rstd_k, t * nkv * f);
+    CU_TAKE(k->q, t * qd * b);
+    CU_TAKE(k->k, t * kvd * b);
+    CU_TAKE(k->v, t * kvd * b);
+    CU_TAKE(k->att, t * qd * b);
+    CU_TAKE(k->lse, t * nq * f);
+    CU_TAKE(k->xmid, t * H * f);
+    CU_TAKE(k->rstd2, t * f);
+    CU_TAKE(k->xn2, t * H * b);
+    CU_TAKE(k->g, t * I * f);
+    CU_TAKE(k->u, t * I * f);
+    CU_TAKE(k->h, t * I * b);
+#undef CU_TAKE
+    return off;
+}
+
+bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes)
+{
+    cu_keep *k = &c->keep;
+    int L = c->cfg.num_hidden_layers;
+    if (!k->wanted || c->cfg.num_experts > 0 || T <= 0) return false;
+    if (T <= k->cap_T) return true;
+    if (k->refused_T && T >= k->refused_T) return false;
+    long cap_T = (T + 63) / 64 * 64;
+    cu_act probe;
+    size_t per = cu_keep_carve(c, NULL, cap_T, &probe), bytes = per * (size_t)L;
+    if (k->mem) cudaFree(k->mem); /* before measuring: the old slots count as free */
+    k->mem = NULL;
+    k->cap_T = 0;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    size_t reserve = ((size_t)2 << 30) + tot / 20 + dnn_ws_bytes, limit = fr > reserve ? fr - reserve : 0;
+    if (k->cap_bytes && k->cap_bytes < limit) limit = k->cap_bytes;
+    if (bytes > limit || cudaMalloc(&k->mem, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not sticky */
+        k->mem = NULL;
+        k->refused_T = k->refused_T && k->refused_T < T ? k->refused_T : T;
+        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens recomputes each layer in the backward: keeping its "
+                "activations takes %.1f GiB, %.1f GiB allowed (LCU_KEEP_MB, free memory less %.1f GiB)\n",
+                c->device, T, bytes / 1073741824.0, limit / 1073741824.0, reserve / 1073741824.0);
+        return false;
+    }
+    if (!k->slot) k->slot = calloc((size_t)L, sizeof *k->slot);
+    if (!k->slot) {
+        cudaFree(k->mem);
+        k->mem = NULL;
+        return false;
+    }
+    for (int l = 0; l < L; l++) cu_keep_carve(c, (char *)k->mem + (size_t)l * per, cap_T, &k->slot[l]);
+    k->cap_T = cap_T;
+    return true;
+}
+
+void cu_keep_bind(cu_ctx *c, int l)
+{
+    cu_keep *k = &c->keep;
+    if (!k->bound) k->scratch = c->a;
+    k->bound = true;
+    const cu_act *s = &k->slot[l];
+#define CU_BIND(f) c->a.f = s->f ? s->f : k->scratch.f;
+    CU_KEPT_FIELDS(CU_BIND)
+#undef CU_BIND
+}
+
+void cu_keep_unbind(cu_ctx *c)
+{
+    cu_keep *k = &c->keep;
+    if (!k->bound) return;
+#define CU_UNBIND(f) c->a.f = k->scratch.f;
+    CU_KEPT_FIELDS(CU_UNBIND)
+#undef CU_UNBIND
+    k->bound = false;
 }
 
 int cu_rope_reserve(cu_ctx *c, int max_pos, char *err, size_t errlen)
@@ -318,6 +413,8 @@ int cu_pack(cu_ctx *c, const be_seq *seqs, int nseq, bool any_grad)
 void cu_buffers_free(cu_ctx *c)
 {
     if (c->act_mem) cudaFree(c->act_mem);
+    if (c->keep.mem) cudaFree(c->keep.mem);
+    free(c->keep.slot);
     if (c->rope_cos) cudaFree(c->rope_cos);
     if (c->rope_sin) cudaFree(c->rope_sin);
     if (c->logits) cudaFree(c->logits);

@@ -13,6 +13,15 @@ void cu_buf_free(cu_buf *b);
 /* The activation workspace for T rows in up to nseq sequences, with the per-layer inputs
  * when saved. 0 or -1 with err (out of memory; nothing else changed). */
 int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t errlen);
+/* Slots for every layer's kept activations over T rows (c->keep) when LCU_KEEP_ACT asked
+ * for them, the model is dense and they fit in the device's free memory less a reserve
+ * (2 GiB, 5 % of the device and cuDNN's workspace for this batch: dnn_ws_bytes) and under
+ * LCU_KEEP_MB. true: the pass keeps them; false: it recomputes each layer in the backward
+ * (said on stderr once per size). Never fails a pass. */
+bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes);
+/* c->a's CU_KEPT_FIELDS pointed at layer l's slot; back at the shared buffers. */
+void cu_keep_bind(cu_ctx *c, int l);
+void cu_keep_unbind(cu_ctx *c);
 /* RoPE tables covering positions 0 .. max_pos − 1 (queued on c->stream). 0 or -1 with err. */
 int cu_rope_reserve(cu_ctx *c, int max_pos, char *err, size_t errlen);
 /* Host arrays of segments for nseq sequences. 0 or -1 with err. */

@@ -128,6 +128,28 @@ typedef struct {
     float *saved;                               /* [L, T, H] layer inputs (when cap_saved) */
 } cu_act;
 
+/* Kept activations (LCU_KEEP_ACT=1; cu_keep_reserve in cuda_buffers.c): what each dense
+ * layer's backward reads, kept from the forward in a slot per layer, so that the backward
+ * recomputes nothing. The forward writes them through c->a's pointers, which cu_keep_bind
+ * points at layer l's slot (and cu_keep_unbind back at the shared buffers); the values are
+ * those the recompute would produce, bit for bit (the same kernels on the same inputs).
+ * q_pre/k_pre only with q/k-norm (their backward reads them); else NULL in the slots. */
+#define CU_KEPT_FIELDS(X) \
+    X(xn1) X(rstd1) X(q_pre) X(k_pre) X(rstd_q) X(rstd_k) X(q) X(k) X(v) X(att) X(lse) X(xmid) X(rstd2) X(xn2) \
+    X(g) X(u) X(h)
+typedef struct {
+    bool wanted;                    /* LCU_KEEP_ACT=1 at context creation */
+    size_t cap_bytes;               /* LCU_KEEP_MB: at most this much (0: what the device has free,
+                                       less a reserve) */
+    void *mem;
+    long cap_T;                     /* rows each slot holds (0: no slots) */
+    cu_act *slot;                   /* [num_hidden_layers], only CU_KEPT_FIELDS set */
+    cu_act scratch;                 /* c->a as the workspace carved it, while a slot is bound */
+    bool bound;
+    long refused_T;                 /* the smallest batch found not to fit (0: none): larger
+                                       ones recompute without asking again */
+} cu_keep;
+
 /* The per-call rows of a packed batch, as offsets into one host/device buffer (cu_meta):
  * the inputs [0, in_end) go up in one copy, the outputs [in_end, out_end) come down in one. */
 typedef struct {
@@ -174,6 +196,7 @@ typedef struct {
     long cap_T;
     int cap_seqs;
     bool cap_saved;
+    cu_keep keep;                   /* kept activations (LCU_KEEP_ACT) */
     cu_buf meta;                    /* per-call rows (cu_meta_layout), host mirror */
     cu_meta_layout ml;
     int head_rows;                  /* rows of logits per head chunk */

@@ -78,6 +78,7 @@ typedef struct {
     const char *name;
     model_config mc;
     side cpu, gpu;
+    char dir[256]; /* the model's directory (a second context on it: check_keep) */
 } pair;
 
 typedef struct { int rank; bool attn, mlp, unembed; uint64_t seed; } ad_def;
@@ -380,6 +381,42 @@ static void cmp_grads(const char *cs, const char *what, int a, const adapter_sta
 
 static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
+/* Kept activations (LCU_KEEP_ACT, a dense model on cuda) against the backward's recompute:
+ * a second context with the switch flipped runs the same pass from the same adapters and
+ * must give the same log-probs, losses and gradients, bit for bit (the kept tensors are
+ * what the recompute produces). ref, gref: this context's pass and gradients. */
+static void check_keep(pair *p, const inputs *in, const batch *ref, const adapter_state *gref)
+{
+    const char *was = getenv("LCU_KEEP_ACT");
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    bool kept_here = was && *was && strcmp(was, "0") != 0;
+    setenv("LCU_KEEP_ACT", kept_here ? "0" : "1", 1);
+    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+    if (was) setenv("LCU_KEEP_ACT", prev, 1);
+    else unsetenv("LCU_KEEP_ACT");
+    for (int a = 0; a < NAD; a++) o.ads[a] = make_adapter(&o, a);
+    batch b;
+    make_batch(&b, &o, o.ads, in, -1, false);
+    run(&o, &b, true);
+    bool same = true;
+    for (int k = 0; k < b.n; k++) {
+        int i = b.idx[k];
+        same &= same_bits(b.lp[k], ref->lp[k], (size_t)SEQS[i].n * KOF(i) * 4) &&
+                same_bits(b.loss[k], ref->loss[k], (size_t)SEQS[i].n * 4);
+    }
+    for (int a = 0; a < NAD; a++) {
+        adapter_state g = download(&o, o.ads[a], ADAPTER_GRADS);
+        same &= same_bits(g.grads, gref[a].grads, g.layout.num_params * 4);
+        adapter_state_free(&g);
+        o.be->adapter_free(o.ctx, o.ads[a]);
+    }
+    gt_check(same, "%s: kept activations (LCU_KEEP_ACT=1) and the backward's recompute give the same log-probs, losses "
+             "and gradients, bitwise", p->name);
+    free_batch(&b);
+    o.be->destroy(o.ctx);
+}
+
 /* ---- per model: outputs, gradients, AdamW, packing, determinism ------------------------ */
 
 static void check_case(pair *p)
@@ -447,6 +484,7 @@ static void check_case(pair *p)
     }
     gt_check(det, "%s: a rerun gives the same log-probs, losses and gradients, bitwise", cs);
     free_batch(&bg3);
+    if (g_ncnt == 0 && strcmp(p->gpu.be->name, "cuda") == 0) check_keep(p, &in, &bg2, gg);
 
     /* forward_only and base-only rows in a backward pass touch no gradient */
     for (int a = 0; a < NAD; a++) zero_grads(&p->gpu, p->gpu.ads[a]);
@@ -913,6 +951,7 @@ int main(void)
         write_model(cases[i].name, cases[i].arch, cases[i].llama3, cases[i].kv_heads, cases[i].max_pos, true, dir,
                     sizeof dir);
         pair p = {.name = cases[i].name, .cpu = {cpu, NULL, {0}}, .gpu = {cuda, NULL, {0}}};
+        snprintf(p.dir, sizeof p.dir, "%s", dir);
         p.cpu.ctx = open_ctx(cpu, dir, &p.mc);
         p.gpu.ctx = open_ctx(cuda, dir, NULL);
         g_ncnt = model_num_moe_layers(&p.mc) * p.mc.num_experts;
