@@ -142,6 +142,13 @@ int lcu_cudnn_create_deviceless(lcu_cudnn **out, const char *devprop_json, char 
  * there is no plan but a taker, its workspace and engine. */
 int lcu_cudnn_plan_check(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, int64_t *workspace,
                          int64_t *engine, int *accepted);
+/* The backward's head groups as lcu_cudnn_attn_bwd chooses them, planning only: the fewest
+ * (1, 2, 4, ...) whose graph an engine takes within the workspace limit
+ * (LCU_CUDNN_WORKSPACE_MB; a device-less context has none unless that is set). 0 (a plan
+ * built) or LCU_ENOTSUP (taken by an engine, not built: a device-less context; *groups 0:
+ * none) with *groups and that plan's workspace, engine and accepting configs. */
+int lcu_cudnn_bwd_groups(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, int *groups, int64_t *workspace,
+                         int64_t *engine, int *accepted);
 
 /* ---- the packed batch as cuDNN reads it (lcu_cudnn_prep.cu) ------------------------------ */
 

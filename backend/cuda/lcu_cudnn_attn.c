@@ -53,6 +53,8 @@ enum {
 typedef struct {
     bool used, bwd, refused, pad2;
     int B, S, nq, nkv, d;
+    int rq, rkv;       /* heads in a row of the caller's tensors: nq, nkv but for a backward in
+                          head groups (lca_bwd_plan), where the graph takes nq/nkv of them */
     lcd_graph g;
     uint64_t last_use;
     int accepted;      /* of a refused bucket: lcd_graph.accepted, workspace, engine before the */
@@ -142,21 +144,22 @@ typedef struct {
 
 static void lca_io_tensors(lcd_graph *g, const lca_plan *p, bool kv_transposed_v, lca_io *t)
 {
-    int64_t B = p->B, S = p->S, H = p->nq, G = p->nkv, D = p->d;
+    /* H, G heads of rows of RH, RG heads (a head group: the rest of the row is other calls') */
+    int64_t B = p->B, S = p->S, H = p->nq, G = p->nkv, D = p->d, RH = p->rq, RG = p->rkv;
     t->len_q = lcd_tensor(g, U_SEQ_Q, CUDNN_DATA_INT32, DIM(B, 1, 1, 1), DIM(1, 1, 1, 1), 0, NULL);
     t->len_kv = lcd_tensor(g, U_SEQ_KV, CUDNN_DATA_INT32, DIM(B, 1, 1, 1), DIM(1, 1, 1, 1), 0, NULL);
     t->ro_qo = lcd_tensor(g, U_RO_QO, CUDNN_DATA_INT64, DIM(B + 1, 1, 1, 1), DIM(1, 1, 1, 1), 0, NULL);
     t->ro_kv = lcd_tensor(g, U_RO_KV, CUDNN_DATA_INT64, DIM(B + 1, 1, 1, 1), DIM(1, 1, 1, 1), 0, NULL);
     t->ro_st = lcd_tensor(g, U_RO_ST, CUDNN_DATA_INT64, DIM(B + 1, 1, 1, 1), DIM(1, 1, 1, 1), 0, NULL);
-    t->q = lcd_tensor(g, U_Q, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * H * D, D, H * D, 1), 0, t->ro_qo);
+    t->q = lcd_tensor(g, U_Q, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * RH * D, D, RH * D, 1), 0, t->ro_qo);
     /* Kᵀ: [B, nkv, d, S] over the same memory (the graph multiplies Q by it) */
-    t->k = lcd_tensor(g, U_K, CUDNN_DATA_BFLOAT16, DIM(B, G, D, S), DIM(S * G * D, D, 1, G * D), 0, t->ro_kv);
+    t->k = lcd_tensor(g, U_K, CUDNN_DATA_BFLOAT16, DIM(B, G, D, S), DIM(S * RG * D, D, 1, RG * D), 0, t->ro_kv);
     if (kv_transposed_v) /* the backward multiplies dO by Vᵀ */
-        t->v = lcd_tensor(g, U_V, CUDNN_DATA_BFLOAT16, DIM(B, G, D, S), DIM(S * G * D, D, 1, G * D), 0, t->ro_kv);
+        t->v = lcd_tensor(g, U_V, CUDNN_DATA_BFLOAT16, DIM(B, G, D, S), DIM(S * RG * D, D, 1, RG * D), 0, t->ro_kv);
     else
-        t->v = lcd_tensor(g, U_V, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * G * D, D, G * D, 1), 0, t->ro_kv);
-    t->o = lcd_tensor(g, U_O, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * H * D, D, H * D, 1), 0, t->ro_qo);
-    t->stats = lcd_tensor(g, U_STATS, CUDNN_DATA_FLOAT, DIM(B, H, S, 1), DIM(S * H, 1, H, 1), 0, t->ro_st);
+        t->v = lcd_tensor(g, U_V, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * RG * D, D, RG * D, 1), 0, t->ro_kv);
+    t->o = lcd_tensor(g, U_O, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * RH * D, D, RH * D, 1), 0, t->ro_qo);
+    t->stats = lcd_tensor(g, U_STATS, CUDNN_DATA_FLOAT, DIM(B, H, S, 1), DIM(S * RH, 1, RH, 1), 0, t->ro_st);
     t->scale = lcd_scalar(g, U_SCALE, CUDNN_DATA_FLOAT);
 }
 
@@ -188,15 +191,15 @@ static void lca_graph_fwd(lcd_graph *g, const lca_plan *p)
 
 static void lca_graph_bwd(lcd_graph *g, lca_plan *p)
 {
-    int64_t B = p->B, S = p->S, H = p->nq, G = p->nkv, D = p->d;
+    int64_t B = p->B, S = p->S, H = p->nq, G = p->nkv, D = p->d, RH = p->rq, RG = p->rkv;
     lca_io t;
     lca_io_tensors(g, p, true, &t);
-    lcd_t dO = lcd_tensor(g, U_DO, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * H * D, D, H * D, 1), 0, t.ro_qo);
-    lcd_t dQ = lcd_tensor(g, U_DQ, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * H * D, D, H * D, 1), 0, t.ro_qo);
-    lcd_t dK = lcd_tensor(g, U_DK, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * G * D, D, G * D, 1), 0, t.ro_kv);
-    lcd_t dV = lcd_tensor(g, U_DV, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * G * D, D, G * D, 1), 0, t.ro_kv);
+    lcd_t dO = lcd_tensor(g, U_DO, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * RH * D, D, RH * D, 1), 0, t.ro_qo);
+    lcd_t dQ = lcd_tensor(g, U_DQ, CUDNN_DATA_BFLOAT16, DIM(B, H, S, D), DIM(S * RH * D, D, RH * D, 1), 0, t.ro_qo);
+    lcd_t dK = lcd_tensor(g, U_DK, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * RG * D, D, RG * D, 1), 0, t.ro_kv);
+    lcd_t dV = lcd_tensor(g, U_DV, CUDNN_DATA_BFLOAT16, DIM(B, G, S, D), DIM(S * RG * D, D, RG * D, 1), 0, t.ro_kv);
     /* Δ = Σ_c dO⊙O per row and head, kept in the workspace in the layout of Stats */
-    lcd_t ssum = lcd_tensor(g, U_SSUM, CUDNN_DATA_FLOAT, DIM(B, H, S, 1), DIM(S * H, 1, H, 1), 0, t.ro_st);
+    lcd_t ssum = lcd_tensor(g, U_SSUM, CUDNN_DATA_FLOAT, DIM(B, H, S, 1), DIM(S * RH, 1, RH, 1), 0, t.ro_st);
     lcd_t one = lcd_scalar(g, U_ONE, CUDNN_DATA_FLOAT);
     lcd_t t1 = lcd_virtual(g, CUDNN_DATA_FLOAT, DIM(B, H, S, D), DIM(H * S * D, S * D, H * D, 1));
     lcd_t t2 = lcd_virtual(g, CUDNN_DATA_FLOAT, DIM(B, H, S, 1), DIM(H * S, S, 1, 1));
@@ -248,23 +251,28 @@ static void lca_graph_bwd(lcd_graph *g, lca_plan *p)
         lcd_reduction(g, CUDNN_REDUCE_TENSOR_ADD, dKf, dK);
     }
     /* dQ = dS·K (K seen as [B, nkv, S, d] again), straight into dQ: the deterministic form */
-    lcd_t Kr = lcd_tensor(g, 0, CUDNN_DATA_FLOAT, DIM(B, G, S, D), DIM(S * G * D, D, G * D, 1), LCD_VIRTUAL, t.ro_kv);
+    lcd_t Kr = lcd_tensor(g, 0, CUDNN_DATA_FLOAT, DIM(B, G, S, D), DIM(S * RG * D, D, RG * D, 1), LCD_VIRTUAL, t.ro_kv);
     lcd_reshape(g, t.k, Kr);
     lcd_matmul(g, dS, Kr, dQ, t.len_q, NULL, t.len_kv);
 }
 
 /* ---- plans --------------------------------------------------------------------------------- */
 
-/* The plan of this call's bucket, built on first use; NULL with *rc = LCU_ENOTSUP when cuDNN
- * has none for it (said once on stderr; the bucket stays refused). */
-static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, cudaStream_t s, int *rc)
+/* The plan of this call's bucket, built on first use, over a's heads in `groups` equal groups
+ * of whole GQA groups (1: all of them; more: a backward whose workspace is too large at
+ * once, lca_bwd_plan); NULL with *rc = LCU_ENOTSUP when cuDNN has none for it (said once on
+ * stderr when last: no other try follows; the bucket stays refused). */
+static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd, int groups, bool last,
+                              cudaStream_t s, int *rc)
 {
     int B = c->exact_b ? a->nseq : lca_bucket_b(a->nseq), S = lca_bucket_s(max_len > 0 ? max_len : a->total_q);
+    int nq = a->nq / groups, nkv = a->nkv / groups;
     lca_plan *p = NULL, *lru = NULL;
     c->tick++;
     for (int i = 0; i < LCA_CAP; i++) {
         lca_plan *x = &c->plans[i];
-        if (x->used && x->bwd == bwd && x->B == B && x->S == S && x->nq == a->nq && x->nkv == a->nkv && x->d == a->d) {
+        if (x->used && x->bwd == bwd && x->B == B && x->S == S && x->nq == nq && x->nkv == nkv && x->rq == a->nq &&
+            x->rkv == a->nkv && x->d == a->d) {
             p = x;
             break;
         }
@@ -285,7 +293,7 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
         lcd_graph_free(&p->g);
     }
     memset(p, 0, sizeof *p);
-    *p = (lca_plan){true, bwd, false, false, B, S, a->nq, a->nkv, a->d, {0}, c->tick, 0, 0, -1};
+    *p = (lca_plan){true, bwd, false, false, B, S, nq, nkv, a->d, a->nq, a->nkv, {0}, c->tick, 0, 0, -1};
     lcd_graph_init(&p->g, c->api);
     double t0 = clock_mono_s();
     if (bwd) lca_graph_bwd(&p->g, p);
@@ -297,8 +305,11 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
                  "(LCU_CUDNN_WORKSPACE_MB)", p->g.workspace / 1048576.0, c->ws_max / 1048576.0);
     }
     if (p->g.st || !p->g.plan) {
-        fprintf(stderr, "loom cuda: cuDNN attention %s: no plan for %d sequences × %d rows, heads %d/%d × %d: %s; "
-                "the own kernels run this shape\n", bwd ? "backward" : "forward", B, S, a->nq, a->nkv, a->d, p->g.err);
+        if (last || c->verbose)
+            fprintf(stderr, "loom cuda: cuDNN attention %s: no plan for %d sequences × %d rows, heads %d/%d × %d%s: "
+                    "%s; %s\n", bwd ? "backward" : "forward", B, S, nq, nkv, a->d,
+                    groups > 1 ? " (a head group)" : "", p->g.err,
+                    last ? "the own kernels run this shape" : "trying smaller head groups");
         p->accepted = p->g.accepted;
         p->workspace = p->g.workspace;
         p->engine = p->g.engine;
@@ -308,9 +319,10 @@ static lca_plan *lca_plan_get(lcu_cudnn *c, const lcu_attn_desc *a, int max_len,
         return NULL;
     }
     if (c->verbose)
-        fprintf(stderr, "loom cuda: cuDNN attention %s plan for %d sequences × %d rows, heads %d/%d × %d: engine %lld, "
-                "workspace %.1f MiB, built in %.0f ms\n", bwd ? "backward" : "forward", B, S, a->nq, a->nkv, a->d,
-                (long long)p->g.engine, p->g.workspace / 1048576.0, (clock_mono_s() - t0) * 1e3);
+        fprintf(stderr, "loom cuda: cuDNN attention %s plan for %d sequences × %d rows, heads %d/%d × %d%s: engine "
+                "%lld, workspace %.1f MiB, built in %.0f ms\n", bwd ? "backward" : "forward", B, S, nq, nkv, a->d,
+                groups > 1 ? " (in head groups)" : "", (long long)p->g.engine, p->g.workspace / 1048576.0,
+                (clock_mono_s() - t0) * 1e3);
     return p;
 }
 
@@ -394,9 +406,11 @@ static int lca_check(const lcu_cudnn *c, const lcu_attn_desc *a, int max_len)
     return 0;
 }
 
-/* The caller's tensors of one call. */
+/* The caller's tensors of one call, and the backward's bf16 gradients and Δ (workspace
+ * pieces), each at its head group's first head. */
 typedef struct {
     const void *q, *k, *v, *o, *lse, *dout;
+    void *dq, *dk, *dv, *ssum;
 } lca_args;
 
 /* Binds the call's tensors, the workspace pieces (base w) and the scalars to the plan's
@@ -424,10 +438,10 @@ static int lca_execute(lcu_cudnn *c, const lca_plan *p, const lcu_attn_desc *a, 
     LCA_BIND(U_NEGINF_CAUSAL, &ninf);
     if (p->bwd) {
         LCA_BIND(U_DO, x->dout);
-        LCA_BIND(U_DQ, w + l->dq);
-        LCA_BIND(U_DK, w + l->dk);
-        LCA_BIND(U_DV, w + l->dv);
-        LCA_BIND(U_SSUM, w + l->ssum);
+        LCA_BIND(U_DQ, x->dq);
+        LCA_BIND(U_DK, x->dk);
+        LCA_BIND(U_DV, x->dv);
+        LCA_BIND(U_SSUM, x->ssum);
         LCA_BIND(U_ONE, &one);
         if (p->pad2) LCA_BIND(U_NEGINF_PAD2, &ninf);
     }
@@ -444,13 +458,68 @@ int lcu_cudnn_attn_fwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const 
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
     if (!q || !k || !v || !out || !lse) return LCU_EINVAL;
-    lca_plan *p = lca_plan_get(c, a, max_len, false, s, &rc);
+    lca_plan *p = lca_plan_get(c, a, max_len, false, 1, true, s, &rc);
     if (!p) return rc;
     lca_layout l;
     lca_layout_of(p, a, &l);
     if ((rc = lca_reserve(c, l.total)) || (rc = lca_prep(c, p, a, &l, s))) return rc;
-    lca_args x = {q, k, v, out, lse, NULL};
+    lca_args x = {q, k, v, out, lse, NULL, NULL, NULL, NULL, NULL};
     return lca_execute(c, p, a, &x, c->ws, &l, s);
+}
+
+/* Whether a backward may run in g head groups: whole GQA groups (g divides nkv) and each
+ * group's first head 16-byte aligned in lse and Δ (fp32 rows of nq: nq/g a multiple of 4). */
+static bool lca_groups_ok(const lcu_attn_desc *a, int g)
+{
+    return g == 1 || (a->nkv % g == 0 && (a->nq / g) % 4 == 0);
+}
+
+/* The backward's plan: over all heads at once, else over the fewest equal head groups (2,
+ * 4, ...: lca_groups_ok) whose plan cuDNN builds within the workspace limit and, when
+ * reserve, whose workspace the device has. The deterministic backward's workspace holds dP,
+ * B·heads·S² bf16 (66 GB for one sequence of 32K rows at 32 heads), so a long sequence runs
+ * as one call per head group (each head's gradients are its own; a group's dK, dV sum over
+ * its own query heads) rather than on the own kernels. *groups, *l: the count, the layout. */
+static lca_plan *lca_bwd_plan(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, cudaStream_t s, bool reserve,
+                              int *groups, lca_layout *l, int *rc)
+{
+    for (int g = 1; g <= a->nkv && lca_groups_ok(a, g); g *= 2) {
+        bool last = !lca_groups_ok(a, g * 2) || g * 2 > a->nkv;
+        lca_plan *p = lca_plan_get(c, a, max_len, true, g, last, s, rc);
+        if (!p) {
+            if (*rc != LCU_ENOTSUP) return NULL;
+            continue;
+        }
+        lca_layout_of(p, a, l);
+        if (reserve && (*rc = lca_reserve(c, l->total))) {
+            if (*rc != LCU_ENOTSUP || last) return NULL;
+            continue;
+        }
+        *groups = g;
+        *rc = 0;
+        return p;
+    }
+    *rc = LCU_ENOTSUP;
+    return NULL;
+}
+
+/* The backward's calls, one per head group: the caller's tensors and the workspace's
+ * gradients and Δ each at the group's first head, the same ragged offsets (rows of all
+ * heads). w: the workspace (a placeholder address in a dry run). */
+static int lca_bwd_execute(lcu_cudnn *c, const lca_plan *p, int groups, const lcu_attn_desc *a, const lca_args *x,
+                           char *w, const lca_layout *l, cudaStream_t s)
+{
+    size_t hq = (size_t)a->nq / groups, hk = (size_t)a->nkv / groups, D = (size_t)a->d;
+    for (int i = 0; i < groups; i++) {
+        size_t oq = i * hq * D, ok = i * hk * D, os = i * hq;
+        lca_args y = {(const lcu_bf16 *)x->q + oq, (const lcu_bf16 *)x->k + ok, (const lcu_bf16 *)x->v + ok,
+                      (const lcu_bf16 *)x->o + oq, (const float *)x->lse + os, (const lcu_bf16 *)x->dout + oq,
+                      (lcu_bf16 *)(w + l->dq) + oq, (lcu_bf16 *)(w + l->dk) + ok, (lcu_bf16 *)(w + l->dv) + ok,
+                      (float *)(w + l->ssum) + os};
+        int rc = lca_execute(c, p, a, &y, w, l, s);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const lcu_bf16 *q, const lcu_bf16 *k,
@@ -461,14 +530,14 @@ int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const 
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
     if (!q || !k || !v || !out || !lse || !dout || !dq || !dk || !dv) return LCU_EINVAL;
-    lca_plan *p = lca_plan_get(c, a, max_len, true, s, &rc);
-    if (!p) return rc;
+    int groups = 1;
     lca_layout l;
-    lca_layout_of(p, a, &l);
-    if ((rc = lca_reserve(c, l.total)) || (rc = lca_prep(c, p, a, &l, s))) return rc;
-    lca_args x = {q, k, v, out, lse, dout};
+    lca_plan *p = lca_bwd_plan(c, a, max_len, s, true, &groups, &l, &rc);
+    if (!p) return rc;
+    if ((rc = lca_prep(c, p, a, &l, s))) return rc;
+    lca_args x = {q, k, v, out, lse, dout, NULL, NULL, NULL, NULL};
     char *w = c->ws;
-    if ((rc = lca_execute(c, p, a, &x, w, &l, s))) return rc;
+    if ((rc = lca_bwd_execute(c, p, groups, a, &x, w, &l, s))) return rc;
     /* cuDNN writes bf16 gradients; the kernel layer's are fp32 */
     size_t T = (size_t)a->total_q;
     if ((rc = lcu_convert(dq, LCU_F32, w + l.dq, LCU_BF16, T * a->nq * a->d, s))) return rc;
@@ -482,14 +551,46 @@ int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bw
     int rc = lca_check(c, a, max_len);
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
-    lca_plan *p = lca_plan_get(c, a, max_len, bwd, 0, &rc);
-    if (!p) return rc;
-    lca_layout l;
-    lca_layout_of(p, a, &l);
     /* placeholder addresses, distinct and aligned: the stand-in library reads none of them */
     lca_args x = {(void *)0x10000, (void *)0x20000, (void *)0x30000, (void *)0x40000, (void *)0x50000,
-                  bwd ? (void *)0x60000 : NULL};
+                  bwd ? (void *)0x60000 : NULL, NULL, NULL, NULL, NULL};
+    lca_layout l;
+    if (bwd) {
+        int groups = 1;
+        lca_plan *p = lca_bwd_plan(c, a, max_len, 0, false, &groups, &l, &rc);
+        return p ? lca_bwd_execute(c, p, groups, a, &x, (char *)0x1000000, &l, 0) : rc;
+    }
+    lca_plan *p = lca_plan_get(c, a, max_len, false, 1, true, 0, &rc);
+    if (!p) return rc;
+    lca_layout_of(p, a, &l);
     return lca_execute(c, p, a, &x, (char *)0x1000000, &l, 0);
+}
+
+int lcu_cudnn_bwd_groups(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, int *groups, int64_t *workspace,
+                         int64_t *engine, int *accepted)
+{
+    *groups = 0;
+    *accepted = 0;
+    int rc = lca_check(c, a, max_len);
+    if (rc) return rc;
+    if (a->total_q == 0 || a->nseq == 0) return LCU_EINVAL;
+    for (int g = 1; g <= a->nkv && lca_groups_ok(a, g); g *= 2) {
+        bool last = !lca_groups_ok(a, g * 2) || g * 2 > a->nkv;
+        lca_plan *p = lca_plan_get(c, a, max_len, true, g, last, 0, &rc), *e = p;
+        for (int i = 0; !e && i < LCA_CAP; i++) /* the refused entry just built (or found) */
+            if (c->plans[i].used && c->plans[i].last_use == c->tick) e = &c->plans[i];
+        if (!e) return rc;
+        int acc = p ? p->g.accepted : e->accepted;
+        int64_t ws = p ? p->g.workspace : e->workspace;
+        if ((p || acc > 0) && (c->ws_max <= 0 || ws <= c->ws_max)) {
+            *groups = g;
+            *accepted = acc;
+            *workspace = ws;
+            *engine = p ? p->g.engine : e->engine;
+            return p ? 0 : LCU_ENOTSUP;
+        }
+    }
+    return LCU_ENOTSUP;
 }
 
 /* An environment switch: set, non-empty and not "0". */
@@ -582,7 +683,7 @@ int lcu_cudnn_plan_check(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool
     int rc = lca_check(c, a, max_len);
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return LCU_EINVAL;
-    lca_plan *p = lca_plan_get(c, a, max_len, bwd, 0, &rc);
+    lca_plan *p = lca_plan_get(c, a, max_len, bwd, 1, true, 0, &rc);
     if (!p) { /* the refused entry: the one just built (or found) for this bucket */
         for (int i = 0; i < LCA_CAP; i++)
             if (c->plans[i].used && c->plans[i].last_use == c->tick) {
@@ -672,6 +773,13 @@ int lcu_cudnn_plans(const lcu_cudnn *c, int *refused)
 }
 
 int lcu_cudnn_dry_run(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, bool bwd) { return LCU_ENOTSUP; }
+int lcu_cudnn_bwd_groups(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, int *groups, int64_t *workspace,
+                         int64_t *engine, int *accepted)
+{
+    *groups = 0;
+    *accepted = 0;
+    return LCU_ENOTSUP;
+}
 
 size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c) { return 0; }
 

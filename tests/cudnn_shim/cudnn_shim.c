@@ -9,6 +9,8 @@
  * It computes nothing. Heuristics offer two engines: 1 (with the NONDETERMINISTIC note),
  * then 2 (without). Environment: SHIM_CUDNN_VERSION (default 91900), SHIM_CUDNN_REFUSE
  * (no engine for any graph), SHIM_CUDNN_WORKSPACE (bytes a plan asks for; 4096),
+ * SHIM_CUDNN_WORKSPACE_PER_HEAD (instead: bytes per head of the graph's uid-1 tensor, the
+ * query, dims[1]: as the deterministic backward's dP grows with the heads of one call),
  * SHIM_CUDNN_DUMP (prints each graph's operations).
  *
  * What this cannot say: whether cuDNN's engines accept the graph — only a GPU run can.
@@ -535,8 +537,12 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const p, cudnnBa
         return CUDNN_STATUS_SUCCESS;
     }
     if (name == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) {
-        const char *w = getenv("SHIM_CUDNN_WORKSPACE");
+        const char *w = getenv("SHIM_CUDNN_WORKSPACE"), *ph = getenv("SHIM_CUDNN_WORKSPACE_PER_HEAD");
         *(int64_t *)out = w ? strtoll(w, NULL, 10) : 4096;
+        for (int k = 0; ph && d->graph && k < d->graph->nbound; k++) {
+            mattr *dm = d->graph->bound[k] == 1 ? attr(d->graph->bound_t[k], CUDNN_ATTR_TENSOR_DIMENSIONS) : NULL;
+            if (dm && dm->n >= 2) *(int64_t *)out = strtoll(ph, NULL, 10) * ((const int64_t *)dm->data)[1];
+        }
         *got = 1;
         return CUDNN_STATUS_SUCCESS;
     }

@@ -213,12 +213,31 @@ static void check_settings(void)
     setenv("SHIM_CUDNN_WORKSPACE", "9437184", 1); /* 9 MiB */
     batch a = desc(6, 300, 8, 2, 64, 100);
     int refused;
-    CHECK(dry(c, &a, true) == LCU_ENOTSUP && lcu_cudnn_plans(c, &refused) >= 1 && refused == 1,
-          "a plan whose workspace is over LCU_CUDNN_WORKSPACE_MB is refused");
+    /* heads 8/2: all at once, then 2 groups of 4/1 (each as large, here): both refused */
+    CHECK(dry(c, &a, true) == LCU_ENOTSUP && lcu_cudnn_plans(c, &refused) >= 1 && refused == 2,
+          "a plan whose workspace is over LCU_CUDNN_WORKSPACE_MB is refused, over all heads and in head groups "
+          "(%d refused)", refused);
     setenv("SHIM_CUDNN_WORKSPACE", "8388608", 1);
     a = desc(7, 300, 8, 2, 64, 100);
     CHECK(dry(c, &a, true) == 0, "a plan at the limit runs");
     unsetenv("SHIM_CUDNN_WORKSPACE");
+    /* a workspace that grows with the heads of a call (the deterministic backward's dP): 12
+     * MiB over 8 heads is over the limit, 6 MiB over a group of 4/1 is not: two calls, each
+     * over its group's heads of rows of all 8/2 heads, at the group's first head */
+    setenv("SHIM_CUDNN_WORKSPACE_PER_HEAD", "1572864", 1); /* 1.5 MiB */
+    a = desc(3, 300, 8, 2, 64, 150);
+    int e0 = shim_executions();
+    CHECK(dry(c, &a, true) == 0 && shim_executions() == e0 + 2, "a backward over the limit runs in 2 head groups "
+          "(%d executions)", shim_executions() - e0);
+    {
+        const int B = 3, S = 192, H = 8, G = 2, D = 64, h = 4, g = 1; /* exact batch: B = 3 */
+        expect_tensor("head group: Q", U_Q, V4(B, h, S, D), V4(S * H * D, D, H * D, 1), CUDNN_DATA_BFLOAT16, U_RO_QO);
+        expect_tensor("head group: Kt", U_K, V4(B, g, D, S), V4(S * G * D, D, 1, G * D), CUDNN_DATA_BFLOAT16, U_RO_KV);
+        expect_tensor("head group: dK", U_DK, V4(B, g, S, D), V4(S * G * D, D, G * D, 1), CUDNN_DATA_BFLOAT16, U_RO_KV);
+        expect_tensor("head group: Stats", U_STATS, V4(B, h, S, 1), V4(S * H, 1, H, 1), CUDNN_DATA_FLOAT, U_RO_ST);
+        expect_tensor("head group: Δ", U_SSUM, V4(B, h, S, 1), V4(S * H, 1, H, 1), CUDNN_DATA_FLOAT, U_RO_ST);
+    }
+    unsetenv("SHIM_CUDNN_WORKSPACE_PER_HEAD");
     lcu_cudnn_destroy(c);
     setenv("LCU_CUDNN_ANY_ENGINE", "1", 1);
     rc = lcu_cudnn_create(&c, why, sizeof why);

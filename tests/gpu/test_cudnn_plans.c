@@ -17,6 +17,11 @@
  * uses (one long sequence, many short ones). Head dims 16 and 32 (the own kernels take
  * them) are reported, not required. Each line gives the engine and its workspace.
  *
+ * The backward of one long sequence in head groups (lcu_cudnn_bwd_groups): at 32K rows the
+ * deterministic backward's workspace over all heads is over a quarter of an 80 GB card (the
+ * default limit, set here as LCU_CUDNN_WORKSPACE_MB since a device-less context has none),
+ * so it must be taken in 2 or more groups of heads, each graph over rows of all the heads.
+ *
  * What this cannot say: whether the kernels compute the right numbers on packed batches
  * (test_gpu_cudnn_attn, on a GPU), nor how fast they are (bench_cuda_kernels).
  */
@@ -24,6 +29,7 @@
 #include "tests/check.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* An H100 SXM (80 GB HBM3) in cuDNN's device-property JSON (the fields cuDNN reads for
@@ -58,9 +64,23 @@ static void plan(lcu_cudnn *c, const char *geo, int nq, int nkv, int d, int nseq
         printf("note  %s: %s\n", what, ok ? "taken" : "refused (the own kernels run it)");
 }
 
+/* The backward of one sequence of len rows in head groups, within the workspace limit. */
+static void groups(lcu_cudnn *c, const char *geo, int nq, int nkv, int d, int len, int min_groups)
+{
+    lcu_attn_desc a = {1, (const int32_t *)0x100, NULL, NULL, len, nq, nkv, d, (float)(1.0 / sqrt((double)d))};
+    int64_t ws = 0, engine = -1;
+    int accepted = 0, g = 0;
+    int rc = lcu_cudnn_bwd_groups(c, &a, len, &g, &ws, &engine, &accepted);
+    CHECK((rc == 0 || accepted > 0) && g >= min_groups && ws <= (int64_t)20480 << 20,
+          "%-12s heads %2d/%d x %3d, 1 x %5d rows, backward in head groups: %d groups of %d/%d heads, engine %lld, "
+          "workspace %.1f MiB (limit 20480)", geo, nq, nkv, d, len, g, g ? nq / g : 0, g ? nkv / g : 0,
+          (long long)engine, ws / 1048576.0);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    setenv("LCU_CUDNN_WORKSPACE_MB", "20480", 1); /* a quarter of an 80 GB card, the default on one */
     lcu_cudnn *c = NULL;
     char why[1024];
     if (lcu_cudnn_create_deviceless(&c, h100, why, sizeof why) != 0) {
@@ -82,6 +102,9 @@ int main(void)
     plan(c, "long", 16, 8, 128, 1, 32768, true, true);
     for (int d = 16; d <= 32; d *= 2)
         for (int bwd = 0; bwd < 2; bwd++) plan(c, "small-d", 4, 2, d, 5, 300, bwd, false);
+    groups(c, "Qwen3-8B", 32, 8, 128, 32768, 4);   /* 66 GB at once, 16.5 GB in 4 groups */
+    groups(c, "Qwen3-0.6B", 16, 8, 128, 32768, 2); /* 34 GB at once */
+    groups(c, "Qwen3-8B", 32, 8, 128, 8192, 1);    /* 4.3 GB: all heads at once */
     lcu_cudnn_destroy(c);
     return check_summary();
 }

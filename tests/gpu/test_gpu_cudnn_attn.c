@@ -20,6 +20,7 @@
  * Without a GPU: exit 77. Without a loadable cuDNN: exit 77 too with the reason, unless
  * LOOM_CUDNN_REQUIRED is set (the GPU machine's runs: there cuDNN must load).
  */
+#include "backend/cuda/lcu_cudnn.h"
 #include "tests/gpu/attn_ref.h"
 #include "tests/gpu/gt.h"
 
@@ -306,6 +307,36 @@ int main(void)
     lcu_attn_desc kv = {1, (const int32_t *)&kl, &ks, &kl, 1, 4, 2, 64, 0.125f};
     gt_check(lcu_cudnn_attn_fwd(dnn, &kv, 1, (void *)1, (void *)1, (void *)1, (void *)1, (void *)1, 0) == LCU_ENOTSUP,
              "a KV-cache layout is left to the own kernels (LCU_ENOTSUP)");
+
+    /* the backward in head groups: a context whose workspace limit (LCU_CUDNN_WORKSPACE_MB) is
+     * 75 % of what this bucket's backward over all 16 heads asks runs it as 2 calls of 8/2
+     * heads (lcu_cudnn_attn.c, lca_bwd_plan), checked like every case */
+    if (!gt_small()) {
+        int lens[3] = {gt_int(300, 500), gt_int(1, 200), 512};
+        int64_t q_start64[4] = {0};
+        for (int i = 0; i < 3; i++) q_start64[i + 1] = q_start64[i] + lens[i];
+        lcu_attn_desc probe = {3, (const int32_t *)1, NULL, NULL, (long)q_start64[3], 16, 4, 64, 0.125f};
+        int64_t ws = 0, eng = -1;
+        int acc = 0;
+        int rc = lcu_cudnn_plan_check(dnn, &probe, 512, true, &ws, &eng, &acc);
+        lcu_cudnn *all = dnn;
+        char mb[32];
+        snprintf(mb, sizeof mb, "%lld", (long long)(ws * 3 / 4 >> 20));
+        setenv("LCU_CUDNN_WORKSPACE_MB", mb, 1);
+        int rc2 = rc == 0 && ws >= (8 << 20) ? lcu_cudnn_create(&dnn, why, sizeof why) : -1;
+        unsetenv("LCU_CUDNN_WORKSPACE_MB");
+        gt_check(rc2 == 0, "a context with a workspace limit of %s MiB (all heads: %.1f MiB, plan rc %d)", mb,
+                 ws / 1048576.0, rc);
+        if (rc2 == 0) {
+            int groups = 0;
+            lcu_cudnn_bwd_groups(dnn, &probe, 512, &groups, &ws, &eng, &acc);
+            gt_check(groups == 2, "the backward over the limit takes 2 head groups (%d; workspace %.1f MiB)", groups,
+                     ws / 1048576.0);
+            gt_check(check_case("head groups", 3, lens, 16, 4, 64, false), "the head-group backward ran on cuDNN");
+            lcu_cudnn_destroy(dnn);
+        }
+        dnn = all;
+    }
     lcu_cudnn_destroy(dnn);
     return gt_finish();
 }
