@@ -333,6 +333,7 @@ static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward,
         err_set(err, errlen, "batch of %ld tokens is too large", T);
         return -1;
     }
+    if (T > c->keep.cap_T) cu_keep_release(c); /* slots for T are taken after the workspace grows */
     if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;

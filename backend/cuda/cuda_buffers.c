@@ -127,6 +127,11 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
     c->cap_seqs = 0;
     c->cap_saved = false;
     int rc = (int)cudaMalloc(&c->act_mem, bytes);
+    if (rc && c->keep.mem) { /* the kept activations' slots give way (the next pass re-takes what fits) */
+        cudaGetLastError();
+        cu_keep_release(c);
+        rc = (int)cudaMalloc(&c->act_mem, bytes);
+    }
     if (rc) {
         c->act_mem = NULL;
         cudaGetLastError(); /* out of memory is not sticky: clear it */
@@ -232,6 +237,14 @@ bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes)
     for (int l = 0; l < L; l++) cu_keep_carve(c, (char *)k->mem + (size_t)l * per, cap_T, &k->slot[l]);
     k->cap_T = cap_T;
     return true;
+}
+
+void cu_keep_release(cu_ctx *c)
+{
+    cu_keep *k = &c->keep;
+    if (k->mem) cudaFree(k->mem);
+    k->mem = NULL;
+    k->cap_T = 0;
 }
 
 void cu_keep_bind(cu_ctx *c, int l)

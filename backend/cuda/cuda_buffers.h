@@ -19,6 +19,10 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
  * LCU_KEEP_MB. true: the pass keeps them; false: it recomputes each layer in the backward
  * (said on stderr once per size). Never fails a pass. */
 bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes);
+/* Gives the slots' memory back (the next pass that keeps takes it again): before a larger
+ * workspace, a sampling call's KV caches, or a retry after any out-of-memory, so that the
+ * slots never make another allocation fail. */
+void cu_keep_release(cu_ctx *c);
 /* c->a's CU_KEPT_FIELDS pointed at layer l's slot; back at the shared buffers. */
 void cu_keep_bind(cu_ctx *c, int l);
 void cu_keep_unbind(cu_ctx *c);

@@ -244,6 +244,7 @@ static int cs_reserve(cu_ctx *c, long T, int S, int nreq, long nmap, int kv_cap,
     const model_config *mc = &c->cfg;
     long rows = T > S ? T : S;
     int nseq = nreq > S ? nreq : S;
+    cu_keep_release(c); /* the KV caches before the training passes' kept activations */
     if (cu_act_reserve(c, rows, nseq, false, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_rope_reserve(c, kv_cap, err, errlen) < 0)
         return -1;
