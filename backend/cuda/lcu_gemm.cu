@@ -12,6 +12,7 @@
  * lcu_gemm_force_fallback.
  */
 #include "backend/cuda/lcu_common.cuh"
+#include "backend/cuda/lcu_sgmv.cuh"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -45,7 +46,29 @@ struct lcu_ctx {
     lcu_plan *plans;
     int nplans;
     bool force_fallback; /* every plan is a cublasGemmEx one (LCU_GEMM=cublas) */
+    void *sk;            /* split-K partial sums of the segmented GEMM (lcu_sgmv.cu) */
+    size_t sk_bytes;
 };
+
+int lcu_ctx_splitk_scratch(lcu_ctx *c, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (!c) return LCU_EINVAL;
+    if (bytes > c->sk_bytes) {
+        size_t cap = c->sk_bytes + c->sk_bytes / 2 > bytes ? c->sk_bytes + c->sk_bytes / 2 : bytes;
+        void *p = NULL;
+        int rc = (int)cudaMalloc(&p, cap);
+        if (rc) {
+            cudaGetLastError(); /* out of memory is not sticky */
+            return rc;
+        }
+        if (c->sk) cudaFree(c->sk); /* waits for the device: no kernel still reads it */
+        c->sk = p;
+        c->sk_bytes = cap;
+    }
+    *out = c->sk;
+    return 0;
+}
 
 const char *lcu_strerror(int rc)
 {
@@ -106,6 +129,7 @@ void lcu_ctx_destroy(lcu_ctx *c)
     if (c->plans) lcu_plans_flush(c);
     free(c->plans);
     if (c->ws) cudaFree(c->ws);
+    if (c->sk) cudaFree(c->sk);
     if (c->blas) cublasDestroy(c->blas);
     if (c->lt) cublasLtDestroy(c->lt);
     free(c);

@@ -26,9 +26,17 @@
  *             dx += dz·A         [rows×in],  K = r
  * The same kernel is the grouped GEMM of a mixture-of-experts layer (lcu_grouped_gemm): one
  * item per expert, its rows of the grouped activations against its own weights.
- * Correct-first: scalar loads into shared memory, no double buffering; the gradient
- * products with K = rows run one block per output tile over all rows (no split-K, which
- * would need a second reduction pass to stay deterministic).
+ * Correct-first: scalar loads into shared memory, no double buffering.
+ *
+ * Split-K (the LoRA products; not the experts' grouped GEMM, which has no scratch): an item
+ * whose output has few tiles and whose K is long (z = x·Aᵀ and dz = dy·B: rows × r outputs
+ * over K = 4096; gA, gB over K = rows) has its K range cut into `splits` chunks, each a
+ * block writing its fp32 partial tile to the context's scratch; a second kernel sums the
+ * partials in split order (fixed: deterministic), applies alpha and the output's dtype and
+ * accumulation. The first GPU run measured the unsplit kernel at ~1.5 ms a module whatever
+ * the adapters: one segment of 512 rows has 8 tiles for its 4096-long K, 8 blocks on 132
+ * SMs. The split count depends on the item's own m, n, k only, so a segment's result still
+ * does not depend on the other segments.
  */
 #include <mma.h>
 #include <stdlib.h>
@@ -50,7 +58,10 @@ typedef struct {
     int lda, ldb, ldc;
     float alpha;
     int tiles_n;  /* ceil(n / SG_BN) */
-    int tile_end; /* first tile of the next item (a running sum over the table) */
+    int tile_end; /* first block of the next item (a running sum over the table: tiles × splits) */
+    int splits;   /* K chunks (1: the tile's whole K, written straight to c) */
+    int kchunk;   /* K per chunk, a multiple of SG_BK */
+    float *part;  /* splits > 1: [splits][m][n] fp32 partial sums (the context's scratch) */
 } sg_item;
 
 typedef struct {
@@ -68,7 +79,9 @@ __global__ void __launch_bounds__(SG_THREADS) lcu_sgmv_k(const __grid_constant__
     while (item < t.count - 1 && (int)blockIdx.x >= t.it[item].tile_end) item++;
     const sg_item &g = t.it[item];
     int local = (int)blockIdx.x - (item ? t.it[item - 1].tile_end : 0);
-    int m0 = local / g.tiles_n * SG_BM, n0 = local % g.tiles_n * SG_BN;
+    int split = local % g.splits, tile = local / g.splits;
+    int m0 = tile / g.tiles_n * SG_BM, n0 = tile % g.tiles_n * SG_BN;
+    int kb = split * g.kchunk, ke = min(g.k, kb + g.kchunk);
     int mv = min(SG_BM, g.m - m0), nv = min(SG_BN, g.n - n0);
     int warp = threadIdx.x >> 5, wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
 
@@ -76,8 +89,8 @@ __global__ void __launch_bounds__(SG_THREADS) lcu_sgmv_k(const __grid_constant__
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const bf16 zero = __float2bfloat16_rn(0.0f);
-    for (int k0 = 0; k0 < g.k; k0 += SG_BK) {
-        int kv = min(SG_BK, g.k - k0);
+    for (int k0 = kb; k0 < ke; k0 += SG_BK) {
+        int kv = min(SG_BK, ke - k0);
         /* op(A)[i][kk]: A[i][kk] (lda per row of m), or A[kk][i] when transposed; the
          * fastest-moving index follows memory so that a warp reads consecutive elements */
         for (int e = threadIdx.x; e < SG_BM * SG_BK; e += SG_THREADS) {
@@ -110,6 +123,14 @@ __global__ void __launch_bounds__(SG_THREADS) lcu_sgmv_k(const __grid_constant__
         for (int j = 0; j < 2; j++)
             wmma::store_matrix_sync(Cs + (wm + 16 * i) * SG_LDC + wn + 16 * j, acc[i][j], SG_LDC, wmma::mem_row_major);
     __syncthreads();
+    if (g.splits > 1) { /* this chunk's partial tile; lcu_sgmv_reduce_k finishes the item */
+        float *p = g.part + (size_t)split * g.m * g.n;
+        for (int e = threadIdx.x; e < SG_BM * SG_BN; e += SG_THREADS) {
+            int i = e / SG_BN, j = e % SG_BN;
+            if (i < mv && j < nv) p[(long)(m0 + i) * g.n + n0 + j] = Cs[i * SG_LDC + j];
+        }
+        return;
+    }
     OutT *c = (OutT *)g.c;
     for (int e = threadIdx.x; e < SG_BM * SG_BN; e += SG_THREADS) {
         int i = e / SG_BN, j = e % SG_BN;
@@ -121,18 +142,62 @@ __global__ void __launch_bounds__(SG_THREADS) lcu_sgmv_k(const __grid_constant__
     }
 }
 
+/* The split items of a table: c (=, or += when ACC) alpha · Σ_split partials, summed in
+ * split order. Grid: blocks over the elements × one row of blocks per item. */
+template <typename OutT, bool ACC>
+__global__ void __launch_bounds__(256) lcu_sgmv_reduce_k(const __grid_constant__ sg_table t)
+{
+    const sg_item &g = t.it[blockIdx.y];
+    if (g.splits <= 1) return;
+    long mn = (long)g.m * g.n;
+    OutT *c = (OutT *)g.c;
+    for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < mn; e += (long)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int p = 0; p < g.splits; p++) s += g.part[p * mn + e];
+        long at = e / g.n * g.ldc + e % g.n;
+        float v = g.alpha * s;
+        if (ACC) v += lcu_ld(c, at);
+        lcu_st(c, at, v);
+    }
+}
+
 /* A table filled item by item and launched when full or flushed. */
 typedef struct {
     sg_table t;
-    int tiles;
+    int tiles;                 /* blocks of the main kernel */
     bool ta, tb, acc, bf16_out;
     cudaStream_t s;
     int rc;
+    lcu_ctx *ctx;              /* NULL: no split-K (no scratch) */
+    size_t part_off[SG_MAX];   /* each split item's partials, in floats from the scratch's start */
+    size_t part_floats;
+    long max_mn;               /* the largest m·n of a split item */
 } sg_batch;
+
+/* K chunks for an item of `tiles` output tiles over k: none unless k is long (≥ 512), at
+ * most 16, and no more than bring the item to ~256 blocks; chunks are whole SG_BK steps. */
+static int sg_splits(long tiles, long k, int *kchunk)
+{
+    long s = k >= 512 ? k / 256 : 1, cap = 256 / (tiles > 0 ? tiles : 1);
+    if (s > 16) s = 16;
+    if (s > cap) s = cap;
+    if (s < 1) s = 1;
+    long kc = (k + s - 1) / s;
+    kc = (kc + SG_BK - 1) / SG_BK * SG_BK;
+    *kchunk = (int)kc;
+    return (int)((k + kc - 1) / kc);
+}
 
 static void sg_flush(sg_batch *b)
 {
     if (b->rc || !b->t.count) return;
+    if (b->part_floats) { /* the split items' partials in the context's scratch */
+        void *base = NULL;
+        b->rc = lcu_ctx_splitk_scratch(b->ctx, b->part_floats * sizeof(float), &base);
+        if (b->rc) return;
+        for (int i = 0; i < b->t.count; i++)
+            if (b->t.it[i].splits > 1) b->t.it[i].part = (float *)base + b->part_off[i];
+    }
 #define SG_GO(TA, TB, OT, AC) lcu_sgmv_k<TA, TB, OT, AC><<<b->tiles, SG_THREADS, 0, b->s>>>(b->t)
     /* the five (transpose, output) combinations the LoRA products use */
     if (!b->ta && b->tb && b->bf16_out && !b->acc) SG_GO(false, true, bf16, false);        /* z = x·Aᵀ */
@@ -146,14 +211,28 @@ static void sg_flush(sg_batch *b)
     else b->rc = LCU_EINVAL;
 #undef SG_GO
     if (!b->rc) b->rc = lcu_launch_status();
+    if (!b->rc && b->part_floats) {
+        long per = (b->max_mn + 255) / 256;
+        dim3 grid((unsigned)(per < 1024 ? per : 1024), (unsigned)b->t.count);
+        if (b->bf16_out && !b->acc) lcu_sgmv_reduce_k<bf16, false><<<grid, 256, 0, b->s>>>(b->t);
+        else if (!b->bf16_out && b->acc) lcu_sgmv_reduce_k<float, true><<<grid, 256, 0, b->s>>>(b->t);
+        else if (!b->bf16_out && !b->acc) lcu_sgmv_reduce_k<float, false><<<grid, 256, 0, b->s>>>(b->t);
+        else b->rc = LCU_EINVAL;
+        if (!b->rc) b->rc = lcu_launch_status();
+    }
     b->t.count = 0;
     b->tiles = 0;
+    b->part_floats = 0;
+    b->max_mn = 0;
 }
 
-static void sg_begin(sg_batch *b, bool ta, bool tb, bool bf16_out, bool acc, cudaStream_t s)
+static void sg_begin(sg_batch *b, lcu_ctx *ctx, bool ta, bool tb, bool bf16_out, bool acc, cudaStream_t s)
 {
     memset(&b->t, 0, sizeof b->t);
     b->tiles = 0;
+    b->ctx = ctx;
+    b->part_floats = 0;
+    b->max_mn = 0;
     b->ta = ta;
     b->tb = tb;
     b->bf16_out = bf16_out;
@@ -172,11 +251,19 @@ static void sg_add(sg_batch *b, const void *a, long lda, const void *bb, long ld
         b->rc = LCU_EINVAL;
         return;
     }
-    if (b->t.count == SG_MAX || (long)b->tiles + tiles > INT32_MAX) sg_flush(b);
-    sg_item *it = &b->t.it[b->t.count++];
+    int kchunk = (int)k, splits = b->ctx ? sg_splits(tiles, k, &kchunk) : 1;
+    long blocks = tiles * splits;
+    if (b->t.count == SG_MAX || (long)b->tiles + blocks > INT32_MAX) sg_flush(b);
+    int at = b->t.count++;
+    sg_item *it = &b->t.it[at];
     *it = (sg_item){(const bf16 *)a, (const bf16 *)bb, c, (int)m, (int)n, (int)k, (int)lda, (int)ldb, (int)ldc,
-                    alpha, (int)tiles_n, 0};
-    b->tiles += (int)tiles;
+                    alpha, (int)tiles_n, 0, splits, kchunk, NULL};
+    if (splits > 1) {
+        b->part_off[at] = b->part_floats;
+        b->part_floats += (size_t)splits * m * n;
+        if (m * n > b->max_mn) b->max_mn = m * n;
+    }
+    b->tiles += (int)blocks;
     it->tile_end = b->tiles;
 }
 
@@ -187,11 +274,11 @@ bool lcu_lora_sgmv_on(void)
 }
 
 /* z = x·Aᵀ for every segment (forward, and recomputed in the backward). */
-static int sg_z(const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z, long ldz,
-                cudaStream_t s)
+static int sg_z(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z,
+                long ldz, cudaStream_t s)
 {
     sg_batch b;
-    sg_begin(&b, false, true, true, false, s);
+    sg_begin(&b, c, false, true, true, false, s);
     for (int i = 0; i < nseg; i++) {
         const lcu_lora_seg *g = &segs[i];
         sg_add(&b, x + g->row_begin * ldx, ldx, g->A, in, z + g->row_begin * ldz, ldz, g->row_end - g->row_begin,
@@ -201,13 +288,13 @@ static int sg_z(const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, l
     return b.rc;
 }
 
-int lcu_sgmv_lora_fwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx, float *y,
-                      long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+int lcu_sgmv_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                      float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
-    int rc = sg_z(segs, nseg, in, x, ldx, z, ldz, s);
+    int rc = sg_z(c, segs, nseg, in, x, ldx, z, ldz, s);
     if (rc) return rc;
     sg_batch b;
-    sg_begin(&b, false, true, false, true, s);
+    sg_begin(&b, c, false, true, false, true, s);
     for (int i = 0; i < nseg; i++) {
         const lcu_lora_seg *g = &segs[i];
         sg_add(&b, z + g->row_begin * ldz, ldz, g->B, g->rank, y + g->row_begin * ldy, ldy, g->row_end - g->row_begin,
@@ -231,17 +318,17 @@ static int sg_waves(const lcu_lora_seg *segs, int nseg, int *wave)
     return waves;
 }
 
-int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                       cudaStream_t s)
 {
     int *wave = (int *)malloc((size_t)(nseg > 0 ? nseg : 1) * sizeof(int));
     if (!wave) return LCU_EINVAL;
     int waves = sg_waves(segs, nseg, wave);
-    int rc = sg_z(segs, nseg, in, x, ldx, z, ldz, s);
+    int rc = sg_z(c, segs, nseg, in, x, ldx, z, ldz, s);
     sg_batch b;
     for (int w = 0; w < waves && !rc; w++) { /* gB += scale·dyᵀ·z */
-        sg_begin(&b, true, false, false, true, s);
+        sg_begin(&b, c, true, false, false, true, s);
         for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             if (wave[i] == w)
@@ -252,7 +339,7 @@ int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const
         rc = b.rc;
     }
     if (!rc) { /* dz = scale·dy·B */
-        sg_begin(&b, false, false, true, false, s);
+        sg_begin(&b, c, false, false, true, false, s);
         for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             sg_add(&b, dy + g->row_begin * lddy, lddy, g->B, g->rank, dz + g->row_begin * ldz, ldz,
@@ -262,7 +349,7 @@ int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const
         rc = b.rc;
     }
     for (int w = 0; w < waves && !rc; w++) { /* gA += dzᵀ·x */
-        sg_begin(&b, true, false, false, true, s);
+        sg_begin(&b, c, true, false, false, true, s);
         for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             if (wave[i] == w)
@@ -273,7 +360,7 @@ int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const
         rc = b.rc;
     }
     if (!rc && dx) { /* dx += dz·A */
-        sg_begin(&b, false, false, false, true, s);
+        sg_begin(&b, c, false, false, false, true, s);
         for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             sg_add(&b, dz + g->row_begin * ldz, ldz, g->A, in, dx + g->row_begin * lddx, lddx,
@@ -292,7 +379,7 @@ int lcu_grouped_gemm(const lcu_group_item *items, int n, bool ta, bool tb, lcu_d
 {
     if (n < 0 || (n > 0 && !items) || (ct != LCU_F32 && ct != LCU_BF16)) return LCU_EINVAL;
     sg_batch b;
-    sg_begin(&b, ta, tb, ct == LCU_BF16, acc, s);
+    sg_begin(&b, NULL, ta, tb, ct == LCU_BF16, acc, s);
     for (int i = 0; i < n; i++) {
         const lcu_group_item *g = &items[i];
         sg_add(&b, g->A, g->lda, g->B, g->ldb, g->C, g->ldc, g->M, g->N, g->K, g->alpha);

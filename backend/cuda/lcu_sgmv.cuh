@@ -10,9 +10,12 @@
 #include "backend/cuda/cuda_ops.h"
 
 bool lcu_lora_sgmv_on(void);
-int lcu_sgmv_lora_fwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx, float *y,
-                      long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
-int lcu_sgmv_lora_bwd(const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+/* The context's device scratch for split-K partial sums, at least bytes (grown, never
+ * shrunk; lcu_gemm.cu). 0 or a CUDA error (out of memory). */
+int lcu_ctx_splitk_scratch(lcu_ctx *c, size_t bytes, void **out);
+int lcu_sgmv_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                      float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                       cudaStream_t s);
 

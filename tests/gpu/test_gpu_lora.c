@@ -58,6 +58,10 @@ static void ref(const setup *S, const float *x, const float *dy, double *y, doub
     }
 }
 
+/* rows of segment 3 when > 0 (else random like the others): with in and out over 512, the
+ * products whose K is in, out or the rows run split-K in version 2 (lcu_sgmv.cu) */
+static int long_rows;
+
 static void make_setup(setup *S, int in, int out)
 {
     const int ranks[5] = {1, 3, 8, 32, 64};
@@ -70,7 +74,7 @@ static void make_setup(setup *S, int in, int out)
         S->rank[s] = ranks[S->ad[s]];
         row += s == 2 ? 7 : 0; /* rows without an adapter between segments */
         S->begin[s] = row;
-        row += s == 1 ? 0 : gt_int(1, 90); /* segment 1 is empty */
+        row += s == 1 ? 0 : s == 3 && long_rows ? long_rows : gt_int(1, 90); /* segment 1 is empty */
         S->end[s] = row;
     }
     S->rows = row + 5;
@@ -288,6 +292,11 @@ int main(void)
         printf("== LCU_LORA=%s\n", version);
         test_lora(c, 256, 192);
         test_lora(c, in, out); /* odd widths: unaligned rows, gemmEx fallback */
+        if (!gt_small()) { /* long K everywhere: split-K in version 2 */
+            long_rows = gt_int(600, 900);
+            test_lora(c, gt_int(1030, 1100), gt_int(520, 700));
+            long_rows = 0;
+        }
     }
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
