@@ -15,8 +15,9 @@
 #    1x32768 the memory row) and Qwen3-0.6B (1/8/32 adapters), then both with kept
 #    activations (LCU_KEEP_ACT=1)
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
-#    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> PyTorch's
-#    SDPA at the Qwen3-8B shapes -> the kernel bench at Qwen3-8B -> bench_cuda on the own
+#    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> the kernel
+#    bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters) -> bench_cuda Qwen3-0.6B with
+#    LCU_LORA=sgmv -> PyTorch's SDPA at the Qwen3-8B shapes -> bench_cuda on the own
 #    attention kernels (the figures cuDNN is the default against)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
@@ -43,6 +44,7 @@
 #   model-v2     model06 and model8b with LCU_ATTN=mma LCU_LORA=sgmv       model-v2-*.log/.json
 #   model-own    model06 and model8b with LCU_ATTN=wmma (no cuDNN)         model-own-*.log/.json
 #   model-keep   model06 and model8b with LCU_KEEP_ACT=1 (kept activations) model-keep-*.log/.json
+#   model-sgmv   model06 with LCU_LORA=sgmv (its 8/32-adapter rows)         model-sgmv-06b.log/.json
 #   quickmodel   bench_cuda --quick (≤ 2K tokens + the PEFT comparison rows) model.log/.json
 #   model        bench_cuda, every row (several minutes)                  model.log/.json
 #   bench8b      bench_cuda_kernels --geo Qwen3-8B                        bench-8b.log/.csv
@@ -291,7 +293,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 }
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
-       backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-keep quickmodel model bench8b bench
+       backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-keep model-sgmv quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn"
 
 run_step() {
@@ -317,6 +319,7 @@ run_step() {
         model-keep)
             LCU_KEEP_ACT=1 MODEL_TAG="(kept activations)" run_model model-keep-06b 80 --geo Qwen3-0.6B --iters 1
             LCU_KEEP_ACT=1 MODEL_TAG="(kept activations)" run_model model-keep-8b 200 --geo Qwen3-8B --iters 1 ;;
+        model-sgmv) LCU_LORA=sgmv MODEL_TAG="(LoRA sgmv)" run_model model-sgmv-06b 80 --geo Qwen3-0.6B --iters 1 ;;
         sanitize) run_sanitize ;;
         suites) run_suites ;;
         suites-own) run_suites LCU_ATTN=wmma ;;
@@ -355,8 +358,8 @@ print_summary() {
     grep -hE "^(FAIL|FATAL)|  FAIL |^not ok" "$OUT"/kernels.log "$OUT"/backend*.log "$OUT"/moe.log "$OUT"/suites.log \
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
-    for f in model-8b.log model-06b.log model-keep-8b.log model-keep-06b.log model-v2-06b.log model-v2-8b.log \
-        model-own-06b.log model-own-8b.log model.log; do bench_rows "$f"; done
+    for f in model-8b.log model-06b.log model-keep-8b.log model-keep-06b.log model-sgmv-06b.log model-v2-06b.log \
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
@@ -399,8 +402,9 @@ case $MODE in
         run_step peer-table
         run_step backend-own
         run_suites LCU_ATTN=wmma
-        run_step sdpa8b
         run_step bench8b
+        run_step model-sgmv
+        run_step sdpa8b
         run_step model-own
         ;;
     *)
