@@ -9,7 +9,15 @@
  * figures; never a test.
  *
  *   bench_cuda [--backend NAME] [--device N] [--geo NAME[,NAME...]] [--quick] [--iters K]
- *              [--layers L] [--peer peer.json] [--json out.json]
+ *              [--layers L] [--peer peer.json] [--json out.json] [--decode [--steps N]]
+ *
+ * --decode: sampling instead of training, through the table's sample (issue: faster than
+ * PyTorch + PEFT). Per geometry: decode tok/s of 32 concurrent samples (8 requests of a
+ * 128-token prompt × 4 samples, temperature 1, no stop tokens) on 8 adapters (one per
+ * request), on one, and on the base model: step = (t(max_tokens 1 + N) − t(max_tokens 1)) / N,
+ * N = 128 (8 under --quick, --steps N), with the HBM-bandwidth bound of a step next to it;
+ * then time to first token for one 2048-token prompt and for 8 at once (median of 5, 3
+ * under --quick). Rows go to --json with "kind": "decode" / "ttft" (training rows: "train").
  *
  * Geometries run in the order given (default: Qwen3-8B, Qwen3-0.6B, Llama-3.2-1B: the
  * issue's MFU and 32K-memory rows first, so that a run stopped at its time limit has them).
@@ -372,10 +380,11 @@ static double decode_bytes(const geo *g, int samples, double ctx, int adapters)
 /* The peer's figure for this row: the peer.json row of the same kind, geometry, samples or
  * requests, and adapters (want_ad; a decode row of 8 adapters falls back to the peer's one
  * adapter when the peer could not mix adapters in one batch: *peer_ad says which), else
- * the issue's table. Decode: tok/s; ttft: ms. */
+ * the issue's table. Decode: tok/s; ttft: ms; *oom when the peer ran out of memory. */
 static bool peer_lookup_dec(const char *kind, const char *g, int n, int prompt, int want_ad, double *fig, int *peer_ad,
-                            const char **src)
+                            bool *oom, const char **src)
 {
+    *oom = false;
     if (peer_json) {
         json_t *best = NULL;
         size_t i;
@@ -393,6 +402,7 @@ static bool peer_lookup_dec(const char *kind, const char *g, int n, int prompt, 
         if (!best) return false;
         *fig = json_number_value(json_object_get(best, !strcmp(kind, "decode") ? "tok_s" : "ttft_ms"));
         *peer_ad = (int)json_integer_value(json_object_get(best, "adapters"));
+        *oom = json_is_true(json_object_get(best, "oom"));
         *src = "peer";
         return true;
     }
@@ -525,9 +535,12 @@ static void decode_row(bench *b, int nad, int steps)
         printf("prefill+1st %7.1f ms | %5.1f GiB", 1e3 * t1, mem);
         double pf;
         int pad;
+        bool oom;
         const char *src;
-        if (nad > 0 && peer_lookup_dec("decode", g->name, S, DEC_PROMPT, nad, &pf, &pad, &src))
-            printf(" | PEFT (%s%s) %6.0f tok/s: %.2fx", src, pad != nad ? ", one adapter" : "", pf, tok_s / pf);
+        if (peer_lookup_dec("decode", g->name, S, DEC_PROMPT, nad, &pf, &pad, &oom, &src)) {
+            if (oom) printf(" | PEFT (%s): out of memory", src);
+            else printf(" | PEFT (%s%s) %6.0f tok/s: %.2fx", src, pad != nad ? ", one adapter" : "", pf, tok_s / pf);
+        }
         printf("\n");
     }
     json_array_append_new(b->out, jr);
@@ -561,9 +574,12 @@ static void ttft_row(bench *b, int nreq, int calls)
         if (nreq > 1) printf(" | %.1f ms per request", ms / nreq);
         double pf;
         int pad;
+        bool oom;
         const char *src;
-        if (peer_lookup_dec("ttft", g->name, nreq, TTFT_PROMPT, nreq, &pf, &pad, &src))
-            printf(" | PEFT (%s%s) %7.1f ms: %.2fx", src, pad != nreq ? ", one adapter" : "", pf, pf / ms);
+        if (peer_lookup_dec("ttft", g->name, nreq, TTFT_PROMPT, nreq, &pf, &pad, &oom, &src)) {
+            if (oom) printf(" | PEFT (%s): out of memory", src);
+            else printf(" | PEFT (%s%s) %7.1f ms: %.2fx faster", src, pad != nreq ? ", one adapter" : "", pf, pf / ms);
+        }
         printf("\n");
         json_object_set_new(jr, "ttft_ms", json_real(ms));
         json_object_set_new(jr, "calls", json_integer(k));
