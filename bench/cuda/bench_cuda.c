@@ -214,7 +214,8 @@ static bool peer_lookup(const char *g, int batch, int seq, double *fwd, double *
         json_array_foreach(peer_json, i, r) {
             const char *rg = json_string_value(json_object_get(r, "geometry")),
                        *kind = json_string_value(json_object_get(r, "kind"));
-            if (!rg || strcmp(rg, g) || (kind && strcmp(kind, "train")) || json_integer_value(json_object_get(r, "batch")) != batch ||
+            if (!rg || strcmp(rg, g) || (kind && strcmp(kind, "train")) ||
+                json_integer_value(json_object_get(r, "batch")) != batch ||
                 json_integer_value(json_object_get(r, "seq")) != seq || json_is_true(json_object_get(r, "checkpointing")))
                 continue;
             *oom = json_is_true(json_object_get(r, "oom"));
@@ -364,7 +365,8 @@ static double hbm_bandwidth(const char *device)
 static double lora_params(const geo *g, int r)
 {
     double qd = (double)g->nq * g->d, kvd = (double)g->nkv * g->d;
-    return (double)r * ((g->H + qd) + 2 * (g->H + kvd) + (qd + g->H) + 2 * (g->H + (double)g->I) + (g->I + g->H)) * g->L;
+    double H = g->H, I = g->I;
+    return (double)r * ((H + qd) + 2 * (H + kvd) + (qd + H) + 2 * (H + I) + (I + H)) * g->L;
 }
 
 /* Bytes one decode step must read at least: every base weight matrix once (output head
@@ -390,7 +392,8 @@ static bool peer_lookup_dec(const char *kind, const char *g, int n, int prompt, 
         size_t i;
         json_t *r;
         json_array_foreach(peer_json, i, r) {
-            const char *k = json_string_value(json_object_get(r, "kind")), *rg = json_string_value(json_object_get(r, "geometry"));
+            const char *k = json_string_value(json_object_get(r, "kind")),
+                       *rg = json_string_value(json_object_get(r, "geometry"));
             if (!k || strcmp(k, kind) || !rg || strcmp(rg, g) || json_object_get(r, "error") ||
                 json_integer_value(json_object_get(r, "prompt")) != prompt ||
                 json_integer_value(json_object_get(r, !strcmp(kind, "decode") ? "samples" : "requests")) != n)
@@ -441,7 +444,10 @@ static int dec_batch_init(dec_batch *d, bench *b, int nreq, int prompt, int num,
     d->stopped = malloc(S * sizeof *d->stopped);
     if (!d->prompt || !d->tok || !d->lp || !d->n_out || !d->stopped) return -1;
     uint64_t x = 0x2545f4914f6cdd1dull ^ (uint64_t)prompt;
-    for (long i = 0; i < (long)nreq * prompt; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; d->prompt[i] = (int32_t)(x % b->g->V); }
+    for (long i = 0; i < (long)nreq * prompt; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        d->prompt[i] = (int32_t)(x % b->g->V);
+    }
     for (int i = 0; i < nreq; i++)
         d->r[i] = (be_sample_req){.ad = nad ? b->ads[i % nad] : NULL, .n_prompt = prompt,
                                   .prompt = d->prompt + (long)i * prompt, .num_samples = num, .temperature = 1.0,
@@ -486,7 +492,8 @@ static double mem_in_use(bench *b, be_device_info *di)
 
 static void dump_rows(bench *b)
 {
-    if (b->json_out && json_dump_file(b->out, b->json_out, JSON_INDENT(1)) != 0) fprintf(stderr, "cannot write %s\n", b->json_out);
+    if (b->json_out && json_dump_file(b->out, b->json_out, JSON_INDENT(1)) != 0)
+        fprintf(stderr, "cannot write %s\n", b->json_out);
 }
 
 /* One decode row: DEC_REQS requests × DEC_PER_REQ samples on nad adapters (0: base). The
@@ -501,16 +508,17 @@ static void decode_row(bench *b, int nad, int steps)
     dec_batch d;
     double t1 = -1, tn = -1;
     /* a call of one decode pass first: the plans of this row's adapter segments */
-    if (dec_batch_init(&d, b, DEC_REQS, DEC_PROMPT, DEC_PER_REQ, nad, 1 + steps) == 0 && dec_call(b, &d, 2, err, sizeof err) >= 0) {
+    if (dec_batch_init(&d, b, DEC_REQS, DEC_PROMPT, DEC_PER_REQ, nad, 1 + steps) == 0 &&
+        dec_call(b, &d, 2, err, sizeof err) >= 0) {
         t1 = dec_call(b, &d, 1, err, sizeof err);
         if (t1 >= 0) tn = dec_call(b, &d, 1 + steps, err, sizeof err);
     }
     dec_batch_free(&d);
     be_device_info di;
     double mem = mem_in_use(b, &di), bw = hbm_bandwidth(di.device);
-    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "kind", "decode", "geometry", g->name, "device",
-                           di.device, "requests", DEC_REQS, "samples", S, "adapters", nad, "prompt", DEC_PROMPT, "steps",
-                           steps, "mem_gib", mem);
+    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "kind", "decode", "geometry", g->name,
+                           "device", di.device, "requests", DEC_REQS, "samples", S, "adapters", nad, "prompt",
+                           DEC_PROMPT, "steps", steps, "mem_gib", mem);
     if (tn < 0) {
         printf("%-13s decode %-6s %2d ad | failed: %s\n", g->name, shape, nad, err);
         json_object_set_new(jr, "error", json_string(err));
@@ -563,8 +571,8 @@ static void ttft_row(bench *b, int nreq, int calls)
     dec_batch_free(&d);
     be_device_info di;
     double mem = mem_in_use(b, &di);
-    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:f}", "kind", "ttft", "geometry", g->name, "device", di.device,
-                           "requests", nreq, "prompt", TTFT_PROMPT, "adapters", nreq, "mem_gib", mem);
+    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:f}", "kind", "ttft", "geometry", g->name, "device",
+                           di.device, "requests", nreq, "prompt", TTFT_PROMPT, "adapters", nreq, "mem_gib", mem);
     if (k < calls) {
         printf("%-13s ttft   %-6s %2d ad | failed: %s\n", g->name, shape, nreq, err);
         json_object_set_new(jr, "error", json_string(err));
@@ -602,7 +610,8 @@ static void decode_rows(bench *b, int steps, int calls)
         b->ads[b->nads++] = a;
     }
     /* (requests, prompt, samples each, max_tokens) of each warm-up call */
-    const int warm[][4] = {{DEC_REQS, DEC_PROMPT + steps, DEC_PER_REQ, 2}, {DEC_REQS, TTFT_PROMPT, 1, 1}, {1, TTFT_PROMPT, 1, 1}};
+    const int warm[][4] = {
+        {DEC_REQS, DEC_PROMPT + steps, DEC_PER_REQ, 2}, {DEC_REQS, TTFT_PROMPT, 1, 1}, {1, TTFT_PROMPT, 1, 1}};
     double t0 = clock_mono_s();
     for (int w = 0; w < 3; w++) {
         dec_batch d;
@@ -673,10 +682,10 @@ int main(int argc, char **argv)
     json_t *out = json_array();
     if (json_out && json_dump_file(out, json_out, 0) != 0) { fprintf(stderr, "cannot write %s\n", json_out); return 2; }
     if (decode)
-        printf("bench_cuda --decode: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down; %d requests x %d samples, prompt %d, "
-               "temperature 1, no stop tokens;\nstep = (t(1 + %d tokens) - t(1 token)) / %d; TTFT: prompt %d, max_tokens 1, "
-               "median of %d; bound = bytes a step reads at least / HBM bandwidth\n(memory = device memory in use after "
-               "the row; PEFT: %s)\n", backend, DEC_REQS, DEC_PER_REQ, DEC_PROMPT, steps, steps, TTFT_PROMPT,
+        printf("bench_cuda --decode: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down; %d requests x %d samples, "
+               "prompt %d, temperature 1, no stop tokens;\nstep = (t(1 + %d tokens) - t(1 token)) / %d; TTFT: prompt %d, "
+               "max_tokens 1, median of %d; bound = bytes a step reads at least / HBM bandwidth\n(memory = device memory "
+               "in use after the row; PEFT: %s)\n", backend, DEC_REQS, DEC_PER_REQ, DEC_PROMPT, steps, steps, TTFT_PROMPT,
                quick ? 3 : 5, peer ? peer : "the issue's H100 figure");
     else
         printf("bench_cuda: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down, cross_entropy over every token, median of %d\n"

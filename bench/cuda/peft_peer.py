@@ -183,8 +183,8 @@ def run_tenants(pm, iters):
     t1 = timed(one, iters)
     t8 = timed(eight, iters)
     pm.set_adapter("a0")
-    return dict(kind="tenants", geometry="Qwen3-0.6B", tenants=8, tokens=8 * 512, one_tok_s=8 * 512 / t1, eight_tok_s=8 * 512 / t8,
-                ratio=t1 / t8)
+    return dict(kind="tenants", geometry="Qwen3-0.6B", tenants=8, tokens=8 * 512, one_tok_s=8 * 512 / t1,
+                eight_tok_s=8 * 512 / t8, ratio=t1 / t8)
 
 
 def generate(pm, ids, new, names):
@@ -299,8 +299,8 @@ def run_decode(name, steps, rows, path):
 def fmt(r):
     kind = r.get("kind")
     if kind in ("decode", "ttft"):
-        head = (f"{r['geometry']:<13} {kind:<6} " + (f"{r['requests']}x{DEC_PER_PROMPT}" if kind == "decode"
-                                                     else f"{r['requests']}x{r['prompt']}") + f" {r['adapters']:>2} ad |")
+        shape = f"{r['requests']}x{DEC_PER_PROMPT}" if kind == "decode" else f"{r['requests']}x{r['prompt']}"
+        head = f"{r['geometry']:<13} {kind:<6} {shape:<7} {r['adapters']:>2} ad |"
         if r.get("oom"):
             return f"{head} out of memory"
         if "error" in r:

@@ -99,16 +99,16 @@ def decode_targets(ours, peer):
                       f"{r['bound_bytes'] / 1e9:.2f} GB at {r['bandwidth'] / 1e12:.2f} TB/s)  "
                       f"{'MET' if f >= BOUND_FRAC else 'MISSED'}")
             else:
-                print(f"  32 samples over 8 adapters at >= {100 * BOUND_FRAC:.0f}% of the HBM-bandwidth bound: not judged"
-                      f" ({dev}: bandwidth unknown; the step reads {r['bound_bytes'] / 1e9:.2f} GB)")
+                print(f"  32 samples over 8 adapters at >= {100 * BOUND_FRAC:.0f}% of the HBM-bandwidth bound: "
+                      f"not judged ({dev}: bandwidth unknown; the step reads {r['bound_bytes'] / 1e9:.2f} GB)")
             if "H100" in dev and r.get("bandwidth") == H100_BW:
                 print(f"  32 samples over 8 adapters >= {H100_TOK_S:,} tok/s on an H100: {r['tok_s']:,.0f} tok/s  "
                       f"{'MET' if r['tok_s'] >= H100_TOK_S else 'MISSED'}")
             else:
                 scaled = f"; {H100_TOK_S:,} at this card's bandwidth is {H100_TOK_S * r['bandwidth'] / H100_BW:,.0f}" \
                     if r.get("bandwidth") else ""
-                print(f"  32 samples over 8 adapters >= {H100_TOK_S:,} tok/s on an H100: {r['tok_s']:,.0f} tok/s on {dev}"
-                      f", not an H100 SXM: not judged{scaled}")
+                print(f"  32 samples over 8 adapters >= {H100_TOK_S:,} tok/s on an H100: {r['tok_s']:,.0f} tok/s "
+                      f"on {dev}, not an H100 SXM: not judged{scaled}")
             p = peer_dec(peer, r)
             if p and not p.get("oom"):
                 print(f"  (vs the peer on the same GPU: {r['tok_s'] / p['tok_s']:.2f}x, peer {p['tok_s']:,.0f} tok/s"
