@@ -9,7 +9,15 @@
  * figures; never a test.
  *
  *   bench_cuda [--backend NAME] [--device N] [--geo NAME[,NAME...]] [--quick] [--iters K]
- *              [--layers L] [--peer peer.json] [--json out.json]
+ *              [--layers L] [--peer peer.json] [--json out.json] [--decode [--steps N]]
+ *
+ * --decode: sampling instead of training, through the table's sample (issue: faster than
+ * PyTorch + PEFT). Per geometry: decode tok/s of 32 concurrent samples (8 requests of a
+ * 128-token prompt × 4 samples, temperature 1, no stop tokens) on 8 adapters (one per
+ * request), on one, and on the base model: step = (t(max_tokens 1 + N) − t(max_tokens 1)) / N,
+ * N = 128 (8 under --quick, --steps N), with the HBM-bandwidth bound of a step next to it;
+ * then time to first token for one 2048-token prompt and for 8 at once (median of 5, 3
+ * under --quick). Rows go to --json with "kind": "decode" / "ttft" (training rows: "train").
  *
  * Geometries run in the order given (default: Qwen3-8B, Qwen3-0.6B, Llama-3.2-1B: the
  * issue's MFU and 32K-memory rows first, so that a run stopped at its time limit has them).
@@ -204,8 +212,10 @@ static bool peer_lookup(const char *g, int batch, int seq, double *fwd, double *
         size_t i;
         json_t *r;
         json_array_foreach(peer_json, i, r) {
-            const char *rg = json_string_value(json_object_get(r, "geometry"));
-            if (!rg || strcmp(rg, g) || json_integer_value(json_object_get(r, "batch")) != batch ||
+            const char *rg = json_string_value(json_object_get(r, "geometry")),
+                       *kind = json_string_value(json_object_get(r, "kind"));
+            if (!rg || strcmp(rg, g) || (kind && strcmp(kind, "train")) ||
+                json_integer_value(json_object_get(r, "batch")) != batch ||
                 json_integer_value(json_object_get(r, "seq")) != seq || json_is_true(json_object_get(r, "checkpointing")))
                 continue;
             *oom = json_is_true(json_object_get(r, "oom"));
@@ -292,8 +302,8 @@ static void run_row(bench *b, const row *r)
     double mem = (double)(di.memory_total - di.memory_free) / 1073741824.0;
     char shape[32];
     snprintf(shape, sizeof shape, "%dx%d", nseq, n);
-    json_t *jr = json_pack("{s:s, s:i, s:i, s:i, s:f}", "geometry", g->name, "batch", nseq, "seq", n, "adapters", r->nad,
-                           "mem_gib", mem);
+    json_t *jr = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f}", "kind", "train", "geometry", g->name, "batch", nseq, "seq", n,
+                           "adapters", r->nad, "mem_gib", mem);
     if (tb < 0) {
         printf("%-13s %-9s %2d ad | failed: %s\n", g->name, shape, r->nad, err);
         json_object_set_new(jr, "error", json_string(err));
@@ -323,20 +333,317 @@ static void run_row(bench *b, const row *r)
     free(s);
 }
 
+/* ---- decode and time to first token (--decode) ------------------------------------------- */
+
+#define DEC_REQS 8         /* requests of a decode row, each on its own adapter in the 8-adapter row */
+#define DEC_PER_REQ 4      /* samples per request: 8 × 4 = 32 concurrent samples */
+#define DEC_PROMPT 128     /* prompt tokens of each decode request */
+#define TTFT_PROMPT 2048   /* prompt tokens of a time-to-first-token request */
+#define LORA_RANK 32
+#define QUICK_STEPS 8      /* decode steps under --quick (128 otherwise; --steps N sets it) */
+
+/* The issue's peer figures on one H100 (HF generate with one LoRA, Qwen3-8B, batch 32),
+ * shown when no peer.json of this GPU is given. */
+static const struct { const char *geo; int samples; double tok_s; } ISSUE_DECODE[] = {{"Qwen3-8B", 32, 469}};
+
+/* HBM bandwidth in B/s of the card a be_device_info names (its data sheet), 0 when unknown.
+ * GH200 is left unknown: its name holds "H200" but it comes with HBM3 (4.0 TB/s) or HBM3e
+ * (4.9 TB/s) under the same name. */
+static double hbm_bandwidth(const char *device)
+{
+    if (strstr(device, "GH200")) return 0;
+    if (strstr(device, "H200")) return 4.8e12;
+    if (strstr(device, "H100")) {
+        if (strstr(device, "PCIe")) return 2.0e12;
+        if (strstr(device, "NVL")) return 3.9e12;
+        return 3.35e12; /* SXM5, 80 GB HBM3 */
+    }
+    return 0;
+}
+
+/* bf16 elements of one rank-r adapter on all seven modules: r·(in + out) per module and layer. */
+static double lora_params(const geo *g, int r)
+{
+    double qd = (double)g->nq * g->d, kvd = (double)g->nkv * g->d;
+    double H = g->H, I = g->I;
+    return (double)r * ((H + qd) + 2 * (H + kvd) + (qd + H) + 2 * (H + I) + (I + H)) * g->L;
+}
+
+/* Bytes one decode step must read at least: every base weight matrix once (output head
+ * included; the embedding rows and the norms are too few to count), the K and V of every
+ * sample over its context (ctx tokens, the mean over the measured steps), and the A and B
+ * of each distinct adapter in the batch; all bf16. */
+static double decode_bytes(const geo *g, int samples, double ctx, int adapters)
+{
+    double kv = (double)samples * ctx * g->L * g->nkv * g->d * 2;
+    return 2.0 * (matmul_params(g) + kv + adapters * lora_params(g, LORA_RANK));
+}
+
+/* The peer's figure for this row: the peer.json row of the same kind, geometry, samples or
+ * requests, and adapters (want_ad; a decode row of 8 adapters falls back to the peer's one
+ * adapter when the peer could not mix adapters in one batch: *peer_ad says which), else
+ * the issue's table. Decode: tok/s; ttft: ms; *oom when the peer ran out of memory. */
+static bool peer_lookup_dec(const char *kind, const char *g, int n, int prompt, int want_ad, double *fig, int *peer_ad,
+                            bool *oom, const char **src)
+{
+    *oom = false;
+    if (peer_json) {
+        json_t *best = NULL;
+        size_t i;
+        json_t *r;
+        json_array_foreach(peer_json, i, r) {
+            const char *k = json_string_value(json_object_get(r, "kind")),
+                       *rg = json_string_value(json_object_get(r, "geometry"));
+            if (!k || strcmp(k, kind) || !rg || strcmp(rg, g) || json_object_get(r, "error") ||
+                json_integer_value(json_object_get(r, "prompt")) != prompt ||
+                json_integer_value(json_object_get(r, !strcmp(kind, "decode") ? "samples" : "requests")) != n)
+                continue;
+            int ad = (int)json_integer_value(json_object_get(r, "adapters"));
+            if (ad == want_ad) { best = r; break; }
+            if (ad == 1 && want_ad > 1 && !best) best = r;
+        }
+        if (!best) return false;
+        *fig = json_number_value(json_object_get(best, !strcmp(kind, "decode") ? "tok_s" : "ttft_ms"));
+        *peer_ad = (int)json_integer_value(json_object_get(best, "adapters"));
+        *oom = json_is_true(json_object_get(best, "oom"));
+        *src = "peer";
+        return true;
+    }
+    if (strcmp(kind, "decode") || want_ad < 1) return false;
+    for (size_t i = 0; i < sizeof ISSUE_DECODE / sizeof ISSUE_DECODE[0]; i++)
+        if (!strcmp(ISSUE_DECODE[i].geo, g) && ISSUE_DECODE[i].samples == n) {
+            *fig = ISSUE_DECODE[i].tok_s;
+            *peer_ad = 1;
+            *src = "issue";
+            return true;
+        }
+    return false;
+}
+
+/* nreq requests of prompt tokens each, num samples each; request i on ads[i % nad] (nad 0:
+ * the base model); temperature 1, no filters, no stop tokens, so every sample runs to
+ * max_tokens. Outputs sized for max_tokens up to cap. */
+typedef struct {
+    be_sample_req r[DEC_REQS];
+    int nreq;
+    int32_t *prompt, *tok;
+    float *lp;
+    int *n_out;
+    bool *stopped;
+} dec_batch;
+
+static int dec_batch_init(dec_batch *d, bench *b, int nreq, int prompt, int num, int nad, int cap)
+{
+    memset(d, 0, sizeof *d);
+    long S = (long)nreq * num;
+    d->nreq = nreq;
+    d->prompt = malloc((size_t)nreq * prompt * sizeof *d->prompt);
+    d->tok = malloc((size_t)S * cap * sizeof *d->tok);
+    d->lp = malloc((size_t)S * cap * sizeof *d->lp);
+    d->n_out = malloc(S * sizeof *d->n_out);
+    d->stopped = malloc(S * sizeof *d->stopped);
+    if (!d->prompt || !d->tok || !d->lp || !d->n_out || !d->stopped) return -1;
+    uint64_t x = 0x2545f4914f6cdd1dull ^ (uint64_t)prompt;
+    for (long i = 0; i < (long)nreq * prompt; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        d->prompt[i] = (int32_t)(x % b->g->V);
+    }
+    for (int i = 0; i < nreq; i++)
+        d->r[i] = (be_sample_req){.ad = nad ? b->ads[i % nad] : NULL, .n_prompt = prompt,
+                                  .prompt = d->prompt + (long)i * prompt, .num_samples = num, .temperature = 1.0,
+                                  .top_p = 1.0, .seed = 1000 + (uint64_t)i, .tokens_out = d->tok + (long)i * num * cap,
+                                  .logprobs_out = d->lp + (long)i * num * cap, .n_out = d->n_out + (long)i * num,
+                                  .stopped_out = d->stopped + (long)i * num};
+    return 0;
+}
+
+static void dec_batch_free(dec_batch *d)
+{
+    free(d->prompt);
+    free(d->tok);
+    free(d->lp);
+    free(d->n_out);
+    free(d->stopped);
+}
+
+/* Seconds of one sample call with max_tokens each; -1 with err, also when a sample ended before max_tokens (the
+ * step arithmetic assumes every sample ran every step). */
+static double dec_call(bench *b, dec_batch *d, int max_tokens, char *err, size_t errlen)
+{
+    for (int i = 0; i < d->nreq; i++) d->r[i].max_tokens = max_tokens;
+    double t0 = clock_mono_s();
+    if (b->be->sample(b->ctx, d->r, d->nreq, err, errlen) != 0) return -1;
+    double t = clock_mono_s() - t0;
+    for (int i = 0; i < d->nreq; i++)
+        for (int k = 0; k < d->r[i].num_samples; k++)
+            if (d->r[i].n_out[k] != max_tokens) {
+                snprintf(err, errlen, "request %d sample %d stopped after %d of %d tokens", i, k, d->r[i].n_out[k],
+                         max_tokens);
+                return -1;
+            }
+    return t;
+}
+
+static double mem_in_use(bench *b, be_device_info *di)
+{
+    b->be->device_info(b->ctx, di);
+    return (double)(di->memory_total - di->memory_free) / 1073741824.0;
+}
+
+static void dump_rows(bench *b)
+{
+    if (b->json_out && json_dump_file(b->out, b->json_out, JSON_INDENT(1)) != 0)
+        fprintf(stderr, "cannot write %s\n", b->json_out);
+}
+
+/* One decode row: DEC_REQS requests × DEC_PER_REQ samples on nad adapters (0: base). The
+ * step time is (t(1 + steps) − t(1)) / steps: the second call does the first's prefill and
+ * first pick, then `steps` decode passes of every sample. */
+static void decode_row(bench *b, int nad, int steps)
+{
+    const geo *g = b->g;
+    int S = DEC_REQS * DEC_PER_REQ;
+    char err[512] = "out of host memory", shape[32];
+    snprintf(shape, sizeof shape, "%dx%d", DEC_REQS, DEC_PER_REQ);
+    dec_batch d;
+    double t1 = -1, tn = -1;
+    /* a call of one decode pass first: the plans of this row's adapter segments */
+    if (dec_batch_init(&d, b, DEC_REQS, DEC_PROMPT, DEC_PER_REQ, nad, 1 + steps) == 0 &&
+        dec_call(b, &d, 2, err, sizeof err) >= 0) {
+        t1 = dec_call(b, &d, 1, err, sizeof err);
+        if (t1 >= 0) tn = dec_call(b, &d, 1 + steps, err, sizeof err);
+    }
+    dec_batch_free(&d);
+    be_device_info di;
+    double mem = mem_in_use(b, &di), bw = hbm_bandwidth(di.device);
+    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "kind", "decode", "geometry", g->name,
+                           "device", di.device, "requests", DEC_REQS, "samples", S, "adapters", nad, "prompt",
+                           DEC_PROMPT, "steps", steps, "mem_gib", mem);
+    if (tn < 0) {
+        printf("%-13s decode %-6s %2d ad | failed: %s\n", g->name, shape, nad, err);
+        json_object_set_new(jr, "error", json_string(err));
+    } else {
+        double step = (tn - t1) / steps, tok_s = S / step;
+        /* decode step k (1..steps) attends over prompt + k positions */
+        double ctx = DEC_PROMPT + (steps + 1) / 2.0, bytes = decode_bytes(g, S, ctx, nad);
+        printf("%-13s decode %-6s %2d ad | step %7.2f ms %8.0f tok/s | ", g->name, shape, nad, 1e3 * step, tok_s);
+        json_t *f = json_pack("{s:f, s:f, s:f, s:f, s:f}", "first_ms", 1e3 * t1, "step_ms", 1e3 * step, "tok_s", tok_s,
+                              "bound_bytes", bytes, "bandwidth", bw);
+        json_object_update(jr, f);
+        json_decref(f);
+        if (bw > 0) {
+            double bound = bytes / bw;
+            printf("bound %6.2f ms (%.2f GB at %.2f TB/s): %5.1f%% | ", 1e3 * bound, bytes / 1e9, bw / 1e12,
+                   100 * bound / step);
+            json_object_set_new(jr, "bound_ms", json_real(1e3 * bound));
+            json_object_set_new(jr, "bound_frac", json_real(bound / step));
+        } else {
+            printf("bound: %.2f GB, bandwidth of this card unknown | ", bytes / 1e9);
+        }
+        printf("prefill+1st %7.1f ms | %5.1f GiB", 1e3 * t1, mem);
+        double pf;
+        int pad;
+        bool oom;
+        const char *src;
+        if (peer_lookup_dec("decode", g->name, S, DEC_PROMPT, nad, &pf, &pad, &oom, &src)) {
+            if (oom) printf(" | PEFT (%s): out of memory", src);
+            else printf(" | PEFT (%s%s) %6.0f tok/s: %.2fx", src, pad != nad ? ", one adapter" : "", pf, tok_s / pf);
+        }
+        printf("\n");
+    }
+    json_array_append_new(b->out, jr);
+    dump_rows(b);
+}
+
+/* Time to first token: nreq requests of TTFT_PROMPT tokens at once, one sample each,
+ * max_tokens 1, request i on adapter i; the median of `calls` calls (after the warm-up). */
+static void ttft_row(bench *b, int nreq, int calls)
+{
+    const geo *g = b->g;
+    char err[512] = "out of host memory", shape[32];
+    snprintf(shape, sizeof shape, "%dx%d", nreq, TTFT_PROMPT);
+    dec_batch d;
+    double t[16];
+    int k = 0;
+    if (dec_batch_init(&d, b, nreq, TTFT_PROMPT, 1, nreq < b->nads ? nreq : b->nads, 1) == 0)
+        for (; k < calls && k < 16; k++)
+            if ((t[k] = dec_call(b, &d, 1, err, sizeof err)) < 0) break;
+    dec_batch_free(&d);
+    be_device_info di;
+    double mem = mem_in_use(b, &di);
+    json_t *jr = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:f}", "kind", "ttft", "geometry", g->name, "device",
+                           di.device, "requests", nreq, "prompt", TTFT_PROMPT, "adapters", nreq, "mem_gib", mem);
+    if (k < calls) {
+        printf("%-13s ttft   %-6s %2d ad | failed: %s\n", g->name, shape, nreq, err);
+        json_object_set_new(jr, "error", json_string(err));
+    } else {
+        double ms = 1e3 * median(t, k);
+        printf("%-13s ttft   %-6s %2d ad | %7.1f ms (median of %d) | %5.1f GiB", g->name, shape, nreq, ms, k, mem);
+        if (nreq > 1) printf(" | %.1f ms per request", ms / nreq);
+        double pf;
+        int pad;
+        bool oom;
+        const char *src;
+        if (peer_lookup_dec("ttft", g->name, nreq, TTFT_PROMPT, nreq, &pf, &pad, &oom, &src)) {
+            if (oom) printf(" | PEFT (%s): out of memory", src);
+            else printf(" | PEFT (%s%s) %7.1f ms: %.2fx faster", src, pad != nreq ? ", one adapter" : "", pf, pf / ms);
+        }
+        printf("\n");
+        json_object_set_new(jr, "ttft_ms", json_real(ms));
+        json_object_set_new(jr, "calls", json_integer(k));
+    }
+    json_array_append_new(b->out, jr);
+    dump_rows(b);
+}
+
+/* Every decode and TTFT row of one geometry, after a warm-up of each shape: GEMM plans for
+ * the decode's few rows, the workspace and the KV caches at the size the rows need (a
+ * prompt of DEC_PROMPT + steps tokens and 2 new tokens reserves the caches for
+ * DEC_PROMPT + 1 + steps positions, one decode pass, at the cost of a prefill). */
+static void decode_rows(bench *b, int steps, int calls)
+{
+    char err[512] = "out of host memory";
+    while (b->nads < DEC_REQS) {
+        lora_config lc = {LORA_RANK, (uint64_t)b->nads + 1, true, true, false};
+        be_adapter *a = be_adapter_new(b->be, b->ctx, &lc, false, err, sizeof err);
+        if (!a) { printf("%-13s adapter %d: %s\n", b->g->name, b->nads, err); return; }
+        b->ads[b->nads++] = a;
+    }
+    /* (requests, prompt, samples each, max_tokens) of each warm-up call */
+    const int warm[][4] = {
+        {DEC_REQS, DEC_PROMPT + steps, DEC_PER_REQ, 2}, {DEC_REQS, TTFT_PROMPT, 1, 1}, {1, TTFT_PROMPT, 1, 1}};
+    double t0 = clock_mono_s();
+    for (int w = 0; w < 3; w++) {
+        dec_batch d;
+        int ok = dec_batch_init(&d, b, warm[w][0], warm[w][1], warm[w][2], DEC_REQS, warm[w][3]) == 0 &&
+                 dec_call(b, &d, warm[w][3], err, sizeof err) >= 0;
+        dec_batch_free(&d);
+        if (!ok) { printf("%-13s warm-up failed: %s\n", b->g->name, err); return; }
+    }
+    printf("%-13s warm-up %.1f s\n", b->g->name, clock_mono_s() - t0);
+    decode_row(b, DEC_REQS, steps);
+    decode_row(b, 1, steps);
+    decode_row(b, 0, steps);
+    ttft_row(b, 1, calls);
+    ttft_row(b, DEC_REQS, calls);
+}
+
 int main(int argc, char **argv)
 {
     const char *backend = "cuda", *order = DEFAULT_ORDER, *peer = NULL, *json_out = NULL;
-    int device = 0, iters = 3, layers = 0;
-    bool quick = false;
+    int device = 0, iters = 3, layers = 0, steps = 0;
+    bool quick = false, decode = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick")) { quick = true; continue; }
+        if (!strcmp(a, "--decode")) { decode = true; continue; }
         if (!v) { fprintf(stderr, "usage: see bench/cuda/bench_cuda.c\n"); return 2; }
         if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--device")) device = atoi(v);
         else if (!strcmp(a, "--geo")) order = v;
         else if (!strcmp(a, "--iters")) iters = atoi(v);
         else if (!strcmp(a, "--layers")) layers = atoi(v);
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--peer")) peer = v;
         else if (!strcmp(a, "--json")) json_out = v;
         else { fprintf(stderr, "unknown option %s (see bench/cuda/bench_cuda.c)\n", a); return 2; }
@@ -359,6 +666,7 @@ int main(int argc, char **argv)
         p += len + (p[len] == ',');
     }
     if (quick) iters = 1;
+    if (steps < 1 || steps > 4096) steps = quick ? QUICK_STEPS : 128;
     const be_backend *be = be_backend_find(backend);
     if (!be) { fprintf(stderr, "unknown backend '%s' (this build has: %s)\n", backend, be_backend_names()); return 2; }
     if (be->device_count() == 0) { /* like the gpu tests and the other benches */
@@ -373,9 +681,16 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     json_t *out = json_array();
     if (json_out && json_dump_file(out, json_out, 0) != 0) { fprintf(stderr, "cannot write %s\n", json_out); return 2; }
-    printf("bench_cuda: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down, cross_entropy over every token, median of %d\n"
-           "(MFU against 989 TFLOP/s; memory = device memory in use after the row; PEFT: %s)\n", backend, iters,
-           peer ? peer : "the issue's H100 table");
+    if (decode)
+        printf("bench_cuda --decode: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down; %d requests x %d samples, "
+               "prompt %d, temperature 1, no stop tokens;\nstep = (t(1 + %d tokens) - t(1 token)) / %d; TTFT: prompt %d, "
+               "max_tokens 1, median of %d; bound = bytes a step reads at least / HBM bandwidth\n(memory = device memory "
+               "in use after the row; PEFT: %s)\n", backend, DEC_REQS, DEC_PER_REQ, DEC_PROMPT, steps, steps, TTFT_PROMPT,
+               quick ? 3 : 5, peer ? peer : "the issue's H100 figure");
+    else
+        printf("bench_cuda: backend %s, LoRA rank 32 on q,k,v,o,gate,up,down, cross_entropy over every token, median of %d\n"
+               "(MFU against 989 TFLOP/s; memory = device memory in use after the row; PEFT: %s)\n", backend, iters,
+               peer ? peer : "the issue's H100 table");
     for (int gi = 0; gi < nrun; gi++) {
         geo g = *run[gi];
         if (layers > 0) g.L = layers;
@@ -392,7 +707,8 @@ int main(int argc, char **argv)
         printf("== %s (%d layers; %.0f M matmul parameters) on %s, loaded in %.1f s\n", g.name, g.L,
                matmul_params(&g) / 1e6, di.device, clock_mono_s() - t0);
         bench b = {be, ctx, &g, {0}, 0, iters, out, json_out};
-        for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++) {
+        if (decode) decode_rows(&b, steps, quick ? 3 : 5);
+        for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0] && !decode; ri++) {
             const row *r = &ROWS[ri];
             if (strcmp(r->geo, g.name) || (quick && (long)r->batch * r->seq > 2048 && !r->cmp)) continue;
             run_row(&b, r);
