@@ -16,9 +16,10 @@
 #    activations (LCU_KEEP_ACT=1)
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
 #    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> the kernel
-#    bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters) -> bench_cuda Qwen3-0.6B with
-#    LCU_LORA=sgmv -> PyTorch's SDPA at the Qwen3-8B shapes -> bench_cuda on the own
-#    attention kernels (the figures cuDNN is the default against)
+#    bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters) -> decode and time to first
+#    token (bench_cuda --decode), then the same rows through HF generate + PEFT ->
+#    bench_cuda Qwen3-0.6B with LCU_LORA=sgmv. (The own attention's model rows and PyTorch's
+#    SDPA were measured on the first window: steps model-own, sdpa8b.)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -53,6 +54,9 @@
 #   sdpa8b       PyTorch's flash/cuDNN/efficient SDPA, Qwen3-8B, 2K/8K/32K sdpa-8b.log/.json
 #   sdpa / quicksdpa   sdpa_peer.py, all shapes / ≤ 2K                    sdpa.log/.json
 #   peer / peer-table  peft_peer.py: PyTorch + PEFT, all rows / the table peer.log/.json
+#   decode       bench_cuda --decode --steps 64, Qwen3-8B and Qwen3-0.6B: decode tok/s against
+#                the HBM bound, time to first token                       decode.log/.json
+#   peer-decode  peft_peer.py --rows decode: HF generate + PEFT, same rows peer-decode.log/.json
 #
 # Binaries: from the build directory LOOM_GPU_BUILD when that is set (cmake --build on the
 # GPU machine itself), else from .gpu-carry/carry.tar.gz when it is there (built by
@@ -294,7 +298,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-keep model-sgmv quickmodel model bench8b bench
-       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn"
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode"
 
 run_step() {
     case $1 in
@@ -331,6 +335,9 @@ run_step() {
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-06b 80 --geo Qwen3-0.6B --iters 1
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-8b 200 --geo Qwen3-8B --iters 1 ;;
         quickmodel) run_model model 540 --quick ;;
+        decode) run_model decode 200 --decode --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
+        peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
+                         --steps 64 --geo Qwen3-8B,Qwen3-0.6B --json "$OUT/peer-decode.json" ;;
         model) run_model model 540 ;;
         bench8b) step bench-8b.log 100 "bench_cuda_kernels Qwen3-8B" "$BIN/bench_cuda_kernels" --geo Qwen3-8B \
                      --csv "$OUT/bench-8b.csv" ;;
@@ -359,7 +366,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-06b.log model-keep-8b.log model-keep-06b.log model-sgmv-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
@@ -368,6 +375,7 @@ print_summary() {
     done
     [ -f "$OUT/layer.log" ] && { echo "---- layer.log"; grep -E "tok/s|====" "$OUT/layer.log"; }
     [ -f "$OUT/peer.log" ] && sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer.log"
+    [ -f "$OUT/peer-decode.log" ] && { grep -h "^note:" "$OUT/peer-decode.log"; sed -n '/PyTorch + PEFT peer:/,$p' "$OUT/peer-decode.log"; }
     echo "---- summary (run_on_gpu.sh $ARGS: ${SECONDS}s of ${BUDGET}s; logs in $OUT)"
     grep -E "NOT FOUND|misses|older than R580|no nvidia-smi" "$OUT/env.txt"
     printf '%s\n' "${SUM[@]}"
@@ -403,9 +411,9 @@ case $MODE in
         run_step backend-own
         run_suites LCU_ATTN=wmma
         run_step bench8b
+        run_step decode
+        run_step peer-decode
         run_step model-sgmv
-        run_step sdpa8b
-        run_step model-own
         ;;
     *)
         for s in "$@"; do run_step "$s"; done
