@@ -107,6 +107,8 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     const char *keep = getenv("LCU_KEEP_ACT"), *keep_mb = getenv("LCU_KEEP_MB");
     c->keep.wanted = keep && *keep && strcmp(keep, "0") != 0;
     c->keep.cap_bytes = keep_mb && *keep_mb ? (size_t)strtoull(keep_mb, NULL, 10) << 20 : 0;
+    const char *dg = getenv("LCU_DECODE_GRAPH");
+    c->dgraph_wanted = dg && *dg && strcmp(dg, "0") != 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);

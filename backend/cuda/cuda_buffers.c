@@ -427,6 +427,7 @@ void cu_buffers_free(cu_ctx *c)
 {
     if (c->act_mem) cudaFree(c->act_mem);
     if (c->keep.mem) cudaFree(c->keep.mem);
+    if (c->dgraph) cudaGraphExecDestroy(c->dgraph);
     free(c->keep.slot);
     if (c->rope_cos) cudaFree(c->rope_cos);
     if (c->rope_sin) cudaFree(c->rope_sin);

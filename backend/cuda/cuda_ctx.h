@@ -234,6 +234,12 @@ typedef struct {
     long kv_nmap;
     lcu_attn_desc kv_attn;          /* decode: each row against its stream's cache */
     cu_buf smap, sstep, sws;        /* prefill maps, per-step rows, lcu_sample workspace */
+    /* decode passes replayed as a CUDA graph (LCU_DECODE_GRAPH=1; cuda_sample.c
+     * cs_decode_pass): captured on the second pass of a shape, for one sampling call */
+    bool dgraph_wanted, dgraph_off; /* asked for; off after a capture or replay failed */
+    cudaGraphExec_t dgraph;
+    uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
+    int dgraph_seen;                /* passes of that shape run eagerly */
 } cu_ctx;
 
 /* The device K (which 0) or V (which 1) cache of layer l. */

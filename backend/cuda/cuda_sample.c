@@ -10,7 +10,9 @@
  * Correct first: every sample has its own cache rows (a prompt's K/V are copied once per
  * sample), the host waits for each chunk of picks, and decode runs the whole layer stack
  * for one row per sample. Sharing prompt caches and keeping the loop on the device are
- * the speed work of a later issue.
+ * the speed work of a later issue. With LCU_DECODE_GRAPH=1 a decode pass's layer stack (a
+ * few thousand small launches with many adapters) is captured once as a CUDA graph and
+ * replayed while its shape holds (cs_decode_pass).
  */
 #include "backend/cuda/cuda_sample.h"
 #include "backend/cuda/cuda_buffers.h"
@@ -20,6 +22,8 @@
 #include "common/err.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,6 +149,79 @@ static int cs_pass(cu_ctx *c, long T, const int32_t *d_tokens, const int64_t *d_
     return 0;
 }
 
+/* ---- decode passes as a CUDA graph (LCU_DECODE_GRAPH) ------------------------------------ */
+
+/* The shape of a decode pass: what its kernels were given beyond the contents of device
+ * memory (rows, LoRA segments and their adapters, the buffers). Within one sampling call the
+ * buffers do not move; a sample that ends changes the rows. */
+static uint64_t cs_sig(const cu_ctx *c, long n)
+{
+    uint64_t h = 1469598103934665603ull;
+#define CS_MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    CS_MIX(n);
+    CS_MIX(c->nsegs);
+    CS_MIX((uintptr_t)c->act_mem);
+    CS_MIX((uintptr_t)c->sstep.dev);
+    CS_MIX((uintptr_t)c->kv.dev);
+    CS_MIX(c->kv_cap);
+    for (int s = 0; s < c->nsegs; s++) {
+        CS_MIX((uintptr_t)c->segs[s].ad);
+        CS_MIX(c->segs[s].row_begin);
+        CS_MIX(c->segs[s].row_end);
+    }
+#undef CS_MIX
+    return h;
+}
+
+static void cs_graph_drop(cu_ctx *c)
+{
+    if (c->dgraph) cudaGraphExecDestroy(c->dgraph);
+    c->dgraph = NULL;
+    c->dgraph_sig = 0;
+    c->dgraph_seen = 0;
+}
+
+/* A decode pass's layer stack and final norm (cs_pass over its n rows). With the switch:
+ * the first pass of a shape runs eagerly (it builds the GEMM plans and grows every
+ * workspace, so that a capture allocates nothing), the second is captured as a graph, and
+ * every later one of that shape replays it: the same kernels with the same arguments,
+ * reading the rows uploaded for this pass (so the same bits as eager passes). Eager
+ * throughout under LOOM_CUDA_SYNC (a sync per call cannot be captured) and once a capture
+ * failed (said once: the executor keeps sampling without graphs). */
+static int cs_decode_pass(cu_ctx *c, long n, const int32_t *d_tokens)
+{
+    if (!c->dgraph_wanted || c->dgraph_off || c->sync_debug) return cs_pass(c, n, d_tokens, NULL, n);
+    uint64_t sig = cs_sig(c, n);
+    if (sig != c->dgraph_sig) {
+        cs_graph_drop(c);
+        c->dgraph_sig = sig;
+    }
+    if (!c->dgraph && c->dgraph_seen++ == 0) return cs_pass(c, n, d_tokens, NULL, n);
+    if (!c->dgraph) {
+        cudaGraph_t g = NULL;
+        int brc = (int)cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+        int prc = brc ? 0 : cs_pass(c, n, d_tokens, NULL, n);
+        int erc = brc ? brc : (int)cudaStreamEndCapture(c->stream, &g);
+        if (!erc && prc == 0) erc = (int)cudaGraphInstantiate(&c->dgraph, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (erc || prc < 0) {
+            cudaGetLastError(); /* nothing ran: the capture's failure is not this pass's */
+            if (c->dgraph) cudaGraphExecDestroy(c->dgraph);
+            c->dgraph = NULL;
+            fprintf(stderr, "loom cuda:%d: capturing a decode pass as a graph failed (%s%s%s); decode passes run "
+                    "without graphs\n", c->device, erc ? lcu_strerror(erc) : "", erc && prc < 0 ? "; " : "",
+                    prc < 0 ? c->errmsg : "");
+            if (c->failed) return -1;
+            c->errmsg[0] = 0;
+            c->dgraph_off = true;
+            return cs_pass(c, n, d_tokens, NULL, n);
+        }
+    }
+    cu_where(c, "sampling decode pass (graph)");
+    CU_TRY(c, cudaGraphLaunch(c->dgraph, c->stream));
+    return 0;
+}
+
 static const cu_adapter *cs_ad(const be_sample_req *r) { return r->ad ? (const cu_adapter *)r->ad : NULL; }
 
 /* Prefill: every prompt in one packed pass, K/V into the caches of its samples; then the
@@ -232,7 +309,7 @@ static int cs_decode(cu_ctx *c, be_sample_stream *st, int S, int *row_stream, lo
     c->kv_src = NULL;
     c->kv_nmap = n;
     c->kv_mode = CU_KV_DECODE;
-    int rc = cs_pass(c, n, CS_D(c, L.tokens), NULL, n);
+    int rc = cs_decode_pass(c, n, CS_D(c, L.tokens));
     c->kv_mode = CU_KV_NONE;
     if (rc < 0) return -1;
     return cs_head_pick(c, n, row_stream, st, &L);
@@ -304,6 +381,7 @@ int cu_sample(cu_ctx *c, be_sample_req *reqs, int nreq, char *err, size_t errlen
             for (int i = 0; i < reqs[r].num_samples; i++, s++) be_sample_stream_init(&st[s], &reqs[r], i);
         rc = cs_prefill(c, reqs, nreq, st, S, T, nmap, row_stream);
         for (long live = 1; rc == 0 && live > 0;) rc = cs_decode(c, st, S, row_stream, &live);
+        cs_graph_drop(c); /* a graph lives for one call: the next may move the buffers */
         if (rc < 0) cu_fail(c, err, errlen, "cuda: sampling failed");
     }
     free(st);

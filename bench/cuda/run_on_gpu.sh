@@ -17,8 +17,9 @@
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
 #    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> the kernel
 #    bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters) -> decode and time to first
-#    token (bench_cuda --decode), then the same rows through HF generate + PEFT ->
-#    bench_cuda Qwen3-0.6B with LCU_LORA=sgmv. (The own attention's model rows and PyTorch's
+#    token (bench_cuda --decode), again with decode passes as CUDA graphs, then the same
+#    rows through HF generate + PEFT -> the suites with decode graphs -> bench_cuda
+#    Qwen3-0.6B with LCU_LORA=sgmv. (The own attention's model rows and PyTorch's
 #    SDPA were measured on the first window: steps model-own, sdpa8b.)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
@@ -57,6 +58,8 @@
 #   decode       bench_cuda --decode --steps 64, Qwen3-8B and Qwen3-0.6B: decode tok/s against
 #                the HBM bound, time to first token                       decode.log/.json
 #   peer-decode  peft_peer.py --rows decode: HF generate + PEFT, same rows peer-decode.log/.json
+#   decode-graph decode with LCU_DECODE_GRAPH=1 (decode passes as CUDA graphs) decode-graph.log/.json
+#   suites-graph the suites with LCU_DECODE_GRAPH=1                       suites.log
 #
 # Binaries: from the build directory LOOM_GPU_BUILD when that is set (cmake --build on the
 # GPU machine itself), else from .gpu-carry/carry.tar.gz when it is there (built by
@@ -298,7 +301,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-keep model-sgmv quickmodel model bench8b bench
-       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode"
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-graph suites-graph"
 
 run_step() {
     case $1 in
@@ -336,6 +339,9 @@ run_step() {
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-8b 200 --geo Qwen3-8B --iters 1 ;;
         quickmodel) run_model model 540 --quick ;;
         decode) run_model decode 200 --decode --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
+        decode-graph) LCU_DECODE_GRAPH=1 MODEL_TAG="(decode graphs)" run_model decode-graph 200 --decode --steps 64 \
+                          --geo Qwen3-8B,Qwen3-0.6B ;;
+        suites-graph) run_suites LCU_DECODE_GRAPH=1 ;;
         peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
                          --steps 64 --geo Qwen3-8B,Qwen3-0.6B --json "$OUT/peer-decode.json" ;;
         model) run_model model 540 ;;
@@ -366,7 +372,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-06b.log model-keep-8b.log model-keep-06b.log model-sgmv-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-graph.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
@@ -412,7 +418,9 @@ case $MODE in
         run_suites LCU_ATTN=wmma
         run_step bench8b
         run_step decode
+        run_step decode-graph
         run_step peer-decode
+        run_step suites-graph
         run_step model-sgmv
         ;;
     *)

@@ -686,6 +686,37 @@ static void check_sampling(pair *p)
     bool same = true;
     for (int r = 0; r < 3; r++) same &= same_bits(again[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(again[r].lp, q[r].lp, sizeof q[r].lp);
     gt_check(same, "%s: sampling again with the same seeds gives the same tokens and log-probs, bitwise", cs);
+    /* decode passes replayed as a CUDA graph (LCU_DECODE_GRAPH) or run eagerly: a second
+     * context with the switch flipped samples the same requests to the same bits */
+    if (strcmp(p->gpu.be->name, "cuda") == 0) {
+        const char *was = getenv("LCU_DECODE_GRAPH");
+        char prev[32];
+        snprintf(prev, sizeof prev, "%s", was ? was : "");
+        bool on_here = was && *was && strcmp(was, "0") != 0;
+        setenv("LCU_DECODE_GRAPH", on_here ? "0" : "1", 1);
+        side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+        if (was) setenv("LCU_DECODE_GRAPH", prev, 1);
+        else unsetenv("LCU_DECODE_GRAPH");
+        be_adapter *ao = make_adapter(&o, 0);
+        static sreq g[3];
+        for (int r = 0; r < 3; r++) {
+            g[r] = q[r];
+            g[r].r.ad = q[r].r.ad ? ao : NULL;
+            g[r].r.prompt = g[r].prompt;
+            g[r].r.tokens_out = g[r].tok;
+            g[r].r.logprobs_out = g[r].lp;
+            g[r].r.n_out = g[r].n;
+            g[r].r.stopped_out = g[r].stopped;
+        }
+        do_sample(&o, g, 3);
+        bool gsame = true;
+        for (int r = 0; r < 3; r++)
+            gsame &= same_bits(g[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(g[r].lp, q[r].lp, sizeof q[r].lp);
+        gt_check(gsame, "%s: decode passes %s a CUDA graph (LCU_DECODE_GRAPH=%s) sample the same tokens and log-probs, "
+                 "bitwise", cs, on_here ? "without" : "through", on_here ? "0" : "1");
+        o.be->adapter_free(o.ctx, ao);
+        o.be->destroy(o.ctx);
+    }
     /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
     sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);
     do_sample(&p->gpu, again, 1);
