@@ -8,6 +8,7 @@
 #
 # Used by bench/cuda/run_on_gpu.sh, which exports LOOM_CUBLAS_DIR once, and by the
 # wrappers bench/cuda/make_carry.sh writes, which call it only when that is not set.
+# loom_copy_libs (below) picks the libraries the carries take along.
 
 loom_cublas_ok() { [ -n "$1" ] && [ -e "$1/libcublasLt.so.13" ] && [ -e "$1/libcublas.so.13" ]; }
 
@@ -35,4 +36,18 @@ loom_cublas_dir() {
     x=$(timeout 30 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libcublasLt.so.13' -print 2>/dev/null | head -1)
     if [ -n "$x" ] && loom_cublas_ok "$(dirname "$x")"; then dirname "$x"; return 0; fi
     return 1
+}
+
+# loom_copy_libs DEST FILE...: copies into DEST every shared library ldd resolves for the
+# FILEs that a GPU machine may lack: not glibc's own libraries, the C++ runtime or CUDA's
+# (those are there, and newer). For bench/cuda/make_carry.sh and make_e2e_carry.sh.
+loom_copy_libs() {
+    local dest=$1 f name path
+    shift
+    local skip='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'
+    for f in "$@"; do
+        ldd "$f" | awk '/=>/ {print $1, $3}' | while read -r name path; do
+            if ! [[ $name =~ $skip ]] && [ -f "$path" ] && [ ! -f "$dest/$name" ]; then cp -L "$path" "$dest/$name"; fi
+        done
+    done
 }

@@ -48,12 +48,8 @@ cp "$B/libloom_backend_cuda.so" "$S/real/"
 cp bench/cuda/cuda_libs.sh "$S/"
 # Libraries: everything ldd resolves except glibc's own libraries, the C++ runtime and the
 # CUDA libraries.
-SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'
-for f in "$S"/real/*; do
-    ldd "$f" | awk '/=>/ {print $1, $3}' | while read -r name path; do
-        if ! [[ $name =~ $SKIP ]] && [ -f "$path" ] && [ ! -f "$S/lib/$name" ]; then cp -L "$path" "$S/lib/$name"; fi
-    done
-done
+source bench/cuda/cuda_libs.sh
+loom_copy_libs "$S/lib" "$S"/real/*
 git rev-parse HEAD > "$S/commit" 2>/dev/null || true
 git status --short | grep -v '^??' > "$S/dirty" || true
 tar -C "$S" -czf "$C/carry.tar.gz" .

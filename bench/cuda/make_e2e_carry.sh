@@ -36,12 +36,8 @@ for p in initdb pg_ctl postgres psql; do cp "$PGBIN/$p" "$S/pg/usr/lib/postgresq
 find "/usr/lib/postgresql/$PGV/lib" -maxdepth 1 -name '*.so' ! -name 'llvmjit*' -exec cp {} "$S/pg/usr/lib/postgresql/$PGV/lib/" \;
 cp -r "/usr/share/postgresql/$PGV" "$S/pg/usr/share/postgresql/"
 cp -rL /usr/share/zoneinfo/UTC /usr/share/zoneinfo/GMT /usr/share/zoneinfo/Etc "$S/zoneinfo/"
-SKIP='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec|libpthread|libdl\.|librt\.|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|libcublas|libcublasLt|libcudart|libcudnn|libnccl|libcuda\.)'
-for f in "$S"/real/* "$S"/pg/usr/lib/postgresql/"$PGV"/bin/* "$S"/pg/usr/lib/postgresql/"$PGV"/lib/*.so; do
-    ldd "$f" | awk '/=>/ {print $1, $3}' | while read -r name path; do
-        if ! [[ $name =~ $SKIP ]] && [ -f "$path" ] && [ ! -f "$S/lib/$name" ]; then cp -L "$path" "$S/lib/$name"; fi
-    done
-done
+source bench/cuda/cuda_libs.sh
+loom_copy_libs "$S/lib" "$S"/real/* "$S"/pg/usr/lib/postgresql/"$PGV"/bin/* "$S"/pg/usr/lib/postgresql/"$PGV"/lib/*.so
 git rev-parse HEAD > "$S/commit" 2>/dev/null || true
 git status --short | grep -v '^??' > "$S/dirty" || true
 chmod 755 "$S" # the archive's "./": PostgreSQL runs as an unprivileged user there

@@ -381,20 +381,29 @@ static void cmp_grads(const char *cs, const char *what, int a, const adapter_sta
 
 static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
+/* A second context of the GPU side on the same model with the switch `var` flipped (read at
+ * context creation); *on_here: whether the switch is on in the first. */
+static side open_flipped(const pair *p, const char *var, bool *on_here)
+{
+    const char *was = getenv(var);
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    *on_here = was && *was && strcmp(was, "0") != 0;
+    setenv(var, *on_here ? "0" : "1", 1);
+    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+    if (was) setenv(var, prev, 1);
+    else unsetenv(var);
+    return o;
+}
+
 /* Kept activations (LCU_KEEP_ACT, a dense model on cuda) against the backward's recompute:
  * a second context with the switch flipped runs the same pass from the same adapters and
  * must give the same log-probs, losses and gradients, bit for bit (the kept tensors are
  * what the recompute produces). ref, gref: this context's pass and gradients. */
 static void check_keep(pair *p, const inputs *in, const batch *ref, const adapter_state *gref)
 {
-    const char *was = getenv("LCU_KEEP_ACT");
-    char prev[32];
-    snprintf(prev, sizeof prev, "%s", was ? was : "");
-    bool kept_here = was && *was && strcmp(was, "0") != 0;
-    setenv("LCU_KEEP_ACT", kept_here ? "0" : "1", 1);
-    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
-    if (was) setenv("LCU_KEEP_ACT", prev, 1);
-    else unsetenv("LCU_KEEP_ACT");
+    bool kept_here;
+    side o = open_flipped(p, "LCU_KEEP_ACT", &kept_here);
     for (int a = 0; a < NAD; a++) o.ads[a] = make_adapter(&o, a);
     batch b;
     make_batch(&b, &o, o.ads, in, -1, false);
@@ -412,7 +421,7 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
         o.be->adapter_free(o.ctx, o.ads[a]);
     }
     gt_check(same, "%s: kept activations (LCU_KEEP_ACT=1) and the backward's recompute give the same log-probs, losses "
-             "and gradients, bitwise", p->name);
+             "and gradients, bitwise (kept in the %s context)", p->name, kept_here ? "first" : "second");
     free_batch(&b);
     o.be->destroy(o.ctx);
 }
@@ -689,14 +698,8 @@ static void check_sampling(pair *p)
     /* decode passes replayed as a CUDA graph (LCU_DECODE_GRAPH) or run eagerly: a second
      * context with the switch flipped samples the same requests to the same bits */
     if (strcmp(p->gpu.be->name, "cuda") == 0) {
-        const char *was = getenv("LCU_DECODE_GRAPH");
-        char prev[32];
-        snprintf(prev, sizeof prev, "%s", was ? was : "");
-        bool on_here = was && *was && strcmp(was, "0") != 0;
-        setenv("LCU_DECODE_GRAPH", on_here ? "0" : "1", 1);
-        side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
-        if (was) setenv("LCU_DECODE_GRAPH", prev, 1);
-        else unsetenv("LCU_DECODE_GRAPH");
+        bool on_here;
+        side o = open_flipped(p, "LCU_DECODE_GRAPH", &on_here);
         be_adapter *ao = make_adapter(&o, 0);
         static sreq g[3];
         for (int r = 0; r < 3; r++) {
