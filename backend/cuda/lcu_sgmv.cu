@@ -267,10 +267,17 @@ static void sg_add(sg_batch *b, const void *a, long lda, const void *bb, long ld
     it->tile_end = b->tiles;
 }
 
-bool lcu_lora_sgmv_on(void)
+bool lcu_lora_sgmv_on(int nseg)
 {
     const char *e = getenv("LCU_LORA");
-    return e && strcmp(e, "sgmv") == 0;
+    if (!e) return false;
+    if (!strcmp(e, "sgmv")) return true;
+    /* auto: the segmented kernel from LCU_LORA_AUTO_MIN segments on (default 4), where
+     * version 1's one cuBLASLt call per segment and product is launch-bound */
+    if (strcmp(e, "auto")) return false;
+    const char *m = getenv("LCU_LORA_AUTO_MIN");
+    int min = m && *m ? atoi(m) : 4;
+    return nseg >= (min > 1 ? min : 1);
 }
 
 /* z = x·Aᵀ for every segment (forward, and recomputed in the backward). */
