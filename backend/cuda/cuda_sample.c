@@ -186,11 +186,14 @@ static void cs_graph_drop(cu_ctx *c)
  * workspace, so that a capture allocates nothing), the second is captured as a graph, and
  * every later one of that shape replays it: the same kernels with the same arguments,
  * reading the rows uploaded for this pass (so the same bits as eager passes). Eager
- * throughout under LOOM_CUDA_SYNC (a sync per call cannot be captured) and once a capture
- * failed (said once: the executor keeps sampling without graphs). */
+ * throughout under LOOM_CUDA_SYNC (a sync per call cannot be captured), for mixture-of-
+ * experts models (their routing comes back to the host) and once a capture failed (said
+ * once: the executor keeps sampling without graphs). */
 static int cs_decode_pass(cu_ctx *c, long n, const int32_t *d_tokens)
 {
-    if (!c->dgraph_wanted || c->dgraph_off || c->sync_debug) return cs_pass(c, n, d_tokens, NULL, n);
+    /* a mixture-of-experts layer reads its routing back to the host: never captured */
+    if (!c->dgraph_wanted || c->dgraph_off || c->sync_debug || c->cfg.num_experts > 0)
+        return cs_pass(c, n, d_tokens, NULL, n);
     uint64_t sig = cs_sig(c, n);
     if (sig != c->dgraph_sig) {
         cs_graph_drop(c);
