@@ -33,6 +33,10 @@
 #define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
 #define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executor: the prefix of each
                                                        executor's channel, loom_cycle_<id> */
+/* The payload on an idle executor's channel from a submit of a model placed on it (api ->
+ * executor): an operation is queued, build the cycle yourself (the scheduler's payload,
+ * a cycle built for it, is the executor's id). */
+#define CYCLE_HINT_QUEUED "queued"
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
 #define CHAN_API_KEYS "loom_api_keys"               /* database triggers (migration 0031) -> api: a key changed */
 /* Streaming (docs/protocol.md §18.5): the tokens of sample operations that asked for

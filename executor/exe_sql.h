@@ -45,6 +45,8 @@
 #define SQL_EXE_LISTEN_FMT "LISTEN " CHAN_CYCLE "_%lld"
 #define SQL_EXE_UNLISTEN "UNLISTEN *"
 #define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
+/* A submit's hint that built no cycle here (run_own_cycle): the scheduler decides. */
+#define SQL_EXE_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
