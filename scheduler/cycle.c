@@ -66,10 +66,10 @@ static int write_cycles(PGconn *c, const sched_opts *o, plan_executor *xs, int n
     }
     char *l[10];
     for (size_t i = 0; i < 10; i++) l[i] = pga_end(all[i]);
-    const char *pc[6] = {l[0], l[1], l[2], slease, l[3], l[4]};
+    const char *pc[7] = {l[0], l[1], l[2], slease, l[3], l[4], o->start ? "false" : "true"};
     const char *pa[5] = {l[5], l[6], l[7], l[8], l[9]};
     /* an executor's own cycle is started in the same transaction (sched_opts.start) */
-    db_stmt b[4] = {{SQL_INSERT_CYCLES_CLAIM, 6, pc}, {SQL_ADVANCE_MODELS, 5, pa}};
+    db_stmt b[4] = {{SQL_INSERT_CYCLES_CLAIM, 7, pc}, {SQL_ADVANCE_MODELS, 5, pa}};
     db_bin bin[4] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}};
     int nb = 2, start_at = -1;
     if (o->start) {
