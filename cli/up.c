@@ -278,8 +278,8 @@ static const cfg_cmd UP_CMD = {
              "executor per GPU found, else one cpu executor; --backend cuda without --device: one per GPU)\n"
              "and the registry GC, restarted when they die. Prints DATABASE_URL, TINKER_BASE_URL and TINKER_API_KEY once ready.\n"
              "The api's, scheduler's and executor's options below are passed through to them.",
-    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, SCHED_CLAIM_OPTS, CFG_EXECUTOR_TIMEOUT, API_TUNING_OPTS,
-               CFG_SECRET, CFG_BLOBS}};
+    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, SCHED_CLAIM_OPTS, CFG_EXECUTOR_TIMEOUT,
+               API_TUNING_OPTS, CFG_SECRET, CFG_BLOBS}};
 
 /* A child's argument vector, built from the settings (strings live as long as the
  * process). */

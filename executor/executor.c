@@ -73,10 +73,12 @@ static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (
  * process of the session that listens (0: none; a reset or reconnect is a new session
  * that does not). */
 static char g_listen_sql[64];
-/* The scheduler's options for the cycles it builds itself (run_own_cycle). */
-static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
 static int g_listen_pid;
 static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
+
+/* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
+ * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
+static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
 
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
@@ -436,10 +438,10 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     }
 }
 
-/* Runs this executor's next cycle (start_cycle's mode): 1 one ran; 0 none is open; -1 it
- * could not be started (database error: the caller polls again, reconnecting if needed). */
 static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0);
 
+/* Runs this executor's next cycle (start_cycle's mode): 1 one ran; 0 none is open; -1 it
+ * could not be started (database error: the caller polls again, reconnecting if needed). */
 static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
     char err[1024];
     double t0 = clock_mono_s();
@@ -460,8 +462,8 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
  * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
  * transaction: no scheduler round trip, no notification in between, one commit without
  * waiting for the disk (the claim and the start are derived, as the scheduler's are).
- * The pass's transaction also stops the connection's LISTEN, so that the claim's
- * notification on its own channel does not come back to it. When it claims nothing (a
+ * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
+ * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing (a
  * model held for its optim_step, rule 5; a seq gap; work of another executor), the
  * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
  * nothing was claimed; -1 a database error (the scheduler was asked to look). */

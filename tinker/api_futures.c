@@ -109,7 +109,9 @@ static int reply_result(api_call *c, const char *kind, const char *json, const u
 }
 
 static int hex_digit(char h) {
-    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+    if (h >= '0' && h <= '9') return h - '0';
+    if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+    return h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
 }
 
 /* The result an executor's loom_op_done carried (job->done_note: "request_id\ttenant\t
