@@ -278,8 +278,8 @@ static const cfg_cmd UP_CMD = {
              "executor per GPU found, else one cpu executor; --backend cuda without --device: one per GPU)\n"
              "and the registry GC, restarted when they die. Prints DATABASE_URL, TINKER_BASE_URL and TINKER_API_KEY once ready.\n"
              "The api's, scheduler's and executor's options below are passed through to them.",
-    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, CFG_EXECUTOR_TIMEOUT, API_TUNING_OPTS, CFG_SECRET,
-               CFG_BLOBS}};
+    .tables = {UP_OPTS, CFG_DATA_DIR, CFG_DB, EXE_OPTS, SCHED_OPTS, SCHED_CLAIM_OPTS, CFG_EXECUTOR_TIMEOUT,
+               API_TUNING_OPTS, CFG_SECRET, CFG_BLOBS}};
 
 /* A child's argument vector, built from the settings (strings live as long as the
  * process). */
@@ -531,11 +531,13 @@ int up_main(int argc, char **argv) {
         av_opt(e, "model-dir", m->dir), av_opt(e, "model-name", m->name), av_opt(e, "blob-dir", blob_dir);
         av_opt(e, "backend", backend), av_opt(e, "device", dev_s[i]), av_opt(e, "name", name_s[i]);
         av_pass(e, &o, EXE_OPTS, per_executor);
+        av_pass(e, &o, SCHED_CLAIM_OPTS, NULL);   /* an idle executor builds its own cycle too */
         if (*share_s) av_opt(e, "memory-budget", share_s);
     }
     argvec sch = {0}, api = {0}, gc = {0};
     av_add(&sch, "loom"), av_add(&sch, "scheduler"), av_opt(&sch, "config", "/dev/null"), av_opt(&sch, "db", conninfo);
     av_pass(&sch, &o, SCHED_OPTS, NULL);
+    av_pass(&sch, &o, SCHED_CLAIM_OPTS, NULL);
     av_pass(&sch, &o, CFG_EXECUTOR_TIMEOUT, NULL);
     av_add(&api, "loom"), av_add(&api, "api"), av_opt(&api, "config", "/dev/null"), av_opt(&api, "db", conninfo);
     av_opt(&api, "host", host), av_opt(&api, "threads", cfg_str(&o, "api-threads"));

@@ -50,7 +50,7 @@ extern const opt_spec CFG_EXECUTOR_TIMEOUT[];
 
 #define CFG_MAX_OPTS 64
 #define CFG_MAX_POS 8
-#define CFG_MAX_TABLES 10
+#define CFG_MAX_TABLES 12
 
 typedef struct {
     const char *cmd;                 /* "loom key create": messages and usage */

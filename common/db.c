@@ -429,19 +429,36 @@ int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_COMMI
 void db_rollback(PGconn *c) { PQclear(PQexec(c, SQL_ROLLBACK)); }
 const char *db_last_sqlstate(void) { return t_sqlstate; }
 
-int db_wait_notify(PGconn *c, int timeout_ms) {
+/* Takes the notifications libpq has read: how many, and how many of them had payload hint. */
+static int take_notifies(PGconn *c, const char *hint, int *hints) {
     int got = 0;
     PGnotify *n;
+    while ((n = PQnotifies(c))) {
+        got++;
+        if (hint && n->extra && !strcmp(n->extra, hint)) (*hints)++;
+        PQfreemem(n);
+    }
+    return got;
+}
+
+int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints) {
+    int none = 0;
+    if (!hints) hints = &none;
+    *hints = 0;
     if (!PQconsumeInput(c)) return -1;
-    while ((n = PQnotifies(c))) { got = 1; PQfreemem(n); }
-    if (got) return 1;
+    int got = take_notifies(c, hint, hints);
+    if (got) return got;
     struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
     int rc = poll(&p, 1, timeout_ms);
     if (rc < 0 && errno != EINTR) return -1;
     if (rc <= 0) return 0;
     if (!PQconsumeInput(c)) return -1;
-    while ((n = PQnotifies(c))) { got = 1; PQfreemem(n); }
-    return got;
+    return take_notifies(c, hint, hints);
+}
+
+int db_wait_notify(PGconn *c, int timeout_ms) {
+    int n = db_wait_notify_hint(c, timeout_ms, NULL, NULL);
+    return n < 0 ? -1 : n > 0;
 }
 
 int64_t db_int(const PGresult *r, int row, int col) {

@@ -33,7 +33,19 @@
 #define CHAN_EXECUTOR_READY "loom_executor_ready"   /* executors -> scheduler */
 #define CHAN_CYCLE "loom_cycle"                     /* scheduler -> executor: the prefix of each
                                                        executor's channel, loom_cycle_<id> */
+/* The payload on an idle executor's channel from a submit of a model placed on it (api ->
+ * executor): an operation is queued, build the cycle yourself (the scheduler's payload,
+ * a cycle built for it, is the executor's id). */
+#define CYCLE_HINT_QUEUED "queued"
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
+/* An executor's loom_op_done of an operation done with a small result carries the result
+ * after the request_id, tab-separated: "request_id\ttenant_id\tkind\tB<hex of result_bin>"
+ * (forward / forward_backward) or "...\tJ<result as its jsonb text>" (the others), so
+ * that the api answers the parked future without reading it back. Sent with the commit
+ * that makes the result final; larger results (the data over OP_DONE_INLINE_MAX bytes,
+ * under PostgreSQL's 8000-byte payload limit), failures and other senders' notifications
+ * are the request_id alone, and the api reads the row. */
+#define OP_DONE_INLINE_MAX "7000"
 #define CHAN_API_KEYS "loom_api_keys"               /* database triggers (migration 0031) -> api: a key changed */
 /* Streaming (docs/protocol.md §18.5): the tokens of sample operations that asked for
  * progress ("progress": true in the payload) as the executor's decode loop makes them

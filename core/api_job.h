@@ -52,6 +52,8 @@ typedef struct api_job {
     int64_t tenant_id;
     char request_id[API_REQUEST_ID_MAX];   /* also the key a NOTIFY wakes the parked job by */
     char *recheck_arg;  /* malloc'd: what else a long poll's later looks need (retrieve_futures) */
+    char *done_note;    /* malloc'd: the loom_op_done payload that woke the parked job, when
+                           it carries the result (contract.h, CHAN_OP_DONE), or NULL */
     uint32_t hold_ms;   /* > 0: park at most this long (else the loop's 25 s) */
 
     /* for the access log and metrics (api_metrics.h) */

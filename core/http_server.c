@@ -47,6 +47,7 @@ typedef struct {
     h2o_multithread_message_t super;
     bool all;
     char id[API_REQUEST_ID_MAX];
+    char *note;   /* malloc'd: the payload, when it carries a result after the id */
 } notify_msg;
 
 struct http_loop {
@@ -251,6 +252,7 @@ void api_job_free(api_job *job) {
     free(job->resp_headers);
     free(job->resp);
     free(job->recheck_arg);
+    free(job->done_note);
     free(job);
 }
 
@@ -463,22 +465,29 @@ static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mess
             api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, parked, n);
             if (m->all || !strcmp(job->request_id, m->id)) {
                 unpark(job);
+                free(job->done_note);   /* the worker answers from it instead of the row */
+                job->done_note = m->note ? strdup(m->note) : NULL;
                 dispatch(L, job);
             }
             n = next;
         }
+        free(m->note);
         free(m);
     }
 }
 
-void http_server_notify(const char *request_id, void *unused) {
+void http_server_notify(const char *payload, void *unused) {
     (void)unused;
-    if (request_id && strlen(request_id) >= API_REQUEST_ID_MAX) return;
+    size_t idlen = payload ? strcspn(payload, "\t") : 0;
+    if (payload && idlen >= API_REQUEST_ID_MAX) return;
     for (int i = 0; i < g.nloops; i++) {
         notify_msg *m = calloc(1, sizeof *m);
         if (!m) abort();
-        m->all = request_id == NULL;
-        if (request_id) snprintf(m->id, sizeof m->id, "%s", request_id);
+        m->all = payload == NULL;
+        if (payload) {
+            memcpy(m->id, payload, idlen);
+            if (payload[idlen] && !(m->note = strdup(payload))) abort();
+        }
         h2o_multithread_send_message(&g.loops[i].notify_receiver, &m->super);
     }
 }

@@ -30,9 +30,11 @@ typedef struct {
  * bound port in *port_out. 0 or -1 with err. */
 int http_server_start(const http_conf *conf, api_pool *pool, int *port_out, char *err,
                       size_t errlen);
-/* A NOTIFY loom_op_done arrived (any thread): wakes parked futures with this request_id;
- * NULL wakes them all (the LISTEN connection was re-established). */
-void http_server_notify(const char *request_id, void *unused);
+/* A NOTIFY loom_op_done arrived (any thread): wakes parked futures with this request_id
+ * (the payload up to its first tab; the whole payload goes to the woken job as its
+ * done_note when there is more); NULL wakes them all (the LISTEN connection was
+ * re-established). */
+void http_server_notify(const char *payload, void *unused);
 /* Sends a job the loop made itself (a loop extension's, http_gate.c's) to a database
  * worker; it comes back to L like a request's. -1 when the workers' queue is full. Loop
  * thread. */

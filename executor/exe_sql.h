@@ -45,6 +45,8 @@
 #define SQL_EXE_LISTEN_FMT "LISTEN " CHAN_CYCLE "_%lld"
 #define SQL_EXE_UNLISTEN "UNLISTEN *"
 #define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
+/* A submit's hint that built no cycle here (run_own_cycle): the scheduler decides. */
+#define SQL_EXE_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
@@ -114,8 +116,10 @@
  * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints, $8 the
  * tokens routed to each expert since start (bigint[][] literal, MoE models; NULL keeps
  * what is there): the cycle is done, the executor idle again with what its adapter store
- * holds now (unless written off as gone), the futures of the cycle's operations woken; one
- * statement. (The scheduler is woken after the commit: SQL_EXE_READY_IF_QUEUED.) */
+ * holds now (unless written off as gone), the futures of the cycle's operations woken,
+ * with their results when small (CHAN_OP_DONE in contract.h: delivered with the commit,
+ * so the api sees only final results); one statement. (The scheduler is woken after the
+ * commit: SQL_EXE_READY_IF_QUEUED.) */
 #define SQL_EXE_FINISH_CYCLE                                                                  \
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
@@ -123,7 +127,13 @@
     "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int,"  \
     "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
     "   WHERE id = $3::bigint AND state <> 'gone')"                                           \
-    " SELECT pg_notify('" CHAN_OP_DONE "', request_id) FROM operations WHERE cycle_id = $1::bigint"
+    " SELECT pg_notify('" CHAN_OP_DONE "', CASE WHEN o.state = 'done' AND o.result IS NOT NULL"  \
+    "   AND CASE WHEN o.result_bin IS NOT NULL THEN 2 * octet_length(o.result_bin)"             \
+    "   ELSE octet_length(o.result::text) END <= " OP_DONE_INLINE_MAX                           \
+    "   THEN o.request_id || E'\\t' || o.tenant_id || E'\\t' || o.kind || E'\\t' ||"           \
+    "   CASE WHEN o.result_bin IS NOT NULL THEN 'B' || encode(o.result_bin, 'hex')"              \
+    "   ELSE 'J' || o.result::text END ELSE o.request_id END)"                                  \
+    " FROM operations o WHERE o.cycle_id = $1::bigint"
 
 /* Sent with the commit of a cycle (after it, in the same round trip): the scheduler is
  * woken for this executor, idle again, only when operations wait in the queue (those that

@@ -30,6 +30,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_train.h"
 #include "registry/blobstore.h"
+#include "scheduler/sched.h"
 #include "common/clock.h"
 #include "common/common_sql.h"
 #include "common/db.h"
@@ -74,6 +75,10 @@ static void fmt_i64(char *buf, size_t n, int64_t v) { snprintf(buf, n, "%lld", (
 static char g_listen_sql[64];
 static int g_listen_pid;
 static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
+
+/* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
+ * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
+static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
 
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
@@ -259,6 +264,8 @@ static exe_op_handler find_handler(const char *kind) {
     return NULL;
 }
 
+static int read_cycle(PGresult *r, int64_t *cycle, exe_op **ops, int *n);
+
 /* How start_cycle changes the loop connection's LISTEN, in the same round trip: before
  * waiting the executor listens (and then looks, so that no cycle built in between goes
  * unseen); woken for a cycle, it stops listening while it runs one. */
@@ -290,6 +297,12 @@ static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle
         if (PQstatus(c) == CONNECTION_OK) db_rollback(c);
         return -1;
     }
+    return read_cycle(r, cycle, ops, n);
+}
+
+/* The rows of SQL_EXE_START_CYCLE (r, PQclear'ed here) as the cycle and its operations:
+ * 1 with *cycle, *ops, *n (free with free_ops); 0 when there was no open cycle. */
+static int read_cycle(PGresult *r, int64_t *cycle, exe_op **ops, int *n) {
     int rows = PQntuples(r);
     if (rows == 0) { PQclear(r); return 0; }
     *cycle = db_int(r, 0, 15);
@@ -425,10 +438,12 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     }
 }
 
+static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0);
+
 /* Runs this executor's next cycle (start_cycle's mode): 1 one ran; 0 none is open; -1 it
  * could not be started (database error: the caller polls again, reconnecting if needed). */
 static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
-    char err[1024], cyc[24];
+    char err[1024];
     double t0 = clock_mono_s();
     exe_op *ops = NULL;
     int64_t cycle = 0;
@@ -438,6 +453,50 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
         return -1;
     }
     if (started == 0) return 0;
+    run_started(st, c, cycle, ops, n, t0);
+    return 1;
+}
+
+/* A cycle of its own: woken by a submit's hint (CYCLE_HINT_QUEUED) while idle, the
+ * executor builds its own cycle with the scheduler's pass for itself alone (same rules,
+ * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
+ * transaction: no scheduler round trip, no notification in between, one commit without
+ * waiting for the disk (the claim and the start are derived, as the scheduler's are).
+ * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
+ * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing (a
+ * model held for its optim_step, rule 5; a seq gap; work of another executor), the
+ * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
+ * nothing was claimed; -1 a database error (the scheduler was asked to look). */
+static int run_own_cycle(exe_state *st, PGconn *c) {
+    char err[1024], eid[24];
+    double t0 = clock_mono_s();
+    fmt_i64(eid, sizeof eid, st->executor_id);
+    const char *p[1] = {eid};
+    static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
+    db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
+    db_bin start_bin = {NULL, NULL, 1};
+    PGresult *started = NULL;
+    sched_opts o = g_claim;
+    o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
+    int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, NULL, err, sizeof err);
+    if (claimed > 0 && started) {
+        g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
+        exe_op *ops = NULL;
+        int64_t cycle = 0;
+        int n = 0;
+        if (read_cycle(started, &cycle, &ops, &n) > 0) run_started(st, c, cycle, ops, n, t0);
+        return 1;
+    }
+    PQclear(started);
+    if (claimed < 0) log_warn("building a cycle of its own: %s (the scheduler is asked to)", err);
+    if (db_exec(c, SQL_EXE_NOTIFY_QUEUED, 0, NULL, err, sizeof err) < 0) log_warn("waking the scheduler: %s", err);
+    return claimed < 0 ? -1 : 0;
+}
+
+/* Runs a started cycle (its operations read: ops, n, freed here) and commits it; t0 when
+ * the executor set out to start it. */
+static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0) {
+    char cyc[24];
     fmt_i64(cyc, sizeof cyc, cycle);
     double tc = clock_mono_s();   /* the cycle's own time (restore, compute) starts once it is read */
     st->db = c;
@@ -455,12 +514,11 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
                   "dropped", cyc);
         drop_slots(st, ops, n);
         free_ops(ops, n);
-        return 1;
+        return;
     }
     exe_snapshots_after_commit(st, ops, n);
     exe_log_cycle(cycle, ops, n, clock_mono_s() - t0);
     free_ops(ops, n);
-    return 1;
 }
 
 /* ---- between cycles ------------------------------------------------------------------ */
@@ -705,7 +763,7 @@ static const opt_spec EXE_OWN_OPTS[] = {
 static const cfg_cmd EXE_CMD = {.cmd = "loom executor", .section = "executor",
                                 .about = "Runs the cycles the scheduler assigns to it on one device. `loom executor drain\n"
                                          "NAME|ID` moves an executor's models to the others of its pool (`undrain`: back).",
-                                .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
+                                .tables = {CFG_DB, EXE_OWN_OPTS, EXE_OPTS, SCHED_CLAIM_OPTS, CFG_DATA_DIR, CFG_BLOBS}};
 
 int exe_check_opts(const cfg *o, char *err, size_t errlen) {
     if (!be_backend_find(cfg_str(o, "backend"))) {
@@ -782,6 +840,8 @@ int exe_main(int argc, char **argv) {
                     .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
                     .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
+    g_claim.lease_s = (int)cfg_int(&o, "lease-s");
+    g_claim.pair_hold_ms = (int)cfg_int(&o, "pair-hold-ms");
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     db_set_stop_flag(&g_stop);
@@ -855,7 +915,7 @@ int exe_main(int argc, char **argv) {
 
     const char *pid1[1] = {sid};
     int fails = 0;   /* cycles that could not be started, in a row */
-    bool woken = false;
+    bool woken = false, hinted = false;
     double last_chores = 0, last_look = 0;
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
@@ -869,6 +929,18 @@ int exe_main(int argc, char **argv) {
          * idle (or from the look that follows its LISTEN), and notifies its channel. A
          * notification is still only a hint: an idle executor also looks every
          * LOOK_EVERY_S. */
+        /* A submit's hint: build the cycle here (run_own_cycle). When it claims nothing
+         * and no cycle of the scheduler's was notified with it, keep waiting. */
+        if (hinted && listening(c)) {
+            hinted = false;
+            int ran = run_own_cycle(&st, c);
+            if (ran > 0 || !woken) {
+                woken = false;
+                if (ran > 0) last_look = clock_mono_s();
+                continue;
+            }
+        }
+        hinted = false;
         if (woken || !listening(c) || clock_mono_s() - last_look >= LOOK_EVERY_S) {
             int ran = run_cycle(&st, c, woken && listening(c) ? START_UNLISTEN : START_LISTEN);
             woken = false;
@@ -893,8 +965,9 @@ int exe_main(int argc, char **argv) {
             last_chores = clock_mono_s();
             continue;   /* the chores may have taken a while: look for a notification first */
         }
-        int w = db_wait_notify(c, 500);
-        if (w > 0) woken = true;
+        int hints = 0, w = db_wait_notify_hint(c, 500, CYCLE_HINT_QUEUED, &hints);
+        /* woken: a cycle of the scheduler's (any other payload); hinted: a submit's hint */
+        if (w > 0) woken = w > hints, hinted = hints > 0;
     }
     /* A clean stop leaves every model's snapshot current (before the row says gone and
      * its models move): the next executor restores them without replaying. Its sampler

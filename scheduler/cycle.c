@@ -66,17 +66,30 @@ static int write_cycles(PGconn *c, const sched_opts *o, plan_executor *xs, int n
     }
     char *l[10];
     for (size_t i = 0; i < 10; i++) l[i] = pga_end(all[i]);
-    const char *pc[6] = {l[0], l[1], l[2], slease, l[3], l[4]};
+    const char *pc[7] = {l[0], l[1], l[2], slease, l[3], l[4], o->start ? "false" : "true"};
     const char *pa[5] = {l[5], l[6], l[7], l[8], l[9]};
-    db_stmt b[3] = {{SQL_INSERT_CYCLES_CLAIM, 6, pc}, {SQL_ADVANCE_MODELS, 5, pa}, {SQL_COMMIT, 0, NULL}};
-    PGresult *r[3];
-    int got = db_pipeline(c, b, 3, r, err, errlen);
+    /* an executor's own cycle is started in the same transaction (sched_opts.start) */
+    db_stmt b[4] = {{SQL_INSERT_CYCLES_CLAIM, 7, pc}, {SQL_ADVANCE_MODELS, 5, pa}};
+    db_bin bin[4] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}};
+    int nb = 2, start_at = -1;
+    if (o->start) {
+        start_at = nb;
+        if (o->start_bin) bin[nb] = *o->start_bin;
+        b[nb++] = *o->start;
+    }
+    b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
+    PGresult *r[4];
+    int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     for (size_t i = 0; i < 10; i++) free(l[i]);
-    for (int k = 0; got == 3 && k < PQntuples(r[0]); k++)
+    for (int k = 0; got == nb && k < PQntuples(r[0]); k++)
         for (int e = 0; e < nx; e++)
             if (xs[e].id == db_int(r[0], k, 1)) cycle_ids[e] = db_int(r[0], k, 0);
-    for (int i = 0; i < 3; i++) PQclear(r[i]);
-    return got == 3 ? 0 : -1;
+    if (start_at >= 0 && got == nb && o->started) {
+        *o->started = r[start_at];
+        r[start_at] = NULL;
+    }
+    for (int i = 0; i < nb; i++) PQclear(r[i]);
+    return got == nb ? 0 : -1;
 }
 
 int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cycle_id, int *held, char *err,
@@ -93,15 +106,21 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     plan_op *ops = NULL;
     int64_t *cycle_ids = NULL;
 
+    if (o->started) *o->started = NULL;
     const char *p1[1] = {sonly};
-    db_stmt b1[3] = {{SQL_BEGIN, 0, NULL}, {SQL_LOCK_IDLE_EXECUTORS, 1, p1}, {SQL_TENANT_RATE, 0, NULL}};
-    PGresult *r1[3];
-    int got1 = db_pipeline(c, b1, 3, r1, err, errlen);
-    PQclear(r1[0]);
-    rx = r1[1];
-    PGresult *rr = r1[2];
-    if (got1 < 3 || PQntuples(rx) == 0) {
-        claimed = got1 < 3 ? -1 : 0;
+    db_stmt b1[3 + SCHED_MAX_FIRST];
+    int n1 = 0;
+    b1[n1++] = (db_stmt){SQL_BEGIN, 0, NULL};
+    for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) b1[n1++] = (db_stmt){o->first[i], 0, NULL};
+    b1[n1++] = (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 1, p1};
+    b1[n1++] = (db_stmt){SQL_TENANT_RATE, 0, NULL};
+    PGresult *r1[3 + SCHED_MAX_FIRST];
+    int got1 = db_pipeline(c, b1, n1, r1, err, errlen);
+    for (int i = 0; i < n1 - 2; i++) PQclear(r1[i]);
+    rx = r1[n1 - 2];
+    PGresult *rr = r1[n1 - 1];
+    if (got1 < n1 || PQntuples(rx) == 0) {
+        claimed = got1 < n1 ? -1 : 0;
         PQclear(rr);
         goto done;
     }

@@ -31,7 +31,18 @@ static int listen_all(PGconn *c, char *err, size_t errlen) {
     return db_session_setup(c, setup, 3, err, errlen);
 }
 
-/* All but --db and --executor-timeout-s (CFG_EXECUTOR_TIMEOUT, which the api reads too),
+/* Shared with `loom executor`, which builds the cycle of an operation submitted while it
+ * is idle itself (docs/architecture.md, "One forward_backward, end to end"). */
+const opt_spec SCHED_CLAIM_OPTS[] = {
+    {.name = "lease-s", .kind = OPT_INT, .arg = "S", .def = "300", .lo = 10, .hi = 86400,
+     .help = "a cycle's lease at creation (the executor's heartbeat extends it)"},
+    {.name = "pair-hold-ms", .kind = OPT_INT, .arg = "MS", .def = "100", .lo = 0, .hi = 10000,
+     .help = "the longest a forward_backward waits for the optim_step its model usually sends next (learned "
+             "per model: about 3 times the gap between its submits)"},
+    {0}};
+
+/* All but --db, --executor-timeout-s (CFG_EXECUTOR_TIMEOUT, which the api reads too) and
+ * SCHED_CLAIM_OPTS,
  * for `loom up` to take and pass through (cli/up.c). */
 const opt_spec SCHED_OPTS[] = {
     {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "0", .lo = 0, .hi = 10000,
@@ -39,11 +50,6 @@ const opt_spec SCHED_OPTS[] = {
              "that arrives while an executor computes fills its next cycle)"},
     {.name = "poll-ms", .kind = OPT_INT, .arg = "MS", .def = "500", .lo = 1, .hi = 60000,
      .help = "look for work at least this often"},
-    {.name = "lease-s", .kind = OPT_INT, .arg = "S", .def = "300", .lo = 10, .hi = 86400,
-     .help = "a cycle's lease at creation (the executor's heartbeat extends it)"},
-    {.name = "pair-hold-ms", .kind = OPT_INT, .arg = "MS", .def = "100", .lo = 0, .hi = 10000,
-     .help = "the longest a forward_backward waits for the optim_step its model usually sends next (learned "
-             "per model: about 3 times the gap between its submits)"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
      .help = "operations waiting longer for a missing seq_id of their model fail, naming it"},
     {.name = "session-timeout-s", .kind = OPT_INT, .arg = "S", .def = "600", .lo = 0, .hi = 31536000,
@@ -56,7 +62,7 @@ static int fail_level(PGconn *c) { return PQstatus(c) == CONNECTION_OK ? LOG_WAR
 
 static const cfg_cmd SCHED_CMD = {.cmd = "loom scheduler", .section = "scheduler",
                                   .about = "Builds clock cycles from queued operations and reaps expired leases.",
-                                  .tables = {CFG_DB, SCHED_OPTS, CFG_EXECUTOR_TIMEOUT, CFG_DATA_DIR}};
+                                  .tables = {CFG_DB, SCHED_OPTS, SCHED_CLAIM_OPTS, CFG_EXECUTOR_TIMEOUT, CFG_DATA_DIR}};
 
 int sched_main(int argc, char **argv) {
     cfg co;

@@ -5,6 +5,7 @@
  * seq order reaper.c; placement place.c; session expiry sessions.c; every statement
  * sched_sql.h. */
 #pragma once
+#include "common/db.h"
 #include <libpq-fe.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,7 +17,24 @@ typedef struct {
     int pair_hold_ms;   /* the longest a run ending in a forward_backward waits for the
                            optim_step its model usually sends right after it
                            (docs/architecture.md, rule 5) */
+    /* An executor that builds its own cycle (executor/executor.c, "a cycle of its own"):
+     * its statements in the pass's transaction. first[0..nfirst) right after BEGIN (its
+     * UNLISTEN and asynchronous commit: undone with the pass when nothing is claimed);
+     * start after the claims, before COMMIT (the cycle's start and the read of its
+     * operations, with start_bin's result format), its result in *started when the pass
+     * claimed (else NULL; the caller PQclears it). NULL / 0: none (the scheduler). */
+    const char *const *first;
+    int nfirst;
+    const db_stmt *start;
+    const db_bin *start_bin;
+    PGresult **started;
 } sched_opts;
+#define SCHED_MAX_FIRST 4
+
+/* The options an executor that claims its own cycles shares with the scheduler (lease-s,
+ * pair-hold-ms; sched.c), for `loom executor` and `loom up` to take too. */
+#include "common/config.h"
+extern const opt_spec SCHED_CLAIM_OPTS[];
 
 /* Builds the cycles of a pass: one for every idle executor (only: that executor alone; 0:
  * all) with eligible work, all in one transaction (cycle.c). Returns the number of

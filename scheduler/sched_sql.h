@@ -72,9 +72,11 @@
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
 
 /* $1 bigint[] executors, $2 int[] n_ops, $3 int[] n_tokens (one cycle each), $4 lease
- * seconds, $5 bigint[] operation ids, $6 bigint[] the executor of each: the cycles, their
- * operations claimed by them, their executors busy and each one notified on its own
- * channel (executor/exe_sql.h, SQL_EXE_LISTEN_FMT) -> the cycles' ids and executors. The
+ * seconds, $5 bigint[] operation ids, $6 bigint[] the executor of each, $7 whether to
+ * notify: the cycles, their operations claimed by them, their executors busy and each one
+ * notified on its own channel (executor/exe_sql.h, SQL_EXE_LISTEN_FMT; not an executor
+ * that builds and starts its own cycle: every NOTIFY signals every listening backend)
+ * -> the cycles' ids and executors. The
  * executors are marked busy by their ids ($1), not through the new cycles: a join with
  * them reads the executors table whole in a generic plan (test_bounded_queries). */
 #define SQL_INSERT_CYCLES_CLAIM \
@@ -85,8 +87,8 @@
     "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \
     "   WHERE o.id = x.op AND o.state = 'queued')," \
     " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))" \
-    " SELECT cyc.id, cyc.executor_id, pg_notify('" CHAN_CYCLE "_' || cyc.executor_id, cyc.executor_id::text)" \
-    " FROM cyc"
+    " SELECT cyc.id, cyc.executor_id, CASE WHEN $7::boolean THEN" \
+    "   pg_notify('" CHAN_CYCLE "_' || cyc.executor_id, cyc.executor_id::text) END FROM cyc"
 
 /* $1 text[] model ids, $2 int[] next seq, $3 real[] pair_p, $4 real[] pair_gap_ms (-1:
  * unknown), $5 float8[] tail_fb_at in epoch ms (-1: none): what the claimed runs taught

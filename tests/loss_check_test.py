@@ -17,9 +17,7 @@ Prints "N passed, N failed" last.
 """
 import json
 import os
-import signal
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from apitest import is_detail, loom_cli  # noqa: E402
@@ -66,18 +64,12 @@ def main():
         def cycle_of(request_id):
             return s.psql(f"SELECT cycle_id FROM operations WHERE request_id = '{request_id}'")
 
-        sched = s.children()["scheduler"]
-
         def paused(submit):
-            """Runs submit() with the scheduler stopped, so that what it queues lands in one
-            cycle (whatever the scheduler would build as they arrive one by one)."""
-            os.kill(sched, signal.SIGSTOP)
-            try:
-                out = submit()
-                time.sleep(0.3)
-                return out
-            finally:
-                os.kill(sched, signal.SIGCONT)
+            """Runs submit() with the queue held (the scheduler and the executor stopped), so
+            that what it queues lands in one cycle (whatever would be built as they arrive
+            one by one)."""
+            with s.queue_held():
+                return submit()
 
         a = model(s.key)
         b = model(key_b)

@@ -24,7 +24,6 @@ Prints "N passed, N failed" last.
 """
 import json
 import os
-import signal
 import socket
 import stat
 import sys
@@ -199,14 +198,10 @@ def main():
         url_b = link(key_b)
         R.check(url_b and fetch(url_b) == 200, "B downloads it while public")
         url_a = link(s.key)
-        sched = s.children()["scheduler"]
-        os.kill(sched, signal.SIGSTOP)     # so that B's next sample and load stay queued
-        try:
+        with s.queue_held():     # so that B's next sample and load stay queued
             st, queued = b_sample(ssid, 2)
             lst, load = b_load(1)
             R.check(s.request("DELETE", ck + "/publish")[0] == 200, "A unpublishes it")
-        finally:
-            os.kill(sched, signal.SIGCONT)
         r = s.result(queued["request_id"], key=key_b) if st == 200 else {}
         R.check("withdrawn" in r.get("error", ""), f"B's sample queued before the unpublish fails: {r}")
         r = s.result(load["request_id"], key=key_b) if lst == 200 else {}
@@ -224,12 +219,9 @@ def main():
         st, f = b_sample(ssid, 0)
         url_b = link(key_b)
         R.check(ssid and st == 200 and url_b and fetch(url_b) == 200, "shared: B samples and downloads")
-        os.kill(sched, signal.SIGSTOP)
-        try:
+        with s.queue_held():
             lst, load = b_load(2)
             loom_cli(s, "adapter", "share", run, "--tenant", "bob", "--revoke")
-        finally:
-            os.kill(sched, signal.SIGCONT)
         r = s.result(load["request_id"], key=key_b) if lst == 200 else {}
         R.check(r.get("category") == "user" and "can no longer be loaded" in r.get("error", ""),
                 f"share revoked: B's load_weights queued before is refused when it runs: {r}")

@@ -2,7 +2,8 @@
  * operations row: done -> the stored result; failed/canceled -> {"error", "category"};
  * queued/claimed -> the job is parked by its event loop (core/http_server.c), which sends it
  * back here on a NOTIFY on CHAN_OP_DONE or after 1 s, and answers try_again after 25 s,
- * with the queue state and the reason the operation waits. */
+ * with the queue state and the reason the operation waits. A NOTIFY that carries the
+ * result (an executor's, when it is small) is answered from it, without a second look. */
 #include "common/db.h"
 #include "common/log.h"
 #include "common/strbuf.h"
@@ -11,7 +12,9 @@
 #include "service/api_proto.h"
 #include "tinker/api_sql.h"
 #include "tinker/tinker.h"
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int reply_failed(api_call *c, const char *error, const char *category) {
@@ -92,10 +95,9 @@ static int reply_waiting(api_call *c, const PGresult *r) {
 /* A finished result: protobuf for fwd/bwd and sample results when the client accepts it
  * (§4.2, §14; SDK 0.25 accepts nothing else for them), else JSON: a fwd/bwd's from its
  * packed result (api_proto.c), any other the stored JSON. */
-static int reply_result(api_call *c, const char *kind, const char *json, const PGresult *r) {
+static int reply_result(api_call *c, const char *kind, const char *json, const uint8_t *bin, size_t bin_len) {
     bool fwd = !strcmp(kind, OP_FORWARD_BACKWARD) || !strcmp(kind, OP_FORWARD);
-    if (fwd && !PQgetisnull(r, 0, 16))
-        return proto_reply_fb_result(c, (const uint8_t *)PQgetvalue(r, 0, 16), (size_t)PQgetlength(r, 0, 16));
+    if (fwd && bin) return proto_reply_fb_result(c, bin, bin_len);
     if (!strcmp(kind, OP_SAMPLE) && proto_accepted(c->job->accept)) {
         uint8_t *buf;
         size_t len;
@@ -104,6 +106,42 @@ static int reply_result(api_call *c, const char *kind, const char *json, const P
         log_warn("retrieve_future %s: %s; answering JSON", c->job->request_id, c->err);
     }
     return api_reply_text(c, 200, json);
+}
+
+static int hex_digit(char h) {
+    if (h >= '0' && h <= '9') return h - '0';
+    if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+    return h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
+/* The result an executor's loom_op_done carried (job->done_note: "request_id\ttenant\t
+ * kind\tB<hex>" or "...\tJ<json>", contract.h CHAN_OP_DONE): answered as reply_result
+ * answers the row, without reading it back (it was sent with the commit that made it
+ * final). 1 answered; 0 the note does not do (another tenant's request_id, a malformed
+ * note): the caller reads the row. */
+static int reply_from_note(api_call *c, const char *note) {
+    const char *t1 = strchr(note, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL,
+               *t3 = t2 ? strchr(t2 + 1, '\t') : NULL;
+    if (!t3 || (t3[1] != 'B' && t3[1] != 'J')) return 0;
+    char tenant[24], kind[32];
+    if (t2 - t1 - 1 >= (ptrdiff_t)sizeof tenant || t3 - t2 - 1 >= (ptrdiff_t)sizeof kind) return 0;
+    snprintf(tenant, sizeof tenant, "%.*s", (int)(t2 - t1 - 1), t1 + 1);
+    snprintf(kind, sizeof kind, "%.*s", (int)(t3 - t2 - 1), t2 + 1);
+    if (strtoll(tenant, NULL, 10) != c->job->tenant_id) return 0;   /* the row's 404 */
+    const char *data = t3 + 2;
+    if (t3[1] == 'J') return reply_result(c, kind, data, NULL, 0), 1;
+    if (strcmp(kind, OP_FORWARD_BACKWARD) && strcmp(kind, OP_FORWARD)) return 0;   /* only theirs are packed */
+    size_t hex = strlen(data), len = hex / 2;
+    uint8_t *bin = malloc(len ? len : 1);
+    if (!bin || hex % 2) { free(bin); return 0; }
+    for (size_t i = 0; i < len; i++) {
+        int hi = hex_digit(data[2 * i]), lo = hex_digit(data[2 * i + 1]);
+        if (hi < 0 || lo < 0) { free(bin); return 0; }
+        bin[i] = (uint8_t)(hi << 4 | lo);
+    }
+    reply_result(c, kind, NULL, bin, len);
+    free(bin);
+    return 1;
 }
 
 int api_h_retrieve_future(api_call *c) {
@@ -118,6 +156,12 @@ int api_h_retrieve_future(api_call *c) {
         job->tenant_id = c->tenant_id;
         job->recheck = true; /* the loop's later looks skip auth and parsing */
     }
+    /* woken by a notification that carried the result */
+    char *note = job->done_note;
+    job->done_note = NULL;
+    int answered = note && reply_from_note(c, note);
+    free(note);
+    if (answered) return 0;
     char tid[24], lim[24], timeout[24];
     api_fmt_i64(tid, job->tenant_id);
     api_fmt_i64(lim, c->settings->max_queued_samples);
@@ -138,7 +182,9 @@ int api_h_retrieve_future(api_call *c) {
     const char *state = PQgetvalue(r, 0, 0);
     if (!strcmp(state, "done")) {
         if (PQgetisnull(r, 0, 1)) reply_failed(c, "operation finished without a result", "server");
-        else reply_result(c, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 1), r);
+        else reply_result(c, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 1),
+                          PQgetisnull(r, 0, 16) ? NULL : (const uint8_t *)PQgetvalue(r, 0, 16),
+                          (size_t)PQgetlength(r, 0, 16));
     } else if (!strcmp(state, "failed") || !strcmp(state, "canceled")) {
         const char *error = PQgetisnull(r, 0, 2) ? NULL : PQgetvalue(r, 0, 2);
         const char *cat = PQgetisnull(r, 0, 3) ? NULL : PQgetvalue(r, 0, 3);

@@ -145,10 +145,16 @@
 #define SQL_MODEL_SESSION(model, tenant)                                                    \
     "SELECT session_id FROM models WHERE id = " model " AND tenant_id = " tenant
 /* The same in one statement, its own transaction, touching the model's session
- * (SQL_SESSION_TOUCH_LIVE) and waking the scheduler: the common submit (an explicit
- * seq_id), one round trip and one commit. -> whether the session took it (false: it
- * expired since the model check; nothing inserted), the request_id (NULL: (model, seq_id)
- * was taken). */
+ * (SQL_SESSION_TOUCH_LIVE) and waking whoever builds its cycle: the common submit (an
+ * explicit seq_id), one round trip and one commit. -> whether the session took it (false:
+ * it expired since the model check; nothing inserted), the request_id (NULL: (model,
+ * seq_id) was taken). A model placed on an executor that is idle wakes that executor
+ * (CYCLE_HINT_QUEUED on its channel), which builds its own cycle without a scheduler
+ * round trip; any other the scheduler. A forward_backward of a model that usually sends
+ * its optim_step right after (pair_p, rule 5) wakes the scheduler, which holds it for the
+ * step: the step's submit then wakes the executor, which claims both. The executor wakes
+ * the scheduler when it claimed nothing (a hold, a seq gap), and the scheduler's poll
+ * covers a lost hint. */
 #define SQL_OP_SUBMIT                                                                       \
     "WITH " SQL_SESSION_TOUCH_LIVE(SQL_MODEL_SESSION("$3", "$2")) ","                                      \
     " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
@@ -156,7 +162,10 @@
     " FROM live WHERE live.ok"                                                              \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
-    " (SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins) i ON true"
+    " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM models m"   \
+    "   JOIN executors e ON e.id = m.executor_id WHERE m.id = $3 AND e.state = 'idle'"      \
+    "   AND NOT e.draining AND NOT ($5 = '" OP_FORWARD_BACKWARD "' AND m.pair_p > 0.5)),"      \
+    "   '" CHAN_OP_QUEUED "'), '" CYCLE_HINT_QUEUED "') FROM ins) i ON true"
 /* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
  * takes more than one statement (op_submit), before it locks the model (the expiry locks
  * the session, then its models) -> whether the session may take it (as above). */

@@ -6,7 +6,7 @@ LOOM_TEST_BACKEND, default cpu), real HTTP over loopback.
         s.post("/api/v1/create_session", {...}) -> (status, json)
         s.psql("SELECT count(*) FROM operations") -> "3"
 """
-import json, os, re, select, shutil, signal, subprocess, tempfile, time, urllib.request, urllib.error
+import contextlib, json, os, re, select, shutil, signal, subprocess, tempfile, time, urllib.request, urllib.error
 
 LOOM_BIN = os.environ.get("LOOM_BIN", "build/loom")
 
@@ -143,6 +143,40 @@ class Stack:
             if len(cmd) > 1 and ppid == self.proc.pid and cmd[1] != b"up":
                 out[cmd[1].decode()] = int(p)
         return out
+
+    @contextlib.contextmanager
+    def queue_held(self):
+        """Work submitted inside stays queued: the scheduler and the executors are stopped
+        (SIGSTOP; an idle executor claims its models' work itself, so stopping the scheduler
+        alone no longer holds it). On the way out the scheduler is continued and woken, and
+        the executors only once nothing is queued any more (or after 10 s): what was queued
+        inside is claimed by one pass, a cycle per executor, as it would have been had it
+        all arrived at once."""
+        kids = [(r, int(p)) for p in filter(str.isdigit, os.listdir("/proc")) for r in [self._role(int(p))] if r]
+        sched = [p for r, p in kids if r == "scheduler"]
+        exes = [p for r, p in kids if r == "executor"]
+        for p in sched + exes:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for p in sched:
+                os.kill(p, signal.SIGCONT)
+            try:
+                self.psql("NOTIFY loom_op_queued")
+                wait_for(lambda: self.psql("SELECT count(*) FROM operations WHERE state = 'queued'") == "0", 10)
+            finally:
+                for p in exes:
+                    os.kill(p, signal.SIGCONT)
+
+    def _role(self, pid):
+        """The role of one of `loom up`'s children (api, scheduler, executor, adapter), or None."""
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return cmd[1].decode() if len(cmd) > 1 and ppid == self.proc.pid and cmd[1] != b"up" else None
 
     # ---- SQL -----------------------------------------------------------------------
     def psql(self, sql):

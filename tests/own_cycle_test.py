@@ -1,0 +1,80 @@
+"""An idle executor builds its own cycle, and a small result travels in its notification
+(issue 25, the shorter path for a lone operation; docs/architecture.md, "One
+forward_backward, end to end").
+
+`loom up`; a model's first operation places it on the executor (the scheduler's work).
+Then the scheduler is stopped (SIGSTOP): forward_backwards of the placed model still run,
+one after another, since a submit wakes the idle executor, which claims and starts the
+cycle itself (before, every one waited for the scheduler). Every answer that came
+through the notification (the first retrieve_future, parked until the result's commit) is
+byte for byte the answer read back from the row afterwards, in JSON and in protobuf, for
+forward_backward (the packed result) and optim_step (the stored JSON). A model that is not
+placed yet still needs the scheduler: its submit waits while the scheduler is stopped and
+runs once it is back.
+"""
+import json, os, signal, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from stack import Stack, Results
+from wire import PROTO, forward_backward, post_raw
+
+SEQ = [(5 * j + 3) % 250 + 1 for j in range(13)]
+DATA = [(SEQ[:-1], {"target_tokens": ("int64", SEQ[1:])})]
+ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+
+
+def answer(s, rid, proto, timeout=15):
+    """The raw answer of retrieve_future once it is not try_again (or None on timeout)."""
+    accept = f"{PROTO}, application/json" if proto else "application/json"
+    body = json.dumps({"request_id": rid}).encode()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, ct, raw = post_raw(s, "/api/v1/retrieve_future", body, "application/json", accept)
+        if st != 200:
+            return (st, raw)
+        if PROTO in ct or json.loads(raw).get("type") != "try_again":
+            return (st, raw)
+    return None
+
+
+def main():
+    R = Results()
+    with Stack() as s:
+        st, sess = s.post("/api/v1/create_session", {})
+        sid = sess["session_id"]
+        st, fut = s.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": "loom/tiny-llama",
+                                                  "lora_config": {"rank": 4, "seed": 1}})
+        mid = s.result(fut["request_id"])["model_id"]
+        st, fut = forward_backward(s, mid, 1, DATA, "cross_entropy", False)
+        R.check(st == 200 and answer(s, fut["request_id"], False) is not None, "the first forward_backward ran")
+        sched = s.children()["scheduler"]
+        os.kill(sched, signal.SIGSTOP)
+        try:
+            seq = 2
+            for k in range(6):
+                proto = k % 2 == 1
+                t0 = time.time()
+                st, fut = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
+                first = answer(s, fut["request_id"], proto) if st == 200 else None
+                R.check(first is not None and first[0] == 200,
+                        f"forward_backward {seq} ran with the scheduler stopped ({time.time() - t0:.2f} s)")
+                again = answer(s, fut["request_id"], proto)
+                R.check(first == again, f"forward_backward {seq} ({'protobuf' if proto else 'JSON'}): the answer"
+                        " woken by the notification is the row's, byte for byte")
+                seq += 1
+            st, fut = s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq, "adam_params": ADAM})
+            first = answer(s, fut["request_id"], False)
+            R.check(first is not None and b"metrics" in first[1], f"optim_step ran with the scheduler stopped: {first}")
+            R.check(first == answer(s, fut["request_id"], False), "optim_step: the notified answer is the row's")
+            # A model not placed yet: placement is the scheduler's.
+            st, fut = s.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 1,
+                                                      "base_model": "loom/tiny-llama", "lora_config": {"rank": 4}})
+            R.check(answer(s, fut["request_id"], False, timeout=2) is None,
+                    "a new model's create_model waits while the scheduler is stopped")
+        finally:
+            os.kill(sched, signal.SIGCONT)
+        R.check(answer(s, fut["request_id"], False) is not None, "and runs once the scheduler is back")
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
