@@ -79,6 +79,10 @@ static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQback
 /* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
  * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
 static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
+/* --gather-ms (shared with the scheduler): a hint waits this long before the own pass, so
+ * that work submitted together (several tenants at once) shares the cycle, as the
+ * scheduler's passes wait after a wake-up */
+static int g_gather_ms;
 
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
@@ -842,6 +846,7 @@ int exe_main(int argc, char **argv) {
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;
     g_claim.lease_s = (int)cfg_int(&o, "lease-s");
     g_claim.pair_hold_ms = (int)cfg_int(&o, "pair-hold-ms");
+    g_gather_ms = (int)cfg_int(&o, "gather-ms");
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     db_set_stop_flag(&g_stop);
@@ -933,6 +938,11 @@ int exe_main(int argc, char **argv) {
          * and no cycle of the scheduler's was notified with it, keep waiting. */
         if (hinted && listening(c)) {
             hinted = false;
+            if (g_gather_ms > 0) { /* gather: what else is submitted meanwhile joins the cycle */
+                usleep((useconds_t)g_gather_ms * 1000);
+                int hints = 0;
+                if (db_wait_notify_hint(c, 0, CYCLE_HINT_QUEUED, &hints) > hints) woken = true;
+            }
             int ran = run_own_cycle(&st, c);
             if (ran > 0 || !woken) {
                 woken = false;

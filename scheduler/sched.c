@@ -34,6 +34,9 @@ static int listen_all(PGconn *c, char *err, size_t errlen) {
 /* Shared with `loom executor`, which builds the cycle of an operation submitted while it
  * is idle itself (docs/architecture.md, "One forward_backward, end to end"). */
 const opt_spec SCHED_CLAIM_OPTS[] = {
+    {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "0", .lo = 0, .hi = 10000,
+     .help = "after a wake-up, wait this long for more work before building cycles (0: build at once; work "
+             "that arrives while an executor computes fills its next cycle)"},
     {.name = "lease-s", .kind = OPT_INT, .arg = "S", .def = "300", .lo = 10, .hi = 86400,
      .help = "a cycle's lease at creation (the executor's heartbeat extends it)"},
     {.name = "pair-hold-ms", .kind = OPT_INT, .arg = "MS", .def = "100", .lo = 0, .hi = 10000,
@@ -45,9 +48,6 @@ const opt_spec SCHED_CLAIM_OPTS[] = {
  * SCHED_CLAIM_OPTS,
  * for `loom up` to take and pass through (cli/up.c). */
 const opt_spec SCHED_OPTS[] = {
-    {.name = "gather-ms", .kind = OPT_INT, .arg = "MS", .def = "0", .lo = 0, .hi = 10000,
-     .help = "after a wake-up, wait this long for more work before building cycles (0: build at once; work "
-             "that arrives while an executor computes fills its next cycle)"},
     {.name = "poll-ms", .kind = OPT_INT, .arg = "MS", .def = "500", .lo = 1, .hi = 60000,
      .help = "look for work at least this often"},
     {.name = "seq-gap-timeout-s", .kind = OPT_INT, .arg = "S", .def = "30", .lo = 1, .hi = 86400,
