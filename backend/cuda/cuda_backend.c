@@ -288,20 +288,6 @@ static void cu_fb_scatter(cu_ctx *c, be_seq *seqs)
     }
 }
 
-/* What cuDNN's attention may still allocate for a batch of nseq sequences, the longest
- * max_len rows: its deterministic backward's dP, B·nq·S²·2 bytes of the plan's bucket
- * (backend/cuda/README.md), grown ×1.5, at most the quarter of the device cuDNN may take;
- * kept activations leave it free. */
-static size_t cu_dnn_ws_estimate(const cu_ctx *c, int nseq, int max_len)
-{
-    if (!c->dnn) return 0;
-    size_t B = 1, S = ((size_t)max_len + 127) / 128 * 128, fr = 0, tot = 0;
-    while (B < (size_t)nseq) B <<= 1;
-    cudaMemGetInfo(&fr, &tot);
-    size_t est = B * (size_t)c->cfg.num_attention_heads * S * S * 2 * 3 / 2;
-    return est < tot / 4 ? est : tot / 4;
-}
-
 static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward, char *err, size_t errlen)
 {
     cu_ctx *c = ctx;
@@ -339,7 +325,7 @@ static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward,
     if (cu_act_reserve(c, T, np, layer_grad, err, errlen) < 0 || cu_segs_reserve(c, nseq, err, errlen) < 0 ||
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;
-    bool keep = layer_grad && cu_keep_reserve(c, T, cu_dnn_ws_estimate(c, np, max_len));
+    bool keep = layer_grad && cu_keep_reserve(c, T, np, max_len);
     int rc = cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras, keep);
     cu_keep_unbind(c); /* also after a failure between a bind and its unbind */
     if (rc < 0) return cu_fb_fail(c, err, errlen);

@@ -202,7 +202,20 @@ static size_t cu_keep_carve(const cu_ctx *c, char *base, long T, cu_act *k)
     return off;
 }
 
-bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes)
+/* What cuDNN's attention may still allocate for a batch of nseq sequences, the longest
+ * max_len rows, on a device of tot bytes: its deterministic backward's dP, B·nq·S²·2 bytes
+ * of the plan's bucket (backend/cuda/README.md), grown ×1.5, at most the quarter of the
+ * device cuDNN may take; kept activations leave it free. */
+static size_t cu_dnn_ws_estimate(const cu_ctx *c, int nseq, int max_len, size_t tot)
+{
+    if (!c->dnn) return 0;
+    size_t B = 1, S = ((size_t)max_len + 127) / 128 * 128;
+    while (B < (size_t)nseq) B <<= 1;
+    size_t est = B * (size_t)c->cfg.num_attention_heads * S * S * 2 * 3 / 2;
+    return est < tot / 4 ? est : tot / 4;
+}
+
+bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len)
 {
     cu_keep *k = &c->keep;
     int L = c->cfg.num_hidden_layers;
@@ -217,7 +230,7 @@ bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes)
     k->cap_T = 0;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    size_t reserve = ((size_t)2 << 30) + tot / 20 + dnn_ws_bytes, limit = fr > reserve ? fr - reserve : 0;
+    size_t reserve = ((size_t)2 << 30) + tot / 20 + cu_dnn_ws_estimate(c, nseq, max_len, tot), limit = fr > reserve ? fr - reserve : 0;
     if (k->cap_bytes && k->cap_bytes < limit) limit = k->cap_bytes;
     if (bytes > limit || cudaMalloc(&k->mem, bytes) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not sticky */

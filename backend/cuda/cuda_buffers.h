@@ -15,10 +15,11 @@ void cu_buf_free(cu_buf *b);
 int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t errlen);
 /* Slots for every layer's kept activations over T rows (c->keep) when LCU_KEEP_ACT asked
  * for them, the model is dense and they fit in the device's free memory less a reserve
- * (2 GiB, 5 % of the device and cuDNN's workspace for this batch: dnn_ws_bytes) and under
- * LCU_KEEP_MB. true: the pass keeps them; false: it recomputes each layer in the backward
- * (said on stderr once per size). Never fails a pass. */
-bool cu_keep_reserve(cu_ctx *c, long T, size_t dnn_ws_bytes);
+ * (2 GiB, 5 % of the device and what cuDNN's attention may allocate for this batch of nseq
+ * sequences, the longest max_len rows) and under LCU_KEEP_MB. true: the pass keeps them;
+ * false: it recomputes each layer in the backward (said on stderr once per size). Asks the
+ * device only when the slots must grow. Never fails a pass. */
+bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len);
 /* Gives the slots' memory back (the next pass that keeps takes it again): before a larger
  * workspace, a sampling call's KV caches, or a retry after any out-of-memory, so that the
  * slots never make another allocation fail. */

@@ -51,3 +51,9 @@ loom_copy_libs() {
         done
     done
 }
+
+# loom_cudnn_library: PyTorch's wheel's libcudnn.so.9 (the GPU machine has no system cuDNN),
+# or nothing; for LOOM_CUDNN_LIBRARY (backend/cuda/README.md, "cuDNN attention").
+loom_cudnn_library() {
+    "${PYTHON:-python3}" -c 'import glob, site; print(next(iter(sorted(f for p in site.getsitepackages() for f in glob.glob(p + "/nvidia/*/lib/libcudnn.so.9"))), ""))' 2>/dev/null
+}

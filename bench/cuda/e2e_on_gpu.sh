@@ -35,7 +35,7 @@ PGBIN=$(ls -d "$W"/pg/usr/lib/postgresql/*/bin | head -1)
 export LOOM_BIN=$W/real/loom LOOM_PG_BINDIR=$PGBIN PATH="$PGBIN:$PATH" PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$W/lib${CUBLAS:+:$CUBLAS}:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # cuDNN for the cuda executor's attention: the system's, else PyTorch's wheel
-export LOOM_CUDNN_LIBRARY=${LOOM_CUDNN_LIBRARY:-$("$PY" -c 'import glob, site; print(next(iter(sorted(f for p in site.getsitepackages() for f in glob.glob(p + "/nvidia/*/lib/libcudnn.so.9"))), ""))' 2>/dev/null)}
+export LOOM_CUDNN_LIBRARY=${LOOM_CUDNN_LIBRARY:-$(PYTHON=$PY loom_cudnn_library)}
 # Debian's server reads /usr/share/zoneinfo (compiled in); a bare image may have none
 if [ ! -f /usr/share/zoneinfo/UTC ] && [ -w /usr/share ] ; then
     mkdir -p /usr/share/zoneinfo && cp -r "$W"/zoneinfo/* /usr/share/zoneinfo/ && echo "zoneinfo: carried UTC/GMT/Etc installed"

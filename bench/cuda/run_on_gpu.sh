@@ -89,7 +89,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 GT_SEED=${GT_SEED:-20261126}
 PY=${PYTHON:-python3}
 # cuDNN for the training attention (the default where it loads): the system's, else PyTorch's wheel
-export LOOM_CUDNN_LIBRARY=${LOOM_CUDNN_LIBRARY:-$("$PY" -c 'import glob, site; print(next(iter(sorted(f for p in site.getsitepackages() for f in glob.glob(p + "/nvidia/*/lib/libcudnn.so.9"))), ""))' 2>/dev/null)}
+export LOOM_CUDNN_LIBRARY=${LOOM_CUDNN_LIBRARY:-$(PYTHON=$PY loom_cudnn_library)}
 SUM=()
 RESERVE=15 # seconds kept for the summary
 
