@@ -51,7 +51,8 @@ static const api_route routes[] = {
     {"GET", V1 "/samplers/+", 0, api_h_get_sampler, NULL},
 
     /* futures (§4) */
-    {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_future, NULL},
+    {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_future, NULL,
+     .from_note = api_future_from_note},
     /* per sampling session (§4.4-§4.6): api_session_futures.c */
     {"POST", V1 "/retrieve_futures", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_futures, NULL},
     {"POST", V1 "/cancel_future", ROUTE_SAMPLE, api_h_cancel_future, NULL},

@@ -71,6 +71,11 @@ struct api_route {
     /* also takes application/x-protobuf bodies (kept as bytes for the handler): the most
      * that decoding len bytes of one may take, drawn from the decode budget (api_json.h) */
     size_t (*proto_budget)(size_t len);
+    /* a parked long poll woken by a notification that carried its result (job->done_note,
+     * contract.h CHAN_OP_DONE) is answered from it by the loop itself, without a worker or
+     * the database (c->db is NULL, c->job->tenant_id and request_id are set): 1 answered
+     * (the job holds its response), 0 not (a worker answers it, reading the row) */
+    int (*from_note)(api_call *c, const char *note);
 };
 
 /* A route table: the routes in matching order (the first match wins), and the error

@@ -446,6 +446,24 @@ static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
     }
 }
 
+/* A parked job woken by a note that carries its result, answered here when its route can
+ * (api_route.from_note): no hop to a worker and back, no statement (the result was sent
+ * with the commit that made it final). true when the job was answered (and is freed). */
+static bool answer_from_note(api_job *job, const char *note) {
+    if (!job->route->from_note) return false;
+    api_call c;
+    memset(&c, 0, sizeof c);
+    c.job = job;
+    c.tenant_id = job->tenant_id;
+    job->status = 0;
+    job->park = false;
+    job->retry_after = 0;
+    job->resp_type = NULL;
+    if (!job->route->from_note(&c, note) || !job->status) return false;
+    finish_job(job);
+    return true;
+}
+
 static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, notify_receiver, receiver);
     uint64_t now = h2o_now(L->evloop);
@@ -465,6 +483,10 @@ static void on_notify(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mess
             api_job *job = H2O_STRUCT_FROM_MEMBER(api_job, parked, n);
             if (m->all || !strcmp(job->request_id, m->id)) {
                 unpark(job);
+                if (m->note && answer_from_note(job, m->note)) {
+                    n = next;
+                    continue;
+                }
                 free(job->done_note);   /* the worker answers from it instead of the row */
                 job->done_note = m->note ? strdup(m->note) : NULL;
                 dispatch(L, job);

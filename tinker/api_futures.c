@@ -144,6 +144,9 @@ static int reply_from_note(api_call *c, const char *note) {
     return 1;
 }
 
+/* The loop's answer from the note (api_route.from_note): no worker, no database. */
+int api_future_from_note(api_call *c, const char *note) { return reply_from_note(c, note); }
+
 int api_h_retrieve_future(api_call *c) {
     api_job *job = c->job;
     if (!job->recheck) {

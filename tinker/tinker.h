@@ -33,6 +33,7 @@ int api_h_forward_backward(api_call *c);
 int api_h_forward(api_call *c);
 int api_h_optim_step(api_call *c);
 int api_h_retrieve_future(api_call *c);
+int api_future_from_note(api_call *c, const char *note);   /* api_route.from_note */
 int api_h_create_sampling_session(api_call *c);
 int api_h_get_sampler(api_call *c);
 int api_h_save_weights_for_sampler(api_call *c);
