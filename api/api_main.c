@@ -9,6 +9,7 @@
 #include "core/api_auth.h"
 #include "core/api_json.h"
 #include "core/api_listen.h"
+#include "tinker/api_futures_cache.h"
 #include "core/api_metrics.h"
 #include "core/api_pool.h"
 #include "core/http_server.h"
@@ -150,6 +151,8 @@ int api_main(int argc, char **argv) {
     }
     /* One listening connection: PostgreSQL wakes each on every NOTIFY of the database. */
     static const api_listen_chan chans[] = {
+        /* the futures cache first: a loop woken for a result finds it there */
+        {CHAN_OP_DONE, fut_cache_noted, NULL},
         {CHAN_OP_DONE, http_server_notify, NULL},
         {CHAN_SAMPLE_PROGRESS, oai_progress, NULL},
         {CHAN_API_KEYS, api_auth_cache_flush, NULL},

@@ -76,6 +76,13 @@ static char g_listen_sql[64];
 static int g_listen_pid;
 static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
 
+/* Executors connected to the database (SQL_EXE_FLEET, the heartbeat thread's count): up to
+ * EXE_LISTEN_BUSY_MAX, the loop's connection keeps listening while it runs a cycle
+ * (exe_sql.h, SQL_EXE_LISTEN_FMT); beyond, it stops listening for the cycle's time. */
+#define EXE_LISTEN_BUSY_MAX 4
+static atomic_int g_fleet = 1;
+static bool unlisten_when_busy(void) { return atomic_load(&g_fleet) > EXE_LISTEN_BUSY_MAX; }
+
 /* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
  * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
 static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
@@ -284,6 +291,7 @@ static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
+    if (mode == START_UNLISTEN && !unlisten_when_busy()) mode = START_LISTEN;   /* a small fleet keeps listening */
     db_stmt b[5] = {{SQL_BEGIN, 0, NULL},
                     {SQL_EXE_ASYNC_COMMIT, 0, NULL},
                     {mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
@@ -466,8 +474,9 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
  * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
  * transaction: no scheduler round trip, no notification in between, one commit without
  * waiting for the disk (the claim and the start are derived, as the scheduler's are).
- * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
- * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing (a
+ * In a fleet the pass's transaction also stops the connection's LISTEN (a busy executor
+ * needs no wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM); with a few
+ * executors it keeps listening (unlisten_when_busy). When it claims nothing (a
  * model held for its optim_step, rule 5; a seq gap; work of another executor), the
  * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
  * nothing was claimed; -1 a database error (the scheduler was asked to look). */
@@ -477,14 +486,15 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
     static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
+    bool unlisten = unlisten_when_busy();   /* else the connection keeps listening (a small fleet) */
     db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
     db_bin start_bin = {NULL, NULL, 1};
     PGresult *started = NULL;
     sched_opts o = g_claim;
-    o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
+    o.first = first, o.nfirst = unlisten ? 2 : 1, o.start = &start, o.start_bin = &start_bin, o.started = &started;
     int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, NULL, err, sizeof err);
     if (claimed > 0 && started) {
-        g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
+        if (unlisten) g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
         exe_op *ops = NULL;
         int64_t cycle = 0;
         int n = 0;
@@ -685,6 +695,10 @@ static void *heartbeat_thread(void *arg) {
                 atomic_store(&g_fenced, true);
             }
             bool draining = db_bool(r, 0, 1);
+            PGresult *f = db_query(c, SQL_EXE_FLEET, 0, NULL, err, sizeof err);
+            if (f) atomic_store(&g_fleet, (int)db_int(f, 0, 0));
+            else log_debug("counting the executors: %s", err);
+            PQclear(f);
             if (draining != atomic_exchange(&g_draining, draining))
                 log_info("this executor is %s", draining ? "draining: its models move to the other executors of its "
                                                            "pool" : "no longer draining");

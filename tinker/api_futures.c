@@ -10,6 +10,7 @@
 #include "core/api_call.h"
 #include "core/api_json.h"
 #include "service/api_proto.h"
+#include "tinker/api_futures_cache.h"
 #include "tinker/api_sql.h"
 #include "tinker/tinker.h"
 #include <stddef.h>
@@ -149,7 +150,8 @@ int api_future_from_note(api_call *c, const char *note) { return reply_from_note
 
 int api_h_retrieve_future(api_call *c) {
     api_job *job = c->job;
-    if (!job->recheck) {
+    bool first = !job->recheck;
+    if (first) {
         const char *rid;
         if (jx_req_str(c->body, "", "request_id", &rid, c->err, sizeof c->err) < 0)
             return api_error(c, 400, "%s", c->err);
@@ -165,6 +167,17 @@ int api_h_retrieve_future(api_call *c) {
     int answered = note && reply_from_note(c, note);
     free(note);
     if (answered) return 0;
+    /* The first look, at what this api knows without the row (api_futures_cache.h): a
+     * result its loom_op_done carried, or an operation submitted here and not finished
+     * (parked: the notification answers it, or the loop's re-check reads the row). */
+    if (first) {
+        char *cached = NULL;
+        fut_state st = fut_cache_get(job->request_id, job->tenant_id, &cached);
+        answered = st == FUT_DONE && reply_from_note(c, cached);
+        free(cached);
+        if (answered) return 0;
+        if (st == FUT_PENDING) return reply_pending(c, "active", "submitted; not finished yet");
+    }
     char tid[24], lim[24], timeout[24];
     api_fmt_i64(tid, job->tenant_id);
     api_fmt_i64(lim, c->settings->max_queued_samples);

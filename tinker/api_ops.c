@@ -4,6 +4,7 @@
 #include "common/log.h"
 #include "core/api_call.h"
 #include "core/api_json.h"
+#include "tinker/api_futures_cache.h"
 #include "tinker/api_sql.h"
 #include "tinker/tinker.h"
 #include <sodium.h>
@@ -141,6 +142,7 @@ static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, con
     }
     if (!inserted) return 1;
     snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
+    fut_cache_submitted(request_id, q->tenant_id);
     return 0;
 }
 
@@ -217,6 +219,7 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
                 db_commit(db, err, errlen) < 0)
                 goto fail;
             snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
+            fut_cache_submitted(request_id, q->tenant_id);
             return 0;
         }
         int conflict = 0;

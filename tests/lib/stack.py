@@ -144,6 +144,18 @@ class Stack:
                 out[cmd[1].decode()] = int(p)
         return out
 
+    def forget_notes(self, timeout=30):
+        """Makes the api forget every operation it knows without its row (its futures cache,
+        tinker/api_futures_cache.h), as after a lost LISTEN connection: the api's LISTEN
+        backend is terminated, and this returns once a new one listens (its reconnect
+        empties the cache). The next retrieve_future of any operation reads its row."""
+        q = "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN loom_api_keys'"
+        old = self.psql(q).split()
+        if old:
+            self.psql(f"SELECT pg_terminate_backend({old[0]})")
+        wait_for(lambda: [p for p in self.psql(q).split() if p not in old], timeout, 0.05)
+        time.sleep(0.2)   # the new connection's LISTENs run before the cache is emptied
+
     @contextlib.contextmanager
     def queue_held(self):
         """Work submitted inside stays queued: the scheduler and the executors are stopped
