@@ -40,18 +40,14 @@
  * executor waits for a cycle: PostgreSQL (before 19) signals every listening backend of
  * the database on every NOTIFY, whatever its channel, so a listener costs the database on
  * every notification of the queue; a busy executor needs none (it looks for its next cycle
- * when it is done anyway). docs/architecture.md, "One PostgreSQL, many GPUs". With a few
- * executors (EXE_LISTEN_BUSY_MAX, counted by SQL_EXE_FLEET) it keeps listening: a LISTEN
- * and an UNLISTEN per cycle cost its backend more (~0.3 ms of PostgreSQL's CPU per cycle,
- * measured with loom_bench's lone operations) than the few notifications a busy
- * listener of a small fleet is signalled for. The name is a parameter of exe_listen_sql
- * (executor.c): LISTEN takes no bind parameters. */
+ * when it is done anyway). docs/architecture.md, "One PostgreSQL, many GPUs". While its
+ * cycles are short (EXE_LISTEN_BUSY_S, executor.c) it keeps listening: a LISTEN and an
+ * UNLISTEN per cycle cost its backend more (~0.3 ms of PostgreSQL's CPU per cycle,
+ * measured with loom_bench's lone operations) than the notifications of a few
+ * milliseconds. The name is a parameter of exe_listen_sql (executor.c): LISTEN takes no
+ * bind parameters. */
 #define SQL_EXE_LISTEN_FMT "LISTEN " CHAN_CYCLE "_%lld"
 #define SQL_EXE_UNLISTEN "UNLISTEN *"
-/* The executors connected to this database now (their loop connections' names, set by
- * connect_loop): the fleet whose size decides whether a busy executor stops listening.
- * Bounded by the connections, not by history. */
-#define SQL_EXE_FLEET "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'loom executor %'"
 #define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY
 /* A submit's hint that built no cycle here (run_own_cycle): the scheduler decides. */
 #define SQL_EXE_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED

@@ -76,12 +76,17 @@ static char g_listen_sql[64];
 static int g_listen_pid;
 static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
 
-/* Executors connected to the database (SQL_EXE_FLEET, the heartbeat thread's count): up to
- * EXE_LISTEN_BUSY_MAX, the loop's connection keeps listening while it runs a cycle
- * (exe_sql.h, SQL_EXE_LISTEN_FMT); beyond, it stops listening for the cycle's time. */
-#define EXE_LISTEN_BUSY_MAX 4
-static atomic_int g_fleet = 1;
-static bool unlisten_when_busy(void) { return atomic_load(&g_fleet) > EXE_LISTEN_BUSY_MAX; }
+/* Whether the loop's connection stops listening for a cycle's time (exe_sql.h,
+ * SQL_EXE_LISTEN_FMT): a busy listener is signalled for every NOTIFY of the database
+ * meanwhile, a cost that grows with the cycle's length (and the fleet's traffic), while a
+ * LISTEN and an UNLISTEN cost the same per cycle whatever its length. So it keeps
+ * listening while its cycles are short (the last one took under EXE_LISTEN_BUSY_S: lone
+ * small operations, where the two statements were most of its backend's work) and stops
+ * for long ones (a GPU step: hundreds of ms, tens of notifications of other executors'
+ * work in a fleet). */
+#define EXE_LISTEN_BUSY_S 0.010
+static double g_last_cycle_s = 1.0;   /* clock_mono_s() from setting out to start it to its commit */
+static bool unlisten_when_busy(void) { return g_last_cycle_s >= EXE_LISTEN_BUSY_S; }
 
 /* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
  * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
@@ -291,7 +296,7 @@ static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
-    if (mode == START_UNLISTEN && !unlisten_when_busy()) mode = START_LISTEN;   /* a small fleet keeps listening */
+    if (mode == START_UNLISTEN && !unlisten_when_busy()) mode = START_LISTEN;   /* short cycles keep listening */
     db_stmt b[5] = {{SQL_BEGIN, 0, NULL},
                     {SQL_EXE_ASYNC_COMMIT, 0, NULL},
                     {mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
@@ -474,9 +479,9 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
  * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
  * transaction: no scheduler round trip, no notification in between, one commit without
  * waiting for the disk (the claim and the start are derived, as the scheduler's are).
- * In a fleet the pass's transaction also stops the connection's LISTEN (a busy executor
- * needs no wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM); with a few
- * executors it keeps listening (unlisten_when_busy). When it claims nothing (a
+ * After a long cycle the pass's transaction also stops the connection's LISTEN (a busy
+ * executor needs no wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM); after a
+ * short one it keeps listening (unlisten_when_busy). When it claims nothing (a
  * model held for its optim_step, rule 5; a seq gap; work of another executor), the
  * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
  * nothing was claimed; -1 a database error (the scheduler was asked to look). */
@@ -486,7 +491,7 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
     static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
-    bool unlisten = unlisten_when_busy();   /* else the connection keeps listening (a small fleet) */
+    bool unlisten = unlisten_when_busy();   /* else the connection keeps listening (short cycles) */
     db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
     db_bin start_bin = {NULL, NULL, 1};
     PGresult *started = NULL;
@@ -531,7 +536,8 @@ static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, in
         return;
     }
     exe_snapshots_after_commit(st, ops, n);
-    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0);
+    g_last_cycle_s = clock_mono_s() - t0;
+    exe_log_cycle(cycle, ops, n, g_last_cycle_s);
     free_ops(ops, n);
 }
 
@@ -695,10 +701,6 @@ static void *heartbeat_thread(void *arg) {
                 atomic_store(&g_fenced, true);
             }
             bool draining = db_bool(r, 0, 1);
-            PGresult *f = db_query(c, SQL_EXE_FLEET, 0, NULL, err, sizeof err);
-            if (f) atomic_store(&g_fleet, (int)db_int(f, 0, 0));
-            else log_debug("counting the executors: %s", err);
-            PQclear(f);
             if (draining != atomic_exchange(&g_draining, draining))
                 log_info("this executor is %s", draining ? "draining: its models move to the other executors of its "
                                                            "pool" : "no longer draining");
