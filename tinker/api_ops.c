@@ -1,5 +1,6 @@
 /* api_ops.c: operation submission (see api_ops.h). */
 #include "tinker/api_ops.h"
+#include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
 #include "core/api_call.h"
@@ -7,6 +8,7 @@
 #include "tinker/api_futures_cache.h"
 #include "tinker/api_sql.h"
 #include "tinker/tinker.h"
+#include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,8 +28,79 @@ static void expired_msg(char *err, size_t errlen, const char *model_id, const ch
              session ? " " : "", session ? session : "", model_id);
 }
 
+/* The check, and whether the tenant has a queued-operations limit (then it is not remembered). */
+static int model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out, bool *limited,
+                       char *err, size_t errlen);
+
 int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
                    char *err, size_t errlen) {
+    bool limited;
+    return model_check(db, tenant_id, model_id, out, &limited, err, errlen);
+}
+
+/* ---- checks remembered for a moment (op_model_check_recent) ---------------------------- */
+
+#define RECENT_SLOTS 1024
+typedef struct {
+    char model_id[OP_NAME_MAX];
+    int64_t tenant_id;
+    double at;   /* clock_mono_s() of the check; 0: empty */
+    op_model_info info;
+} recent_check;
+static pthread_mutex_t g_recent_mu = PTHREAD_MUTEX_INITIALIZER;
+static recent_check g_recent[RECENT_SLOTS];
+
+static recent_check *recent_slot(const char *model_id) {
+    uint32_t h = 2166136261u;   /* FNV-1a */
+    for (const char *p = model_id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    return &g_recent[h % RECENT_SLOTS];
+}
+
+int op_model_check_recent(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out, bool *cached,
+                          char *err, size_t errlen) {
+    *cached = false;
+    if (strlen(model_id) < OP_NAME_MAX) {
+        pthread_mutex_lock(&g_recent_mu);
+        recent_check *r = recent_slot(model_id);
+        if (r->at > 0 && clock_mono_s() - r->at < OP_MODEL_RECENT_S && r->tenant_id == tenant_id &&
+            !strcmp(r->model_id, model_id)) {
+            *out = r->info;
+            *cached = true;
+        }
+        pthread_mutex_unlock(&g_recent_mu);
+        if (*cached) return 0;
+    }
+    bool limited = true;
+    double at = clock_mono_s();
+    int st = model_check(db, tenant_id, model_id, out, &limited, err, errlen);
+    if (st == 0 && !limited && strlen(model_id) < OP_NAME_MAX) {
+        pthread_mutex_lock(&g_recent_mu);
+        recent_check *r = recent_slot(model_id);
+        snprintf(r->model_id, sizeof r->model_id, "%s", model_id);
+        r->tenant_id = tenant_id;
+        r->at = at;
+        r->info = *out;
+        pthread_mutex_unlock(&g_recent_mu);
+    }
+    return st;
+}
+
+int op_model_recheck(PGconn *db, int64_t tenant_id, const char *model_id, int status, char *err, size_t errlen) {
+    pthread_mutex_lock(&g_recent_mu);
+    recent_check *r = recent_slot(model_id);
+    if (!strcmp(r->model_id, model_id)) r->at = 0;
+    pthread_mutex_unlock(&g_recent_mu);
+    op_model_info m;
+    char e2[1024];
+    bool limited;
+    int st = model_check(db, tenant_id, model_id, &m, &limited, e2, sizeof e2);
+    if (st == 0) return status;
+    snprintf(err, errlen, "%s", e2);
+    return st;
+}
+
+static int model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out, bool *limited,
+                       char *err, size_t errlen) {
     char tid[24];
     api_fmt_i64(tid, tenant_id);
     const char *p[2] = {model_id, tid};
@@ -61,6 +134,7 @@ int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model
         PQclear(r);
         return 429;
     }
+    *limited = !PQgetisnull(r, 0, 6);
     out->vocab_size = db_int(r, 0, 1);
     out->max_context = db_int(r, 0, 2);
     snprintf(out->session_id, sizeof out->session_id, "%s", PQgetvalue(r, 0, 3));

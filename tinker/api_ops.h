@@ -24,6 +24,21 @@ typedef struct {
 int op_model_check(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out,
                    char *err, size_t errlen);
 
+/* op_model_check, its pass remembered for OP_MODEL_RECENT_S for the model and tenant
+ * when the tenant has no queued-operations limit (a training loop's forward_backward and
+ * optim_step, each a check before): *cached says the answer came from memory. What may
+ * change meanwhile (the model unloaded, failed or expired, its session finished or
+ * expired) the submit itself refuses (SQL_MODEL_SESSION): a 400 from op_submit after a
+ * remembered check is re-checked with op_model_recheck for the right message. Bounded
+ * (one slot per bucket of the model id's hash); thread-safe. */
+#define OP_MODEL_RECENT_S 2.0
+int op_model_check_recent(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out, bool *cached,
+                          char *err, size_t errlen);
+/* After op_submit refused (status, with err) what a remembered check let through: the
+ * model is forgotten and checked again; its refusal (status and err) when it has one, else
+ * status and err as they were. */
+int op_model_recheck(PGconn *db, int64_t tenant_id, const char *model_id, int status, char *err, size_t errlen);
+
 /* The tenant's limits (loom tenant set-limits) at create_model and at a save: 0 under
  * them; 429 (active models at the limit: retry after unloading or a session's expiry) or
  * 400 (checkpoint bytes at the limit: delete some) with err; -1 on a database error. */

@@ -141,9 +141,14 @@
     "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
     " payload_bin) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bytea)"                   \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id"
-/* The session of a tenant's model, as SQL (`model`, `tenant`: parameters) */
+/* The session of a tenant's model that takes work, as SQL (`model`, `tenant`: parameters):
+ * none when the model is no longer active or its session was finished by its client, so
+ * that a submit refuses what changed since its model check (a check remembered for a
+ * moment, op_model_check_recent; an unload between the two) */
 #define SQL_MODEL_SESSION(model, tenant)                                                    \
-    "SELECT session_id FROM models WHERE id = " model " AND tenant_id = " tenant
+    "SELECT m.session_id FROM models m JOIN sessions fs ON fs.id = m.session_id"            \
+    " WHERE m.id = " model " AND m.tenant_id = " tenant " AND m.status = 'active'"          \
+    " AND fs.finished_at IS NULL"
 /* The same in one statement, its own transaction, touching the model's session
  * (SQL_SESSION_TOUCH_LIVE) and waking whoever builds its cycle: the common submit (an
  * explicit seq_id), one round trip and one commit. -> whether the session took it (false:

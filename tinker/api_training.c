@@ -264,7 +264,8 @@ static int submit_fwd(api_call *c, bool forward_only) {
         return 0;
     }
     op_model_info m;
-    int st = op_model_check(c->db, c->tenant_id, q.model_id, &m, c->err, sizeof c->err);
+    bool cached;
+    int st = op_model_check_recent(c->db, c->tenant_id, q.model_id, &m, &cached, c->err, sizeof c->err);
     if (st == 0 && fb_validate(&q, m.vocab_size, m.max_context, c->err, sizeof c->err) < 0) st = 400;
     if (st != 0) {
         if (st < 0) api_db_error(c, route, c->err);
@@ -281,6 +282,7 @@ static int submit_fwd(api_call *c, bool forward_only) {
                        .payload_bin = pl.bin, .payload_bin_len = pl.bin_len, .n_tokens = fb_total_tokens(&q)};
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
+    if (st == 400 && cached) st = op_model_recheck(c->db, c->tenant_id, q.model_id, st, c->err, sizeof c->err);
     log_debug("%s: %zu datums, %lld tokens, %zu bytes in, payload %zu bytes: decode+validate "
               "%.3f s, payload %.3f s, insert %.3f s", route, q.n_data, (long long)s.n_tokens,
               c->job->body_len, pl.bin_len, t1 - t0, t2 - t1, clock_mono_s() - t2);
@@ -371,7 +373,8 @@ int api_h_optim_step(api_call *c) {
     }
     json_decref(empty);
     op_model_info m;
-    int st = op_model_check(c->db, c->tenant_id, model_id, &m, c->err, sizeof c->err);
+    bool cached;
+    int st = op_model_check_recent(c->db, c->tenant_id, model_id, &m, &cached, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     if (strcmp(family, m.optimizer) != 0) {
@@ -397,6 +400,7 @@ int api_h_optim_step(api_call *c) {
     char request_id[API_REQUEST_ID_MAX];
     st = op_submit(c->db, &s, request_id, c->err, sizeof c->err);
     sb_free(&pl);
+    if (st == 400 && cached) st = op_model_recheck(c->db, c->tenant_id, model_id, st, c->err, sizeof c->err);
     if (st < 0) return api_db_error(c, "optim_step", c->err);
     if (st > 0) return op_reject(c, st, model_id, has_seq, seq_id, OP_OPTIM_STEP);
     return reply_future(c, request_id, model_id);
