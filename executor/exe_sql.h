@@ -36,16 +36,12 @@
 #define SQL_EXE_APP_NAME "SELECT set_config('application_name', $1, false)"
 
 /* The loop's connection listens on its own channel (CHAN_CYCLE "_<executor id>": the
- * scheduler notifies only the executor a cycle is for), and in a fleet only while the
- * executor waits for a cycle: PostgreSQL (before 19) signals every listening backend of
- * the database on every NOTIFY, whatever its channel, so a listener costs the database on
- * every notification of the queue; a busy executor needs none (it looks for its next cycle
- * when it is done anyway). docs/architecture.md, "One PostgreSQL, many GPUs". While its
- * cycles are short (EXE_LISTEN_BUSY_S, executor.c) it keeps listening: a LISTEN and an
- * UNLISTEN per cycle cost its backend more (~0.3 ms of PostgreSQL's CPU per cycle,
- * measured with loom_bench's lone operations) than the notifications of a few
- * milliseconds. The name is a parameter of exe_listen_sql (executor.c): LISTEN takes no
- * bind parameters. */
+ * scheduler notifies only the executor a cycle is for), and only while the executor waits
+ * for a cycle: PostgreSQL (before 19) signals every listening backend of the database on
+ * every NOTIFY, whatever its channel, so a listener costs the database on every
+ * notification of the queue; a busy executor needs none (it looks for its next cycle when
+ * it is done anyway). docs/architecture.md, "One PostgreSQL, many GPUs". The name is a
+ * parameter of exe_listen_sql (executor.c): LISTEN takes no bind parameters. */
 #define SQL_EXE_LISTEN_FMT "LISTEN " CHAN_CYCLE "_%lld"
 #define SQL_EXE_UNLISTEN "UNLISTEN *"
 #define SQL_EXE_NOTIFY_READY "NOTIFY " CHAN_EXECUTOR_READY

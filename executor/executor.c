@@ -76,18 +76,6 @@ static char g_listen_sql[64];
 static int g_listen_pid;
 static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQbackendPID(c); }
 
-/* Whether the loop's connection stops listening for a cycle's time (exe_sql.h,
- * SQL_EXE_LISTEN_FMT): a busy listener is signalled for every NOTIFY of the database
- * meanwhile, a cost that grows with the cycle's length (and the fleet's traffic), while a
- * LISTEN and an UNLISTEN cost the same per cycle whatever its length. So it keeps
- * listening while its cycles are short (the last one took under EXE_LISTEN_BUSY_S: lone
- * small operations, where the two statements were most of its backend's work) and stops
- * for long ones (a GPU step: hundreds of ms, tens of notifications of other executors'
- * work in a fleet). */
-#define EXE_LISTEN_BUSY_S 0.010
-static double g_last_cycle_s = 1.0;   /* clock_mono_s() from setting out to start it to its commit */
-static bool unlisten_when_busy(void) { return g_last_cycle_s >= EXE_LISTEN_BUSY_S; }
-
 /* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
  * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
 static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
@@ -296,7 +284,6 @@ static int start_cycle(PGconn *c, exe_state *st, start_mode mode, int64_t *cycle
     char eid[24];
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
-    if (mode == START_UNLISTEN && !unlisten_when_busy()) mode = START_LISTEN;   /* short cycles keep listening */
     db_stmt b[5] = {{SQL_BEGIN, 0, NULL},
                     {SQL_EXE_ASYNC_COMMIT, 0, NULL},
                     {mode == START_LISTEN ? g_listen_sql : SQL_EXE_UNLISTEN, 0, NULL},
@@ -479,9 +466,8 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
  * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
  * transaction: no scheduler round trip, no notification in between, one commit without
  * waiting for the disk (the claim and the start are derived, as the scheduler's are).
- * After a long cycle the pass's transaction also stops the connection's LISTEN (a busy
- * executor needs no wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM); after a
- * short one it keeps listening (unlisten_when_busy). When it claims nothing (a
+ * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
+ * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing (a
  * model held for its optim_step, rule 5; a seq gap; work of another executor), the
  * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
  * nothing was claimed; -1 a database error (the scheduler was asked to look). */
@@ -491,15 +477,14 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
     static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
-    bool unlisten = unlisten_when_busy();   /* else the connection keeps listening (short cycles) */
     db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
     db_bin start_bin = {NULL, NULL, 1};
     PGresult *started = NULL;
     sched_opts o = g_claim;
-    o.first = first, o.nfirst = unlisten ? 2 : 1, o.start = &start, o.start_bin = &start_bin, o.started = &started;
+    o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
     int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, NULL, err, sizeof err);
     if (claimed > 0 && started) {
-        if (unlisten) g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
+        g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
         exe_op *ops = NULL;
         int64_t cycle = 0;
         int n = 0;
@@ -536,8 +521,7 @@ static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, in
         return;
     }
     exe_snapshots_after_commit(st, ops, n);
-    g_last_cycle_s = clock_mono_s() - t0;
-    exe_log_cycle(cycle, ops, n, g_last_cycle_s);
+    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0);
     free_ops(ops, n);
 }
 
