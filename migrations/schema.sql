@@ -22,6 +22,7 @@
 --   0028_packed_fwdbwd
 --   0030_bounded_history
 --   0031_api_key_notify
+--   0032_claim_without_fk_checks
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
@@ -903,9 +904,6 @@ ALTER TABLE ONLY public.api_keys
 ALTER TABLE ONLY public.audit_log
     ADD CONSTRAINT audit_log_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
-ALTER TABLE ONLY public.cycles
-    ADD CONSTRAINT cycles_executor_id_fkey FOREIGN KEY (executor_id) REFERENCES public.executors(id);
-
 ALTER TABLE ONLY public.executors
     ADD CONSTRAINT executors_base_model_fkey FOREIGN KEY (base_model) REFERENCES public.base_models(name);
 
@@ -935,9 +933,6 @@ ALTER TABLE ONLY public.openai_samplers
 
 ALTER TABLE ONLY public.openai_samplers
     ADD CONSTRAINT openai_samplers_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY public.operations
-    ADD CONSTRAINT operations_cycle_id_fkey FOREIGN KEY (cycle_id) REFERENCES public.cycles(id);
 
 ALTER TABLE ONLY public.operations
     ADD CONSTRAINT operations_model_id_fkey FOREIGN KEY (model_id) REFERENCES public.models(id) ON DELETE CASCADE;
