@@ -13,13 +13,15 @@ passes or fails.
               step, per-tenant step latency
   durability  the cost of durable state per optim_step, end to end: steps with a snapshot
               every step against the default
+  statements  (not run by default) PostgreSQL's time per lone forward_backward, statement by
+              statement (pg_stat_statements: the bench's cluster is restarted with it)
   history     (not run by default) a lone forward_backward's latency and the idle stack's
               CPU (every loom process and PostgreSQL backend, from /proc) on an empty
               database, then after 200k operations of history are inserted (copies of the
               run's own rows, in bulk), with the statistics taken before (stale) and after
               (fresh)
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability,history]
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability,statements,history]
 """
 import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
@@ -439,6 +441,65 @@ def history(loom_args, n=150, models=2000, per=100):
               f" (target: no growth); idle CPU {cpu:.2f} s per 20 s")
 
 
+def pg_restart(s):
+    """Restarts the stack's PostgreSQL (its own binary's pg_ctl, as the cluster's owner); the
+    loom processes reconnect as after any outage."""
+    import pwd, subprocess
+    pgdir = os.path.join(s.dir, "pg")
+    pid = int(open(os.path.join(pgdir, "postmaster.pid")).readline())
+    ctl = os.path.join(os.path.dirname(os.readlink(f"/proc/{pid}/exe")), "pg_ctl")
+    cmd = [ctl, "-D", pgdir, "-m", "fast", "-w", "restart", "-l", os.path.join(s.dir, "postgres.log")]
+    owner = pwd.getpwuid(os.stat(pgdir).st_uid).pw_name
+    if os.geteuid() == 0 and owner != "root":
+        cmd = ["runuser", "-u", owner, "--"] + cmd
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def statements(loom_args, n=500):
+    """Where PostgreSQL's time goes for a lone forward_backward: each statement's execution
+    and planning time and calls per operation, from pg_stat_statements (the bench's cluster
+    is restarted with it loaded). The statements' own time, not the machine's: steadier
+    than the wall-clock and CPU figures on a shared machine, so a change to one statement
+    shows in its row. Not in the default run."""
+    with stack.Stack(loom_args) as s:
+        s.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        pg_restart(s)
+        c = Conn(s.url, s.key)
+        ok = 0
+        for _ in range(200):   # every api worker's connection fails once after the restart
+            try:
+                sid = c.post("/api/v1/create_session", {})["session_id"]
+                ok += 1
+                if ok >= 16:
+                    break
+            except RuntimeError:
+                ok = 0
+                time.sleep(0.2)
+        s.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        s.psql("ALTER SYSTEM SET pg_stat_statements.track_planning = on")
+        s.psql("SELECT pg_reload_conf()")
+        mid = c.model(sid, 0)
+        for k in range(30):   # warm-up: statements prepared, their generic plans settled
+            c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
+        s.psql("SELECT pg_stat_statements_reset()")
+        for k in range(30, 30 + n):
+            c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
+        rows = s.psql("SELECT (total_exec_time + total_plan_time) / " + str(n) + ", total_plan_time / " + str(n) +
+                      ", calls::float / " + str(n) + ", left(regexp_replace(query, '\\s+', ' ', 'g'), 72)"
+                      " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'"
+                      " ORDER BY total_exec_time + total_plan_time DESC")
+    rows = [r.split("|", 3) for r in rows.splitlines() if r.count("|") >= 3]
+    total = sum(float(r[0]) for r in rows)
+    per_op = sum(float(r[2]) for r in rows)
+    print(f"statements: a lone forward_backward (1 datum, 8 tokens), {n} in a row; PostgreSQL's time per operation"
+          f" by statement (execution + planning), pg_stat_statements")
+    print(f"  {'ms/op':>7s} {'plan':>6s} {'calls':>5s}  statement")
+    for t, plan, calls, q in rows[:16]:
+        print(f"  {float(t):7.3f} {float(plan):6.3f} {float(calls):5.2f}  {q}")
+    print(f"  {total:7.3f} ms per operation in {per_op:.1f} statements (the rest of PostgreSQL's CPU is the"
+          " protocol, commits, notifications)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
@@ -460,6 +521,8 @@ def main():
         durability(a.loom_arg)
     if "history" in parts:
         history(a.loom_arg)
+    if "statements" in parts:
+        statements(a.loom_arg)
 
 
 if __name__ == "__main__":
