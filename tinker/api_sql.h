@@ -77,19 +77,28 @@
 #define SQL_SESSION_TOUCH(session)                                                          \
     "UPDATE sessions SET last_heartbeat_at = now() WHERE id = (" session ")"                \
     " AND expired_at IS NULL AND last_heartbeat_at < now() - " SQL_SESSION_TOUCH_EVERY
-/* Two CTEs for a submit's statement: `touch` (the touch above) and `live` (one row: ok,
- * whether the session may take the submit). The check before the submit read the session
- * as not expired; the scheduler may expire it in between only when it had been silent
- * for the whole timeout, so when the touch was due. Then the touch either wrote the row
- * (and holds it: the expiry skips locked sessions) or found it expired meanwhile (it
- * re-reads a row changed under it): ok is "touched, or touched within 5 s and not
- * expired", which also holds for a session that needed no touch (the timeout is well
- * above 5 s: docs/operating.md). */
+/* Three CTEs for a submit's statement: `touch` (the touch above), `held` and `live` (one
+ * row: ok, whether the session may take the submit). The check before the submit read the
+ * session as not expired; the scheduler may expire it in between only when it had been
+ * silent for the whole timeout, so when the touch was due. Then the touch either wrote
+ * the row (and holds it: the expiry skips locked sessions) or found it expired meanwhile
+ * (it re-reads a row changed under it), or found it touched meanwhile by another submit
+ * of the session that held it first: ok is "touched, or touched within 5 s and not
+ * expired" as the statement's snapshot saw it (a session that needed no touch: the
+ * timeout is well above 5 s, docs/operating.md), or else "not expired" in the row as it
+ * is now, read with a lock the expiry skips (`held`: FOR KEY SHARE re-reads a row changed
+ * since the snapshot, and keeps it from expiring until the submit commits). Without that
+ * last case a submit that lost the touch to another one of the same moment saw the old
+ * heartbeat and was refused as expired (tests/concurrent_submits_test.py). `held` is read
+ * only when the first two fail (OR stops at the first true). */
 #define SQL_SESSION_TOUCH_LIVE(session)                                                     \
     "touch AS (" SQL_SESSION_TOUCH(session) " RETURNING 1),"                                \
+    " held AS (SELECT 1 FROM sessions hs WHERE hs.id = (" session ") AND hs.expired_at IS NULL" \
+    "   FOR KEY SHARE OF hs),"                                                              \
     " live AS (SELECT EXISTS (SELECT 1 FROM touch) OR EXISTS (SELECT 1 FROM sessions ls"    \
     "   WHERE ls.id = (" session ") AND ls.expired_at IS NULL"                               \
-    "   AND ls.last_heartbeat_at >= now() - " SQL_SESSION_TOUCH_EVERY ") AS ok)"
+    "   AND ls.last_heartbeat_at >= now() - " SQL_SESSION_TOUCH_EVERY ")"                   \
+    "   OR EXISTS (SELECT 1 FROM held) AS ok)"
 /* $1 id (locked by SQL_SESSION_LOCK: the caller's) */
 #define SQL_SESSION_TOUCH_ID SQL_SESSION_TOUCH("$1")
 /* $1 session -> next free model_seq_id */
