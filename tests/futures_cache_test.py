@@ -16,23 +16,11 @@ protobuf. Then:
 import json, os, subprocess, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import LOOM_BIN, Stack, Results
-from wire import PROTO, forward_backward, post_raw
+from wire import forward_backward, post_raw, raw_answer as answer
 
 SEQ = [(7 * j + 2) % 250 + 1 for j in range(11)]
 DATA = [(SEQ[:-1], {"target_tokens": ("int64", SEQ[1:])})]
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-
-
-def answer(s, rid, proto, timeout=20):
-    """(status, raw answer) of retrieve_future once it is not try_again, or None."""
-    accept = f"{PROTO}, application/json" if proto else "application/json"
-    body = json.dumps({"request_id": rid}).encode()
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        st, ct, raw = post_raw(s, "/api/v1/retrieve_future", body, "application/json", accept)
-        if st != 200 or PROTO in ct or json.loads(raw).get("type") != "try_again":
-            return (st, raw)
-    return None
 
 
 def index_reads(s):

@@ -12,28 +12,14 @@ forward_backward (the packed result) and optim_step (the stored JSON). A model t
 placed yet still needs the scheduler: its submit waits while the scheduler is stopped and
 runs once it is back.
 """
-import json, os, signal, sys, time
+import os, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
-from wire import PROTO, forward_backward, post_raw
+from wire import forward_backward, raw_answer as answer
 
 SEQ = [(5 * j + 3) % 250 + 1 for j in range(13)]
 DATA = [(SEQ[:-1], {"target_tokens": ("int64", SEQ[1:])})]
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-
-
-def answer(s, rid, proto, timeout=15):
-    """The raw answer of retrieve_future once it is not try_again (or None on timeout)."""
-    accept = f"{PROTO}, application/json" if proto else "application/json"
-    body = json.dumps({"request_id": rid}).encode()
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        st, ct, raw = post_raw(s, "/api/v1/retrieve_future", body, "application/json", accept)
-        if st != 200:
-            return (st, raw)
-        if PROTO in ct or json.loads(raw).get("type") != "try_again":
-            return (st, raw)
-    return None
 
 
 def main():

@@ -1,7 +1,7 @@
 """The two wire encodings a training loop can use (docs/protocol.md §1.6): JSON everywhere, or
 protobuf forward_backward bodies with protobuf results (SDK 0.25). One place for both
 the SFT and the RL end-to-end tests."""
-import json, urllib.error, urllib.request
+import json, time, urllib.error, urllib.request
 import tinker_proto as tp
 
 PROTO = "application/x-protobuf"
@@ -56,3 +56,18 @@ def fb_result(s, request_id, proto):
 def sample_result(s, request_id, proto):
     kind, out = result(s, request_id, proto)
     return tp.decode_sample_response(out) if kind == "proto" else out
+
+
+def raw_answer(s, rid, proto, timeout=20):
+    """(status, raw bytes) of retrieve_future once it is not try_again, asking for protobuf
+    or JSON; None if it is still try_again after timeout seconds. For byte-for-byte
+    comparisons of the same future's answers (from memory, from the notification, from the
+    row)."""
+    accept = f"{PROTO}, application/json" if proto else "application/json"
+    body = json.dumps({"request_id": rid}).encode()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, ct, raw = post_raw(s, "/api/v1/retrieve_future", body, "application/json", accept)
+        if st != 200 or PROTO in ct or json.loads(raw).get("type") != "try_again":
+            return (st, raw)
+    return None
