@@ -101,6 +101,17 @@
     " category text, applied boolean, bin_at integer, bin_len integer)"                        \
     " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"
 
+/* SQL_EXE_FINISH_OPS, and $4 the number of operations: fails (SQLSTATE
+ * EXE_SQLSTATE_TAKEN_BACK, migration 0033) unless every one was still claimed by the cycle,
+ * so that the statements sent after it in the same round trip, the COMMIT included, do not
+ * run for a cycle the reaper took back. -> the count. */
+#define SQL_EXE_FINISH_OPS_ALL                                                                \
+    "WITH u AS (" SQL_EXE_FINISH_OPS " RETURNING 1)"                                          \
+    " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_abort(($4::bigint - count(*))" \
+    " || ' of the ' || $4 || ' operations of cycle ' || $2 || ' are no longer claimed by it (lease expired?)')" \
+    " END FROM u"
+#define EXE_SQLSTATE_TAKEN_BACK "LM001"
+
 /* $1 text[] models, $2 int[] the seq_id of each one's last operation in the cycle that
  * changed its state. */
 #define SQL_EXE_MODEL_STATES                                                                  \

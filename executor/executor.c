@@ -190,34 +190,38 @@ static int run_commit_hooks(PGconn *c, exe_state *st, exe_op *ops, int n, char *
 
 /* 0 committed; -1 a database error (worth another try); -2 the cycle is no longer this
  * executor's (the reaper took it back): its results must never be committed.
- * Two round trips in the usual case (no commit hooks, no snapshot to record): the
- * statements up to the cycle's end go in one batch (db_pipeline), and COMMIT follows once
- * every operation is known to have been written. */
+ * One round trip in the usual case (no commit hooks, no snapshot to record): the
+ * statements up to the cycle's end, the COMMIT and the scheduler's wake-up go in one batch
+ * (db_pipeline), the results' statement failing (SQL_EXE_FINISH_OPS_ALL) unless every
+ * operation was still the cycle's, which stops the rest, the COMMIT included. With hooks
+ * or snapshots to record, those run between the batch and the COMMIT. */
 static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps,
                         double compute_s, char *err, size_t errlen) {
-    char cyc[24], eid[24], comp[32];
+    char cyc[24], eid[24], comp[32], nops[16];
     snprintf(comp, sizeof comp, "%.6f", compute_s);
+    snprintf(nops, sizeof nops, "%d", n);
     fmt_i64(cyc, sizeof cyc, cycle);
     fmt_i64(eid, sizeof eid, st->executor_id);
     bool hooks = false;
     for (int i = 0; i < n; i++) hooks |= !ops[i].category && ops[i].commit_hook;
+    bool one_trip = !hooks && !snaps;
     if (hooks && (db_begin(c, err, errlen) < 0 || run_commit_hooks(c, st, ops, n, err, errlen) < 0)) goto fail;
 
     uint8_t *bins = NULL;
     size_t bins_len = 0;
     char *outcomes = n > 0 ? outcomes_json(ops, n, &bins, &bins_len) : NULL, *models = NULL, *seqs = NULL;
     if (n > 0 && !outcomes) { free(bins); snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
-    const char *pf[3] = {outcomes, cyc, (const char *)bins};
-    const int pf_len[3] = {[2] = (int)bins_len}, pf_fmt[3] = {[2] = 1};
-    db_bin bin[5] = {{NULL, NULL, 0}};
+    const char *pf[4] = {outcomes, cyc, (const char *)bins, nops};
+    const int pf_len[4] = {[2] = (int)bins_len}, pf_fmt[4] = {[2] = 1};
+    db_bin bin[7] = {{NULL, NULL, 0}};
     bool states = model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
     const char *pm[2] = {models, seqs};
     const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
-    db_stmt b[5];
-    int nb = 0, finish_at = -1;
+    db_stmt b[7];
+    int nb = 0, finish_at = -1, commit_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
     /* The executor is idle, and listens for its next cycle, from the same commit: the
      * scheduler, which builds cycles only for idle executors, cannot notify it before. */
@@ -225,19 +229,38 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     if (n > 0) {
         finish_at = nb;
         bin[nb] = (db_bin){pf_len, pf_fmt, 0};
-        b[nb++] = (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
+        b[nb++] = one_trip ? (db_stmt){SQL_EXE_FINISH_OPS_ALL, 4, pf} : (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
     }
     if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
     b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 8, pc};
-    PGresult *r[5];
+    if (one_trip) {
+        commit_at = nb;
+        b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
+        b[nb++] = (db_stmt){SQL_EXE_READY_IF_QUEUED, 0, NULL};
+    }
+    PGresult *r[7];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
+    bool taken_back = got == finish_at && !strcmp(db_last_sqlstate(), EXE_SQLSTATE_TAKEN_BACK);
     free(experts);
     free(outcomes);
     free(bins);
     free(models);
     free(seqs);
-    int changed = finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
+    int changed = !one_trip && finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
     for (int i = 0; i < nb; i++) PQclear(r[i]);
+    if (one_trip) {
+        if (got > commit_at) {   /* committed */
+            if (got < nb) log_warn("cycle %s: waking the scheduler: %s", cyc, err);
+            g_listen_pid = PQbackendPID(c);
+            return 0;
+        }
+        if (taken_back) {
+            db_rollback(c);
+            return -2;
+        }
+        if (got == commit_at) return -1;   /* the session broke in its commit: it is tried again */
+        goto fail;
+    }
     if (got < nb) goto fail;
     if (changed != n) {
         snprintf(err, errlen, "%d of the %d operations of cycle %s are no longer claimed by it (lease expired?)",

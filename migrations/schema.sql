@@ -23,12 +23,20 @@
 --   0030_bounded_history
 --   0031_api_key_notify
 --   0032_claim_without_fk_checks
+--   0033_abort
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     RAISE EXCEPTION 'audit_log is append-only';
+END $$;
+
+CREATE FUNCTION public.loom_abort(msg text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'LM001', MESSAGE = msg;
 END $$;
 
 CREATE FUNCTION public.loom_api_keys_changed() RETURNS trigger
