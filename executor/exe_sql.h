@@ -107,7 +107,7 @@
  * run for a cycle the reaper took back. -> the count. */
 #define SQL_EXE_FINISH_OPS_ALL                                                                \
     "WITH u AS (" SQL_EXE_FINISH_OPS " RETURNING 1)"                                          \
-    " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_abort(($4::bigint - count(*))" \
+    " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_refuse(($4::bigint - count(*))" \
     " || ' of the ' || $4 || ' operations of cycle ' || $2 || ' are no longer claimed by it (lease expired?)')" \
     " END FROM u"
 #define EXE_SQLSTATE_TAKEN_BACK "LM001"

@@ -23,20 +23,13 @@
 --   0030_bounded_history
 --   0031_api_key_notify
 --   0032_claim_without_fk_checks
---   0033_abort
+--   0033_all_or_nothing
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     RAISE EXCEPTION 'audit_log is append-only';
-END $$;
-
-CREATE FUNCTION public.loom_abort(msg text) RETURNS bigint
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'LM001', MESSAGE = msg;
 END $$;
 
 CREATE FUNCTION public.loom_api_keys_changed() RETURNS trigger
@@ -136,6 +129,13 @@ BEGIN
         VALUES (sid, p_tenant, sess, seq, p_base_model, p_model_path, p_version);
     INSERT INTO openai_samplers (tenant_id, source, sampling_session_id) VALUES (p_tenant, src, sid);
     RETURN sid;
+END $$;
+
+CREATE FUNCTION public.loom_refuse(msg text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'LM001', MESSAGE = msg;
 END $$;
 
 CREATE FUNCTION public.loom_sample_finished_notify() RETURNS trigger

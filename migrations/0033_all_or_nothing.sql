@@ -5,7 +5,7 @@
 -- (executor/exe_sql.h, SQL_EXE_FINISH_OPS_ALL), and a cycle the reaper took back must
 -- commit nothing. Declared returning bigint so that it fits where a count is expected;
 -- it never returns.
-CREATE FUNCTION loom_abort(msg text) RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION loom_refuse(msg text) RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'LM001', MESSAGE = msg;
 END $$;
