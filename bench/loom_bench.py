@@ -442,17 +442,16 @@ def history(loom_args, n=150, models=2000, per=100):
 
 
 def pg_restart(s):
-    """Restarts the stack's PostgreSQL (its own binary's pg_ctl, as the cluster's owner); the
-    loom processes reconnect as after any outage."""
-    import pwd, subprocess
-    pgdir = os.path.join(s.dir, "pg")
-    pid = int(open(os.path.join(pgdir, "postmaster.pid")).readline())
-    ctl = os.path.join(os.path.dirname(os.readlink(f"/proc/{pid}/exe")), "pg_ctl")
-    cmd = [ctl, "-D", pgdir, "-m", "fast", "-w", "restart", "-l", os.path.join(s.dir, "postgres.log")]
-    owner = pwd.getpwuid(os.stat(pgdir).st_uid).pw_name
-    if os.geteuid() == 0 and owner != "root":
-        cmd = ["runuser", "-u", owner, "--"] + cmd
-    subprocess.run(cmd, check=True, capture_output=True)
+    """Restarts the stack's PostgreSQL (`loom pg stop` / `start`, as its owner); the loom
+    processes reconnect as after any outage."""
+    import subprocess
+    subprocess.run([stack.LOOM_BIN, "pg", "stop", "--data-dir", s.dir], check=True, capture_output=True)
+    for _ in range(60):   # the old backends leave within a moment of the postmaster
+        p = subprocess.run([stack.LOOM_BIN, "pg", "start", "--data-dir", s.dir], capture_output=True, text=True)
+        if p.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError("PostgreSQL did not start again: " + p.stderr)
 
 
 def statements(loom_args, n=500):
