@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 static __thread char t_sqlstate[8];
+static __thread char t_message[512];   /* the failure's primary message (db_last_message) */
 
 static void set_err(char *err, size_t errlen, const char *msg) {
     if (!err || !errlen) return;
@@ -311,7 +312,7 @@ PGresult *db_query(PGconn *c, const char *sql, int nparams, const char *const *p
 
 PGresult *db_query_bin(PGconn *c, const char *sql, int nparams, const char *const *params, const int *lengths,
                        const int *formats, int result_format, char *err, size_t errlen) {
-    t_sqlstate[0] = 0;
+    t_sqlstate[0] = t_message[0] = 0;
     char name[24] = "";
     /* Outside a transaction a statement that cannot be prepared (its tables do not exist
      * yet) just runs unprepared; inside one its prepare would abort the transaction just
@@ -322,8 +323,9 @@ PGresult *db_query_bin(PGconn *c, const char *sql, int nparams, const char *cons
                           : PQexecParams(c, sql, nparams, NULL, params, lengths, formats, result_format);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE), *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
     snprintf(t_sqlstate, sizeof t_sqlstate, "%s", state ? state : "");
+    snprintf(t_message, sizeof t_message, "%s", primary ? primary : "");
     set_err(err, errlen, r ? PQresultErrorMessage(r) : PQerrorMessage(c));
     if (err && errlen && !err[0]) set_err(err, errlen, PQerrorMessage(c));
     PQclear(r);
@@ -364,7 +366,7 @@ int db_pipeline(PGconn *c, const db_stmt *st, int n, PGresult **res, char *err, 
 
 int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGresult **res, char *err,
                     size_t errlen) {
-    t_sqlstate[0] = 0;
+    t_sqlstate[0] = t_message[0] = 0;
     if (err && errlen) err[0] = 0;
     for (int i = 0; i < n; i++) res[i] = NULL;
     /* Prepared before the batch (PQprepare is a round trip of its own, once per
@@ -395,8 +397,10 @@ int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGre
             ok++;
         } else {
             if (!failed && s != PGRES_PIPELINE_ABORTED) {
-                const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+                const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE),
+                           *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
                 snprintf(t_sqlstate, sizeof t_sqlstate, "%s", state ? state : "");
+                snprintf(t_message, sizeof t_message, "%s", primary ? primary : "");
                 set_err(err, errlen, PQresultErrorMessage(r));
             }
             failed = true;
@@ -428,6 +432,7 @@ int db_begin(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_BEGIN,
 int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_COMMIT, 0, NULL, err, errlen); }
 void db_rollback(PGconn *c) { PQclear(PQexec(c, SQL_ROLLBACK)); }
 const char *db_last_sqlstate(void) { return t_sqlstate; }
+const char *db_last_message(void) { return t_message; }
 
 /* Takes the notifications libpq has read: how many, and how many of them had payload hint. */
 static int take_notifies(PGconn *c, const char *hint, int *hints) {

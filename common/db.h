@@ -94,8 +94,11 @@ int db_begin(PGconn *c, char *err, size_t errlen);
 int db_commit(PGconn *c, char *err, size_t errlen);
 void db_rollback(PGconn *c);
 
-/* SQLSTATE of the last failed db_query/db_exec on this thread ("" if none). */
+/* SQLSTATE of the last failed db_query/db_exec/db_pipeline on this thread ("" if none). */
 const char *db_last_sqlstate(void);
+/* Its primary message alone (no "ERROR:", detail or context; "" if none): for a message
+ * a statement raised on purpose (loom_refuse, migration 0033). */
+const char *db_last_message(void);
 
 /* Waits up to timeout_ms for a NOTIFY on c (after LISTEN); returns 1 if one or more
  * arrived (all are drained), 0 on timeout, -1 on a broken connection. */

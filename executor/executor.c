@@ -254,10 +254,8 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
             g_listen_pid = PQbackendPID(c);
             return 0;
         }
-        if (taken_back) {   /* err: loom_refuse's message alone (no "ERROR:", no PL/pgSQL context) */
-            char *nl = strchr(err, '\n'), *msg = strstr(err, "ERROR:");
-            if (nl) *nl = 0;
-            if (msg) memmove(err, msg + 6 + strspn(msg + 6, " "), strlen(msg + 6 + strspn(msg + 6, " ")) + 1);
+        if (taken_back) {
+            snprintf(err, errlen, "%s", db_last_message());   /* loom_refuse's message alone */
             db_rollback(c);
             return -2;
         }
