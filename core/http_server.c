@@ -345,13 +345,18 @@ static void finish_job(api_job *job) {
     api_job_free(job);
 }
 
-static void dispatch(http_loop *L, api_job *job) {
-    job->where = JOB_AT_WORKER;
-    job->dispatched_ms = h2o_now(L->evloop);
+/* Before a job is answered again (by a worker, or from a note on the loop). */
+static void clear_answer(api_job *job) {
     job->status = 0;
     job->park = false;
     job->retry_after = 0;
     job->resp_type = NULL;
+}
+
+static void dispatch(http_loop *L, api_job *job) {
+    job->where = JOB_AT_WORKER;
+    job->dispatched_ms = h2o_now(L->evloop);
+    clear_answer(job);
     if (api_pool_submit(g.pool, job) < 0) {
         free(job->resp);
         job->status = 503;
@@ -455,10 +460,7 @@ static bool answer_from_note(api_job *job, const char *note) {
     memset(&c, 0, sizeof c);
     c.job = job;
     c.tenant_id = job->tenant_id;
-    job->status = 0;
-    job->park = false;
-    job->retry_after = 0;
-    job->resp_type = NULL;
+    clear_answer(job);
     if (!job->route->from_note(&c, note) || !job->status) return false;
     finish_job(job);
     return true;

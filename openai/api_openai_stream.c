@@ -26,6 +26,7 @@
 #include "openai/api_openai.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/strhash.h"
 #include "common/strbuf.h"
 #include "core/api_metrics.h"
 #include "core/api_route.h"
@@ -117,11 +118,7 @@ static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static oai_loop *g_loops[MAX_LOOPS];
 static int g_nloops;
 
-static unsigned reg_hash(const char *s, size_t n) {
-    unsigned h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h % REG_BUCKETS;
-}
+static unsigned reg_hash(const char *s, size_t n) { return str_hash(s, n) % REG_BUCKETS; }
 
 static void reg_add(const char *rid, oai_loop *ol, oai_stream *st, int op) {
     reg_entry *e = calloc(1, sizeof *e);

@@ -13,6 +13,7 @@
  */
 #include "text/tokenizer.h"
 #include "common/err.h"
+#include "common/strhash.h"
 
 #include <jansson.h>
 #include <utf8proc.h>
@@ -238,12 +239,6 @@ static int tk_pool_add(pool *p, const char *s, size_t n, uint32_t *off)
     return 0;
 }
 
-static uint32_t tk_hash(const char *s, size_t n)
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h;
-}
 
 static uint64_t tk_mix(uint64_t x)
 {
@@ -256,7 +251,7 @@ static uint64_t tk_mix(uint64_t x)
 static int32_t tk_map_find(const tokenizer *t, const char *s, size_t n)
 {
     if (!t->map_cap) return -1;
-    for (uint32_t h = tk_hash(s, n) & (t->map_cap - 1);; h = (h + 1) & (t->map_cap - 1)) {
+    for (uint32_t h = str_hash(s, n) & (t->map_cap - 1);; h = (h + 1) & (t->map_cap - 1)) {
         int32_t id = t->map[h];
         if (id < 0) return -1;
         if (t->sp_len[id] == n && memcmp(t->sp.p + t->sp_off[id], s, n) == 0) return id;
@@ -268,7 +263,7 @@ static void tk_map_insert(tokenizer *t, int32_t id)
     const char *s = t->sp.p + t->sp_off[id];
     size_t n = t->sp_len[id];
     if (tk_map_find(t, s, n) >= 0) return; /* first spelling wins */
-    uint32_t h = tk_hash(s, n) & (t->map_cap - 1);
+    uint32_t h = str_hash(s, n) & (t->map_cap - 1);
     while (t->map[h] >= 0) h = (h + 1) & (t->map_cap - 1);
     t->map[h] = id;
 }

@@ -1,6 +1,7 @@
 /* api_futures_cache.c: see api_futures_cache.h. */
 #include "tinker/api_futures_cache.h"
 #include "common/clock.h"
+#include "common/strhash.h"
 #include "core/api_job.h"
 #include <pthread.h>
 #include <stdbool.h>
@@ -24,11 +25,7 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static slot g_slots[FUT_SLOTS];
 
-static slot *slot_of(const char *id, size_t len) {
-    uint32_t h = 2166136261u;   /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)id[i]) * 16777619u;
-    return &g_slots[h % FUT_SLOTS];
-}
+static slot *slot_of(const char *id, size_t len) { return &g_slots[str_hash(id, len) % FUT_SLOTS]; }
 
 static void clear(slot *s) {
     free(s->note);

@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "common/db.h"
 #include "common/log.h"
+#include "common/strhash.h"
 #include "core/api_call.h"
 #include "core/api_json.h"
 #include "tinker/api_futures_cache.h"
@@ -51,9 +52,7 @@ static pthread_mutex_t g_recent_mu = PTHREAD_MUTEX_INITIALIZER;
 static recent_check g_recent[RECENT_SLOTS];
 
 static recent_check *recent_slot(const char *model_id) {
-    uint32_t h = 2166136261u;   /* FNV-1a */
-    for (const char *p = model_id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
-    return &g_recent[h % RECENT_SLOTS];
+    return &g_recent[str_hash(model_id, strlen(model_id)) % RECENT_SLOTS];
 }
 
 int op_model_check_recent(PGconn *db, int64_t tenant_id, const char *model_id, op_model_info *out, bool *cached,
