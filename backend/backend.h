@@ -171,6 +171,9 @@ typedef struct {
     char device[128];             /* e.g. "cpu:0 (16 threads)", "cuda:1 NVIDIA H100" */
     size_t memory_total;          /* bytes of device memory */
     size_t memory_free;           /* bytes still free for adapters and activations */
+    size_t attn_workspace;        /* bytes held for the attention's reusable workspace (cuDNN's
+                                     deterministic backward keeps dP, T x T per head of a head
+                                     group, within a quarter of the device); 0: none */
 } be_device_info;
 
 typedef struct be_backend {

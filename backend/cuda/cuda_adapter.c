@@ -4,6 +4,7 @@
  * step), so the GEMMs never read stale weights. */
 #include "backend/cuda/cuda_adapter.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_buffers.h"
 #include "common/err.h"
 
 #include <stdlib.h>
@@ -26,6 +27,12 @@ be_adapter *cu_adapter_alloc(cu_ctx *c, const lora_config *lc, bool trainable, c
     if (l->num_experts > 0) a->experts = calloc((size_t)l->num_layers * l->num_experts * 3, sizeof *a->experts);
     bool host_ok = a->mods && (l->num_experts == 0 || a->experts);
     int rc = host_ok ? (int)cudaMalloc(&a->mem, bytes) : (int)cudaErrorMemoryAllocation;
+    if (rc && host_ok && c->keep.mem) { /* the kept activations' slots give way to an adapter
+                                           (the next pass re-takes what fits) */
+        cudaGetLastError();
+        cu_keep_release(c);
+        rc = (int)cudaMalloc(&a->mem, bytes);
+    }
     if (rc) {
         a->mem = NULL;
         /* out of memory is not sticky, but the runtime keeps it as the thread's last error:

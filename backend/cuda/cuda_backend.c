@@ -104,11 +104,13 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     c->device = o->device;
     const char *sync = getenv("LOOM_CUDA_SYNC");
     c->sync_debug = sync && *sync && strcmp(sync, "0") != 0;
+    /* kept activations and decode graphs: on unless set to 0 (the defaults since an H200
+     * passed every test with them and measured them faster: bench/cuda/WINDOWS.md) */
     const char *keep = getenv("LCU_KEEP_ACT"), *keep_mb = getenv("LCU_KEEP_MB");
-    c->keep.wanted = keep && *keep && strcmp(keep, "0") != 0;
+    c->keep.wanted = !keep || !*keep || strcmp(keep, "0") != 0;
     c->keep.cap_bytes = keep_mb && *keep_mb ? (size_t)strtoull(keep_mb, NULL, 10) << 20 : 0;
     const char *dg = getenv("LCU_DECODE_GRAPH");
-    c->dgraph_wanted = dg && *dg && strcmp(dg, "0") != 0;
+    c->dgraph_wanted = !dg || !*dg || strcmp(dg, "0") != 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);
@@ -154,6 +156,7 @@ static void cu_device_info(void *ctx, be_device_info *out)
         out->memory_total = tot;
         out->memory_free = fr;
     }
+    out->attn_workspace = lcu_cudnn_workspace_bytes(c->dnn);
     cudaGetLastError();
 }
 

@@ -13,8 +13,8 @@ void cu_buf_free(cu_buf *b);
 /* The activation workspace for T rows in up to nseq sequences, with the per-layer inputs
  * when saved. 0 or -1 with err (out of memory; nothing else changed). */
 int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t errlen);
-/* Slots for every layer's kept activations over T rows (c->keep) when LCU_KEEP_ACT asked
- * for them, the model is dense and they fit in the device's free memory less a reserve
+/* Slots for every layer's kept activations over T rows (c->keep) unless LCU_KEEP_ACT=0 turned
+ * them off, the model is dense and they fit in the device's free memory less a reserve
  * (2 GiB, 5 % of the device and what cuDNN's attention may allocate for this batch of nseq
  * sequences, the longest max_len rows) and under LCU_KEEP_MB. true: the pass keeps them;
  * false: it recomputes each layer in the backward (said on stderr once per size). Asks the

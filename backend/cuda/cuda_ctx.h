@@ -128,7 +128,7 @@ typedef struct {
     float *saved;                               /* [L, T, H] layer inputs (when cap_saved) */
 } cu_act;
 
-/* Kept activations (LCU_KEEP_ACT=1; cu_keep_reserve in cuda_buffers.c): what each dense
+/* Kept activations (unless LCU_KEEP_ACT=0; cu_keep_reserve in cuda_buffers.c): what each dense
  * layer's backward reads, kept from the forward in a slot per layer, so that the backward
  * recomputes nothing. The forward writes them through c->a's pointers, which cu_keep_bind
  * points at layer l's slot (and cu_keep_unbind back at the shared buffers); the values are
@@ -138,7 +138,7 @@ typedef struct {
     X(xn1) X(rstd1) X(q_pre) X(k_pre) X(rstd_q) X(rstd_k) X(q) X(k) X(v) X(att) X(lse) X(xmid) X(rstd2) X(xn2) \
     X(g) X(u) X(h)
 typedef struct {
-    bool wanted;                    /* LCU_KEEP_ACT=1 at context creation */
+    bool wanted;                    /* not LCU_KEEP_ACT=0 at context creation */
     size_t cap_bytes;               /* LCU_KEEP_MB: at most this much (0: what the device has free,
                                        less a reserve) */
     void *mem;
@@ -234,7 +234,7 @@ typedef struct {
     long kv_nmap;
     lcu_attn_desc kv_attn;          /* decode: each row against its stream's cache */
     cu_buf smap, sstep, sws;        /* prefill maps, per-step rows, lcu_sample workspace */
-    /* decode passes replayed as a CUDA graph (LCU_DECODE_GRAPH=1; cuda_sample.c
+    /* decode passes replayed as a CUDA graph (unless LCU_DECODE_GRAPH=0; cuda_sample.c
      * cs_decode_pass): captured on the second pass of a shape, for one sampling call */
     bool dgraph_wanted, dgraph_off; /* asked for; off after a capture or replay failed */
     cudaGraphExec_t dgraph;

@@ -213,8 +213,6 @@ int lcu_cudnn_attn_bwd(lcu_cudnn *c, const lcu_attn_desc *a, int max_len, const 
 int lcu_cudnn_plans(const lcu_cudnn *c, int *refused);
 /* Device memory the context holds for its workspace now. */
 size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
-/* Device memory the context holds for its workspace now. */
-size_t lcu_cudnn_workspace_bytes(const lcu_cudnn *c);
 
 /* ---- output head: per-token logprobs, losses, dlogits, top-k ---------------------------- */
 

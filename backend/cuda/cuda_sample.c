@@ -10,7 +10,7 @@
  * Correct first: every sample has its own cache rows (a prompt's K/V are copied once per
  * sample), the host waits for each chunk of picks, and decode runs the whole layer stack
  * for one row per sample. Sharing prompt caches and keeping the loop on the device are
- * the speed work of a later issue. With LCU_DECODE_GRAPH=1 a decode pass's layer stack (a
+ * the speed work of a later issue. Unless LCU_DECODE_GRAPH=0, a decode pass's layer stack (a
  * few thousand small launches with many adapters) is captured once as a CUDA graph and
  * replayed while its shape holds (cs_decode_pass).
  */

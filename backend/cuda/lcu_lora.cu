@@ -51,7 +51,7 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
-    if (!rc && nseg && lcu_lora_sgmv_on(nseg) && lcu_lora_disjoint(segs, nseg))
+    if (!rc && nseg && lcu_lora_sgmv_on(segs, nseg) && lcu_lora_disjoint(segs, nseg))
         return lcu_sgmv_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
@@ -72,7 +72,7 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
     if (rc) return rc;
     if ((dx && lddx < in) || (nseg && !dz)) return LCU_EINVAL;
-    if (nseg && lcu_lora_sgmv_on(nseg) && lcu_lora_disjoint(segs, nseg)) {
+    if (nseg && lcu_lora_sgmv_on(segs, nseg) && lcu_lora_disjoint(segs, nseg)) {
         for (int i = 0; i < nseg; i++)
             if (segs[i].row_end > segs[i].row_begin && (!segs[i].gA || !segs[i].gB)) return LCU_EINVAL;
         return lcu_sgmv_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);

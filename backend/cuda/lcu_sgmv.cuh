@@ -1,7 +1,7 @@
 /* lcu_sgmv.cuh — LoRA version 2 (lcu_sgmv.cu): every segment of a call in one launch per
  * product (SGMV style) instead of version 1's cuBLASLt calls per segment (lcu_lora.cu).
- * Chosen per call by the environment variable LCU_LORA (`gemm`, the default: version 1;
- * `sgmv`: version 2; `auto`: version 2 for calls of several segments), like LCU_ATTN for
+ * Chosen per call by the environment variable LCU_LORA (`auto`, the default: version 2 for
+ * calls of several short segments; `gemm`: version 1; `sgmv`: version 2), like LCU_ATTN for
  * the attention. Same interface and semantics as
  * lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has checked the arguments and that
  * the segments are sorted and disjoint in rows. */
@@ -10,9 +10,10 @@
 
 #include "backend/cuda/cuda_ops.h"
 
-/* Whether a call of nseg segments runs version 2: LCU_LORA=sgmv always; LCU_LORA=auto from
- * LCU_LORA_AUTO_MIN segments (default 4) on; else (gemm, unset) never. */
-bool lcu_lora_sgmv_on(int nseg);
+/* Whether a call over these segments runs version 2: LCU_LORA=sgmv always, gemm never;
+ * auto (the default, also when unset) from LCU_LORA_AUTO_MIN non-empty segments (default 4)
+ * averaging at most LCU_LORA_AUTO_ROWS rows (default 512). */
+bool lcu_lora_sgmv_on(const lcu_lora_seg *segs, int nseg);
 /* The context's device scratch for split-K partial sums, at least bytes (grown, never
  * shrunk; lcu_gemm.cu). 0 or a CUDA error (out of memory). */
 int lcu_ctx_splitk_scratch(lcu_ctx *c, size_t bytes, void **out);

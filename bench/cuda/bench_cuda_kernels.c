@@ -359,7 +359,7 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
     double flops = 2.0 * T * r * (in + out) + 2.0 * T * r * (3.0 * in + 2.0 * out);
     double bytes = T * (in * 2.0 * 3 + out * 2.0 * 2 + out * 8.0 + in * 8.0) + nad * (double)r * (in + out) * (2 + 8);
     char name[40];
-    snprintf(name, sizeof name, "lora fwd+bwd r=32 %s", getenv("LCU_LORA") ? getenv("LCU_LORA") : "gemm");
+    snprintf(name, sizeof name, "lora fwd+bwd r=32 %s", getenv("LCU_LORA") ? getenv("LCU_LORA") : "auto");
     report(name, g->name, shape, ms, flops, bytes);
     if (one_ms > 0) printf("%-22s %-13s %-22s %.2fx the time of one adapter\n", "", "", "", ms / one_ms);
     gt_free(l.x); gt_free(l.dy); gt_free(l.y); gt_free(l.dx); gt_free(l.z); gt_free(l.dz);

@@ -12,15 +12,17 @@
 #    -> the mixture-of-experts tests -> the backend test, every part (rerun with
 #    LOOM_CUDA_SYNC=1 when it FATALs) -> the CPU suites on the cuda backend -> the fp64
 #    torch reference at bf16 bars -> bench_cuda Qwen3-8B (--iters 1: 2x2048 is the MFU row,
-#    1x32768 the memory row) and Qwen3-0.6B (1/8/32 adapters), then both with kept
-#    activations (LCU_KEEP_ACT=1)
+#    1x32768 the memory row) and Qwen3-0.6B (1/8/32 adapters), on the defaults (cuDNN
+#    attention, kept activations, LCU_LORA=auto, decode graphs)
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
-#    backend test and the suites on the own attention kernels (LCU_ATTN=wmma) -> the kernel
-#    bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters) -> decode and time to first
-#    token (bench_cuda --decode), again with decode passes as CUDA graphs, then the same
-#    rows through HF generate + PEFT -> the suites with decode graphs -> bench_cuda
-#    Qwen3-0.6B with LCU_LORA=sgmv. (The own attention's model rows and PyTorch's
-#    SDPA were measured on the first window: steps model-own, sdpa8b.)
+#    backend test with LCU_LORA=sgmv (its packed cases have too few adapters for auto to
+#    take version 2) -> the backend test and the suites on the own attention kernels
+#    (LCU_ATTN=wmma) -> the kernel bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters)
+#    -> decode and time to first token (bench_cuda --decode), then the same rows through HF
+#    generate + PEFT -> the suites with the old defaults (no kept activations, no decode
+#    graphs, LCU_LORA=gemm). (The own attention's model rows and PyTorch's SDPA were
+#    measured on the first window: steps model-own, sdpa8b; the old defaults' model and
+#    decode rows on the second: model-recompute, model-gemm, decode-eager.)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -45,8 +47,9 @@
 #   model06      bench_cuda --geo Qwen3-0.6B --iters 1                    model-06b.log/.json
 #   model-v2     model06 and model8b with LCU_ATTN=mma LCU_LORA=sgmv       model-v2-*.log/.json
 #   model-own    model06 and model8b with LCU_ATTN=wmma (no cuDNN)         model-own-*.log/.json
-#   model-keep   model06 and model8b with LCU_KEEP_ACT=1 (kept activations) model-keep-*.log/.json
+#   model-recompute  model06 and model8b with LCU_KEEP_ACT=0 (the backward recomputes) model-recompute-*.log/.json
 #   model-sgmv   model06 with LCU_LORA=sgmv (its 8/32-adapter rows)         model-sgmv-06b.log/.json
+#   model-gemm   model06 with LCU_LORA=gemm (version 1 at any adapter count) model-gemm-06b.log/.json
 #   quickmodel   bench_cuda --quick (≤ 2K tokens + the PEFT comparison rows) model.log/.json
 #   model        bench_cuda, every row (several minutes)                  model.log/.json
 #   bench8b      bench_cuda_kernels --geo Qwen3-8B                        bench-8b.log/.csv
@@ -58,8 +61,9 @@
 #   decode       bench_cuda --decode --steps 64, Qwen3-8B and Qwen3-0.6B: decode tok/s against
 #                the HBM bound, time to first token                       decode.log/.json
 #   peer-decode  peft_peer.py --rows decode: HF generate + PEFT, same rows peer-decode.log/.json
-#   decode-graph decode with LCU_DECODE_GRAPH=1 (decode passes as CUDA graphs) decode-graph.log/.json
-#   suites-graph the suites with LCU_DECODE_GRAPH=1                       suites.log
+#   decode-eager decode with LCU_DECODE_GRAPH=0 (no CUDA graphs)          decode-eager.log/.json
+#   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
+#                LCU_LORA=gemm)                                           suites.log
 #
 # Binaries: from the build directory LOOM_GPU_BUILD when that is set (cmake --build on the
 # GPU machine itself), else from .gpu-carry/carry.tar.gz when it is there (built by
@@ -295,13 +299,13 @@ run_sanitize() {
 run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of ENV)
     local t
     for t in test_cpu_ref test_learning test_longseq test_exe_sample; do
-        step suites.log 45 "$t (cuda${1:+ $1})" env LOOM_TEST_BACKEND=cuda "$@" "$BIN/$t"
+        step suites.log 45 "$t (cuda${1:+ $*})" env LOOM_TEST_BACKEND=cuda "$@" "$BIN/$t"
     done
 }
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
-       backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-keep model-sgmv quickmodel model bench8b bench
-       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-graph suites-graph"
+       backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager suites-old"
 
 run_step() {
     case $1 in
@@ -323,10 +327,11 @@ run_step() {
         model-own)
             LCU_ATTN=wmma MODEL_TAG="(own attention)" run_model model-own-06b 80 --geo Qwen3-0.6B --iters 1
             LCU_ATTN=wmma MODEL_TAG="(own attention)" run_model model-own-8b 200 --geo Qwen3-8B --iters 1 ;;
-        model-keep)
-            LCU_KEEP_ACT=1 MODEL_TAG="(kept activations)" run_model model-keep-06b 80 --geo Qwen3-0.6B --iters 1
-            LCU_KEEP_ACT=1 MODEL_TAG="(kept activations)" run_model model-keep-8b 200 --geo Qwen3-8B --iters 1 ;;
+        model-recompute)
+            LCU_KEEP_ACT=0 MODEL_TAG="(recompute)" run_model model-recompute-06b 80 --geo Qwen3-0.6B --iters 1
+            LCU_KEEP_ACT=0 MODEL_TAG="(recompute)" run_model model-recompute-8b 200 --geo Qwen3-8B --iters 1 ;;
         model-sgmv) LCU_LORA=sgmv MODEL_TAG="(LoRA sgmv)" run_model model-sgmv-06b 80 --geo Qwen3-0.6B --iters 1 ;;
+        model-gemm) LCU_LORA=gemm MODEL_TAG="(LoRA gemm)" run_model model-gemm-06b 80 --geo Qwen3-0.6B --iters 1 ;;
         sanitize) run_sanitize ;;
         suites) run_suites ;;
         suites-own) run_suites LCU_ATTN=wmma ;;
@@ -339,9 +344,9 @@ run_step() {
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-8b 200 --geo Qwen3-8B --iters 1 ;;
         quickmodel) run_model model 540 --quick ;;
         decode) run_model decode 200 --decode --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
-        decode-graph) LCU_DECODE_GRAPH=1 MODEL_TAG="(decode graphs)" run_model decode-graph 200 --decode --steps 64 \
+        decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
-        suites-graph) run_suites LCU_DECODE_GRAPH=1 ;;
+        suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm ;;
         peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
                          --steps 64 --geo Qwen3-8B,Qwen3-0.6B --json "$OUT/peer-decode.json" ;;
         model) run_model model 540 ;;
@@ -371,8 +376,8 @@ print_summary() {
     grep -hE "^(FAIL|FATAL)|  FAIL |^not ok" "$OUT"/kernels.log "$OUT"/backend*.log "$OUT"/moe.log "$OUT"/suites.log \
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
-    for f in model-8b.log model-06b.log model-keep-8b.log model-keep-06b.log model-sgmv-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-graph.log; do bench_rows "$f"; done
+    for f in model-8b.log model-06b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log; do bench_rows "$f"; done
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
@@ -409,19 +414,17 @@ case $MODE in
             run_step ref
             run_step model8b
             run_step model06
-            run_step model-keep
         fi
         ;;
     b)
         run_step peer-table
+        run_step backend-sgmv
         run_step backend-own
         run_suites LCU_ATTN=wmma
         run_step bench8b
         run_step decode
-        run_step decode-graph
         run_step peer-decode
-        run_step suites-graph
-        run_step model-sgmv
+        run_step suites-old
         ;;
     *)
         for s in "$@"; do run_step "$s"; done

@@ -382,13 +382,14 @@ static void cmp_grads(const char *cs, const char *what, int a, const adapter_sta
 static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
 /* A second context of the GPU side on the same model with the switch `var` flipped (read at
- * context creation); *on_here: whether the switch is on in the first. */
+ * context creation; on unless set to 0, as LCU_KEEP_ACT and LCU_DECODE_GRAPH are); *on_here:
+ * whether the switch is on in the first. */
 static side open_flipped(const pair *p, const char *var, bool *on_here)
 {
     const char *was = getenv(var);
     char prev[32];
     snprintf(prev, sizeof prev, "%s", was ? was : "");
-    *on_here = was && *was && strcmp(was, "0") != 0;
+    *on_here = !was || !*was || strcmp(was, "0") != 0;
     setenv(var, *on_here ? "0" : "1", 1);
     side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
     if (was) setenv(var, prev, 1);
@@ -420,7 +421,7 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
         adapter_state_free(&g);
         o.be->adapter_free(o.ctx, o.ads[a]);
     }
-    gt_check(same, "%s: kept activations (LCU_KEEP_ACT=1) and the backward's recompute give the same log-probs, losses "
+    gt_check(same, "%s: kept activations (LCU_KEEP_ACT) and the backward's recompute (LCU_KEEP_ACT=0) give the same log-probs, losses "
              "and gradients, bitwise (kept in the %s context)", p->name, kept_here ? "first" : "second");
     free_batch(&b);
     o.be->destroy(o.ctx);
