@@ -49,6 +49,8 @@ static void cu_destroy(void *ctx)
     cu_weights_free(&c->w);
     lcu_cudnn_destroy(c->dnn);
     lcu_ctx_destroy(c->lcu);
+    for (int i = 0; i < 4; i++)
+        if (c->dprof_ev[i]) cudaEventDestroy(c->dprof_ev[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }

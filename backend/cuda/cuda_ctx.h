@@ -240,6 +240,12 @@ typedef struct {
     cudaGraphExec_t dgraph;
     uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
     int dgraph_seen;                /* passes of that shape run eagerly */
+    /* LCU_DECODE_PROFILE=1 (read per sampling call): where a decode step's time goes, from
+     * CUDA events around its parts (cuda_sample.c cs_prof_*), said on stderr per call */
+    bool dprof;
+    cudaEvent_t dprof_ev[4];        /* step start, layers done, head done, pick done */
+    double dprof_ms[4];             /* summed: layers, head, pick, the host's whole step */
+    long dprof_steps;
 } cu_ctx;
 
 /* The device K (which 0) or V (which 1) cache of layer l. */

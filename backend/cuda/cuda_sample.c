@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_head.h"
 #include "backend/cuda/cuda_layer.h"
+#include "common/clock.h"
 #include "common/err.h"
 
 #include <math.h>
@@ -66,6 +67,51 @@ static int cs_pick_rows(const cu_ctx *c)
     return (int)(r < 1 ? 1 : r > c->head_rows ? c->head_rows : r);
 }
 
+/* ---- decode profile (LCU_DECODE_PROFILE=1): a measurement aid for the speed work ---------- */
+
+/* Events at a decode step's start (0), after its layer stack (1), its head's logits (2) and
+ * its picks (3): recorded on the stream only while profiling. */
+static void cs_prof_mark(cu_ctx *c, int i)
+{
+    if (c->dprof) cudaEventRecord(c->dprof_ev[i], c->stream);
+}
+
+static void cs_prof_begin(cu_ctx *c)
+{
+    const char *e = getenv("LCU_DECODE_PROFILE");
+    c->dprof = e && *e && strcmp(e, "0") != 0;
+    memset(c->dprof_ms, 0, sizeof c->dprof_ms);
+    c->dprof_steps = 0;
+    for (int i = 0; c->dprof && i < 4; i++)
+        if (!c->dprof_ev[i] && cudaEventCreate(&c->dprof_ev[i]) != cudaSuccess) {
+            cudaGetLastError();
+            c->dprof = false; /* no events: no profile, sampling goes on */
+        }
+}
+
+/* After a step's picks came back (the stream is idle): its parts' times, summed. */
+static void cs_prof_step(cu_ctx *c, double host_ms)
+{
+    if (!c->dprof) return;
+    for (int i = 0; i < 3; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->dprof_ev[i], c->dprof_ev[i + 1]) == cudaSuccess) c->dprof_ms[i] += ms;
+        else cudaGetLastError();
+    }
+    c->dprof_ms[3] += host_ms;
+    c->dprof_steps++;
+}
+
+static void cs_prof_end(cu_ctx *c, int S)
+{
+    if (!c->dprof || !c->dprof_steps) return;
+    double n = (double)c->dprof_steps, *m = c->dprof_ms, gpu = (m[0] + m[1] + m[2]) / n;
+    fprintf(stderr, "loom cuda:%d: decode profile, %d samples, %ld steps, per step: layers %.3f ms (%s), head %.3f ms, "
+            "pick %.3f ms; the host's step %.3f ms (%.3f ms of it outside those)\n", c->device, S, c->dprof_steps,
+            m[0] / n, c->dgraph_wanted && !c->dgraph_off ? "graph" : "eager", m[1] / n, m[2] / n, m[3] / n,
+            m[3] / n - gpu);
+}
+
 /* top_logprobs of stream s from row j of c->logits: the row comes to the host and
  * be_sample_top (backend.c) ranks it there. Correct first: one copy per row asking for
  * them; a device top-k is speed work. */
@@ -110,9 +156,11 @@ static int cs_head_pick(cu_ctx *c, long n, const int *row_stream, be_sample_stre
             memcpy(rng + 4L * j, s->rng.s, 32);
         }
         if (cu_head_logits(c, c->a.xn2, c0, k) < 0) return -1;
+        if (c0 == 0) cs_prof_mark(c, 2);
         CU_TRY(c, cudaMemcpyAsync(CS_D(c, L->rng), rng, (size_t)k * 32, cudaMemcpyHostToDevice, c->stream));
         CU_TRY(c, lcu_sample(c->logits, V, k, V, par, CS_D(c, L->rng), CS_D(c, L->tok), CS_D(c, L->lp), c->sws.dev,
                              c->sws.cap, c->stream));
+        if (c0 == 0) cs_prof_mark(c, 3);
         CU_TRY(c, cudaMemcpyAsync(rng, CS_D(c, L->rng), (size_t)k * 32, cudaMemcpyDeviceToHost, c->stream));
         CU_TRY(c, cudaMemcpyAsync(tok, CS_D(c, L->tok), (size_t)k * 4, cudaMemcpyDeviceToHost, c->stream));
         CU_TRY(c, cudaMemcpyAsync(lp, CS_D(c, L->lp), (size_t)k * 4, cudaMemcpyDeviceToHost, c->stream));
@@ -227,6 +275,7 @@ static int cs_decode_pass(cu_ctx *c, long n, const int32_t *d_tokens)
 
 static const cu_adapter *cs_ad(const be_sample_req *r) { return r->ad ? (const cu_adapter *)r->ad : NULL; }
 
+
 /* Prefill: every prompt in one packed pass, K/V into the caches of its samples; then the
  * first token of every sample from its prompt's last row. */
 static int cs_prefill(cu_ctx *c, be_sample_req *reqs, int nreq, be_sample_stream *st, int S, long T, long nmap,
@@ -303,6 +352,7 @@ static int cs_decode(cu_ctx *c, be_sample_stream *st, int S, int *row_stream, lo
     if (n == 0) return 0;
     qs[n] = (int32_t)n;
     cu_where(c, "sampling decode upload");
+    cs_prof_mark(c, 0);
     CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
     c->kv_attn = (lcu_attn_desc){(int)n, CS_D(c, L.q_start), CS_D(c, L.kv_start), CS_D(c, L.kv_len), n,
                                  c->cfg.num_attention_heads, c->cfg.num_key_value_heads, c->cfg.head_dim,
@@ -315,6 +365,7 @@ static int cs_decode(cu_ctx *c, be_sample_stream *st, int S, int *row_stream, lo
     int rc = cs_decode_pass(c, n, CS_D(c, L.tokens));
     c->kv_mode = CU_KV_NONE;
     if (rc < 0) return -1;
+    cs_prof_mark(c, 1);
     return cs_head_pick(c, n, row_stream, st, &L);
 }
 
@@ -383,7 +434,13 @@ int cu_sample(cu_ctx *c, be_sample_req *reqs, int nreq, char *err, size_t errlen
         for (int r = 0; r < nreq; r++)
             for (int i = 0; i < reqs[r].num_samples; i++, s++) be_sample_stream_init(&st[s], &reqs[r], i);
         rc = cs_prefill(c, reqs, nreq, st, S, T, nmap, row_stream);
-        for (long live = 1; rc == 0 && live > 0;) rc = cs_decode(c, st, S, row_stream, &live);
+        cs_prof_begin(c);
+        for (long live = 1; rc == 0 && live > 0;) {
+            double t0 = c->dprof ? clock_mono_s() : 0;
+            rc = cs_decode(c, st, S, row_stream, &live);
+            if (rc == 0 && live > 0) cs_prof_step(c, (clock_mono_s() - t0) * 1e3);
+        }
+        cs_prof_end(c, S);
         cs_graph_drop(c); /* a graph lives for one call: the next may move the buffers */
         if (rc < 0) cu_fail(c, err, errlen, "cuda: sampling failed");
     }

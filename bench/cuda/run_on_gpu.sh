@@ -62,6 +62,8 @@
 #                the HBM bound, time to first token                       decode.log/.json
 #   peer-decode  peft_peer.py --rows decode: HF generate + PEFT, same rows peer-decode.log/.json
 #   decode-eager decode with LCU_DECODE_GRAPH=0 (no CUDA graphs)          decode-eager.log/.json
+#   decode-prof  decode with LCU_DECODE_PROFILE=1: each sampling call's step split into the
+#                layer stack, the head, the picks and the host's rest      decode-prof.log/.json
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
 #                LCU_LORA=gemm)                                           suites.log
 #
@@ -305,7 +307,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
-       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager suites-old"
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof suites-old"
 
 run_step() {
     case $1 in
@@ -344,6 +346,8 @@ run_step() {
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-8b 200 --geo Qwen3-8B --iters 1 ;;
         quickmodel) run_model model 540 --quick ;;
         decode) run_model decode 200 --decode --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
+        decode-prof) LCU_DECODE_PROFILE=1 MODEL_TAG="(decode profile)" run_model decode-prof 120 --decode --steps 64 \
+            --geo Qwen3-8B,Qwen3-0.6B ;;
         decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
         suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm ;;
@@ -377,7 +381,8 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-06b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log; do bench_rows "$f"; done
+    [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     for f in bench-8b.log bench.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
     done
@@ -423,6 +428,7 @@ case $MODE in
         run_suites LCU_ATTN=wmma
         run_step bench8b
         run_step decode
+        run_step decode-prof
         run_step peer-decode
         run_step suites-old
         ;;
