@@ -35,7 +35,7 @@
     " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL($4::bigint[])" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq OFFSET 0)" \
-    " ORDER BY m.last_request_at LIMIT $3 FOR UPDATE OF m SKIP LOCKED"
+    " ORDER BY m.last_request_at LIMIT $3 FOR NO KEY UPDATE OF m SKIP LOCKED"
 
 /* $1 text[] of model ids. Queued operations of those models, each with the index of its
  * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
@@ -111,7 +111,7 @@
     "   AND m.status = 'active' AND m.executor_id IS NULL" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state = 'queued' AND o.seq_id = m.next_seq" \
     "     OFFSET 0)" \
-    " ORDER BY m.last_request_at LIMIT 256 FOR UPDATE OF m SKIP LOCKED"
+    " ORDER BY m.last_request_at LIMIT 256 FOR NO KEY UPDATE OF m SKIP LOCKED"
 
 /* $1 silence seconds -> live executors that take models: id, base model, adapter memory
  * left (the budget minus what the ranks of the models placed there take), bytes per rank,
@@ -235,7 +235,7 @@
     "   AND NOT EXISTS (SELECT 1 FROM operations g WHERE g.model_id = m.id AND g.seq_id = m.next_seq OFFSET 0)" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state = 'queued'" \
     "     AND o.seq_id > m.next_seq AND o.created_at < now() - make_interval(secs => $1::int) OFFSET 0)" \
-    "   FOR UPDATE OF m SKIP LOCKED)," \
+    "   FOR NO KEY UPDATE OF m SKIP LOCKED)," \
     " failed AS (UPDATE operations o SET state = 'failed', finished_at = now(), error_category = 'user'," \
     "   error = 'seq_id ' || stuck.next_seq || ' of model ' || o.model_id || ' never arrived within '" \
     "     || $1::int || ' s (a submit lost or never sent?), so this operation (seq_id ' || o.seq_id" \

@@ -3,6 +3,7 @@
  * Checks seq-order with gaps, the forward_backward + optim_step rule, the token budget
  * shared between tenants, two schedulers racing for the same work, and the reaper. */
 #include "scheduler/sched.h"
+#include "scheduler/sched_sql.h"
 #include "check.h"
 #include "dbtest.h"
 #include <pthread.h>
@@ -434,6 +435,39 @@ static void test_settle(void) {
           "what the client sends next runs (%d)", n);
 }
 
+/* A claim in progress locks its models against other claims, not against submits: the
+ * operation's foreign key to its model takes FOR KEY SHARE, which FOR UPDATE would make
+ * wait for the claim's commit (10 ms at the median under loom_bench's throughput part,
+ * each api worker's connection held meanwhile). */
+static void test_claim_lock(void) {
+    reset();
+    model("a1", 1);
+    sql("UPDATE models SET executor_id = 1");
+    op("a1", 0, "forward_backward", 10);
+    char err[512];
+    PGconn *x = db_connect(conninfo, 5000, err, sizeof err), *y = db_connect(conninfo, 5000, err, sizeof err);
+    if (!x || !y) dbt_die("connect", err);
+    const char *p[4] = {"{1}", "{m}", "8", "{}"};
+    PQclear(PQexec(x, "BEGIN"));
+    PGresult *r = PQexecParams(x, SQL_LOCK_READY_MODELS, 4, NULL, p, NULL, NULL, 0);
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1, "a claim locks the model with its queued operation");
+    PQclear(r);
+    PQclear(PQexec(y, "BEGIN"));
+    r = PQexecParams(y, SQL_LOCK_READY_MODELS, 4, NULL, p, NULL, NULL, 0);
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 0, "a second claim meanwhile skips it (SKIP LOCKED)");
+    PQclear(r);
+    PQclear(PQexec(y, "ROLLBACK"));
+    sql("SET statement_timeout = '2s'");
+    int rc = db_exec(C, "INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens)"
+                        " VALUES ('a1-1', 1, 'a1', 1, 'optim_step', '{}', 0)", 0, NULL, err, sizeof err);
+    sql("SET statement_timeout = 0");
+    CHECK(rc == 0, "a submit for the model goes in while the claim holds it, without waiting for it (%s)",
+          rc == 0 ? "ok" : err);
+    PQclear(PQexec(x, "ROLLBACK"));
+    PQfinish(x);
+    PQfinish(y);
+}
+
 int main(void) {
     char err[1024];
     dbt_start("loom-sched");
@@ -448,6 +482,7 @@ int main(void) {
     test_placement();
     test_settle();
     test_round_trips();
+    test_claim_lock();
     dbt_stop();
     return check_summary();
 }
