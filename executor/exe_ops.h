@@ -23,6 +23,7 @@ typedef struct exe_state_ {
     exe_store store;           /* every adapter it holds */
     struct blobstore *blobs;   /* registry blob store (checkpoints), NULL if not configured */
     const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
+    const char *base_model;    /* its name (--model-name: base_models.name) */
     int64_t executor_id;
     PGconn *db;                /* the loop's connection while a cycle runs (access checks) */
     const char *db_conninfo;   /* for the snapshot writer's own connection */

@@ -506,6 +506,7 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     PGresult *started = NULL;
     sched_opts o = g_claim;
     o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
+    o.only_base = st->base_model;
     int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, NULL, err, sizeof err);
     if (claimed > 0 && started) {
         g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
@@ -864,7 +865,7 @@ int exe_main(int argc, char **argv) {
         device = (int)cfg_int(&o, "device");
     cfg_db(&o, db, sizeof db, db_from, sizeof db_from);
     cfg_blob_dir(&o, blob_dir, sizeof blob_dir);
-    exe_state st = {.be = be_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir,
+    exe_state st = {.be = be_backend_find(cfg_str(&o, "backend")), .model_dir = model_dir, .base_model = model_name,
                     .snapshot_every = (int)cfg_int(&o, "snapshot-every"),
                     .evict_idle_s = (int)cfg_int(&o, "evict-idle-s")};
     size_t store_budget = mem_budget ? cfg_parse_bytes(mem_budget) : 0;

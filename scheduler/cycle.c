@@ -3,7 +3,8 @@
  * decisions (planner.c, plan_pass) written, all in one transaction of four round trips
  * (db_pipeline) whatever the number of executors: lock the idle executors and read the
  * rate limits; lock their ready models and the queued samples; lock those models'
- * operations; claim, advance, notify and commit. */
+ * operations; claim, advance, notify and commit. An executor's own pass (it knows its id
+ * and base model) sends the three reads with the first: two round trips. */
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
@@ -30,6 +31,33 @@ static plan_op *read_ops(const PGresult *ro, plan_model *ms) {
                            .age_ms = strtod(PQgetvalue(ro, r, 5), NULL),
                            .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
         snprintf(all[r].kind, sizeof all[r].kind, "%s", PQgetvalue(ro, r, 3));
+    }
+    return all;
+}
+
+/* The rows of SQL_LOCK_QUEUED_OPS_OWN the same way: grouped by their model's id, in seq
+ * order; the rows of a model not in ms[0..nm) (one the statement before did not take) are
+ * passed over. */
+static plan_op *read_ops_by_id(const PGresult *ro, plan_model *ms, int nm) {
+    int no = PQntuples(ro), n = 0, at = -1;
+    plan_op *all = xcalloc((size_t)(no ? no : 1), sizeof *all);
+    for (int r = 0; r < no; r++) {
+        const char *id = PQgetvalue(ro, r, 1);
+        if (at < 0 || strcmp(ms[at].id, id) != 0) {
+            at = -1;
+            for (int i = 0; i < nm && at < 0; i++)
+                if (!strcmp(ms[i].id, id)) at = i;
+            if (at >= 0 && ms[at].ops) at = -1; /* not one slice: cannot happen (ORDER BY model_id) */
+        }
+        if (at < 0) continue;
+        plan_model *m = &ms[at];
+        if (!m->ops) m->ops = &all[n];
+        m->nops++;
+        all[n] = (plan_op){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
+                           .age_ms = strtod(PQgetvalue(ro, r, 5), NULL),
+                           .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
+        snprintf(all[n].kind, sizeof all[n].kind, "%s", PQgetvalue(ro, r, 3));
+        n++;
     }
     return all;
 }
@@ -108,20 +136,48 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
 
     if (o->started) *o->started = NULL;
     const char *p1[1] = {sonly};
-    db_stmt b1[3 + SCHED_MAX_FIRST];
+    /* An executor's own pass reads its models, samples and their operations in this first
+     * round trip too (SQL_LOCK_READY_MODELS_OWN): two round trips in all instead of four. */
+    bool own = only && o->only_base && o->only_base[0];
+    char *own_base = NULL, own_lim[16];
+    if (own) {
+        pgarray ab;
+        pga_init(&ab);
+        pga_text(&ab, o->only_base);
+        own_base = pga_end(&ab);
+        snprintf(own_lim, sizeof own_lim, "%d", o->max_models);
+    }
+    const char *pown[3] = {NULL, own_base, own_lim};
+    char own_exe[32];
+    snprintf(own_exe, sizeof own_exe, "{%lld}", (long long)only);
+    pown[0] = own_exe;
+    db_stmt b1[6 + SCHED_MAX_FIRST];
     int n1 = 0;
     b1[n1++] = (db_stmt){SQL_BEGIN, 0, NULL};
     for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) b1[n1++] = (db_stmt){o->first[i], 0, NULL};
+    int at_x = n1;
     b1[n1++] = (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 1, p1};
     b1[n1++] = (db_stmt){SQL_TENANT_RATE, 0, NULL};
-    PGresult *r1[3 + SCHED_MAX_FIRST];
+    if (own) {
+        b1[n1++] = (db_stmt){SQL_LOCK_READY_MODELS_OWN, 3, pown};
+        b1[n1++] = (db_stmt){SQL_LOCK_QUEUED_SAMPLES_OWN, 3, pown};
+        b1[n1++] = (db_stmt){SQL_LOCK_QUEUED_OPS_OWN, 3, pown};
+    }
+    PGresult *r1[6 + SCHED_MAX_FIRST], *ro_own = NULL;
     int got1 = db_pipeline(c, b1, n1, r1, err, errlen);
-    for (int i = 0; i < n1 - 2; i++) PQclear(r1[i]);
-    rx = r1[n1 - 2];
-    PGresult *rr = r1[n1 - 1];
+    free(own_base);
+    for (int i = 0; i < at_x; i++) PQclear(r1[i]);
+    rx = r1[at_x];
+    PGresult *rr = r1[at_x + 1];
+    if (own) {
+        rm = r1[at_x + 2];
+        rs = r1[at_x + 3];
+        ro_own = r1[at_x + 4];
+    }
     if (got1 < n1 || PQntuples(rx) == 0) {
         claimed = got1 < n1 ? -1 : 0;
         PQclear(rr);
+        PQclear(ro_own);
         goto done;
     }
     /* the executors' base models stay in rx until the cycles are written */
@@ -154,19 +210,30 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     free(held_ids);
     char *held_tenants = pga_end(&a);
 
-    const char *p2[4] = {l_exes, l_bases, lim, held_tenants};
-    db_stmt b2[2] = {{SQL_LOCK_READY_MODELS, 4, p2}, {SQL_LOCK_QUEUED_SAMPLES, 4, p2}};
-    PGresult *r2[2];
-    int got2 = db_pipeline(c, b2, 2, r2, err, errlen);
+    if (!own) {
+        const char *p2[4] = {l_exes, l_bases, lim, held_tenants};
+        db_stmt b2[2] = {{SQL_LOCK_READY_MODELS, 4, p2}, {SQL_LOCK_QUEUED_SAMPLES, 4, p2}};
+        PGresult *r2[2];
+        int got2 = db_pipeline(c, b2, 2, r2, err, errlen);
+        rm = r2[0];
+        rs = r2[1];
+        if (got2 < 2) {
+            free(held_tenants);
+            free(l_exes);
+            free(l_bases);
+            goto done;
+        }
+    }
     free(held_tenants);
     free(l_exes);
     free(l_bases);
-    rm = r2[0];
-    rs = r2[1];
-    if (got2 < 2) goto done;
     nm = PQntuples(rm);
     nsamp = PQntuples(rs);
-    if (nm == 0 && nsamp == 0) { claimed = 0; goto done; }
+    if (nm == 0 && nsamp == 0) {
+        PQclear(ro_own);
+        claimed = 0;
+        goto done;
+    }
     /* the models' ids stay in rm, the samples' base models in rs, until the cycles are
      * written; each executor's models are a slice of ms (sorted by executor, in the order
      * read within one: the least recently served first) */
@@ -189,7 +256,10 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
         ss[i] = (plan_sample){.id = db_int(rs, i, 0), .tokens = (int)db_int(rs, i, 1), .tenant = db_int(rs, i, 2),
                               .base_model = PQgetvalue(rs, i, 3), .executor = db_int(rs, i, 4)};
 
-    if (nm > 0) {
+    if (own) {
+        ops = read_ops_by_id(ro_own, ms, nm);
+        PQclear(ro_own);
+    } else if (nm > 0) {
         pga_init(&a);
         for (int i = 0; i < nm; i++) pga_text(&a, ms[i].id);
         char *ids = pga_end(&a);

@@ -29,6 +29,10 @@ typedef struct {
     const db_stmt *start;
     const db_bin *start_bin;
     PGresult **started;
+    /* the base model of the executor `only` (sched_build_cycles), when the caller is that
+     * executor: its models, samples and operations are read in the round trip that locks
+     * it (two round trips in all instead of four). NULL: read after the lock. */
+    const char *only_base;
 } sched_opts;
 #define SCHED_MAX_FIRST 4
 

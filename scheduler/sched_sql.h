@@ -28,14 +28,15 @@
  * seq_id) for the model at hand. As a join, planned before operations had statistics (a
  * fresh install: the generic plan sticks), it read every live operation once per model:
  * 70 ms a pass at 4,000 live operations in loom_bench's tenants part, against 1 ms. */
-#define SQL_LOCK_READY_MODELS \
+#define SQL_READY_MODELS_HELD(held) \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
     " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id" \
     " FROM unnest($1::bigint[], $2::text[]) AS e(id, base) JOIN models m ON m.executor_id = e.id" \
-    " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL($4::bigint[])" \
+    " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL(" held ")" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq OFFSET 0)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR NO KEY UPDATE OF m SKIP LOCKED"
+#define SQL_LOCK_READY_MODELS SQL_READY_MODELS_HELD("$4::bigint[]")
 
 /* $1 text[] of model ids. Queued operations of those models, each with the index of its
  * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
@@ -52,21 +53,46 @@
  * of the base model), from a live-weights snapshot held in one executor's memory (that
  * one: the last column, else 0), or from one a draining executor handed over to the blob
  * store (any executor). Oldest first, with their base model. */
-#define SQL_LOCK_QUEUED_SAMPLES \
+#define SQL_QUEUED_SAMPLES_HELD(held) \
     "SELECT o.id, o.n_tokens, o.tenant_id, s.base_model," \
     " CASE WHEN s.source_model_id IS NULL OR s.snapshot_digest IS NOT NULL THEN 0 ELSE s.executor_id END" \
     " FROM operations o JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
     " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = ANY($2::text[])" \
-    "   AND o.tenant_id <> ALL($4::bigint[])" \
+    "   AND o.tenant_id <> ALL(" held ")" \
     "   AND (s.source_model_id IS NULL OR s.executor_id = ANY($1::bigint[]) OR s.snapshot_digest IS NOT NULL)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
+#define SQL_LOCK_QUEUED_SAMPLES SQL_QUEUED_SAMPLES_HELD("$4::bigint[]")
 
 /* -> tenants with a rate limit and the tokens they may still claim in this minute (their
  * tokens_per_minute minus what their operations claimed in the last minute). */
+#define SQL_TENANT_LEFT                                                                       \
+    "l.tokens_per_minute - (SELECT coalesce(sum(o.n_tokens), 0) FROM operations o"            \
+    " WHERE o.tenant_id = l.tenant_id AND o.claimed_at > now() - interval '1 minute')"
 #define SQL_TENANT_RATE \
-    "SELECT l.tenant_id, l.tokens_per_minute - (SELECT coalesce(sum(o.n_tokens), 0) FROM operations o" \
-    " WHERE o.tenant_id = l.tenant_id AND o.claimed_at > now() - interval '1 minute')" \
-    " FROM tenant_limits l WHERE l.tokens_per_minute IS NOT NULL"
+    "SELECT l.tenant_id, " SQL_TENANT_LEFT " FROM tenant_limits l WHERE l.tokens_per_minute IS NOT NULL"
+/* The tenants held by their rate limit (nothing left in this minute: plan_held_tenants on
+ * SQL_TENANT_RATE's rows), a subquery for `<> ALL(...)` in an executor's own pass. */
+#define SQL_TENANTS_HELD                                                                      \
+    "SELECT l.tenant_id FROM tenant_limits l"                                                 \
+    " WHERE l.tokens_per_minute IS NOT NULL AND " SQL_TENANT_LEFT " <= 0"
+
+/* An executor's own pass (sched_opts.only_base) sends its reads in the round trip that
+ * locks the executor: $1 bigint[] {the executor}, $2 text[] {its base model}, $3 limit,
+ * the held tenants worked out in the statement. Its models as SQL_LOCK_READY_MODELS, its
+ * samples as SQL_LOCK_QUEUED_SAMPLES, and the models' queued operations, locked, with
+ * their model's id, grouped by model in seq order (read again under the models' locks,
+ * which the transaction holds already: a model the statement before did not take, its
+ * operations are passed over). Locked for nothing when the executor turns out busy: the
+ * pass rolls back. */
+#define SQL_LOCK_READY_MODELS_OWN SQL_READY_MODELS_HELD(SQL_TENANTS_HELD)
+#define SQL_LOCK_QUEUED_SAMPLES_OWN SQL_QUEUED_SAMPLES_HELD(SQL_TENANTS_HELD)
+#define SQL_LOCK_QUEUED_OPS_OWN                                                               \
+    "WITH m AS (" SQL_LOCK_READY_MODELS_OWN ")"                                               \
+    " SELECT o.id, o.model_id, o.seq_id, o.kind, o.n_tokens,"                                 \
+    " extract(epoch FROM clock_timestamp() - o.created_at) * 1000 AS age_ms,"                 \
+    " extract(epoch FROM o.created_at) * 1000 AS created_ms"                                  \
+    " FROM m JOIN operations o ON o.model_id = m.id WHERE o.state = 'queued'"                 \
+    " ORDER BY o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
