@@ -28,15 +28,16 @@
  * seq_id) for the model at hand. As a join, planned before operations had statistics (a
  * fresh install: the generic plan sticks), it read every live operation once per model:
  * 70 ms a pass at 4,000 live operations in loom_bench's tenants part, against 1 ms. */
-#define SQL_READY_MODELS_HELD(held) \
+#define SQL_READY_MODELS_OF(exes, held) \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
     " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id" \
-    " FROM unnest($1::bigint[], $2::text[]) AS e(id, base) JOIN models m ON m.executor_id = e.id" \
+    " FROM " exes " JOIN models m ON m.executor_id = e.id" \
     " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL(" held ")" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
     "               AND o.state = 'queued' AND o.seq_id = m.next_seq OFFSET 0)" \
     " ORDER BY m.last_request_at LIMIT $3 FOR NO KEY UPDATE OF m SKIP LOCKED"
-#define SQL_LOCK_READY_MODELS SQL_READY_MODELS_HELD("$4::bigint[]")
+#define SQL_EXES_LISTED "unnest($1::bigint[], $2::text[]) AS e(id, base)"
+#define SQL_LOCK_READY_MODELS SQL_READY_MODELS_OF(SQL_EXES_LISTED, "$4::bigint[]")
 
 /* $1 text[] of model ids. Queued operations of those models, each with the index of its
  * model in $1 (from 0), grouped by that index in its order, in seq order within a model. */
@@ -53,15 +54,15 @@
  * of the base model), from a live-weights snapshot held in one executor's memory (that
  * one: the last column, else 0), or from one a draining executor handed over to the blob
  * store (any executor). Oldest first, with their base model. */
-#define SQL_QUEUED_SAMPLES_HELD(held) \
+#define SQL_QUEUED_SAMPLES_OF(exes, held) \
     "SELECT o.id, o.n_tokens, o.tenant_id, s.base_model," \
     " CASE WHEN s.source_model_id IS NULL OR s.snapshot_digest IS NOT NULL THEN 0 ELSE s.executor_id END" \
-    " FROM operations o JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
+    " FROM " exes " CROSS JOIN operations o JOIN sampling_sessions s ON s.id = o.sampling_session_id" \
     " WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "' AND s.base_model = ANY($2::text[])" \
     "   AND o.tenant_id <> ALL(" held ")" \
     "   AND (s.source_model_id IS NULL OR s.executor_id = ANY($1::bigint[]) OR s.snapshot_digest IS NOT NULL)" \
     " ORDER BY o.id LIMIT $3 FOR UPDATE OF o SKIP LOCKED"
-#define SQL_LOCK_QUEUED_SAMPLES SQL_QUEUED_SAMPLES_HELD("$4::bigint[]")
+#define SQL_LOCK_QUEUED_SAMPLES SQL_QUEUED_SAMPLES_OF("(SELECT 1) AS e", "$4::bigint[]")
 
 /* -> tenants with a rate limit and the tokens they may still claim in this minute (their
  * tokens_per_minute minus what their operations claimed in the last minute). */
@@ -82,10 +83,16 @@
  * samples as SQL_LOCK_QUEUED_SAMPLES, and the models' queued operations, locked, with
  * their model's id, grouped by model in seq order (read again under the models' locks,
  * which the transaction holds already: a model the statement before did not take, its
- * operations are passed over). Locked for nothing when the executor turns out busy: the
- * pass rolls back. */
-#define SQL_LOCK_READY_MODELS_OWN SQL_READY_MODELS_HELD(SQL_TENANTS_HELD)
-#define SQL_LOCK_QUEUED_SAMPLES_OWN SQL_QUEUED_SAMPLES_HELD(SQL_TENANTS_HELD)
+ * operations are passed over). Each reads only while the transaction holds the executor's
+ * row, idle (SQL_LOCK_IDLE_EXECUTORS's lock, taken again: a pass of the scheduler's that
+ * holds it, or an executor gone busy, makes them read and lock nothing, so that they take
+ * nothing from that pass). */
+#define SQL_EXE_OWN_LOCKED                                                                    \
+    "(SELECT x.id, x.base_model FROM executors x WHERE x.id = ($1::bigint[])[1]"              \
+    " AND x.base_model = ($2::text[])[1] AND x.state = 'idle' AND NOT x.draining"             \
+    " FOR UPDATE SKIP LOCKED) AS e(id, base)"
+#define SQL_LOCK_READY_MODELS_OWN SQL_READY_MODELS_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
+#define SQL_LOCK_QUEUED_SAMPLES_OWN SQL_QUEUED_SAMPLES_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
 #define SQL_LOCK_QUEUED_OPS_OWN                                                               \
     "WITH m AS (" SQL_LOCK_READY_MODELS_OWN ")"                                               \
     " SELECT o.id, o.model_id, o.seq_id, o.kind, o.n_tokens,"                                 \

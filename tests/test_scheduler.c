@@ -493,6 +493,31 @@ static void test_claim_lock(void) {
     CHECK(rc == 0, "a submit for the model goes in while the claim holds it, without waiting for it (%s)",
           rc == 0 ? "ok" : err);
     PQclear(PQexec(x, "ROLLBACK"));
+
+    /* an executor's own pass reads and locks nothing while a pass of the scheduler's holds
+     * its row (it would take that pass's operations away from it for nothing) */
+    const char *po[3] = {"{1}", "{m}", "8"};
+    PQclear(PQexec(x, "BEGIN"));
+    PQclear(PQexec(x, "SELECT 1 FROM executors WHERE id = 1 FOR UPDATE"));
+    PQclear(PQexec(y, "BEGIN"));
+    PGresult *rm = PQexecParams(y, SQL_LOCK_READY_MODELS_OWN, 3, NULL, po, NULL, NULL, 0);
+    PGresult *ro = PQexecParams(y, SQL_LOCK_QUEUED_OPS_OWN, 3, NULL, po, NULL, NULL, 0);
+    CHECK(PQresultStatus(rm) == PGRES_TUPLES_OK && PQntuples(rm) == 0 && PQresultStatus(ro) == PGRES_TUPLES_OK &&
+              PQntuples(ro) == 0,
+          "an own pass's reads take nothing while the scheduler holds the executor (%d models, %d operations)",
+          PQntuples(rm), PQntuples(ro));
+    PQclear(rm);
+    PQclear(ro);
+    PQclear(PQexec(y, "ROLLBACK"));
+    PQclear(PQexec(x, "ROLLBACK"));
+    PQclear(PQexec(y, "BEGIN"));
+    rm = PQexecParams(y, SQL_LOCK_READY_MODELS_OWN, 3, NULL, po, NULL, NULL, 0);
+    ro = PQexecParams(y, SQL_LOCK_QUEUED_OPS_OWN, 3, NULL, po, NULL, NULL, 0);
+    CHECK(PQntuples(rm) == 1 && PQntuples(ro) == 2, "and once it is free they take its model and both operations (%d, %d)",
+          PQntuples(rm), PQntuples(ro));
+    PQclear(rm);
+    PQclear(ro);
+    PQclear(PQexec(y, "ROLLBACK"));
     PQfinish(x);
     PQfinish(y);
 }
