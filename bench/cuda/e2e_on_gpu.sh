@@ -10,8 +10,8 @@
 #   e2e_sft_test.py on the cuda backend, each step's NLL against the CPU run's (bf16 noise)
 #   checkpoint_test.py on cuda: save/load resumes bitwise, names, tenants, download links
 #   sample_e2e_test.py on cuda: sampling through the API (asample, KV cache, stop tokens)
-# Logs in $OUT (default /tmp/loom-gpu-out): e2e.log and e2e-*.json; LOOM_KEEP_TEST_DIR=1
-# keeps each Stack's data directory (its up.log has every process's log).
+# Logs in $OUT (default /tmp/loom-gpu-out): e2e.log, e2e-*.json, and each test's stacks'
+# up.log (every process's log: api, scheduler, executor) as stack-LABEL-N-up.log.
 #
 # Also runs here, on the CPU backend only (LOOM_E2E_BACKENDS=cpu), to check the carry:
 # the service from the archive, not from build/.
@@ -62,7 +62,16 @@ step() { # step CAP LABEL COMMAND...: capped at min(CAP, time left), output to e
     case $rc in 0) word=PASS ;; 77) word="SKIPPED (77)" ;; 124 | 137) word="TIMEOUT after ${lim}s" ;; *) word="FAIL (exit $rc)" ;; esac
     SUM+=("$(printf '%-44s %-20s %4ds  %s' "$label" "$word" $((SECONDS - t0)) \
         "$(sed -n "/^===== $label /,\$p" "$LOG" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -1)")")
+    # every process's log of the step's stacks (LOOM_KEEP_TEST_DIR kept their directories)
+    local n=0 d tag
+    tag=$(echo "$label" | tr -c 'A-Za-z0-9_\n' '-')
+    for d in $(sed -n "/^===== $label /,\$p" "$LOG" | sed -n 's/^kept \(\/tmp\/loomt-[A-Za-z0-9_]*\).*/\1/p'); do
+        n=$((n + 1))
+        [ -f "$d/up.log" ] && cp "$d/up.log" "$OUT/stack-$tag-$n-up.log"
+        rm -rf "$d"
+    done
 }
+export LOOM_KEEP_TEST_DIR=1
 
 for b in $BACKENDS; do
     if [ "$b" = cpu ]; then
