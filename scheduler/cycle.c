@@ -17,6 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Row r of SQL_LOCK_QUEUED_OPS or SQL_LOCK_QUEUED_OPS_OWN (the same columns but the
+ * second: the model's index or id). */
+static void op_row(plan_op *p, const PGresult *ro, int r) {
+    *p = (plan_op){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
+                   .age_ms = strtod(PQgetvalue(ro, r, 5), NULL), .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
+    snprintf(p->kind, sizeof p->kind, "%s", PQgetvalue(ro, r, 3));
+}
+
 /* The rows of SQL_LOCK_QUEUED_OPS as the models' operations (one allocation for all):
  * the rows come grouped by their model's index in ms, in seq order, so each model's
  * operations are one slice. */
@@ -27,10 +35,7 @@ static plan_op *read_ops(const PGresult *ro, plan_model *ms) {
         plan_model *m = &ms[db_int(ro, r, 1)];
         if (!m->ops) m->ops = &all[r];
         m->nops++;
-        all[r] = (plan_op){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
-                           .age_ms = strtod(PQgetvalue(ro, r, 5), NULL),
-                           .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
-        snprintf(all[r].kind, sizeof all[r].kind, "%s", PQgetvalue(ro, r, 3));
+        op_row(&all[r], ro, r);
     }
     return all;
 }
@@ -53,11 +58,7 @@ static plan_op *read_ops_by_id(const PGresult *ro, plan_model *ms, int nm) {
         plan_model *m = &ms[at];
         if (!m->ops) m->ops = &all[n];
         m->nops++;
-        all[n] = (plan_op){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
-                           .age_ms = strtod(PQgetvalue(ro, r, 5), NULL),
-                           .created_ms = strtod(PQgetvalue(ro, r, 6), NULL)};
-        snprintf(all[n].kind, sizeof all[n].kind, "%s", PQgetvalue(ro, r, 3));
-        n++;
+        op_row(&all[n++], ro, r);
     }
     return all;
 }
