@@ -148,17 +148,16 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
         own_base = pga_end(&ab);
         snprintf(own_lim, sizeof own_lim, "%d", o->max_models);
     }
-    const char *pown[3] = {NULL, own_base, own_lim};
     char own_exe[32];
     snprintf(own_exe, sizeof own_exe, "{%lld}", (long long)only);
-    pown[0] = own_exe;
+    const char *pown[3] = {own_exe, own_base, own_lim};
     db_stmt b1[6 + SCHED_MAX_FIRST];
     int n1 = 0;
     b1[n1++] = (db_stmt){SQL_BEGIN, 0, NULL};
     for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) b1[n1++] = (db_stmt){o->first[i], 0, NULL};
     int at_x = n1;
     b1[n1++] = (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 1, p1};
-    b1[n1++] = (db_stmt){SQL_TENANT_RATE, 0, NULL};
+    b1[n1++] = (db_stmt){own ? SQL_TENANT_RATE_KEEP_HELD : SQL_TENANT_RATE, 0, NULL};
     if (own) {
         b1[n1++] = (db_stmt){SQL_LOCK_READY_MODELS_OWN, 3, pown};
         b1[n1++] = (db_stmt){SQL_LOCK_QUEUED_SAMPLES_OWN, 3, pown};

@@ -70,16 +70,21 @@
     "l.tokens_per_minute - (SELECT coalesce(sum(o.n_tokens), 0) FROM operations o"            \
     " WHERE o.tenant_id = l.tenant_id AND o.claimed_at > now() - interval '1 minute')"
 #define SQL_TENANT_RATE \
-    "SELECT l.tenant_id, " SQL_TENANT_LEFT " FROM tenant_limits l WHERE l.tokens_per_minute IS NOT NULL"
-/* The tenants held by their rate limit (nothing left in this minute: plan_held_tenants on
- * SQL_TENANT_RATE's rows), a subquery for `<> ALL(...)` in an executor's own pass. */
-#define SQL_TENANTS_HELD                                                                      \
-    "SELECT l.tenant_id FROM tenant_limits l"                                                 \
-    " WHERE l.tokens_per_minute IS NOT NULL AND " SQL_TENANT_LEFT " <= 0"
+    "SELECT l.tenant_id, " SQL_TENANT_LEFT " AS left_tokens FROM tenant_limits l WHERE l.tokens_per_minute IS NOT NULL"
+/* SQL_TENANT_RATE in an executor's own pass: the same rows, and the tenants held by their
+ * rate limit (nothing left in this minute: plan_held_tenants on those rows) kept for the
+ * transaction (loom.held) for the statements after it in the same round trip, which read
+ * them as SQL_TENANTS_HELD: the minute's sums worked out once. No limited tenant: not set,
+ * read as none. */
+#define SQL_TENANT_RATE_KEEP_HELD                                                             \
+    "WITH r AS MATERIALIZED (" SQL_TENANT_RATE ")"                                            \
+    " SELECT r.tenant_id, r.left_tokens FROM r WHERE set_config('loom.held',"                 \
+    " (SELECT coalesce(array_agg(h.tenant_id), '{}') FROM r h WHERE h.left_tokens <= 0)::text, true) IS NOT NULL"
+#define SQL_TENANTS_HELD "coalesce(nullif(current_setting('loom.held', true), ''), '{}')::bigint[]"
 
 /* An executor's own pass (sched_opts.only_base) sends its reads in the round trip that
  * locks the executor: $1 bigint[] {the executor}, $2 text[] {its base model}, $3 limit,
- * the held tenants worked out in the statement. Its models as SQL_LOCK_READY_MODELS, its
+ * the held tenants as SQL_TENANT_RATE_KEEP_HELD kept them. Its models as SQL_LOCK_READY_MODELS, its
  * samples as SQL_LOCK_QUEUED_SAMPLES, and the models' queued operations, locked, with
  * their model's id, grouped by model in seq order (read again under the models' locks,
  * which the transaction holds already: a model the statement before did not take, its

@@ -166,6 +166,15 @@ static void test_round_trips(void) {
     sql("UPDATE tenant_limits SET tokens_per_minute = 20 WHERE tenant_id = 2");
     op("a1", 4, "forward_backward", 10);
     op("b1", 5, "forward_backward", 10);
+    const char *po[3] = {"{1}", "{m}", "8"};
+    PQclear(PQexec(C, "BEGIN"));
+    PQclear(PQexec(C, SQL_TENANT_RATE_KEEP_HELD));
+    PGresult *rm = PQexecParams(C, SQL_LOCK_READY_MODELS_OWN, 3, NULL, po, NULL, NULL, 0);
+    CHECK(PQntuples(rm) == 1 && !strcmp(PQgetvalue(rm, 0, 0), "a1"),
+          "its models' read passes over the held tenant's (%d read, the first %s)", PQntuples(rm),
+          PQntuples(rm) ? PQgetvalue(rm, 0, 0) : "none");
+    PQclear(rm);
+    PQclear(PQexec(C, "ROLLBACK"));
     build_fn(&own);
     CHECK(own.n == 1 && scalar("SELECT count(*) FROM operations WHERE request_id = 'a1-4' AND state = 'claimed'") == 1 &&
               scalar("SELECT count(*) FROM operations WHERE request_id = 'b1-5' AND state = 'queued'") == 1,

@@ -239,7 +239,6 @@ static int tk_pool_add(pool *p, const char *s, size_t n, uint32_t *off)
     return 0;
 }
 
-
 static uint64_t tk_mix(uint64_t x)
 {
     x ^= x >> 33;
