@@ -103,12 +103,33 @@ float gt_bf2f(uint16_t b)
 
 float gt_round_bf16(float f) { return gt_bf2f(gt_f2bf(f)); }
 
+static void **gt_bufs; /* every gt_dev_poison buffer, in order (gt_dev_mark/release) */
+static size_t gt_nbufs, gt_capbufs;
+
 void *gt_dev_poison(size_t bytes)
 {
     void *d = NULL;
     GT_CUDA(cudaMalloc(&d, bytes ? bytes : 16));
     GT_CUDA(cudaMemset(d, 0xff, bytes ? bytes : 16));
+    if (gt_nbufs == gt_capbufs) {
+        gt_capbufs = gt_capbufs ? 2 * gt_capbufs : 256;
+        gt_bufs = realloc(gt_bufs, gt_capbufs * sizeof *gt_bufs);
+        if (!gt_bufs) {
+            fprintf(stderr, "FATAL gt_dev_poison: out of host memory\n");
+            exit(1);
+        }
+    }
+    gt_bufs[gt_nbufs++] = d;
     return d;
+}
+
+size_t gt_dev_mark(void) { return gt_nbufs; }
+
+void gt_dev_release(size_t mark)
+{
+    GT_CUDA(cudaDeviceSynchronize());
+    for (; gt_nbufs > mark; gt_nbufs--)
+        if (gt_bufs[gt_nbufs - 1]) GT_CUDA(cudaFree(gt_bufs[gt_nbufs - 1]));
 }
 
 void *gt_dev_copy(const void *h, size_t bytes)
@@ -138,12 +159,6 @@ static struct {
     float *dev;
 } gt_pools[8];
 static int gt_npools;
-
-void gt_dev_random_forget(void)
-{
-    memset(gt_pools, 0, sizeof gt_pools);
-    gt_npools = 0;
-}
 
 void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi)
 {
@@ -193,7 +208,13 @@ void gt_get_bf16(float *h, const void *d, size_t n)
 
 void gt_free(void *d)
 {
-    if (d) GT_CUDA(cudaFree(d));
+    if (!d) return;
+    for (size_t i = gt_nbufs; i-- > 0;)
+        if (gt_bufs[i] == d) {
+            gt_bufs[i] = NULL; /* not freed again by gt_dev_release */
+            break;
+        }
+    GT_CUDA(cudaFree(d));
 }
 
 double gt_rel_err(const float *out, const double *ref, size_t n)

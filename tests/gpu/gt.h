@@ -60,8 +60,12 @@ void *gt_dev_copy(const void *h, size_t bytes);
 /* n values uniform in [lo, hi] on the device as F32 or BF16, fast enough for GBs: a pool of
  * 4M random values (drawn once) tiled with shifts. For benchmarks, not for checks. */
 void *gt_dev_random(size_t n, lcu_dtype t, double lo, double hi);
-/* After cudaDeviceReset: the pools gt_dev_random keeps on the device are gone. */
-void gt_dev_random_forget(void);
+/* Every buffer gt_dev_poison (and so gt_dev_copy, _f32, _bf16, _random) hands out is listed:
+ * gt_dev_release(m) frees those handed out since m = gt_dev_mark(), for a benchmark that
+ * sets up one configuration after another. (cudaDeviceReset instead leaves cuBLAS unable
+ * to create a handle in the fresh context: "the library was not initialized".) */
+size_t gt_dev_mark(void);
+void gt_dev_release(size_t mark);
 /* Host copies of device arrays (bf16 converted to fp32). */
 void gt_get_f32(float *h, const void *d, size_t n);
 void gt_get_bf16(float *h, const void *d, size_t n);
