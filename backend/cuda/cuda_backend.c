@@ -52,7 +52,45 @@ static void cu_destroy(void *ctx)
     for (int i = 0; i < 4; i++)
         if (c->dprof_ev[i]) cudaEventDestroy(c->dprof_ev[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->mem_held) cudaFree(c->mem_held);
     free(c);
+}
+
+/* LCU_DEVICE_MB=N: the context behaves as on a card of N MiB (an H200 measuring what fits an
+ * H100's 80 GB): it takes the device's memory beyond N MiB for itself before loading
+ * anything, so every allocation fails where it would there, and every budget sized from the
+ * device's total (kept activations, cuDNN's workspace) is sized from N MiB. A measuring
+ * switch, not a way to share a GPU: what it holds back is taken from everyone. */
+static int cu_hold_memory(cu_ctx *c, char *err, size_t errlen)
+{
+    const char *e = getenv("LCU_DEVICE_MB");
+    if (!e || !*e) return 0;
+    char *end;
+    unsigned long long mb = strtoull(e, &end, 10);
+    size_t fr = 0, tot = 0;
+    if (*end || mb == 0 || mb > ((size_t)1 << 44) >> 20) {
+        err_set(err, errlen, "cuda:%d: LCU_DEVICE_MB=%s is not a size in MiB", c->device, e);
+        return -1;
+    }
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        cudaGetLastError();
+        err_set(err, errlen, "cuda:%d: LCU_DEVICE_MB: cannot read the device's memory", c->device);
+        return -1;
+    }
+    size_t cap = (size_t)mb << 20;
+    if (cap >= tot) return 0; /* the card is no bigger than that: nothing to hold */
+    size_t used = tot - fr, hold = tot - cap;
+    if (used >= cap || cudaMalloc(&c->mem_held, hold) != cudaSuccess) {
+        cudaGetLastError();
+        c->mem_held = NULL;
+        err_set(err, errlen, "cuda:%d: LCU_DEVICE_MB=%s: cannot hold back %.1f GiB of the device (%.1f GiB in use "
+                "already, %.1f GiB in all)", c->device, e, hold / 1073741824.0, used / 1073741824.0, tot / 1073741824.0);
+        return -1;
+    }
+    c->mem_cap = cap;
+    fprintf(stderr, "loom cuda:%d: LCU_DEVICE_MB: behaving as a card of %.1f GiB (%.1f GiB of %.1f held back)\n",
+            c->device, cap / 1073741824.0, hold / 1073741824.0, tot / 1073741824.0);
+    return 0;
 }
 
 /* The kernels are machine code for one GPU family: a one-element conversion shows whether
@@ -123,7 +161,10 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
         return NULL;
     }
     snprintf(c->device_name, sizeof c->device_name, "cuda:%d %s", c->device, p.name);
-    if (cu_probe_kernels(c, err, errlen) < 0) { cu_destroy(c); return NULL; }
+    if (cu_probe_kernels(c, err, errlen) < 0 || cu_hold_memory(c, err, errlen) < 0) {
+        cu_destroy(c);
+        return NULL;
+    }
     rc = lcu_ctx_create(&c->lcu, 0);
     if (rc) {
         err_set(err, errlen, "cuda:%d: cuBLASLt: %s", c->device, lcu_strerror(rc));
@@ -154,7 +195,8 @@ static void cu_device_info(void *ctx, be_device_info *out)
     memset(out, 0, sizeof *out);
     snprintf(out->device, sizeof out->device, "%s", c->device_name);
     size_t fr = 0, tot = 0;
-    if (cudaSetDevice(c->device) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+    if (cudaSetDevice(c->device) == cudaSuccess) {
+        cu_mem_info(c, &fr, &tot);
         out->memory_total = tot;
         out->memory_free = fr;
     }

@@ -136,7 +136,7 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
         c->act_mem = NULL;
         cudaGetLastError(); /* out of memory is not sticky: clear it */
         size_t fr = 0, tot = 0;
-        cudaMemGetInfo(&fr, &tot);
+        cu_mem_info(c, &fr, &tot);
         err_set(err, errlen, "cuda:%d: out of memory for a batch of %ld tokens (%.2f GiB of workspace%s; %.2f GiB free)",
                 c->device, T, bytes / 1073741824.0, saved ? " with each layer's input kept for the backward" : "",
                 fr / 1073741824.0);
@@ -202,6 +202,13 @@ static size_t cu_keep_carve(const cu_ctx *c, char *base, long T, cu_act *k)
     return off;
 }
 
+void cu_mem_info(const cu_ctx *c, size_t *fr, size_t *tot)
+{
+    *fr = *tot = 0;
+    if (cudaMemGetInfo(fr, tot) != cudaSuccess) cudaGetLastError();
+    if (c->mem_cap && c->mem_cap < *tot) *tot = c->mem_cap; /* free memory already lacks the held part */
+}
+
 /* What cuDNN's attention may still allocate for a batch of nseq sequences, the longest
  * max_len rows, on a device of tot bytes: its deterministic backward's dP, B·nq·S²·2 bytes
  * of the plan's bucket (backend/cuda/README.md), grown ×1.5, at most the quarter of the
@@ -229,7 +236,7 @@ bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len)
     k->mem = NULL;
     k->cap_T = 0;
     size_t fr = 0, tot = 0;
-    cudaMemGetInfo(&fr, &tot);
+    cu_mem_info(c, &fr, &tot);
     size_t reserve = ((size_t)2 << 30) + tot / 20 + cu_dnn_ws_estimate(c, nseq, max_len, tot), limit = fr > reserve ? fr - reserve : 0;
     if (k->cap_bytes && k->cap_bytes < limit) limit = k->cap_bytes;
     if (bytes > limit || cudaMalloc(&k->mem, bytes) != cudaSuccess) {

@@ -20,6 +20,8 @@ int cu_act_reserve(cu_ctx *c, long T, int nseq, bool saved, char *err, size_t er
  * false: it recomputes each layer in the backward (said on stderr once per size). Asks the
  * device only when the slots must grow. Never fails a pass. */
 bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len);
+/* cudaMemGetInfo as this context sees the device: the total is LCU_DEVICE_MB's when set. */
+void cu_mem_info(const cu_ctx *c, size_t *fr, size_t *tot);
 /* Gives the slots' memory back (the next pass that keeps takes it again): before a larger
  * workspace, a sampling call's KV caches, or a retry after any out-of-memory, so that the
  * slots never make another allocation fail. */

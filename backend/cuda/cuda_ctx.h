@@ -176,6 +176,8 @@ typedef struct {
     lcu_cudnn *dnn;                 /* cuDNN's fused attention (LCU_ATTN=cudnn); NULL: the own
                                        kernels only (cuda_layer.c chooses per call) */
     cu_weights w;
+    size_t mem_cap;                 /* LCU_DEVICE_MB in bytes (0: the whole device) */
+    void *mem_held;                 /* the device's memory beyond mem_cap, held for that */
 
     /* errors (cuda_check.c) */
     bool sync_debug;                /* LOOM_CUDA_SYNC: synchronize and check after every call */

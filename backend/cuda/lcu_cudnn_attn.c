@@ -613,9 +613,12 @@ static lcu_cudnn *lca_new(const lcd_api *api)
     /* a plan's own workspace: at most a quarter of the device unless told (the deterministic
      * backward's may grow with B·nq·S²: refused, the own kernels run it, rather than OOM) */
     size_t fr = 0, tot = 0;
+    const char *devmb = getenv("LCU_DEVICE_MB"); /* a card of that size (cuda_backend.c) */
     if (wsmb && *wsmb) c->ws_max = (int64_t)strtoll(wsmb, NULL, 10) << 20;
-    else if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) c->ws_max = (int64_t)(tot / 4);
-    else cudaGetLastError(); /* no device: no limit */
+    else if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        size_t cap = devmb && *devmb ? (size_t)strtoull(devmb, NULL, 10) << 20 : 0;
+        c->ws_max = (int64_t)((cap && cap < tot ? cap : tot) / 4);
+    } else cudaGetLastError(); /* no device: no limit */
     c->neg_inf = api->version < 91000 ? -FLT_MAX : -INFINITY;
     snprintf(c->desc, sizeof c->desc, "cuDNN %zu.%zu.%zu (%s)", api->version / 10000, api->version / 100 % 100,
              api->version % 100, api->path);

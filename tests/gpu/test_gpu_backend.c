@@ -84,15 +84,22 @@ typedef struct {
 typedef struct { int rank; bool attn, mlp, unembed; uint64_t seed; } ad_def;
 static const ad_def ADS[NAD] = {{4, true, true, true, 11}, {8, true, false, true, 22}, {2, false, true, false, 33}};
 
+/* A context on the model in dir; NULL with err when the backend refuses it. */
+static void *try_open(const be_backend *be, const char *dir, model_config *mc, char *err, size_t errlen)
+{
+    model_files *mf;
+    if (model_open(dir, &mf, err, errlen) < 0) { printf("FATAL model %s: %s\n", dir, err); exit(1); }
+    if (mc) *mc = mf->cfg;
+    be_backend_opts o = {.device = 0, .threads = 2};
+    void *ctx = be->create(mf, &o, err, errlen);
+    model_close(mf);
+    return ctx;
+}
+
 static void *open_ctx(const be_backend *be, const char *dir, model_config *mc)
 {
     char err[512];
-    model_files *mf;
-    if (model_open(dir, &mf, err, sizeof err) < 0) { printf("FATAL model %s: %s\n", dir, err); exit(1); }
-    if (mc) *mc = mf->cfg;
-    be_backend_opts o = {.device = 0, .threads = 2};
-    void *ctx = be->create(mf, &o, err, sizeof err);
-    model_close(mf);
+    void *ctx = try_open(be, dir, mc, err, sizeof err);
     if (!ctx) { printf("FATAL %s backend on %s: %s\n", be->name, dir, err); exit(1); }
     return ctx;
 }
@@ -425,6 +432,59 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
              "and gradients, bitwise (kept in the %s context)", p->name, kept_here ? "first" : "second");
     free_batch(&b);
     o.be->destroy(o.ctx);
+}
+
+/* LCU_DEVICE_MB (cuda): a second context behaves as a card of that size: it reports that
+ * total, takes the rest of the device while it lives (the first context sees it gone),
+ * still loads, allocates and frees an adapter, and gives the memory back when destroyed;
+ * what it cannot be is refused with the variable's name. */
+static void check_device_mb(pair *p)
+{
+    const be_backend *be = p->gpu.be;
+    be_device_info d0, d1, d2, dc;
+    be->device_info(p->gpu.ctx, &d0);
+    size_t used = d0.memory_total - d0.memory_free, cap_mb = (used >> 20) + 2048, cap = cap_mb << 20;
+    if (cap + ((size_t)1 << 30) > d0.memory_total) {
+        printf("  LCU_DEVICE_MB: not checked (a %.1f GiB card, %.1f GiB in use)\n", d0.memory_total / 1073741824.0,
+               used / 1073741824.0);
+        return;
+    }
+    const char *was = getenv("LCU_DEVICE_MB");
+    char prev[32], v[32], err[512] = "";
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    snprintf(v, sizeof v, "%zu", cap_mb);
+    setenv("LCU_DEVICE_MB", v, 1);
+    void *ctx = try_open(be, p->dir, NULL, err, sizeof err);
+    gt_check(ctx != NULL, "LCU_DEVICE_MB=%s: a context opens (%s)", v, ctx ? "ok" : err);
+    if (ctx) {
+        be->device_info(ctx, &dc);
+        be->device_info(p->gpu.ctx, &d1);
+        gt_check(dc.memory_total == cap && dc.memory_free < cap, "LCU_DEVICE_MB=%s: it reports a %.2f GiB card, %.2f GiB free",
+                 v, dc.memory_total / 1073741824.0, dc.memory_free / 1073741824.0);
+        gt_check(d0.memory_free - d1.memory_free >= d0.memory_total - cap,
+                 "LCU_DEVICE_MB=%s: it holds the rest of the device (free memory %.2f -> %.2f GiB)", v,
+                 d0.memory_free / 1073741824.0, d1.memory_free / 1073741824.0);
+        side o = {be, ctx, {0}};
+        be_adapter *a = make_adapter(&o, 0); /* exits on failure */
+        be->adapter_free(ctx, a);
+        be->destroy(ctx);
+        be->device_info(p->gpu.ctx, &d2);
+        gt_check(d2.memory_free + ((size_t)64 << 20) >= d0.memory_free,
+                 "LCU_DEVICE_MB=%s: destroying the context gives the memory back (free %.2f GiB, %.2f before)", v,
+                 d2.memory_free / 1073741824.0, d0.memory_free / 1073741824.0);
+    }
+    static const struct { const char *value, *says; } bad[] = {{"12abc", "is not a size in MiB"},
+                                                                {"1", "cannot hold back"}};
+    for (int i = 0; i < 2; i++) {
+        setenv("LCU_DEVICE_MB", bad[i].value, 1);
+        err[0] = 0;
+        ctx = try_open(be, p->dir, NULL, err, sizeof err);
+        gt_check(!ctx && strstr(err, "LCU_DEVICE_MB") && strstr(err, bad[i].says), "LCU_DEVICE_MB=%s is refused: %s",
+                 bad[i].value, ctx ? "(opened)" : err);
+        if (ctx) be->destroy(ctx);
+    }
+    if (was) setenv("LCU_DEVICE_MB", prev, 1);
+    else unsetenv("LCU_DEVICE_MB");
 }
 
 /* ---- per model: outputs, gradients, AdamW, packing, determinism ------------------------ */
@@ -1004,6 +1064,7 @@ int main(void)
         if (run && i == 0) {
             check_sampling(&p);
             check_training(&p);
+            if (!strcmp(under, "cuda")) check_device_mb(&p);
         }
         if (run && i == 1 && strcmp(under, "cpu") != 0) {
             char f32[256];
