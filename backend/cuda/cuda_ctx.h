@@ -1,6 +1,7 @@
 /* cuda_ctx.h — the CUDA backend's context (one per device and model) and what its files
  * share. The files, from the bottom up (each includes only headers below it):
- * cuda_check (errors, LOOM_CUDA_SYNC), cuda_weights (bf16 base weights, one allocation),
+ * cuda_check (errors, LOOM_CUDA_SYNC), cuda_prof (the decode profile's per-operation
+ * marks), cuda_weights (bf16 base weights, one allocation),
  * cuda_adapter (adapters in device memory), cuda_buffers (workspace, packing), cuda_layer
  * (decoder layer forward/backward with segmented LoRA, KV caches of sampling), cuda_head
  * (output head, losses, top-k), cuda_sample (sampling), cuda_backend (the table).
@@ -167,6 +168,8 @@ typedef struct {
 
 enum { CU_KV_NONE, CU_KV_PREFILL, CU_KV_DECODE };
 
+typedef struct cu_ops_prof cu_ops_prof; /* cuda_prof.c */
+
 typedef struct {
     model_config cfg;
     int device;
@@ -248,6 +251,9 @@ typedef struct {
     cudaEvent_t dprof_ev[4];        /* step start, layers done, head done, pick done */
     double dprof_ms[4];             /* summed: layers, head, pick, the host's whole step */
     long dprof_steps;
+    /* LCU_DECODE_PROFILE=2: also each operation of the decode passes (cuda_prof.c), which
+     * then run eagerly; NULL outside a profiled sampling call (the marks' only cost) */
+    cu_ops_prof *dops;
 } cu_ctx;
 
 /* The device K (which 0) or V (which 1) cache of layer l. */

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_adapter.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_prof.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,14 @@ int cu_lora_segs(cu_ctx *c, int l, lora_module mod, long r0, long r1, bool grad_
     return n;
 }
 
+/* The decode profile's names of each module's three operations (cu_mark), by lora_module. */
+static const char *const cl_gemm_op[LORA_NUM_MODULES] = {"q gemm", "k gemm", "v gemm", "o gemm", "gate gemm",
+                                                         "up gemm", "down gemm"};
+static const char *const cl_bias_op[LORA_NUM_MODULES] = {"q bias", "k bias", "v bias", "o bias", "gate bias",
+                                                         "up bias", "down bias"};
+static const char *const cl_lora_op[LORA_NUM_MODULES] = {"q lora", "k lora", "v lora", "o lora", "gate lora",
+                                                         "up lora", "down lora"};
+
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. */
 static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W,
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
@@ -50,9 +59,16 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
     lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, resid ? 1.0f : 0.0f, x, in, W, in, resid, out, y, out,
                        LCU_F32};
     CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
-    if (bias) CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
+    cu_mark(c, cl_gemm_op[mod]);
+    if (bias) {
+        CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
+        cu_mark(c, cl_bias_op[mod]);
+    }
     int n = cu_lora_segs(c, l, mod, 0, T, false);
-    if (n) CU_TRY(c, lcu_lora_fwd(c->lcu, c->lsegs, n, in, out, x, in, y, out, c->a.z, CU_LDZ, c->stream));
+    if (n) {
+        CU_TRY(c, lcu_lora_fwd(c->lcu, c->lsegs, n, in, out, x, in, y, out, c->a.z, CU_LDZ, c->stream));
+        cu_mark(c, cl_lora_op[mod]);
+    }
     return 0;
 }
 
@@ -144,6 +160,7 @@ static int cl_kv_store(cu_ctx *c, int l)
     size_t row = (size_t)c->cfg.num_key_value_heads * c->cfg.head_dim * sizeof(lcu_bf16);
     CU_TRY(c, lcu_copy_rows(cu_kv_cache(c, l, 0), c->kv_dst, c->a.k, c->kv_src, c->kv_nmap, row, c->stream));
     CU_TRY(c, lcu_copy_rows(cu_kv_cache(c, l, 1), c->kv_dst, c->a.v, c->kv_src, c->kv_nmap, row, c->stream));
+    cu_mark(c, "kv store");
     return 0;
 }
 
@@ -159,6 +176,7 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
     cu_where(c, "layer %d %s", l, recompute ? "recompute" : "forward");
 
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn1, LCU_BF16, a->rstd1, x_in, w->attn_norm, T, H, eps, s));
+    cu_mark(c, "attn rmsnorm");
     if (cl_linear(c, l, LORA_Q, a->xn1, H, w->wq, w->bq, qd, NULL, a->q_pre, T) < 0 ||
         cl_linear(c, l, LORA_K, a->xn1, H, w->wk, w->bk, kvd, NULL, a->k_pre, T) < 0 ||
         cl_linear(c, l, LORA_V, a->xn1, H, w->wv, w->bv, kvd, NULL, a->vf, T) < 0)
@@ -169,24 +187,34 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         CU_TRY(c, lcu_rmsnorm_fwd(a->kf, LCU_F32, a->rstd_k, a->k_pre, w->k_norm, T * nkv, d, eps, s));
         qs = a->qf;
         ks = a->kf;
+        cu_mark(c, "q/k norm");
     }
     CU_TRY(c, lcu_rope(a->q, LCU_BF16, qs, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
     CU_TRY(c, lcu_rope(a->k, LCU_BF16, ks, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
+    cu_mark(c, "rope");
     CU_TRY(c, lcu_convert(a->v, LCU_BF16, a->vf, LCU_F32, (size_t)T * kvd, s));
+    cu_mark(c, "v convert");
     if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
     if (c->kv_mode == CU_KV_DECODE) /* one new token per stream, attending to its cache */
         CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
                                a->attn_ws, s));
     else
         CU_TRY(c, cl_attn_fwd(c));
+    cu_mark(c, "attention"); /* in a decode pass: lcu_attn_fwd's tile counts and its kernel */
     if (cl_linear(c, l, LORA_O, a->att, qd, w->wo, w->bo, H, x_in, a->xmid, T) < 0) return -1;
 
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd2, a->xmid, w->mlp_norm, T, H, eps, s));
-    if (w->router) return cu_moe_forward(c, l, T, a->xmid, x_out, recompute);
+    cu_mark(c, "mlp rmsnorm");
+    if (w->router) {
+        int rc = cu_moe_forward(c, l, T, a->xmid, x_out, recompute);
+        cu_mark(c, "moe");
+        return rc;
+    }
     if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
         cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
         return -1;
     CU_TRY(c, lcu_swiglu_fwd(a->h, LCU_BF16, a->g, a->u, T * I, s));
+    cu_mark(c, "swiglu");
     if (recompute) return 0; /* the backward needs everything up to h, not the layer output */
     return cl_linear(c, l, LORA_DOWN, a->h, I, w->wdown, NULL, H, a->xmid, x_out, T);
 }

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_head.h"
 #include "backend/cuda/cuda_layer.h"
+#include "backend/cuda/cuda_prof.h"
 #include "common/clock.h"
 #include "common/err.h"
 
@@ -68,6 +69,8 @@ static int cs_pick_rows(const cu_ctx *c)
 }
 
 /* ---- decode profile (LCU_DECODE_PROFILE=1): a measurement aid for the speed work ---------- */
+/* LCU_DECODE_PROFILE=2 adds a table of the layer stack's operations (cuda_prof.c), under the
+ * same line; the decode passes then run eagerly. */
 
 /* Events at a decode step's start (0), after its layer stack (1), its head's logits (2) and
  * its picks (3): recorded on the stream only while profiling. */
@@ -87,6 +90,7 @@ static void cs_prof_begin(cu_ctx *c)
             cudaGetLastError();
             c->dprof = false; /* no events: no profile, sampling goes on */
         }
+    if (c->dprof && atoi(e) >= 2) cu_ops_begin(c);
 }
 
 /* After a step's picks came back (the stream is idle): its parts' times, summed. */
@@ -100,16 +104,31 @@ static void cs_prof_step(cu_ctx *c, double host_ms)
     }
     c->dprof_ms[3] += host_ms;
     c->dprof_steps++;
+    cu_ops_step(c);
 }
 
-static void cs_prof_end(cu_ctx *c, int S)
+/* Distinct adapters among the requests, for the profile's table. */
+static int cs_adapters(const be_sample_req *reqs, int nreq)
 {
-    if (!c->dprof || !c->dprof_steps) return;
-    double n = (double)c->dprof_steps, *m = c->dprof_ms, gpu = (m[0] + m[1] + m[2]) / n;
-    fprintf(stderr, "loom cuda:%d: decode profile, %d samples, %ld steps, per step: layers %.3f ms (%s), head %.3f ms, "
-            "pick %.3f ms; the host's step %.3f ms (%.3f ms of it outside those)\n", c->device, S, c->dprof_steps,
-            m[0] / n, c->dgraph_wanted && !c->dgraph_off ? "graph" : "eager", m[1] / n, m[2] / n, m[3] / n,
-            m[3] / n - gpu);
+    int n = 0;
+    for (int r = 0; r < nreq; r++) {
+        bool seen = !reqs[r].ad;
+        for (int q = 0; q < r && !seen; q++) seen = reqs[q].ad == reqs[r].ad;
+        n += !seen;
+    }
+    return n;
+}
+
+static void cs_prof_end(cu_ctx *c, int S, const be_sample_req *reqs, int nreq)
+{
+    if (c->dprof && c->dprof_steps) {
+        double n = (double)c->dprof_steps, *m = c->dprof_ms, gpu = (m[0] + m[1] + m[2]) / n;
+        fprintf(stderr, "loom cuda:%d: decode profile, %d samples, %ld steps, per step: layers %.3f ms (%s), head %.3f "
+                "ms, pick %.3f ms; the host's step %.3f ms (%.3f ms of it outside those)\n", c->device, S,
+                c->dprof_steps, m[0] / n, c->dgraph_wanted && !c->dgraph_off && !c->dops ? "graph" : "eager", m[1] / n,
+                m[2] / n, m[3] / n, m[3] / n - gpu);
+    }
+    if (c->dops) cu_ops_end(c, S, cs_adapters(reqs, nreq)); /* the operations' table under that line */
 }
 
 /* top_logprobs of stream s from row j of c->logits: the row comes to the host and
@@ -184,6 +203,7 @@ static int cs_pass(cu_ctx *c, long T, const int32_t *d_tokens, const int64_t *d_
     int H = mc->hidden_size;
     cu_where(c, "sampling embedding");
     CU_TRY(c, lcu_embed(c->a.x, c->w.embed, d_tokens, T, H, c->stream));
+    cu_mark(c, "embedding");
     for (int l = 0; l < mc->num_hidden_layers; l++)
         if (cu_layer_forward(c, l, T, c->a.x, c->a.x, false) < 0) return -1;
     cu_where(c, "sampling final norm");
@@ -194,6 +214,7 @@ static int cs_pass(cu_ctx *c, long T, const int32_t *d_tokens, const int64_t *d_
     }
     CU_TRY(c, lcu_rmsnorm_fwd(c->a.xn2, LCU_BF16, c->a.rstd_f, xf, c->w.final_norm, n, H, mc->rms_norm_eps,
                               c->stream));
+    cu_mark(c, "final norm");
     return 0;
 }
 
@@ -235,10 +256,18 @@ static void cs_graph_drop(cu_ctx *c)
  * every later one of that shape replays it: the same kernels with the same arguments,
  * reading the rows uploaded for this pass (so the same bits as eager passes). Eager
  * throughout under LOOM_CUDA_SYNC (a sync per call cannot be captured), for mixture-of-
- * experts models (their routing comes back to the host) and once a capture failed (said
- * once: the executor keeps sampling without graphs). */
+ * experts models (their routing comes back to the host), once a capture failed (said
+ * once: the executor keeps sampling without graphs) and under the per-operation profile
+ * (LCU_DECODE_PROFILE=2: an event between every two operations is what it measures). */
 static int cs_decode_pass(cu_ctx *c, long n, const int32_t *d_tokens)
 {
+    if (c->dops) {
+        double t0 = clock_mono_s();
+        cu_ops_open(c);
+        int rc = cs_pass(c, n, d_tokens, NULL, n);
+        cu_ops_close(c, (clock_mono_s() - t0) * 1e3);
+        return rc;
+    }
     /* a mixture-of-experts layer reads its routing back to the host: never captured */
     if (!c->dgraph_wanted || c->dgraph_off || c->sync_debug || c->cfg.num_experts > 0)
         return cs_pass(c, n, d_tokens, NULL, n);
@@ -440,7 +469,7 @@ int cu_sample(cu_ctx *c, be_sample_req *reqs, int nreq, char *err, size_t errlen
             rc = cs_decode(c, st, S, row_stream, &live);
             if (rc == 0 && live > 0) cs_prof_step(c, (clock_mono_s() - t0) * 1e3);
         }
-        cs_prof_end(c, S);
+        cs_prof_end(c, S, reqs, nreq);
         cs_graph_drop(c); /* a graph lives for one call: the next may move the buffers */
         if (rc < 0) cu_fail(c, err, errlen, "cuda: sampling failed");
     }

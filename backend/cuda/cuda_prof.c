@@ -1,0 +1,156 @@
+/* cuda_prof.c — the decode profile's per-operation table (LCU_DECODE_PROFILE=2; see
+ * cuda_prof.h), a measurement aid for the decode speed work: the first level says that a
+ * decode step's layer stack is far from its bandwidth bound, this one says which of the
+ * layer's operations take the time.
+ *
+ * A profiled pass records an event at its start and one after each marked operation
+ * (cu_mark), in the order queued on the one stream; the interval between an event and the
+ * previous one is the marked operation's. The passes run eagerly (events between the
+ * operations would be one graph node each, and the point is to see the operations as they
+ * are): an interval therefore also holds any time the device waited for the host to queue
+ * the operation, which is why the table says how long the host took to queue a pass. The
+ * events of a pass are made once and reused by the next (a pass of Qwen3-8B marks ~900). */
+#include "backend/cuda/cuda_prof.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CO_LABELS 64 /* distinct labels a table holds (a dense layer marks ~25) */
+
+struct cu_ops_prof {
+    cudaEvent_t *ev;            /* [cap], made as needed */
+    int *lab;                   /* [cap] label of the interval that ends at ev[i] (-1: the start) */
+    int n, cap;                 /* events recorded in the open pass */
+    bool open;                  /* a decode pass is being queued */
+    const char *name[CO_LABELS];
+    double ms[CO_LABELS];       /* summed over the steps */
+    long calls[CO_LABELS];
+    int nlab;
+    long steps;
+    double host_ms;             /* the host's time to queue the passes, summed */
+    long lost;                  /* marks or intervals missed (events refused, labels full) */
+};
+
+void cu_ops_begin(cu_ctx *c)
+{
+    if (!c->dops) c->dops = calloc(1, sizeof *c->dops);
+}
+
+static int co_label(cu_ops_prof *p, const char *label)
+{
+    for (int i = 0; i < p->nlab; i++)
+        if (p->name[i] == label || !strcmp(p->name[i], label)) return i;
+    if (p->nlab == CO_LABELS) return -1;
+    p->name[p->nlab] = label;
+    return p->nlab++;
+}
+
+/* An event after what the stream holds now, ending an interval of label lab. The profile
+ * never fails sampling: an event the runtime refuses is counted as lost and its error
+ * cleared. */
+static void co_record(cu_ctx *c, cu_ops_prof *p, int lab)
+{
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 1024;
+        cudaEvent_t *ev = realloc(p->ev, cap * sizeof *ev);
+        if (ev) p->ev = ev;
+        int *l = ev ? realloc(p->lab, cap * sizeof *l) : NULL;
+        if (l) p->lab = l;
+        if (!ev || !l) { p->lost++; return; }
+        for (; p->cap < cap; p->cap++)
+            if (cudaEventCreate(&p->ev[p->cap]) != cudaSuccess) {
+                cudaGetLastError();
+                p->lost++;
+                break;
+            }
+        if (p->n == p->cap) return;
+    }
+    if (cudaEventRecord(p->ev[p->n], c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        p->lost++;
+        return;
+    }
+    p->lab[p->n++] = lab;
+}
+
+void cu_ops_mark_on(cu_ctx *c, const char *label)
+{
+    cu_ops_prof *p = c->dops;
+    if (!p->open) return; /* a prefill or training pass of a profiled context */
+    int lab = co_label(p, label);
+    if (lab < 0) p->lost++; /* its time goes to the next mark's label */
+    else co_record(c, p, lab);
+}
+
+void cu_ops_open(cu_ctx *c)
+{
+    cu_ops_prof *p = c->dops;
+    if (!p) return;
+    p->n = 0;
+    p->open = true;
+    co_record(c, p, -1);
+}
+
+void cu_ops_close(cu_ctx *c, double host_ms)
+{
+    if (!c->dops) return;
+    c->dops->open = false;
+    c->dops->host_ms += host_ms;
+}
+
+void cu_ops_step(cu_ctx *c)
+{
+    cu_ops_prof *p = c->dops;
+    if (!p) return;
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) != cudaSuccess) {
+            cudaGetLastError();
+            p->lost++;
+            continue;
+        }
+        if (p->lab[i] < 0) continue;
+        p->ms[p->lab[i]] += ms;
+        p->calls[p->lab[i]]++;
+    }
+    if (p->n > 1) p->steps++;
+    p->n = 0;
+}
+
+/* Largest share first: the table is read from the top. */
+static void co_print(const cu_ctx *c, const cu_ops_prof *p, int S, int nad)
+{
+    int ord[CO_LABELS], L = c->cfg.num_hidden_layers;
+    double n = (double)p->steps, total = 0;
+    for (int i = 0; i < p->nlab; i++) {
+        total += p->ms[i];
+        int j = i;
+        for (; j > 0 && p->ms[ord[j - 1]] < p->ms[i]; j--) ord[j] = ord[j - 1];
+        ord[j] = i;
+    }
+    fprintf(stderr, "loom cuda:%d: decode ops, %d samples on %d adapters, %ld steps, %d layers, per step: %.3f ms from "
+            "the pass's start to its final norm (eager passes, an event after each operation: an operation's time "
+            "includes any wait for the host, which queued a pass in %.3f ms)%s\n", c->device, S, nad, p->steps, L,
+            total / n, p->host_ms / n,
+            p->lost ? "; some marks were lost (events refused or too many labels): their time counts in the next row"
+                    : "");
+    for (int k = 0; k < p->nlab; k++) {
+        int i = ord[k];
+        fprintf(stderr, "loom cuda:%d: decode ops   %-13s %8.3f ms %9.2f us/layer %5.1f %%  %4.0f calls/step\n",
+                c->device, p->name[i], p->ms[i] / n, 1e3 * p->ms[i] / n / L, total > 0 ? 100 * p->ms[i] / total : 0.0,
+                p->calls[i] / n);
+    }
+}
+
+void cu_ops_end(cu_ctx *c, int S, int nad)
+{
+    cu_ops_prof *p = c->dops;
+    if (!p) return;
+    if (p->steps > 0 && p->nlab > 0) co_print(c, p, S, nad);
+    for (int i = 0; i < p->cap; i++) cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->lab);
+    free(p);
+    c->dops = NULL;
+}
