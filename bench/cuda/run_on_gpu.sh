@@ -18,11 +18,13 @@
 #    backend test with LCU_LORA=sgmv (its packed cases have too few adapters for auto to
 #    take version 2) -> the backend test and the suites on the own attention kernels
 #    (LCU_ATTN=wmma) -> the kernel bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters)
-#    -> decode and time to first token (bench_cuda --decode), then the same rows through HF
-#    generate + PEFT -> the suites with the old defaults (no kept activations, no decode
-#    graphs, LCU_LORA=gemm). (The own attention's model rows and PyTorch's SDPA were
-#    measured on the first window: steps model-own, sdpa8b; the old defaults' model and
-#    decode rows on the second: model-recompute, model-gemm, decode-eager.)
+#    -> decode and time to first token (bench_cuda --decode), the same with the decode
+#    profile (a step split into its parts, then into the layer's operations), then the same
+#    rows through HF generate + PEFT -> the suites with the old defaults (no kept
+#    activations, no decode graphs, LCU_LORA=gemm). (The own attention's model rows and
+#    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
+#    defaults' model and decode rows on the second: model-recompute, model-gemm,
+#    decode-eager.)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -64,6 +66,9 @@
 #   decode-eager decode with LCU_DECODE_GRAPH=0 (no CUDA graphs)          decode-eager.log/.json
 #   decode-prof  decode with LCU_DECODE_PROFILE=1: each sampling call's step split into the
 #                layer stack, the head, the picks and the host's rest      decode-prof.log/.json
+#   decode-ops   decode with LCU_DECODE_PROFILE=2: also the layer stack split into its
+#                operations (eager passes, an event after each; the rows' own figures are
+#                slower for it)                                            decode-ops.log/.json
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
 #                LCU_LORA=gemm)                                           suites.log
 #
@@ -307,7 +312,8 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
-       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof suites-old"
+       quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
+       suites-old"
 
 run_step() {
     case $1 in
@@ -348,6 +354,8 @@ run_step() {
         decode) run_model decode 200 --decode --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
         decode-prof) LCU_DECODE_PROFILE=1 MODEL_TAG="(decode profile)" run_model decode-prof 120 --decode --steps 64 \
             --geo Qwen3-8B,Qwen3-0.6B ;;
+        decode-ops) LCU_DECODE_PROFILE=2 MODEL_TAG="(decode ops)" run_model decode-ops 60 --decode --steps 64 \
+            --geo Qwen3-8B,Qwen3-0.6B ;;
         decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
         suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm ;;
@@ -383,8 +391,11 @@ print_summary() {
     for f in model-8b.log model-06b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
         model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
+    # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
+    [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
+        "$OUT/decode-ops.log" | cut -c1-300 | head -80
     for f in bench-8b.log bench.log; do
-        [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm" "$OUT/$f" | cut -c1-150 | head -60; }
+        [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm|decode" "$OUT/$f" | cut -c1-200 | head -100; }
     done
     for f in sdpa-8b.log sdpa.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "^attention|^torch|^== " "$OUT/$f" | head -40; }
@@ -429,6 +440,7 @@ case $MODE in
         run_step bench8b
         run_step decode
         run_step decode-prof
+        run_step decode-ops
         run_step peer-decode
         run_step suites-old
         ;;
