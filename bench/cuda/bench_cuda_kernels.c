@@ -4,10 +4,14 @@
  * 3.35 TB/s, plus the ceilings measured here (a device-to-device copy, a bf16 8192³ GEMM).
  * The attention rows: the own kernels' versions 1 (wmma) and 2 (mma), then cuDNN's fused
  * attention through the kernel layer (cudnn, where libcudnn loads: lcu_cudnn_attn_*).
+ * Each geometry starts with the decode rows: one decode step's operations of a layer at
+ * 32 rows (bench_cuda --decode's 32 samples), base GEMMs, the KV-cache attention and the
+ * LoRA forward over 1 and 8 adapters, where a step's time is far from its HBM bound.
  * Prints figures; never a test. bench/cuda/NOTES.md explains the counts.
  *
- *   bench_cuda_kernels [--quick] [--geo NAME] [--csv FILE]
- * --quick: 512 and 2K tokens only. Exit status 77 without a device (like the gpu tests).
+ *   bench_cuda_kernels [--quick] [--decode] [--geo NAME] [--csv FILE]
+ * --quick: 512 and 2K tokens only; --decode: the decode rows only (a few seconds). Exit
+ * status 77 without a device (like the gpu tests).
  */
 #include "common/clock.h"
 #include "tests/gpu/gt.h"
@@ -93,11 +97,17 @@ static double time_ms(bench_fn fn, void *arg)
     return t[reps / 2];
 }
 
-/* One result row: time, rates, and the floor (the larger of FLOPs/peak and bytes/peak). */
+/* The floor in ms: the larger of FLOPs/peak and bytes/peak. */
+static double floor_ms_of(double flops, double bytes)
+{
+    return fmax(flops / (PEAK_TFLOPS * 1e12), bytes / (PEAK_TBS * 1e12)) * 1e3;
+}
+
+/* One result row: time, rates, and the floor. */
 static void report(const char *kernel, const char *g, const char *shape, double ms, double flops, double bytes)
 {
     double tf = flops / (ms * 1e-3) / 1e12, tb = bytes / (ms * 1e-3) / 1e12;
-    double floor_ms = fmax(flops / (PEAK_TFLOPS * 1e12), bytes / (PEAK_TBS * 1e12)) * 1e3;
+    double floor_ms = floor_ms_of(flops, bytes);
     printf("%-22s %-13s %-22s %10.3f ms %8.1f TFLOP/s %6.2f TB/s  floor %9.3f ms  x%.1f\n", kernel, g, shape, ms, tf, tb,
            floor_ms, ms / floor_ms);
     if (csv) { /* row by row: a run stopped at its time limit keeps what it measured */
@@ -315,24 +325,46 @@ static void bench_head(const geo *g, long T)
     free(rs); free(tg); free(ts);
 }
 
+/* bench_cuda --decode's shape: 8 requests × 4 samples, a 128-token prompt, 64 steps
+ * (run_on_gpu.sh's decode steps). */
+#define DEC_ROWS 32     /* rows of a decode pass: one per sample */
+#define DEC_ADS 8       /* adapters of the 8-adapter rows, DEC_ROWS / DEC_ADS rows each */
+#define DEC_KV_LEN 192  /* keys a row attends to: the prompt and the steps so far, near the end */
+#define DEC_KV_CAP 193  /* cache rows per sample: prompt + max_tokens (128 + 65) */
+#define DEC_LDZ 512     /* the backend's LoRA z stride (cuda_ctx.h CU_LDZ) */
+#define DEC_COPIES 64   /* at most this many copies of a cycled operand */
+
 /* ---- LoRA segments ---------------------------------------------------------------------------- */
 
 typedef struct {
     int in, out, nseg;
+    long ldz;
     lcu_lora_seg segs[32];
     void *x, *y, *dy, *dx, *z, *dz;
 } lora_arg;
 
+static void run_lora_fwd(void *p)
+{
+    lora_arg *l = p;
+    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, l->ldz, 0));
+}
+
 static void run_lora(void *p)
 {
     lora_arg *l = p;
-    long ldz = lcu_lora_ldz(32);
-    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, ldz, 0));
-    B_OK(lcu_lora_bwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->dy, l->out, l->dx, l->in, l->z, l->dz, ldz,
-                      0));
+    run_lora_fwd(l);
+    B_OK(lcu_lora_bwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->dy, l->out, l->dx, l->in, l->z, l->dz,
+                      l->ldz, 0));
 }
 
-static double bench_lora(const geo *g, long T, const char *mod, int in, int out, int nad, double one_ms)
+/* One module's LoRA (r = 32) over T rows in nad equal segments, one adapter each, through the
+ * version LCU_LORA names: forward and backward as a training pass calls them, or (fwd_only)
+ * the forward alone as a decode pass does (the backend's z stride, no gradients). A decode
+ * row does not cycle its adapters through copies as bench_decode's GEMMs do their weights:
+ * A and B are 0.5-1 MB per adapter on Qwen3-8B, 8 MB (2.4 us at 3.35 TB/s) for 8 adapters.
+ * Returns the time. */
+static double bench_lora(const geo *g, long T, const char *mod, int in, int out, int nad, double one_ms,
+                         bool fwd_only)
 {
     const int r = 32;
     lora_arg l;
@@ -340,26 +372,32 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
     l.in = in;
     l.out = out;
     l.nseg = nad;
+    l.ldz = fwd_only ? DEC_LDZ : lcu_lora_ldz(r);
     l.x = dev_random(T * in, LCU_BF16, 1);
-    l.dy = dev_random(T * out, LCU_BF16, 1);
+    if (!fwd_only) l.dy = dev_random(T * out, LCU_BF16, 1);
     l.y = dev_random(T * out, LCU_F32, 1);
-    l.dx = dev_random(T * in, LCU_F32, 1);
-    l.z = gt_dev_poison(T * lcu_lora_ldz(r) * 2);
-    l.dz = gt_dev_poison(T * lcu_lora_ldz(r) * 2);
+    if (!fwd_only) l.dx = dev_random(T * in, LCU_F32, 1);
+    l.z = gt_dev_poison(T * l.ldz * 2);
+    if (!fwd_only) l.dz = gt_dev_poison(T * l.ldz * 2);
     for (int s = 0; s < nad; s++) {
         long b = T * s / nad, e = T * (s + 1) / nad;
         l.segs[s] = (lcu_lora_seg){b, e, r, 32.0f / r, dev_random((size_t)r * in, LCU_BF16, 0.02),
-                                   dev_random((size_t)out * r, LCU_BF16, 0.02), dev_random((size_t)r * in, LCU_F32, 0.01),
-                                   dev_random((size_t)out * r, LCU_F32, 0.01)};
+                                   dev_random((size_t)out * r, LCU_BF16, 0.02),
+                                   fwd_only ? NULL : dev_random((size_t)r * in, LCU_F32, 0.01),
+                                   fwd_only ? NULL : dev_random((size_t)out * r, LCU_F32, 0.01)};
     }
     char shape[64];
     snprintf(shape, sizeof shape, "%s T=%ld x%d ad", mod, T, nad);
-    double ms = time_ms(run_lora, &l);
-    /* fwd: shrink + expand; bwd: shrink again, gB, dz, gA, dx */
-    double flops = 2.0 * T * r * (in + out) + 2.0 * T * r * (3.0 * in + 2.0 * out);
-    double bytes = T * (in * 2.0 * 3 + out * 2.0 * 2 + out * 8.0 + in * 8.0) + nad * (double)r * (in + out) * (2 + 8);
+    double ms = time_ms(fwd_only ? run_lora_fwd : run_lora, &l);
+    /* fwd: shrink + expand; bwd: shrink again, gB, dz, gA, dx. Bytes of the forward alone: x
+     * read, z written and read, y read and written (fp32), every adapter's A and B */
+    double flops = 2.0 * T * r * (in + out) + (fwd_only ? 0 : 2.0 * T * r * (3.0 * in + 2.0 * out));
+    double bytes = fwd_only ? T * (in * 2.0 + r * 4.0 + out * 8.0) + nad * (double)r * (in + out) * 2
+                            : T * (in * 2.0 * 3 + out * 2.0 * 2 + out * 8.0 + in * 8.0) +
+                                  nad * (double)r * (in + out) * (2 + 8);
     char name[40];
-    snprintf(name, sizeof name, "lora fwd+bwd r=32 %s", getenv("LCU_LORA") ? getenv("LCU_LORA") : "auto");
+    snprintf(name, sizeof name, "lora %s r=32 %s", fwd_only ? "fwd" : "fwd+bwd",
+             getenv("LCU_LORA") ? getenv("LCU_LORA") : "auto");
     report(name, g->name, shape, ms, flops, bytes);
     if (one_ms > 0) printf("%-22s %-13s %-22s %.2fx the time of one adapter\n", "", "", "", ms / one_ms);
     gt_free(l.x); gt_free(l.dy); gt_free(l.y); gt_free(l.dx); gt_free(l.z); gt_free(l.dz);
@@ -422,19 +460,180 @@ static void bench_elementwise(const geo *g, long T)
     gt_free(e.x); gt_free(e.w); gt_free(e.y); gt_free(e.rstd); gt_free(e.g); gt_free(e.u);
 }
 
+/* ---- decode: one decode step's operations of a layer ------------------------------------------ */
+
+static size_t l2_bytes; /* the device's L2 cache */
+
+/* A decode step reads each layer's weights and KV caches once, from HBM; a row that called a
+ * kernel on the same 8-32 MB again and again would read them from the L2 cache the previous
+ * call filled (50 MB on Hopper). So the decode rows cycle through copies of the weight or
+ * the caches, enough for 3x the L2 (the small inputs and outputs stay: in a step they come
+ * from the operation before). How many copies of `bytes` that takes: */
+static int dec_copies(double bytes)
+{
+    int n = (int)ceil(3.0 * l2_bytes / bytes);
+    return n < 1 ? 1 : n > DEC_COPIES ? DEC_COPIES : n;
+}
+
+typedef struct {
+    simple_arg s;
+    void *W[DEC_COPIES];
+    int n, next;
+} dec_gemm_arg;
+
+static void run_gemm_cycled(void *p)
+{
+    dec_gemm_arg *d = p;
+    d->s.g.B = d->W[d->next++ % d->n];
+    run_gemm(&d->s);
+}
+
+/* y[32, N] = x[32, K]·W[N, K]ᵀ as cl_linear calls it; resid: + C (beta 1, C apart from D: the
+ * residual add of o and down). Returns the time; *floor (unless NULL) the floor. */
+static double bench_decode_gemm(const geo *g, const char *what, int N, int K, bool resid, double *floor)
+{
+    const long T = DEC_ROWS;
+    dec_gemm_arg d;
+    memset(&d, 0, sizeof d);
+    d.n = dec_copies((double)N * K * 2);
+    for (int i = 0; i < d.n; i++) d.W[i] = dev_random((size_t)N * K, LCU_BF16, 0.05);
+    void *A = dev_random(T * K, LCU_BF16, 1), *D = gt_dev_poison(T * N * 4);
+    void *C = resid ? dev_random(T * N, LCU_F32, 1) : NULL;
+    d.s.g = (lcu_gemm_args){false, true, (int)T, N, K, 1.0f, resid ? 1.0f : 0.0f, A, K, d.W[0], K, C, resid ? N : 0,
+                            D, N, LCU_F32};
+    char shape[64];
+    snprintf(shape, sizeof shape, "%s%s %ldx%dx%d", what, resid ? "+resid" : "", T, N, K);
+    double ms = time_ms(run_gemm_cycled, &d);
+    double flops = 2.0 * T * N * K, bytes = T * K * 2.0 + (double)N * K * 2 + T * N * (resid ? 8.0 : 4.0);
+    report("gemm bf16->f32", g->name, shape, ms, flops, bytes);
+    if (floor) *floor = floor_ms_of(flops, bytes);
+    for (int i = 0; i < d.n; i++) gt_free(d.W[i]);
+    gt_free(A); gt_free(D); gt_free(C);
+    return ms;
+}
+
+typedef struct {
+    attn_arg x;
+    void *k[DEC_COPIES], *v[DEC_COPIES];
+    int n, next;
+} dec_attn_arg;
+
+static void run_attn_cycled(void *p)
+{
+    dec_attn_arg *d = p;
+    int i = d->next++ % d->n;
+    B_OK(lcu_attn_fwd(&d->x.a, d->x.q, d->k[i], d->v[i], d->x.o, d->x.lse, d->x.ws, 0));
+}
+
+/* The KV-cache attention of a decode pass as cuda_sample.c's cs_decode sets it up: sample i's
+ * one query row i against rows i·kv_cap .. i·kv_cap + kv_len of one layer's K and V caches
+ * [samples·kv_cap, nkv·d]. Returns version 1's time (the one decode runs unless
+ * LCU_ATTN=mma); *floor its floor. */
+static double bench_decode_attention(const geo *g, double *floor)
+{
+    const int S = DEC_ROWS;
+    int32_t qs[DEC_ROWS + 1], kl[DEC_ROWS];
+    int64_t ks[DEC_ROWS];
+    for (int i = 0; i < S; i++) {
+        qs[i] = i;
+        ks[i] = (int64_t)i * DEC_KV_CAP;
+        kl[i] = DEC_KV_LEN;
+    }
+    qs[S] = S;
+    dec_attn_arg d;
+    memset(&d, 0, sizeof d);
+    attn_arg *x = &d.x;
+    long qd = (long)g->nq * g->d, kvd = (long)g->nkv * g->d, cache = (long)S * DEC_KV_CAP;
+    x->a = (lcu_attn_desc){S, gt_dev_copy(qs, sizeof qs), gt_dev_copy(ks, sizeof ks), gt_dev_copy(kl, sizeof kl), S,
+                           g->nq, g->nkv, g->d, (float)(1.0 / sqrt((double)g->d))};
+    d.n = dec_copies(cache * kvd * 2.0 * 2);
+    for (int i = 0; i < d.n; i++) {
+        d.k[i] = dev_random(cache * kvd, LCU_BF16, 1);
+        d.v[i] = dev_random(cache * kvd, LCU_BF16, 1);
+    }
+    x->q = dev_random(S * qd, LCU_BF16, 1);
+    x->o = gt_dev_poison(S * qd * 2);
+    x->lse = gt_dev_poison(S * g->nq * 4);
+    x->ws = gt_dev_poison(lcu_attn_workspace_bytes(&x->a));
+    /* QKᵀ and PV of one query over kv_len keys per sample and head; bytes: q and out, each
+     * sample's K and V rows once (a kv head's rows serve its nq/nkv query heads), lse */
+    double flops = 4.0 * S * DEC_KV_LEN * g->d * g->nq;
+    double bytes = S * qd * 2.0 * 2 + (double)S * DEC_KV_LEN * kvd * 2 * 2 + S * g->nq * 4.0;
+    *floor = floor_ms_of(flops, bytes);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx1 kv %d", S, DEC_KV_LEN);
+    const char *variants[2] = {"wmma", "mma"};
+    double v1 = 0;
+    for (int vi = 0; vi < 2; vi++) {
+        char name[40];
+        setenv("LCU_ATTN", variants[vi], 1);
+        snprintf(name, sizeof name, "attention decode %s", variants[vi]);
+        double ms = time_ms(run_attn_cycled, &d);
+        report(name, g->name, shape, ms, flops, bytes);
+        if (vi == 0) v1 = ms;
+    }
+    unsetenv("LCU_ATTN");
+    for (int i = 0; i < d.n; i++) {
+        gt_free(d.k[i]); gt_free(d.v[i]);
+    }
+    void *bufs[] = {(void *)x->a.q_start, (void *)x->a.kv_start, (void *)x->a.kv_len, x->q, x->o, x->lse, x->ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(bufs[i]);
+    return v1;
+}
+
+/* A decode pass's per-layer operations at DEC_ROWS rows, then what a layer's base GEMMs and
+ * attention add up to against their floors (the layer's other operations, timed in place:
+ * the decode profile, LCU_DECODE_PROFILE=2, run_on_gpu.sh decode-ops). */
+static void bench_decode(const geo *g)
+{
+    int H = g->H, I = g->I, qd = g->nq * g->d, kvd = g->nkv * g->d;
+    printf("-- decode rows: %d rows (samples), KV cache %d keys each, LoRA r=32 over 1 and %d adapters; weights and "
+           "caches cycled over copies of 3x the L2 (%.0f MiB)\n", DEC_ROWS, DEC_KV_LEN, DEC_ADS, l2_bytes / 1048576.0);
+    /* the layer's seven products (o and down with their residual add, beta 1, as the layer
+     * calls them; also without, for the epilogue's cost), then the attention */
+    double f[6], t = 0;
+    t += bench_decode_gemm(g, "q", qd, H, false, &f[0]);
+    t += 2 * bench_decode_gemm(g, "k/v", kvd, H, false, &f[1]);
+    bench_decode_gemm(g, "o", H, qd, false, NULL);
+    t += bench_decode_gemm(g, "o", H, qd, true, &f[2]);
+    t += 2 * bench_decode_gemm(g, "gate/up", I, H, false, &f[3]);
+    bench_decode_gemm(g, "down", H, I, false, NULL);
+    t += bench_decode_gemm(g, "down", H, I, true, &f[4]);
+    double fl = f[0] + 2 * f[1] + f[2] + 2 * f[3] + f[4];
+    double ta = bench_decode_attention(g, &f[5]);
+    const struct { const char *mod; int in, out; } mods[] = {
+        {"q", H, qd}, {"k/v", H, kvd}, {"o", qd, H}, {"gate/up", H, I}, {"down", I, H}};
+    for (int v = 0; v < 2; v++) { /* LoRA versions 1 and 2 (LCU_LORA; auto takes 2 for the 8 adapters) */
+        setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
+        for (size_t m = 0; m < sizeof mods / sizeof mods[0]; m++) {
+            double one = bench_lora(g, DEC_ROWS, mods[m].mod, mods[m].in, mods[m].out, 1, 0, true);
+            bench_lora(g, DEC_ROWS, mods[m].mod, mods[m].in, mods[m].out, DEC_ADS, one, true);
+        }
+    }
+    unsetenv("LCU_LORA");
+    bench_elementwise(g, DEC_ROWS);
+    printf("decode layer, %d rows: 7 base GEMMs %.1f us (floor %.1f us, x%.1f) + attention wmma %.1f us (floor %.1f "
+           "us); x %d layers: %.3f ms a step (floor %.3f ms), before LoRA, norms, RoPE, KV stores\n\n", DEC_ROWS,
+           1e3 * t, 1e3 * fl, t / fl, 1e3 * ta, 1e3 * f[5], g->L, (t + ta) * g->L, (fl + f[5]) * g->L);
+}
+
 int main(int argc, char **argv)
 {
-    bool quick = false;
+    bool quick = false, decode_only = false;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--decode")) decode_only = true;
         else if (!strcmp(argv[i], "--geo") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = fopen(argv[++i], "w");
-        else { fprintf(stderr, "usage: %s [--quick] [--geo NAME] [--csv FILE]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--quick] [--decode] [--geo NAME] [--csv FILE]\n", argv[0]); return 2; }
     }
     gt_init("bench_cuda_kernels");
     if (csv) fprintf(csv, "kernel,geometry,shape,ms,tflops,tbs,floor_ms\n");
     B_OK(lcu_ctx_create(&ctx, 0));
+    int l2 = 0;
+    GT_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    l2_bytes = l2 > 0 ? (size_t)l2 : (size_t)50 << 20;
     char why[1024];
     if (lcu_cudnn_create(&dnn, why, sizeof why) == 0) printf("attention rows \"cudnn\": %s\n", lcu_cudnn_describe(dnn));
     else printf("attention rows \"cudnn\": none (%s)\n", why);
@@ -445,7 +644,8 @@ int main(int argc, char **argv)
         if (only && strcmp(only, g->name)) continue;
         printf("== %s: H %d, heads %d/%d x %d, I %d, V %d, %d layers\n", g->name, g->H, g->nq, g->nkv, g->d, g->I, g->V,
                g->L);
-        for (int ti = 0; ti < (quick ? 2 : 4); ti++) {
+        bench_decode(g); /* first: the rows a time-limited run most needs */
+        for (int ti = 0; ti < (decode_only ? 0 : quick ? 2 : 4); ti++) {
             long T = toks[ti];
             bench_attention(g, T, (int)T);
             if (T > 512) bench_attention(g, T, 512);
@@ -454,9 +654,9 @@ int main(int argc, char **argv)
             bench_gemm_shape(g, T, "q", g->nq * g->d, g->H);
             for (int v = 0; v < 2; v++) { /* LoRA versions 1 and 2 (LCU_LORA) */
                 setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
-                double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0);
-                bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one);
-                bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one);
+                double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0, false);
+                bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one, false);
+                bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one, false);
             }
             unsetenv("LCU_LORA");
             bench_elementwise(g, T);
