@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_head.h"
 #include "backend/cuda/cuda_layer.h"
+#include "backend/cuda/cuda_prof.h"
 #include "backend/cuda/cuda_sample.h"
 #include "backend/cuda/cuda_weights.h"
 #include "common/err.h"
@@ -44,6 +45,7 @@ static void cu_destroy(void *ctx)
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    cu_train_prof_flush(c); /* the last shape's table */
     cu_buffers_free(c);
     if (c->norm_ws) cudaFree(c->norm_ws);
     cu_weights_free(&c->w);
@@ -149,8 +151,9 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     const char *keep = getenv("LCU_KEEP_ACT"), *keep_mb = getenv("LCU_KEEP_MB");
     c->keep.wanted = !keep || !*keep || strcmp(keep, "0") != 0;
     c->keep.cap_bytes = keep_mb && *keep_mb ? (size_t)strtoull(keep_mb, NULL, 10) << 20 : 0;
-    const char *dg = getenv("LCU_DECODE_GRAPH");
+    const char *dg = getenv("LCU_DECODE_GRAPH"), *tp = getenv("LCU_TRAIN_PROFILE");
     c->dgraph_wanted = !dg || !*dg || strcmp(dg, "0") != 0;
+    c->tprof_wanted = tp && *tp && strcmp(tp, "0") != 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);
@@ -260,10 +263,13 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
     c->d_pos = cu_meta_dev(c, c->ml.pos);
     cu_where(c, "embedding");
     CU_TRY(c, lcu_embed(a->x, c->w.embed, cu_meta_dev(c, c->ml.tokens), T, H, c->stream));
+    cu_mark(c, "embedding");
     c->route_seqs = mc->num_experts > 0 ? seqs : NULL; /* the first forward counts the routing */
     for (int l = 0; l < L; l++) {
-        if (layer_grad)
+        if (layer_grad) {
             CU_TRY(c, cudaMemcpyAsync(a->saved + l * TH, a->x, TH * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+            cu_mark(c, "save layer input");
+        }
         if (keep) cu_keep_bind(c, l);
         if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) {
             c->route_seqs = NULL;
@@ -275,12 +281,15 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
     /* xf (bf16) lives in xn2 and dL/dxf in dxf: both are free until the layer backward */
     cu_where(c, "final norm");
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn2, LCU_BF16, a->rstd_f, a->x, c->w.final_norm, T, H, mc->rms_norm_eps, c->stream));
+    cu_mark(c, "final norm");
     c->grad_started = any_grad; /* the head adds the first gradients (head LoRA) */
     if (cu_head(c, T, a->xn2, any_grad, topk, extras ? seqs : NULL, layer_grad ? a->dxf : NULL) < 0) return -1;
+    cu_mark(c, "head");
     if (layer_grad) {
         cu_where(c, "final norm backward");
         CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxf, LCU_F32, a->x, a->rstd_f, c->w.final_norm, T, H, false,
                                   c->stream));
+        cu_mark(c, "final norm bwd");
         for (int l = L - 1; l >= 0; l--) {
             const float *x_in = a->saved + l * TH;
             if (keep) cu_keep_bind(c, l);
@@ -289,6 +298,7 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
         }
         cu_keep_unbind(c);
     }
+    cu_train_prof_queued(c);
     cu_where(c, "downloading the outputs");
     CU_TRY(c, cudaMemcpyAsync((char *)c->meta.host + c->ml.in_end, (char *)c->meta.dev + c->ml.in_end,
                               c->ml.out_end - c->ml.in_end, cudaMemcpyDeviceToHost, c->stream));
@@ -373,7 +383,9 @@ static int cu_forward_backward(void *ctx, be_seq *seqs, int nseq, bool backward,
         cu_meta_reserve(c, T, np, nnz, ntopk, err, errlen) < 0 || cu_rope_reserve(c, max_len, err, errlen) < 0)
         return -1;
     bool keep = layer_grad && cu_keep_reserve(c, T, np, max_len);
+    cu_train_prof_begin(c, T, np, layer_grad);
     int rc = cu_fb_run(c, seqs, nseq, T, any_grad, layer_grad, ntopk > 0, extras, keep);
+    cu_train_prof_end(c, rc == 0); /* the pass synchronized (cu_sync) */
     cu_keep_unbind(c); /* also after a failure between a bind and its unbind */
     if (rc < 0) return cu_fb_fail(c, err, errlen);
     cu_fb_scatter(c, seqs);

@@ -254,6 +254,13 @@ typedef struct {
     /* LCU_DECODE_PROFILE=2: also each operation of the decode passes (cuda_prof.c), which
      * then run eagerly; NULL outside a profiled sampling call (the marks' only cost) */
     cu_ops_prof *dops;
+    /* LCU_TRAIN_PROFILE=1: the same per operation for forward(_backward) passes, summed per
+     * shape (cuda_prof.c cu_train_prof_*); installed in dops while a pass is queued */
+    bool tprof_wanted, tprof_grad;
+    cu_ops_prof *tops;
+    long tprof_T;
+    int tprof_nseq;
+    double tprof_t0, tprof_host_ms; /* the pass's start (s), the host's time to queue it */
 } cu_ctx;
 
 /* The device K (which 0) or V (which 1) cache of layer l. */

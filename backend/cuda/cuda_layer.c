@@ -51,6 +51,11 @@ static const char *const cl_bias_op[LORA_NUM_MODULES] = {"q bias", "k bias", "v 
                                                          "up bias", "down bias"};
 static const char *const cl_lora_op[LORA_NUM_MODULES] = {"q lora", "k lora", "v lora", "o lora", "gate lora",
                                                          "up lora", "down lora"};
+/* ... and of the backward's (LCU_TRAIN_PROFILE) */
+static const char *const cl_gemm_bop[LORA_NUM_MODULES] = {"q bwd gemm", "k bwd gemm", "v bwd gemm", "o bwd gemm",
+                                                          "gate bwd gemm", "up bwd gemm", "down bwd gemm"};
+static const char *const cl_lora_bop[LORA_NUM_MODULES] = {"q bwd lora", "k bwd lora", "v bwd lora", "o bwd lora",
+                                                          "gate bwd lora", "up bwd lora", "down bwd lora"};
 
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. */
 static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W,
@@ -81,11 +86,14 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
         lcu_gemm_args g = {false, false, (int)T, in, out, 1.0f, acc ? 1.0f : 0.0f, dy, out, W, in, NULL, 0, dx, in,
                            LCU_F32};
         CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+        cu_mark(c, cl_gemm_bop[mod]);
     }
     int n = cu_lora_segs(c, l, mod, 0, T, true);
-    if (n)
+    if (n) {
         CU_TRY(c, lcu_lora_bwd(c->lcu, c->lsegs, n, in, out, x, in, dy, out, dx, in, c->a.z, c->a.dz, CU_LDZ,
                                c->stream));
+        cu_mark(c, cl_lora_bop[mod]);
+    }
     return 0;
 }
 
@@ -235,38 +243,51 @@ int cu_layer_backward(cu_ctx *c, int l, long T, const float *x_in, bool need_dx)
     /* MLP: x' = xmid + down(h), h = silu(g)·u (sparse layer: x' = xmid + moe(xn2)) */
     if (w->router) {
         if (cu_moe_backward(c, l, T) < 0) return -1;
+        cu_mark(c, "moe bwd");
     } else {
         CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
+        cu_mark(c, "dy convert");
         if (cl_linear_bwd(c, l, LORA_DOWN, a->h, I, w->wdown, H, a->dyb, a->dh, false, T) < 0) return -1;
         CU_TRY(c, lcu_swiglu_bwd(a->dg, a->du, LCU_BF16, a->dh, a->g, a->u, T * I, s));
+        cu_mark(c, "swiglu bwd");
         if (cl_linear_bwd(c, l, LORA_GATE, a->xn2, H, w->wgate, I, a->dg, a->dxn, false, T) < 0 ||
             cl_linear_bwd(c, l, LORA_UP, a->xn2, H, w->wup, I, a->du, a->dxn, true, T) < 0)
             return -1;
     }
     CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxn, LCU_F32, a->xmid, a->rstd2, w->mlp_norm, T, H, true, s));
+    cu_mark(c, "mlp rmsnorm bwd");
 
     /* attention: xmid = x + o(att); dx = dL/dxmid from here */
     CU_TRY(c, lcu_convert(a->dyb, LCU_BF16, a->dx, LCU_F32, TH, s));
+    cu_mark(c, "dy convert");
     if (cl_linear_bwd(c, l, LORA_O, a->att, qd, w->wo, H, a->dyb, a->datt, false, T) < 0) return -1;
     CU_TRY(c, lcu_convert(a->dattb, LCU_BF16, a->datt, LCU_F32, (size_t)T * qd, s));
+    cu_mark(c, "datt convert");
     CU_TRY(c, cl_attn_bwd(c));
+    cu_mark(c, "attention bwd");
     CU_TRY(c, lcu_rope(a->dq, LCU_F32, a->dq, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
     CU_TRY(c, lcu_rope(a->dk, LCU_F32, a->dk, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, true, s));
+    cu_mark(c, "rope bwd");
     if (mc->qk_norm) {
         CU_TRY(c, lcu_rmsnorm_bwd(a->dqb, LCU_BF16, a->dq, LCU_F32, a->q_pre, a->rstd_q, w->q_norm, T * nq, d, false, s));
         CU_TRY(c, lcu_rmsnorm_bwd(a->dkb, LCU_BF16, a->dk, LCU_F32, a->k_pre, a->rstd_k, w->k_norm, T * nkv, d, false, s));
+        cu_mark(c, "q/k norm bwd");
     } else {
         CU_TRY(c, lcu_convert(a->dqb, LCU_BF16, a->dq, LCU_F32, (size_t)T * qd, s));
         CU_TRY(c, lcu_convert(a->dkb, LCU_BF16, a->dk, LCU_F32, (size_t)T * kvd, s));
+        cu_mark(c, "dq/dk convert");
     }
     CU_TRY(c, lcu_convert(a->dvb, LCU_BF16, a->dv, LCU_F32, (size_t)T * kvd, s));
+    cu_mark(c, "dv convert");
     /* layer 0 needs no input gradient (the embedding is frozen): LoRA gradients only */
     float *dxn = need_dx ? a->dxn : NULL;
     if (cl_linear_bwd(c, l, LORA_Q, a->xn1, H, w->wq, qd, a->dqb, dxn, false, T) < 0 ||
         cl_linear_bwd(c, l, LORA_K, a->xn1, H, w->wk, kvd, a->dkb, dxn, true, T) < 0 ||
         cl_linear_bwd(c, l, LORA_V, a->xn1, H, w->wv, kvd, a->dvb, dxn, true, T) < 0)
         return -1;
-    if (need_dx)
+    if (need_dx) {
         CU_TRY(c, lcu_rmsnorm_bwd(a->dx, LCU_F32, a->dxn, LCU_F32, x_in, a->rstd1, w->attn_norm, T, H, true, s));
+        cu_mark(c, "attn rmsnorm bwd");
+    }
     return 0;
 }

@@ -11,12 +11,13 @@
  * the operation, which is why the table says how long the host took to queue a pass. The
  * events of a pass are made once and reused by the next (a pass of Qwen3-8B marks ~900). */
 #include "backend/cuda/cuda_prof.h"
+#include "common/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CO_LABELS 64 /* distinct labels a table holds (a dense layer marks ~25) */
+#define CO_LABELS 96 /* distinct labels a table holds (a dense layer marks ~25 forward, ~30 backward) */
 
 struct cu_ops_prof {
     cudaEvent_t *ev;            /* [cap], made as needed */
@@ -118,8 +119,9 @@ void cu_ops_step(cu_ctx *c)
     p->n = 0;
 }
 
-/* Largest share first: the table is read from the top. */
-static void co_print(const cu_ctx *c, const cu_ops_prof *p, int S, int nad)
+/* Largest share first: the table is read from the top. kind: "decode" or "train"; what:
+ * the passes' description; unit: "step" or "pass". */
+static void co_print(const cu_ctx *c, const cu_ops_prof *p, const char *kind, const char *what, const char *unit)
 {
     int ord[CO_LABELS], L = c->cfg.num_hidden_layers;
     double n = (double)p->steps, total = 0;
@@ -129,28 +131,83 @@ static void co_print(const cu_ctx *c, const cu_ops_prof *p, int S, int nad)
         for (; j > 0 && p->ms[ord[j - 1]] < p->ms[i]; j--) ord[j] = ord[j - 1];
         ord[j] = i;
     }
-    fprintf(stderr, "loom cuda:%d: decode ops, %d samples on %d adapters, %ld steps, %d layers, per step: %.3f ms from "
-            "the pass's start to its final norm (eager passes, an event after each operation: an operation's time "
-            "includes any wait for the host, which queued a pass in %.3f ms)%s\n", c->device, S, nad, p->steps, L,
-            total / n, p->host_ms / n,
+    fprintf(stderr, "loom cuda:%d: %s ops, %s, %d layers, per %s: %.3f ms from the pass's start to its last mark "
+            "(eager passes, an event after each operation: an operation's time includes any wait for the host, "
+            "which queued a pass in %.3f ms)%s\n", c->device, kind, what, L, unit, total / n, p->host_ms / n,
             p->lost ? "; some marks were lost (events refused or too many labels): their time counts in the next row"
                     : "");
     for (int k = 0; k < p->nlab; k++) {
         int i = ord[k];
-        fprintf(stderr, "loom cuda:%d: decode ops   %-13s %8.3f ms %9.2f us/layer %5.1f %%  %4.0f calls/step\n",
-                c->device, p->name[i], p->ms[i] / n, 1e3 * p->ms[i] / n / L, total > 0 ? 100 * p->ms[i] / total : 0.0,
-                p->calls[i] / n);
+        fprintf(stderr, "loom cuda:%d: %s ops   %-16s %8.3f ms %9.2f us/layer %5.1f %%  %4.0f calls/%s\n", c->device,
+                kind, p->name[i], p->ms[i] / n, 1e3 * p->ms[i] / n / L, total > 0 ? 100 * p->ms[i] / total : 0.0,
+                p->calls[i] / n, unit);
     }
+}
+
+static void co_free(cu_ops_prof *p)
+{
+    for (int i = 0; i < p->cap; i++) cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->lab);
+    free(p);
+}
+
+/* ---- training passes (LCU_TRAIN_PROFILE=1) ----------------------------------------------- */
+
+/* The passes of one shape (tokens, sequences, whether gradients enter the layers) are
+ * summed into one table, said when the shape changes and when the context goes. */
+void cu_train_prof_begin(cu_ctx *c, long T, int nseq, bool layer_grad)
+{
+    if (!c->tprof_wanted || c->dops) return; /* a sampling call's profile is recording */
+    if (c->tops && (c->tprof_T != T || c->tprof_nseq != nseq || c->tprof_grad != layer_grad)) cu_train_prof_flush(c);
+    if (!c->tops) c->tops = calloc(1, sizeof *c->tops);
+    if (!c->tops) return;
+    c->tprof_T = T;
+    c->tprof_nseq = nseq;
+    c->tprof_grad = layer_grad;
+    c->dops = c->tops; /* cu_mark records into whichever profile c->dops holds */
+    c->tprof_t0 = clock_mono_s();
+    c->tprof_host_ms = 0;
+    cu_ops_open(c);
+}
+
+void cu_train_prof_queued(cu_ctx *c)
+{
+    if (c->tops && c->dops == c->tops) c->tprof_host_ms = (clock_mono_s() - c->tprof_t0) * 1e3;
+}
+
+void cu_train_prof_end(cu_ctx *c, bool ok)
+{
+    if (!c->tops || c->dops != c->tops) return;
+    cu_ops_close(c, c->tprof_host_ms);
+    if (ok) cu_ops_step(c); /* the pass synchronized: its events are complete */
+    else c->tops->n = 0;
+    c->dops = NULL;
+}
+
+void cu_train_prof_flush(cu_ctx *c)
+{
+    cu_ops_prof *p = c->tops;
+    if (!p) return;
+    if (p->steps > 0 && p->nlab > 0) {
+        char what[160];
+        snprintf(what, sizeof what, "%ld tokens in %d sequences, %s, %ld passes", c->tprof_T, c->tprof_nseq,
+                 c->tprof_grad ? "forward+backward" : "forward (no gradient into the layers)", p->steps);
+        co_print(c, p, "train", what, "pass");
+    }
+    co_free(p);
+    c->tops = NULL;
 }
 
 void cu_ops_end(cu_ctx *c, int S, int nad)
 {
     cu_ops_prof *p = c->dops;
     if (!p) return;
-    if (p->steps > 0 && p->nlab > 0) co_print(c, p, S, nad);
-    for (int i = 0; i < p->cap; i++) cudaEventDestroy(p->ev[i]);
-    free(p->ev);
-    free(p->lab);
-    free(p);
+    if (p->steps > 0 && p->nlab > 0) {
+        char what[128];
+        snprintf(what, sizeof what, "%d samples on %d adapters, %ld steps", S, nad, p->steps);
+        co_print(c, p, "decode", what, "step");
+    }
+    co_free(p);
     c->dops = NULL;
 }

@@ -5,6 +5,7 @@
 #
 #   bash bench/cuda/run_on_gpu.sh a         the first command of a short GPU window (~6 min)
 #   bash bench/cuda/run_on_gpu.sh b         the second (~5 min)
+#   bash bench/cuda/run_on_gpu.sh c         the third: where the time goes (~4 min)
 #   bash bench/cuda/run_on_gpu.sh STEP...   single steps (below), in the order given
 #
 # a: environment (driver, where cuBLAS 13 is) -> the dense kernel tests, each capped ->
@@ -12,19 +13,22 @@
 #    -> the mixture-of-experts tests -> the backend test, every part (rerun with
 #    LOOM_CUDA_SYNC=1 when it FATALs) -> the CPU suites on the cuda backend -> the fp64
 #    torch reference at bf16 bars -> bench_cuda Qwen3-8B (--iters 1: 2x2048 is the MFU row,
-#    1x32768 the memory row) and Qwen3-0.6B (1/8/32 adapters), on the defaults (cuDNN
-#    attention, kept activations, LCU_LORA=auto, decode graphs)
+#    1x32768 the memory row), Qwen3-0.6B (1/8/32 adapters) and Llama-3.2-1B, on the
+#    defaults (cuDNN attention, kept activations, LCU_LORA=auto, decode graphs)
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
 #    backend test with LCU_LORA=sgmv (its packed cases have too few adapters for auto to
 #    take version 2) -> the backend test and the suites on the own attention kernels
 #    (LCU_ATTN=wmma) -> the kernel bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters)
 #    -> decode and time to first token (bench_cuda --decode), the same with the decode
-#    profile (a step split into its parts, then into the layer's operations), then the same
-#    rows through HF generate + PEFT -> the suites with the old defaults (no kept
+#    profile (a step split into its parts), then the same rows through HF generate + PEFT -> the suites with the old defaults (no kept
 #    activations, no decode graphs, LCU_LORA=gemm). (The own attention's model rows and
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
+# c: where the time goes: the decode passes split into the layer's operations
+#    (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their floors,
+#    the training passes split into operations (LCU_TRAIN_PROFILE=1), and Qwen3-8B's rows
+#    as on an 80 GB card (LCU_DEVICE_MB)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -69,6 +73,13 @@
 #   decode-ops   decode with LCU_DECODE_PROFILE=2: also the layer stack split into its
 #                operations (eager passes, an event after each; the rows' own figures are
 #                slower for it)                                            decode-ops.log/.json
+#   train-ops    bench_cuda Qwen3-8B and Qwen3-0.6B with LCU_TRAIN_PROFILE=1: each row's
+#                forward+backward split into its operations              train-ops.log/.json
+#   kernels-decode  bench_cuda_kernels --decode: the decode step's kernels at 32 rows,
+#                each against its floor                                    bench-decode.log/.csv
+#   model8b-80g  model8b with LCU_DEVICE_MB=81559 (an H100's 79.6 GiB): what fits there
+#                                                                          model-8b-80g.log/.json
+#   model1b      bench_cuda --geo Llama-3.2-1B --iters 1 (its PEFT row: 4x2048) model-1b.log/.json
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
 #                LCU_LORA=gemm)                                           suites.log
 #
@@ -92,7 +103,7 @@ cd "$(dirname "$0")/../.." || exit 1
 source bench/cuda/cuda_libs.sh
 MODE=${1:-a}
 ARGS="$*"
-case $MODE in a) DEFAULT_BUDGET=330 ;; b) DEFAULT_BUDGET=280 ;; *) DEFAULT_BUDGET=560 ;; esac
+case $MODE in a) DEFAULT_BUDGET=330 ;; b) DEFAULT_BUDGET=280 ;; c) DEFAULT_BUDGET=240 ;; *) DEFAULT_BUDGET=560 ;; esac
 BUDGET=${LOOM_GPU_BUDGET:-$DEFAULT_BUDGET}
 OUT=${OUT:-/tmp/loom-gpu-out}
 DRY=${LOOM_GPU_DRY:-}
@@ -313,6 +324,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
+       train-ops kernels-decode model8b-80g model1b
        suites-old"
 
 run_step() {
@@ -347,6 +359,12 @@ run_step() {
                  --dump-bin "$BIN/test_cpu_ref" --work "$OUT/ref-work" --tolerance bf16 ;;
         model8b) run_model model-8b 400 --geo Qwen3-8B --iters 1 ;;
         model06) run_model model-06b 120 --geo Qwen3-0.6B --iters 1 ;;
+        model1b) run_model model-1b 90 --geo Llama-3.2-1B --iters 1 ;;
+        # an H100's 80 GB (79.6 GiB as cudaMemGetInfo counts it) on a bigger card
+        model8b-80g) LCU_DEVICE_MB=81559 MODEL_TAG="(as an 80 GB card)" run_model model-8b-80g 200 --geo Qwen3-8B --iters 1 ;;
+        train-ops) LCU_TRAIN_PROFILE=1 MODEL_TAG="(train ops)" run_model train-ops 150 --geo Qwen3-8B,Qwen3-0.6B --iters 1 ;;
+        kernels-decode) step bench-decode.log 60 "bench_cuda_kernels --decode" "$BIN/bench_cuda_kernels" --decode \
+                            --csv "$OUT/bench-decode.csv" ;;
         model-v2)
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-06b 80 --geo Qwen3-0.6B --iters 1
             LCU_ATTN=mma LCU_LORA=sgmv MODEL_TAG="(v2)" run_model model-v2-8b 200 --geo Qwen3-8B --iters 1 ;;
@@ -388,13 +406,16 @@ print_summary() {
     grep -hE "^(FAIL|FATAL)|  FAIL |^not ok" "$OUT"/kernels.log "$OUT"/backend*.log "$OUT"/moe.log "$OUT"/suites.log \
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
-    for f in model-8b.log model-06b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
+    for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
         model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
         "$OUT/decode-ops.log" | cut -c1-300 | head -80
-    for f in bench-8b.log bench.log; do
+    # each training shape's table (the rows the issue compares with PEFT), top 12 rows each
+    [ -f "$OUT/train-ops.log" ] && awk '/train ops, / { keep = $0 ~ /(4096|8192) tokens in .*forward\+backward/; n = 0 } /train ops/ && keep && n++ < 13' \
+        "$OUT/train-ops.log" | cut -c1-300 | head -120
+    for f in bench-8b.log bench.log bench-decode.log; do
         [ -f "$OUT/$f" ] && { echo "---- $f"; grep -E "ceiling|measured|attention|head|lora|gemm|decode" "$OUT/$f" | cut -c1-200 | head -100; }
     done
     for f in sdpa-8b.log sdpa.log; do
@@ -408,7 +429,7 @@ print_summary() {
     printf '%s\n' "${SUM[@]}"
 }
 
-if [ "$MODE" != a ] && [ "$MODE" != b ]; then
+if [ "$MODE" != a ] && [ "$MODE" != b ] && [ "$MODE" != c ]; then
     for s in "$@"; do
         [[ " $(echo $STEPS) " == *" $s "* ]] || { echo "unknown step $s (a, b, or one of: $(echo $STEPS))"; exit 2; }
     done
@@ -430,6 +451,7 @@ case $MODE in
             run_step ref
             run_step model8b
             run_step model06
+            run_step model1b
         fi
         ;;
     b)
@@ -440,9 +462,14 @@ case $MODE in
         run_step bench8b
         run_step decode
         run_step decode-prof
-        run_step decode-ops
         run_step peer-decode
         run_step suites-old
+        ;;
+    c)
+        run_step decode-ops
+        run_step kernels-decode
+        run_step train-ops
+        run_step model8b-80g
         ;;
     *)
         for s in "$@"; do run_step "$s"; done
