@@ -60,6 +60,7 @@
 #include "model/mkmodel.h"
 #include "model/model.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -721,6 +722,69 @@ static void forward_lp(const side *s, const sreq *q, int i, float *lp_out, float
     }
 }
 
+/* The profiles (LCU_DECODE_PROFILE=2, LCU_TRAIN_PROFILE=1, cuda_prof.c): a context with
+ * both on samples q's requests to the same bits as p's context did (its decode passes then
+ * run eagerly) and forwards to the same log-probs, and says on stderr the tables of the
+ * decode's and the forward's operations. Their stderr is caught in a file, checked and
+ * copied to the log. */
+static void check_profiles(pair *p, const sreq *q)
+{
+    const char *cs = p->name;
+    char path[96];
+    snprintf(path, sizeof path, "%s/profile.err", tmpdir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (saved < 0 || fd < 0 || dup2(fd, 2) < 0) { printf("FATAL %s: catching stderr\n", path); exit(1); }
+    close(fd);
+    setenv("LCU_DECODE_PROFILE", "2", 1);
+    setenv("LCU_TRAIN_PROFILE", "1", 1);
+    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+    unsetenv("LCU_DECODE_PROFILE");
+    unsetenv("LCU_TRAIN_PROFILE");
+    be_adapter *ao = make_adapter(&o, 0);
+    static sreq g[3];
+    for (int r = 0; r < 3; r++) {
+        g[r] = q[r];
+        g[r].r.ad = q[r].r.ad ? ao : NULL;
+        g[r].r.prompt = g[r].prompt;
+        g[r].r.tokens_out = g[r].tok;
+        g[r].r.logprobs_out = g[r].lp;
+        g[r].r.n_out = g[r].n;
+        g[r].r.stopped_out = g[r].stopped;
+    }
+    do_sample(&o, g, 3);
+    float fo[SMAX], fp[SMAX];
+    forward_lp(&o, &g[0], 0, fo, NULL); /* a forward pass of the profiled context ... */
+    forward_lp(&p->gpu, &q[0], 0, fp, NULL); /* ... and of the plain one */
+    o.be->adapter_free(o.ctx, ao);
+    o.be->destroy(o.ctx); /* says the last training shape's table */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    bool same = true;
+    for (int r = 0; r < 3; r++) same &= same_bits(g[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(g[r].lp, q[r].lp, sizeof q[r].lp);
+    same &= same_bits(fo, fp, (size_t)q[0].n[0] * sizeof(float));
+    gt_check(same, "%s: profiling (LCU_DECODE_PROFILE=2 LCU_TRAIN_PROFILE=1) changes no sampled token, log-prob or "
+             "forward log-prob", cs);
+    FILE *f = fopen(path, "r");
+    char line[512];
+    bool dec = false, dec_attn = false, dec_gemm = false, tr = false, tr_gemm = false, tr_head = false;
+    while (f && fgets(line, sizeof line, f)) {
+        printf("  | %s", line); /* the tables, for the log */
+        dec |= strstr(line, "decode ops, ") != NULL;
+        dec_attn |= strstr(line, "decode ops   attention ") != NULL;
+        dec_gemm |= strstr(line, "decode ops   q gemm ") != NULL;
+        tr |= strstr(line, "train ops, ") != NULL && strstr(line, "1 passes") != NULL;
+        tr_gemm |= strstr(line, "train ops   q gemm ") != NULL;
+        tr_head |= strstr(line, "train ops   head ") != NULL;
+    }
+    if (f) fclose(f);
+    gt_check(dec && dec_attn && dec_gemm, "%s: LCU_DECODE_PROFILE=2 says the decode passes' operations (attention, q "
+             "gemm, ...)", cs);
+    gt_check(tr && tr_gemm && tr_head, "%s: LCU_TRAIN_PROFILE=1 says the forward pass's operations (q gemm, head, ...) "
+             "when the context goes", cs);
+}
+
 static void check_sampling(pair *p)
 {
     const char *cs = p->name;
@@ -781,6 +845,7 @@ static void check_sampling(pair *p)
         o.be->adapter_free(o.ctx, ao);
         o.be->destroy(o.ctx);
     }
+    if (strcmp(p->gpu.be->name, "cuda") == 0) check_profiles(p, q);
     /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
     sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);
     do_sample(&p->gpu, again, 1);
