@@ -438,7 +438,7 @@ int cu_pack(cu_ctx *c, const be_seq *seqs, int nseq, bool any_grad)
     topk_start[row] = tk;
     c->nseq_packed = np;
     c->attn = (lcu_attn_desc){np, cu_meta_dev(c, m->q_start), NULL, NULL, row, c->cfg.num_attention_heads,
-                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim)), false};
     CU_TRY(c, cudaMemcpyAsync(c->meta.dev, c->meta.host, m->in_end, cudaMemcpyHostToDevice, c->stream));
     return 0;
 }

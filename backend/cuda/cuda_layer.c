@@ -189,24 +189,33 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         cl_linear(c, l, LORA_K, a->xn1, H, w->wk, w->bk, kvd, NULL, a->k_pre, T) < 0 ||
         cl_linear(c, l, LORA_V, a->xn1, H, w->wv, w->bv, kvd, NULL, a->vf, T) < 0)
         return -1;
-    const float *qs = a->q_pre, *ks = a->k_pre;
-    if (mc->qk_norm) {
-        CU_TRY(c, lcu_rmsnorm_fwd(a->qf, LCU_F32, a->rstd_q, a->q_pre, w->q_norm, T * nq, d, eps, s));
-        CU_TRY(c, lcu_rmsnorm_fwd(a->kf, LCU_F32, a->rstd_k, a->k_pre, w->k_norm, T * nkv, d, eps, s));
-        qs = a->qf;
-        ks = a->kf;
-        cu_mark(c, "q/k norm");
+    bool fused = c->kv_mode == CU_KV_DECODE && c->dfuse;
+    if (fused) { /* the norms, RoPE, v's rounding and the cache stores in one launch (LCU_DECODE_FUSE) */
+        CU_TRY(c, lcu_decode_qkv(a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), c->kv_dst, a->q_pre, a->k_pre,
+                                 a->vf, mc->qk_norm ? w->q_norm : NULL, mc->qk_norm ? w->k_norm : NULL, T, nq, nkv, d,
+                                 eps, c->d_pos, c->rope_cos, c->rope_sin, s));
+        cu_mark(c, "q/k/v to cache");
+    } else {
+        const float *qs = a->q_pre, *ks = a->k_pre;
+        if (mc->qk_norm) {
+            CU_TRY(c, lcu_rmsnorm_fwd(a->qf, LCU_F32, a->rstd_q, a->q_pre, w->q_norm, T * nq, d, eps, s));
+            CU_TRY(c, lcu_rmsnorm_fwd(a->kf, LCU_F32, a->rstd_k, a->k_pre, w->k_norm, T * nkv, d, eps, s));
+            qs = a->qf;
+            ks = a->kf;
+            cu_mark(c, "q/k norm");
+        }
+        CU_TRY(c, lcu_rope(a->q, LCU_BF16, qs, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
+        CU_TRY(c, lcu_rope(a->k, LCU_BF16, ks, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
+        cu_mark(c, "rope");
+        CU_TRY(c, lcu_convert(a->v, LCU_BF16, a->vf, LCU_F32, (size_t)T * kvd, s));
+        cu_mark(c, "v convert");
+        if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
     }
-    CU_TRY(c, lcu_rope(a->q, LCU_BF16, qs, T, nq, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
-    CU_TRY(c, lcu_rope(a->k, LCU_BF16, ks, T, nkv, d, c->d_pos, c->rope_cos, c->rope_sin, false, s));
-    cu_mark(c, "rope");
-    CU_TRY(c, lcu_convert(a->v, LCU_BF16, a->vf, LCU_F32, (size_t)T * kvd, s));
-    cu_mark(c, "v convert");
-    if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
-    if (c->kv_mode == CU_KV_DECODE) /* one new token per stream, attending to its cache */
+    if (c->kv_mode == CU_KV_DECODE) { /* one new token per stream, attending to its cache */
         CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
                                a->attn_ws, s));
-    else
+        c->kv_attn.counted = fused; /* with the switch, the later layers reuse the first's tile counts */
+    } else
         CU_TRY(c, cl_attn_fwd(c));
     cu_mark(c, "attention"); /* in a decode pass: lcu_attn_fwd's tile counts and its kernel */
     if (cl_linear(c, l, LORA_O, a->att, qd, w->wo, w->bo, H, x_in, a->xmid, T) < 0) return -1;

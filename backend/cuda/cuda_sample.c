@@ -339,7 +339,7 @@ static int cs_prefill(cu_ctx *c, be_sample_req *reqs, int nreq, be_sample_stream
     cu_where(c, "sampling prefill upload");
     CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
     c->attn = (lcu_attn_desc){nreq, CS_D(c, L.q_start), NULL, NULL, T, c->cfg.num_attention_heads,
-                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+                              c->cfg.num_key_value_heads, c->cfg.head_dim, (float)(1.0 / sqrt((double)c->cfg.head_dim)), false};
     c->attn_max_len = cu_attn_max_len(qs, nreq);
     c->d_pos = CS_D(c, L.pos);
     c->kv_dst = CS_D(c, L.kv_dst);
@@ -385,7 +385,7 @@ static int cs_decode(cu_ctx *c, be_sample_stream *st, int S, int *row_stream, lo
     CU_TRY(c, cudaMemcpyAsync(c->sstep.dev, c->sstep.host, L.in_end, cudaMemcpyHostToDevice, c->stream));
     c->kv_attn = (lcu_attn_desc){(int)n, CS_D(c, L.q_start), CS_D(c, L.kv_start), CS_D(c, L.kv_len), n,
                                  c->cfg.num_attention_heads, c->cfg.num_key_value_heads, c->cfg.head_dim,
-                                 (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+                                 (float)(1.0 / sqrt((double)c->cfg.head_dim)), false};
     c->d_pos = CS_D(c, L.pos);
     c->kv_dst = CS_D(c, L.kv_dst);
     c->kv_src = NULL;

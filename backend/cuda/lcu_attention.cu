@@ -106,9 +106,11 @@ static int lcu_attn_check(const lcu_attn_desc *a, void *ws)
 static int lcu_attn_prepare(const lcu_attn_desc *a, void *ws, bool keys, lcu_attn_p *p, cudaStream_t s)
 {
     int32_t *cum_q = (int32_t *)ws, *cum_k = cum_q + a->nseq + 1;
-    lcu_attn_prep_k<<<1, 1024, 0, s>>>(a->q_start, a->kv_len, a->nseq, cum_q, cum_k);
-    int rc = lcu_launch_status();
-    if (rc) return rc;
+    if (!a->counted) {
+        lcu_attn_prep_k<<<1, 1024, 0, s>>>(a->q_start, a->kv_len, a->nseq, cum_q, cum_k);
+        int rc = lcu_launch_status();
+        if (rc) return rc;
+    }
     p->q_start = a->q_start;
     p->kv_start = a->kv_start;
     p->kv_len = a->kv_len;

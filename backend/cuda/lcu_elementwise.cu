@@ -106,6 +106,21 @@ int lcu_add_bias(float *y, const lcu_bf16 *bias, long T, int n, cudaStream_t s)
 
 #define LCU_NORM_WARPS 8
 
+/* A row's 1/sqrt(mean(x²) + eps) by one warp, and a normalized value: shared by the norm's
+ * kernel and the fused decode kernel (lcu_decode_qkv_k), so both give the same bits. */
+__device__ __forceinline__ float lcu_rms_rstd_warp(const float *xr, int dim, double eps, int lane)
+{
+    float ss = 0.0f;
+    for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+    ss = lcu_warp_sum(ss);
+    return (float)(1.0 / sqrt((double)ss / dim + eps));
+}
+
+__device__ __forceinline__ float lcu_rms_apply(float x, float rs, __nv_bfloat16 w)
+{
+    return x * rs * __bfloat162float(w);
+}
+
 template <typename Y>
 __global__ void lcu_rmsnorm_fwd_k(Y *y, float *rstd, const float *x, const __nv_bfloat16 *w, long rows, int dim,
                                   double eps)
@@ -114,12 +129,9 @@ __global__ void lcu_rmsnorm_fwd_k(Y *y, float *rstd, const float *x, const __nv_
     long warp = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nwarps = ((long)gridDim.x * blockDim.x) >> 5;
     for (long r = warp; r < rows; r += nwarps) {
         const float *xr = x + r * dim;
-        float ss = 0.0f;
-        for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
-        ss = lcu_warp_sum(ss);
-        float rs = (float)(1.0 / sqrt((double)ss / dim + eps));
+        float rs = lcu_rms_rstd_warp(xr, dim, eps, lane);
         if (lane == 0 && rstd) rstd[r] = rs;
-        for (int i = lane; i < dim; i += 32) lcu_st(y, r * dim + i, xr[i] * rs * __bfloat162float(w[i]));
+        for (int i = lane; i < dim; i += 32) lcu_st(y, r * dim + i, lcu_rms_apply(xr[i], rs, w[i]));
     }
 }
 
@@ -198,6 +210,16 @@ int lcu_rope_table(float *cos_t, float *sin_t, const double *inv_freq, int half,
     return lcu_launch_status();
 }
 
+/* One RoPE pair rotated, shared by lcu_rope_k and lcu_decode_qkv_k. Each product and the
+ * sum rounded on its own (no contraction into an FMA, whose one rounding the compiler could
+ * choose differently in two kernels): the two kernels give the same bits, and the CPU
+ * backend's C does the same operations. */
+__device__ __forceinline__ void lcu_rope_rot(float x1, float x2, float c, float sn, float *o1, float *o2)
+{
+    *o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+    *o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
+
 /* One thread per rotated pair (i, i + d/2): it reads both before writing, so out may
  * alias in. */
 template <typename O>
@@ -211,9 +233,10 @@ __global__ void lcu_rope_k(O *out, const float *in, long T, int nh, int d, const
         long t = row / nh, base = row * d;
         long p = (long)pos[t] * half + j;
         float c = cos_t[p], sn = inverse ? -sin_t[p] : sin_t[p];
-        float x1 = in[base + j], x2 = in[base + j + half];
-        lcu_st(out, base + j, x1 * c - x2 * sn);
-        lcu_st(out, base + j + half, x2 * c + x1 * sn);
+        float o1, o2;
+        lcu_rope_rot(in[base + j], in[base + j + half], c, sn, &o1, &o2);
+        lcu_st(out, base + j, o1);
+        lcu_st(out, base + j + half, o2);
     }
 }
 
@@ -226,6 +249,64 @@ int lcu_rope(void *out, lcu_dtype ot, const float *in, long T, int nh, int d, co
     unsigned g = lcu_blocks(T * nh * (d / 2), 256);
     LCU_DISPATCH_F32_BF16(ot, O,
         lcu_rope_k<O><<<g, 256, 0, s>>>((O *)out, in, T, nh, d, pos, cos_t, sin_t, inverse));
+    return lcu_launch_status();
+}
+
+/* ---- a decode pass's q, k, v after their projections, in one kernel ------------------------ */
+
+/* One warp per (row, head) of q, k and v: q/k RMSNorm (norm weights given) and RoPE, or v's
+ * rounding; q to its rows, k and v to the caches' rows kv_dst[t]. The norm and the rotation
+ * are lcu_rmsnorm_fwd_k's and lcu_rope_k's device functions, so the values are theirs. */
+__global__ void lcu_decode_qkv_k(__nv_bfloat16 *q, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int64_t *kv_dst,
+                                 const float *q_pre, const float *k_pre, const float *v, const __nv_bfloat16 *qn,
+                                 const __nv_bfloat16 *kn, long T, int nq, int nkv, int d, double eps,
+                                 const int32_t *pos, const float *cos_t, const float *sin_t)
+{
+    int lane = threadIdx.x & 31, nh = nq + 2 * nkv, half = d / 2;
+    long warp = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nwarps = ((long)gridDim.x * blockDim.x) >> 5;
+    for (long w = warp; w < T * nh; w += nwarps) {
+        long t = w / nh, row = kv_dst ? kv_dst[t] : t;
+        int h = (int)(w % nh);
+        if (h >= nq + nkv) { /* v: rounded into its cache row */
+            int hv = h - nq - nkv;
+            const float *src = v + (t * nkv + hv) * d;
+            __nv_bfloat16 *dst = vc + (row * nkv + hv) * d;
+            for (int i = lane; i < d; i += 32) dst[i] = __float2bfloat16_rn(src[i]);
+            continue;
+        }
+        bool isq = h < nq;
+        int hh = isq ? h : h - nq;
+        const float *xr = isq ? q_pre + (t * nq + hh) * d : k_pre + (t * nkv + hh) * d;
+        const __nv_bfloat16 *wn = isq ? qn : kn;
+        __nv_bfloat16 *out = isq ? q + (t * nq + hh) * d : kc + (row * nkv + hh) * d;
+        float rs = wn ? lcu_rms_rstd_warp(xr, d, eps, lane) : 1.0f;
+        long p0 = (long)pos[t] * half;
+        for (int j = lane; j < half; j += 32) {
+            float x1 = xr[j], x2 = xr[j + half];
+            if (wn) {
+                x1 = lcu_rms_apply(x1, rs, wn[j]);
+                x2 = lcu_rms_apply(x2, rs, wn[j + half]);
+            }
+            float o1, o2;
+            lcu_rope_rot(x1, x2, cos_t[p0 + j], sin_t[p0 + j], &o1, &o2);
+            out[j] = __float2bfloat16_rn(o1);
+            out[j + half] = __float2bfloat16_rn(o2);
+        }
+    }
+}
+
+int lcu_decode_qkv(lcu_bf16 *q, lcu_bf16 *k_cache, lcu_bf16 *v_cache, const int64_t *kv_dst, const float *q_pre,
+                   const float *k_pre, const float *v, const lcu_bf16 *q_norm, const lcu_bf16 *k_norm, long T, int nq,
+                   int nkv, int d, double eps, const int32_t *pos, const float *cos_t, const float *sin_t,
+                   cudaStream_t s)
+{
+    if (T < 0 || nq <= 0 || nkv <= 0 || d <= 0 || d % 2 || !q_norm != !k_norm) return LCU_EINVAL;
+    if (T > 0 && (!q || !k_cache || !v_cache || !q_pre || !k_pre || !v || !pos || !cos_t || !sin_t)) return LCU_EINVAL;
+    if (T == 0) return 0;
+    long warps = T * (nq + 2 * nkv);
+    lcu_decode_qkv_k<<<lcu_blocks(warps, LCU_NORM_WARPS), 32 * LCU_NORM_WARPS, 0, s>>>(
+        (__nv_bfloat16 *)q, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, kv_dst, q_pre, k_pre, v,
+        (const __nv_bfloat16 *)q_norm, (const __nv_bfloat16 *)k_norm, T, nq, nkv, d, eps, pos, cos_t, sin_t);
     return lcu_launch_status();
 }
 

@@ -80,6 +80,10 @@
 #   model8b-80g  model8b with LCU_DEVICE_MB=81559 (an H100's 79.6 GiB): what fits there
 #                                                                          model-8b-80g.log/.json
 #   model1b      bench_cuda --geo Llama-3.2-1B --iters 1 (its PEFT row: 4x2048) model-1b.log/.json
+#   decode-fuse  decode with LCU_DECODE_FUSE=1 (a layer's q/k norms, RoPE, v rounding and
+#                cache stores in one kernel; the attention's tile counts once a pass) decode-fuse.log/.json
+#   backend-fuse test_gpu_backend's llama part with LCU_DECODE_FUSE=1 (every sampling check
+#                on the fused path; its flip check then compares with the unfused) backend-fuse.log
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
 #                LCU_LORA=gemm)                                           suites.log
 #
@@ -324,7 +328,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
-       train-ops kernels-decode model8b-80g model1b
+       train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse
        suites-old"
 
 run_step() {
@@ -363,6 +367,9 @@ run_step() {
         # an H100's 80 GB (79.6 GiB as cudaMemGetInfo counts it) on a bigger card
         model8b-80g) LCU_DEVICE_MB=81559 MODEL_TAG="(as an 80 GB card)" run_model model-8b-80g 200 --geo Qwen3-8B --iters 1 ;;
         train-ops) LCU_TRAIN_PROFILE=1 MODEL_TAG="(train ops)" run_model train-ops 150 --geo Qwen3-8B,Qwen3-0.6B --iters 1 ;;
+        decode-fuse) LCU_DECODE_FUSE=1 MODEL_TAG="(fused q/k/v)" run_model decode-fuse 120 --decode --steps 64 \
+                         --geo Qwen3-8B,Qwen3-0.6B ;;
+        backend-fuse) run_backend backend-fuse.log "test_gpu_backend LCU_DECODE_FUSE=1" llama LCU_DECODE_FUSE=1 ;;
         kernels-decode) step bench-decode.log 60 "bench_cuda_kernels --decode" "$BIN/bench_cuda_kernels" --decode \
                             --csv "$OUT/bench-decode.csv" ;;
         model-v2)
@@ -407,7 +414,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
@@ -466,6 +473,8 @@ case $MODE in
         run_step suites-old
         ;;
     c)
+        run_step backend-fuse
+        run_step decode-fuse
         run_step decode-ops
         run_step kernels-decode
         run_step train-ops

@@ -69,7 +69,7 @@ typedef struct {
 
 static batch desc(int nseq, long T, int nq, int nkv, int d, int max_len)
 {
-    return (batch){{nseq, (const int32_t *)0x100, NULL, NULL, T, nq, nkv, d, (float)(1.0 / sqrt((double)d))}, max_len};
+    return (batch){{nseq, (const int32_t *)0x100, NULL, NULL, T, nq, nkv, d, (float)(1.0 / sqrt((double)d)), false}, max_len};
 }
 
 static int dry(lcu_cudnn *c, const batch *b, bool bwd) { return lcu_cudnn_dry_run(c, &b->a, b->max_len, bwd); }

@@ -48,7 +48,7 @@ static const char *const h100 =
 static void plan(lcu_cudnn *c, const char *geo, int nq, int nkv, int d, int nseq, int len, bool bwd, bool required)
 {
     lcu_attn_desc a = {nseq, (const int32_t *)0x100, NULL, NULL, (long)nseq * len, nq, nkv, d,
-                       (float)(1.0 / sqrt((double)d))};
+                       (float)(1.0 / sqrt((double)d)), false};
     int64_t ws = 0, engine = -1;
     int accepted = 0;
     int rc = lcu_cudnn_plan_check(c, &a, len, bwd, &ws, &engine, &accepted);
@@ -67,7 +67,7 @@ static void plan(lcu_cudnn *c, const char *geo, int nq, int nkv, int d, int nseq
 /* The backward of one sequence of len rows in head groups, within the workspace limit. */
 static void groups(lcu_cudnn *c, const char *geo, int nq, int nkv, int d, int len, int min_groups)
 {
-    lcu_attn_desc a = {1, (const int32_t *)0x100, NULL, NULL, len, nq, nkv, d, (float)(1.0 / sqrt((double)d))};
+    lcu_attn_desc a = {1, (const int32_t *)0x100, NULL, NULL, len, nq, nkv, d, (float)(1.0 / sqrt((double)d)), false};
     int64_t ws = 0, engine = -1;
     int accepted = 0, g = 0;
     int rc = lcu_cudnn_bwd_groups(c, &a, len, &g, &ws, &engine, &accepted);

@@ -785,6 +785,38 @@ static void check_profiles(pair *p, const sreq *q)
              "when the context goes", cs);
 }
 
+/* LCU_DECODE_FUSE (off by default): a context with it flipped samples q's requests to the
+ * same bits (the fused kernel is the separate launches' arithmetic, lcu_decode_qkv). */
+static void check_decode_fuse(pair *p, const sreq *q)
+{
+    const char *was = getenv("LCU_DECODE_FUSE");
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    bool on_here = was && *was && strcmp(was, "0") != 0;
+    setenv("LCU_DECODE_FUSE", on_here ? "0" : "1", 1);
+    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+    if (was) setenv("LCU_DECODE_FUSE", prev, 1);
+    else unsetenv("LCU_DECODE_FUSE");
+    be_adapter *ao = make_adapter(&o, 0);
+    static sreq g[3];
+    for (int r = 0; r < 3; r++) {
+        g[r] = q[r];
+        g[r].r.ad = q[r].r.ad ? ao : NULL;
+        g[r].r.prompt = g[r].prompt;
+        g[r].r.tokens_out = g[r].tok;
+        g[r].r.logprobs_out = g[r].lp;
+        g[r].r.n_out = g[r].n;
+        g[r].r.stopped_out = g[r].stopped;
+    }
+    do_sample(&o, g, 3);
+    bool same = true;
+    for (int r = 0; r < 3; r++) same &= same_bits(g[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(g[r].lp, q[r].lp, sizeof q[r].lp);
+    gt_check(same, "%s: decode passes %s the fused q/k/v kernel (LCU_DECODE_FUSE=%s) sample the same tokens and "
+             "log-probs, bitwise", p->name, on_here ? "without" : "with", on_here ? "0" : "1");
+    o.be->adapter_free(o.ctx, ao);
+    o.be->destroy(o.ctx);
+}
+
 static void check_sampling(pair *p)
 {
     const char *cs = p->name;
@@ -845,7 +877,10 @@ static void check_sampling(pair *p)
         o.be->adapter_free(o.ctx, ao);
         o.be->destroy(o.ctx);
     }
-    if (strcmp(p->gpu.be->name, "cuda") == 0) check_profiles(p, q);
+    if (strcmp(p->gpu.be->name, "cuda") == 0) {
+        check_profiles(p, q);
+        check_decode_fuse(p, q);
+    }
     /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
     sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);
     do_sample(&p->gpu, again, 1);

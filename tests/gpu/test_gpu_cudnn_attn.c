@@ -222,7 +222,7 @@ static bool check_case(const char *label, int nseq, const int *lens, int nq, int
     attn_ref_bwd(&t.s, q, k, v, g, t.rq, t.rk, t.rv);
 
     t.a = (lcu_attn_desc){nseq, gt_dev_copy(qs32, (nseq + 1) * 4), NULL, NULL, T, nq, nkv, d,
-                          (float)(1.0 / sqrt((double)d))};
+                          (float)(1.0 / sqrt((double)d)), false};
     t.q = gt_dev_bf16(q, T * qd), t.k = gt_dev_bf16(k, T * kvd), t.v = gt_dev_bf16(v, T * kvd);
     t.g = gt_dev_bf16(g, T * qd), t.ws = gt_dev_poison(lcu_attn_workspace_bytes(&t.a));
     t.o1 = gt_dev_poison(T * qd * 2), t.l1 = gt_dev_poison(T * nq * 4);
@@ -304,7 +304,7 @@ int main(void)
     /* what this path leaves to the own kernels */
     int64_t ks = 0;
     int32_t kl = 1;
-    lcu_attn_desc kv = {1, (const int32_t *)&kl, &ks, &kl, 1, 4, 2, 64, 0.125f};
+    lcu_attn_desc kv = {1, (const int32_t *)&kl, &ks, &kl, 1, 4, 2, 64, 0.125f, false};
     gt_check(lcu_cudnn_attn_fwd(dnn, &kv, 1, (void *)1, (void *)1, (void *)1, (void *)1, (void *)1, 0) == LCU_ENOTSUP,
              "a KV-cache layout is left to the own kernels (LCU_ENOTSUP)");
 
@@ -315,7 +315,7 @@ int main(void)
         int lens[3] = {gt_int(300, 500), gt_int(1, 200), 512};
         int64_t q_start64[4] = {0};
         for (int i = 0; i < 3; i++) q_start64[i + 1] = q_start64[i] + lens[i];
-        lcu_attn_desc probe = {3, (const int32_t *)1, NULL, NULL, (long)q_start64[3], 16, 4, 64, 0.125f};
+        lcu_attn_desc probe = {3, (const int32_t *)1, NULL, NULL, (long)q_start64[3], 16, 4, 64, 0.125f, false};
         int64_t ws = 0, eng = -1;
         int acc = 0;
         int rc = lcu_cudnn_plan_check(dnn, &probe, 512, true, &ws, &eng, &acc);

@@ -313,6 +313,77 @@ static void test_rope(void)
     free(inv); free(ct); free(st); free(cref); free(sref); free(pos); free(x); free(ref); free(out); free(r64);
 }
 
+/* ---- a decode pass's q/k/v in one kernel --------------------------------------------------- */
+
+/* lcu_decode_qkv against the launches it replaces (q/k lcu_rmsnorm_fwd to fp32, lcu_rope to
+ * bf16, v lcu_convert, k and v lcu_copy_rows into cache rows): the same bits in q and in
+ * the caches' written rows, the other cache rows untouched; with and without the q/k norm
+ * (Qwen3, Llama), at head dims whose halves do and do not fill a warp. */
+static void test_decode_qkv(bool norm, int d)
+{
+    int nq = 2 * gt_int(1, 8), nkv = nq / 2, half = d / 2, max_pos = 300, cap = 8;
+    long T = gt_int(1, 40), rows = T * cap; /* each row t its own stream of cap positions */
+    size_t nqd = (size_t)T * nq * d, nkd = (size_t)T * nkv * d, ncache = (size_t)rows * nkv * d;
+    double *inv = malloc(half * 8);
+    for (int i = 0; i < half; i++) inv[i] = pow(1000000.0, -2.0 * i / d);
+    void *dct = gt_dev_poison((size_t)max_pos * half * 4), *dst = gt_dev_poison((size_t)max_pos * half * 4);
+    GT_LCU(lcu_rope_table(dct, dst, inv, half, max_pos, 0));
+    int32_t *pos = malloc(T * 4);
+    int64_t *krow = malloc(T * 8);
+    for (long t = 0; t < T; t++) {
+        pos[t] = gt_int(0, max_pos - 1);
+        krow[t] = t * cap + gt_int(0, cap - 1);
+    }
+    float *q = malloc(nqd * 4), *k = malloc(nkd * 4), *v = malloc(nkd * 4), *wq = malloc(d * 4), *wk = malloc(d * 4);
+    gt_fill(q, nqd, -3, 3);
+    gt_fill(k, nkd, -3, 3);
+    gt_fill(v, nkd, -3, 3);
+    gt_fill(wq, d, 0.5, 1.5);
+    gt_fill(wk, d, 0.5, 1.5);
+    void *dq = gt_dev_f32(q, nqd), *dk = gt_dev_f32(k, nkd), *dv = gt_dev_f32(v, nkd), *dwq = gt_dev_bf16(wq, d),
+         *dwk = gt_dev_bf16(wk, d), *dpos = gt_dev_copy(pos, T * 4), *drow = gt_dev_copy(krow, T * 8);
+    void *qf = gt_dev_poison(nqd * 4), *kf = gt_dev_poison(nkd * 4), *qb = gt_dev_poison(nqd * 2),
+         *kb = gt_dev_poison(nkd * 2), *vb = gt_dev_poison(nkd * 2);
+    void *kc1 = gt_dev_poison(ncache * 2), *vc1 = gt_dev_poison(ncache * 2), *kc2 = gt_dev_poison(ncache * 2),
+         *vc2 = gt_dev_poison(ncache * 2), *q2 = gt_dev_poison(nqd * 2);
+    double eps = 1e-6;
+    /* the separate launches, as cu_layer_forward runs them without the switch */
+    const float *qs = dq, *ks = dk;
+    if (norm) {
+        GT_LCU(lcu_rmsnorm_fwd(qf, LCU_F32, NULL, dq, dwq, T * nq, d, eps, 0));
+        GT_LCU(lcu_rmsnorm_fwd(kf, LCU_F32, NULL, dk, dwk, T * nkv, d, eps, 0));
+        qs = qf;
+        ks = kf;
+    }
+    GT_LCU(lcu_rope(qb, LCU_BF16, qs, T, nq, d, dpos, dct, dst, false, 0));
+    GT_LCU(lcu_rope(kb, LCU_BF16, ks, T, nkv, d, dpos, dct, dst, false, 0));
+    GT_LCU(lcu_convert(vb, LCU_BF16, dv, LCU_F32, nkd, 0));
+    GT_LCU(lcu_copy_rows(kc1, drow, kb, NULL, T, (size_t)nkv * d * 2, 0));
+    GT_LCU(lcu_copy_rows(vc1, drow, vb, NULL, T, (size_t)nkv * d * 2, 0));
+    /* the one kernel */
+    GT_LCU(lcu_decode_qkv(q2, kc2, vc2, drow, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, T, nq, nkv, d, eps,
+                          dpos, dct, dst, 0));
+    uint16_t *a = malloc(ncache * 2), *b = malloc(ncache * 2);
+    gt_get(a, qb, nqd * 2);
+    gt_get(b, q2, nqd * 2);
+    bool qsame = memcmp(a, b, nqd * 2) == 0;
+    gt_get(a, kc1, ncache * 2);
+    gt_get(b, kc2, ncache * 2);
+    bool ksame = memcmp(a, b, ncache * 2) == 0; /* written rows equal, the rest both still poison */
+    gt_get(a, vc1, ncache * 2);
+    gt_get(b, vc2, ncache * 2);
+    bool vsame = memcmp(a, b, ncache * 2) == 0;
+    gt_check(qsame && ksame && vsame, "decode q/k/v in one kernel (%s, T=%ld nq=%d nkv=%d d=%d) = the separate launches, "
+             "bitwise: q %s, k cache %s, v cache %s", norm ? "q/k norm" : "no norm", T, nq, nkv, d,
+             qsame ? "same" : "DIFFERS", ksame ? "same" : "DIFFERS", vsame ? "same" : "DIFFERS");
+    gt_check(lcu_decode_qkv(q2, kc2, vc2, drow, dq, dk, dv, dwq, NULL, T, nq, nkv, d, eps, dpos, dct, dst, 0) ==
+                 LCU_EINVAL, "decode q/k/v: a q norm without a k norm is refused");
+    gt_free(dct); gt_free(dst); gt_free(dq); gt_free(dk); gt_free(dv); gt_free(dwq); gt_free(dwk); gt_free(dpos);
+    gt_free(drow); gt_free(qf); gt_free(kf); gt_free(qb); gt_free(kb); gt_free(vb); gt_free(kc1); gt_free(vc1);
+    gt_free(kc2); gt_free(vc2); gt_free(q2);
+    free(inv); free(pos); free(krow); free(q); free(k); free(v); free(wq); free(wk); free(a); free(b);
+}
+
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -396,6 +467,9 @@ int main(void)
     test_rmsnorm(gt_int(100, 3000), 128); /* q/k norm shape: rows·heads of head_dim */
     test_rmsnorm_fd();
     test_rope();
+    test_decode_qkv(true, 128);
+    test_decode_qkv(false, 64);
+    test_decode_qkv(true, 32);
     test_swiglu();
     cpu_pool_destroy(pool);
     return gt_finish();
