@@ -155,7 +155,8 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     c->dgraph_wanted = !dg || !*dg || strcmp(dg, "0") != 0;
     c->tprof_wanted = tp && *tp && strcmp(tp, "0") != 0;
     const char *df = getenv("LCU_DECODE_FUSE"); /* off until a GPU has measured it */
-    c->dfuse = df && *df && strcmp(df, "0") != 0;
+    c->dfuse = df && *df ? atoi(df) : 0;
+    c->dfuse = c->dfuse < 0 ? 0 : c->dfuse > 2 ? 2 : c->dfuse;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);

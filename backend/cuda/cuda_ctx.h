@@ -242,9 +242,10 @@ typedef struct {
     /* decode passes replayed as a CUDA graph (unless LCU_DECODE_GRAPH=0; cuda_sample.c
      * cs_decode_pass): captured on the second pass of a shape, for one sampling call */
     bool dgraph_wanted, dgraph_off; /* asked for; off after a capture or replay failed */
-    bool dfuse;                     /* LCU_DECODE_FUSE=1: a decode layer's q/k norms, RoPE, v
+    int dfuse;                      /* LCU_DECODE_FUSE: 1 a decode layer's q/k norms, RoPE, v
                                        rounding and cache stores in one kernel
-                                       (lcu_decode_qkv), the attention's tile counts once a pass */
+                                       (lcu_decode_qkv), the attention's tile counts once a
+                                       pass; 2 also one GEMM for q|k|v and one for gate|up */
     cudaGraphExec_t dgraph;
     uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
     int dgraph_seen;                /* passes of that shape run eagerly */

@@ -57,6 +57,18 @@ static const char *const cl_gemm_bop[LORA_NUM_MODULES] = {"q bwd gemm", "k bwd g
 static const char *const cl_lora_bop[LORA_NUM_MODULES] = {"q bwd lora", "k bwd lora", "v bwd lora", "o bwd lora",
                                                           "gate bwd lora", "up bwd lora", "down bwd lora"};
 
+/* y[T, out] (row stride ldy) += the module's LoRA of x over its segments' rows. */
+static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, int out, float *y, long ldy,
+                       long T)
+{
+    int n = cu_lora_segs(c, l, mod, 0, T, false);
+    if (n) {
+        CU_TRY(c, lcu_lora_fwd(c->lcu, c->lsegs, n, in, out, x, in, y, ldy, c->a.z, CU_LDZ, c->stream));
+        cu_mark(c, cl_lora_op[mod]);
+    }
+    return 0;
+}
+
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. */
 static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W,
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
@@ -69,11 +81,43 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
         CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
         cu_mark(c, cl_bias_op[mod]);
     }
-    int n = cu_lora_segs(c, l, mod, 0, T, false);
-    if (n) {
-        CU_TRY(c, lcu_lora_fwd(c->lcu, c->lsegs, n, in, out, x, in, y, out, c->a.z, CU_LDZ, c->stream));
-        cu_mark(c, cl_lora_op[mod]);
-    }
+    return cl_lora_fwd(c, l, mod, x, in, out, y, out, T);
+}
+
+/* LCU_DECODE_FUSE=2, a decode pass of a dense layer: one GEMM for [Wq; Wk; Wv] and one for
+ * [Wgate; Wup], packed that way by cuda_weights.c, each module's LoRA then added into its
+ * columns. Their output goes to a->g (free until the MLP, and again after the GEMM's
+ * SwiGLU) when it holds the rows; biases (Qwen2) keep the separate GEMMs. A GEMM of other
+ * columns may take another cuBLASLt algorithm: unlike level 1, not bitwise the separate
+ * GEMMs' values (the checks hold it to the forward's within bf16 noise). */
+static bool cl_qkv_one(const cu_ctx *c, const cu_layer_w *w, long T)
+{
+    const model_config *mc = &c->cfg;
+    size_t H = mc->hidden_size, qd = (size_t)mc->num_attention_heads * mc->head_dim,
+           kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
+    return c->kv_mode == CU_KV_DECODE && c->dfuse >= 2 && mc->num_experts == 0 && !w->bq && !w->bk && !w->bv &&
+           w->wk == w->wq + qd * H && w->wv == w->wk + kvd * H &&
+           (size_t)T * (qd + 2 * kvd) <= (size_t)c->cap_T * mc->intermediate_size;
+}
+
+static bool cl_gate_up_one(const cu_ctx *c, const cu_layer_w *w, long T)
+{
+    const model_config *mc = &c->cfg;
+    size_t H = mc->hidden_size, I = mc->intermediate_size;
+    return c->kv_mode == CU_KV_DECODE && c->dfuse >= 2 && !w->router && w->wgate && w->wup == w->wgate + I * H &&
+           2 * T <= c->cap_T;
+}
+
+/* y[T, out0 + out1 (+ out2)] with row stride ldy = x · [W0; W1 (; W2)]ᵀ: one GEMM over the
+ * packed weights, then each module's LoRA into its columns. */
+static int cl_linear_packed(cu_ctx *c, int l, const lora_module *mods, const int *outs, int nmod, const lcu_bf16 *x,
+                            int in, const lcu_bf16 *W, float *y, long ldy, long T, const char *what)
+{
+    lcu_gemm_args g = {false, true, (int)T, (int)ldy, in, 1.0f, 0.0f, x, in, W, in, NULL, 0, y, ldy, LCU_F32};
+    CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+    cu_mark(c, what);
+    for (int m = 0, col = 0; m < nmod; col += outs[m++])
+        if (cl_lora_fwd(c, l, mods[m], x, in, outs[m], y + col, ldy, T) < 0) return -1;
     return 0;
 }
 
@@ -185,14 +229,23 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
 
     CU_TRY(c, lcu_rmsnorm_fwd(a->xn1, LCU_BF16, a->rstd1, x_in, w->attn_norm, T, H, eps, s));
     cu_mark(c, "attn rmsnorm");
-    if (cl_linear(c, l, LORA_Q, a->xn1, H, w->wq, w->bq, qd, NULL, a->q_pre, T) < 0 ||
-        cl_linear(c, l, LORA_K, a->xn1, H, w->wk, w->bk, kvd, NULL, a->k_pre, T) < 0 ||
-        cl_linear(c, l, LORA_V, a->xn1, H, w->wv, w->bv, kvd, NULL, a->vf, T) < 0)
+    /* q, k, v pre-RoPE (fp32) and their row strides: one GEMM into a->g or three */
+    const float *qp = a->q_pre, *kp = a->k_pre, *vp = a->vf;
+    long ldq = qd, ldk = kvd, ldv = kvd;
+    if (cl_qkv_one(c, w, T)) {
+        static const lora_module mods[3] = {LORA_Q, LORA_K, LORA_V};
+        const int outs[3] = {qd, kvd, kvd};
+        if (cl_linear_packed(c, l, mods, outs, 3, a->xn1, H, w->wq, a->g, qd + 2 * kvd, T, "qkv gemm") < 0) return -1;
+        qp = a->g, kp = a->g + qd, vp = a->g + qd + kvd;
+        ldq = ldk = ldv = qd + 2 * kvd;
+    } else if (cl_linear(c, l, LORA_Q, a->xn1, H, w->wq, w->bq, qd, NULL, a->q_pre, T) < 0 ||
+               cl_linear(c, l, LORA_K, a->xn1, H, w->wk, w->bk, kvd, NULL, a->k_pre, T) < 0 ||
+               cl_linear(c, l, LORA_V, a->xn1, H, w->wv, w->bv, kvd, NULL, a->vf, T) < 0)
         return -1;
     bool fused = c->kv_mode == CU_KV_DECODE && c->dfuse;
     if (fused) { /* the norms, RoPE, v's rounding and the cache stores in one launch (LCU_DECODE_FUSE) */
-        CU_TRY(c, lcu_decode_qkv(a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), c->kv_dst, a->q_pre, a->k_pre,
-                                 a->vf, mc->qk_norm ? w->q_norm : NULL, mc->qk_norm ? w->k_norm : NULL, T, nq, nkv, d,
+        CU_TRY(c, lcu_decode_qkv(a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), c->kv_dst, qp, ldq, kp, ldk, vp,
+                                 ldv, mc->qk_norm ? w->q_norm : NULL, mc->qk_norm ? w->k_norm : NULL, T, nq, nkv, d,
                                  eps, c->d_pos, c->rope_cos, c->rope_sin, s));
         cu_mark(c, "q/k/v to cache");
     } else {
@@ -227,11 +280,19 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         cu_mark(c, "moe");
         return rc;
     }
-    if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
-        cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
-        return -1;
-    CU_TRY(c, lcu_swiglu_fwd(a->h, LCU_BF16, a->g, a->u, T * I, s));
-    cu_mark(c, "swiglu");
+    if (cl_gate_up_one(c, w, T)) { /* [gate | up] rows in a->g, then h (LCU_DECODE_FUSE=2) */
+        static const lora_module mods[2] = {LORA_GATE, LORA_UP};
+        const int outs[2] = {I, I};
+        if (cl_linear_packed(c, l, mods, outs, 2, a->xn2, H, w->wgate, a->g, 2L * I, T, "gate|up gemm") < 0) return -1;
+        CU_TRY(c, lcu_swiglu_rows(a->h, a->g, a->g + I, T, I, 2L * I, s));
+        cu_mark(c, "swiglu");
+    } else {
+        if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
+            cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
+            return -1;
+        CU_TRY(c, lcu_swiglu_fwd(a->h, LCU_BF16, a->g, a->u, T * I, s));
+        cu_mark(c, "swiglu");
+    }
     if (recompute) return 0; /* the backward needs everything up to h, not the layer output */
     return cl_linear(c, l, LORA_DOWN, a->h, I, w->wdown, NULL, H, a->xmid, x_out, T);
 }

@@ -123,16 +123,20 @@ int lcu_rope(void *out, lcu_dtype ot, const float *in, long T, int nh, int d, co
 /* A decode pass's q, k and v after their projections, in one kernel (LCU_DECODE_FUSE): per
  * row t, q/k RMSNorm over each head's d values when q_norm and k_norm are given (Qwen3; both
  * or neither), RoPE at pos[t], bf16 rounding; q into q [T, nq·d], k and v into the rows
- * kv_dst[t] (NULL: t) of k_cache and v_cache ([rows, nkv·d] each). Bit for bit
+ * kv_dst[t] (NULL: t) of k_cache and v_cache ([rows, nkv·d] each). The inputs' rows are
+ * ldq, ldk, ldv floats apart (separate buffers, or one GEMM's [q | k | v]). Bit for bit
  * lcu_rmsnorm_fwd (F32) + lcu_rope (BF16) + lcu_convert + lcu_copy_rows, the five to seven
  * launches it replaces. */
 int lcu_decode_qkv(lcu_bf16 *q, lcu_bf16 *k_cache, lcu_bf16 *v_cache, const int64_t *kv_dst, const float *q_pre,
-                   const float *k_pre, const float *v, const lcu_bf16 *q_norm, const lcu_bf16 *k_norm, long T, int nq,
-                   int nkv, int d, double eps, const int32_t *pos, const float *cos_t, const float *sin_t,
-                   cudaStream_t s);
+                   long ldq, const float *k_pre, long ldk, const float *v, long ldv, const lcu_bf16 *q_norm,
+                   const lcu_bf16 *k_norm, long T, int nq, int nkv, int d, double eps, const int32_t *pos,
+                   const float *cos_t, const float *sin_t, cudaStream_t s);
 
 /* SwiGLU: h = silu(g)·u over n values; g, u fp32; h fp32|bf16. */
 int lcu_swiglu_fwd(void *h, lcu_dtype ht, const float *g, const float *u, long n, cudaStream_t s);
+/* The same into h [T, I] (bf16) from rows of g and u that are ld floats apart (one GEMM's
+ * [gate | up]: u = g + I, ld = 2I); bit for bit lcu_swiglu_fwd on the same values. */
+int lcu_swiglu_rows(lcu_bf16 *h, const float *g, const float *u, long T, int I, long ld, cudaStream_t s);
 /* dg = dh·u·σ(g)·(1 + g·(1 − σ(g))), du = dh·g·σ(g); dh, g, u fp32; dg, du of type t. */
 int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float *g, const float *u, long n,
                    cudaStream_t s);

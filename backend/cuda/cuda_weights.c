@@ -17,8 +17,10 @@
 static size_t cw_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* The tensors in the order of cu_layer_w / cu_weights, paired with their slots. A packed
- * tensor follows the previous one without alignment padding and has no slot of its own: a
- * sparse layer's experts are one block (cu_expert_w), their first gate in y->experts. */
+ * tensor follows the previous one without alignment padding: a sparse layer's experts are
+ * one block (cu_expert_w), their first gate in y->experts and no slot for the others; wk
+ * and wv follow wq, and wup wgate, so that [Wq; Wk; Wv] and [Wgate; Wup] are one matrix
+ * each, which one GEMM can take (cu_layer_qkv_packed; a decode pass with LCU_DECODE_FUSE=2). */
 typedef struct {
     const st_tensor *t;
     lcu_bf16 **slot;
@@ -38,8 +40,11 @@ static int cw_items(cu_ctx *c, const model_files *m, cw_item *it)
                                   s->q_norm, s->k_norm, s->mlp_norm, s->wgate, s->wup, s->wdown};
         lcu_bf16 **dst[] = {&y->attn_norm, &y->wq, &y->wk, &y->wv, &y->wo, &y->bq, &y->bk, &y->bv, &y->bo,
                             &y->q_norm, &y->k_norm, &y->mlp_norm, &y->wgate, &y->wup, &y->wdown};
-        for (size_t i = 0; i < sizeof src / sizeof src[0]; i++)
-            if (src[i]) it[n++] = (cw_item){src[i], dst[i], false};
+        for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
+            /* wk, wv right after wq; wup right after wgate (src order: 1 wq, 2 wk, 3 wv, 12 wgate, 13 wup) */
+            bool packed = ((i == 2 || i == 3) && s->wq && s->wk) || (i == 13 && s->wgate);
+            if (src[i]) it[n++] = (cw_item){src[i], dst[i], packed};
+        }
         if (!s->router) continue;
         it[n++] = (cw_item){s->router, &y->router, false};
         for (int e = 0; e < c->cfg.num_experts; e++) {

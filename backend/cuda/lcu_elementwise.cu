@@ -258,9 +258,9 @@ int lcu_rope(void *out, lcu_dtype ot, const float *in, long T, int nh, int d, co
  * rounding; q to its rows, k and v to the caches' rows kv_dst[t]. The norm and the rotation
  * are lcu_rmsnorm_fwd_k's and lcu_rope_k's device functions, so the values are theirs. */
 __global__ void lcu_decode_qkv_k(__nv_bfloat16 *q, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int64_t *kv_dst,
-                                 const float *q_pre, const float *k_pre, const float *v, const __nv_bfloat16 *qn,
-                                 const __nv_bfloat16 *kn, long T, int nq, int nkv, int d, double eps,
-                                 const int32_t *pos, const float *cos_t, const float *sin_t)
+                                 const float *q_pre, long ldq, const float *k_pre, long ldk, const float *v, long ldv,
+                                 const __nv_bfloat16 *qn, const __nv_bfloat16 *kn, long T, int nq, int nkv, int d,
+                                 double eps, const int32_t *pos, const float *cos_t, const float *sin_t)
 {
     int lane = threadIdx.x & 31, nh = nq + 2 * nkv, half = d / 2;
     long warp = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nwarps = ((long)gridDim.x * blockDim.x) >> 5;
@@ -269,14 +269,14 @@ __global__ void lcu_decode_qkv_k(__nv_bfloat16 *q, __nv_bfloat16 *kc, __nv_bfloa
         int h = (int)(w % nh);
         if (h >= nq + nkv) { /* v: rounded into its cache row */
             int hv = h - nq - nkv;
-            const float *src = v + (t * nkv + hv) * d;
+            const float *src = v + t * ldv + (long)hv * d;
             __nv_bfloat16 *dst = vc + (row * nkv + hv) * d;
             for (int i = lane; i < d; i += 32) dst[i] = __float2bfloat16_rn(src[i]);
             continue;
         }
         bool isq = h < nq;
         int hh = isq ? h : h - nq;
-        const float *xr = isq ? q_pre + (t * nq + hh) * d : k_pre + (t * nkv + hh) * d;
+        const float *xr = isq ? q_pre + t * ldq + (long)hh * d : k_pre + t * ldk + (long)hh * d;
         const __nv_bfloat16 *wn = isq ? qn : kn;
         __nv_bfloat16 *out = isq ? q + (t * nq + hh) * d : kc + (row * nkv + hh) * d;
         float rs = wn ? lcu_rms_rstd_warp(xr, d, eps, lane) : 1.0f;
@@ -296,28 +296,46 @@ __global__ void lcu_decode_qkv_k(__nv_bfloat16 *q, __nv_bfloat16 *kc, __nv_bfloa
 }
 
 int lcu_decode_qkv(lcu_bf16 *q, lcu_bf16 *k_cache, lcu_bf16 *v_cache, const int64_t *kv_dst, const float *q_pre,
-                   const float *k_pre, const float *v, const lcu_bf16 *q_norm, const lcu_bf16 *k_norm, long T, int nq,
-                   int nkv, int d, double eps, const int32_t *pos, const float *cos_t, const float *sin_t,
-                   cudaStream_t s)
+                   long ldq, const float *k_pre, long ldk, const float *v, long ldv, const lcu_bf16 *q_norm,
+                   const lcu_bf16 *k_norm, long T, int nq, int nkv, int d, double eps, const int32_t *pos,
+                   const float *cos_t, const float *sin_t, cudaStream_t s)
 {
     if (T < 0 || nq <= 0 || nkv <= 0 || d <= 0 || d % 2 || !q_norm != !k_norm) return LCU_EINVAL;
+    if (ldq < (long)nq * d || ldk < (long)nkv * d || ldv < (long)nkv * d) return LCU_EINVAL;
     if (T > 0 && (!q || !k_cache || !v_cache || !q_pre || !k_pre || !v || !pos || !cos_t || !sin_t)) return LCU_EINVAL;
     if (T == 0) return 0;
     long warps = T * (nq + 2 * nkv);
     lcu_decode_qkv_k<<<lcu_blocks(warps, LCU_NORM_WARPS), 32 * LCU_NORM_WARPS, 0, s>>>(
-        (__nv_bfloat16 *)q, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, kv_dst, q_pre, k_pre, v,
+        (__nv_bfloat16 *)q, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, kv_dst, q_pre, ldq, k_pre, ldk, v, ldv,
         (const __nv_bfloat16 *)q_norm, (const __nv_bfloat16 *)k_norm, T, nq, nkv, d, eps, pos, cos_t, sin_t);
     return lcu_launch_status();
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */
 
+/* silu(g)·u: shared by both SwiGLU forwards, so they give the same bits */
+__device__ __forceinline__ float lcu_silu_mul(float x, float u) { return x / (1.0f + expf(-x)) * u; }
+
 template <typename H> __global__ void lcu_swiglu_fwd_k(H *h, const float *g, const float *u, long n)
 {
-    LCU_GRID_STRIDE(i, n) {
-        float x = g[i];
-        lcu_st(h, i, x / (1.0f + expf(-x)) * u[i]);
+    LCU_GRID_STRIDE(i, n) lcu_st(h, i, lcu_silu_mul(g[i], u[i]));
+}
+
+/* the same over T rows of I values whose g and u rows are ld apart (one GEMM's [gate | up]) */
+__global__ void lcu_swiglu_rows_k(__nv_bfloat16 *h, const float *g, const float *u, long T, int I, long ld)
+{
+    LCU_GRID_STRIDE(i, T * I) {
+        long t = i / I, j = i % I;
+        h[i] = __float2bfloat16_rn(lcu_silu_mul(g[t * ld + j], u[t * ld + j]));
     }
+}
+
+int lcu_swiglu_rows(lcu_bf16 *h, const float *g, const float *u, long T, int I, long ld, cudaStream_t s)
+{
+    if (T < 0 || I <= 0 || ld < I || ((!h || !g || !u) && T)) return LCU_EINVAL;
+    if (T == 0) return 0;
+    lcu_swiglu_rows_k<<<lcu_blocks(T * I, 256), 256, 0, s>>>((__nv_bfloat16 *)h, g, u, T, I, ld);
+    return lcu_launch_status();
 }
 
 template <typename D>

@@ -225,7 +225,7 @@ static void bench_attention(const geo *g, long T, int seqlen)
     attn_arg x;
     long qd = (long)g->nq * g->d, kvd = (long)g->nkv * g->d;
     x.a = (lcu_attn_desc){nseq, gt_dev_copy(qs, (nseq + 1) * 4), NULL, NULL, T, g->nq, g->nkv, g->d,
-                          (float)(1.0 / sqrt((double)g->d))};
+                          (float)(1.0 / sqrt((double)g->d)), false};
     x.max_len = seqlen;
     x.q = dev_random(T * qd, LCU_BF16, 1);
     x.k = dev_random(T * kvd, LCU_BF16, 1);
@@ -545,7 +545,7 @@ static double bench_decode_attention(const geo *g, double *floor)
     attn_arg *x = &d.x;
     long qd = (long)g->nq * g->d, kvd = (long)g->nkv * g->d, cache = (long)S * DEC_KV_CAP;
     x->a = (lcu_attn_desc){S, gt_dev_copy(qs, sizeof qs), gt_dev_copy(ks, sizeof ks), gt_dev_copy(kl, sizeof kl), S,
-                           g->nq, g->nkv, g->d, (float)(1.0 / sqrt((double)g->d))};
+                           g->nq, g->nkv, g->d, (float)(1.0 / sqrt((double)g->d)), false};
     d.n = dec_copies(cache * kvd * 2.0 * 2);
     for (int i = 0; i < d.n; i++) {
         d.k[i] = dev_random(cache * kvd, LCU_BF16, 1);

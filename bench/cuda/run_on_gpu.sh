@@ -81,7 +81,8 @@
 #                                                                          model-8b-80g.log/.json
 #   model1b      bench_cuda --geo Llama-3.2-1B --iters 1 (its PEFT row: 4x2048) model-1b.log/.json
 #   decode-fuse  decode with LCU_DECODE_FUSE=1 (a layer's q/k norms, RoPE, v rounding and
-#                cache stores in one kernel; the attention's tile counts once a pass) decode-fuse.log/.json
+#                cache stores in one kernel; the attention's tile counts once a pass), then
+#                LCU_DECODE_FUSE=2 (also one GEMM for q|k|v, one for gate|up) decode-fuse{,2}.log/.json
 #   backend-fuse test_gpu_backend's llama part with LCU_DECODE_FUSE=1 (every sampling check
 #                on the fused path; its flip check then compares with the unfused) backend-fuse.log
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
@@ -367,8 +368,11 @@ run_step() {
         # an H100's 80 GB (79.6 GiB as cudaMemGetInfo counts it) on a bigger card
         model8b-80g) LCU_DEVICE_MB=81559 MODEL_TAG="(as an 80 GB card)" run_model model-8b-80g 200 --geo Qwen3-8B --iters 1 ;;
         train-ops) LCU_TRAIN_PROFILE=1 MODEL_TAG="(train ops)" run_model train-ops 150 --geo Qwen3-8B,Qwen3-0.6B --iters 1 ;;
-        decode-fuse) LCU_DECODE_FUSE=1 MODEL_TAG="(fused q/k/v)" run_model decode-fuse 120 --decode --steps 64 \
-                         --geo Qwen3-8B,Qwen3-0.6B ;;
+        decode-fuse)
+            LCU_DECODE_FUSE=1 MODEL_TAG="(fused q/k/v)" run_model decode-fuse 120 --decode --steps 64 \
+                --geo Qwen3-8B,Qwen3-0.6B
+            LCU_DECODE_FUSE=2 MODEL_TAG="(fused q/k/v, packed GEMMs)" run_model decode-fuse2 120 --decode --steps 64 \
+                --geo Qwen3-8B,Qwen3-0.6B ;;
         backend-fuse) run_backend backend-fuse.log "test_gpu_backend LCU_DECODE_FUSE=1" llama LCU_DECODE_FUSE=1 ;;
         kernels-decode) step bench-decode.log 60 "bench_cuda_kernels --decode" "$BIN/bench_cuda_kernels" --decode \
                             --csv "$OUT/bench-decode.csv" ;;
@@ -414,7 +418,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \

@@ -815,6 +815,38 @@ static void check_decode_fuse(pair *p, const sreq *q)
              "log-probs, bitwise", p->name, on_here ? "without" : "with", on_here ? "0" : "1");
     o.be->adapter_free(o.ctx, ao);
     o.be->destroy(o.ctx);
+
+    /* level 2 (one GEMM for q|k|v and one for gate|up): another GEMM shape may round
+     * otherwise, so its samples are held to their own forward log-probs, as sampling is */
+    setenv("LCU_DECODE_FUSE", "2", 1);
+    side o2 = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
+    if (was) setenv("LCU_DECODE_FUSE", prev, 1);
+    else unsetenv("LCU_DECODE_FUSE");
+    be_adapter *a2 = make_adapter(&o2, 0);
+    for (int r = 0; r < 3; r++) {
+        g[r] = q[r];
+        g[r].r.ad = q[r].r.ad ? a2 : NULL;
+        g[r].r.prompt = g[r].prompt;
+        g[r].r.tokens_out = g[r].tok;
+        g[r].r.logprobs_out = g[r].lp;
+        g[r].r.n_out = g[r].n;
+        g[r].r.stopped_out = g[r].stopped;
+    }
+    do_sample(&o2, g, 3);
+    double worst = 0;
+    bool full = true;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < g[r].r.num_samples; i++) {
+            float f[SMAX];
+            forward_lp(&o2, &g[r], i, f, NULL);
+            full &= g[r].n[i] == SMAX;
+            for (int t = 0; t < g[r].n[i]; t++)
+                if (!(fabs(f[t] - g[r].lp[i * SMAX + t]) <= worst)) worst = fabs(f[t] - g[r].lp[i * SMAX + t]);
+        }
+    gt_check(full && worst <= 2e-2, "%s: LCU_DECODE_FUSE=2 (one GEMM for q|k|v, one for gate|up): sampled vs forward "
+             "log-probs max |d| %.2e", p->name, worst);
+    o2.be->adapter_free(o2.ctx, a2);
+    o2.be->destroy(o2.ctx);
 }
 
 static void check_sampling(pair *p)

@@ -361,8 +361,8 @@ static void test_decode_qkv(bool norm, int d)
     GT_LCU(lcu_copy_rows(kc1, drow, kb, NULL, T, (size_t)nkv * d * 2, 0));
     GT_LCU(lcu_copy_rows(vc1, drow, vb, NULL, T, (size_t)nkv * d * 2, 0));
     /* the one kernel */
-    GT_LCU(lcu_decode_qkv(q2, kc2, vc2, drow, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, T, nq, nkv, d, eps,
-                          dpos, dct, dst, 0));
+    GT_LCU(lcu_decode_qkv(q2, kc2, vc2, drow, dq, (long)nq * d, dk, (long)nkv * d, dv, (long)nkv * d,
+                          norm ? dwq : NULL, norm ? dwk : NULL, T, nq, nkv, d, eps, dpos, dct, dst, 0));
     uint16_t *a = malloc(ncache * 2), *b = malloc(ncache * 2);
     gt_get(a, qb, nqd * 2);
     gt_get(b, q2, nqd * 2);
@@ -376,8 +376,35 @@ static void test_decode_qkv(bool norm, int d)
     gt_check(qsame && ksame && vsame, "decode q/k/v in one kernel (%s, T=%ld nq=%d nkv=%d d=%d) = the separate launches, "
              "bitwise: q %s, k cache %s, v cache %s", norm ? "q/k norm" : "no norm", T, nq, nkv, d,
              qsame ? "same" : "DIFFERS", ksame ? "same" : "DIFFERS", vsame ? "same" : "DIFFERS");
-    gt_check(lcu_decode_qkv(q2, kc2, vc2, drow, dq, dk, dv, dwq, NULL, T, nq, nkv, d, eps, dpos, dct, dst, 0) ==
-                 LCU_EINVAL, "decode q/k/v: a q norm without a k norm is refused");
+    gt_check(lcu_decode_qkv(q2, kc2, vc2, drow, dq, (long)nq * d, dk, (long)nkv * d, dv, (long)nkv * d, dwq, NULL, T,
+                            nq, nkv, d, eps, dpos, dct, dst, 0) == LCU_EINVAL,
+             "decode q/k/v: a q norm without a k norm is refused");
+    /* the same rows read from one [q | k | v] buffer (row stride nq·d + 2·nkv·d), as after one GEMM */
+    long ld = (long)(nq + 2 * nkv) * d;
+    float *qkv = malloc((size_t)T * ld * 4);
+    for (long t = 0; t < T; t++) {
+        memcpy(qkv + t * ld, q + t * nq * d, (size_t)nq * d * 4);
+        memcpy(qkv + t * ld + nq * d, k + t * nkv * d, (size_t)nkv * d * 4);
+        memcpy(qkv + t * ld + (nq + nkv) * d, v + t * nkv * d, (size_t)nkv * d * 4);
+    }
+    float *dqkv = gt_dev_f32(qkv, (size_t)T * ld);
+    void *kc3 = gt_dev_poison(ncache * 2), *vc3 = gt_dev_poison(ncache * 2), *q3 = gt_dev_poison(nqd * 2);
+    GT_LCU(lcu_decode_qkv(q3, kc3, vc3, drow, dqkv, ld, dqkv + nq * d, ld, dqkv + (nq + nkv) * d, ld, norm ? dwq : NULL,
+                          norm ? dwk : NULL, T, nq, nkv, d, eps, dpos, dct, dst, 0));
+    bool strided = true;
+    gt_get(a, q2, nqd * 2);
+    gt_get(b, q3, nqd * 2);
+    strided &= memcmp(a, b, nqd * 2) == 0;
+    gt_get(a, kc2, ncache * 2);
+    gt_get(b, kc3, ncache * 2);
+    strided &= memcmp(a, b, ncache * 2) == 0;
+    gt_get(a, vc2, ncache * 2);
+    gt_get(b, vc3, ncache * 2);
+    strided &= memcmp(a, b, ncache * 2) == 0;
+    gt_check(strided, "decode q/k/v from one [q | k | v] buffer = from three, bitwise (%s, d=%d)",
+             norm ? "q/k norm" : "no norm", d);
+    free(qkv);
+    gt_free(dqkv); gt_free(kc3); gt_free(vc3); gt_free(q3);
     gt_free(dct); gt_free(dst); gt_free(dq); gt_free(dk); gt_free(dv); gt_free(dwq); gt_free(dwk); gt_free(dpos);
     gt_free(drow); gt_free(qf); gt_free(kf); gt_free(qb); gt_free(kb); gt_free(vb); gt_free(kc1); gt_free(vc1);
     gt_free(kc2); gt_free(vc2); gt_free(q2);
@@ -416,6 +443,26 @@ static void test_swiglu(void)
     GT_LCU(lcu_swiglu_fwd(dhb, LCU_BF16, dg, du, n, 0));
     gt_get_bf16(h, dhb, n);
     gt_expect_close("swiglu fwd bf16 vs cpu", h, r64, n, 5e-3);
+    {   /* rows of [g | u] (one GEMM's [gate | up]): the same bits as the flat form */
+        int I = gt_int(1, 300);
+        long T = n / I > 0 ? n / I : 1, m = T * I;
+        if (m > n) m = n, T = 1, I = (int)n;
+        float *gu = malloc((size_t)T * 2 * I * 4);
+        for (long t = 0; t < T; t++) {
+            memcpy(gu + t * 2 * I, g + t * I, (size_t)I * 4);
+            memcpy(gu + t * 2 * I + I, u + t * I, (size_t)I * 4);
+        }
+        float *dgu = gt_dev_f32(gu, (size_t)T * 2 * I);
+        void *dhr = gt_dev_poison(m * 2);
+        GT_LCU(lcu_swiglu_rows(dhr, dgu, dgu + I, T, I, 2L * I, 0));
+        uint16_t *x = malloc(m * 2), *y = malloc(m * 2);
+        gt_get(x, dhr, m * 2);
+        gt_get(y, dhb, m * 2);
+        gt_check(memcmp(x, y, m * 2) == 0, "swiglu over [g | u] rows (T=%ld I=%d) = the flat form, bitwise", T, I);
+        gt_check(lcu_swiglu_rows(dhr, dgu, dgu + I, T, I, I - 1, 0) == LCU_EINVAL, "swiglu rows: ld < I refused");
+        free(gu); free(x); free(y);
+        gt_free(dgu); gt_free(dhr);
+    }
 
     cpu_swiglu_bwd(pool, dgr, dur, dh, g, u, n);
     void *ddg = gt_dev_poison(n * 4), *ddu = gt_dev_poison(n * 4);
