@@ -1,8 +1,8 @@
 /* lcu_sgmv.cuh — LoRA version 2 (lcu_sgmv.cu): every segment of a call in one launch per
  * product (SGMV style) instead of version 1's cuBLASLt calls per segment (lcu_lora.cu).
  * Chosen per call by the environment variable LCU_LORA (`auto`, the default: version 2 for
- * calls of several short segments; `gemm`: version 1; `sgmv`: version 2), like LCU_ATTN for
- * the attention. Same interface and semantics as
+ * calls of several short segments; `gemm`: version 1; `sgmv`: version 2; `sgmv3`: version 3,
+ * lcu_sgmv3.cu), like LCU_ATTN for the attention. Same interface and semantics as
  * lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has checked the arguments and that
  * the segments are sorted and disjoint in rows. */
 #ifndef LOOM_BACKEND_CUDA_SGMV_CUH
@@ -22,5 +22,14 @@ int lcu_sgmv_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, in
 int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                       cudaStream_t s);
+
+/* LoRA version 3 (lcu_sgmv3.cu), chosen by LCU_LORA=sgmv3 only (never by auto until a GPU
+ * window has measured it): the same interface and preconditions as version 2. */
+bool lcu_lora_v3_on(void);
+int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                       float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                       cudaStream_t s);
 
 #endif

@@ -407,6 +407,66 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
     return ms;
 }
 
+/* ---- LoRA version 3 (LCU_LORA=sgmv3, backend/cuda/lcu_sgmv3.cu) ------------------------------ */
+/* Its rows next to the gemm/sgmv ones above, at the same shapes (the q projection, x1/x8/x32
+ * adapters), then decode-sized LoRA forwards for every path: 32 rows over 8 adapters (4 rows
+ * each, as `bench_cuda --decode`'s 8x4 rows), r=32, on the q projection and on down (the
+ * widest input). Kept in functions of their own so that they merge apart from other rows. */
+
+static void run_lora_fwd(void *p)
+{
+    lora_arg *l = p;
+    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, lcu_lora_ldz(32), 0));
+}
+
+static void bench_lora_decode(const geo *g, const char *mod, int in, int out, const char *label)
+{
+    const int r = 32, nad = 8;
+    const long T = 32;
+    lora_arg l;
+    memset(&l, 0, sizeof l);
+    l.in = in;
+    l.out = out;
+    l.nseg = nad;
+    l.x = dev_random(T * in, LCU_BF16, 1);
+    l.y = dev_random(T * out, LCU_F32, 1);
+    l.z = gt_dev_poison(T * lcu_lora_ldz(r) * 2);
+    for (int s = 0; s < nad; s++)
+        l.segs[s] = (lcu_lora_seg){T * s / nad, T * (s + 1) / nad, r, 32.0f / r,
+                                   dev_random((size_t)r * in, LCU_BF16, 0.02), dev_random((size_t)out * r, LCU_BF16, 0.02),
+                                   NULL, NULL};
+    char shape[64], name[40];
+    snprintf(shape, sizeof shape, "%s %ld rows x%d ad", mod, T, nad);
+    snprintf(name, sizeof name, "lora fwd r=32 %s", label);
+    /* every adapter's A and B once, x, y read and written, z written and read */
+    double bytes = nad * (double)r * (in + out) * 2 + T * (in * 2.0 + out * 8.0) + T * r * 4.0;
+    report(name, g->name, shape, time_ms(run_lora_fwd, &l), 2.0 * T * r * (in + out), bytes);
+    gt_free(l.x); gt_free(l.y); gt_free(l.z);
+    for (int s = 0; s < nad; s++) { gt_free((void *)l.segs[s].A); gt_free((void *)l.segs[s].B); }
+}
+
+static void bench_lora_v3(const geo *g, long T)
+{
+    setenv("LCU_LORA", "sgmv3", 1);
+    unsetenv("LCU_SGMV3_SMALL");
+    double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0);
+    bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one);
+    bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one);
+    if (T == 512) { /* decode rows, once per geometry: every path, and version 3 without its small kernels */
+        static const struct { const char *label, *lora, *small; } paths[] = {
+            {"gemm", "gemm", NULL}, {"sgmv", "sgmv", NULL}, {"sgmv3", "sgmv3", NULL}, {"sgmv3 tiled", "sgmv3", "0"}};
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+            setenv("LCU_LORA", paths[i].lora, 1);
+            if (paths[i].small) setenv("LCU_SGMV3_SMALL", paths[i].small, 1);
+            else unsetenv("LCU_SGMV3_SMALL");
+            bench_lora_decode(g, "q", g->H, g->nq * g->d, paths[i].label);
+            bench_lora_decode(g, "down", g->I, g->H, paths[i].label);
+        }
+        unsetenv("LCU_SGMV3_SMALL");
+    }
+    unsetenv("LCU_LORA");
+}
+
 /* ---- base GEMMs and elementwise --------------------------------------------------------------- */
 
 static void bench_gemm_shape(const geo *g, long T, const char *what, int N, int K)
@@ -659,6 +719,7 @@ int main(int argc, char **argv)
                 bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one, false);
             }
             unsetenv("LCU_LORA");
+            bench_lora_v3(g, T); /* version 3's rows (LCU_LORA=sgmv3) */
             bench_elementwise(g, T);
         }
         printf("\n");

@@ -1,11 +1,15 @@
 /* test_gpu_lora.c — segmented LoRA (lcu_lora_fwd / lcu_lora_bwd): several adapters of
- * different ranks (1, 3, 8, 32, 64; scale = 32/r) over runs of rows of one packed batch,
+ * different ranks (1, 3, 8, 32, 64, 136; scale = 32/r) over runs of rows of one packed batch,
  * against the fp64 products of the CPU backend (cpu_lora_fwd_rows / cpu_lora_bwd_rows);
- * the packed call equal, bit for bit, to each segment run alone; 40 segments, so each
+ * the packed call equal, bit for bit, to each segment run alone; 56 segments, so each
  * adapter's gradients accumulate over several of them (in segment order) and a call holds
- * more segments than one launch of version 2 takes; bitwise reruns; the fp64 reference gradients
- * against finite differences. Both versions of the kernel layer (LCU_LORA=gemm, sgmv) run
- * every check.
+ * more segments than one launch of versions 2 and 3 takes; bitwise reruns; the fp64
+ * reference gradients against finite differences. Every version of the kernel layer
+ * (LCU_LORA=gemm, sgmv, sgmv3) runs every check, version 3 twice: with its small-segment
+ * kernels (segments of at most 16 rows) and with its tiled kernel alone
+ * (LCU_SGMV3_SMALL=0). The shapes: widths 256/192, odd widths (unaligned rows: the
+ * scalar paths), long K (split-K), and decode-sized segments (1–16 rows each, 4104 inputs:
+ * the small kernels' every loop, over more segments than one launch takes).
  *
  * Tolerances (relative L2, on the LoRA contribution): y delta 5e-3 (z rounded to bf16
  * before the expand); dx delta, gA, gB delta 1e-2 (dz rounded to bf16 as well).
@@ -15,7 +19,9 @@
 #include <math.h>
 #include <string.h>
 
-#define NSEG 40 /* more than lcu_sgmv.cu's 32 per launch, 8 per adapter: its flush and waves */
+#define NSEG 56 /* more than lcu_sgmv.cu's 32 and lcu_sgmv3.cu's 48 per launch, 9+ per adapter: flushes and waves */
+#define NAD 6   /* adapters, ranks 1, 3, 8, 32, 64, 136 (over 64: version 3's expand in two K chunks) */
+#define MAXR 136
 
 static const char *version; /* LCU_LORA of the checks running: every check names it (a FAIL line alone says which) */
 
@@ -23,7 +29,8 @@ typedef struct {
     int in, out, nseg;
     long rows;
     long begin[NSEG], end[NSEG];
-    int rank[NSEG], ad[NSEG]; /* ad: which adapter (segments 4 and 5 share adapter 4, then s % 5) */
+    int rank[NSEG], ad[NSEG]; /* ad: which adapter (segments 4 and 5 share adapter 4, then s % NAD) */
+    int arank[NAD];           /* each adapter's rank */
     float *A[NSEG], *B[NSEG]; /* host fp32 (bf16-exact) */
 } setup;
 
@@ -34,7 +41,7 @@ static void ref(const setup *S, const float *x, const float *dy, double *y, doub
         int r = S->rank[s], a = S->ad[s];
         double scale = 32.0 / r;
         for (long t = S->begin[s]; t < S->end[s]; t++) {
-            double z[64], dz[64];
+            double z[MAXR], dz[MAXR];
             for (int j = 0; j < r; j++) {
                 z[j] = 0;
                 for (int i = 0; i < S->in; i++) z[j] += (double)x[t * S->in + i] * S->A[a][j * S->in + i];
@@ -59,26 +66,34 @@ static void ref(const setup *S, const float *x, const float *dy, double *y, doub
 }
 
 /* rows of segment 3 when > 0 (else random like the others): with in and out over 512, the
- * products whose K is in, out or the rows run split-K in version 2 (lcu_sgmv.cu) */
+ * products whose K is in, out or the rows run split-K in versions 2 and 3 */
 static int long_rows;
+/* the largest random segment: 90, or 16 for decode-sized segments (every one in version 3's
+ * small kernels); segments 0 and 4 have 16 and 17 rows otherwise (its boundary) */
+static int max_rows = 90;
 
 static void make_setup(setup *S, int in, int out)
 {
-    const int ranks[5] = {1, 3, 8, 32, 64};
+    const int ranks[NAD] = {1, 3, 8, 32, 64, 136};
     S->in = in;
     S->out = out;
     S->nseg = NSEG;
     long row = 0;
     for (int s = 0; s < NSEG; s++) {
-        S->ad[s] = s < 5 ? s : s == 5 ? 4 : s % 5;
+        S->ad[s] = s < 5 ? s : s == 5 ? 4 : s % NAD;
         S->rank[s] = ranks[S->ad[s]];
         row += s == 2 ? 7 : 0; /* rows without an adapter between segments */
         S->begin[s] = row;
-        row += s == 1 ? 0 : s == 3 && long_rows ? long_rows : gt_int(1, 90); /* segment 1 is empty */
+        row += s == 1                  ? 0 /* segment 1 is empty */
+               : s == 3 && long_rows   ? long_rows
+               : s == 0 && max_rows > 16 ? 16
+               : s == 4 && max_rows > 16 ? 17
+                                       : gt_int(1, max_rows);
         S->end[s] = row;
     }
     S->rows = row + 5;
-    for (int a = 0; a < 5; a++) {
+    for (int a = 0; a < NAD; a++) {
+        S->arank[a] = ranks[a];
         S->A[a] = malloc((size_t)ranks[a] * in * 4);
         S->B[a] = malloc((size_t)out * ranks[a] * 4);
         gt_fill_bf16_exact(S->A[a], (size_t)ranks[a] * in, -1.0 / sqrt(in), 1.0 / sqrt(in));
@@ -91,7 +106,7 @@ typedef struct {
     float *gA, *gB;
 } dev_ad;
 
-/* z, dz: workspaces with the stride of rank 64 in every call, packed or alone */
+/* z, dz: workspaces with the stride of the largest rank in every call, packed or alone */
 static void run(lcu_ctx *c, const setup *S, dev_ad *D, int only, void *x, void *y, void *dy, void *dx, void *z,
                 void *dz, bool bwd)
 {
@@ -102,7 +117,7 @@ static void run(lcu_ctx *c, const setup *S, dev_ad *D, int only, void *x, void *
         int a = S->ad[s];
         segs[n++] = (lcu_lora_seg){S->begin[s], S->end[s], S->rank[s], 32.0f / S->rank[s], D[a].A, D[a].B, D[a].gA, D[a].gB};
     }
-    long ldz = lcu_lora_ldz(64);
+    long ldz = lcu_lora_ldz(MAXR);
     if (!bwd) GT_LCU(lcu_lora_fwd(c, segs, n, S->in, S->out, x, S->in, y, S->out, z, ldz, 0));
     else GT_LCU(lcu_lora_bwd(c, segs, n, S->in, S->out, x, S->in, dy, S->out, dx, S->in, z, dz, ldz, 0));
 }
@@ -117,11 +132,11 @@ static void test_lora(lcu_ctx *c, int in, int out)
     gt_fill(y0, R * out, -1, 1);
     gt_fill_bf16_exact(dy, R * out, -1, 1);
     gt_fill(dx0, R * in, -1, 1);
-    dev_ad D[5];
-    float *gA0[5], *gB0[5];
-    double *rgA[5], *rgB[5];
-    for (int a = 0; a < 5; a++) {
-        int r = S.rank[a];
+    dev_ad D[NAD];
+    float *gA0[NAD], *gB0[NAD];
+    double *rgA[NAD], *rgB[NAD];
+    for (int a = 0; a < NAD; a++) {
+        int r = S.arank[a];
         gA0[a] = malloc((size_t)r * in * 4);
         gB0[a] = malloc((size_t)out * r * 4);
         gt_fill(gA0[a], (size_t)r * in, -0.1, 0.1);
@@ -136,7 +151,7 @@ static void test_lora(lcu_ctx *c, int in, int out)
     double *ry = calloc(R * out, 8), *rdx = calloc(R * in, 8);
     ref(&S, x, dy, ry, rdx, rgA, rgB);
 
-    int ldz = lcu_lora_ldz(64);
+    int ldz = lcu_lora_ldz(MAXR);
     void *dxb = gt_dev_bf16(x, R * in), *dyb = gt_dev_bf16(dy, R * out), *dyv = gt_dev_f32(y0, R * out);
     void *ddx = gt_dev_f32(dx0, R * in), *z = gt_dev_poison(R * ldz * 2), *dz = gt_dev_poison(R * ldz * 2);
     run(c, &S, D, -1, dxb, dyv, NULL, NULL, z, NULL, false);
@@ -149,7 +164,7 @@ static void test_lora(lcu_ctx *c, int in, int out)
     float *dl = malloc((R * (in > out ? in : out)) * 4);
     for (long i = 0; i < R * out; i++) dl[i] = y[i] - y0[i];
     char what[160];
-    snprintf(what, sizeof what, "lora %s fwd delta in=%d out=%d (%d segments, ranks 1..64)", version, in, out,
+    snprintf(what, sizeof what, "lora %s fwd delta in=%d out=%d (%d segments, ranks 1..136)", version, in, out,
              S.nseg);
     gt_expect_close(what, dl, ry, R * out, 5e-3);
     bool untouched = true;
@@ -159,20 +174,20 @@ static void test_lora(lcu_ctx *c, int in, int out)
         if (!in_seg)
             for (int o = 0; o < out; o++) untouched &= y[t * out + o] == y0[t * out + o];
     }
-    gt_check(untouched, "lora %s fwd leaves rows outside every segment alone", version);
+    gt_check(untouched, "lora %s fwd leaves rows outside every segment alone (in=%d out=%d)", version, in, out);
     for (long i = 0; i < R * in; i++) dl[i] = dxo[i] - dx0[i];
     snprintf(what, sizeof what, "lora %s bwd dx delta in=%d out=%d", version, in, out);
     gt_expect_close(what, dl, rdx, R * in, 1e-2);
-    for (int a = 0; a < 5; a++) {
-        int r = S.rank[a];
+    for (int a = 0; a < NAD; a++) {
+        int r = S.arank[a];
         float *g = malloc((size_t)r * (in > out ? in : out) * 4);
         gt_get_f32(g, D[a].gA, (size_t)r * in);
         for (long i = 0; i < (long)r * in; i++) g[i] -= gA0[a][i];
-        snprintf(what, sizeof what, "lora %s gA adapter %d rank %d", version, a, r);
+        snprintf(what, sizeof what, "lora %s gA adapter %d rank %d in=%d out=%d", version, a, r, in, out);
         gt_expect_close(what, g, rgA[a], (size_t)r * in, 1e-2);
         gt_get_f32(g, D[a].gB, (size_t)out * r);
         for (long i = 0; i < (long)out * r; i++) g[i] -= gB0[a][i];
-        snprintf(what, sizeof what, "lora %s gB adapter %d rank %d", version, a, r);
+        snprintf(what, sizeof what, "lora %s gB adapter %d rank %d in=%d out=%d", version, a, r, in, out);
         gt_expect_close(what, g, rgB[a], (size_t)out * r, 1e-2);
         free(g);
     }
@@ -180,12 +195,12 @@ static void test_lora(lcu_ctx *c, int in, int out)
     /* packed == alone, bit for bit: rerun from the same starting values segment by
      * segment (in the same order), then packed again, and compare everything */
     float *yp = malloc(R * out * 4), *dxp = malloc(R * in * 4), *ya = malloc(R * out * 4), *dxa = malloc(R * in * 4);
-    float *gp[5][2], *ga[5][2];
+    float *gp[NAD][2], *ga[NAD][2];
     for (int mode = 0; mode < 2; mode++) {
         GT_CUDA(cudaMemcpy(dyv, y0, R * out * 4, cudaMemcpyHostToDevice));
         GT_CUDA(cudaMemcpy(ddx, dx0, R * in * 4, cudaMemcpyHostToDevice));
-        for (int a = 0; a < 5; a++) {
-            int r = S.rank[a];
+        for (int a = 0; a < NAD; a++) {
+            int r = S.arank[a];
             GT_CUDA(cudaMemcpy(D[a].gA, gA0[a], (size_t)r * in * 4, cudaMemcpyHostToDevice));
             GT_CUDA(cudaMemcpy(D[a].gB, gB0[a], (size_t)out * r * 4, cudaMemcpyHostToDevice));
         }
@@ -198,8 +213,8 @@ static void test_lora(lcu_ctx *c, int in, int out)
         }
         gt_get_f32(mode ? ya : yp, dyv, R * out);
         gt_get_f32(mode ? dxa : dxp, ddx, R * in);
-        for (int a = 0; a < 5; a++) {
-            int r = S.rank[a];
+        for (int a = 0; a < NAD; a++) {
+            int r = S.arank[a];
             float **dst = mode ? ga[a] : gp[a];
             dst[0] = malloc((size_t)r * in * 4);
             dst[1] = malloc((size_t)out * r * 4);
@@ -207,23 +222,23 @@ static void test_lora(lcu_ctx *c, int in, int out)
             gt_get_f32(dst[1], D[a].gB, (size_t)out * r);
         }
     }
-    snprintf(what, sizeof what, "lora %s packed == alone: y", version);
+    snprintf(what, sizeof what, "lora %s packed == alone: y (in=%d out=%d)", version, in, out);
     gt_expect_bits(what, yp, ya, R * out * 4);
-    snprintf(what, sizeof what, "lora %s packed == alone: dx", version);
+    snprintf(what, sizeof what, "lora %s packed == alone: dx (in=%d out=%d)", version, in, out);
     gt_expect_bits(what, dxp, dxa, R * in * 4);
-    snprintf(what, sizeof what, "lora %s packed rerun == first run: y", version);
+    snprintf(what, sizeof what, "lora %s packed rerun == first run: y (in=%d out=%d)", version, in, out);
     gt_expect_bits(what, yp, y, R * out * 4);
-    snprintf(what, sizeof what, "lora %s packed rerun == first run: dx", version);
+    snprintf(what, sizeof what, "lora %s packed rerun == first run: dx (in=%d out=%d)", version, in, out);
     gt_expect_bits(what, dxp, dxo, R * in * 4);
     bool same = true;
-    for (int a = 0; a < 5; a++) {
-        int r = S.rank[a];
+    for (int a = 0; a < NAD; a++) {
+        int r = S.arank[a];
         same &= memcmp(gp[a][0], ga[a][0], (size_t)r * in * 4) == 0 && memcmp(gp[a][1], ga[a][1], (size_t)out * r * 4) == 0;
         free(gp[a][0]); free(gp[a][1]); free(ga[a][0]); free(ga[a][1]);
     }
-    gt_check(same, "lora %s packed == alone: gA, gB of every adapter, bit for bit", version);
+    gt_check(same, "lora %s packed == alone: gA, gB of every adapter, bit for bit (in=%d out=%d)", version, in, out);
 
-    for (int a = 0; a < 5; a++) {
+    for (int a = 0; a < NAD; a++) {
         gt_free(D[a].A); gt_free(D[a].B); gt_free(D[a].gA); gt_free(D[a].gB);
         free(S.A[a]); free(S.B[a]); free(gA0[a]); free(gB0[a]); free(rgA[a]); free(rgB[a]);
     }
@@ -247,7 +262,7 @@ static void test_ref_fd(void)
     float x[15], dy[12];
     gt_fill(x, 15, -1, 1);
     gt_fill(dy, 12, -1, 1);
-    double *gA[5] = {0}, *gB[5] = {0}, dx[15] = {0}, y[12];
+    double *gA[NAD] = {0}, *gB[NAD] = {0}, dx[15] = {0}, y[12];
     gA[2] = calloc(8 * 5, 8);
     gB[2] = calloc(4 * 8, 8);
     memset(y, 0, sizeof y);
@@ -256,7 +271,7 @@ static void test_ref_fd(void)
     float *params[2] = {S.A[2], S.B[2]};
     double *grads[2] = {gA[2], gB[2]};
     int sizes[2] = {40, 32};
-    double *ga2[5] = {0}, *gb2[5] = {0}, dxx[15];
+    double *ga2[NAD] = {0}, *gb2[NAD] = {0}, dxx[15];
     ga2[2] = calloc(40, 8);
     gb2[2] = calloc(32, 8);
     for (int p = 0; p < 2; p++)
@@ -275,7 +290,7 @@ static void test_ref_fd(void)
             worst = fmax(worst, fabs(fd - grads[p][i]) / fmax(1.0, fabs(grads[p][i])));
         }
     gt_check(worst < 1e-8, "fp64 LoRA reference gradients vs finite differences: max err %.3g", worst);
-    for (int a = 0; a < 5; a++) { free(S.A[a]); free(S.B[a]); }
+    for (int a = 0; a < NAD; a++) { free(S.A[a]); free(S.B[a]); }
     free(gA[2]); free(gB[2]); free(ga2[2]); free(gb2[2]);
 }
 
@@ -286,18 +301,29 @@ int main(void)
     lcu_ctx *c;
     GT_LCU(lcu_ctx_create(&c, 0));
     int in = gt_int(8, 300), out = gt_int(8, 300);
-    for (int v = 0; v < 2; v++) { /* version 1 (cuBLASLt per segment), version 2 (lcu_sgmv.cu) */
-        version = v ? "sgmv" : "gemm";
-        setenv("LCU_LORA", version, 1);
-        printf("== LCU_LORA=%s\n", version);
+    /* version 1 (cuBLASLt per segment), version 2 (lcu_sgmv.cu), version 3 (lcu_sgmv3.cu)
+     * with and without its small-segment kernels */
+    static const struct { const char *label, *lora, *small; } versions[] = {
+        {"gemm", "gemm", NULL}, {"sgmv", "sgmv", NULL}, {"sgmv3", "sgmv3", NULL}, {"sgmv3 tiled", "sgmv3", "0"}};
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0]; v++) {
+        version = versions[v].label;
+        setenv("LCU_LORA", versions[v].lora, 1);
+        if (versions[v].small) setenv("LCU_SGMV3_SMALL", versions[v].small, 1);
+        else unsetenv("LCU_SGMV3_SMALL");
+        printf("== LCU_LORA=%s%s%s\n", versions[v].lora, versions[v].small ? " LCU_SGMV3_SMALL=" : "",
+               versions[v].small ? versions[v].small : "");
         test_lora(c, 256, 192);
         test_lora(c, in, out); /* odd widths: unaligned rows, gemmEx fallback */
-        if (!gt_small()) { /* long K everywhere: split-K in version 2 */
+        if (!gt_small()) { /* long K everywhere: split-K in versions 2 and 3 */
             long_rows = gt_int(600, 900);
             test_lora(c, gt_int(1030, 1100), gt_int(520, 700));
             long_rows = 0;
+            max_rows = 16; /* decode-sized segments */
+            test_lora(c, 4104, 1032);
+            max_rows = 90;
         }
     }
+    unsetenv("LCU_SGMV3_SMALL");
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
     lcu_ctx_destroy(c);
