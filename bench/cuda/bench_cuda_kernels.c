@@ -357,6 +357,18 @@ static void run_lora(void *p)
                       l->ldz, 0));
 }
 
+/* The LoRA paths the rows compare (LCU_LORA, and LCU_SGMV3_SMALL=0: version 3's tiled kernel
+ * alone, without its small-segment kernels). */
+static const struct { const char *lora, *small; } LORA_PATHS[] = {
+    {"gemm", NULL}, {"sgmv", NULL}, {"sgmv3", NULL}, {"sgmv3", "0"}};
+
+static void lora_path(int i)
+{
+    setenv("LCU_LORA", LORA_PATHS[i].lora, 1);
+    if (LORA_PATHS[i].small) setenv("LCU_SGMV3_SMALL", LORA_PATHS[i].small, 1);
+    else unsetenv("LCU_SGMV3_SMALL");
+}
+
 /* One module's LoRA (r = 32) over T rows in nad equal segments, one adapter each, through the
  * version LCU_LORA names: forward and backward as a training pass calls them, or (fwd_only)
  * the forward alone as a decode pass does (the backend's z stride, no gradients). A decode
@@ -396,8 +408,9 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
                             : T * (in * 2.0 * 3 + out * 2.0 * 2 + out * 8.0 + in * 8.0) +
                                   nad * (double)r * (in + out) * (2 + 8);
     char name[40];
-    snprintf(name, sizeof name, "lora %s r=32 %s", fwd_only ? "fwd" : "fwd+bwd",
-             getenv("LCU_LORA") ? getenv("LCU_LORA") : "auto");
+    const char *small = getenv("LCU_SGMV3_SMALL");
+    snprintf(name, sizeof name, "lora %s r=32 %s%s", fwd_only ? "fwd" : "fwd+bwd",
+             getenv("LCU_LORA") ? getenv("LCU_LORA") : "auto", small && !strcmp(small, "0") ? " tiled" : "");
     report(name, g->name, shape, ms, flops, bytes);
     if (one_ms > 0) printf("%-22s %-13s %-22s %.2fx the time of one adapter\n", "", "", "", ms / one_ms);
     gt_free(l.x); gt_free(l.dy); gt_free(l.y); gt_free(l.dx); gt_free(l.z); gt_free(l.dz);
@@ -405,66 +418,6 @@ static double bench_lora(const geo *g, long T, const char *mod, int in, int out,
         gt_free((void *)l.segs[s].A); gt_free((void *)l.segs[s].B); gt_free(l.segs[s].gA); gt_free(l.segs[s].gB);
     }
     return ms;
-}
-
-/* ---- LoRA version 3 (LCU_LORA=sgmv3, backend/cuda/lcu_sgmv3.cu) ------------------------------ */
-/* Its rows next to the gemm/sgmv ones above, at the same shapes (the q projection, x1/x8/x32
- * adapters), then decode-sized LoRA forwards for every path: 32 rows over 8 adapters (4 rows
- * each, as `bench_cuda --decode`'s 8x4 rows), r=32, on the q projection and on down (the
- * widest input). Kept in functions of their own so that they merge apart from other rows. */
-
-static void run_lora_fwd(void *p)
-{
-    lora_arg *l = p;
-    B_OK(lcu_lora_fwd(ctx, l->segs, l->nseg, l->in, l->out, l->x, l->in, l->y, l->out, l->z, lcu_lora_ldz(32), 0));
-}
-
-static void bench_lora_decode(const geo *g, const char *mod, int in, int out, const char *label)
-{
-    const int r = 32, nad = 8;
-    const long T = 32;
-    lora_arg l;
-    memset(&l, 0, sizeof l);
-    l.in = in;
-    l.out = out;
-    l.nseg = nad;
-    l.x = dev_random(T * in, LCU_BF16, 1);
-    l.y = dev_random(T * out, LCU_F32, 1);
-    l.z = gt_dev_poison(T * lcu_lora_ldz(r) * 2);
-    for (int s = 0; s < nad; s++)
-        l.segs[s] = (lcu_lora_seg){T * s / nad, T * (s + 1) / nad, r, 32.0f / r,
-                                   dev_random((size_t)r * in, LCU_BF16, 0.02), dev_random((size_t)out * r, LCU_BF16, 0.02),
-                                   NULL, NULL};
-    char shape[64], name[40];
-    snprintf(shape, sizeof shape, "%s %ld rows x%d ad", mod, T, nad);
-    snprintf(name, sizeof name, "lora fwd r=32 %s", label);
-    /* every adapter's A and B once, x, y read and written, z written and read */
-    double bytes = nad * (double)r * (in + out) * 2 + T * (in * 2.0 + out * 8.0) + T * r * 4.0;
-    report(name, g->name, shape, time_ms(run_lora_fwd, &l), 2.0 * T * r * (in + out), bytes);
-    gt_free(l.x); gt_free(l.y); gt_free(l.z);
-    for (int s = 0; s < nad; s++) { gt_free((void *)l.segs[s].A); gt_free((void *)l.segs[s].B); }
-}
-
-static void bench_lora_v3(const geo *g, long T)
-{
-    setenv("LCU_LORA", "sgmv3", 1);
-    unsetenv("LCU_SGMV3_SMALL");
-    double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0);
-    bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one);
-    bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one);
-    if (T == 512) { /* decode rows, once per geometry: every path, and version 3 without its small kernels */
-        static const struct { const char *label, *lora, *small; } paths[] = {
-            {"gemm", "gemm", NULL}, {"sgmv", "sgmv", NULL}, {"sgmv3", "sgmv3", NULL}, {"sgmv3 tiled", "sgmv3", "0"}};
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-            setenv("LCU_LORA", paths[i].lora, 1);
-            if (paths[i].small) setenv("LCU_SGMV3_SMALL", paths[i].small, 1);
-            else unsetenv("LCU_SGMV3_SMALL");
-            bench_lora_decode(g, "q", g->H, g->nq * g->d, paths[i].label);
-            bench_lora_decode(g, "down", g->I, g->H, paths[i].label);
-        }
-        unsetenv("LCU_SGMV3_SMALL");
-    }
-    unsetenv("LCU_LORA");
 }
 
 /* ---- base GEMMs and elementwise --------------------------------------------------------------- */
@@ -663,14 +616,15 @@ static void bench_decode(const geo *g)
     double ta = bench_decode_attention(g, &f[5]);
     const struct { const char *mod; int in, out; } mods[] = {
         {"q", H, qd}, {"k/v", H, kvd}, {"o", qd, H}, {"gate/up", H, I}, {"down", I, H}};
-    for (int v = 0; v < 2; v++) { /* LoRA versions 1 and 2 (LCU_LORA; auto takes 2 for the 8 adapters) */
-        setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
+    for (size_t v = 0; v < sizeof LORA_PATHS / sizeof LORA_PATHS[0]; v++) { /* auto takes sgmv for 8 adapters */
+        lora_path((int)v);
         for (size_t m = 0; m < sizeof mods / sizeof mods[0]; m++) {
             double one = bench_lora(g, DEC_ROWS, mods[m].mod, mods[m].in, mods[m].out, 1, 0, true);
             bench_lora(g, DEC_ROWS, mods[m].mod, mods[m].in, mods[m].out, DEC_ADS, one, true);
         }
     }
     unsetenv("LCU_LORA");
+    unsetenv("LCU_SGMV3_SMALL");
     bench_elementwise(g, DEC_ROWS);
     printf("decode layer, %d rows: 7 base GEMMs %.1f us (floor %.1f us, x%.1f) + attention wmma %.1f us (floor %.1f "
            "us); x %d layers: %.3f ms a step (floor %.3f ms), before LoRA, norms, RoPE, KV stores\n\n", DEC_ROWS,
@@ -712,14 +666,14 @@ int main(int argc, char **argv)
             bench_head(g, T);
             bench_gemm_shape(g, T, "gate", g->I, g->H);
             bench_gemm_shape(g, T, "q", g->nq * g->d, g->H);
-            for (int v = 0; v < 2; v++) { /* LoRA versions 1 and 2 (LCU_LORA) */
-                setenv("LCU_LORA", v ? "sgmv" : "gemm", 1);
+            for (int v = 0; v < 3; v++) { /* LoRA versions 1, 2 and 3 (LCU_LORA) */
+                lora_path(v);
                 double one = bench_lora(g, T, "q", g->H, g->nq * g->d, 1, 0, false);
                 bench_lora(g, T, "q", g->H, g->nq * g->d, 8, one, false);
                 bench_lora(g, T, "q", g->H, g->nq * g->d, 32, one, false);
             }
             unsetenv("LCU_LORA");
-            bench_lora_v3(g, T); /* version 3's rows (LCU_LORA=sgmv3) */
+            unsetenv("LCU_SGMV3_SMALL");
             bench_elementwise(g, T);
         }
         printf("\n");
