@@ -25,10 +25,12 @@
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
-# c: where the time goes: the decode passes split into the layer's operations
-#    (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their floors,
-#    the training passes split into operations (LCU_TRAIN_PROFILE=1), and Qwen3-8B's rows
-#    as on an 80 GB card (LCU_DEVICE_MB)
+# c: the switches on trial (LoRA version 3 under the backend test, the model rows and
+#    decode; the fused decode q/k/v under the backend test and decode, levels 1 and 2),
+#    Qwen3-8B's rows as on an 80 GB card (LCU_DEVICE_MB), then where the time goes: the
+#    decode passes split into the layer's operations (LCU_DECODE_PROFILE=2), the decode
+#    step's kernels one by one against their floors, the training passes split into
+#    operations (LCU_TRAIN_PROFILE=1)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -83,6 +85,9 @@
 #   decode-fuse  decode with LCU_DECODE_FUSE=1 (a layer's q/k norms, RoPE, v rounding and
 #                cache stores in one kernel; the attention's tile counts once a pass), then
 #                LCU_DECODE_FUSE=2 (also one GEMM for q|k|v, one for gate|up) decode-fuse{,2}.log/.json
+#   backend-sgmv3  test_gpu_backend with LCU_LORA=sgmv3 (LoRA version 3)    backend-sgmv3.log
+#   model-sgmv3  model06 with LCU_LORA=sgmv3 (its 8/32-adapter rows)        model-sgmv3-06b.log/.json
+#   decode-sgmv3 decode with LCU_LORA=sgmv3 (8 adapters: 4 rows each, its small kernels) decode-sgmv3.log/.json
 #   backend-fuse test_gpu_backend's llama part with LCU_DECODE_FUSE=1 (every sampling check
 #                on the fused path; its flip check then compares with the unfused) backend-fuse.log
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
@@ -329,7 +334,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
-       train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse
+       train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3
        suites-old"
 
 run_step() {
@@ -373,6 +378,10 @@ run_step() {
                 --geo Qwen3-8B,Qwen3-0.6B
             LCU_DECODE_FUSE=2 MODEL_TAG="(fused q/k/v, packed GEMMs)" run_model decode-fuse2 120 --decode --steps 64 \
                 --geo Qwen3-8B,Qwen3-0.6B ;;
+        backend-sgmv3) run_backend backend-sgmv3.log "test_gpu_backend LCU_LORA=sgmv3" "" LCU_LORA=sgmv3 ;;
+        model-sgmv3) LCU_LORA=sgmv3 MODEL_TAG="(LoRA sgmv3)" run_model model-sgmv3-06b 80 --geo Qwen3-0.6B --iters 1 ;;
+        decode-sgmv3) LCU_LORA=sgmv3 MODEL_TAG="(LoRA sgmv3)" run_model decode-sgmv3 120 --decode --steps 64 \
+                          --geo Qwen3-8B,Qwen3-0.6B ;;
         backend-fuse) run_backend backend-fuse.log "test_gpu_backend LCU_DECODE_FUSE=1" llama LCU_DECODE_FUSE=1 ;;
         kernels-decode) step bench-decode.log 60 "bench_cuda_kernels --decode" "$BIN/bench_cuda_kernels" --decode \
                             --csv "$OUT/bench-decode.csv" ;;
@@ -418,7 +427,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
@@ -477,12 +486,15 @@ case $MODE in
         run_step suites-old
         ;;
     c)
+        run_step backend-sgmv3
         run_step backend-fuse
+        run_step model-sgmv3
+        run_step decode-sgmv3
         run_step decode-fuse
+        run_step model8b-80g
         run_step decode-ops
         run_step kernels-decode
         run_step train-ops
-        run_step model8b-80g
         ;;
     *)
         for s in "$@"; do run_step "$s"; done
