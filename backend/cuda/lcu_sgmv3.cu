@@ -467,20 +467,6 @@ static int v3_class(const v3_run *R, v3_prod p, const v3_op *o)
     return o->m <= 16 ? V3_CL_TC16 : o->m <= 32 ? V3_CL_TC32 : V3_CL_TC64;
 }
 
-/* K chunks of the tiled kernel for an item of `tiles` output tiles over k: none unless k is
- * long (≥ 512), at most 16, and no more than bring the item to ~256 blocks; whole V3_BK
- * steps. (Version 2's rule, over this kernel's tiles.) */
-static int v3_splits(long tiles, long k, int *kchunk)
-{
-    long s = k >= 512 ? k / 256 : 1, cap = 256 / (tiles > 0 ? tiles : 1);
-    if (s > 16) s = 16;
-    if (s > cap) s = cap;
-    if (s < 1) s = 1;
-    long kc = (k + s - 1) / s;
-    kc = (kc + V3_BK - 1) / V3_BK * V3_BK;
-    *kchunk = (int)kc;
-    return (int)((k + kc - 1) / kc);
-}
 
 static void v3_reset(v3_run *R)
 {
@@ -584,7 +570,7 @@ static void v3_add(v3_run *R, v3_prod p, int cls, const v3_op *o)
         if (o->lda % 8 == 0 && v3_aligned(o->a, 16)) it.flags |= V3_VA;
         if (o->ldb % 8 == 0 && v3_aligned(o->b, 16)) it.flags |= V3_VB;
         it.tiles_n = (int)tiles_n;
-        it.splits = v3_splits(tiles, o->k, &it.kchunk);
+        it.splits = lcu_lora_splits(tiles, o->k, V3_BK, &it.kchunk);
         blocks = tiles * it.splits;
     }
     if (blocks > INT32_MAX / 2) {

@@ -692,6 +692,21 @@ static void sreq_init(sreq *q, be_adapter *ad, int n_prompt, int ns, double temp
                             .logprobs_out = q->lp, .n_out = q->n, .stopped_out = q->stopped};
 }
 
+/* g[0..n) = q's requests again, into g's own arrays, the adapted ones on ad (another
+ * context's copy of their adapter). */
+static void copy_reqs(sreq *g, const sreq *q, int n, be_adapter *ad)
+{
+    for (int r = 0; r < n; r++) {
+        g[r] = q[r];
+        g[r].r.ad = q[r].r.ad ? ad : NULL;
+        g[r].r.prompt = g[r].prompt;
+        g[r].r.tokens_out = g[r].tok;
+        g[r].r.logprobs_out = g[r].lp;
+        g[r].r.n_out = g[r].n;
+        g[r].r.stopped_out = g[r].stopped;
+    }
+}
+
 static void do_sample(const side *s, sreq *q, int nq)
 {
     be_sample_req rs[4];
@@ -743,15 +758,7 @@ static void check_profiles(pair *p, const sreq *q)
     unsetenv("LCU_TRAIN_PROFILE");
     be_adapter *ao = make_adapter(&o, 0);
     static sreq g[3];
-    for (int r = 0; r < 3; r++) {
-        g[r] = q[r];
-        g[r].r.ad = q[r].r.ad ? ao : NULL;
-        g[r].r.prompt = g[r].prompt;
-        g[r].r.tokens_out = g[r].tok;
-        g[r].r.logprobs_out = g[r].lp;
-        g[r].r.n_out = g[r].n;
-        g[r].r.stopped_out = g[r].stopped;
-    }
+    copy_reqs(g, q, 3, ao);
     do_sample(&o, g, 3);
     float fo[SMAX], fp[SMAX];
     forward_lp(&o, &g[0], 0, fo, NULL); /* a forward pass of the profiled context ... */
@@ -799,15 +806,7 @@ static void check_decode_fuse(pair *p, const sreq *q)
     else unsetenv("LCU_DECODE_FUSE");
     be_adapter *ao = make_adapter(&o, 0);
     static sreq g[3];
-    for (int r = 0; r < 3; r++) {
-        g[r] = q[r];
-        g[r].r.ad = q[r].r.ad ? ao : NULL;
-        g[r].r.prompt = g[r].prompt;
-        g[r].r.tokens_out = g[r].tok;
-        g[r].r.logprobs_out = g[r].lp;
-        g[r].r.n_out = g[r].n;
-        g[r].r.stopped_out = g[r].stopped;
-    }
+    copy_reqs(g, q, 3, ao);
     do_sample(&o, g, 3);
     bool same = true;
     for (int r = 0; r < 3; r++) same &= same_bits(g[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(g[r].lp, q[r].lp, sizeof q[r].lp);
@@ -823,15 +822,7 @@ static void check_decode_fuse(pair *p, const sreq *q)
     if (was) setenv("LCU_DECODE_FUSE", prev, 1);
     else unsetenv("LCU_DECODE_FUSE");
     be_adapter *a2 = make_adapter(&o2, 0);
-    for (int r = 0; r < 3; r++) {
-        g[r] = q[r];
-        g[r].r.ad = q[r].r.ad ? a2 : NULL;
-        g[r].r.prompt = g[r].prompt;
-        g[r].r.tokens_out = g[r].tok;
-        g[r].r.logprobs_out = g[r].lp;
-        g[r].r.n_out = g[r].n;
-        g[r].r.stopped_out = g[r].stopped;
-    }
+    copy_reqs(g, q, 3, a2);
     do_sample(&o2, g, 3);
     double worst = 0;
     bool full = true;
@@ -872,14 +863,7 @@ static void check_sampling(pair *p)
                      "|d| %.2e at token %d", cs, r, i, n, w, wt);
         }
     /* reruns: the same bits */
-    for (int r = 0; r < 3; r++) {
-        again[r] = q[r];
-        again[r].r.prompt = again[r].prompt;
-        again[r].r.tokens_out = again[r].tok;
-        again[r].r.logprobs_out = again[r].lp;
-        again[r].r.n_out = again[r].n;
-        again[r].r.stopped_out = again[r].stopped;
-    }
+    copy_reqs(again, q, 3, ag);
     do_sample(&p->gpu, again, 3);
     bool same = true;
     for (int r = 0; r < 3; r++) same &= same_bits(again[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(again[r].lp, q[r].lp, sizeof q[r].lp);
@@ -891,15 +875,7 @@ static void check_sampling(pair *p)
         side o = open_flipped(p, "LCU_DECODE_GRAPH", &on_here);
         be_adapter *ao = make_adapter(&o, 0);
         static sreq g[3];
-        for (int r = 0; r < 3; r++) {
-            g[r] = q[r];
-            g[r].r.ad = q[r].r.ad ? ao : NULL;
-            g[r].r.prompt = g[r].prompt;
-            g[r].r.tokens_out = g[r].tok;
-            g[r].r.logprobs_out = g[r].lp;
-            g[r].r.n_out = g[r].n;
-            g[r].r.stopped_out = g[r].stopped;
-        }
+        copy_reqs(g, q, 3, ao);
         do_sample(&o, g, 3);
         bool gsame = true;
         for (int r = 0; r < 3; r++)
