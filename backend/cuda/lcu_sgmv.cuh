@@ -23,6 +23,11 @@ int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, in
                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                       cudaStream_t s);
 
+/* The K chunks (split-K) of an item of `tiles` output tiles over k, each *kchunk long (a
+ * multiple of LCU_SGMV_KSTEP, the kernels' K step): versions 2 and 3 split by this rule. */
+enum { LCU_SGMV_KSTEP = 32 };
+int lcu_sgmv_splits(long tiles, long k, int *kchunk);
+
 /* LoRA version 3 (lcu_sgmv3.cu), chosen by LCU_LORA=sgmv3 only (never by auto until a GPU
  * window has measured it): the same interface and preconditions as version 2. */
 bool lcu_lora_v3_on(void);
