@@ -174,6 +174,21 @@ typedef struct {
     long max_mn;               /* the largest m·n of a split item */
 } sg_batch;
 
+/* K chunks for an item of `tiles` output tiles over k: none unless k is long (≥ 512), at
+ * most 16, and no more than bring the item to ~256 blocks; chunks are whole SG_BK steps.
+ * Version 3 (lcu_sgmv3.cu) splits by the same rule. */
+static_assert((int)SG_BK == (int)LCU_SGMV_KSTEP, "split-K chunks are whole K steps");
+int lcu_sgmv_splits(long tiles, long k, int *kchunk)
+{
+    long s = k >= 512 ? k / 256 : 1, cap = 256 / (tiles > 0 ? tiles : 1);
+    if (s > 16) s = 16;
+    if (s > cap) s = cap;
+    if (s < 1) s = 1;
+    long kc = (k + s - 1) / s;
+    kc = (kc + SG_BK - 1) / SG_BK * SG_BK;
+    *kchunk = (int)kc;
+    return (int)((k + kc - 1) / kc);
+}
 
 static void sg_flush(sg_batch *b)
 {
@@ -238,7 +253,7 @@ static void sg_add(sg_batch *b, const void *a, long lda, const void *bb, long ld
         b->rc = LCU_EINVAL;
         return;
     }
-    int kchunk = (int)k, splits = b->ctx ? lcu_lora_splits(tiles, k, SG_BK, &kchunk) : 1;
+    int kchunk = (int)k, splits = b->ctx ? lcu_sgmv_splits(tiles, k, &kchunk) : 1;
     long blocks = tiles * splits;
     if (b->t.count == SG_MAX || (long)b->tiles + blocks > INT32_MAX) sg_flush(b);
     int at = b->t.count++;

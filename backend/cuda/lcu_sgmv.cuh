@@ -23,20 +23,10 @@ int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, in
                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                       cudaStream_t s);
 
-/* K chunks for an item of `tiles` output tiles over k, for versions 2 and 3: none unless k
- * is long (≥ 512), at most 16, and no more than bring the item to ~256 blocks; chunks are
- * whole steps of bk. The chunk in *kchunk; returns the chunks. */
-static inline int lcu_lora_splits(long tiles, long k, int bk, int *kchunk)
-{
-    long s = k >= 512 ? k / 256 : 1, cap = 256 / (tiles > 0 ? tiles : 1);
-    if (s > 16) s = 16;
-    if (s > cap) s = cap;
-    if (s < 1) s = 1;
-    long kc = (k + s - 1) / s;
-    kc = (kc + bk - 1) / bk * bk;
-    *kchunk = (int)kc;
-    return (int)((k + kc - 1) / kc);
-}
+/* The K chunks (split-K) of an item of `tiles` output tiles over k, each *kchunk long (a
+ * multiple of LCU_SGMV_KSTEP, the kernels' K step): versions 2 and 3 split by this rule. */
+enum { LCU_SGMV_KSTEP = 32 };
+int lcu_sgmv_splits(long tiles, long k, int *kchunk);
 
 /* LoRA version 3 (lcu_sgmv3.cu), chosen by LCU_LORA=sgmv3 only (never by auto until a GPU
  * window has measured it): the same interface and preconditions as version 2. */

@@ -55,6 +55,7 @@ using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
 
 enum { V3_BN = 64, V3_BK = 32, V3_THREADS = 128, V3_MAX = 48 };
+static_assert((int)V3_BK == (int)LCU_SGMV_KSTEP, "split-K chunks are whole K steps (lcu_sgmv_splits)");
 enum { V3_SMALL = 16, V3_JB = 4, V3_SHRINK_THREADS = 256, V3_EXPAND_THREADS = 128, V3_EXPAND_KC = 64 };
 enum { V3_EXPAND_COLS = 4 * V3_EXPAND_THREADS }; /* output columns of one expand block */
 enum { V3_VA = 1, V3_VB = 2, V3_VC = 4 };         /* item flags: vector loads of A, B, vector C */
@@ -426,13 +427,8 @@ __global__ void __launch_bounds__(V3_EXPAND_THREADS) lcu_sgmv3_expand_k(const __
 /* The five products (transposes, output type, accumulate) of lcu_sgmv.cu's LoRA. */
 typedef enum { V3_Z, V3_Y, V3_G, V3_DZ, V3_DX } v3_prod;
 
-typedef struct {
-    const void *a; long lda;
-    const void *b; long ldb;
-    void *c; long ldc;
-    long m, n, k;
-    float alpha;
-} v3_op;
+/* A product's item: C = alpha·op(A)·op(B) (+ C), the grouped GEMM's item of cuda_ops.h. */
+typedef lcu_group_item v3_op;
 
 /* Which kernel an item takes: the small ones, or the tiled one with 16, 32 or 64-row tiles. */
 enum { V3_CL_SMALL, V3_CL_TC16, V3_CL_TC32, V3_CL_TC64, V3_NCLASS };
@@ -457,16 +453,15 @@ static int v3_class(const v3_run *R, v3_prod p, const v3_op *o)
     /* gB (m = out) and gA (m = r ≤ 64 mostly, a tile with empty rows costs only MMAs) in one
      * launch: both take 64-row tiles */
     if (p == V3_G) return V3_CL_TC64;
-    if (o->m <= R->small_rows) {
+    if (o->M <= R->small_rows) {
         if (p == V3_Y || p == V3_DX) return V3_CL_SMALL;
         /* the shrink reads 8 values at a time, whole and aligned */
-        if (p == V3_Z && o->k % 8 == 0 && o->lda % 8 == 0 && o->ldb % 8 == 0 && v3_aligned(o->a, 16) &&
-            v3_aligned(o->b, 16))
+        if (p == V3_Z && o->K % 8 == 0 && o->lda % 8 == 0 && o->ldb % 8 == 0 && v3_aligned(o->A, 16) &&
+            v3_aligned(o->B, 16))
             return V3_CL_SMALL;
     }
-    return o->m <= 16 ? V3_CL_TC16 : o->m <= 32 ? V3_CL_TC32 : V3_CL_TC64;
+    return o->M <= 16 ? V3_CL_TC16 : o->M <= 32 ? V3_CL_TC32 : V3_CL_TC64;
 }
-
 
 static void v3_reset(v3_run *R)
 {
@@ -533,44 +528,44 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
 static void v3_add(v3_run *R, v3_prod p, int cls, const v3_op *o)
 {
     if (R->rc) return;
-    if (o->lda > INT32_MAX || o->ldb > INT32_MAX || o->ldc > INT32_MAX || o->m > INT32_MAX || o->n > INT32_MAX ||
-        o->k > INT32_MAX) {
+    if (o->lda > INT32_MAX || o->ldb > INT32_MAX || o->ldc > INT32_MAX || o->M > INT32_MAX || o->N > INT32_MAX ||
+        o->K > INT32_MAX) {
         R->rc = LCU_EINVAL;
         return;
     }
     v3_item it;
     memset(&it, 0, sizeof it);
-    it.a = (const bf16 *)o->a;
-    it.b = (const bf16 *)o->b;
-    it.c = o->c;
-    it.m = (int)o->m;
-    it.n = (int)o->n;
-    it.k = (int)o->k;
+    it.a = (const bf16 *)o->A;
+    it.b = (const bf16 *)o->B;
+    it.c = o->C;
+    it.m = (int)o->M;
+    it.n = (int)o->N;
+    it.k = (int)o->K;
     it.lda = (int)o->lda;
     it.ldb = (int)o->ldb;
     it.ldc = (int)o->ldc;
     it.alpha = o->alpha;
     it.splits = 1;
-    it.kchunk = (int)o->k;
+    it.kchunk = (int)o->K;
     bool bf16_out = v3_out_bf16(p);
     /* a vector C: float4 rows (fp32) or 4 bf16 (8 bytes) */
-    if (o->ldc % 4 == 0 && v3_aligned(o->c, bf16_out ? 8 : 16)) it.flags |= V3_VC;
+    if (o->ldc % 4 == 0 && v3_aligned(o->C, bf16_out ? 8 : 16)) it.flags |= V3_VC;
     long blocks;
     if (cls == V3_CL_SMALL) {
-        if (p == V3_Z) blocks = (o->n + V3_JB - 1) / V3_JB;
+        if (p == V3_Z) blocks = (o->N + V3_JB - 1) / V3_JB;
         else {
-            blocks = (o->n + V3_EXPAND_COLS - 1) / V3_EXPAND_COLS;
+            blocks = (o->N + V3_EXPAND_COLS - 1) / V3_EXPAND_COLS;
             /* y's B [n][k]: 16-byte runs along k; dx's A [k][n]: 8-byte runs of 4 columns */
-            if (p == V3_Y ? o->ldb % 8 == 0 && v3_aligned(o->b, 16) : o->ldb % 4 == 0 && v3_aligned(o->b, 8))
+            if (p == V3_Y ? o->ldb % 8 == 0 && v3_aligned(o->B, 16) : o->ldb % 4 == 0 && v3_aligned(o->B, 8))
                 it.flags |= V3_VB;
         }
     } else {
         int bm = cls == V3_CL_TC16 ? 16 : cls == V3_CL_TC32 ? 32 : 64;
-        long tiles_n = (o->n + V3_BN - 1) / V3_BN, tiles = (o->m + bm - 1) / bm * tiles_n;
-        if (o->lda % 8 == 0 && v3_aligned(o->a, 16)) it.flags |= V3_VA;
-        if (o->ldb % 8 == 0 && v3_aligned(o->b, 16)) it.flags |= V3_VB;
+        long tiles_n = (o->N + V3_BN - 1) / V3_BN, tiles = (o->M + bm - 1) / bm * tiles_n;
+        if (o->lda % 8 == 0 && v3_aligned(o->A, 16)) it.flags |= V3_VA;
+        if (o->ldb % 8 == 0 && v3_aligned(o->B, 16)) it.flags |= V3_VB;
         it.tiles_n = (int)tiles_n;
-        it.splits = lcu_lora_splits(tiles, o->k, V3_BK, &it.kchunk);
+        it.splits = lcu_sgmv_splits(tiles, o->K, &it.kchunk); /* version 2's rule, over these tiles */
         blocks = tiles * it.splits;
     }
     if (blocks > INT32_MAX / 2) {
@@ -581,10 +576,10 @@ static void v3_add(v3_run *R, v3_prod p, int cls, const v3_op *o)
     if (R->rc) return;
     int at = R->t.count++;
     if (it.splits > 1) {
-        long ldp = (o->n + 3) & ~3L;
+        long ldp = (o->N + 3) & ~3L;
         R->part_off[at] = R->part_floats;
-        R->part_floats += (size_t)it.splits * o->m * ldp;
-        if (o->m * ldp / 4 > R->max_groups) R->max_groups = o->m * ldp / 4;
+        R->part_floats += (size_t)it.splits * o->M * ldp;
+        if (o->M * ldp / 4 > R->max_groups) R->max_groups = o->M * ldp / 4;
     }
     if (it.m > R->max_m) R->max_m = it.m;
     R->blocks += blocks;
@@ -599,7 +594,7 @@ static int v3_product(v3_run *R, v3_prod p, const v3_op *ops, int n)
         v3_reset(R);
         for (int i = 0; i < n && !R->rc; i++) {
             const v3_op *o = &ops[i];
-            if (o->m <= 0 || o->n <= 0 || o->k <= 0) continue; /* an empty segment: skipped, as version 1 does */
+            if (o->M <= 0 || o->N <= 0 || o->K <= 0) continue; /* an empty segment: skipped, as version 1 does */
             if (v3_class(R, p, o) == cls) v3_add(R, p, cls, o);
         }
         v3_flush(R, p, cls);
