@@ -86,6 +86,7 @@
 #                cache stores in one kernel; the attention's tile counts once a pass), then
 #                LCU_DECODE_FUSE=2 (also one GEMM for q|k|v, one for gate|up) decode-fuse{,2}.log/.json
 #   backend-sgmv3  test_gpu_backend with LCU_LORA=sgmv3 (LoRA version 3)    backend-sgmv3.log
+#   suites-sgmv3 the suites with LCU_LORA=sgmv3                             suites.log
 #   model-sgmv3  model06 with LCU_LORA=sgmv3 (its 8/32-adapter rows)        model-sgmv3-06b.log/.json
 #   decode-sgmv3 decode with LCU_LORA=sgmv3 (8 adapters: 4 rows each, its small kernels) decode-sgmv3.log/.json
 #   backend-fuse test_gpu_backend's llama part with LCU_DECODE_FUSE=1 (every sampling check
@@ -315,8 +316,8 @@ run_sanitize() {
     # barriers; racecheck on the attention (the slowest by far) last
     for job in "memcheck test_gpu_attention" "memcheck test_gpu_head" "memcheck test_gpu_sample" \
                "memcheck test_gpu_ops" "memcheck test_gpu_lora" "memcheck test_gpu_gemm" "memcheck test_gpu_moe" \
-               "racecheck test_gpu_head" "racecheck test_gpu_sample" "synccheck test_gpu_attention" \
-               "racecheck test_gpu_attention"; do
+               "racecheck test_gpu_head" "racecheck test_gpu_sample" "racecheck test_gpu_lora" \
+               "synccheck test_gpu_lora" "synccheck test_gpu_attention" "racecheck test_gpu_attention"; do
         # shellcheck disable=SC2086 # two words: the tool, the test
         set -- $job
         GT_SMALL=1 step sanitize.log 150 "$1 $2 (GT_SMALL)" "$san" --tool "$1" --error-exitcode 9 --print-limit 20 \
@@ -334,7 +335,7 @@ run_suites() { # run_suites [ENV=VALUE...]: the suites on cuda (the attention of
 STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-sgmv backend-mma backend-cublas
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
-       train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3
+       train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3 suites-sgmv3
        suites-old"
 
 run_step() {
@@ -378,6 +379,7 @@ run_step() {
                 --geo Qwen3-8B,Qwen3-0.6B
             LCU_DECODE_FUSE=2 MODEL_TAG="(fused q/k/v, packed GEMMs)" run_model decode-fuse2 120 --decode --steps 64 \
                 --geo Qwen3-8B,Qwen3-0.6B ;;
+        suites-sgmv3) run_suites LCU_LORA=sgmv3 ;;
         backend-sgmv3) run_backend backend-sgmv3.log "test_gpu_backend LCU_LORA=sgmv3" "" LCU_LORA=sgmv3 ;;
         model-sgmv3) LCU_LORA=sgmv3 MODEL_TAG="(LoRA sgmv3)" run_model model-sgmv3-06b 80 --geo Qwen3-0.6B --iters 1 ;;
         decode-sgmv3) LCU_LORA=sgmv3 MODEL_TAG="(LoRA sgmv3)" run_model decode-sgmv3 120 --decode --steps 64 \
