@@ -285,14 +285,13 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         const int outs[2] = {I, I};
         if (cl_linear_packed(c, l, mods, outs, 2, a->xn2, H, w->wgate, a->g, 2L * I, T, "gate|up gemm") < 0) return -1;
         CU_TRY(c, lcu_swiglu_rows(a->h, a->g, a->g + I, T, I, 2L * I, s));
-        cu_mark(c, "swiglu");
     } else {
         if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||
             cl_linear(c, l, LORA_UP, a->xn2, H, w->wup, NULL, I, NULL, a->u, T) < 0)
             return -1;
         CU_TRY(c, lcu_swiglu_fwd(a->h, LCU_BF16, a->g, a->u, T * I, s));
-        cu_mark(c, "swiglu");
     }
+    cu_mark(c, "swiglu");
     if (recompute) return 0; /* the backward needs everything up to h, not the layer output */
     return cl_linear(c, l, LORA_DOWN, a->h, I, w->wdown, NULL, H, a->xmid, x_out, T);
 }

@@ -156,10 +156,29 @@ static void co_free(cu_ops_prof *p)
 
 /* The passes of one shape (tokens, sequences, whether gradients enter the layers) are
  * summed into one table, said when the shape changes and when the context goes. */
+/* The table of the training shape summed so far, then its sums cleared (the events stay,
+ * for the next shape's passes). */
+static void co_say_train(cu_ctx *c)
+{
+    cu_ops_prof *p = c->tops;
+    if (p->steps > 0 && p->nlab > 0) {
+        char what[160];
+        snprintf(what, sizeof what, "%ld tokens in %d sequences, %s, %ld passes", c->tprof_T, c->tprof_nseq,
+                 c->tprof_grad ? "forward+backward" : "forward (no gradient into the layers)", p->steps);
+        co_print(c, p, "train", what, "pass");
+    }
+    p->nlab = 0;
+    p->steps = 0;
+    p->host_ms = 0;
+    p->lost = 0;
+    memset(p->ms, 0, sizeof p->ms);
+    memset(p->calls, 0, sizeof p->calls);
+}
+
 void cu_train_prof_begin(cu_ctx *c, long T, int nseq, bool layer_grad)
 {
     if (!c->tprof_wanted || c->dops) return; /* a sampling call's profile is recording */
-    if (c->tops && (c->tprof_T != T || c->tprof_nseq != nseq || c->tprof_grad != layer_grad)) cu_train_prof_flush(c);
+    if (c->tops && (c->tprof_T != T || c->tprof_nseq != nseq || c->tprof_grad != layer_grad)) co_say_train(c);
     if (!c->tops) c->tops = calloc(1, sizeof *c->tops);
     if (!c->tops) return;
     c->tprof_T = T;
@@ -187,15 +206,9 @@ void cu_train_prof_end(cu_ctx *c, bool ok)
 
 void cu_train_prof_flush(cu_ctx *c)
 {
-    cu_ops_prof *p = c->tops;
-    if (!p) return;
-    if (p->steps > 0 && p->nlab > 0) {
-        char what[160];
-        snprintf(what, sizeof what, "%ld tokens in %d sequences, %s, %ld passes", c->tprof_T, c->tprof_nseq,
-                 c->tprof_grad ? "forward+backward" : "forward (no gradient into the layers)", p->steps);
-        co_print(c, p, "train", what, "pass");
-    }
-    co_free(p);
+    if (!c->tops) return;
+    co_say_train(c);
+    co_free(c->tops);
     c->tops = NULL;
 }
 

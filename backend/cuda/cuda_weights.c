@@ -20,7 +20,7 @@ static size_t cw_align(size_t x) { return (x + 255) & ~(size_t)255; }
  * tensor follows the previous one without alignment padding: a sparse layer's experts are
  * one block (cu_expert_w), their first gate in y->experts and no slot for the others; wk
  * and wv follow wq, and wup wgate, so that [Wq; Wk; Wv] and [Wgate; Wup] are one matrix
- * each, which one GEMM can take (cu_layer_qkv_packed; a decode pass with LCU_DECODE_FUSE=2). */
+ * each, which one GEMM can take (cuda_layer.c cl_linear_packed: a decode pass with LCU_DECODE_FUSE=2). */
 typedef struct {
     const st_tensor *t;
     lcu_bf16 **slot;

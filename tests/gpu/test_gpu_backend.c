@@ -389,20 +389,27 @@ static void cmp_grads(const char *cs, const char *what, int a, const adapter_sta
 
 static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
-/* A second context of the GPU side on the same model with the switch `var` flipped (read at
- * context creation; on unless set to 0, as LCU_KEEP_ACT and LCU_DECODE_GRAPH are); *on_here:
- * whether the switch is on in the first. */
-static side open_flipped(const pair *p, const char *var, bool *on_here)
+/* A second context of the GPU side on the same model with the environment variable `var`
+ * (read at context creation) set to value, restored after. */
+static side open_with(const pair *p, const char *var, const char *value)
 {
     const char *was = getenv(var);
     char prev[32];
     snprintf(prev, sizeof prev, "%s", was ? was : "");
-    *on_here = !was || !*was || strcmp(was, "0") != 0;
-    setenv(var, *on_here ? "0" : "1", 1);
+    setenv(var, value, 1);
     side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
     if (was) setenv(var, prev, 1);
     else unsetenv(var);
     return o;
+}
+
+/* ... with the switch `var` flipped: on_default, whether it is on when unset (LCU_KEEP_ACT,
+ * LCU_DECODE_GRAPH) or off (LCU_DECODE_FUSE); *on_here: whether it is on in the first. */
+static side open_flipped(const pair *p, const char *var, bool on_default, bool *on_here)
+{
+    const char *was = getenv(var);
+    *on_here = was && *was ? strcmp(was, "0") != 0 : on_default;
+    return open_with(p, var, *on_here ? "0" : "1");
 }
 
 /* Kept activations (LCU_KEEP_ACT, a dense model on cuda) against the backward's recompute:
@@ -412,7 +419,7 @@ static side open_flipped(const pair *p, const char *var, bool *on_here)
 static void check_keep(pair *p, const inputs *in, const batch *ref, const adapter_state *gref)
 {
     bool kept_here;
-    side o = open_flipped(p, "LCU_KEEP_ACT", &kept_here);
+    side o = open_flipped(p, "LCU_KEEP_ACT", true, &kept_here);
     for (int a = 0; a < NAD; a++) o.ads[a] = make_adapter(&o, a);
     batch b;
     make_batch(&b, &o, o.ads, in, -1, false);
@@ -796,14 +803,8 @@ static void check_profiles(pair *p, const sreq *q)
  * same bits (the fused kernel is the separate launches' arithmetic, lcu_decode_qkv). */
 static void check_decode_fuse(pair *p, const sreq *q)
 {
-    const char *was = getenv("LCU_DECODE_FUSE");
-    char prev[32];
-    snprintf(prev, sizeof prev, "%s", was ? was : "");
-    bool on_here = was && *was && strcmp(was, "0") != 0;
-    setenv("LCU_DECODE_FUSE", on_here ? "0" : "1", 1);
-    side o = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
-    if (was) setenv("LCU_DECODE_FUSE", prev, 1);
-    else unsetenv("LCU_DECODE_FUSE");
+    bool on_here;
+    side o = open_flipped(p, "LCU_DECODE_FUSE", false, &on_here);
     be_adapter *ao = make_adapter(&o, 0);
     static sreq g[3];
     copy_reqs(g, q, 3, ao);
@@ -817,10 +818,7 @@ static void check_decode_fuse(pair *p, const sreq *q)
 
     /* level 2 (one GEMM for q|k|v and one for gate|up): another GEMM shape may round
      * otherwise, so its samples are held to their own forward log-probs, as sampling is */
-    setenv("LCU_DECODE_FUSE", "2", 1);
-    side o2 = {p->gpu.be, open_ctx(p->gpu.be, p->dir, NULL), {0}};
-    if (was) setenv("LCU_DECODE_FUSE", prev, 1);
-    else unsetenv("LCU_DECODE_FUSE");
+    side o2 = open_with(p, "LCU_DECODE_FUSE", "2");
     be_adapter *a2 = make_adapter(&o2, 0);
     copy_reqs(g, q, 3, a2);
     do_sample(&o2, g, 3);
@@ -872,7 +870,7 @@ static void check_sampling(pair *p)
      * context with the switch flipped samples the same requests to the same bits */
     if (strcmp(p->gpu.be->name, "cuda") == 0) {
         bool on_here;
-        side o = open_flipped(p, "LCU_DECODE_GRAPH", &on_here);
+        side o = open_flipped(p, "LCU_DECODE_GRAPH", true, &on_here);
         be_adapter *ao = make_adapter(&o, 0);
         static sreq g[3];
         copy_reqs(g, q, 3, ao);
