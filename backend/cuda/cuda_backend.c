@@ -151,11 +151,17 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     const char *keep = getenv("LCU_KEEP_ACT"), *keep_mb = getenv("LCU_KEEP_MB");
     c->keep.wanted = !keep || !*keep || strcmp(keep, "0") != 0;
     c->keep.cap_bytes = keep_mb && *keep_mb ? (size_t)strtoull(keep_mb, NULL, 10) << 20 : 0;
+    const char *keep_l = getenv("LCU_KEEP_LAYERS");
+    c->keep.cap_layers = keep_l && *keep_l && atoi(keep_l) > 0 ? atoi(keep_l) : 0;
     const char *dg = getenv("LCU_DECODE_GRAPH"), *tp = getenv("LCU_TRAIN_PROFILE");
     c->dgraph_wanted = !dg || !*dg || strcmp(dg, "0") != 0;
     c->tprof_wanted = tp && *tp && strcmp(tp, "0") != 0;
-    const char *df = getenv("LCU_DECODE_FUSE"); /* off until a GPU has measured it */
-    c->dfuse = df && *df ? atoi(df) : 0;
+    const char *dp = getenv("LCU_DECODE_PROFILE");
+    c->dprof_level = dp && *dp ? (strcmp(dp, "0") == 0 ? 0 : atoi(dp) >= 2 ? 2 : 1) : 0;
+    /* fused decode layers, level 2 unless set: the fourth window (an H200) passed the checks
+     * and measured every decode row faster, level 2 fastest (bench/cuda/WINDOWS.md) */
+    const char *df = getenv("LCU_DECODE_FUSE");
+    c->dfuse = df && *df ? atoi(df) : 2;
     c->dfuse = c->dfuse < 0 ? 0 : c->dfuse > 2 ? 2 : c->dfuse;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
@@ -250,8 +256,9 @@ static int cu_copy(void *ctx, be_adapter *dst, const be_adapter *src, unsigned p
 
 /* ---- forward / backward ---------------------------------------------------------------- */
 
-/* The pass itself, on buffers already large enough; keep: each layer's activations are kept
- * in c->keep's slots for the backward instead of recomputed. 0 or -1 (recorded in c). */
+/* The pass itself, on buffers already large enough; keep: the activations of each layer with
+ * a slot (c->keep.nkept: all, or the first that fit) are kept there for the backward instead
+ * of recomputed. 0 or -1 (recorded in c). */
 static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_grad, bool layer_grad, bool topk,
                      bool extras, bool keep)
 {
@@ -273,7 +280,8 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
             CU_TRY(c, cudaMemcpyAsync(a->saved + l * TH, a->x, TH * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
             cu_mark(c, "save layer input");
         }
-        if (keep) cu_keep_bind(c, l);
+        if (keep && l < c->keep.nkept) cu_keep_bind(c, l);
+        else cu_keep_unbind(c); /* a layer without a slot: the shared buffers, recomputed later */
         if (cu_layer_forward(c, l, T, a->x, a->x, false) < 0) {
             c->route_seqs = NULL;
             return -1;
@@ -295,8 +303,11 @@ static int cu_fb_run(cu_ctx *c, const be_seq *seqs, int nseq, long T, bool any_g
         cu_mark(c, "final norm bwd");
         for (int l = L - 1; l >= 0; l--) {
             const float *x_in = a->saved + l * TH;
-            if (keep) cu_keep_bind(c, l);
-            else if (cu_layer_forward(c, l, T, x_in, NULL, true) < 0) return -1;
+            if (keep && l < c->keep.nkept) cu_keep_bind(c, l);
+            else {
+                cu_keep_unbind(c);
+                if (cu_layer_forward(c, l, T, x_in, NULL, true) < 0) return -1;
+            }
             if (cu_layer_backward(c, l, T, x_in, l > 0) < 0) return -1;
         }
         cu_keep_unbind(c);

@@ -231,31 +231,45 @@ bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len)
     if (k->refused_T && T >= k->refused_T) return false;
     long cap_T = (T + 63) / 64 * 64;
     cu_act probe;
-    size_t per = cu_keep_carve(c, NULL, cap_T, &probe), bytes = per * (size_t)L;
+    size_t per = cu_keep_carve(c, NULL, cap_T, &probe), all = per * (size_t)L;
     if (k->mem) cudaFree(k->mem); /* before measuring: the old slots count as free */
     k->mem = NULL;
     k->cap_T = 0;
+    k->nkept = 0;
     size_t fr = 0, tot = 0;
     cu_mem_info(c, &fr, &tot);
     size_t reserve = ((size_t)2 << 30) + tot / 20 + cu_dnn_ws_estimate(c, nseq, max_len, tot), limit = fr > reserve ? fr - reserve : 0;
     if (k->cap_bytes && k->cap_bytes < limit) limit = k->cap_bytes;
-    if (bytes > limit || cudaMalloc(&k->mem, bytes) != cudaSuccess) {
+    /* as many layers as the limit holds (layers 0 .. n-1); the others recompute */
+    int n = per ? (int)(limit / per < (size_t)L ? limit / per : (size_t)L) : 0;
+    if (k->cap_layers && n > k->cap_layers) n = k->cap_layers;
+    while (n > 0 && cudaMalloc(&k->mem, per * (size_t)n) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not sticky */
         k->mem = NULL;
-        k->refused_T = k->refused_T && k->refused_T < T ? k->refused_T : T;
-        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens recomputes each layer in the backward: keeping its "
-                "activations takes %.1f GiB, %.1f GiB allowed (LCU_KEEP_MB, free memory less %.1f GiB)\n",
-                c->device, T, bytes / 1073741824.0, limit / 1073741824.0, reserve / 1073741824.0);
-        return false;
+        n = n * 7 / 8; /* what cudaMemGetInfo said free was not all one allocation */
     }
-    if (!k->slot) k->slot = calloc((size_t)L, sizeof *k->slot);
-    if (!k->slot) {
+    if (n > 0 && !k->slot) k->slot = calloc((size_t)L, sizeof *k->slot);
+    if (n > 0 && !k->slot) {
         cudaFree(k->mem);
         k->mem = NULL;
+        n = 0;
+    }
+    if (n == 0) {
+        k->refused_T = k->refused_T && k->refused_T < T ? k->refused_T : T;
+        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens recomputes each layer in the backward: keeping one "
+                "layer's activations takes %.2f GiB, %.2f GiB allowed (LCU_KEEP_MB, free memory less %.1f GiB)\n",
+                c->device, T, per / 1073741824.0, limit / 1073741824.0, reserve / 1073741824.0);
         return false;
     }
-    for (int l = 0; l < L; l++) cu_keep_carve(c, (char *)k->mem + (size_t)l * per, cap_T, &k->slot[l]);
+    if (n < L)
+        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens keeps the activations of %d of its %d layers (%.1f GiB; "
+                "all would take %.1f GiB, %.1f GiB allowed: LCU_KEEP_MB, free memory less %.1f GiB%s); the other %d "
+                "recompute in the backward\n", c->device, T, n, L, per * (double)n / 1073741824.0,
+                all / 1073741824.0, limit / 1073741824.0, reserve / 1073741824.0,
+                k->cap_layers && n == k->cap_layers ? "; LCU_KEEP_LAYERS" : "", L - n);
+    for (int l = 0; l < n; l++) cu_keep_carve(c, (char *)k->mem + (size_t)l * per, cap_T, &k->slot[l]);
     k->cap_T = cap_T;
+    k->nkept = n;
     return true;
 }
 
@@ -265,6 +279,7 @@ void cu_keep_release(cu_ctx *c)
     if (k->mem) cudaFree(k->mem);
     k->mem = NULL;
     k->cap_T = 0;
+    k->nkept = 0;
 }
 
 void cu_keep_bind(cu_ctx *c, int l)

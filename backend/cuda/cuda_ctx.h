@@ -142,9 +142,13 @@ typedef struct {
     bool wanted;                    /* not LCU_KEEP_ACT=0 at context creation */
     size_t cap_bytes;               /* LCU_KEEP_MB: at most this much (0: what the device has free,
                                        less a reserve) */
+    int cap_layers;                 /* LCU_KEEP_LAYERS: at most this many layers (0: all) */
     void *mem;
     long cap_T;                     /* rows each slot holds (0: no slots) */
-    cu_act *slot;                   /* [num_hidden_layers], only CU_KEPT_FIELDS set */
+    int nkept;                      /* layers 0 .. nkept-1 have slots (all, or what the memory
+                                       holds); the others recompute in the backward */
+    cu_act *slot;                   /* [num_hidden_layers], only CU_KEPT_FIELDS set (the first
+                                       nkept) */
     cu_act scratch;                 /* c->a as the workspace carved it, while a slot is bound */
     bool bound;
     long refused_T;                 /* the smallest batch found not to fit (0: none): larger
@@ -249,9 +253,11 @@ typedef struct {
     cudaGraphExec_t dgraph;
     uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
     int dgraph_seen;                /* passes of that shape run eagerly */
-    /* LCU_DECODE_PROFILE=1 (read per sampling call): where a decode step's time goes, from
-     * CUDA events around its parts (cuda_sample.c cs_prof_*), said on stderr per call */
-    bool dprof;
+    /* LCU_DECODE_PROFILE=1 (read when the context opens, as the other switches): where a
+     * decode step's time goes, from CUDA events around its parts (cuda_sample.c cs_prof_*),
+     * said on stderr per sampling call */
+    int dprof_level;                /* the switch's value: 0 off, 1 the parts, 2 also each operation */
+    bool dprof;                     /* this sampling call is profiled */
     cudaEvent_t dprof_ev[4];        /* step start, layers done, head done, pick done */
     double dprof_ms[4];             /* summed: layers, head, pick, the host's whole step */
     long dprof_steps;
@@ -264,6 +270,7 @@ typedef struct {
     cu_ops_prof *tops;
     long tprof_T;
     int tprof_nseq;
+    long tprof_passes;              /* passes of that shape so far */
     double tprof_t0, tprof_host_ms; /* the pass's start (s), the host's time to queue it */
 } cu_ctx;
 

@@ -81,8 +81,7 @@ static void cs_prof_mark(cu_ctx *c, int i)
 
 static void cs_prof_begin(cu_ctx *c)
 {
-    const char *e = getenv("LCU_DECODE_PROFILE");
-    c->dprof = e && *e && strcmp(e, "0") != 0;
+    c->dprof = c->dprof_level > 0;
     memset(c->dprof_ms, 0, sizeof c->dprof_ms);
     c->dprof_steps = 0;
     for (int i = 0; c->dprof && i < 4; i++)
@@ -90,7 +89,7 @@ static void cs_prof_begin(cu_ctx *c)
             cudaGetLastError();
             c->dprof = false; /* no events: no profile, sampling goes on */
         }
-    if (c->dprof && atoi(e) >= 2) cu_ops_begin(c);
+    if (c->dprof && c->dprof_level >= 2) cu_ops_begin(c);
 }
 
 /* After a step's picks came back (the stream is idle): its parts' times, summed. */

@@ -8,9 +8,10 @@
  *
  * Each segment uses its own rows of the z/dz workspaces, so a grouped kernel (all segments
  * in one launch, SGMV style) can replace the loops here without changing the interface;
- * the gradient products keep a fixed order either way (deterministic). Version 2 does
- * that (lcu_sgmv.cu, LCU_LORA=sgmv): calls whose segments are sorted and disjoint in rows
- * (the backend's always are) go there; so does version 3 (lcu_sgmv3.cu, LCU_LORA=sgmv3).
+ * the gradient products keep a fixed order either way (deterministic). Versions 2
+ * (lcu_sgmv.cu, LCU_LORA=sgmv) and 3 (lcu_sgmv3.cu, LCU_LORA=sgmv3, and auto's pick for
+ * several segments: lcu_lora_version) do that: calls whose segments are sorted and disjoint
+ * in rows (the backend's always are) go there.
  */
 #include "backend/cuda/lcu_common.cuh"
 #include "backend/cuda/lcu_sgmv.cuh"
@@ -51,10 +52,9 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
-    if (!rc && nseg && lcu_lora_v3_on() && lcu_lora_disjoint(segs, nseg))
-        return lcu_sgmv3_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
-    if (!rc && nseg && lcu_lora_sgmv_on(segs, nseg) && lcu_lora_disjoint(segs, nseg))
-        return lcu_sgmv_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+    int v = !rc && nseg && lcu_lora_disjoint(segs, nseg) ? lcu_lora_version(segs, nseg) : 1;
+    if (v == 3) return lcu_sgmv3_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+    if (v == 2) return lcu_sgmv_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int rows = (int)(g->row_end - g->row_begin);
@@ -74,11 +74,11 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
     if (rc) return rc;
     if ((dx && lddx < in) || (nseg && !dz)) return LCU_EINVAL;
-    bool v3 = nseg && lcu_lora_v3_on() && lcu_lora_disjoint(segs, nseg);
-    if (v3 || (nseg && lcu_lora_sgmv_on(segs, nseg) && lcu_lora_disjoint(segs, nseg))) {
+    int v = nseg && lcu_lora_disjoint(segs, nseg) ? lcu_lora_version(segs, nseg) : 1;
+    if (v > 1) {
         for (int i = 0; i < nseg; i++)
             if (segs[i].row_end > segs[i].row_begin && (!segs[i].gA || !segs[i].gB)) return LCU_EINVAL;
-        if (v3) return lcu_sgmv3_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
+        if (v == 3) return lcu_sgmv3_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
         return lcu_sgmv_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
     }
     for (int i = 0; i < nseg && !rc; i++) {

@@ -1,19 +1,19 @@
 /* lcu_sgmv.cuh — LoRA version 2 (lcu_sgmv.cu): every segment of a call in one launch per
  * product (SGMV style) instead of version 1's cuBLASLt calls per segment (lcu_lora.cu).
- * Chosen per call by the environment variable LCU_LORA (`auto`, the default: version 2 for
- * calls of several short segments; `gemm`: version 1; `sgmv`: version 2; `sgmv3`: version 3,
- * lcu_sgmv3.cu), like LCU_ATTN for the attention. Same interface and semantics as
- * lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has checked the arguments and that
- * the segments are sorted and disjoint in rows. */
+ * Chosen per call by the environment variable LCU_LORA (`auto`, the default: version 3 for
+ * calls of several segments that are not long, else version 1; `gemm`: version 1; `sgmv`:
+ * version 2; `sgmv3`: version 3, lcu_sgmv3.cu), like LCU_ATTN for the attention. Same
+ * interface and semantics as lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has
+ * checked the arguments and that the segments are sorted and disjoint in rows. */
 #ifndef LOOM_BACKEND_CUDA_SGMV_CUH
 #define LOOM_BACKEND_CUDA_SGMV_CUH
 
 #include "backend/cuda/cuda_ops.h"
 
-/* Whether a call over these segments runs version 2: LCU_LORA=sgmv always, gemm never;
- * auto (the default, also when unset) from LCU_LORA_AUTO_MIN non-empty segments (default 4)
- * averaging at most LCU_LORA_AUTO_ROWS rows (default 512). */
-bool lcu_lora_sgmv_on(const lcu_lora_seg *segs, int nseg);
+/* The LoRA version (1, 2 or 3) a call over these segments runs: LCU_LORA=gemm 1, sgmv 2,
+ * sgmv3 3; auto (the default, also when unset) version 3 from LCU_LORA_AUTO_MIN non-empty
+ * segments (default 2) averaging at most LCU_LORA_AUTO_ROWS rows (default 2048), else 1. */
+int lcu_lora_version(const lcu_lora_seg *segs, int nseg);
 /* The context's device scratch for split-K partial sums, at least bytes (grown, never
  * shrunk; lcu_gemm.cu). 0 or a CUDA error (out of memory). */
 int lcu_ctx_splitk_scratch(lcu_ctx *c, size_t bytes, void **out);
@@ -28,9 +28,7 @@ int lcu_sgmv_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, in
 enum { LCU_SGMV_KSTEP = 32 };
 int lcu_sgmv_splits(long tiles, long k, int *kchunk);
 
-/* LoRA version 3 (lcu_sgmv3.cu), chosen by LCU_LORA=sgmv3 only (never by auto until a GPU
- * window has measured it): the same interface and preconditions as version 2. */
-bool lcu_lora_v3_on(void);
+/* LoRA version 3 (lcu_sgmv3.cu): the same interface and preconditions as version 2. */
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,

@@ -612,12 +612,6 @@ static void v3_begin(v3_run *R, lcu_ctx *c, cudaStream_t s)
     R->small_rows = v < 0 ? 0 : v > V3_SMALL ? V3_SMALL : v;
 }
 
-bool lcu_lora_v3_on(void)
-{
-    const char *e = getenv("LCU_LORA");
-    return e && !strcmp(e, "sgmv3");
-}
-
 /* z = x·Aᵀ for every segment (forward, and recomputed in the backward). */
 static int v3_z(v3_run *R, v3_op *ops, const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, long ldx,
                 lcu_bf16 *z, long ldz)

@@ -404,7 +404,7 @@ static side open_with(const pair *p, const char *var, const char *value)
 }
 
 /* ... with the switch `var` flipped: on_default, whether it is on when unset (LCU_KEEP_ACT,
- * LCU_DECODE_GRAPH) or off (LCU_DECODE_FUSE); *on_here: whether it is on in the first. */
+ * LCU_DECODE_GRAPH) or off; *on_here: whether it is on in the first. */
 static side open_flipped(const pair *p, const char *var, bool on_default, bool *on_here)
 {
     const char *was = getenv(var);
@@ -415,15 +415,15 @@ static side open_flipped(const pair *p, const char *var, bool on_default, bool *
 /* Kept activations (LCU_KEEP_ACT, a dense model on cuda) against the backward's recompute:
  * a second context with the switch flipped runs the same pass from the same adapters and
  * must give the same log-probs, losses and gradients, bit for bit (the kept tensors are
- * what the recompute produces). ref, gref: this context's pass and gradients. */
-static void check_keep(pair *p, const inputs *in, const batch *ref, const adapter_state *gref)
+ * what the recompute produces); so must a third that keeps the first layer only
+ * (LCU_KEEP_LAYERS=1: what a batch larger than the memory's slots runs, some layers kept
+ * and the rest recomputed). ref, gref: this context's pass and gradients. */
+static bool keep_same(side *o, const inputs *in, const batch *ref, const adapter_state *gref)
 {
-    bool kept_here;
-    side o = open_flipped(p, "LCU_KEEP_ACT", true, &kept_here);
-    for (int a = 0; a < NAD; a++) o.ads[a] = make_adapter(&o, a);
+    for (int a = 0; a < NAD; a++) o->ads[a] = make_adapter(o, a);
     batch b;
-    make_batch(&b, &o, o.ads, in, -1, false);
-    run(&o, &b, true);
+    make_batch(&b, o, o->ads, in, -1, false);
+    run(o, &b, true);
     bool same = true;
     for (int k = 0; k < b.n; k++) {
         int i = b.idx[k];
@@ -431,15 +431,34 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
                 same_bits(b.loss[k], ref->loss[k], (size_t)SEQS[i].n * 4);
     }
     for (int a = 0; a < NAD; a++) {
-        adapter_state g = download(&o, o.ads[a], ADAPTER_GRADS);
+        adapter_state g = download(o, o->ads[a], ADAPTER_GRADS);
         same &= same_bits(g.grads, gref[a].grads, g.layout.num_params * 4);
         adapter_state_free(&g);
-        o.be->adapter_free(o.ctx, o.ads[a]);
+        o->be->adapter_free(o->ctx, o->ads[a]);
     }
-    gt_check(same, "%s: kept activations (LCU_KEEP_ACT) and the backward's recompute (LCU_KEEP_ACT=0) give the same log-probs, losses "
-             "and gradients, bitwise (kept in the %s context)", p->name, kept_here ? "first" : "second");
     free_batch(&b);
-    o.be->destroy(o.ctx);
+    o->be->destroy(o->ctx);
+    return same;
+}
+
+static void check_keep(pair *p, const inputs *in, const batch *ref, const adapter_state *gref)
+{
+    bool kept_here;
+    side o = open_flipped(p, "LCU_KEEP_ACT", true, &kept_here);
+    gt_check(keep_same(&o, in, ref, gref), "%s: kept activations (LCU_KEEP_ACT) and the backward's recompute "
+             "(LCU_KEEP_ACT=0) give the same log-probs, losses and gradients, bitwise (kept in the %s context)",
+             p->name, kept_here ? "first" : "second");
+    if (p->mc.num_hidden_layers < 2) return;
+    const char *was = getenv("LCU_KEEP_ACT");
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    setenv("LCU_KEEP_ACT", "1", 1);
+    side o1 = open_with(p, "LCU_KEEP_LAYERS", "1");
+    if (was) setenv("LCU_KEEP_ACT", prev, 1);
+    else unsetenv("LCU_KEEP_ACT");
+    gt_check(keep_same(&o1, in, ref, gref), "%s: the first layer's activations kept and the other %d layers' "
+             "recomputed (LCU_KEEP_LAYERS=1) give the same log-probs, losses and gradients, bitwise", p->name,
+             p->mc.num_hidden_layers - 1);
 }
 
 /* LCU_DEVICE_MB (cuda): a second context behaves as a card of that size: it reports that
@@ -788,7 +807,7 @@ static void check_profiles(pair *p, const sreq *q)
         dec |= strstr(line, "decode ops, ") != NULL;
         dec_attn |= strstr(line, "decode ops   attention ") != NULL;
         dec_gemm |= strstr(line, "decode ops   q gemm ") != NULL;
-        tr |= strstr(line, "train ops, ") != NULL && strstr(line, "1 passes") != NULL;
+        tr |= strstr(line, "train ops, ") != NULL && strstr(line, "1 pass, the shape's first") != NULL;
         tr_gemm |= strstr(line, "train ops   q gemm ") != NULL;
         tr_head |= strstr(line, "train ops   head ") != NULL;
     }
@@ -799,25 +818,31 @@ static void check_profiles(pair *p, const sreq *q)
              "when the context goes", cs);
 }
 
-/* LCU_DECODE_FUSE (off by default): a context with it flipped samples q's requests to the
- * same bits (the fused kernel is the separate launches' arithmetic, lcu_decode_qkv). */
+/* LCU_DECODE_FUSE (2 by default since the fourth window): level 1 (lcu_decode_qkv, the
+ * separate launches' arithmetic in one kernel) samples q's requests to the same bits as
+ * level 0 in two contexts opened with them; level 2 (one GEMM for q|k|v and one for
+ * gate|up: another GEMM shape may round otherwise) holds its samples to its own forward
+ * log-probs, as sampling is held. The default's own samples are check_sampling's. */
 static void check_decode_fuse(pair *p, const sreq *q)
 {
-    bool on_here;
-    side o = open_flipped(p, "LCU_DECODE_FUSE", false, &on_here);
-    be_adapter *ao = make_adapter(&o, 0);
-    static sreq g[3];
-    copy_reqs(g, q, 3, ao);
-    do_sample(&o, g, 3);
+    static sreq g0[3], g1[3];
+    side o0 = open_with(p, "LCU_DECODE_FUSE", "0"), o1 = open_with(p, "LCU_DECODE_FUSE", "1");
+    be_adapter *a0 = make_adapter(&o0, 0), *a1 = make_adapter(&o1, 0);
+    copy_reqs(g0, q, 3, a0);
+    copy_reqs(g1, q, 3, a1);
+    do_sample(&o0, g0, 3);
+    do_sample(&o1, g1, 3);
     bool same = true;
-    for (int r = 0; r < 3; r++) same &= same_bits(g[r].tok, q[r].tok, sizeof q[r].tok) && same_bits(g[r].lp, q[r].lp, sizeof q[r].lp);
-    gt_check(same, "%s: decode passes %s the fused q/k/v kernel (LCU_DECODE_FUSE=%s) sample the same tokens and "
-             "log-probs, bitwise", p->name, on_here ? "without" : "with", on_here ? "0" : "1");
-    o.be->adapter_free(o.ctx, ao);
-    o.be->destroy(o.ctx);
+    for (int r = 0; r < 3; r++)
+        same &= same_bits(g1[r].tok, g0[r].tok, sizeof g0[r].tok) && same_bits(g1[r].lp, g0[r].lp, sizeof g0[r].lp);
+    gt_check(same, "%s: decode passes with the fused q/k/v kernel (LCU_DECODE_FUSE=1) sample the same tokens and "
+             "log-probs as without (=0), bitwise", p->name);
+    o0.be->adapter_free(o0.ctx, a0);
+    o0.be->destroy(o0.ctx);
+    o1.be->adapter_free(o1.ctx, a1);
+    o1.be->destroy(o1.ctx);
 
-    /* level 2 (one GEMM for q|k|v and one for gate|up): another GEMM shape may round
-     * otherwise, so its samples are held to their own forward log-probs, as sampling is */
+    static sreq g[3];
     side o2 = open_with(p, "LCU_DECODE_FUSE", "2");
     be_adapter *a2 = make_adapter(&o2, 0);
     copy_reqs(g, q, 3, a2);
