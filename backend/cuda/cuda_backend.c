@@ -163,6 +163,8 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     const char *df = getenv("LCU_DECODE_FUSE");
     c->dfuse = df && *df ? atoi(df) : 2;
     c->dfuse = c->dfuse < 0 ? 0 : c->dfuse > 2 ? 2 : c->dfuse;
+    const char *da = getenv("LCU_DECODE_ATTN");
+    c->dattn = da && *da && strcmp(da, "0") != 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);

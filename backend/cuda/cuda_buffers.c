@@ -240,8 +240,11 @@ bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len)
     cu_mem_info(c, &fr, &tot);
     size_t reserve = ((size_t)2 << 30) + tot / 20 + cu_dnn_ws_estimate(c, nseq, max_len, tot), limit = fr > reserve ? fr - reserve : 0;
     if (k->cap_bytes && k->cap_bytes < limit) limit = k->cap_bytes;
-    /* as many layers as the limit holds (layers 0 .. n-1); the others recompute */
+    /* as many layers as the limit holds (layers 0 .. n-1); the others recompute. Under a
+     * quarter of them the gain is small and the slots would sit at the edge of the reserve
+     * (what cuDNN's workspace may still take at that batch size): none then. */
     int n = per ? (int)(limit / per < (size_t)L ? limit / per : (size_t)L) : 0;
+    if (n < L && n < (L + 3) / 4) n = 0;
     if (k->cap_layers && n > k->cap_layers) n = k->cap_layers;
     while (n > 0 && cudaMalloc(&k->mem, per * (size_t)n) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not sticky */
@@ -256,9 +259,10 @@ bool cu_keep_reserve(cu_ctx *c, long T, int nseq, int max_len)
     }
     if (n == 0) {
         k->refused_T = k->refused_T && k->refused_T < T ? k->refused_T : T;
-        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens recomputes each layer in the backward: keeping one "
-                "layer's activations takes %.2f GiB, %.2f GiB allowed (LCU_KEEP_MB, free memory less %.1f GiB)\n",
-                c->device, T, per / 1073741824.0, limit / 1073741824.0, reserve / 1073741824.0);
+        fprintf(stderr, "loom cuda:%d: a batch of %ld tokens recomputes each layer in the backward: keeping its "
+                "activations takes %.1f GiB (%.2f GiB a layer), %.1f GiB allowed (LCU_KEEP_MB, free memory less %.1f "
+                "GiB), under a quarter of its layers\n", c->device, T, all / 1073741824.0, per / 1073741824.0,
+                limit / 1073741824.0, reserve / 1073741824.0);
         return false;
     }
     if (n < L)

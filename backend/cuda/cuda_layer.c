@@ -265,8 +265,12 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
     }
     if (c->kv_mode == CU_KV_DECODE) { /* one new token per stream, attending to its cache */
-        CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
-                               a->attn_ws, s));
+        if (c->dattn) /* LCU_DECODE_ATTN=1: the kernel made for one row a sequence */
+            CU_TRY(c, lcu_attn_decode_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att,
+                                          a->lse, s));
+        else
+            CU_TRY(c, lcu_attn_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att, a->lse,
+                                   a->attn_ws, s));
         c->kv_attn.counted = fused; /* with the switch, the later layers reuse the first's tile counts */
     } else
         CU_TRY(c, cl_attn_fwd(c));

@@ -174,6 +174,14 @@ size_t lcu_attn_workspace_bytes(const lcu_attn_desc *a);
 int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v, lcu_bf16 *out,
                  float *lse, void *ws, cudaStream_t s);
 
+/* The same forward for KV-cache attention (kv_start and kv_len set) by a kernel made for
+ * decode steps (lcu_attention_decode.cu: one block per sequence and kv head, the keys split
+ * among its warps; fast for the few query rows a decode step has, correct for any q_len ≤
+ * kv_len). Values agree with lcu_attn_fwd's within bf16 rounding (its P stays fp32), bit
+ * for bit from run to run; no workspace. The backend takes it with LCU_DECODE_ATTN=1. */
+int lcu_attn_decode_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v,
+                        lcu_bf16 *out, float *lse, cudaStream_t s);
+
 /* Gradients from dout given the forward's out and lse (self-attention only: kv_start and
  * kv_len NULL). dq, dk, dv fp32, all overwritten. Recomputes P from lse; no T×T matrix and
  * no atomics: one pass owns dK/dV per key block, another dQ per query block. */

@@ -17,6 +17,9 @@
  * pass from the first (early key tiles see the most queries), so the heavy blocks start
  * first.
  *
+ * lcu_attn_decode_fwd (lcu_attention_decode.cu) computes the KV-cache forward with a kernel
+ * made for a decode step's one query row per sequence.
+ *
  * Tuning is local to these files: the entry points and the workspace stay as they are.
  */
 #include "backend/cuda/lcu_attention.cuh"
@@ -139,11 +142,11 @@ int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
     if (rc) return rc;
     if (a->total_q == 0 || a->nseq == 0) return 0;
     if (!q || !k || !v || !out || !lse) return LCU_EINVAL;
+    const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
+    bf16 *O = (bf16 *)out;
     lcu_attn_p p;
     rc = lcu_attn_prepare(a, ws, false, &p, s);
     if (rc) return rc;
-    const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
-    bf16 *O = (bf16 *)out;
     lcu_attn_kernels kn = lcu_attn_version(a->d);
     rc = (int)cudaFuncSetAttribute(kn.fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, kn.fwd_smem);
     if (rc) return rc;

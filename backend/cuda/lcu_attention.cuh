@@ -2,7 +2,8 @@
  * launch parameters, the tile → sequence search, the tile loads, and each version's table
  * of kernels. lcu_attention.cu holds the entry points of cuda_ops.h (checks, workspace,
  * tile tables, D = rowsum(dO ⊙ O)) and picks the version; lcu_attention_v1.cu (WMMA) and
- * lcu_attention_v2.cu (mma.sync) hold the kernels. For these three files only.
+ * lcu_attention_v2.cu (mma.sync) hold the kernels, lcu_attention_decode.cu the KV-cache
+ * decode's own. For these four files only.
  */
 #ifndef LOOM_BACKEND_CUDA_ATTENTION_CUH
 #define LOOM_BACKEND_CUDA_ATTENTION_CUH

@@ -529,13 +529,15 @@ typedef struct {
     attn_arg x;
     void *k[DEC_COPIES], *v[DEC_COPIES];
     int n, next;
+    bool own; /* the decode's own kernel (lcu_attn_decode_fwd), not the tile kernels */
 } dec_attn_arg;
 
 static void run_attn_cycled(void *p)
 {
     dec_attn_arg *d = p;
     int i = d->next++ % d->n;
-    B_OK(lcu_attn_fwd(&d->x.a, d->x.q, d->k[i], d->v[i], d->x.o, d->x.lse, d->x.ws, 0));
+    if (d->own) B_OK(lcu_attn_decode_fwd(&d->x.a, d->x.q, d->k[i], d->v[i], d->x.o, d->x.lse, 0));
+    else B_OK(lcu_attn_fwd(&d->x.a, d->x.q, d->k[i], d->v[i], d->x.o, d->x.lse, d->x.ws, 0));
 }
 
 /* The KV-cache attention of a decode pass as cuda_sample.c's cs_decode sets it up: sample i's
@@ -586,6 +588,8 @@ static double bench_decode_attention(const geo *g, double *floor)
         if (vi == 0) v1 = ms;
     }
     unsetenv("LCU_ATTN");
+    d.own = true; /* LCU_DECODE_ATTN=1's kernel */
+    report("attention decode own", g->name, shape, time_ms(run_attn_cycled, &d), flops, bytes);
     for (int i = 0; i < d.n; i++) {
         gt_free(d.k[i]); gt_free(d.v[i]);
     }

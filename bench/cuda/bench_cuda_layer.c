@@ -127,7 +127,7 @@ static void setup(layer *y, const geo *g, long T, int seqlen, int nad)
     y->cos_t = buf((size_t)seqlen * g->d / 2 * 4);
     y->sin_t = buf((size_t)seqlen * g->d / 2 * 4);
     GT_LCU(lcu_rope_table(y->cos_t, y->sin_t, inv, g->d / 2, seqlen, 0));
-    y->ad = (lcu_attn_desc){y->nseq, y->q_start, NULL, NULL, T, g->nq, g->nkv, g->d, (float)(1 / sqrt(g->d))};
+    y->ad = (lcu_attn_desc){y->nseq, y->q_start, NULL, NULL, T, g->nq, g->nkv, g->d, (float)(1 / sqrt(g->d)), false};
     y->attn_ws = buf(lcu_attn_workspace_bytes(&y->ad));
 
     y->x = rnd(T * H, LCU_F32, -1, 1);

@@ -5,7 +5,7 @@
 #
 #   bash bench/cuda/run_on_gpu.sh a         the first command of a short GPU window (~6 min)
 #   bash bench/cuda/run_on_gpu.sh b         the second (~5 min)
-#   bash bench/cuda/run_on_gpu.sh c         the third: where the time goes (~4 min)
+#   bash bench/cuda/run_on_gpu.sh c         the third: the switches on trial, where the time goes (~4 min)
 #   bash bench/cuda/run_on_gpu.sh STEP...   single steps (below), in the order given
 #
 # a: environment (driver, where cuBLAS 13 is) -> the dense kernel tests, each capped ->
@@ -14,23 +14,25 @@
 #    LOOM_CUDA_SYNC=1 when it FATALs) -> the CPU suites on the cuda backend -> the fp64
 #    torch reference at bf16 bars -> bench_cuda Qwen3-8B (--iters 1: 2x2048 is the MFU row,
 #    1x32768 the memory row), Qwen3-0.6B (1/8/32 adapters) and Llama-3.2-1B, on the
-#    defaults (cuDNN attention, kept activations, LCU_LORA=auto, decode graphs)
+#    defaults (cuDNN attention, kept activations, LCU_LORA=auto, decode graphs, fused
+#    decode layers)
 # b: PyTorch + PEFT on the same GPU (the comparison rows; bench/cuda/ratio.py) -> the
 #    backend test with LCU_LORA=sgmv (its packed cases have too few adapters for auto to
 #    take version 2) -> the backend test and the suites on the own attention kernels
 #    (LCU_ATTN=wmma) -> the kernel bench at Qwen3-8B (LoRA gemm vs sgmv at 1/8/32 adapters)
 #    -> decode and time to first token (bench_cuda --decode), the same with the decode
-#    profile (a step split into its parts), then the same rows through HF generate + PEFT -> the suites with the old defaults (no kept
-#    activations, no decode graphs, LCU_LORA=gemm). (The own attention's model rows and
+#    profile (a step split into its parts), then the same rows through HF generate + PEFT
+#    -> the suites with the old defaults (no kept activations, no decode graphs, LCU_LORA=gemm,
+#    no fused decode layers). (The own attention's model rows and
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
-# c: the switches on trial (LoRA version 3 under the backend test, the model rows and
-#    decode; the fused decode q/k/v under the backend test and decode, levels 1 and 2),
-#    Qwen3-8B's rows as on an 80 GB card (LCU_DEVICE_MB), then where the time goes: the
-#    decode passes split into the layer's operations (LCU_DECODE_PROFILE=2), the decode
-#    step's kernels one by one against their floors, the training passes split into
-#    operations (LCU_TRAIN_PROFILE=1)
+# c: the switch on trial (the decode's own attention kernel, LCU_DECODE_ATTN=1: decode rows;
+#    its checks run in a's tests), Qwen3-8B's rows as on an 80 GB card (LCU_DEVICE_MB: the
+#    kept activations of the layers that fit), then where the time goes: the training passes
+#    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
+#    operations (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their
+#    floors; then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -90,9 +92,11 @@
 #   model-sgmv3  model06 with LCU_LORA=sgmv3 (its 8/32-adapter rows)        model-sgmv3-06b.log/.json
 #   decode-sgmv3 decode with LCU_LORA=sgmv3 (8 adapters: 4 rows each, its small kernels) decode-sgmv3.log/.json
 #   backend-fuse test_gpu_backend's llama part with LCU_DECODE_FUSE=1 (every sampling check
-#                on the fused path; its flip check then compares with the unfused) backend-fuse.log
+#                on level 1)                                             backend-fuse.log
+#   decode-attn  decode with LCU_DECODE_ATTN=1 (the KV-cache attention's own kernel,
+#                lcu_attention_decode.cu)                                decode-attn.log/.json
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
-#                LCU_LORA=gemm)                                           suites.log
+#                LCU_LORA=gemm LCU_DECODE_FUSE=0)                          suites.log
 #
 # Binaries: from the build directory LOOM_GPU_BUILD when that is set (cmake --build on the
 # GPU machine itself), else from .gpu-carry/carry.tar.gz when it is there (built by
@@ -336,7 +340,7 @@ STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
        train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3 suites-sgmv3
-       suites-old"
+       decode-attn suites-old"
 
 run_step() {
     case $1 in
@@ -398,7 +402,9 @@ run_step() {
             --geo Qwen3-8B,Qwen3-0.6B ;;
         decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
-        suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm ;;
+        suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm LCU_DECODE_FUSE=0 ;;
+        decode-attn) LCU_DECODE_ATTN=1 MODEL_TAG="(decode attention kernel)" run_model decode-attn 120 --decode \
+                         --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
         peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
                          --steps 64 --geo Qwen3-8B,Qwen3-0.6B --json "$OUT/peer-decode.json" ;;
         model) run_model model 540 ;;
@@ -429,7 +435,7 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log decode-attn.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
@@ -488,15 +494,12 @@ case $MODE in
         run_step suites-old
         ;;
     c)
-        run_step backend-sgmv3
-        run_step backend-fuse
-        run_step model-sgmv3
-        run_step decode-sgmv3
-        run_step decode-fuse
+        run_step decode-attn
         run_step model8b-80g
+        run_step train-ops
         run_step decode-ops
         run_step kernels-decode
-        run_step train-ops
+        run_step backend-sgmv3
         ;;
     *)
         for s in "$@"; do run_step "$s"; done

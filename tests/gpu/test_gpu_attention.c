@@ -182,6 +182,17 @@ static void check_blocks(const shape *s, const int *row_seq, const char *what, c
     }
 }
 
+/* The KV-cache cases through the decode's own kernel (lcu_attn_decode_fwd) instead of the
+ * tile kernels of LCU_ATTN's version. */
+static bool decode_kernel;
+
+static int attn_fwd(const lcu_attn_desc *a, const void *q, const void *k, const void *v, void *out, float *lse,
+                    void *ws)
+{
+    if (decode_kernel && a->kv_start) return lcu_attn_decode_fwd(a, q, k, v, out, lse, 0);
+    return lcu_attn_fwd(a, q, k, v, out, lse, ws, 0);
+}
+
 /* Forward (+ backward when kv is self) on the GPU vs fp64 and vs the CPU twin. */
 static void check_case(const shape *s, bool self, const char *label)
 {
@@ -203,12 +214,12 @@ static void check_case(const shape *s, bool self, const char *label)
     for (int i = 0; i < s->nseq; i++) ks[i] = s->kv_start[i];
     void *dqs = gt_dev_copy(qs, (s->nseq + 1) * 4), *dks = gt_dev_copy(ks, s->nseq * 8 + 8);
     void *dkl = gt_dev_copy(s->kv_len, s->nseq * 4);
-    lcu_attn_desc a = {s->nseq, dqs, self ? NULL : dks, self ? NULL : dkl, T, nq, nkv, d, (float)(1.0 / sqrt((double)d))};
+    lcu_attn_desc a = {s->nseq, dqs, self ? NULL : dks, self ? NULL : dkl, T, nq, nkv, d, (float)(1.0 / sqrt((double)d)), false};
     size_t wsb = lcu_attn_workspace_bytes(&a);
     void *ws = gt_dev_poison(wsb);
     void *dq_ = gt_dev_bf16(q, T * qd), *dk_ = gt_dev_bf16(k, KR * kvd), *dv_ = gt_dev_bf16(v, KR * kvd);
     void *dout = gt_dev_poison(T * qd * 2), *dlse = gt_dev_poison(T * nq * 4);
-    GT_LCU(lcu_attn_fwd(&a, dq_, dk_, dv_, dout, dlse, ws, 0));
+    GT_LCU(attn_fwd(&a, dq_, dk_, dv_, dout, dlse, ws));
     float *o = malloc(T * qd * 4), *l = malloc(T * nq * 4), *o2 = malloc(T * qd * 4), *l2 = malloc(T * nq * 4);
     gt_get_bf16(o, dout, T * qd);
     gt_get_f32(l, dlse, T * nq);
@@ -221,7 +232,7 @@ static void check_case(const shape *s, bool self, const char *label)
     check_blocks(s, rs, what, l, lref, nq, 1, 1e-5);
     GT_CUDA(cudaMemset(dout, 0xff, T * qd * 2));
     GT_CUDA(cudaMemset(dlse, 0xff, T * nq * 4));
-    GT_LCU(lcu_attn_fwd(&a, dq_, dk_, dv_, dout, dlse, ws, 0));
+    GT_LCU(attn_fwd(&a, dq_, dk_, dv_, dout, dlse, ws));
     gt_get_bf16(o2, dout, T * qd);
     gt_get_f32(l2, dlse, T * nq);
     snprintf(what, sizeof what, "%s fwd rerun out", label);
@@ -340,6 +351,8 @@ static void check_ref_fd(void)
     free_shape(&s);
 }
 
+static void run_kv_cases(const char *variant);
+
 /* Every case for one kernel version (LCU_ATTN: "wmma" = version 1, "mma" = version 2). */
 static void run_cases(const char *variant)
 {
@@ -374,8 +387,17 @@ static void run_cases(const char *variant)
         check_case(&s, true, label);
         free_shape(&s);
     }
-    /* KV cache: each sequence's keys live elsewhere (with gaps), its queries are the last
-     * q_len positions of kv_len (prefill continuation and single-token decode) */
+    run_kv_cases(variant);
+}
+
+/* KV cache: each sequence's keys live elsewhere (with gaps), its queries are the last q_len
+ * positions of kv_len (prefill continuation and single-token decode); then the decode
+ * step's own shapes (one row a sequence, Qwen3's and Llama's head groups, 12 heads a group:
+ * two chunks of the decode kernel's tasks). */
+static void run_kv_cases(const char *variant)
+{
+    char label[64];
+    const int dims[4] = {16, 32, 64, 128};
     for (int di = 0; di < 4; di++) {
         int nseq = 5;
         shape s;
@@ -401,6 +423,31 @@ static void run_cases(const char *variant)
         check_case(&s, false, label);
         free_shape(&s);
     }
+    const int groups[3][3] = {{32, 8, 128}, {16, 8, 128}, {24, 2, 64}};
+    for (int gi = 0; gi < 3; gi++) {
+        int nseq = gi == 0 ? 33 : 4;
+        shape s;
+        s.nseq = nseq;
+        s.nq = groups[gi][0];
+        s.nkv = groups[gi][1];
+        s.d = groups[gi][2];
+        s.q_start = malloc((nseq + 1) * sizeof(int));
+        s.kv_start = malloc(nseq * sizeof(long));
+        s.kv_len = malloc(nseq * sizeof(int));
+        s.q_start[0] = 0;
+        long row = 0;
+        for (int i = 0; i < nseq; i++) {
+            int kl = gt_int(1, gt_small() ? 200 : 700);
+            s.kv_len[i] = kl;
+            s.kv_start[i] = row;
+            row += kl + gt_int(0, 20);
+            s.q_start[i + 1] = i + 1;
+        }
+        s.kv_rows = row + 3;
+        snprintf(label, sizeof label, "%s decode", variant);
+        check_case(&s, false, label);
+        free_shape(&s);
+    }
 }
 
 int main(void)
@@ -409,9 +456,13 @@ int main(void)
     check_ref_fd();
     run_cases("wmma");
     run_cases("mma");
+    /* the KV-cache decode's own kernel (lcu_attn_decode_fwd, lcu_attention_decode.cu) */
+    decode_kernel = true;
+    run_kv_cases("decode-kernel");
+    decode_kernel = false;
     /* refused arguments */
     {
-        lcu_attn_desc a = {1, NULL, NULL, NULL, 10, 4, 3, 64, 0.125f};
+        lcu_attn_desc a = {1, NULL, NULL, NULL, 10, 4, 3, 64, 0.125f, false};
         gt_check(lcu_attn_fwd(&a, NULL, NULL, NULL, NULL, NULL, NULL, 0) == LCU_EINVAL, "nq not a multiple of nkv refused");
         a.nkv = 2;
         a.d = 96;

@@ -818,6 +818,30 @@ static void check_profiles(pair *p, const sreq *q)
              "when the context goes", cs);
 }
 
+/* q's requests sampled in a context opened with var=value, each sample's log-probs against
+ * that context's forward pass over the same tokens: the largest gap (INFINITY when a sample
+ * came out short). */
+static double sample_vs_forward(pair *p, const sreq *q, const char *var, const char *value)
+{
+    static sreq g[3];
+    side o = open_with(p, var, value);
+    be_adapter *ad = make_adapter(&o, 0);
+    copy_reqs(g, q, 3, ad);
+    do_sample(&o, g, 3);
+    double worst = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < g[r].r.num_samples; i++) {
+            float f[SMAX];
+            forward_lp(&o, &g[r], i, f, NULL);
+            if (g[r].n[i] != SMAX) worst = INFINITY;
+            for (int t = 0; t < g[r].n[i]; t++)
+                if (!(fabs(f[t] - g[r].lp[i * SMAX + t]) <= worst)) worst = fabs(f[t] - g[r].lp[i * SMAX + t]);
+        }
+    o.be->adapter_free(o.ctx, ad);
+    o.be->destroy(o.ctx);
+    return worst;
+}
+
 /* LCU_DECODE_FUSE (2 by default since the fourth window): level 1 (lcu_decode_qkv, the
  * separate launches' arithmetic in one kernel) samples q's requests to the same bits as
  * level 0 in two contexts opened with them; level 2 (one GEMM for q|k|v and one for
@@ -842,25 +866,19 @@ static void check_decode_fuse(pair *p, const sreq *q)
     o1.be->adapter_free(o1.ctx, a1);
     o1.be->destroy(o1.ctx);
 
-    static sreq g[3];
-    side o2 = open_with(p, "LCU_DECODE_FUSE", "2");
-    be_adapter *a2 = make_adapter(&o2, 0);
-    copy_reqs(g, q, 3, a2);
-    do_sample(&o2, g, 3);
-    double worst = 0;
-    bool full = true;
-    for (int r = 0; r < 3; r++)
-        for (int i = 0; i < g[r].r.num_samples; i++) {
-            float f[SMAX];
-            forward_lp(&o2, &g[r], i, f, NULL);
-            full &= g[r].n[i] == SMAX;
-            for (int t = 0; t < g[r].n[i]; t++)
-                if (!(fabs(f[t] - g[r].lp[i * SMAX + t]) <= worst)) worst = fabs(f[t] - g[r].lp[i * SMAX + t]);
-        }
-    gt_check(full && worst <= 2e-2, "%s: LCU_DECODE_FUSE=2 (one GEMM for q|k|v, one for gate|up): sampled vs forward "
+    double worst = sample_vs_forward(p, q, "LCU_DECODE_FUSE", "2");
+    gt_check(worst <= 2e-2, "%s: LCU_DECODE_FUSE=2 (one GEMM for q|k|v, one for gate|up): sampled vs forward "
              "log-probs max |d| %.2e", p->name, worst);
-    o2.be->adapter_free(o2.ctx, a2);
-    o2.be->destroy(o2.ctx);
+}
+
+/* LCU_DECODE_ATTN=1 (the KV-cache decode's own attention kernel, off by default): its
+ * samples held to their forward log-probs (the forward's attention is the training one),
+ * as sampling is. */
+static void check_decode_attn(pair *p, const sreq *q)
+{
+    double worst = sample_vs_forward(p, q, "LCU_DECODE_ATTN", "1");
+    gt_check(worst <= 2e-2, "%s: LCU_DECODE_ATTN=1 (the decode's own attention kernel): sampled vs forward log-probs "
+             "max |d| %.2e", p->name, worst);
 }
 
 static void check_sampling(pair *p)
@@ -911,6 +929,7 @@ static void check_sampling(pair *p)
     if (strcmp(p->gpu.be->name, "cuda") == 0) {
         check_profiles(p, q);
         check_decode_fuse(p, q);
+        check_decode_attn(p, q);
     }
     /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
     sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);
