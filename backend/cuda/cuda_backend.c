@@ -163,8 +163,9 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
     const char *df = getenv("LCU_DECODE_FUSE");
     c->dfuse = df && *df ? atoi(df) : 2;
     c->dfuse = c->dfuse < 0 ? 0 : c->dfuse > 2 ? 2 : c->dfuse;
-    const char *da = getenv("LCU_DECODE_ATTN");
+    const char *da = getenv("LCU_DECODE_ATTN"), *lf = getenv("LCU_LORA_FIRST");
     c->dattn = da && *da && strcmp(da, "0") != 0;
+    c->lora_first = lf && *lf && strcmp(lf, "0") != 0;
     struct cudaDeviceProp p;
     int rc = (int)cudaSetDevice(c->device);
     if (!rc) rc = (int)cudaGetDeviceProperties(&p, c->device);

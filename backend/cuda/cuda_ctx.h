@@ -250,6 +250,8 @@ typedef struct {
                                        rounding and cache stores in one kernel
                                        (lcu_decode_qkv), the attention's tile counts once a
                                        pass; 2 also one GEMM for q|k|v and one for gate|up */
+    bool lora_first;                /* LCU_LORA_FIRST=1: cl_linear writes the LoRA first and
+                                       the base GEMM adds into it (off until a GPU measures it) */
     bool dattn;                     /* LCU_DECODE_ATTN=1: decode passes' attention through
                                        lcu_attn_decode_fwd (off until a GPU measures it) */
     cudaGraphExec_t dgraph;

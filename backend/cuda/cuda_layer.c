@@ -69,10 +69,31 @@ static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int
     return 0;
 }
 
-/* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. */
+/* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. With LCU_LORA_FIRST
+ * (c->lora_first) and segments that cover every row on LoRA version 1, the LoRA goes first
+ * and writes y (= LoRA + resid), and the base GEMM adds into it in its epilogue (beta 1):
+ * the output is written once by each instead of the LoRA reading and writing it again after
+ * the GEMM (at 4,096 rows of Qwen3-8B's gate, 403 MB of fp32 traffic against 201). The sum's
+ * order differs ((LoRA + resid) + base), so not bitwise the default's. */
 static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W,
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
 {
+    int n = c->lora_first ? cu_lora_segs(c, l, mod, 0, T, false) : 0;
+    bool cover = n > 0 && c->lsegs[0].row_begin == 0 && c->lsegs[n - 1].row_end == T;
+    for (int i = 1; i < n && cover; i++) cover = c->lsegs[i].row_begin == c->lsegs[i - 1].row_end;
+    if (cover && lcu_lora_version(c->lsegs, n) == 1) {
+        CU_TRY(c, lcu_lora_fwd_into(c->lcu, c->lsegs, n, T, in, out, x, in, resid, out, y, out, c->a.z, CU_LDZ,
+                                    c->stream));
+        cu_mark(c, cl_lora_op[mod]);
+        lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, 1.0f, x, in, W, in, NULL, 0, y, out, LCU_F32};
+        CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+        cu_mark(c, cl_gemm_op[mod]);
+        if (bias) {
+            CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
+            cu_mark(c, cl_bias_op[mod]);
+        }
+        return 0;
+    }
     lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, resid ? 1.0f : 0.0f, x, in, W, in, resid, out, y, out,
                        LCU_F32};
     CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));

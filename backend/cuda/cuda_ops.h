@@ -305,6 +305,21 @@ int lcu_lora_ldz(int max_rank);
 int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
+/* The LoRA version (1, 2 or 3) lcu_lora_fwd / lcu_lora_bwd run for these segments (sorted and
+ * disjoint): LCU_LORA=gemm 1, sgmv 2, sgmv3 3; auto (the default) version 3 from
+ * LCU_LORA_AUTO_MIN non-empty segments (2) averaging at most LCU_LORA_AUTO_ROWS rows (2048),
+ * else version 1 (cuBLASLt per segment). */
+int lcu_lora_version(const lcu_lora_seg *segs, int nseg);
+
+/* y[rows, out] = scale·(x Aᵀ) Bᵀ (+ C when C is not NULL, fp32 stride ldc) over segments that
+ * cover rows 0 .. rows − 1 without a gap (sorted; else LCU_EINVAL), by version 1's products:
+ * the LoRA written where the output is produced, so that the base GEMM then adds into it
+ * (beta 1) instead of the LoRA reading and writing the output once more (LCU_LORA_FIRST,
+ * cuda_layer.c). The same function as lcu_lora_fwd after y = C (or 0), summed in another
+ * order: fp32 rounding apart. */
+int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
+                      long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+
 /* Per segment: gB += scale·dyᵀ z, gA += dzᵀ x with dz = scale·dy B (z = x Aᵀ recomputed);
  * dx += dz A when dx is not NULL (fp32). dy bf16 (stride lddy). Segments of one call that
  * share gA/gB accumulate in segment order (fixed, so deterministic). */

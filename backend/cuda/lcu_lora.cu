@@ -67,6 +67,30 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     return rc;
 }
 
+int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
+                      long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
+    if (rc) return rc;
+    if (rows < 0 || (C && ldc < out)) return LCU_EINVAL;
+    long next = 0; /* the segments must tile rows 0 .. rows − 1: every row of y is written */
+    for (int i = 0; i < nseg; i++) {
+        if (segs[i].row_begin != next) return LCU_EINVAL;
+        next = segs[i].row_end;
+    }
+    if (next != rows) return LCU_EINVAL;
+    for (int i = 0; i < nseg && !rc; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        int n = (int)(g->row_end - g->row_begin);
+        if (n == 0) continue;
+        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
+        lcu_gemm_args e = {false, true, n, out, g->rank, g->scale, C ? 1.0f : 0.0f, z + g->row_begin * ldz, ldz, g->B,
+                           g->rank, C ? C + g->row_begin * ldc : NULL, ldc, y + g->row_begin * ldy, ldy, LCU_F32};
+        if (!rc) rc = lcu_gemm(c, &e, s);
+    }
+    return rc;
+}
+
 int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                  const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                  cudaStream_t s)

@@ -10,10 +10,6 @@
 
 #include "backend/cuda/cuda_ops.h"
 
-/* The LoRA version (1, 2 or 3) a call over these segments runs: LCU_LORA=gemm 1, sgmv 2,
- * sgmv3 3; auto (the default, also when unset) version 3 from LCU_LORA_AUTO_MIN non-empty
- * segments (default 2) averaging at most LCU_LORA_AUTO_ROWS rows (default 2048), else 1. */
-int lcu_lora_version(const lcu_lora_seg *segs, int nseg);
 /* The context's device scratch for split-K partial sums, at least bytes (grown, never
  * shrunk; lcu_gemm.cu). 0 or a CUDA error (out of memory). */
 int lcu_ctx_splitk_scratch(lcu_ctx *c, size_t bytes, void **out);

@@ -27,9 +27,11 @@
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
-# c: the switch on trial (the decode's own attention kernel, LCU_DECODE_ATTN=1: decode rows;
-#    its checks run in a's tests), Qwen3-8B's rows as on an 80 GB card (LCU_DEVICE_MB: the
-#    kept activations of the layers that fit), then where the time goes: the training passes
+# c: the switches on trial (the decode's own attention kernel, LCU_DECODE_ATTN=1: decode
+#    rows; the LoRA written first, LCU_LORA_FIRST=1: the model rows, time to first token and
+#    the backend test; their checks also run in a's tests), Qwen3-8B's rows as on an 80 GB
+#    card (LCU_DEVICE_MB: the kept activations of the layers that fit), then where the time
+#    goes: the training passes
 #    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
 #    operations (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their
 #    floors; then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
@@ -95,6 +97,11 @@
 #                on level 1)                                             backend-fuse.log
 #   decode-attn  decode with LCU_DECODE_ATTN=1 (the KV-cache attention's own kernel,
 #                lcu_attention_decode.cu)                                decode-attn.log/.json
+#   model-lorafirst  model8b, model06 and Qwen3-8B's decode rows (time to first token) with
+#                LCU_LORA_FIRST=1 (the LoRA written first, the GEMM adding into it)
+#                                                            model-lorafirst-*.log/.json
+#   backend-lorafirst  test_gpu_backend with LCU_LORA_FIRST=1 (every check against the CPU
+#                on that path)                                           backend-lorafirst.log
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
 #                LCU_LORA=gemm LCU_DECODE_FUSE=0)                          suites.log
 #
@@ -340,7 +347,7 @@ STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
        train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3 suites-sgmv3
-       decode-attn suites-old"
+       decode-attn model-lorafirst backend-lorafirst suites-old"
 
 run_step() {
     case $1 in
@@ -403,6 +410,12 @@ run_step() {
         decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
         suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm LCU_DECODE_FUSE=0 ;;
+        model-lorafirst)
+            LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-8b 200 --geo Qwen3-8B --iters 1
+            LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-06b 80 --geo Qwen3-0.6B --iters 1
+            LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-decode 60 --decode --steps 64 \
+                --geo Qwen3-8B ;;
+        backend-lorafirst) run_backend backend-lorafirst.log "test_gpu_backend LCU_LORA_FIRST=1" "" LCU_LORA_FIRST=1 ;;
         decode-attn) LCU_DECODE_ATTN=1 MODEL_TAG="(decode attention kernel)" run_model decode-attn 120 --decode \
                          --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
         peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
@@ -435,7 +448,8 @@ print_summary() {
         "$OUT"/ref.log "$OUT"/cudnn.log 2>/dev/null | cut -c1-300 | head -40
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
-        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log decode-attn.log; do bench_rows "$f"; done
+        model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log decode-attn.log \
+        model-lorafirst-8b.log model-lorafirst-06b.log model-lorafirst-decode.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
@@ -495,6 +509,8 @@ case $MODE in
         ;;
     c)
         run_step decode-attn
+        run_step model-lorafirst
+        run_step backend-lorafirst
         run_step model8b-80g
         run_step train-ops
         run_step decode-ops

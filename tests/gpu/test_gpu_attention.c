@@ -353,6 +353,32 @@ static void check_ref_fd(void)
 
 static void run_kv_cases(const char *variant);
 
+/* A KV-cache batch of nseq sequences, each sequence's keys elsewhere in the cache with gaps
+ * between: decode, one query row each against up to 700 keys (200 with GT_SMALL); else
+ * query rows at the end of up to 300 keys (every other sequence one row). */
+static void kv_shape(shape *s, int nseq, int nq, int nkv, int d, bool decode)
+{
+    s->nseq = nseq;
+    s->nq = nq;
+    s->nkv = nkv;
+    s->d = d;
+    s->q_start = malloc((nseq + 1) * sizeof(int));
+    s->kv_start = malloc(nseq * sizeof(long));
+    s->kv_len = malloc(nseq * sizeof(int));
+    s->q_start[0] = 0;
+    long row = 0;
+    for (int i = 0; i < nseq; i++) {
+        int kl = decode ? gt_int(1, gt_small() ? 200 : 700) : gt_int(1, 300);
+        int ql = decode || i % 2 ? 1 : gt_int(1, kl);
+        s->kv_len[i] = kl;
+        row += gt_int(0, decode ? 20 : 70); /* a gap */
+        s->kv_start[i] = row;
+        row += kl;
+        s->q_start[i + 1] = s->q_start[i] + ql;
+    }
+    s->kv_rows = row + 3;
+}
+
 /* Every case for one kernel version (LCU_ATTN: "wmma" = version 1, "mma" = version 2). */
 static void run_cases(const char *variant)
 {
@@ -399,51 +425,16 @@ static void run_kv_cases(const char *variant)
     char label[64];
     const int dims[4] = {16, 32, 64, 128};
     for (int di = 0; di < 4; di++) {
-        int nseq = 5;
         shape s;
-        s.nseq = nseq;
-        s.nq = 8;
-        s.nkv = 4;
-        s.d = dims[di];
-        s.q_start = malloc((nseq + 1) * sizeof(int));
-        s.kv_start = malloc(nseq * sizeof(long));
-        s.kv_len = malloc(nseq * sizeof(int));
-        s.q_start[0] = 0;
-        long row = 0;
-        for (int i = 0; i < nseq; i++) {
-            int kl = gt_int(1, 300), ql = i % 2 ? 1 : gt_int(1, kl);
-            s.kv_len[i] = kl;
-            row += gt_int(0, 70); /* a gap */
-            s.kv_start[i] = row;
-            row += kl;
-            s.q_start[i + 1] = s.q_start[i] + ql;
-        }
-        s.kv_rows = row + 3;
+        kv_shape(&s, 5, 8, 4, dims[di], false);
         snprintf(label, sizeof label, "%s kv-cache", variant);
         check_case(&s, false, label);
         free_shape(&s);
     }
     const int groups[3][3] = {{32, 8, 128}, {16, 8, 128}, {24, 2, 64}};
     for (int gi = 0; gi < 3; gi++) {
-        int nseq = gi == 0 ? 33 : 4;
         shape s;
-        s.nseq = nseq;
-        s.nq = groups[gi][0];
-        s.nkv = groups[gi][1];
-        s.d = groups[gi][2];
-        s.q_start = malloc((nseq + 1) * sizeof(int));
-        s.kv_start = malloc(nseq * sizeof(long));
-        s.kv_len = malloc(nseq * sizeof(int));
-        s.q_start[0] = 0;
-        long row = 0;
-        for (int i = 0; i < nseq; i++) {
-            int kl = gt_int(1, gt_small() ? 200 : 700);
-            s.kv_len[i] = kl;
-            s.kv_start[i] = row;
-            row += kl + gt_int(0, 20);
-            s.q_start[i + 1] = i + 1;
-        }
-        s.kv_rows = row + 3;
+        kv_shape(&s, gi == 0 ? 33 : 4, groups[gi][0], groups[gi][1], groups[gi][2], true);
         snprintf(label, sizeof label, "%s decode", variant);
         check_case(&s, false, label);
         free_shape(&s);

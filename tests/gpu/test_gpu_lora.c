@@ -294,6 +294,50 @@ static void test_ref_fd(void)
     free(gA[2]); free(gB[2]); free(ga2[2]); free(gb2[2]);
 }
 
+/* lcu_lora_fwd_into (LCU_LORA_FIRST's LoRA, written where the output is produced): y = LoRA
+ * (+ C) over segments tiling every row, against version 1's lcu_lora_fwd into a copy of C
+ * (or zeros): the same products, equal within fp32 rounding; segments with a gap or short of
+ * the rows are refused. */
+static void test_fwd_into(lcu_ctx *c, int in, int out)
+{
+    long rows = gt_int(20, 150), cut = gt_int(1, (int)rows - 1), ldz = lcu_lora_ldz(16);
+    float *x = malloc(rows * in * 4), *Cm = malloc(rows * out * 4), *A0 = malloc(8L * in * 4), *B0 = malloc(8L * out * 4),
+          *A1 = malloc(16L * in * 4), *B1 = malloc(16L * out * 4), *ya = malloc(rows * out * 4), *yb = malloc(rows * out * 4);
+    gt_fill_bf16_exact(x, rows * in, -1, 1);
+    gt_fill(Cm, rows * out, -2, 2);
+    gt_fill_bf16_exact(A0, 8L * in, -0.2, 0.2);
+    gt_fill_bf16_exact(B0, 8L * out, -0.2, 0.2);
+    gt_fill_bf16_exact(A1, 16L * in, -0.2, 0.2);
+    gt_fill_bf16_exact(B1, 16L * out, -0.2, 0.2);
+    void *dx = gt_dev_bf16(x, rows * in), *dC = gt_dev_f32(Cm, rows * out), *z = gt_dev_poison(rows * ldz * 2);
+    lcu_lora_seg segs[2] = {{0, cut, 8, 2.0f, gt_dev_bf16(A0, 8L * in), gt_dev_bf16(B0, 8L * out), NULL, NULL},
+                            {cut, rows, 16, 0.5f, gt_dev_bf16(A1, 16L * in), gt_dev_bf16(B1, 16L * out), NULL, NULL}};
+    for (int withC = 0; withC < 2; withC++) {
+        float *zeros = calloc(rows * out, 4);
+        void *ref = gt_dev_f32(withC ? Cm : zeros, rows * out), *y = gt_dev_poison(rows * out * 4);
+        GT_LCU(lcu_lora_fwd(c, segs, 2, in, out, dx, in, ref, out, z, ldz, 0));
+        GT_LCU(lcu_lora_fwd_into(c, segs, 2, rows, in, out, dx, in, withC ? dC : NULL, out, y, out, z, ldz, 0));
+        gt_get_f32(ya, ref, rows * out);
+        gt_get_f32(yb, y, rows * out);
+        double e = gt_rel_err_f(yb, ya, rows * out);
+        gt_check(e <= 1e-6, "[%s] lcu_lora_fwd_into %s C (%ld rows, %d -> %d, 2 segments) vs lcu_lora_fwd: rel err %.3g",
+                 version, withC ? "with" : "without", rows, in, out, e);
+        gt_free(ref);
+        gt_free(y);
+        free(zeros);
+    }
+    lcu_lora_seg gap[2] = {segs[0], segs[1]};
+    gap[1].row_begin = cut + 1;
+    void *y = gt_dev_poison(rows * out * 4);
+    gt_check(lcu_lora_fwd_into(c, gap, 2, rows, in, out, dx, in, NULL, out, y, out, z, ldz, 0) == LCU_EINVAL &&
+                 lcu_lora_fwd_into(c, segs, 2, rows + 1, in, out, dx, in, NULL, out, y, out, z, ldz, 0) == LCU_EINVAL,
+             "[%s] lcu_lora_fwd_into refuses segments with a gap or short of the rows", version);
+    gt_free(y);
+    void *bufs[] = {dx, dC, z, (void *)segs[0].A, (void *)segs[0].B, (void *)segs[1].A, (void *)segs[1].B};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(bufs[i]);
+    free(x); free(Cm); free(A0); free(B0); free(A1); free(B1); free(ya); free(yb);
+}
+
 int main(void)
 {
     gt_init("test_gpu_lora");
@@ -324,6 +368,12 @@ int main(void)
         }
     }
     unsetenv("LCU_SGMV3_SMALL");
+    /* lcu_lora_fwd_into takes version 1's products: its reference is version 1's forward */
+    version = "gemm";
+    setenv("LCU_LORA", "gemm", 1);
+    test_fwd_into(c, 256, 192);
+    test_fwd_into(c, in, out);
+    unsetenv("LCU_LORA");
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
     lcu_ctx_destroy(c);

@@ -2,7 +2,7 @@
  * CPU emulation of include/emu.h against an fp64 reference, on small shapes: one query row a
  * sequence (a decode step), several rows (the general q_len ≤ kv_len), every head size,
  * groups of 1 to 12 query heads (two chunks of the kernel's tasks). Built and run by
- * run_emu_decode_attn.sh; a development check of the kernel's index logic before a GPU
+ * run_emu.sh decode-attn; a development check of the kernel's index logic before a GPU
  * window, not a GPU pass (test_gpu_attention is). */
 #include "emu.h"
 #include "backend/cuda/cuda_ops.h"

@@ -1,7 +1,7 @@
 /* emu.h — a CPU emulation of the CUDA constructs the LoRA kernels (lcu_sgmv.cu,
  * lcu_sgmv3.cu) and the decode's attention kernel (lcu_attention_decode.cu) use, so that
  * their index logic can be checked on a machine without a GPU (tests/gpu/emu/run_emu.sh,
- * run_emu_decode_attn.sh): one OS thread per CUDA thread, the blocks of a launch one after
+ * and with its argument decode-attn): one OS thread per CUDA thread, the blocks of a launch one after
  * another, __syncthreads as a barrier over the block, warp shuffles through a per-warp slot
  * array, __shared__ as function statics (one block at a time), WMMA fragments as whole
  * 16×16 matrices that every lane holds (loads check the 32-byte alignment WMMA needs; a
