@@ -69,6 +69,15 @@ static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int
     return 0;
 }
 
+/* LCU_LORA_FIRST's condition: the n segments in c->lsegs (n > 0) tile rows 0 .. T − 1 and
+ * LoRA version 1 runs them (lcu_lora_fwd_into, lcu_lora_bwd_into). */
+static bool cl_lora_first(const cu_ctx *c, int n, long T)
+{
+    bool cover = n > 0 && c->lsegs[0].row_begin == 0 && c->lsegs[n - 1].row_end == T;
+    for (int i = 1; i < n && cover; i++) cover = c->lsegs[i].row_begin == c->lsegs[i - 1].row_end;
+    return cover && lcu_lora_version(c->lsegs, n) == 1;
+}
+
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. With LCU_LORA_FIRST
  * (c->lora_first) and segments that cover every row on LoRA version 1, the LoRA goes first
  * and writes y (= LoRA + resid), and the base GEMM adds into it in its epilogue (beta 1):
@@ -79,9 +88,7 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
 {
     int n = c->lora_first ? cu_lora_segs(c, l, mod, 0, T, false) : 0;
-    bool cover = n > 0 && c->lsegs[0].row_begin == 0 && c->lsegs[n - 1].row_end == T;
-    for (int i = 1; i < n && cover; i++) cover = c->lsegs[i].row_begin == c->lsegs[i - 1].row_end;
-    if (cover && lcu_lora_version(c->lsegs, n) == 1) {
+    if (cl_lora_first(c, n, T)) {
         CU_TRY(c, lcu_lora_fwd_into(c->lcu, c->lsegs, n, T, in, out, x, in, resid, out, y, out, c->a.z, CU_LDZ,
                                     c->stream));
         cu_mark(c, cl_lora_op[mod]);
@@ -147,6 +154,19 @@ static int cl_linear_packed(cu_ctx *c, int l, const lora_module *mods, const int
 static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int in, const lcu_bf16 *W, int out,
                          const lcu_bf16 *dy, float *dx, bool acc, long T)
 {
+    /* LCU_LORA_FIRST: the LoRA's part of dx written first (its gradients as ever), the base
+     * dgrad adding into it (see cl_linear), when the segments carrying gradients tile the
+     * rows (then no other segment has any). */
+    int nf = c->lora_first && dx ? cu_lora_segs(c, l, mod, 0, T, true) : 0;
+    if (cl_lora_first(c, nf, T)) {
+        CU_TRY(c, lcu_lora_bwd_into(c->lcu, c->lsegs, nf, T, in, out, x, in, dy, out, dx, in, acc, c->a.z, c->a.dz,
+                                    CU_LDZ, c->stream));
+        cu_mark(c, cl_lora_bop[mod]);
+        lcu_gemm_args g = {false, false, (int)T, in, out, 1.0f, 1.0f, dy, out, W, in, NULL, 0, dx, in, LCU_F32};
+        CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+        cu_mark(c, cl_gemm_bop[mod]);
+        return 0;
+    }
     if (dx) {
         lcu_gemm_args g = {false, false, (int)T, in, out, 1.0f, acc ? 1.0f : 0.0f, dy, out, W, in, NULL, 0, dx, in,
                            LCU_F32};

@@ -1,8 +1,10 @@
 /* lcu_elementwise.cu — the memory-bound kernels between GEMMs (see cuda_ops.h): dtype
  * conversion, row copies, embedding, residual and bias adds, RMSNorm (also q/k norm),
- * RoPE, SwiGLU. Simple grid-stride loops first; each is one pass over its tensors, so the
- * bytes-moved floor in bench/cuda/NOTES.md is the target when tuning (vector loads,
- * fusion into neighbours).
+ * RoPE, SwiGLU. Grid-stride loops, each one pass over its tensors, so the bytes-moved floor
+ * in bench/cuda/NOTES.md is the target when tuning. Conversions and SwiGLU take 4 elements
+ * an access where the pointers allow (lcu_ld4 / lcu_st4: the same bits as their scalar
+ * forms), RoPE divides in 32 bits, RMSNorm's loops keep 4 loads in flight; fusion into the
+ * neighbours is what is left.
  */
 #include "backend/cuda/lcu_common.cuh"
 
@@ -11,11 +13,47 @@
 #define LCU_GRID_STRIDE(i, n) \
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
+/* Four consecutive values at element 4·i of p, or into it: one 16-byte access for fp32, one
+ * 8-byte access for bf16 (the caller checked p's alignment: lcu_aligned4). Each value is
+ * converted as lcu_ld / lcu_st would (__floats2bfloat162_rn rounds each half to nearest
+ * even), so a kernel's vector and scalar forms give the same bits: the vector form only
+ * moves more bytes per instruction (the scalar loops ran these kernels at 25–45 % of the
+ * H200's bandwidth in the fourth window's profile). */
+__device__ __forceinline__ float4 lcu_ld4(const float *p, long i) { return reinterpret_cast<const float4 *>(p)[i]; }
+__device__ __forceinline__ float4 lcu_ld4(const __nv_bfloat16 *p, long i)
+{
+    uint2 u = reinterpret_cast<const uint2 *>(p)[i];
+    float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void lcu_st4(float *p, long i, float4 v) { reinterpret_cast<float4 *>(p)[i] = v; }
+__device__ __forceinline__ void lcu_st4(__nv_bfloat16 *p, long i, float4 v)
+{
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    reinterpret_cast<uint2 *>(p)[i] = make_uint2(*reinterpret_cast<const unsigned *>(&a),
+                                                 *reinterpret_cast<const unsigned *>(&b));
+}
+
+/* Whether p can be read or written four elements of `bytes` at a time (lcu_ld4 / lcu_st4). */
+static inline bool lcu_aligned4(const void *p, size_t bytes) { return (uintptr_t)p % (4 * bytes) == 0; }
+static inline size_t lcu_dtype_bytes(lcu_dtype t) { return t == LCU_F32 ? 4 : 2; }
+
+/* The vector kernels' tail: the n − 4·n4 (< 4) last elements, by the grid's first threads. */
+#define LCU_TAIL(t, n4, n) \
+    for (long t = 4 * (n4) + blockIdx.x * (long)blockDim.x + threadIdx.x; t < (n) && t < 4 * (n4) + 4; t += 4)
+
 /* ---- conversion, copies ------------------------------------------------------------------ */
 
 template <typename D, typename S> __global__ void lcu_convert_k(D *dst, const S *src, long n)
 {
     LCU_GRID_STRIDE(i, n) lcu_st(dst, i, lcu_ld(src, i));
+}
+
+template <typename D, typename S> __global__ void lcu_convert4_k(D *dst, const S *src, long n4, long n)
+{
+    LCU_GRID_STRIDE(i, n4) lcu_st4(dst, i, lcu_ld4(src, i));
+    LCU_TAIL(t, n4, n) lcu_st(dst, t, lcu_ld(src, t));
 }
 
 template <typename D> __global__ void lcu_convert_f16_k(D *dst, const __half *src, long n)
@@ -30,6 +68,13 @@ int lcu_convert(void *dst, lcu_dtype dt, const void *src, lcu_dtype st, size_t n
     unsigned g = lcu_blocks((long)n, 256);
     if (st == LCU_F16) {
         LCU_DISPATCH_F32_BF16(dt, D, lcu_convert_f16_k<D><<<g, 256, 0, s>>>((D *)dst, (const __half *)src, (long)n));
+        return lcu_launch_status();
+    }
+    long n4 = (long)n / 4;
+    if (n4 > 0 && lcu_aligned4(dst, lcu_dtype_bytes(dt)) && lcu_aligned4(src, lcu_dtype_bytes(st))) {
+        unsigned g4 = lcu_blocks(n4, 256);
+        LCU_DISPATCH_F32_BF16(dt, D, LCU_DISPATCH_F32_BF16(st, S,
+            lcu_convert4_k<D, S><<<g4, 256, 0, s>>>((D *)dst, (const S *)src, n4, (long)n)));
         return lcu_launch_status();
     }
     LCU_DISPATCH_F32_BF16(dt, D, LCU_DISPATCH_F32_BF16(st, S,
@@ -111,6 +156,7 @@ int lcu_add_bias(float *y, const lcu_bf16 *bias, long T, int n, cudaStream_t s)
 __device__ __forceinline__ float lcu_rms_rstd_warp(const float *xr, int dim, double eps, int lane)
 {
     float ss = 0.0f;
+#pragma unroll 4 /* loads in flight; the sum's order stays lane, lane + 32, ... */
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
     ss = lcu_warp_sum(ss);
     return (float)(1.0 / sqrt((double)ss / dim + eps));
@@ -131,6 +177,7 @@ __global__ void lcu_rmsnorm_fwd_k(Y *y, float *rstd, const float *x, const __nv_
         const float *xr = x + r * dim;
         float rs = lcu_rms_rstd_warp(xr, dim, eps, lane);
         if (lane == 0 && rstd) rstd[r] = rs;
+#pragma unroll 4
         for (int i = lane; i < dim; i += 32) lcu_st(y, r * dim + i, lcu_rms_apply(xr[i], rs, w[i]));
     }
 }
@@ -157,10 +204,12 @@ __global__ void lcu_rmsnorm_bwd_k(DX *dx, const DY *dy, const float *x, const fl
     for (long r = warp; r < rows; r += nwarps) {
         const float *xr = x + r * dim;
         float dot = 0.0f;
+#pragma unroll 4
         for (int i = lane; i < dim; i += 32) dot += lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) * xr[i];
         dot = lcu_warp_sum(dot);
         float rs = rstd[r];
         float c = (float)((double)dot * rs * rs / dim);
+#pragma unroll 4
         for (int i = lane; i < dim; i += 32) {
             float v = rs * (lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) - xr[i] * c);
             if (acc) v += lcu_ld(dx, r * dim + i);
@@ -221,16 +270,17 @@ __device__ __forceinline__ void lcu_rope_rot(float x1, float x2, float c, float 
 }
 
 /* One thread per rotated pair (i, i + d/2): it reads both before writing, so out may
- * alias in. */
-template <typename O>
-__global__ void lcu_rope_k(O *out, const float *in, long T, int nh, int d, const int32_t *pos, const float *cos_t,
+ * alias in. I: the index type of the divisions, 32-bit when the pairs fit (64-bit division
+ * takes several times the instructions of a 32-bit one, in a kernel that does little else). */
+template <typename O, typename I>
+__global__ void lcu_rope_k(O *out, const float *in, I n, int nh, int d, const int32_t *pos, const float *cos_t,
                            const float *sin_t, bool inverse)
 {
-    int half = d / 2;
-    LCU_GRID_STRIDE(i, T * nh * half) {
-        long row = i / half; /* t·nh + h */
+    I half = (I)(d / 2);
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I row = i / half; /* t·nh + h */
         int j = (int)(i % half);
-        long t = row / nh, base = row * d;
+        long t = (long)(row / (I)nh), base = (long)row * d;
         long p = (long)pos[t] * half + j;
         float c = cos_t[p], sn = inverse ? -sin_t[p] : sin_t[p];
         float o1, o2;
@@ -246,9 +296,14 @@ int lcu_rope(void *out, lcu_dtype ot, const float *in, long T, int nh, int d, co
     if (T < 0 || nh <= 0 || d <= 0 || d % 2 || ((!out || !in || !pos || !cos_t || !sin_t) && T)) return LCU_EINVAL;
     if (out == (const void *)in && ot != LCU_F32) return LCU_EINVAL;
     if (T == 0) return 0;
-    unsigned g = lcu_blocks(T * nh * (d / 2), 256);
-    LCU_DISPATCH_F32_BF16(ot, O,
-        lcu_rope_k<O><<<g, 256, 0, s>>>((O *)out, in, T, nh, d, pos, cos_t, sin_t, inverse));
+    long n = T * nh * (d / 2);
+    unsigned g = lcu_blocks(n, 256);
+    if (n <= INT32_MAX) /* i + the grid's stride stays within 32 bits */
+        LCU_DISPATCH_F32_BF16(ot, O,
+            lcu_rope_k<O, unsigned><<<g, 256, 0, s>>>((O *)out, in, (unsigned)n, nh, d, pos, cos_t, sin_t, inverse));
+    else
+        LCU_DISPATCH_F32_BF16(ot, O, lcu_rope_k<O, long><<<g, 256, 0, s>>>((O *)out, in, n, nh, d, pos, cos_t, sin_t,
+                                                                           inverse));
     return lcu_launch_status();
 }
 
@@ -321,6 +376,16 @@ template <typename H> __global__ void lcu_swiglu_fwd_k(H *h, const float *g, con
     LCU_GRID_STRIDE(i, n) lcu_st(h, i, lcu_silu_mul(g[i], u[i]));
 }
 
+template <typename H> __global__ void lcu_swiglu_fwd4_k(H *h, const float *g, const float *u, long n4, long n)
+{
+    LCU_GRID_STRIDE(i, n4) {
+        float4 a = lcu_ld4(g, i), b = lcu_ld4(u, i);
+        lcu_st4(h, i, make_float4(lcu_silu_mul(a.x, b.x), lcu_silu_mul(a.y, b.y), lcu_silu_mul(a.z, b.z),
+                                  lcu_silu_mul(a.w, b.w)));
+    }
+    LCU_TAIL(t, n4, n) lcu_st(h, t, lcu_silu_mul(g[t], u[t]));
+}
+
 /* the same over T rows of I values whose g and u rows are ld apart (one GEMM's [gate | up]) */
 __global__ void lcu_swiglu_rows_k(__nv_bfloat16 *h, const float *g, const float *u, long T, int I, long ld)
 {
@@ -338,13 +403,42 @@ int lcu_swiglu_rows(lcu_bf16 *h, const float *g, const float *u, long T, int I, 
     return lcu_launch_status();
 }
 
+/* dg and du of one element: shared by both SwiGLU backwards, so they give the same bits */
+__device__ __forceinline__ void lcu_swiglu_grad(float d, float x, float u, float *dg, float *du)
+{
+    float sg = 1.0f / (1.0f + expf(-x));
+    *dg = d * u * sg * (1.0f + x * (1.0f - sg));
+    *du = d * x * sg;
+}
+
 template <typename D>
 __global__ void lcu_swiglu_bwd_k(D *dg, D *du, const float *dh, const float *g, const float *u, long n)
 {
     LCU_GRID_STRIDE(i, n) {
-        float x = g[i], sg = 1.0f / (1.0f + expf(-x)), d = dh[i];
-        lcu_st(dg, i, d * u[i] * sg * (1.0f + x * (1.0f - sg)));
-        lcu_st(du, i, d * x * sg);
+        float a, b;
+        lcu_swiglu_grad(dh[i], g[i], u[i], &a, &b);
+        lcu_st(dg, i, a);
+        lcu_st(du, i, b);
+    }
+}
+
+template <typename D>
+__global__ void lcu_swiglu_bwd4_k(D *dg, D *du, const float *dh, const float *g, const float *u, long n4, long n)
+{
+    LCU_GRID_STRIDE(i, n4) {
+        float4 d = lcu_ld4(dh, i), x = lcu_ld4(g, i), v = lcu_ld4(u, i), a, b;
+        lcu_swiglu_grad(d.x, x.x, v.x, &a.x, &b.x);
+        lcu_swiglu_grad(d.y, x.y, v.y, &a.y, &b.y);
+        lcu_swiglu_grad(d.z, x.z, v.z, &a.z, &b.z);
+        lcu_swiglu_grad(d.w, x.w, v.w, &a.w, &b.w);
+        lcu_st4(dg, i, a);
+        lcu_st4(du, i, b);
+    }
+    LCU_TAIL(t, n4, n) {
+        float a, b;
+        lcu_swiglu_grad(dh[t], g[t], u[t], &a, &b);
+        lcu_st(dg, t, a);
+        lcu_st(du, t, b);
     }
 }
 
@@ -352,6 +446,12 @@ int lcu_swiglu_fwd(void *h, lcu_dtype ht, const float *g, const float *u, long n
 {
     if (n < 0 || ((!h || !g || !u) && n)) return LCU_EINVAL;
     if (n == 0) return 0;
+    long n4 = n / 4;
+    if (n4 > 0 && lcu_aligned4(h, lcu_dtype_bytes(ht)) && lcu_aligned4(g, 4) && lcu_aligned4(u, 4)) {
+        LCU_DISPATCH_F32_BF16(ht, H,
+            lcu_swiglu_fwd4_k<H><<<lcu_blocks(n4, 256), 256, 0, s>>>((H *)h, g, u, n4, n));
+        return lcu_launch_status();
+    }
     LCU_DISPATCH_F32_BF16(ht, H, lcu_swiglu_fwd_k<H><<<lcu_blocks(n, 256), 256, 0, s>>>((H *)h, g, u, n));
     return lcu_launch_status();
 }
@@ -361,6 +461,13 @@ int lcu_swiglu_bwd(void *dg, void *du, lcu_dtype t, const float *dh, const float
 {
     if (n < 0 || ((!dg || !du || !dh || !g || !u) && n)) return LCU_EINVAL;
     if (n == 0) return 0;
+    long n4 = n / 4;
+    if (n4 > 0 && lcu_aligned4(dg, lcu_dtype_bytes(t)) && lcu_aligned4(du, lcu_dtype_bytes(t)) &&
+        lcu_aligned4(dh, 4) && lcu_aligned4(g, 4) && lcu_aligned4(u, 4)) {
+        LCU_DISPATCH_F32_BF16(t, D,
+            lcu_swiglu_bwd4_k<D><<<lcu_blocks(n4, 256), 256, 0, s>>>((D *)dg, (D *)du, dh, g, u, n4, n));
+        return lcu_launch_status();
+    }
     LCU_DISPATCH_F32_BF16(t, D,
         lcu_swiglu_bwd_k<D><<<lcu_blocks(n, 256), 256, 0, s>>>((D *)dg, (D *)du, dh, g, u, n));
     return lcu_launch_status();

@@ -67,18 +67,23 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     return rc;
 }
 
+/* Whether the segments tile rows 0 .. rows − 1 in order, without a gap (every row written). */
+static bool lcu_lora_tile(const lcu_lora_seg *segs, int nseg, long rows)
+{
+    long next = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (segs[i].row_begin != next) return false;
+        next = segs[i].row_end;
+    }
+    return next == rows;
+}
+
 int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
                       long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
     if (rc) return rc;
-    if (rows < 0 || (C && ldc < out)) return LCU_EINVAL;
-    long next = 0; /* the segments must tile rows 0 .. rows − 1: every row of y is written */
-    for (int i = 0; i < nseg; i++) {
-        if (segs[i].row_begin != next) return LCU_EINVAL;
-        next = segs[i].row_end;
-    }
-    if (next != rows) return LCU_EINVAL;
+    if (rows < 0 || (C && ldc < out) || !lcu_lora_tile(segs, nseg, rows)) return LCU_EINVAL;
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int n = (int)(g->row_end - g->row_begin);
@@ -87,6 +92,33 @@ int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows,
         lcu_gemm_args e = {false, true, n, out, g->rank, g->scale, C ? 1.0f : 0.0f, z + g->row_begin * ldz, ldz, g->B,
                            g->rank, C ? C + g->row_begin * ldc : NULL, ldc, y + g->row_begin * ldy, ldy, LCU_F32};
         if (!rc) rc = lcu_gemm(c, &e, s);
+    }
+    return rc;
+}
+
+/* Version 1's backward (cuBLASLt per segment); dx = dz A + dx_beta·dx per segment. */
+static int lcu_lora_bwd_v1(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                           long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, float dx_beta, lcu_bf16 *z,
+                           lcu_bf16 *dz, long ldz, cudaStream_t s)
+{
+    int rc = 0;
+    for (int i = 0; i < nseg && !rc; i++) {
+        const lcu_lora_seg *g = &segs[i];
+        int rows = (int)(g->row_end - g->row_begin), r = g->rank;
+        if (rows == 0) continue;
+        if (!g->gA || !g->gB) return LCU_EINVAL;
+        const lcu_bf16 *xs = x + g->row_begin * ldx, *dys = dy + g->row_begin * lddy;
+        lcu_bf16 *zs = z + g->row_begin * ldz, *dzs = dz + g->row_begin * ldz;
+        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
+        lcu_gemm_args gb = {true, false, out, r, rows, g->scale, 1.0f, dys, lddy, zs, ldz, NULL, 0, g->gB, r, LCU_F32};
+        lcu_gemm_args d = {false, false, rows, r, out, g->scale, 0.0f, dys, lddy, g->B, r, NULL, 0, dzs, ldz, LCU_BF16};
+        lcu_gemm_args ga = {true, false, r, in, rows, 1.0f, 1.0f, dzs, ldz, xs, ldx, NULL, 0, g->gA, in, LCU_F32};
+        lcu_gemm_args gx = {false, false, rows, in, r, 1.0f, dx_beta, dzs, ldz, g->A, in, NULL, 0,
+                            dx ? dx + g->row_begin * lddx : NULL, lddx, LCU_F32};
+        if (!rc) rc = lcu_gemm(c, &gb, s);
+        if (!rc) rc = lcu_gemm(c, &d, s);
+        if (!rc) rc = lcu_gemm(c, &ga, s);
+        if (!rc && dx) rc = lcu_gemm(c, &gx, s);
     }
     return rc;
 }
@@ -105,23 +137,15 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
         if (v == 3) return lcu_sgmv3_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
         return lcu_sgmv_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
     }
-    for (int i = 0; i < nseg && !rc; i++) {
-        const lcu_lora_seg *g = &segs[i];
-        int rows = (int)(g->row_end - g->row_begin), r = g->rank;
-        if (rows == 0) continue;
-        if (!g->gA || !g->gB) return LCU_EINVAL;
-        const lcu_bf16 *xs = x + g->row_begin * ldx, *dys = dy + g->row_begin * lddy;
-        lcu_bf16 *zs = z + g->row_begin * ldz, *dzs = dz + g->row_begin * ldz;
-        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
-        lcu_gemm_args gb = {true, false, out, r, rows, g->scale, 1.0f, dys, lddy, zs, ldz, NULL, 0, g->gB, r, LCU_F32};
-        lcu_gemm_args d = {false, false, rows, r, out, g->scale, 0.0f, dys, lddy, g->B, r, NULL, 0, dzs, ldz, LCU_BF16};
-        lcu_gemm_args ga = {true, false, r, in, rows, 1.0f, 1.0f, dzs, ldz, xs, ldx, NULL, 0, g->gA, in, LCU_F32};
-        lcu_gemm_args gx = {false, false, rows, in, r, 1.0f, 1.0f, dzs, ldz, g->A, in, NULL, 0,
-                            dx ? dx + g->row_begin * lddx : NULL, lddx, LCU_F32};
-        if (!rc) rc = lcu_gemm(c, &gb, s);
-        if (!rc) rc = lcu_gemm(c, &d, s);
-        if (!rc) rc = lcu_gemm(c, &ga, s);
-        if (!rc && dx) rc = lcu_gemm(c, &gx, s);
-    }
-    return rc;
+    return lcu_lora_bwd_v1(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, 1.0f, z, dz, ldz, s);
+}
+
+int lcu_lora_bwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out,
+                      const lcu_bf16 *x, long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, bool acc,
+                      lcu_bf16 *z, lcu_bf16 *dz, long ldz, cudaStream_t s)
+{
+    int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
+    if (rc) return rc;
+    if (!dx || lddx < in || (nseg && !dz) || !lcu_lora_tile(segs, nseg, rows)) return LCU_EINVAL;
+    return lcu_lora_bwd_v1(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, acc ? 1.0f : 0.0f, z, dz, ldz, s);
 }

@@ -338,6 +338,82 @@ static void test_fwd_into(lcu_ctx *c, int in, int out)
     free(x); free(Cm); free(A0); free(B0); free(A1); free(B1); free(ya); free(yb);
 }
 
+/* lcu_lora_bwd_into (LCU_LORA_FIRST's backward: dx = dz A (+ dx) written first): against
+ * version 1's lcu_lora_bwd adding into zeros or into dx's earlier values, the gradients bit
+ * for bit (the same products) and dx within fp32 rounding; a gap refused. */
+static void test_bwd_into(lcu_ctx *c, int in, int out)
+{
+    long rows = gt_int(20, 150), cut = gt_int(1, (int)rows - 1), ldz = lcu_lora_ldz(16);
+    const int rk[2] = {8, 16};
+    float *x = malloc(rows * in * 4), *dy = malloc(rows * out * 4), *dx0 = malloc(rows * in * 4);
+    float *a = malloc(rows * in * 4), *b = malloc(rows * in * 4);
+    gt_fill_bf16_exact(x, rows * in, -1, 1);
+    gt_fill_bf16_exact(dy, rows * out, -1, 1);
+    gt_fill(dx0, rows * in, -2, 2);
+    void *dxv = gt_dev_bf16(x, rows * in), *dyv = gt_dev_bf16(dy, rows * out);
+    void *z = gt_dev_poison(rows * ldz * 2), *dz = gt_dev_poison(rows * ldz * 2);
+    lcu_lora_seg sa[2], sb[2];
+    float *hA[2], *hB[2];
+    for (int i = 0; i < 2; i++) {
+        hA[i] = malloc((size_t)rk[i] * in * 4);
+        hB[i] = malloc((size_t)rk[i] * out * 4);
+        gt_fill_bf16_exact(hA[i], (size_t)rk[i] * in, -0.2, 0.2);
+        gt_fill_bf16_exact(hB[i], (size_t)rk[i] * out, -0.2, 0.2);
+        lcu_lora_seg g = {i ? cut : 0, i ? rows : cut, rk[i], i ? 0.5f : 2.0f, gt_dev_bf16(hA[i], (size_t)rk[i] * in),
+                          gt_dev_bf16(hB[i], (size_t)rk[i] * out), NULL, NULL};
+        sa[i] = sb[i] = g;
+    }
+    for (int acc = 0; acc < 2; acc++) {
+        float *zeros = calloc(rows * in, 4);
+        void *ya = gt_dev_f32(acc ? dx0 : zeros, rows * in), *yb = acc ? gt_dev_f32(dx0, rows * in)
+                                                                        : gt_dev_poison(rows * in * 4);
+        for (int i = 0; i < 2; i++) {
+            float *zA = calloc((size_t)rk[i] * in, 4), *zB = calloc((size_t)rk[i] * out, 4);
+            sa[i].gA = gt_dev_f32(zA, (size_t)rk[i] * in);
+            sa[i].gB = gt_dev_f32(zB, (size_t)rk[i] * out);
+            sb[i].gA = gt_dev_f32(zA, (size_t)rk[i] * in);
+            sb[i].gB = gt_dev_f32(zB, (size_t)rk[i] * out);
+            free(zA);
+            free(zB);
+        }
+        GT_LCU(lcu_lora_bwd(c, sa, 2, in, out, dxv, in, dyv, out, ya, in, z, dz, ldz, 0));
+        GT_LCU(lcu_lora_bwd_into(c, sb, 2, rows, in, out, dxv, in, dyv, out, yb, in, acc, z, dz, ldz, 0));
+        gt_get_f32(a, ya, rows * in);
+        gt_get_f32(b, yb, rows * in);
+        double e = gt_rel_err_f(b, a, rows * in);
+        bool same = true;
+        for (int i = 0; i < 2; i++) {
+            size_t na = (size_t)rk[i] * in, nb = (size_t)rk[i] * out;
+            float *p = malloc(na * 4), *q = malloc(na * 4), *pb = malloc(nb * 4), *qb = malloc(nb * 4);
+            gt_get_f32(p, sa[i].gA, na);
+            gt_get_f32(q, sb[i].gA, na);
+            gt_get_f32(pb, sa[i].gB, nb);
+            gt_get_f32(qb, sb[i].gB, nb);
+            same &= !memcmp(p, q, na * 4) && !memcmp(pb, qb, nb * 4);
+            free(p); free(q); free(pb); free(qb);
+            gt_free(sa[i].gA); gt_free(sa[i].gB); gt_free(sb[i].gA); gt_free(sb[i].gB);
+        }
+        gt_check(e <= 1e-6 && same, "[%s] lcu_lora_bwd_into (%s) vs lcu_lora_bwd: dx rel err %.3g, gradients %s", version,
+                 acc ? "adding to dx" : "writing dx", e, same ? "bitwise equal" : "DIFFERENT");
+        gt_free(ya);
+        gt_free(yb);
+        free(zeros);
+    }
+    sb[1].row_begin = cut + 1;
+    void *y = gt_dev_poison(rows * in * 4);
+    gt_check(lcu_lora_bwd_into(c, sb, 2, rows, in, out, dxv, in, dyv, out, y, in, false, z, dz, ldz, 0) == LCU_EINVAL,
+             "[%s] lcu_lora_bwd_into refuses segments with a gap", version);
+    gt_free(y);
+    for (int i = 0; i < 2; i++) {
+        gt_free((void *)sa[i].A);
+        gt_free((void *)sa[i].B);
+        free(hA[i]);
+        free(hB[i]);
+    }
+    gt_free(dxv); gt_free(dyv); gt_free(z); gt_free(dz);
+    free(x); free(dy); free(dx0); free(a); free(b);
+}
+
 int main(void)
 {
     gt_init("test_gpu_lora");
@@ -373,6 +449,8 @@ int main(void)
     setenv("LCU_LORA", "gemm", 1);
     test_fwd_into(c, 256, 192);
     test_fwd_into(c, in, out);
+    test_bwd_into(c, 256, 192);
+    test_bwd_into(c, in, out);
     unsetenv("LCU_LORA");
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");

@@ -37,6 +37,12 @@ static void test_convert(void)
     gt_get(b, db, n * 2);
     for (size_t i = 0; i < n; i++) want[i] = gt_f2bf(x[i]);
     gt_expect_bits("convert f32 -> bf16 (round to nearest even)", b, want, n * 2);
+    /* one element in: pointers no longer aligned for the 4-wide form, the scalar form runs */
+    GT_CUDA(cudaMemset(db, 0xff, n * 2));
+    GT_LCU(lcu_convert((uint16_t *)db + 1, LCU_BF16, (float *)dx + 1, LCU_F32, n - 1, 0));
+    gt_get(b, db, n * 2);
+    gt_expect_bits("convert f32 -> bf16, unaligned (the scalar form)", b + 1, want + 1, (n - 1) * 2);
+    GT_LCU(lcu_convert(db, LCU_BF16, dx, LCU_F32, n, 0));
     GT_LCU(lcu_convert(df, LCU_F32, db, LCU_BF16, n, 0));
     gt_get_f32(back, df, n);
     for (size_t i = 0; i < n; i++) x[i] = gt_bf2f(want[i]);
@@ -443,6 +449,16 @@ static void test_swiglu(void)
     GT_LCU(lcu_swiglu_fwd(dhb, LCU_BF16, dg, du, n, 0));
     gt_get_bf16(h, dhb, n);
     gt_expect_close("swiglu fwd bf16 vs cpu", h, r64, n, 5e-3);
+    if (n > 1) { /* one element in: the scalar form, the same bits as the 4-wide one */
+        void *dhs = gt_dev_poison(n * 2);
+        GT_LCU(lcu_swiglu_fwd((uint16_t *)dhs + 1, LCU_BF16, (float *)dg + 1, (float *)du + 1, n - 1, 0));
+        uint16_t *x = malloc(n * 2), *y = malloc(n * 2);
+        gt_get(x, dhs, n * 2);
+        gt_get(y, dhb, n * 2);
+        gt_check(memcmp(x + 1, y + 1, (n - 1) * 2) == 0, "swiglu fwd bf16: unaligned (scalar) = aligned, bitwise");
+        free(x); free(y);
+        gt_free(dhs);
+    }
     {   /* rows of [g | u] (one GEMM's [gate | up]): the same bits as the flat form */
         int I = gt_int(1, 300);
         long T = n / I > 0 ? n / I : 1, m = T * I;
@@ -480,6 +496,20 @@ static void test_swiglu(void)
     gt_get_bf16(h, ddgb, n);
     for (long i = 0; i < n; i++) r64[i] = dgr[i];
     gt_expect_close("swiglu bwd dg bf16 vs cpu", h, r64, n, 5e-3);
+    if (n > 1) { /* one element in: the scalar form, the same bits as the 4-wide one */
+        void *sg = gt_dev_poison(n * 2), *su = gt_dev_poison(n * 2);
+        GT_LCU(lcu_swiglu_bwd((uint16_t *)sg + 1, (uint16_t *)su + 1, LCU_BF16, (float *)ddh + 1, (float *)dg + 1,
+                              (float *)du + 1, n - 1, 0));
+        uint16_t *x = malloc(n * 2), *y = malloc(n * 2), *xu = malloc(n * 2), *yu = malloc(n * 2);
+        gt_get(x, sg, n * 2);
+        gt_get(y, ddgb, n * 2);
+        gt_get(xu, su, n * 2);
+        gt_get(yu, ddub, n * 2);
+        gt_check(!memcmp(x + 1, y + 1, (n - 1) * 2) && !memcmp(xu + 1, yu + 1, (n - 1) * 2),
+                 "swiglu bwd bf16: unaligned (scalar) = aligned, bitwise");
+        free(x); free(y); free(xu); free(yu);
+        gt_free(sg); gt_free(su);
+    }
 
     /* finite differences in g on a tiny shape (u fixed); du is linear, checked above */
     {

@@ -16,12 +16,33 @@
 # partials. ~20 s.
 #
 #   bash tests/gpu/emu/run_emu.sh decode-attn
+#
+# With `elementwise`, the memory-bound kernels of lcu_elementwise.cu (elementwise_emu.cpp):
+# conversions and SwiGLU in their 4-wide and scalar forms, RoPE, RMSNorm. ~10 s.
+#
+#   bash tests/gpu/emu/run_emu.sh elementwise
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 here="$root/tests/gpu/emu"
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
 F=(-O1 -g -ffp-contract=off -Wno-unknown-pragmas -I"$here/include" -I"$root" -pthread)
+if [ "${1:-}" = elementwise ]; then
+    # every launch `k<<<g, b, 0, s>>>(args)` becomes emu_launchv(k, g, b, args)
+    python3 - "$root" "$w" <<'PY'
+import re, sys
+root, w = sys.argv[1], sys.argv[2]
+s = open(f"{root}/backend/cuda/lcu_elementwise.cu").read()
+s, n = re.subn(r"(\w+(?:<[^<>;]*>)?)<<<([^<>]+?), ([^,<>]+), 0, s>>>\(", r"emu_launchv(\1, dim3(\2), dim3(\3), ", s)
+if n == 0 or "<<<" in s: sys.exit("run_emu.sh: a launch of lcu_elementwise.cu the rewrite does not know")
+open(f"{w}/elementwise.cpp", "w").write(s)
+PY
+    for f in "$w/elementwise.cpp" "$here/emu.cpp" "$here/elementwise_emu.cpp"; do
+        g++ -std=c++17 "${F[@]}" -c "$f" -o "$w/$(basename "$f").o"
+    done
+    g++ "${F[@]}" "$w"/*.o -o "$w/elementwise_emu" -lm
+    exec "$w/elementwise_emu"
+fi
 if [ "${1:-}" = decode-attn ]; then
     # The launches `lcu_attn_decode_k<D><<<grid, block, 0, s>>>(args)` become calls of
     # emu_launch through a struct of the arguments (emu_launch passes one).

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <functional>
 #include <type_traits>
 
 #define __global__
@@ -35,6 +36,7 @@ struct uint2 { unsigned x, y; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 
 extern thread_local uint3 threadIdx, blockIdx;
@@ -50,6 +52,7 @@ template <typename T> T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 
 #include "emu_rt.h"
 
@@ -77,6 +80,14 @@ template <typename T> static void emu_launch(void (*k)(T), dim3 grid, dim3 block
 {
     emu_kernel_call<T> call{k, &arg};
     emu_launch_ctx c{emu_thunk<T>, &call, grid, block};
+    emu_run(&c);
+}
+/* a kernel of any arguments: `k<<<g, b, 0, s>>>(a...)` rewritten as emu_launchv(k, g, b, a...) */
+static inline void emu_fn_thunk(void *p) { (*(std::function<void()> *)p)(); }
+template <typename... P, typename... A> static void emu_launchv(void (*k)(P...), dim3 grid, dim3 block, A... a)
+{
+    std::function<void()> f = [=]() { k(a...); };
+    emu_launch_ctx c{emu_fn_thunk, &f, grid, block};
     emu_run(&c);
 }
 
