@@ -13,11 +13,12 @@
  *
  * The kernel: one block per (sequence, kv head), LCU_DEC_WARPS warps. The block's tasks are
  * (query row, query head of the kv head's group) pairs, DEC_TASKS at a time (a decode step
- * has one row, so G = nq/nkv tasks: all in one go). Each warp takes every LCU_DEC_WARPS-th
- * key of the row's causal range, reads the key row once for all the tasks (each lane holds
- * D/32 consecutive elements of the row, of each task's query, of each task's output), sums
- * the dot products across the warp with shuffles (every lane then has the score), and keeps
- * an online softmax per task in fp32: the running max m, the sum l of exp(s − m), and the
+ * has one row, so G = nq/nkv tasks: up to 4 in one go). Each warp takes runs of DEC_KU keys
+ * of the row's causal range, LCU_DEC_WARPS·DEC_KU keys apart, loads a run's key and value
+ * rows before using them, reads each key row once for all the tasks (each lane holds D/32
+ * consecutive elements of the row, of each task's query, of each task's output), sums the
+ * dot products across the warp with shuffles (every lane then has the score), and keeps an
+ * online softmax per task in fp32: the running max m, the sum l of exp(s − m), and the
  * output o = Σ exp(s − m)·v. The warps' partial (m, l, o) go through shared memory and are
  * merged in warp order. Every sum has a fixed order: the results do not depend on timing
  * (bitwise reruns). Scores are scale·q·k in fp32 from the bf16 inputs, P stays fp32 (the
@@ -32,7 +33,9 @@
 #include "backend/cuda/lcu_attention.cuh"
 
 #define LCU_DEC_WARPS 8 /* warps of a block: keys split among them */
-#define DEC_TASKS 8     /* (row, head) pairs a block keeps in registers at a time */
+#define DEC_TASKS 4     /* (row, head) pairs a block keeps in registers at a time (a group of 4
+                           query heads a kv head, Qwen3-8B's and Llama's, in one go) */
+#define DEC_KU 4        /* consecutive keys a warp loads before using them */
 
 /* Per lane: E consecutive elements of a D-long row (lanes ≥ D/E hold none when D < 32). */
 template <int D> struct dec_geom {
@@ -75,7 +78,7 @@ __device__ __forceinline__ float dec_warp_sum(float v)
 }
 
 template <int D>
-__global__ void __launch_bounds__(LCU_DEC_WARPS * 32)
+__global__ void __launch_bounds__(LCU_DEC_WARPS * 32, 2)
     lcu_attn_decode_k(lcu_attn_p p, const bf16 *Q, const bf16 *K, const bf16 *V, bf16 *O, float *lse)
 {
     constexpr int E = dec_geom<D>::E, W = LCU_DEC_WARPS;
@@ -103,23 +106,33 @@ __global__ void __launch_bounds__(LCU_DEC_WARPS * 32)
                 most = lim[t] > most ? lim[t] : most;
             }
         }
-        for (int j = warp; j < most; j += W) {
-            float k[E], v[E];
-            dec_load<D>(k, K + (ks + j) * kstride + (long)kh * D, lane);
-            dec_load<D>(v, V + (ks + j) * kstride + (long)kh * D, lane);
+        /* warp w takes keys w·KU .. w·KU + KU − 1, then W·KU further on, ...: its KU key and
+         * value rows are loaded before any is used (2·KU loads in flight a warp, where one
+         * key at a time left the loop waiting on each load's latency) */
+        for (int j0 = warp * DEC_KU; j0 < most; j0 += W * DEC_KU) {
+            float k[DEC_KU][E], v[DEC_KU][E];
 #pragma unroll
-            for (int t = 0; t < DEC_TASKS; t++) {
-                if (t >= nt || j >= lim[t]) continue; /* uniform across the warp */
-                float s = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) s = fmaf(q[t][e], k[e], s);
-                s = dec_warp_sum(s) * p.scale;
-                float mn = s > m[t] ? s : m[t], corr = __expf(m[t] - mn), pe = __expf(s - mn);
-                l[t] = l[t] * corr + pe;
-#pragma unroll
-                for (int e = 0; e < E; e++) o[t][e] = fmaf(pe, v[e], o[t][e] * corr);
-                m[t] = mn;
+            for (int u = 0; u < DEC_KU; u++) {
+                if (j0 + u < most) {
+                    dec_load<D>(k[u], K + (ks + j0 + u) * kstride + (long)kh * D, lane);
+                    dec_load<D>(v[u], V + (ks + j0 + u) * kstride + (long)kh * D, lane);
+                }
             }
+#pragma unroll
+            for (int u = 0; u < DEC_KU; u++)
+#pragma unroll
+                for (int t = 0; t < DEC_TASKS; t++) {
+                    if (t >= nt || j0 + u >= lim[t]) continue; /* uniform across the warp */
+                    float s = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < E; e++) s = fmaf(q[t][e], k[u][e], s);
+                    s = dec_warp_sum(s) * p.scale;
+                    float mn = s > m[t] ? s : m[t], corr = __expf(m[t] - mn), pe = __expf(s - mn);
+                    l[t] = l[t] * corr + pe;
+#pragma unroll
+                    for (int e = 0; e < E; e++) o[t][e] = fmaf(pe, v[u][e], o[t][e] * corr);
+                    m[t] = mn;
+                }
         }
         /* the warps' partials, merged in warp order by the block's threads */
 #pragma unroll
