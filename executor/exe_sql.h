@@ -92,21 +92,55 @@
  * an outcome's result_bin being bin_len bytes of it from bin_at (1-based; absent: none):
  * every operation's result in one statement, each only while still claimed by this cycle
  * (so a cycle the reaper took back cannot write: the caller checks that every one was
- * written). */
-#define SQL_EXE_FINISH_OPS                                                                    \
+ * written). The rows written, with what their events need (a sample's prompt and sampled
+ * tokens), as `u` for SQL_EXE_FINISH_EVENTS. */
+#define SQL_EXE_FINISH_UPDATE                                                                 \
     "UPDATE operations o SET state = v.state, result = v.result, error = v.error,"            \
     " error_category = v.category, finished_at = now(), applied = v.applied,"                 \
     " result_bin = substring($3::bytea FROM v.bin_at FOR v.bin_len)"                         \
     " FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text, result jsonb, error text," \
     " category text, applied boolean, bin_at integer, bin_len integer)"                        \
-    " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"
+    " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"                           \
+    " RETURNING o.tenant_id, o.model_id, o.kind, o.state, o.n_tokens, o.created_at, o.claimed_at," \
+    " o.finished_at, o.sampling_session_id,"                                                   \
+    " CASE WHEN o.kind = '" OP_SAMPLE "' AND o.state = 'done' THEN"                           \
+    "   coalesce(jsonb_array_length(o.payload->'prompt'), 0)::bigint END AS prompt_tokens,"    \
+    " CASE WHEN o.kind = '" OP_SAMPLE "' AND o.state = 'done' THEN"                           \
+    "   coalesce((SELECT sum(jsonb_array_length(q->'tokens'))"                                \
+    "   FROM jsonb_array_elements(o.result->'sequences') q), 0)::bigint END AS sampled_tokens"
+
+/* The events of the operations `u` made done, written by the statement that made them
+ * (migration 0034: no trigger does it for them; a failed one's metric event is the
+ * trigger's): the metric event of each (0007's metric_op_event), and the usage of a
+ * forward_backward (train), a forward (prefill) and a sample (its prompt's tokens as
+ * prefill, its sequences' as sample, under its sampler's source), 0014's rules, each also
+ * for the tokens metric (0026's metric_usage_events). */
+#define SQL_EXE_FINISH_EVENTS                                                                 \
+    " ev AS (INSERT INTO metric_op_events (tenant_id, kind, state, n_tokens, wait_s, run_s, latency_s)" \
+    "   SELECT tenant_id, kind, state, n_tokens, extract(epoch FROM claimed_at - created_at),"  \
+    "   extract(epoch FROM finished_at - claimed_at), extract(epoch FROM finished_at - created_at)" \
+    "   FROM u WHERE state = 'done'),"                                                         \
+    " us AS (INSERT INTO usage_events (tenant_id, run, kind, tokens)"                          \
+    "   SELECT tenant_id, model_id, CASE WHEN kind = '" OP_FORWARD_BACKWARD "' THEN 'train'"   \
+    "   ELSE 'prefill' END, n_tokens FROM u WHERE state = 'done'"                              \
+    "   AND kind IN ('" OP_FORWARD_BACKWARD "', '" OP_FORWARD "') AND n_tokens > 0"             \
+    "   UNION ALL SELECT u.tenant_id, coalesce(s.source_model_id, s.model_path, 'base:' || s.base_model," \
+    "   'sample'), x.kind, x.tokens FROM u LEFT JOIN sampling_sessions s ON s.id = u.sampling_session_id" \
+    "   CROSS JOIN LATERAL (VALUES ('prefill', u.prompt_tokens), ('sample', u.sampled_tokens)) AS x(kind, tokens)" \
+    "   WHERE u.state = 'done' AND u.kind = '" OP_SAMPLE "' AND x.tokens > 0"                 \
+    "   RETURNING tenant_id, kind, tokens),"                                                    \
+    " mu AS (INSERT INTO metric_usage_events (tenant_id, kind, tokens) SELECT * FROM us)"
+
+/* The results and their events -> how many operations were written. */
+#define SQL_EXE_FINISH_OPS                                                                    \
+    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS " SELECT count(*) FROM u"
 
 /* SQL_EXE_FINISH_OPS, and $4 the number of operations: fails (SQLSTATE
  * EXE_SQLSTATE_TAKEN_BACK, migration 0033) unless every one was still claimed by the cycle,
  * so that the statements sent after it in the same round trip, the COMMIT included, do not
  * run for a cycle the reaper took back. -> the count. */
 #define SQL_EXE_FINISH_OPS_ALL                                                                \
-    "WITH u AS (" SQL_EXE_FINISH_OPS " RETURNING 1)"                                          \
+    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS                            \
     " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_refuse(($4::bigint - count(*))" \
     " || ' of the ' || $4 || ' operations of cycle ' || $2 || ' are no longer claimed by it (lease expired?)')" \
     " END FROM u"

@@ -246,7 +246,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     free(bins);
     free(models);
     free(seqs);
-    int changed = !one_trip && finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
+    int changed = !one_trip && finish_at >= 0 && got > finish_at ? (int)db_int(r[finish_at], 0, 0) : n;
     for (int i = 0; i < nb; i++) PQclear(r[i]);
     if (one_trip) {
         if (got > commit_at) {   /* committed */
