@@ -156,7 +156,7 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     b1[n1++] = (db_stmt){SQL_BEGIN, 0, NULL};
     for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) b1[n1++] = (db_stmt){o->first[i], 0, NULL};
     int at_x = n1;
-    b1[n1++] = (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 1, p1};
+    b1[n1++] = only ? (db_stmt){SQL_LOCK_IDLE_EXECUTOR, 1, p1} : (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 0, NULL};
     b1[n1++] = (db_stmt){own ? SQL_TENANT_RATE_KEEP_HELD : SQL_TENANT_RATE, 0, NULL};
     if (own) {
         b1[n1++] = (db_stmt){SQL_LOCK_READY_MODELS_OWN, 3, pown};

@@ -9,13 +9,19 @@
 #define SQL_LISTEN_OPS "LISTEN " CHAN_OP_QUEUED
 #define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
 
-/* $1 executor id (0: every one). The idle executors that are not draining, locked (a second
- * scheduler skips them), the most recently heard from first: a pass builds their cycles
- * in one transaction (cycle.c). */
+/* The idle executors that are not draining, locked (a second scheduler skips them), the
+ * most recently heard from first: a pass builds their cycles in one transaction (cycle.c). */
 #define SQL_LOCK_IDLE_EXECUTORS \
     "SELECT id, base_model, token_budget FROM executors" \
-    " WHERE state = 'idle' AND NOT draining AND ($1::bigint = 0 OR id = $1::bigint)" \
+    " WHERE state = 'idle' AND NOT draining" \
     " ORDER BY heartbeat_at DESC FOR UPDATE SKIP LOCKED"
+/* $1 executor: the same for one executor (an executor's own pass, sched_build_cycle). Two
+ * statements, not one with "$1 = 0 OR id = $1": in some stacks PostgreSQL's plan cache
+ * found that one's custom plans cheaper than its generic plan and planned it again at
+ * every call (0.08-0.1 ms a pass, 2 of 11 loom_bench --parts statements runs). */
+#define SQL_LOCK_IDLE_EXECUTOR \
+    "SELECT id, base_model, token_budget FROM executors" \
+    " WHERE id = $1::bigint AND state = 'idle' AND NOT draining FOR UPDATE SKIP LOCKED"
 
 /* $1 bigint[] executors, $2 text[] their base models, $3 limit, $4 bigint[] tenants held by
  * their rate limit. Models placed on those executors (sched_place) with their next
@@ -89,7 +95,7 @@
  * their model's id, grouped by model in seq order (read again under the models' locks,
  * which the transaction holds already: a model the statement before did not take, its
  * operations are passed over). Each reads only while the transaction holds the executor's
- * row, idle (SQL_LOCK_IDLE_EXECUTORS's lock, taken again: a pass of the scheduler's that
+ * row, idle (SQL_LOCK_IDLE_EXECUTOR's lock, taken again: a pass of the scheduler's that
  * holds it, or an executor gone busy, makes them read and lock nothing, so that they take
  * nothing from that pass). */
 #define SQL_EXE_OWN_LOCKED                                                                    \
