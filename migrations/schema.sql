@@ -25,6 +25,7 @@
 --   0032_claim_without_fk_checks
 --   0033_all_or_nothing
 --   0034_finish_events_per_statement
+--   0035_models_hot_advance
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
@@ -804,7 +805,7 @@ CREATE INDEX models_tenant ON public.models USING btree (tenant_id, created_at);
 
 CREATE INDEX models_tenant_active ON public.models USING btree (tenant_id) WHERE (status = 'active'::text);
 
-CREATE INDEX models_unplaced ON public.models USING btree (last_request_at) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
+CREATE INDEX models_unplaced ON public.models USING btree (id) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
 
 CREATE INDEX operations_in_cycle ON public.operations USING btree (cycle_id) WHERE (cycle_id IS NOT NULL);
 
