@@ -27,7 +27,7 @@
  * their rate limit. Models placed on those executors (sched_place) with their next
  * operation queued, of tenants not held, the least recently served first, with what was
  * learned of their pattern (rule 5): pair_p, pair_gap_ms (-1 unknown), tail_fb_at in
- * epoch ms (-1 none); and the executor.
+ * epoch ms (-1 none); the executor, and last_request_at (their order).
  *
  * The per-model EXISTS tests of the cycle build, placement and gaps end in OFFSET 0: it
  * keeps PostgreSQL from turning them into a join, so each is a lookup of (model_id,
@@ -36,7 +36,7 @@
  * 70 ms a pass at 4,000 live operations in loom_bench's tenants part, against 1 ms. */
 #define SQL_READY_MODELS_OF(exes, held) \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
-    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id" \
+    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id, m.last_request_at" \
     " FROM " exes " JOIN models m ON m.executor_id = e.id" \
     " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL(" held ")" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
@@ -90,27 +90,31 @@
 
 /* An executor's own pass (sched_opts.only_base) sends its reads in the round trip that
  * locks the executor: $1 bigint[] {the executor}, $2 text[] {its base model}, $3 limit,
- * the held tenants as SQL_TENANT_RATE_KEEP_HELD kept them. Its models as SQL_LOCK_READY_MODELS, its
- * samples as SQL_LOCK_QUEUED_SAMPLES, and the models' queued operations, locked, with
- * their model's id, grouped by model in seq order (read again under the models' locks,
- * which the transaction holds already: a model the statement before did not take, its
- * operations are passed over). Each reads only while the transaction holds the executor's
- * row, idle (SQL_LOCK_IDLE_EXECUTOR's lock, taken again: a pass of the scheduler's that
- * holds it, or an executor gone busy, makes them read and lock nothing, so that they take
- * nothing from that pass). */
+ * the held tenants as SQL_TENANT_RATE_KEEP_HELD kept them. Its samples as
+ * SQL_LOCK_QUEUED_SAMPLES, and its models as SQL_LOCK_READY_MODELS with their queued
+ * operations, both locked, in one statement (SQL_LOCK_READY_OPS_OWN): one row per
+ * operation, the columns of SQL_LOCK_QUEUED_OPS but the second (the model's id) and its
+ * model's after them (next_seq, tenant, pair_p, pair_gap_ms, tail_fb_at in epoch ms),
+ * the models the least recently served first, each one's operations together in seq
+ * order. (A ready model whose queued operations another transaction holds has no row:
+ * it had nothing to give this pass.) Each reads only while the transaction holds the
+ * executor's row, idle (SQL_LOCK_IDLE_EXECUTOR's lock, taken again: a pass of the
+ * scheduler's that holds it, or an executor gone busy, makes them read and lock nothing,
+ * so that they take nothing from that pass). */
 #define SQL_EXE_OWN_LOCKED                                                                    \
     "(SELECT x.id, x.base_model FROM executors x WHERE x.id = ($1::bigint[])[1]"              \
     " AND x.base_model = ($2::text[])[1] AND x.state = 'idle' AND NOT x.draining"             \
     " FOR UPDATE SKIP LOCKED) AS e(id, base)"
-#define SQL_LOCK_READY_MODELS_OWN SQL_READY_MODELS_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
 #define SQL_LOCK_QUEUED_SAMPLES_OWN SQL_QUEUED_SAMPLES_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
-#define SQL_LOCK_QUEUED_OPS_OWN                                                               \
-    "WITH m AS (" SQL_LOCK_READY_MODELS_OWN ")"                                               \
+#define SQL_LOCK_READY_OPS_OWN                                                                \
+    "WITH m (id, next_seq, tenant_id, pair_p, gap_ms, tail_ms, executor_id, last_request_at) AS (" \
+    SQL_READY_MODELS_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD) ")"                            \
     " SELECT o.id, o.model_id, o.seq_id, o.kind, o.n_tokens,"                                 \
     " extract(epoch FROM clock_timestamp() - o.created_at) * 1000 AS age_ms,"                 \
-    " extract(epoch FROM o.created_at) * 1000 AS created_ms"                                  \
+    " extract(epoch FROM o.created_at) * 1000 AS created_ms,"                                 \
+    " m.next_seq, m.tenant_id, m.pair_p, m.gap_ms, m.tail_ms"                                 \
     " FROM m JOIN operations o ON o.model_id = m.id WHERE o.state = 'queued'"                 \
-    " ORDER BY o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
+    " ORDER BY m.last_request_at, o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"

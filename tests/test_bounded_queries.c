@@ -316,9 +316,8 @@ static const stmt STMTS[] = {
     {"scheduler: queued ops", SQL_LOCK_QUEUED_OPS, "('{live3:train:0,live4:train:0}')"},
     /* an executor's own pass (its reads in one round trip) */
     {"own pass: rate limits, held kept", SQL_TENANT_RATE_KEEP_HELD, ""},
-    {"own pass: ready models", SQL_LOCK_READY_MODELS_OWN, "('{2}', '{m}', 256)"},
     {"own pass: queued samples", SQL_LOCK_QUEUED_SAMPLES_OWN, "('{2}', '{m}', 256)"},
-    {"own pass: queued ops", SQL_LOCK_QUEUED_OPS_OWN, "('{2}', '{m}', 256)"},
+    {"own pass: ready models and their ops", SQL_LOCK_READY_OPS_OWN, "('{2}', '{m}', 256)"},
     {"scheduler: cycles and claims", SQL_INSERT_CYCLES_CLAIM, "('{2}', '{2}', '{60}', 60, '{3,4}', '{2,2}', true)"},
     {"scheduler: advance models", SQL_ADVANCE_MODELS, "('{live3:train:0}', '{100001}', '{0.5}', '{-1}', '{-1}')"},
     {"scheduler: usage fold (every 2 s)", SQL_USAGE_FOLD, ""},
