@@ -4,7 +4,7 @@
  * (db_pipeline) whatever the number of executors: lock the idle executors and read the
  * rate limits; lock their ready models and the queued samples; lock those models'
  * operations; claim, advance, notify and commit. An executor's own pass (it knows its id
- * and base model) sends the three reads with the first: two round trips. */
+ * and base model) sends its two reads with the first: two round trips. */
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
