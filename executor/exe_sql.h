@@ -71,8 +71,15 @@
  * binary results carry as they are, so that it reads as in a text result. */
 #define SQL_EXE_START_CYCLE                                                                   \
     "WITH c AS (UPDATE cycles SET state = 'running', started_at = coalesce(started_at, now())" \
-    "   WHERE id = (SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')" \
-    "   ORDER BY id LIMIT 1) RETURNING id)"                                                   \
+    "   WHERE id = (" SQL_EXE_OPEN_CYCLE ") RETURNING id)" SQL_EXE_CYCLE_OPS
+#define SQL_EXE_OPEN_CYCLE                                                                    \
+    "SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')"        \
+    " ORDER BY id LIMIT 1"
+/* $1 executor: SQL_EXE_START_CYCLE in the transaction of an executor's own pass, whose
+ * claim inserted the cycle running already (SQL_INSERT_CYCLES_CLAIM): its operations read,
+ * the same rows, the cycle's row not written again. */
+#define SQL_EXE_READ_CYCLE "WITH c AS (" SQL_EXE_OPEN_CYCLE ")" SQL_EXE_CYCLE_OPS
+#define SQL_EXE_CYCLE_OPS                                                                     \
     " SELECT o.id::text, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"     \
     " m.lora_rank::text, m.lora_seed::text, m.train_attn::text, m.train_mlp::text,"            \
     " m.train_unembed::text, o.seq_id::text, coalesce(o.sampling_session_id, ''),"             \

@@ -501,7 +501,7 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
     static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
-    db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
+    db_stmt start = {SQL_EXE_READ_CYCLE, 1, p};   /* the claim inserts the cycle running */
     db_bin start_bin = {NULL, NULL, 1};
     PGresult *started = NULL;
     sched_opts o = g_claim;

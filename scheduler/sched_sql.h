@@ -123,13 +123,16 @@
  * seconds, $5 bigint[] operation ids, $6 bigint[] the executor of each, $7 whether to
  * notify: the cycles, their operations claimed by them, their executors busy and each one
  * notified on its own channel (executor/exe_sql.h, SQL_EXE_LISTEN_FMT; not an executor
- * that builds and starts its own cycle: every NOTIFY signals every listening backend)
- * -> the cycles' ids and executors. The
+ * that builds and starts its own cycle: every NOTIFY signals every listening backend;
+ * its cycle is inserted running, started now, as its start in the same transaction would
+ * leave it, and that start only reads it: SQL_EXE_READ_CYCLE, one update of the cycle's
+ * row fewer) -> the cycles' ids and executors. The
  * executors are marked busy by their ids ($1), not through the new cycles: a join with
  * them reads the executors table whole in a generic plan (test_bounded_queries). */
 #define SQL_INSERT_CYCLES_CLAIM \
-    "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
-    "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)" \
+    "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at, state, started_at)" \
+    "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)," \
+    "   CASE WHEN $7::boolean THEN 'assigned' ELSE 'running' END, CASE WHEN $7::boolean THEN NULL ELSE now() END" \
     "   FROM unnest($1::bigint[], $2::int[], $3::int[]) AS v(e, n, t) RETURNING id, executor_id)," \
     " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = cyc.id, claimed_at = now()" \
     "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \

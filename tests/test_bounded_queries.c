@@ -338,6 +338,7 @@ static const stmt STMTS[] = {
     {"sessions: sampler snapshots of expired sessions", SQL_DROP_EXPIRED_SAMPLER_SNAPSHOTS, ""},
     /* the executor: every cycle, poll and heartbeat */
     {"executor: start a cycle", SQL_EXE_START_CYCLE, "(1)"},
+    {"executor: read its own cycle", SQL_EXE_READ_CYCLE, "(1)"},
     {"executor: finish the operations", SQL_EXE_FINISH_OPS, "(" FINISH_OUTCOMES ", 1, NULL)"},
     {"executor: finish the operations, all or none", SQL_EXE_FINISH_OPS_ALL, "(" FINISH_OUTCOMES ", 1, NULL, 3)"},
     {"executor: models' state", SQL_EXE_MODEL_STATES, "('{live1:train:0,live2:train:0}', '{100000,100000}')"},
