@@ -14,7 +14,8 @@ passes or fails.
   durability  the cost of durable state per optim_step, end to end: steps with a snapshot
               every step against the default
   statements  (not run by default) PostgreSQL's time per lone forward_backward, statement by
-              statement (pg_stat_statements: the bench's cluster is restarted with it)
+              statement, with the shared buffers each touches and the WAL it writes
+              (pg_stat_statements: the bench's cluster is restarted with it)
   history     (not run by default) a lone forward_backward's latency and the idle stack's
               CPU (every loom process and PostgreSQL backend, from /proc) on an empty
               database, then after 200k operations of history are inserted (copies of the
@@ -484,19 +485,25 @@ def statements(loom_args, n=500):
         for k in range(30, 30 + n):
             c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
         rows = s.psql("SELECT (total_exec_time + total_plan_time) / " + str(n) + ", total_plan_time / " + str(n) +
-                      ", calls::float / " + str(n) + ", left(regexp_replace(query, '\\s+', ' ', 'g'), 72)"
+                      ", calls::float / " + str(n) + ", (shared_blks_hit + shared_blks_read)::float / " + str(n) +
+                      ", wal_records::float / " + str(n) + ", wal_bytes::float / " + str(n) +
+                      ", left(regexp_replace(query, '\\s+', ' ', 'g'), 64)"
                       " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'"
                       " ORDER BY total_exec_time + total_plan_time DESC")
-    rows = [r.split("|", 3) for r in rows.splitlines() if r.count("|") >= 3]
+    rows = [r.split("|", 6) for r in rows.splitlines() if r.count("|") >= 6]
     total = sum(float(r[0]) for r in rows)
     per_op = sum(float(r[2]) for r in rows)
+    bufs, wrec, wbytes = (sum(float(r[k]) for r in rows) for k in (3, 4, 5))
     print(f"statements: a lone forward_backward (1 datum, 8 tokens), {n} in a row; PostgreSQL's time per operation"
-          f" by statement (execution + planning), pg_stat_statements")
-    print(f"  {'ms/op':>7s} {'plan':>6s} {'calls':>5s}  statement")
-    for t, plan, calls, q in rows[:16]:
-        print(f"  {float(t):7.3f} {float(plan):6.3f} {float(calls):5.2f}  {q}")
+          f" by statement (execution + planning), shared buffers touched and WAL written, pg_stat_statements")
+    print(f"  {'ms/op':>7s} {'plan':>6s} {'calls':>5s} {'bufs':>5s} {'WAL':>4s} {'bytes':>5s}  statement")
+    for t, plan, calls, b, wr, wb, q in rows[:16]:
+        print(f"  {float(t):7.3f} {float(plan):6.3f} {float(calls):5.2f} {float(b):5.1f} {float(wr):4.1f}"
+              f" {float(wb):5.0f}  {q}")
     print(f"  {total:7.3f} ms per operation in {per_op:.1f} statements (the rest of PostgreSQL's CPU is the"
           " protocol, commits, notifications)")
+    print(f"  {bufs:7.1f} shared buffers, {wrec:.1f} WAL records, {wbytes:.0f} WAL bytes per operation (these move"
+          " with the work done, not with the machine's load)")
 
 
 def main():

@@ -71,8 +71,15 @@
  * binary results carry as they are, so that it reads as in a text result. */
 #define SQL_EXE_START_CYCLE                                                                   \
     "WITH c AS (UPDATE cycles SET state = 'running', started_at = coalesce(started_at, now())" \
-    "   WHERE id = (SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')" \
-    "   ORDER BY id LIMIT 1) RETURNING id)"                                                   \
+    "   WHERE id = (" SQL_EXE_OPEN_CYCLE ") RETURNING id)" SQL_EXE_CYCLE_OPS
+#define SQL_EXE_OPEN_CYCLE                                                                    \
+    "SELECT id FROM cycles WHERE executor_id = $1 AND state IN ('assigned','running')"        \
+    " ORDER BY id LIMIT 1"
+/* $1 executor: SQL_EXE_START_CYCLE in the transaction of an executor's own pass, whose
+ * claim inserted the cycle running already (SQL_INSERT_CYCLES_CLAIM): its operations read,
+ * the same rows, the cycle's row not written again. */
+#define SQL_EXE_READ_CYCLE "WITH c AS (" SQL_EXE_OPEN_CYCLE ")" SQL_EXE_CYCLE_OPS
+#define SQL_EXE_CYCLE_OPS                                                                     \
     " SELECT o.id::text, o.request_id, coalesce(o.model_id, ''), o.kind, o.payload::text,"     \
     " m.lora_rank::text, m.lora_seed::text, m.train_attn::text, m.train_mlp::text,"            \
     " m.train_unembed::text, o.seq_id::text, coalesce(o.sampling_session_id, ''),"             \
@@ -92,21 +99,55 @@
  * an outcome's result_bin being bin_len bytes of it from bin_at (1-based; absent: none):
  * every operation's result in one statement, each only while still claimed by this cycle
  * (so a cycle the reaper took back cannot write: the caller checks that every one was
- * written). */
-#define SQL_EXE_FINISH_OPS                                                                    \
+ * written). The rows written, with what their events need (a sample's prompt and sampled
+ * tokens), as `u` for SQL_EXE_FINISH_EVENTS. */
+#define SQL_EXE_FINISH_UPDATE                                                                 \
     "UPDATE operations o SET state = v.state, result = v.result, error = v.error,"            \
     " error_category = v.category, finished_at = now(), applied = v.applied,"                 \
     " result_bin = substring($3::bytea FROM v.bin_at FOR v.bin_len)"                         \
     " FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text, result jsonb, error text," \
     " category text, applied boolean, bin_at integer, bin_len integer)"                        \
-    " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"
+    " WHERE o.id = v.id AND o.cycle_id = $2 AND o.state = 'claimed'"                           \
+    " RETURNING o.tenant_id, o.model_id, o.kind, o.state, o.n_tokens, o.created_at, o.claimed_at," \
+    " o.finished_at, o.sampling_session_id,"                                                   \
+    " CASE WHEN o.kind = '" OP_SAMPLE "' AND o.state = 'done' THEN"                           \
+    "   coalesce(jsonb_array_length(o.payload->'prompt'), 0)::bigint END AS prompt_tokens,"    \
+    " CASE WHEN o.kind = '" OP_SAMPLE "' AND o.state = 'done' THEN"                           \
+    "   coalesce((SELECT sum(jsonb_array_length(q->'tokens'))"                                \
+    "   FROM jsonb_array_elements(o.result->'sequences') q), 0)::bigint END AS sampled_tokens"
+
+/* The events of the operations `u` made done, written by the statement that made them
+ * (migration 0034: no trigger does it for them; a failed one's metric event is the
+ * trigger's): the metric event of each (0007's metric_op_event), and the usage of a
+ * forward_backward (train), a forward (prefill) and a sample (its prompt's tokens as
+ * prefill, its sequences' as sample, under its sampler's source), 0014's rules, each also
+ * for the tokens metric (0026's metric_usage_events). */
+#define SQL_EXE_FINISH_EVENTS                                                                 \
+    " ev AS (INSERT INTO metric_op_events (tenant_id, kind, state, n_tokens, wait_s, run_s, latency_s)" \
+    "   SELECT tenant_id, kind, state, n_tokens, extract(epoch FROM claimed_at - created_at),"  \
+    "   extract(epoch FROM finished_at - claimed_at), extract(epoch FROM finished_at - created_at)" \
+    "   FROM u WHERE state = 'done'),"                                                         \
+    " us AS (INSERT INTO usage_events (tenant_id, run, kind, tokens)"                          \
+    "   SELECT tenant_id, model_id, CASE WHEN kind = '" OP_FORWARD_BACKWARD "' THEN 'train'"   \
+    "   ELSE 'prefill' END, n_tokens FROM u WHERE state = 'done'"                              \
+    "   AND kind IN ('" OP_FORWARD_BACKWARD "', '" OP_FORWARD "') AND n_tokens > 0"             \
+    "   UNION ALL SELECT u.tenant_id, coalesce(s.source_model_id, s.model_path, 'base:' || s.base_model," \
+    "   'sample'), x.kind, x.tokens FROM u LEFT JOIN sampling_sessions s ON s.id = u.sampling_session_id" \
+    "   CROSS JOIN LATERAL (VALUES ('prefill', u.prompt_tokens), ('sample', u.sampled_tokens)) AS x(kind, tokens)" \
+    "   WHERE u.state = 'done' AND u.kind = '" OP_SAMPLE "' AND x.tokens > 0"                 \
+    "   RETURNING tenant_id, kind, tokens),"                                                    \
+    " mu AS (INSERT INTO metric_usage_events (tenant_id, kind, tokens) SELECT * FROM us)"
+
+/* The results and their events -> how many operations were written. */
+#define SQL_EXE_FINISH_OPS                                                                    \
+    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS " SELECT count(*) FROM u"
 
 /* SQL_EXE_FINISH_OPS, and $4 the number of operations: fails (SQLSTATE
  * EXE_SQLSTATE_TAKEN_BACK, migration 0033) unless every one was still claimed by the cycle,
  * so that the statements sent after it in the same round trip, the COMMIT included, do not
  * run for a cycle the reaper took back. -> the count. */
 #define SQL_EXE_FINISH_OPS_ALL                                                                \
-    "WITH u AS (" SQL_EXE_FINISH_OPS " RETURNING 1)"                                          \
+    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS                            \
     " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_refuse(($4::bigint - count(*))" \
     " || ' of the ' || $4 || ' operations of cycle ' || $2 || ' are no longer claimed by it (lease expired?)')" \
     " END FROM u"
@@ -146,15 +187,27 @@
     "   ELSE 'J' || o.result::text END ELSE o.request_id END)"                                  \
     " FROM operations o WHERE o.cycle_id = $1::bigint"
 
-/* Sent with the commit of a cycle (after it, in the same round trip): the scheduler is
- * woken for this executor, idle again, only when operations wait in the queue (those that
- * arrived while every executor was busy, so that its pass found none idle). An empty queue
- * gives it nothing to build, and the next submit wakes it anyway: no empty pass per
- * operation. After the commit, not in it: a submit committed after this statement's
- * snapshot wakes a scheduler that already sees the executor idle. */
+/* $1 executor. Sent with the commit of a cycle (after it, in the same round trip): the
+ * scheduler is woken for this executor, idle again, only when work it could be given waits
+ * (arrived while it was busy, so that the scheduler's pass found it busy and the submit's
+ * hint went to the scheduler, or to this executor's channel while it was not listening):
+ * a model placed here whose next operation is queued (what the scheduler's pass claims
+ * for it: SQL_READY_MODELS_OF), or a queued sample (any executor of its base model may
+ * take it). An empty queue gives the scheduler nothing to build, and the next submit
+ * wakes it anyway: no empty pass per operation. Work of models placed elsewhere waits
+ * for their own executors, whose commits look for it; models waiting for a place are
+ * placed whether or not an executor is idle. Each model is one lookup of (model_id,
+ * seq_id) at its next_seq (OFFSET 0, as there): the index's entries of the operations it
+ * ran before, dead until a vacuum, are not walked (an EXISTS over every queued operation
+ * walked them: 0.12-0.2 ms per cycle). After the commit, not in it: a submit committed
+ * after this statement's snapshot wakes a scheduler that already sees the executor idle,
+ * or this executor, listening again. */
 #define SQL_EXE_READY_IF_QUEUED                                                               \
     "SELECT pg_notify('" CHAN_EXECUTOR_READY "', '') WHERE EXISTS"                            \
-    " (SELECT 1 FROM operations WHERE state = 'queued')"
+    " (SELECT 1 FROM models m WHERE m.executor_id = $1::bigint AND m.status = 'active'"       \
+    "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id"                       \
+    "     AND o.state = 'queued' AND o.seq_id = m.next_seq OFFSET 0))"                        \
+    " OR EXISTS (SELECT 1 FROM operations o WHERE o.state = 'queued' AND o.kind = '" OP_SAMPLE "')"
 
 /* ---- between cycles ------------------------------------------------------------------ */
 

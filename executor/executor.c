@@ -218,7 +218,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
-    const char *pm[2] = {models, seqs};
+    const char *pm[2] = {models, seqs}, *pe[1] = {eid};
     const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
     db_stmt b[7];
     int nb = 0, finish_at = -1, commit_at = -1;
@@ -236,7 +236,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     if (one_trip) {
         commit_at = nb;
         b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
-        b[nb++] = (db_stmt){SQL_EXE_READY_IF_QUEUED, 0, NULL};
+        b[nb++] = (db_stmt){SQL_EXE_READY_IF_QUEUED, 1, pe};
     }
     PGresult *r[7];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
@@ -246,7 +246,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     free(bins);
     free(models);
     free(seqs);
-    int changed = !one_trip && finish_at >= 0 && got > finish_at ? atoi(PQcmdTuples(r[finish_at])) : n;
+    int changed = !one_trip && finish_at >= 0 && got > finish_at ? (int)db_int(r[finish_at], 0, 0) : n;
     for (int i = 0; i < nb; i++) PQclear(r[i]);
     if (one_trip) {
         if (got > commit_at) {   /* committed */
@@ -270,7 +270,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         return -2;
     }
     if (exe_snapshots_record(st, c, snaps, err, errlen) < 0) goto fail;
-    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_READY_IF_QUEUED, 0, NULL}};
+    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_READY_IF_QUEUED, 1, pe}};
     PGresult *re[2];
     int ended = db_pipeline(c, end, 2, re, err, errlen);
     PQclear(re[0]);
@@ -501,7 +501,7 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     fmt_i64(eid, sizeof eid, st->executor_id);
     const char *p[1] = {eid};
     static const char *const first[2] = {SQL_EXE_ASYNC_COMMIT, SQL_EXE_UNLISTEN};
-    db_stmt start = {SQL_EXE_START_CYCLE, 1, p};
+    db_stmt start = {SQL_EXE_READ_CYCLE, 1, p};   /* the claim inserts the cycle running */
     db_bin start_bin = {NULL, NULL, 1};
     PGresult *started = NULL;
     sched_opts o = g_claim;

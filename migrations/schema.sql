@@ -24,6 +24,8 @@
 --   0031_api_key_notify
 --   0032_claim_without_fk_checks
 --   0033_all_or_nothing
+--   0034_finish_events_per_statement
+--   0035_models_hot_advance
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
@@ -176,37 +178,6 @@ BEGIN
         extract(epoch FROM NEW.claimed_at - NEW.created_at),
         extract(epoch FROM NEW.finished_at - NEW.claimed_at),
         extract(epoch FROM NEW.finished_at - NEW.created_at));
-    RETURN NULL;
-END $$;
-
-CREATE FUNCTION public.metric_usage_event() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    INSERT INTO metric_usage_events SELECT tenant_id, kind, tokens FROM new_rows;
-    RETURN NULL;
-END $$;
-
-CREATE FUNCTION public.usage_event() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    src text;
-BEGIN
-    IF NEW.kind = 'forward_backward' AND NEW.n_tokens > 0 THEN
-        INSERT INTO usage_events (tenant_id, run, kind, tokens) VALUES (NEW.tenant_id, NEW.model_id, 'train', NEW.n_tokens);
-    ELSIF NEW.kind = 'forward' AND NEW.n_tokens > 0 THEN
-        INSERT INTO usage_events (tenant_id, run, kind, tokens) VALUES (NEW.tenant_id, NEW.model_id, 'prefill', NEW.n_tokens);
-    ELSIF NEW.kind = 'sample' THEN
-        SELECT coalesce(s.source_model_id, s.model_path, 'base:' || s.base_model) INTO src
-          FROM sampling_sessions s WHERE s.id = NEW.sampling_session_id;
-        INSERT INTO usage_events (tenant_id, run, kind, tokens)
-        SELECT NEW.tenant_id, coalesce(src, 'sample'), k, n FROM (VALUES
-            ('prefill', coalesce(jsonb_array_length(NEW.payload->'prompt'), 0)::bigint),
-            ('sample', coalesce((SELECT sum(jsonb_array_length(q->'tokens')) FROM
-                                 jsonb_array_elements(NEW.result->'sequences') q), 0)::bigint)) v(k, n)
-         WHERE n > 0;
-    END IF;
     RETURN NULL;
 END $$;
 
@@ -834,7 +805,7 @@ CREATE INDEX models_tenant ON public.models USING btree (tenant_id, created_at);
 
 CREATE INDEX models_tenant_active ON public.models USING btree (tenant_id) WHERE (status = 'active'::text);
 
-CREATE INDEX models_unplaced ON public.models USING btree (last_request_at) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
+CREATE INDEX models_unplaced ON public.models USING btree (id) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
 
 CREATE INDEX operations_in_cycle ON public.operations USING btree (cycle_id) WHERE (cycle_id IS NOT NULL);
 
@@ -870,17 +841,13 @@ CREATE TRIGGER audit_log_no_update BEFORE DELETE OR UPDATE ON public.audit_log F
 
 CREATE TRIGGER cycles_metric_finish AFTER UPDATE OF state ON public.cycles FOR EACH ROW WHEN (((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'expired'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'expired'::text])))) EXECUTE FUNCTION public.metric_cycle_event();
 
-CREATE TRIGGER operations_metric_finish AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.metric_op_event();
+CREATE TRIGGER operations_metric_finish AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.state = ANY (ARRAY['failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.metric_op_event();
 
 CREATE TRIGGER operations_metric_insert AFTER INSERT ON public.operations FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text]))) EXECUTE FUNCTION public.metric_op_event();
 
 CREATE TRIGGER operations_sample_finished AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.kind = 'sample'::text) AND (new.sampling_session_id IS NOT NULL) AND (new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.loom_sample_finished_notify();
 
-CREATE TRIGGER operations_usage AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.state = 'done'::text) AND (old.state <> 'done'::text) AND (new.kind = ANY (ARRAY['forward_backward'::text, 'forward'::text, 'sample'::text])))) EXECUTE FUNCTION public.usage_event();
-
 CREATE TRIGGER tenants_changed AFTER DELETE OR UPDATE OF name ON public.tenants FOR EACH STATEMENT EXECUTE FUNCTION public.loom_api_keys_changed();
-
-CREATE TRIGGER usage_events_metric AFTER INSERT ON public.usage_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.metric_usage_event();
 
 ALTER TABLE ONLY public.adapter_aliases
     ADD CONSTRAINT adapter_aliases_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id) ON DELETE CASCADE;

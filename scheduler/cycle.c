@@ -4,7 +4,7 @@
  * (db_pipeline) whatever the number of executors: lock the idle executors and read the
  * rate limits; lock their ready models and the queued samples; lock those models'
  * operations; claim, advance, notify and commit. An executor's own pass (it knows its id
- * and base model) sends the three reads with the first: two round trips. */
+ * and base model) sends its two reads with the first: two round trips. */
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Row r of SQL_LOCK_QUEUED_OPS or SQL_LOCK_QUEUED_OPS_OWN (the same columns but the
+/* Row r of SQL_LOCK_QUEUED_OPS or SQL_LOCK_READY_OPS_OWN (the same first columns but the
  * second: the model's index or id). */
 static void op_row(plan_op *p, const PGresult *ro, int r) {
     *p = (plan_op){.id = db_int(ro, r, 0), .seq = (int)db_int(ro, r, 2), .tokens = (int)db_int(ro, r, 4),
@@ -40,26 +40,24 @@ static plan_op *read_ops(const PGresult *ro, plan_model *ms) {
     return all;
 }
 
-/* The rows of SQL_LOCK_QUEUED_OPS_OWN the same way: grouped by their model's id, in seq
- * order; the rows of a model not in ms[0..nm) (one the statement before did not take) are
- * passed over. */
-static plan_op *read_ops_by_id(const PGresult *ro, plan_model *ms, int nm) {
-    int no = PQntuples(ro), n = 0, at = -1;
+/* The rows of SQL_LOCK_READY_OPS_OWN as the models (*ms, *nm; their ids stay in ro) and
+ * their operations (returned; one allocation each): a model's rows come together, in seq
+ * order, the models in the order the pass serves them. */
+static plan_op *read_own(const PGresult *ro, plan_model **ms, int *nm) {
+    int no = PQntuples(ro), n = 0;
     plan_op *all = xcalloc((size_t)(no ? no : 1), sizeof *all);
+    *ms = xcalloc((size_t)(no ? no : 1), sizeof **ms);
     for (int r = 0; r < no; r++) {
         const char *id = PQgetvalue(ro, r, 1);
-        if (at < 0 || strcmp(ms[at].id, id) != 0) {
-            at = -1;
-            for (int i = 0; i < nm && at < 0; i++)
-                if (!strcmp(ms[i].id, id)) at = i;
-            if (at >= 0 && ms[at].ops) at = -1; /* not one slice: cannot happen (ORDER BY model_id) */
-        }
-        if (at < 0) continue;
-        plan_model *m = &ms[at];
-        if (!m->ops) m->ops = &all[n];
-        m->nops++;
-        op_row(&all[n++], ro, r);
+        if (n == 0 || strcmp((*ms)[n - 1].id, id) != 0)
+            (*ms)[n++] = (plan_model){.id = id, .next_seq = (int)db_int(ro, r, 7), .tenant = db_int(ro, r, 8),
+                                      .pair_p = strtod(PQgetvalue(ro, r, 9), NULL),
+                                      .pair_gap_ms = strtod(PQgetvalue(ro, r, 10), NULL),
+                                      .tail_fb_ms = strtod(PQgetvalue(ro, r, 11), NULL), .ops = &all[r]};
+        (*ms)[n - 1].nops++;
+        op_row(&all[r], ro, r);
     }
+    *nm = n;
     return all;
 }
 
@@ -137,8 +135,8 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
 
     if (o->started) *o->started = NULL;
     const char *p1[1] = {sonly};
-    /* An executor's own pass reads its models, samples and their operations in this first
-     * round trip too (SQL_LOCK_READY_MODELS_OWN): two round trips in all instead of four. */
+    /* An executor's own pass reads its samples, models and their operations in this first
+     * round trip too (SQL_LOCK_READY_OPS_OWN): two round trips in all instead of four. */
     bool own = only && o->only_base && o->only_base[0];
     char *own_base = NULL, own_lim[16];
     if (own) {
@@ -156,28 +154,25 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     b1[n1++] = (db_stmt){SQL_BEGIN, 0, NULL};
     for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) b1[n1++] = (db_stmt){o->first[i], 0, NULL};
     int at_x = n1;
-    b1[n1++] = (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 1, p1};
+    b1[n1++] = only ? (db_stmt){SQL_LOCK_IDLE_EXECUTOR, 1, p1} : (db_stmt){SQL_LOCK_IDLE_EXECUTORS, 0, NULL};
     b1[n1++] = (db_stmt){own ? SQL_TENANT_RATE_KEEP_HELD : SQL_TENANT_RATE, 0, NULL};
     if (own) {
-        b1[n1++] = (db_stmt){SQL_LOCK_READY_MODELS_OWN, 3, pown};
         b1[n1++] = (db_stmt){SQL_LOCK_QUEUED_SAMPLES_OWN, 3, pown};
-        b1[n1++] = (db_stmt){SQL_LOCK_QUEUED_OPS_OWN, 3, pown};
+        b1[n1++] = (db_stmt){SQL_LOCK_READY_OPS_OWN, 3, pown};
     }
-    PGresult *r1[6 + SCHED_MAX_FIRST], *ro_own = NULL;
+    PGresult *r1[6 + SCHED_MAX_FIRST];
     int got1 = db_pipeline(c, b1, n1, r1, err, errlen);
     free(own_base);
     for (int i = 0; i < at_x; i++) PQclear(r1[i]);
     rx = r1[at_x];
     PGresult *rr = r1[at_x + 1];
     if (own) {
-        rm = r1[at_x + 2];
-        rs = r1[at_x + 3];
-        ro_own = r1[at_x + 4];
+        rs = r1[at_x + 2];
+        rm = r1[at_x + 3];   /* the models' operations, with the models' columns */
     }
     if (got1 < n1 || PQntuples(rx) == 0) {
         claimed = got1 < n1 ? -1 : 0;
         PQclear(rr);
-        PQclear(ro_own);
         goto done;
     }
     /* the executors' base models stay in rx until the cycles are written */
@@ -227,19 +222,23 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     free(held_tenants);
     free(l_exes);
     free(l_bases);
-    nm = PQntuples(rm);
-    nsamp = PQntuples(rs);
-    if (nm == 0 && nsamp == 0) {
-        PQclear(ro_own);
-        claimed = 0;
-        goto done;
-    }
     /* the models' ids stay in rm, the samples' base models in rs, until the cycles are
      * written; each executor's models are a slice of ms (sorted by executor, in the order
      * read within one: the least recently served first) */
-    ms = xcalloc((size_t)nm, sizeof *ms);
+    if (own) {   /* one executor, the one SQL_LOCK_IDLE_EXECUTOR locked */
+        ops = read_own(rm, &ms, &nm);
+        xs[0].models = ms;
+        xs[0].nmodels = nm;
+    }
+    nsamp = PQntuples(rs);
+    if (!own) nm = PQntuples(rm);
+    if (nm == 0 && nsamp == 0) {
+        claimed = 0;
+        goto done;
+    }
+    if (!own) ms = xcalloc((size_t)nm, sizeof *ms);
     int k = 0;
-    for (int e = 0; e < nx; e++) {
+    for (int e = 0; e < nx && !own; e++) {
         xs[e].models = &ms[k];
         for (int i = 0; i < nm; i++) {
             if (db_int(rm, i, 6) != xs[e].id) continue;
@@ -250,16 +249,13 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
             xs[e].nmodels++;
         }
     }
-    nm = k;
+    if (!own) nm = k;
     ss = xcalloc((size_t)nsamp, sizeof *ss);
     for (int i = 0; i < nsamp; i++)
         ss[i] = (plan_sample){.id = db_int(rs, i, 0), .tokens = (int)db_int(rs, i, 1), .tenant = db_int(rs, i, 2),
                               .base_model = PQgetvalue(rs, i, 3), .executor = db_int(rs, i, 4)};
 
-    if (own) {
-        ops = read_ops_by_id(ro_own, ms, nm);
-        PQclear(ro_own);
-    } else if (nm > 0) {
+    if (!own && nm > 0) {
         pga_init(&a);
         for (int i = 0; i < nm; i++) pga_text(&a, ms[i].id);
         char *ids = pga_end(&a);

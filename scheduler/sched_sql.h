@@ -9,19 +9,25 @@
 #define SQL_LISTEN_OPS "LISTEN " CHAN_OP_QUEUED
 #define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
 
-/* $1 executor id (0: every one). The idle executors that are not draining, locked (a second
- * scheduler skips them), the most recently heard from first: a pass builds their cycles
- * in one transaction (cycle.c). */
+/* The idle executors that are not draining, locked (a second scheduler skips them), the
+ * most recently heard from first: a pass builds their cycles in one transaction (cycle.c). */
 #define SQL_LOCK_IDLE_EXECUTORS \
     "SELECT id, base_model, token_budget FROM executors" \
-    " WHERE state = 'idle' AND NOT draining AND ($1::bigint = 0 OR id = $1::bigint)" \
+    " WHERE state = 'idle' AND NOT draining" \
     " ORDER BY heartbeat_at DESC FOR UPDATE SKIP LOCKED"
+/* $1 executor: the same for one executor (an executor's own pass, sched_build_cycle). Two
+ * statements, not one with "$1 = 0 OR id = $1": in some stacks PostgreSQL's plan cache
+ * found that one's custom plans cheaper than its generic plan and planned it again at
+ * every call (0.08-0.1 ms a pass, 2 of 11 loom_bench --parts statements runs). */
+#define SQL_LOCK_IDLE_EXECUTOR \
+    "SELECT id, base_model, token_budget FROM executors" \
+    " WHERE id = $1::bigint AND state = 'idle' AND NOT draining FOR UPDATE SKIP LOCKED"
 
 /* $1 bigint[] executors, $2 text[] their base models, $3 limit, $4 bigint[] tenants held by
  * their rate limit. Models placed on those executors (sched_place) with their next
  * operation queued, of tenants not held, the least recently served first, with what was
  * learned of their pattern (rule 5): pair_p, pair_gap_ms (-1 unknown), tail_fb_at in
- * epoch ms (-1 none); and the executor.
+ * epoch ms (-1 none); the executor, and last_request_at (their order).
  *
  * The per-model EXISTS tests of the cycle build, placement and gaps end in OFFSET 0: it
  * keeps PostgreSQL from turning them into a join, so each is a lookup of (model_id,
@@ -30,7 +36,7 @@
  * 70 ms a pass at 4,000 live operations in loom_bench's tenants part, against 1 ms. */
 #define SQL_READY_MODELS_OF(exes, held) \
     "SELECT m.id, m.next_seq, m.tenant_id, m.pair_p, coalesce(m.pair_gap_ms, -1)," \
-    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id" \
+    " coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1), m.executor_id, m.last_request_at" \
     " FROM " exes " JOIN models m ON m.executor_id = e.id" \
     " WHERE m.base_model = e.base AND m.status = 'active' AND m.tenant_id <> ALL(" held ")" \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id" \
@@ -84,27 +90,31 @@
 
 /* An executor's own pass (sched_opts.only_base) sends its reads in the round trip that
  * locks the executor: $1 bigint[] {the executor}, $2 text[] {its base model}, $3 limit,
- * the held tenants as SQL_TENANT_RATE_KEEP_HELD kept them. Its models as SQL_LOCK_READY_MODELS, its
- * samples as SQL_LOCK_QUEUED_SAMPLES, and the models' queued operations, locked, with
- * their model's id, grouped by model in seq order (read again under the models' locks,
- * which the transaction holds already: a model the statement before did not take, its
- * operations are passed over). Each reads only while the transaction holds the executor's
- * row, idle (SQL_LOCK_IDLE_EXECUTORS's lock, taken again: a pass of the scheduler's that
- * holds it, or an executor gone busy, makes them read and lock nothing, so that they take
- * nothing from that pass). */
+ * the held tenants as SQL_TENANT_RATE_KEEP_HELD kept them. Its samples as
+ * SQL_LOCK_QUEUED_SAMPLES, and its models as SQL_LOCK_READY_MODELS with their queued
+ * operations, both locked, in one statement (SQL_LOCK_READY_OPS_OWN): one row per
+ * operation, the columns of SQL_LOCK_QUEUED_OPS but the second (the model's id) and its
+ * model's after them (next_seq, tenant, pair_p, pair_gap_ms, tail_fb_at in epoch ms),
+ * the models the least recently served first, each one's operations together in seq
+ * order. (A ready model whose queued operations another transaction holds has no row:
+ * it had nothing to give this pass.) Each reads only while the transaction holds the
+ * executor's row, idle (SQL_LOCK_IDLE_EXECUTOR's lock, taken again: a pass of the
+ * scheduler's that holds it, or an executor gone busy, makes them read and lock nothing,
+ * so that they take nothing from that pass). */
 #define SQL_EXE_OWN_LOCKED                                                                    \
     "(SELECT x.id, x.base_model FROM executors x WHERE x.id = ($1::bigint[])[1]"              \
     " AND x.base_model = ($2::text[])[1] AND x.state = 'idle' AND NOT x.draining"             \
     " FOR UPDATE SKIP LOCKED) AS e(id, base)"
-#define SQL_LOCK_READY_MODELS_OWN SQL_READY_MODELS_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
 #define SQL_LOCK_QUEUED_SAMPLES_OWN SQL_QUEUED_SAMPLES_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD)
-#define SQL_LOCK_QUEUED_OPS_OWN                                                               \
-    "WITH m AS (" SQL_LOCK_READY_MODELS_OWN ")"                                               \
+#define SQL_LOCK_READY_OPS_OWN                                                                \
+    "WITH m (id, next_seq, tenant_id, pair_p, gap_ms, tail_ms, executor_id, last_request_at) AS (" \
+    SQL_READY_MODELS_OF(SQL_EXE_OWN_LOCKED, SQL_TENANTS_HELD) ")"                            \
     " SELECT o.id, o.model_id, o.seq_id, o.kind, o.n_tokens,"                                 \
     " extract(epoch FROM clock_timestamp() - o.created_at) * 1000 AS age_ms,"                 \
-    " extract(epoch FROM o.created_at) * 1000 AS created_ms"                                  \
+    " extract(epoch FROM o.created_at) * 1000 AS created_ms,"                                 \
+    " m.next_seq, m.tenant_id, m.pair_p, m.gap_ms, m.tail_ms"                                 \
     " FROM m JOIN operations o ON o.model_id = m.id WHERE o.state = 'queued'"                 \
-    " ORDER BY o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
+    " ORDER BY m.last_request_at, o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
@@ -113,13 +123,16 @@
  * seconds, $5 bigint[] operation ids, $6 bigint[] the executor of each, $7 whether to
  * notify: the cycles, their operations claimed by them, their executors busy and each one
  * notified on its own channel (executor/exe_sql.h, SQL_EXE_LISTEN_FMT; not an executor
- * that builds and starts its own cycle: every NOTIFY signals every listening backend)
- * -> the cycles' ids and executors. The
+ * that builds and starts its own cycle: every NOTIFY signals every listening backend;
+ * its cycle is inserted running, started now, as its start in the same transaction would
+ * leave it, and that start only reads it: SQL_EXE_READ_CYCLE, one update of the cycle's
+ * row fewer) -> the cycles' ids and executors. The
  * executors are marked busy by their ids ($1), not through the new cycles: a join with
  * them reads the executors table whole in a generic plan (test_bounded_queries). */
 #define SQL_INSERT_CYCLES_CLAIM \
-    "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at)" \
-    "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)" \
+    "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at, state, started_at)" \
+    "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)," \
+    "   CASE WHEN $7::boolean THEN 'assigned' ELSE 'running' END, CASE WHEN $7::boolean THEN NULL ELSE now() END" \
     "   FROM unnest($1::bigint[], $2::int[], $3::int[]) AS v(e, n, t) RETURNING id, executor_id)," \
     " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = cyc.id, claimed_at = now()" \
     "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \

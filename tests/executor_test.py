@@ -65,13 +65,16 @@ def test_capacity_and_unload(s):
             f"the executor freed the unloaded model's slot ({executor_row(s, pid, 'training_slots, memory_used')})")
 
 
+# A cycle is marked running by the executor's start (an update of a cycle the scheduler
+# built), or inserted running by the claim of the executor's own pass (SQL_INSERT_CYCLES_CLAIM),
+# which starts it in the same transaction.
 SLOW_START = """
 CREATE OR REPLACE FUNCTION loom_test_slow_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF OLD.state = 'assigned' AND NEW.state = 'running' THEN PERFORM pg_sleep(1.5); END IF;
+  IF NEW.state = 'running' AND (TG_OP = 'INSERT' OR OLD.state = 'assigned') THEN PERFORM pg_sleep(1.5); END IF;
   RETURN NEW;
 END $$;
-CREATE TRIGGER loom_test_slow_start BEFORE UPDATE ON cycles FOR EACH ROW EXECUTE FUNCTION loom_test_slow_start();
+CREATE TRIGGER loom_test_slow_start BEFORE INSERT OR UPDATE ON cycles FOR EACH ROW EXECUTE FUNCTION loom_test_slow_start();
 """
 
 
@@ -89,7 +92,7 @@ def activity(s, pid):
 
 def test_interrupted_cycle(s, m, seq, how, where):
     """how: pg_cancel_backend | pg_terminate_backend; where: 'start' (inside the statement
-    that marks the cycle running) or 'read' (after it, the read of the operations waiting
+    that marks the cycle running or inserts it running) or 'read' (after it, the read of the operations waiting
     on a lock the test holds on models)."""
     bpid = backend_pid(s)
     fb = submit_fb(s, m, seq)
