@@ -436,9 +436,27 @@ static void bench_gemm_shape(const geo *g, long T, const char *what, int N, int 
 
 typedef struct {
     long rows;
-    int dim;
-    void *x, *w, *y, *rstd, *g, *u;
+    int dim, nh, d;
+    void *x, *w, *y, *rstd, *g, *u, *dh, *y2, *pos, *cos_t, *sin_t;
 } ew_arg;
+
+static void run_swiglu_bwd(void *p)
+{
+    ew_arg *e = p;
+    B_OK(lcu_swiglu_bwd(e->y, e->y2, LCU_BF16, e->dh, e->g, e->u, e->rows * e->dim, 0));
+}
+
+static void run_convert(void *p)
+{
+    ew_arg *e = p;
+    B_OK(lcu_convert(e->y, LCU_BF16, e->x, LCU_F32, (size_t)e->rows * e->dim, 0));
+}
+
+static void run_rope(void *p)
+{
+    ew_arg *e = p;
+    B_OK(lcu_rope(e->y, LCU_BF16, e->x, e->rows, e->nh, e->d, e->pos, e->cos_t, e->sin_t, false, 0));
+}
 
 static void run_norm(void *p)
 {
@@ -458,7 +476,8 @@ static void bench_elementwise(const geo *g, long T)
     memset(&e, 0, sizeof e);
     e.rows = T;
     e.dim = g->H;
-    e.x = dev_random(T * g->H, LCU_F32, 1);
+    long qd = (long)g->nq * g->d; /* the rope row below reads T·qd values of x */
+    e.x = dev_random(T * (g->H > qd ? g->H : qd), LCU_F32, 1);
     e.w = dev_random(g->H, LCU_BF16, 1);
     e.y = gt_dev_poison(T * (long)g->I * 2);
     e.rstd = gt_dev_poison(T * 4);
@@ -470,7 +489,32 @@ static void bench_elementwise(const geo *g, long T)
     e.u = dev_random(T * g->I, LCU_F32, 1);
     snprintf(shape, sizeof shape, "T=%ld I=%d", T, g->I);
     report("swiglu fwd ->bf16", g->name, shape, time_ms(run_swiglu, &e), 0, T * (double)g->I * 10);
-    gt_free(e.x); gt_free(e.w); gt_free(e.y); gt_free(e.rstd); gt_free(e.g); gt_free(e.u);
+    /* its backward (dh, g, u fp32 in; dg, du bf16 out), as the layer's backward calls it */
+    e.dh = dev_random(T * g->I, LCU_F32, 1);
+    e.y2 = gt_dev_poison(T * (long)g->I * 2);
+    report("swiglu bwd ->bf16", g->name, shape, time_ms(run_swiglu_bwd, &e), 0, T * (double)g->I * 16);
+    /* a [T, H] fp32 -> bf16 conversion (the backward's dy convert) */
+    e.dim = g->H;
+    snprintf(shape, sizeof shape, "T=%ld H=%d", T, g->H);
+    report("convert f32->bf16", g->name, shape, time_ms(run_convert, &e), 0, T * (double)g->H * 6);
+    /* q's RoPE (fp32 in, bf16 out), positions 0 .. T-1 */
+    int half = g->d / 2;
+    float *cs = malloc((size_t)T * half * 4);
+    int32_t *pos = malloc((size_t)T * 4);
+    for (long i = 0; i < T * half; i++) cs[i] = (float)cos(0.001 * (double)i);
+    for (long t = 0; t < T; t++) pos[t] = (int32_t)t;
+    e.nh = g->nq;
+    e.d = g->d;
+    e.cos_t = gt_dev_f32(cs, (size_t)T * half);
+    e.sin_t = gt_dev_f32(cs, (size_t)T * half);
+    e.pos = gt_dev_copy(pos, (size_t)T * 4);
+    snprintf(shape, sizeof shape, "T=%ld %dx%d", T, g->nq, g->d);
+    report("rope q f32->bf16", g->name, shape, time_ms(run_rope, &e), 0,
+           T * (double)g->nq * g->d * 6 + T * (double)half * 8);
+    free(cs);
+    free(pos);
+    void *bufs[] = {e.x, e.w, e.y, e.rstd, e.g, e.u, e.dh, e.y2, e.pos, e.cos_t, e.sin_t};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(bufs[i]);
 }
 
 /* ---- decode: one decode step's operations of a layer ------------------------------------------ */
