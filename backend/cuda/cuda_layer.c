@@ -70,16 +70,18 @@ static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int
 }
 
 /* LCU_LORA_FIRST's condition: the n segments in c->lsegs (n > 0) tile rows 0 .. T − 1 and
- * LoRA version 1 runs them (lcu_lora_fwd_into, lcu_lora_bwd_into). */
-static bool cl_lora_first(const cu_ctx *c, int n, long T)
+ * LoRA version 1 runs them, or (v3_ok) version 3 (lcu_lora_fwd_into, lcu_lora_bwd_into). */
+static bool cl_lora_first(const cu_ctx *c, int n, long T, bool v3_ok)
 {
     bool cover = n > 0 && c->lsegs[0].row_begin == 0 && c->lsegs[n - 1].row_end == T;
     for (int i = 1; i < n && cover; i++) cover = c->lsegs[i].row_begin == c->lsegs[i - 1].row_end;
-    return cover && lcu_lora_version(c->lsegs, n) == 1;
+    int v = cover ? lcu_lora_version(c->lsegs, n) : 0;
+    return v == 1 || (v == 3 && v3_ok);
 }
 
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. With LCU_LORA_FIRST
- * (c->lora_first) and segments that cover every row on LoRA version 1, the LoRA goes first
+ * (c->lora_first) and segments that cover every row on LoRA version 1 (or version 3, for the
+ * projections without a residual: several adapters' passes), the LoRA goes first
  * and writes y (= LoRA + resid), and the base GEMM adds into it in its epilogue (beta 1):
  * the output is written once by each instead of the LoRA reading and writing it again after
  * the GEMM (at 4,096 rows of Qwen3-8B's gate, 403 MB of fp32 traffic against 201). The sum's
@@ -88,7 +90,8 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
 {
     int n = c->lora_first ? cu_lora_segs(c, l, mod, 0, T, false) : 0;
-    if (cl_lora_first(c, n, T)) {
+    /* version 3 writes its expand only where no residual is to be added first */
+    if (cl_lora_first(c, n, T, !resid)) {
         CU_TRY(c, lcu_lora_fwd_into(c->lcu, c->lsegs, n, T, in, out, x, in, resid, out, y, out, c->a.z, CU_LDZ,
                                     c->stream));
         cu_mark(c, cl_lora_op[mod]);
@@ -158,7 +161,7 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
      * dgrad adding into it (see cl_linear), when the segments carrying gradients tile the
      * rows (then no other segment has any). */
     int nf = c->lora_first && dx ? cu_lora_segs(c, l, mod, 0, T, true) : 0;
-    if (cl_lora_first(c, nf, T)) {
+    if (cl_lora_first(c, nf, T, false)) { /* version 1's backward only (lcu_lora_bwd_into) */
         CU_TRY(c, lcu_lora_bwd_into(c->lcu, c->lsegs, nf, T, in, out, x, in, dy, out, dx, in, acc, c->a.z, c->a.dz,
                                     CU_LDZ, c->stream));
         cu_mark(c, cl_lora_bop[mod]);

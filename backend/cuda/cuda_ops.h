@@ -312,11 +312,12 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
 int lcu_lora_version(const lcu_lora_seg *segs, int nseg);
 
 /* y[rows, out] = scale·(x Aᵀ) Bᵀ (+ C when C is not NULL, fp32 stride ldc) over segments that
- * cover rows 0 .. rows − 1 without a gap (sorted; else LCU_EINVAL), by version 1's products:
- * the LoRA written where the output is produced, so that the base GEMM then adds into it
- * (beta 1) instead of the LoRA reading and writing the output once more (LCU_LORA_FIRST,
- * cuda_layer.c). The same function as lcu_lora_fwd after y = C (or 0), summed in another
- * order: fp32 rounding apart. */
+ * cover rows 0 .. rows − 1 without a gap (sorted; else LCU_EINVAL): the LoRA written where
+ * the output is produced, so that the base GEMM then adds into it (beta 1) instead of the
+ * LoRA reading and writing the output once more (LCU_LORA_FIRST, cuda_layer.c). Version 3's
+ * products where lcu_lora_version picks it (its expand writing y; with C, y = C first and
+ * the expand adding: no gain there), else version 1's. The same function as lcu_lora_fwd
+ * after y = C (or 0): fp32 rounding apart. */
 int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
                       long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 

@@ -84,6 +84,14 @@ int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows,
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, y, ldy, z, ldz);
     if (rc) return rc;
     if (rows < 0 || (C && ldc < out) || !lcu_lora_tile(segs, nseg, rows)) return LCU_EINVAL;
+    if (nseg && lcu_lora_version(segs, nseg) == 3) { /* version 3's expand writes y; C first when given */
+        if (C) {
+            rc = (int)cudaMemcpy2DAsync(y, ldy * sizeof(float), C, ldc * sizeof(float), (size_t)out * sizeof(float),
+                                        (size_t)rows, cudaMemcpyDeviceToDevice, s);
+            return rc ? rc : lcu_sgmv3_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+        }
+        return lcu_sgmv3_lora_fwd_write(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+    }
     for (int i = 0; i < nseg && !rc; i++) {
         const lcu_lora_seg *g = &segs[i];
         int n = (int)(g->row_end - g->row_begin);

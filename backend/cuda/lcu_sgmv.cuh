@@ -27,6 +27,10 @@ int lcu_sgmv_splits(long tiles, long k, int *kchunk);
 /* LoRA version 3 (lcu_sgmv3.cu): the same interface and preconditions as version 2. */
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+/* The same with y = scale·(x Aᵀ) Bᵀ written, not added (lcu_lora_fwd_into): the segments
+ * must cover the rows of y that are wanted. */
+int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                             long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                        cudaStream_t s);

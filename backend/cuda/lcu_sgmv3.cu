@@ -343,11 +343,11 @@ __global__ void __launch_bounds__(V3_SHRINK_THREADS) lcu_sgmv3_shrink_k(const __
     }
 }
 
-/* Expand: c[i][n] += alpha·Σ_k a[i][k]·op(b)[k][n] (fp32) for the m ≤ MT rows of an item, K
+/* Expand: c[i][n] += (ACC; else =) alpha·Σ_k a[i][k]·op(b)[k][n] (fp32) for the m ≤ MT rows of an item, K
  * short (the rank); op(b) = b [k][n], or b [n][k] when TB. One block per 512 columns, 4
  * consecutive columns per thread for every row; a's rows staged in shared memory 64 k at a
  * time; each output summed over k in order. */
-template <bool TB, int MT>
+template <bool TB, bool ACC, int MT>
 __global__ void __launch_bounds__(V3_EXPAND_THREADS) lcu_sgmv3_expand_k(const __grid_constant__ v3_table t)
 {
     __shared__ float zs[MT][V3_EXPAND_KC];
@@ -417,15 +417,16 @@ __global__ void __launch_bounds__(V3_EXPAND_THREADS) lcu_sgmv3_expand_k(const __
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         if (i >= g.m) break;
-        v3_out4<float, true>(g.c, (long)i * g.ldc + n0, nl, g.alpha, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]),
-                             g.flags & V3_VC);
+        v3_out4<float, ACC>(g.c, (long)i * g.ldc + n0, nl, g.alpha, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]),
+                            g.flags & V3_VC);
     }
 }
 
 /* ---- host: products, kernel classes, tables ----------------------------------------------- */
 
-/* The five products (transposes, output type, accumulate) of lcu_sgmv.cu's LoRA. */
-typedef enum { V3_Z, V3_Y, V3_G, V3_DZ, V3_DX } v3_prod;
+/* The five products (transposes, output type, accumulate) of lcu_sgmv.cu's LoRA, and V3_YW:
+ * V3_Y writing its output instead of adding to it (lcu_sgmv3_lora_fwd_write). */
+typedef enum { V3_Z, V3_Y, V3_G, V3_DZ, V3_DX, V3_YW } v3_prod;
 
 /* A product's item: C = alpha·op(A)·op(B) (+ C), the grouped GEMM's item of cuda_ops.h. */
 typedef lcu_group_item v3_op;
@@ -454,7 +455,7 @@ static int v3_class(const v3_run *R, v3_prod p, const v3_op *o)
      * launch: both take 64-row tiles */
     if (p == V3_G) return V3_CL_TC64;
     if (o->M <= R->small_rows) {
-        if (p == V3_Y || p == V3_DX) return V3_CL_SMALL;
+        if (p == V3_Y || p == V3_YW || p == V3_DX) return V3_CL_SMALL;
         /* the shrink reads 8 values at a time, whole and aligned */
         if (p == V3_Z && o->K % 8 == 0 && o->lda % 8 == 0 && o->ldb % 8 == 0 && v3_aligned(o->A, 16) &&
             v3_aligned(o->B, 16))
@@ -500,8 +501,9 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
     unsigned grid = (unsigned)R->blocks;
     if (cls == V3_CL_SMALL) { /* MT: the rows the kernel has registers for (the results do not depend on it) */
         if (p == V3_Z) V3_MT(V3_SHRINK_THREADS, lcu_sgmv3_shrink_k, );
-        else if (p == V3_Y) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, true, );
-        else V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, false, );
+        else if (p == V3_Y) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, true, true, );
+        else if (p == V3_YW) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, true, false, );
+        else V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, false, true, );
     } else {
         int bm = cls == V3_CL_TC16 ? 16 : cls == V3_CL_TC32 ? 32 : 64;
         switch (p) {
@@ -510,6 +512,7 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
         case V3_G: V3_TC(true, false, float, true); break;   /* gB, gA */
         case V3_DZ: V3_TC(false, false, bf16, false); break; /* dz = dy·B */
         case V3_DX: V3_TC(false, false, float, true); break; /* dx += dz·A */
+        case V3_YW: V3_TC(false, true, float, false); break; /* y = z·Bᵀ */
         }
     }
     R->rc = lcu_launch_status();
@@ -517,6 +520,7 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
         long per = (R->max_groups + 255) / 256;
         dim3 rg((unsigned)(per < 1024 ? per : 1024), (unsigned)R->t.count);
         if (v3_out_bf16(p)) lcu_sgmv3_reduce_k<bf16, false><<<rg, 256, 0, R->s>>>(R->t);
+        else if (p == V3_YW) lcu_sgmv3_reduce_k<float, false><<<rg, 256, 0, R->s>>>(R->t);
         else lcu_sgmv3_reduce_k<float, true><<<rg, 256, 0, R->s>>>(R->t);
         R->rc = lcu_launch_status();
     }
@@ -556,7 +560,8 @@ static void v3_add(v3_run *R, v3_prod p, int cls, const v3_op *o)
         else {
             blocks = (o->N + V3_EXPAND_COLS - 1) / V3_EXPAND_COLS;
             /* y's B [n][k]: 16-byte runs along k; dx's A [k][n]: 8-byte runs of 4 columns */
-            if (p == V3_Y ? o->ldb % 8 == 0 && v3_aligned(o->B, 16) : o->ldb % 4 == 0 && v3_aligned(o->B, 8))
+            if (p == V3_Y || p == V3_YW ? o->ldb % 8 == 0 && v3_aligned(o->B, 16)
+                                        : o->ldb % 4 == 0 && v3_aligned(o->B, 8))
                 it.flags |= V3_VB;
         }
     } else {
@@ -624,8 +629,9 @@ static int v3_z(v3_run *R, v3_op *ops, const lcu_lora_seg *segs, int nseg, int i
     return v3_product(R, V3_Z, ops, nseg);
 }
 
-int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                       float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+/* z = x·Aᵀ, then y += (p = V3_Y) or y = (V3_YW) scale·z·Bᵀ for every segment. */
+static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                  long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     v3_op *ops = (v3_op *)malloc((size_t)(nseg > 0 ? nseg : 1) * sizeof *ops);
     if (!ops) return LCU_EINVAL;
@@ -633,15 +639,27 @@ int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, i
     v3_begin(&R, c, s);
     int rc = v3_z(&R, ops, segs, nseg, in, x, ldx, z, ldz);
     if (!rc) {
-        for (int i = 0; i < nseg; i++) { /* y += scale·z·Bᵀ */
+        for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             ops[i] = (v3_op){z + g->row_begin * ldz, ldz, g->B, g->rank, y + g->row_begin * ldy, ldy,
                              g->row_end - g->row_begin, out, g->rank, g->scale};
         }
-        rc = v3_product(&R, V3_Y, ops, nseg);
+        rc = v3_product(&R, p, ops, nseg);
     }
     free(ops);
     return rc;
+}
+
+int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                       float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    return v3_fwd(c, V3_Y, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+}
+
+int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                             long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    return v3_fwd(c, V3_YW, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
 }
 
 /* The wave of each segment: how many earlier segments of the call accumulate into the same

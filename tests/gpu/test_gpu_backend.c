@@ -462,45 +462,56 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
 }
 
 /* LCU_LORA_FIRST=1 (off by default): the LoRA written first and the base GEMM adding into it
- * wherever one adapter's segments cover the pass's rows. Adapter 0's sequences alone (so
- * that they do) run in a context with the switch and in this one: the same sums in another
- * order, so log-probs within 2e-2 and gradients within 2e-2 relative, as packed vs alone. */
+ * wherever the segments cover the pass's rows. Adapter 0's sequences alone (so that they
+ * do) run in a context with the switch and in this one, on LoRA version 1 (auto: one
+ * segment) and again on version 3 (LCU_LORA=sgmv3, read per call: its writing expand): the
+ * same sums in another order, so log-probs within 2e-2 and gradients within 2e-2 relative,
+ * as packed vs alone. */
 static void check_lora_first(pair *p, const inputs *in)
 {
     side o = open_with(p, "LCU_LORA_FIRST", "1");
-    be_adapter *ao[NAD], *ad[NAD];
-    for (int j = 0; j < NAD; j++) {
-        ao[j] = make_adapter(&o, j);
-        ad[j] = make_adapter(&p->gpu, j);
+    const char *was = getenv("LCU_LORA");
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", was ? was : "");
+    for (int v3 = 0; v3 < 2; v3++) {
+        if (v3) setenv("LCU_LORA", "sgmv3", 1);
+        be_adapter *ao[NAD], *ad[NAD];
+        for (int j = 0; j < NAD; j++) {
+            ao[j] = make_adapter(&o, j);
+            ad[j] = make_adapter(&p->gpu, j);
+        }
+        batch bo, bd;
+        make_batch(&bo, &o, ao, in, 0, false);
+        make_batch(&bd, &p->gpu, ad, in, 0, false);
+        run(&o, &bo, true);
+        run(&p->gpu, &bd, true);
+        double wl = 0;
+        bool bits = true;
+        for (int k = 0; k < bo.n; k++) {
+            size_t at, n = (size_t)SEQS[bo.idx[k]].n * KOF(bo.idx[k]);
+            wl = fmax(wl, max_abs(bo.lp[k], bd.lp[k], n, &at));
+            bits &= same_bits(bo.lp[k], bd.lp[k], n * 4);
+        }
+        adapter_state go = download(&o, ao[0], ADAPTER_GRADS), gd = download(&p->gpu, ad[0], ADAPTER_GRADS);
+        size_t np = gd.layout.num_params;
+        double rel = l2(go.grads, gd.grads, np) / fmax(l2(gd.grads, NULL, np), 1e-30);
+        const char *lv = v3 ? "LoRA version 3" : "LoRA version 1";
+        gt_check(bo.n > 0 && wl <= 2e-2 && rel <= 2e-2, "%s: LCU_LORA_FIRST=1 (the LoRA first, the GEMM adding into it) "
+                 "vs the default, %s, adapter 0's %d sequences: log-probs max |d| %.2e, gradients rel %.2e", p->name,
+                 lv, bo.n, wl, rel);
+        printf("  %s LCU_LORA_FIRST=1 vs the default (%s): %s (log-probs max |d| %.2e, gradients rel %.2e)\n",
+               p->name, lv, bits && rel == 0 ? "bitwise equal" : "within rounding", wl, rel);
+        adapter_state_free(&go);
+        adapter_state_free(&gd);
+        free_batch(&bo);
+        free_batch(&bd);
+        for (int j = 0; j < NAD; j++) {
+            o.be->adapter_free(o.ctx, ao[j]);
+            p->gpu.be->adapter_free(p->gpu.ctx, ad[j]);
+        }
     }
-    batch bo, bd;
-    make_batch(&bo, &o, ao, in, 0, false);
-    make_batch(&bd, &p->gpu, ad, in, 0, false);
-    run(&o, &bo, true);
-    run(&p->gpu, &bd, true);
-    double wl = 0;
-    bool bits = true;
-    for (int k = 0; k < bo.n; k++) {
-        size_t at, n = (size_t)SEQS[bo.idx[k]].n * KOF(bo.idx[k]);
-        wl = fmax(wl, max_abs(bo.lp[k], bd.lp[k], n, &at));
-        bits &= same_bits(bo.lp[k], bd.lp[k], n * 4);
-    }
-    adapter_state go = download(&o, ao[0], ADAPTER_GRADS), gd = download(&p->gpu, ad[0], ADAPTER_GRADS);
-    size_t np = gd.layout.num_params;
-    double rel = l2(go.grads, gd.grads, np) / fmax(l2(gd.grads, NULL, np), 1e-30);
-    gt_check(bo.n > 0 && wl <= 2e-2 && rel <= 2e-2, "%s: LCU_LORA_FIRST=1 (the LoRA first, the GEMM adding into it) "
-             "vs the default, adapter 0's %d sequences: log-probs max |d| %.2e, gradients rel %.2e", p->name, bo.n, wl,
-             rel);
-    printf("  %s LCU_LORA_FIRST=1 vs the default: %s (log-probs max |d| %.2e, gradients rel %.2e)\n", p->name,
-           bits && rel == 0 ? "bitwise equal" : "within rounding", wl, rel);
-    adapter_state_free(&go);
-    adapter_state_free(&gd);
-    free_batch(&bo);
-    free_batch(&bd);
-    for (int j = 0; j < NAD; j++) {
-        o.be->adapter_free(o.ctx, ao[j]);
-        p->gpu.be->adapter_free(p->gpu.ctx, ad[j]);
-    }
+    if (was) setenv("LCU_LORA", prev, 1);
+    else unsetenv("LCU_LORA");
     o.be->destroy(o.ctx);
 }
 

@@ -295,9 +295,9 @@ static void test_ref_fd(void)
 }
 
 /* lcu_lora_fwd_into (LCU_LORA_FIRST's LoRA, written where the output is produced): y = LoRA
- * (+ C) over segments tiling every row, against version 1's lcu_lora_fwd into a copy of C
- * (or zeros): the same products, equal within fp32 rounding; segments with a gap or short of
- * the rows are refused. */
+ * (+ C) over segments tiling every row, against the running version's lcu_lora_fwd into a
+ * copy of C (or zeros): the same products, equal within fp32 rounding; segments with a gap
+ * or short of the rows are refused. */
 static void test_fwd_into(lcu_ctx *c, int in, int out)
 {
     long rows = gt_int(20, 150), cut = gt_int(1, (int)rows - 1), ldz = lcu_lora_ldz(16);
@@ -444,11 +444,22 @@ int main(void)
         }
     }
     unsetenv("LCU_SGMV3_SMALL");
-    /* lcu_lora_fwd_into takes version 1's products: its reference is version 1's forward */
+    /* lcu_lora_fwd_into takes version 3's products where it is picked (its expand writing),
+     * else version 1's: the reference is the same version's forward; lcu_lora_bwd_into
+     * takes version 1's */
+    static const struct { const char *label, *lora, *small; } into[] = {
+        {"gemm", "gemm", NULL}, {"sgmv3", "sgmv3", NULL}, {"sgmv3 tiled", "sgmv3", "0"}};
+    for (size_t v = 0; v < sizeof into / sizeof into[0]; v++) {
+        version = into[v].label;
+        setenv("LCU_LORA", into[v].lora, 1);
+        if (into[v].small) setenv("LCU_SGMV3_SMALL", into[v].small, 1);
+        else unsetenv("LCU_SGMV3_SMALL");
+        test_fwd_into(c, 256, 192);
+        test_fwd_into(c, in, out);
+    }
+    unsetenv("LCU_SGMV3_SMALL");
     version = "gemm";
     setenv("LCU_LORA", "gemm", 1);
-    test_fwd_into(c, 256, 192);
-    test_fwd_into(c, in, out);
     test_bwd_into(c, 256, 192);
     test_bwd_into(c, in, out);
     unsetenv("LCU_LORA");

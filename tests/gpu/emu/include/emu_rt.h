@@ -22,6 +22,8 @@ cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t st);
 const char *cudaGetErrorString(cudaError_t e);
 #ifdef __cplusplus
 }
