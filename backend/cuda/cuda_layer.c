@@ -161,7 +161,7 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
      * dgrad adding into it (see cl_linear), when the segments carrying gradients tile the
      * rows (then no other segment has any). */
     int nf = c->lora_first && dx ? cu_lora_segs(c, l, mod, 0, T, true) : 0;
-    if (cl_lora_first(c, nf, T, false)) { /* version 1's backward only (lcu_lora_bwd_into) */
+    if (cl_lora_first(c, nf, T, true)) {
         CU_TRY(c, lcu_lora_bwd_into(c->lcu, c->lsegs, nf, T, in, out, x, in, dy, out, dx, in, acc, c->a.z, c->a.dz,
                                     CU_LDZ, c->stream));
         cu_mark(c, cl_lora_bop[mod]);

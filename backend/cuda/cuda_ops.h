@@ -328,11 +328,11 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                  cudaStream_t s);
 
-/* lcu_lora_bwd by version 1's products over segments that tile rows 0 .. rows − 1 (else
- * LCU_EINVAL), with dx = dz A (+ dx when acc) written rather than added: the LoRA's part of
- * dx first, the base GEMM's dgrad then adding into it (beta 1; LCU_LORA_FIRST,
- * cuda_layer.c). The gradients are lcu_lora_bwd's, bit for bit; dx its value within fp32
- * rounding. */
+/* lcu_lora_bwd over segments that tile rows 0 .. rows − 1 (else LCU_EINVAL), with dx = dz A
+ * (+ dx when acc) written rather than added: the LoRA's part of dx first, the base GEMM's
+ * dgrad then adding into it (beta 1; LCU_LORA_FIRST, cuda_layer.c). Version 3's products
+ * where lcu_lora_version picks it, else version 1's. The gradients are lcu_lora_bwd's, bit
+ * for bit; dx its value within fp32 rounding. */
 int lcu_lora_bwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out,
                       const lcu_bf16 *x, long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, bool acc,
                       lcu_bf16 *z, lcu_bf16 *dz, long ldz, cudaStream_t s);

@@ -155,5 +155,11 @@ int lcu_lora_bwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows,
     int rc = lcu_lora_check(segs, nseg, in, out, x, ldx, dy, lddy, z, ldz);
     if (rc) return rc;
     if (!dx || lddx < in || (nseg && !dz) || !lcu_lora_tile(segs, nseg, rows)) return LCU_EINVAL;
+    if (nseg && lcu_lora_version(segs, nseg) == 3) { /* version 3's dx product writing (or adding, acc) */
+        for (int i = 0; i < nseg; i++)
+            if (segs[i].row_end > segs[i].row_begin && (!segs[i].gA || !segs[i].gB)) return LCU_EINVAL;
+        return acc ? lcu_sgmv3_lora_bwd(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s)
+                   : lcu_sgmv3_lora_bwd_write(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
+    }
     return lcu_lora_bwd_v1(c, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, acc ? 1.0f : 0.0f, z, dz, ldz, s);
 }

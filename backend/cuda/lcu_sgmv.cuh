@@ -34,5 +34,9 @@ int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int
 int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                        cudaStream_t s);
+/* The same with dx = dz A written, not added (lcu_lora_bwd_into; the segments cover dx's rows). */
+int lcu_sgmv3_lora_bwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                             long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz,
+                             long ldz, cudaStream_t s);
 
 #endif

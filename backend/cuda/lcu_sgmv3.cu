@@ -424,9 +424,10 @@ __global__ void __launch_bounds__(V3_EXPAND_THREADS) lcu_sgmv3_expand_k(const __
 
 /* ---- host: products, kernel classes, tables ----------------------------------------------- */
 
-/* The five products (transposes, output type, accumulate) of lcu_sgmv.cu's LoRA, and V3_YW:
- * V3_Y writing its output instead of adding to it (lcu_sgmv3_lora_fwd_write). */
-typedef enum { V3_Z, V3_Y, V3_G, V3_DZ, V3_DX, V3_YW } v3_prod;
+/* The five products (transposes, output type, accumulate) of lcu_sgmv.cu's LoRA, and V3_YW,
+ * V3_DXW: V3_Y and V3_DX writing their output instead of adding to it (lcu_lora_fwd_into,
+ * lcu_lora_bwd_into). */
+typedef enum { V3_Z, V3_Y, V3_G, V3_DZ, V3_DX, V3_YW, V3_DXW } v3_prod;
 
 /* A product's item: C = alpha·op(A)·op(B) (+ C), the grouped GEMM's item of cuda_ops.h. */
 typedef lcu_group_item v3_op;
@@ -455,7 +456,7 @@ static int v3_class(const v3_run *R, v3_prod p, const v3_op *o)
      * launch: both take 64-row tiles */
     if (p == V3_G) return V3_CL_TC64;
     if (o->M <= R->small_rows) {
-        if (p == V3_Y || p == V3_YW || p == V3_DX) return V3_CL_SMALL;
+        if (p == V3_Y || p == V3_YW || p == V3_DX || p == V3_DXW) return V3_CL_SMALL;
         /* the shrink reads 8 values at a time, whole and aligned */
         if (p == V3_Z && o->K % 8 == 0 && o->lda % 8 == 0 && o->ldb % 8 == 0 && v3_aligned(o->A, 16) &&
             v3_aligned(o->B, 16))
@@ -503,6 +504,7 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
         if (p == V3_Z) V3_MT(V3_SHRINK_THREADS, lcu_sgmv3_shrink_k, );
         else if (p == V3_Y) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, true, true, );
         else if (p == V3_YW) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, true, false, );
+        else if (p == V3_DXW) V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, false, false, );
         else V3_MT(V3_EXPAND_THREADS, lcu_sgmv3_expand_k, false, true, );
     } else {
         int bm = cls == V3_CL_TC16 ? 16 : cls == V3_CL_TC32 ? 32 : 64;
@@ -513,6 +515,7 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
         case V3_DZ: V3_TC(false, false, bf16, false); break; /* dz = dy·B */
         case V3_DX: V3_TC(false, false, float, true); break; /* dx += dz·A */
         case V3_YW: V3_TC(false, true, float, false); break; /* y = z·Bᵀ */
+        case V3_DXW: V3_TC(false, false, float, false); break; /* dx = dz·A */
         }
     }
     R->rc = lcu_launch_status();
@@ -520,7 +523,7 @@ static void v3_flush(v3_run *R, v3_prod p, int cls)
         long per = (R->max_groups + 255) / 256;
         dim3 rg((unsigned)(per < 1024 ? per : 1024), (unsigned)R->t.count);
         if (v3_out_bf16(p)) lcu_sgmv3_reduce_k<bf16, false><<<rg, 256, 0, R->s>>>(R->t);
-        else if (p == V3_YW) lcu_sgmv3_reduce_k<float, false><<<rg, 256, 0, R->s>>>(R->t);
+        else if (p == V3_YW || p == V3_DXW) lcu_sgmv3_reduce_k<float, false><<<rg, 256, 0, R->s>>>(R->t);
         else lcu_sgmv3_reduce_k<float, true><<<rg, 256, 0, R->s>>>(R->t);
         R->rc = lcu_launch_status();
     }
@@ -676,9 +679,10 @@ static int v3_waves(const lcu_lora_seg *segs, int nseg, int *wave)
     return waves;
 }
 
-int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
-                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
-                       cudaStream_t s)
+/* The backward; dx += (dxp = V3_DX) or = (V3_DXW) dz·A. */
+static int v3_bwd(lcu_ctx *c, v3_prod dxp, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                  long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                  cudaStream_t s)
 {
     size_t n1 = (size_t)(nseg > 0 ? nseg : 1);
     v3_op *ops = (v3_op *)malloc(2 * n1 * sizeof *ops);
@@ -713,15 +717,29 @@ int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, i
         }
         rc = v3_product(&R, V3_G, ops, n);
     }
-    if (!rc && dx) { /* dx += dz·A */
+    if (!rc && dx) { /* dx += (or =) dz·A */
         for (int i = 0; i < nseg; i++) {
             const lcu_lora_seg *g = &segs[i];
             ops[i] = (v3_op){dz + g->row_begin * ldz, ldz, g->A, in, dx + g->row_begin * lddx, lddx,
                              g->row_end - g->row_begin, in, g->rank, 1.0f};
         }
-        rc = v3_product(&R, V3_DX, ops, nseg);
+        rc = v3_product(&R, dxp, ops, nseg);
     }
     free(ops);
     free(wave);
     return rc;
+}
+
+int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
+                       const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
+                       cudaStream_t s)
+{
+    return v3_bwd(c, V3_DX, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
+}
+
+int lcu_sgmv3_lora_bwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
+                             long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz,
+                             long ldz, cudaStream_t s)
+{
+    return v3_bwd(c, V3_DXW, segs, nseg, in, out, x, ldx, dy, lddy, dx, lddx, z, dz, ldz, s);
 }

@@ -338,9 +338,9 @@ static void test_fwd_into(lcu_ctx *c, int in, int out)
     free(x); free(Cm); free(A0); free(B0); free(A1); free(B1); free(ya); free(yb);
 }
 
-/* lcu_lora_bwd_into (LCU_LORA_FIRST's backward: dx = dz A (+ dx) written first): against
- * version 1's lcu_lora_bwd adding into zeros or into dx's earlier values, the gradients bit
- * for bit (the same products) and dx within fp32 rounding; a gap refused. */
+/* lcu_lora_bwd_into (LCU_LORA_FIRST's backward: dx = dz A (+ dx) written first): against the
+ * running version's lcu_lora_bwd adding into zeros or into dx's earlier values, the gradients
+ * bit for bit (the same products) and dx within fp32 rounding; a gap refused. */
 static void test_bwd_into(lcu_ctx *c, int in, int out)
 {
     long rows = gt_int(20, 150), cut = gt_int(1, (int)rows - 1), ldz = lcu_lora_ldz(16);
@@ -444,9 +444,9 @@ int main(void)
         }
     }
     unsetenv("LCU_SGMV3_SMALL");
-    /* lcu_lora_fwd_into takes version 3's products where it is picked (its expand writing),
-     * else version 1's: the reference is the same version's forward; lcu_lora_bwd_into
-     * takes version 1's */
+    /* lcu_lora_fwd_into and lcu_lora_bwd_into take version 3's products where it is picked
+     * (its expand and dx product writing), else version 1's: the reference is the same
+     * version's lcu_lora_fwd / lcu_lora_bwd */
     static const struct { const char *label, *lora, *small; } into[] = {
         {"gemm", "gemm", NULL}, {"sgmv3", "sgmv3", NULL}, {"sgmv3 tiled", "sgmv3", "0"}};
     for (size_t v = 0; v < sizeof into / sizeof into[0]; v++) {
@@ -456,12 +456,10 @@ int main(void)
         else unsetenv("LCU_SGMV3_SMALL");
         test_fwd_into(c, 256, 192);
         test_fwd_into(c, in, out);
+        test_bwd_into(c, 256, 192);
+        test_bwd_into(c, in, out);
     }
     unsetenv("LCU_SGMV3_SMALL");
-    version = "gemm";
-    setenv("LCU_LORA", "gemm", 1);
-    test_bwd_into(c, 256, 192);
-    test_bwd_into(c, in, out);
     unsetenv("LCU_LORA");
     lcu_lora_seg bad = {5, 2, 8, 4.0f, NULL, NULL, NULL, NULL};
     gt_check(lcu_lora_fwd(c, &bad, 1, 16, 16, NULL, 16, NULL, 16, NULL, 8, 0) == LCU_EINVAL, "bad segment refused");
