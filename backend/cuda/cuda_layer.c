@@ -69,19 +69,9 @@ static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int
     return 0;
 }
 
-/* LCU_LORA_FIRST's condition: the n segments in c->lsegs (n > 0) tile rows 0 .. T − 1 and
- * LoRA version 1 runs them, or (v3_ok) version 3 (lcu_lora_fwd_into, lcu_lora_bwd_into). */
-static bool cl_lora_first(const cu_ctx *c, int n, long T, bool v3_ok)
-{
-    bool cover = n > 0 && c->lsegs[0].row_begin == 0 && c->lsegs[n - 1].row_end == T;
-    for (int i = 1; i < n && cover; i++) cover = c->lsegs[i].row_begin == c->lsegs[i - 1].row_end;
-    int v = cover ? lcu_lora_version(c->lsegs, n) : 0;
-    return v == 1 || (v == 3 && v3_ok);
-}
-
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. With LCU_LORA_FIRST
- * (c->lora_first) and segments that cover every row on LoRA version 1 (or version 3, for the
- * projections without a residual: several adapters' passes), the LoRA goes first
+ * (c->lora_first), where lcu_lora_fwd_into takes the segments (they cover every row; LoRA
+ * version 1, or version 3 for the projections without a residual), the LoRA goes first
  * and writes y (= LoRA + resid), and the base GEMM adds into it in its epilogue (beta 1):
  * the output is written once by each instead of the LoRA reading and writing it again after
  * the GEMM (at 4,096 rows of Qwen3-8B's gate, 403 MB of fp32 traffic against 201). The sum's
@@ -90,10 +80,11 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
                      const lcu_bf16 *bias, int out, const float *resid, float *y, long T)
 {
     int n = c->lora_first ? cu_lora_segs(c, l, mod, 0, T, false) : 0;
-    /* version 3 writes its expand only where no residual is to be added first */
-    if (cl_lora_first(c, n, T, !resid)) {
-        CU_TRY(c, lcu_lora_fwd_into(c->lcu, c->lsegs, n, T, in, out, x, in, resid, out, y, out, c->a.z, CU_LDZ,
-                                    c->stream));
+    int rc = n ? lcu_lora_fwd_into(c->lcu, c->lsegs, n, T, in, out, x, in, resid, out, y, out, c->a.z, CU_LDZ,
+                                   c->stream)
+               : LCU_ENOTSUP;
+    if (rc != LCU_ENOTSUP) { /* else these segments go after the GEMM, below */
+        CU_TRY(c, rc);
         cu_mark(c, cl_lora_op[mod]);
         lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, 1.0f, x, in, W, in, NULL, 0, y, out, LCU_F32};
         CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
@@ -158,12 +149,14 @@ static int cl_linear_bwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, i
                          const lcu_bf16 *dy, float *dx, bool acc, long T)
 {
     /* LCU_LORA_FIRST: the LoRA's part of dx written first (its gradients as ever), the base
-     * dgrad adding into it (see cl_linear), when the segments carrying gradients tile the
-     * rows (then no other segment has any). */
+     * dgrad adding into it (see cl_linear), where lcu_lora_bwd_into takes the segments
+     * carrying gradients (they tile the rows: then no other segment has any). */
     int nf = c->lora_first && dx ? cu_lora_segs(c, l, mod, 0, T, true) : 0;
-    if (cl_lora_first(c, nf, T, true)) {
-        CU_TRY(c, lcu_lora_bwd_into(c->lcu, c->lsegs, nf, T, in, out, x, in, dy, out, dx, in, acc, c->a.z, c->a.dz,
-                                    CU_LDZ, c->stream));
+    int rc = nf ? lcu_lora_bwd_into(c->lcu, c->lsegs, nf, T, in, out, x, in, dy, out, dx, in, acc, c->a.z, c->a.dz,
+                                    CU_LDZ, c->stream)
+                : LCU_ENOTSUP;
+    if (rc != LCU_ENOTSUP) {
+        CU_TRY(c, rc);
         cu_mark(c, cl_lora_bop[mod]);
         lcu_gemm_args g = {false, false, (int)T, in, out, 1.0f, 1.0f, dy, out, W, in, NULL, 0, dx, in, LCU_F32};
         CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));

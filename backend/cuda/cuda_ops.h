@@ -305,19 +305,14 @@ int lcu_lora_ldz(int max_rank);
 int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
-/* The LoRA version (1, 2 or 3) lcu_lora_fwd / lcu_lora_bwd run for these segments (sorted and
- * disjoint): LCU_LORA=gemm 1, sgmv 2, sgmv3 3; auto (the default) version 3 from
- * LCU_LORA_AUTO_MIN non-empty segments (2) averaging at most LCU_LORA_AUTO_ROWS rows (2048),
- * else version 1 (cuBLASLt per segment). */
-int lcu_lora_version(const lcu_lora_seg *segs, int nseg);
-
-/* y[rows, out] = scale·(x Aᵀ) Bᵀ (+ C when C is not NULL, fp32 stride ldc) over segments that
- * cover rows 0 .. rows − 1 without a gap (sorted; else LCU_EINVAL): the LoRA written where
- * the output is produced, so that the base GEMM then adds into it (beta 1) instead of the
- * LoRA reading and writing the output once more (LCU_LORA_FIRST, cuda_layer.c). Version 3's
- * products where lcu_lora_version picks it (its expand writing y; with C, y = C first and
- * the expand adding: no gain there), else version 1's. The same function as lcu_lora_fwd
- * after y = C (or 0): fp32 rounding apart. */
+/* y[rows, out] = scale·(x Aᵀ) Bᵀ (+ C when C is not NULL, fp32 stride ldc): the LoRA written
+ * where the output is produced, so that the base GEMM then adds into it (beta 1) instead of
+ * the LoRA reading and writing the output once more (LCU_LORA_FIRST, cuda_layer.c). By the
+ * products of the version LCU_LORA picks for these segments (lcu_sgmv.cuh): version 1's, or
+ * version 3's with its expand writing y. LCU_ENOTSUP (nothing done: run the GEMM, then
+ * lcu_lora_fwd) when the segments do not tile rows 0 .. rows − 1 in order, on version 2,
+ * and on version 3 with C (its expand would have to add to a copy of C: no gain). The same
+ * function as lcu_lora_fwd after y = C (or 0): fp32 rounding apart. */
 int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
                       long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
@@ -328,11 +323,10 @@ int lcu_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
                  const lcu_bf16 *dy, long lddy, float *dx, long lddx, lcu_bf16 *z, lcu_bf16 *dz, long ldz,
                  cudaStream_t s);
 
-/* lcu_lora_bwd over segments that tile rows 0 .. rows − 1 (else LCU_EINVAL), with dx = dz A
- * (+ dx when acc) written rather than added: the LoRA's part of dx first, the base GEMM's
- * dgrad then adding into it (beta 1; LCU_LORA_FIRST, cuda_layer.c). Version 3's products
- * where lcu_lora_version picks it, else version 1's. The gradients are lcu_lora_bwd's, bit
- * for bit; dx its value within fp32 rounding. */
+/* lcu_lora_bwd with dx = dz A (+ dx when acc) written rather than added: the LoRA's part of
+ * dx first, the base GEMM's dgrad then adding into it (beta 1; LCU_LORA_FIRST,
+ * cuda_layer.c). Versions 1 and 3; LCU_ENOTSUP (nothing done) as lcu_lora_fwd_into. The
+ * gradients are lcu_lora_bwd's, bit for bit; dx its value within fp32 rounding. */
 int lcu_lora_bwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out,
                       const lcu_bf16 *x, long ldx, const lcu_bf16 *dy, long lddy, float *dx, long lddx, bool acc,
                       lcu_bf16 *z, lcu_bf16 *dz, long ldz, cudaStream_t s);

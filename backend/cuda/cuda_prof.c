@@ -174,12 +174,11 @@ static void co_say_train(cu_ctx *c)
 {
     cu_ops_prof *p = c->tops;
     if (p->steps > 0 && p->nlab > 0) {
-        char what[192];
+        char passes[80], what[192];
+        if (c->tprof_passes > 1) snprintf(passes, sizeof passes, "%ld passes after the shape's first", p->steps);
+        else snprintf(passes, sizeof passes, "1 pass, the shape's first (plans and workspaces built in it)");
         snprintf(what, sizeof what, "%ld tokens in %d sequences, %s, %s", c->tprof_T, c->tprof_nseq,
-                 c->tprof_grad ? "forward+backward" : "forward (no gradient into the layers)",
-                 c->tprof_passes > 1 ? "" : "1 pass, the shape's first (plans and workspaces built in it)");
-        if (c->tprof_passes > 1)
-            snprintf(what + strlen(what), sizeof what - strlen(what), "%ld passes after the shape's first", p->steps);
+                 c->tprof_grad ? "forward+backward" : "forward (no gradient into the layers)", passes);
         co_print(c, p, "train", what, "pass");
     }
     p->nlab = 0;

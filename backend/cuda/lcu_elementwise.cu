@@ -40,8 +40,7 @@ static inline bool lcu_aligned4(const void *p, size_t bytes) { return (uintptr_t
 static inline size_t lcu_dtype_bytes(lcu_dtype t) { return t == LCU_F32 ? 4 : 2; }
 
 /* The vector kernels' tail: the n − 4·n4 (< 4) last elements, by the grid's first threads. */
-#define LCU_TAIL(t, n4, n) \
-    for (long t = 4 * (n4) + blockIdx.x * (long)blockDim.x + threadIdx.x; t < (n) && t < 4 * (n4) + 4; t += 4)
+#define LCU_TAIL(t, n4, n) if (long t = 4 * (n4) + blockIdx.x * (long)blockDim.x + threadIdx.x; t < (n))
 
 /* ---- conversion, copies ------------------------------------------------------------------ */
 

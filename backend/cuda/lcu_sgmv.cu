@@ -269,34 +269,6 @@ static void sg_add(sg_batch *b, const void *a, long lda, const void *bb, long ld
     it->tile_end = b->tiles;
 }
 
-int lcu_lora_version(const lcu_lora_seg *segs, int nseg)
-{
-    const char *e = getenv("LCU_LORA");
-    if (e && !strcmp(e, "gemm")) return 1;
-    if (e && !strcmp(e, "sgmv")) return 2;
-    if (e && !strcmp(e, "sgmv3")) return 3;
-    /* auto (the default): version 3 for calls of LCU_LORA_AUTO_MIN non-empty segments or more
-     * (default 2) averaging at most LCU_LORA_AUTO_ROWS rows (default 2048); else version 1,
-     * cuBLASLt per segment. Measured on an H200 (bench/cuda/WINDOWS.md, 2026-11-27, fourth
-     * window): Qwen3-0.6B forward+backward 32×256 rows over 8 adapters 66,040 tok/s on
-     * version 3 against 53,736 on the previous rule (over 32: 63,292 against 41,885; 8×512
-     * over 8: 58,629 against 36,214), Qwen3-8B decode over 8 adapters 18.27 ms a step
-     * against 26.86. Its q kernel rows beat version 2 at every size and version 1 at 8 and
-     * 32 segments up to 1,024 rows each (4,096: version 1 1.45 ms against 1.80). One
-     * segment stays on version 1 (the model's one-adapter rows: 78,318 tok/s against
-     * version 3's 64,412). */
-    const char *m = getenv("LCU_LORA_AUTO_MIN"), *r = getenv("LCU_LORA_AUTO_ROWS");
-    int min = m && *m ? atoi(m) : 2;
-    long max_rows = r && *r ? atol(r) : 2048, rows = 0;
-    int n = 0;
-    for (int i = 0; i < nseg; i++)
-        if (segs[i].row_end > segs[i].row_begin) {
-            n++;
-            rows += segs[i].row_end - segs[i].row_begin;
-        }
-    return n >= (min > 1 ? min : 1) && rows <= (long)n * (max_rows > 0 ? max_rows : 1) ? 3 : 1;
-}
-
 /* z = x·Aᵀ for every segment (forward, and recomputed in the backward). */
 static int sg_z(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, const lcu_bf16 *x, long ldx, lcu_bf16 *z,
                 long ldz, cudaStream_t s)

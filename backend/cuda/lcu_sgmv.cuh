@@ -2,7 +2,8 @@
  * product (SGMV style) instead of version 1's cuBLASLt calls per segment (lcu_lora.cu).
  * Chosen per call by the environment variable LCU_LORA (`auto`, the default: version 3 for
  * calls of several segments that are not long, else version 1; `gemm`: version 1; `sgmv`:
- * version 2; `sgmv3`: version 3, lcu_sgmv3.cu), like LCU_ATTN for the attention. Same
+ * version 2; `sgmv3`: version 3, lcu_sgmv3.cu; lcu_lora.cu's lcu_lora_version), like
+ * LCU_ATTN for the attention. Same
  * interface and semantics as lcu_lora_fwd / lcu_lora_bwd (cuda_ops.h); the caller has
  * checked the arguments and that the segments are sorted and disjoint in rows. */
 #ifndef LOOM_BACKEND_CUDA_SGMV_CUH
@@ -27,8 +28,7 @@ int lcu_sgmv_splits(long tiles, long k, int *kchunk);
 /* LoRA version 3 (lcu_sgmv3.cu): the same interface and preconditions as version 2. */
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
-/* The same with y = scale·(x Aᵀ) Bᵀ written, not added (lcu_lora_fwd_into): the segments
- * must cover the rows of y that are wanted. */
+/* The same with y = scale·(x Aᵀ) Bᵀ written, not added (lcu_lora_fwd_into). */
 int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
                              long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 int lcu_sgmv3_lora_bwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
