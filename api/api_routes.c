@@ -52,7 +52,7 @@ static const api_route routes[] = {
 
     /* futures (§4) */
     {"POST", V1 "/retrieve_future", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_future, NULL,
-     .from_note = api_future_from_note},
+     .from_note = api_future_from_note, .first_look = api_future_first_look},
     /* per sampling session (§4.4-§4.6): api_session_futures.c */
     {"POST", V1 "/retrieve_futures", ROUTE_LONG_POLL | ROUTE_READ, api_h_retrieve_futures, NULL},
     {"POST", V1 "/cancel_future", ROUTE_SAMPLE, api_h_cancel_future, NULL},

@@ -22,11 +22,15 @@ passes or fails.
               run's own rows, in bulk), with the statistics taken before (stale) and after
               (fresh)
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--parts latency,throughput,tenants,durability,statements,history]
+The client speaks as SDK 0.25 and later do (protobuf forward_backward bodies and results);
+`--wire json` as SDK 0.16-0.24 do by default (JSON both ways).
+
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--wire proto|json] [--parts latency,throughput,tenants,durability,statements,history]
 """
 import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 import stack  # noqa: E402
+import tinker_proto  # noqa: E402
 
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
 BASE = "loom/tiny-llama"
@@ -39,15 +43,20 @@ class Conn:
         self.host, self.port, self.key = u.hostname, u.port, key
         self.c = http.client.HTTPConnection(self.host, self.port, timeout=120)
 
-    def post(self, path, body):
-        """body: JSON-able, or bytes already encoded (bench/fleet_bench.py encodes its big
-        forward_backward bodies once)."""
+    def post(self, path, body, accept="application/json"):
+        """body: JSON-able, bytes already encoded as JSON (bench/fleet_bench.py encodes its
+        big forward_backward bodies once), or a Proto (a protobuf body). A protobuf answer
+        comes back as {"proto": its bytes}."""
         data = body if isinstance(body, bytes) else json.dumps(body)
+        ctype = "application/x-protobuf" if isinstance(body, Proto) else "application/json"
         for attempt in range(3):
             try:
-                self.c.request("POST", path, data, {"Content-Type": "application/json", "X-API-Key": self.key})
+                self.c.request("POST", path, data, {"Content-Type": ctype, "Accept": accept, "X-API-Key": self.key})
                 r = self.c.getresponse()
-                out = json.loads(r.read())
+                raw = r.read()
+                if (r.getheader("Content-Type") or "").startswith("application/x-protobuf") and r.status == 200:
+                    return {"proto": raw}
+                out = json.loads(raw)
                 if r.status != 200:
                     raise RuntimeError(f"{path}: {r.status} {out}")
                 return out
@@ -58,7 +67,7 @@ class Conn:
 
     def result(self, rid):
         while True:
-            r = self.post("/api/v1/retrieve_future", {"request_id": rid})
+            r = self.post("/api/v1/retrieve_future", {"request_id": rid}, ACCEPT[WIRE])
             if r.get("type") != "try_again":
                 if "error" in r:
                     raise RuntimeError(r["error"])
@@ -70,13 +79,41 @@ class Conn:
         return self.result(fut["request_id"])["model_id"]
 
 
+# How the client speaks (--wire): "proto" as the SDK does since 0.25 (protobuf
+# forward_backward bodies, and protobuf results asked for with Accept), or "json" as SDK
+# 0.16-0.24 do by default (JSON both ways: the api parses the body's JSON and writes each
+# result's logprobs and losses as JSON numbers).
+WIRE = "proto"
+ACCEPT = {"proto": "application/x-protobuf", "json": "application/json"}
+
+
+class Proto(bytes):
+    """A protobuf request body."""
+
+
 def datum(k, i, n):
     seq = [(7 * k + 13 * i + 5 * j) % 250 + 1 for j in range(n + 1)]
     return {"model_input": {"chunks": [{"tokens": seq[:-1], "type": "encoded_text"}]},
             "loss_fn_inputs": {"target_tokens": {"data": seq[1:], "dtype": "int64"}}}
 
 
+_PROTO_DATUMS = {}
+
+
+def proto_datum(k, i, n):
+    """datum(k, i, n) as a protobuf Datum, encoded once (the SDK encodes with a compiled
+    library; encoding in Python each time would bill the client for it)."""
+    key = (k, i, n)
+    if key not in _PROTO_DATUMS:
+        seq = [(7 * k + 13 * i + 5 * j) % 250 + 1 for j in range(n + 1)]
+        _PROTO_DATUMS[key] = tinker_proto.datum(seq[:-1], {"target_tokens": ("int64", seq[1:])})
+    return _PROTO_DATUMS[key]
+
+
 def fb_body(mid, seq, k, datums, tokens):
+    if WIRE == "proto":
+        return Proto(tinker_proto.fwdbwd_request(mid, seq, [proto_datum(k, i, tokens) for i in range(datums)],
+                                                 "cross_entropy"))
     return {"model_id": mid, "seq_id": seq, "forward_backward_input": {
         "data": [datum(k, i, tokens) for i in range(datums)], "loss_fn": "cross_entropy"}}
 
@@ -234,9 +271,12 @@ def throughput(s, models=64, per_model=40):
           f"   (goal >= 5,000 operations/s: {'met' if n / (last - first) >= 5000 else 'NOT met'})")
 
 
-def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32):
+def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32, reps=5):
     """Each of T tenants steps with round_tokens/T tokens (of `tokens`-token datums) per
-    step: the same total tokens per round whatever T."""
+    step: the same total tokens per round whatever T. The tenant counts take turns, reps
+    times over (1, 8, 32, 1, 8, 32, ...), and each ratio is taken within its turn: on a
+    shared machine the backend's own speed drifts by a third from one second to the next,
+    and a single pass of each count measured that drift more than the queue."""
     import subprocess
     secret = os.path.join(s.dir, "secret.key")
     keys = [s.key]
@@ -245,12 +285,10 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32):
         subprocess.run([stack.LOOM_BIN, "tenant", "create", f"bench-{i}"], env=env, capture_output=True, check=True)
         keys.append(subprocess.run([stack.LOOM_BIN, "key", "create", "--tenant", f"bench-{i}", "--secret-file", secret],
                                    env=env, capture_output=True, text=True, check=True).stdout.strip())
-    print(f"tenants: each steps (forward_backward + optim_step) {rounds} times; {round_tokens} tokens per round in all")
-    base = None
-    # A first, unmeasured pass of one tenant: the stack's first steps (buffers growing,
-    # statements being prepared, pages faulted in) would otherwise count against the
-    # one-tenant baseline and flatter every ratio to it.
-    for T, warmup in [(1, True)] + [(T, False) for T in counts]:
+    print(f"tenants: each steps (forward_backward + optim_step) {rounds} times; {round_tokens} tokens per round in all;"
+          f" the counts take turns, {reps} times; medians, and each ratio's range over the turns")
+
+    def phase(T):
         datums = max(1, round_tokens // T // tokens)
         lat, rids, lock = [], [], threading.Lock()
         ready = threading.Barrier(T + 1)
@@ -286,17 +324,30 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32):
         busy = float(s.psql("SELECT sum(extract(epoch FROM finished_at - started_at)) FROM cycles WHERE id IN ("
                             + ",".join(map(str, cyc)) + ")"))
         tok = T * datums * tokens * rounds
-        rate, erate = tok / wall, tok / busy
-        if warmup:
-            print(f"  (warm-up, one tenant: {rate:8.0f} tokens/s, not counted)")
-            continue
-        base = base or (rate, erate)
-        print(f"  {T:3d} tenant(s) x {datums:3d} datum(s): {rate:8.0f} tokens/s ({100 * rate / base[0]:5.1f}% of one tenant;"
-              f" executor {erate:8.0f} tokens/s busy, {100 * erate / base[1]:5.1f}%),"
-              f" {len(cyc) / rounds:5.2f} cycles per round ({len(cyc) / (T * rounds):.2f} per step),"
+        return {"datums": datums, "rate": tok / wall, "erate": tok / busy, "cycles": len(cyc) / rounds, "lat": lat}
+
+    # A first, unmeasured pass of one tenant: the stack's first steps (buffers growing,
+    # statements being prepared, pages faulted in) would otherwise count against the
+    # one-tenant baseline and flatter every ratio to it.
+    print(f"  (warm-up, one tenant: {phase(1)['rate']:8.0f} tokens/s, not counted)")
+    runs = {T: [] for T in counts}
+    for _ in range(reps):
+        for T in counts:
+            runs[T].append(phase(T))
+    med = statistics.median
+    for T in counts:
+        rs = runs[T]
+        ratio = [r["rate"] / b["rate"] for r, b in zip(rs, runs[counts[0]])]
+        eratio = [r["erate"] / b["erate"] for r, b in zip(rs, runs[counts[0]])]
+        lat = [x for r in rs for x in r["lat"]]
+        print(f"  {T:3d} tenant(s) x {rs[0]['datums']:3d} datum(s): {med(r['rate'] for r in rs):8.0f} tokens/s"
+              f" ({100 * med(ratio):5.1f}% of one tenant, {100 * min(ratio):.0f}..{100 * max(ratio):.0f};"
+              f" executor {med(r['erate'] for r in rs):8.0f} tokens/s busy, {100 * med(eratio):5.1f}%),"
+              f" {med(r['cycles'] for r in rs):5.2f} cycles per round ({med(r['cycles'] for r in rs) / T:.2f} per step),"
               f" step latency p50 {ms(pct(lat, 50))} p99 {ms(pct(lat, 99))} ms")
-    print("  goal: 32 tenants >= 90% of one tenant's tokens/s (the clients run on the same machine: their own"
-          " work, 4 requests per step, is in the wall-clock figure)")
+    r32 = [r["rate"] / b["rate"] for r, b in zip(runs[counts[-1]], runs[counts[0]])]
+    print(f"  {counts[-1]} tenants: {100 * med(r32):.1f}% of one tenant's tokens/s   (goal >= 90%: {'met' if med(r32) >= 0.9 else 'NOT met'};"
+          " the clients run on the same machine: their own work, 4 requests per step, is in the wall-clock figure)")
 
 
 def durability(loom_args, steps=60):
@@ -511,10 +562,15 @@ def main():
     ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
     ap.add_argument("--parts", default="latency,throughput,tenants,durability")
     ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
+    ap.add_argument("--wire", choices=["proto", "json"], default="proto",
+                    help="the client's wire format: proto as SDK 0.25 and later (the default), json as SDK 0.16-0.24")
     a = ap.parse_args()
+    global WIRE
+    WIRE = a.wire
     stack.LOOM_BIN = a.loom
     parts = a.parts.split(",")
-    print(f"machine: {os.cpu_count()} CPUs; loom up (CPU backend, tiny Llama), its own PostgreSQL")
+    print(f"machine: {os.cpu_count()} CPUs; loom up (CPU backend, tiny Llama), its own PostgreSQL; the client speaks"
+          f" {'protobuf as SDK 0.25 and later' if WIRE == 'proto' else 'JSON as SDK 0.16-0.24'} (--wire)")
     # history starts stacks of its own: no shared one for it alone
     with stack.Stack(a.loom_arg) if {"latency", "throughput", "tenants"} & set(parts) else contextlib.nullcontext() as s:
         if "latency" in parts:

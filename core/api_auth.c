@@ -84,9 +84,9 @@ static void cache_put(const unsigned char h[KEY_HASH_BYTES], uint64_t gen, doubl
 
 /* ---- the check ------------------------------------------------------------------------ */
 
-int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const char *key,
-                 int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *tenant_name,
-                 size_t tn_len, char *err, size_t errlen) {
+/* 0 with the key's hash in h, or 1 with the 401's message: no key, or not one of ours. */
+static int key_hash_of(const unsigned char secret[KEY_SECRET_BYTES], const char *key,
+                       unsigned char h[KEY_HASH_BYTES], char *err, size_t errlen) {
     if (!key || !*key) {
         snprintf(err, errlen, "missing API key: send it in the X-API-Key header "
                               "(Loom keys start with tml-)");
@@ -101,14 +101,29 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
         snprintf(err, errlen, "invalid API key: Loom keys look like tml-<43 characters>");
         return 1;
     }
+    keys_hash(secret, key, h);
+    return 0;
+}
+
+int api_auth_key_cached(const unsigned char secret[KEY_SECRET_BYTES], const char *key, int64_t *tenant_id,
+                        int64_t *key_id, unsigned *scopes, char *tenant_name, size_t tn_len) {
+    unsigned char h[KEY_HASH_BYTES];
+    char err[160];
+    uint64_t gen;
+    if (key_hash_of(secret, key, h, err, sizeof err)) return -1;
+    return cache_get(h, tenant_id, key_id, scopes, tenant_name, tn_len, &gen) ? 0 : -1;
+}
+
+int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const char *key,
+                 int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *tenant_name,
+                 size_t tn_len, char *err, size_t errlen) {
+    unsigned char h[KEY_HASH_BYTES];
+    if (key_hash_of(secret, key, h, err, errlen)) return 1;
     char prefix[KEY_PREFIX_LEN + 1];
     memcpy(prefix, key + 4, KEY_PREFIX_LEN);
     prefix[KEY_PREFIX_LEN] = 0;
-
-    unsigned char h[KEY_HASH_BYTES];
     char hex[2 * KEY_HASH_BYTES + 1];
-    keys_hash(secret, key, h);
-    sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+    sodium_bin2hex(hex, sizeof hex, h, KEY_HASH_BYTES);
     uint64_t gen;
     if (cache_get(h, tenant_id, key_id, scopes, tenant_name, tn_len, &gen)) return 0;
 

@@ -17,6 +17,11 @@ int api_auth_key(PGconn *db, const unsigned char secret[KEY_SECRET_BYTES], const
                  int64_t *tenant_id, int64_t *key_id, unsigned *scopes, char *tenant_name,
                  size_t tn_len, char *err, size_t errlen);
 
+/* The check from the cache alone, for a thread without a connection (an event loop's
+ * first look, api_pool_first_look): 0 (as api_auth_key's 0) when the key passed within
+ * API_KEY_CACHE_S and nothing changed since; -1 otherwise (a worker checks it). */
+int api_auth_key_cached(const unsigned char secret[KEY_SECRET_BYTES], const char *key, int64_t *tenant_id,
+                        int64_t *key_id, unsigned *scopes, char *tenant_name, size_t tn_len);
 /* How long a key that passed is believed without a lookup when no notification says
  * otherwise (a revocation is seen at once; this bounds it while the LISTEN connection is
  * down). */

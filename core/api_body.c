@@ -16,6 +16,12 @@ static size_t trimmed(const char *s, const char **start) {
     return n;
 }
 
+bool api_body_plain(const api_job *job) {
+    const char *enc;
+    size_t n = job->content_encoding ? trimmed(job->content_encoding, &enc) : 0;
+    return n == 0 || (n == 8 && !strncasecmp(enc, "identity", 8));
+}
+
 static int zstd_decode(api_job *job, size_t max_decoded, char *err, size_t errlen) {
     ZSTD_DStream *ds = ZSTD_createDStream();
     if (!ds) abort();

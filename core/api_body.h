@@ -3,7 +3,11 @@
  * the body is one zstd frame. Decoding happens on a database worker, never on a loop. */
 #pragma once
 #include "core/api_job.h"
+#include <stdbool.h>
 #include <stddef.h>
+
+/* Whether the body comes as it is: no Content-Encoding, or identity. */
+bool api_body_plain(const api_job *job);
 
 /* Replaces job->body with its decoded bytes when Content-Encoding is zstd; identity or
  * none leaves it alone. Returns 0, or an HTTP status with err: 415 for an encoding we do

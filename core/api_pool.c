@@ -81,14 +81,21 @@ static const char *scope_name(unsigned s) {
            : s == SCOPE_ADMIN ? "admin" : "metrics";
 }
 
-/* 0, or the 403 is answered. An admin key may also scrape /metrics; a key with only
- * admin or metrics is an operator's, for no tenant's data. */
+/* Whether a key with these scopes may call the route. An admin key may also scrape
+ * /metrics; a key with only admin or metrics is an operator's, for no tenant's data. */
+static bool scope_allows(unsigned scopes, const api_route *r) {
+    unsigned need = route_scope(r), tenant = SCOPE_TRAIN | SCOPE_SAMPLE | SCOPE_READ;
+    unsigned have_bits = scopes | (scopes & SCOPE_ADMIN ? SCOPE_METRICS : 0);
+    if (r->flags & ROUTE_ANY_KEY) return true;
+    if (need == SCOPE_ADMIN || need == SCOPE_METRICS) return have_bits & need;
+    return (scopes & tenant) && (!need || (scopes & need));
+}
+
+/* 0, or the 403 is answered (scope_allows says no; this says why). */
 static int check_scope(api_call *c, const api_route *r) {
     unsigned need = route_scope(r), tenant = SCOPE_TRAIN | SCOPE_SAMPLE | SCOPE_READ;
-    unsigned have_bits = c->scopes | (c->scopes & SCOPE_ADMIN ? SCOPE_METRICS : 0);
-    if (r->flags & ROUTE_ANY_KEY) return 0;
+    if (scope_allows(c->scopes, r)) return 0;
     if (need == SCOPE_ADMIN || need == SCOPE_METRICS) {
-        if (have_bits & need) return 0;
         api_error(c, 403, "%s needs an operator key: one with the '%s' scope%s (`loom key create --tenant "
                           "NAME --scopes %s`)", r->path, scope_name(need),
                   need == SCOPE_METRICS ? " or 'admin'" : "", scope_name(need));
@@ -99,7 +106,6 @@ static int check_scope(api_call *c, const api_route *r) {
                           "key with train, sample or read");
         return -1;
     }
-    if (!need || (c->scopes & need)) return 0;
     if (!(c->scopes & (SCOPE_TRAIN | SCOPE_SAMPLE))) {
         api_error(c, 403, "this API key is read-only");
         return -1;
@@ -286,6 +292,39 @@ api_pool *api_pool_start(const api_pool_conf *conf, int connect_wait_ms, char *e
         }
     }
     return p;
+}
+
+/* The largest body the loop parses for a first look: a request that only names what it
+ * asks for. */
+#define FIRST_LOOK_MAX_BODY 4096
+
+int api_pool_first_look(api_pool *p, api_job *job) {
+    const api_route *r = job->route;
+    if (!r->first_look || (r->flags & (ROUTE_NO_AUTH | ROUTE_RAW_BODY)) || job->recheck ||
+        job->body_len > FIRST_LOOK_MAX_BODY || is_proto(job->content_type) || !api_body_plain(job))
+        return 0;
+    api_call c;
+    memset(&c, 0, sizeof c);
+    c.job = job;
+    c.settings = &p->conf.settings;
+    if (api_check_request_text(&c) < 0) return 1;   /* its 400 is answered */
+    if (api_auth_key_cached(p->conf.secret, job->api_key, &c.tenant_id, &c.key_id, &c.scopes, job->tenant_name,
+                            sizeof job->tenant_name) < 0 || !scope_allows(c.scopes, r))
+        return 0;
+    int st400;
+    c.body = jx_parse_body(job->body, job->body_len, c.err, sizeof c.err, &st400);
+    int answered = c.body && r->first_look(&c);
+    json_decref(c.body);
+    jx_decode_release();
+    if (!answered) {   /* the worker starts from the beginning */
+        job->status = 0;
+        job->park = false;
+        job->recheck = false;
+        free(job->resp);
+        job->resp = NULL;
+        job->resp_len = 0;
+    }
+    return answered;
 }
 
 int api_pool_submit(api_pool *p, api_job *job) {

@@ -76,6 +76,12 @@ struct api_route {
      * the database (c->db is NULL, c->job->tenant_id and request_id are set): 1 answered
      * (the job holds its response), 0 not (a worker answers it, reading the row) */
     int (*from_note)(api_call *c, const char *note);
+    /* the loop's own first look at a new request (api_pool_first_look: c->db is NULL; the
+     * key passed from the cache, c->tenant_id, c->scopes and c->body are set): 1 answered
+     * from memory (the job holds its response; with job->park set the loop parks it, and
+     * the job then needs no auth or parsing again: job->recheck), 0 not (a worker takes
+     * the request as it came) */
+    int (*first_look)(api_call *c);
 };
 
 /* A route table: the routes in matching order (the first match wins), and the error

@@ -414,6 +414,19 @@ int http_loop_submit(http_loop *L, api_job *job) {
     return api_pool_submit(g.pool, job);
 }
 
+/* A job with its answer (a worker's, or the loop's first look): sent, or parked when
+ * the answer says to wait (until its long poll's deadline). */
+static void job_answered(http_loop *L, api_job *job, uint64_t now) {
+    if (job->park) {
+        if (!job->deadline_ms) job->deadline_ms = now + (job->hold_ms ? job->hold_ms : LONG_POLL_MS);
+        if (now < job->deadline_ms) {
+            park(L, job);
+            return;
+        }
+    }
+    finish_job(job);
+}
+
 static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages) {
     http_loop *L = H2O_STRUCT_FROM_MEMBER(http_loop, job_receiver, receiver);
     uint64_t now = h2o_now(L->evloop);
@@ -440,14 +453,7 @@ static void on_jobs_back(h2o_multithread_receiver_t *receiver, h2o_linklist_t *m
             api_job_free(job); /* the client went away meanwhile */
             continue;
         }
-        if (job->park) {
-            if (!job->deadline_ms) job->deadline_ms = now + (job->hold_ms ? job->hold_ms : LONG_POLL_MS);
-            if (now < job->deadline_ms) {
-                park(L, job);
-                continue;
-            }
-        }
-        finish_job(job);
+        job_answered(L, job, now);
     }
 }
 
@@ -724,6 +730,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     ref->job = job;
     ref->req = req;
     job->ref = ref;
+    /* What the process holds in memory may answer it here (api_pool_first_look): a
+     * finished future's result, or a pending one parked at once, without the hop to a
+     * worker and back. */
+    job->dispatched_ms = h2o_now(L->evloop);
+    if (r->first_look && api_pool_first_look(g.pool, job)) {
+        job_answered(L, job, job->dispatched_ms);
+        return 0;
+    }
     dispatch(L, job);
     return 0;
 }

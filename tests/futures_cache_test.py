@@ -6,6 +6,8 @@ protobuf. Then:
 - a second look at each finished operation is answered from the result its loom_op_done
   carried: the request_id index of `operations` is not read for them (its idx_scan count,
   which a control of unknown request_ids moves by one each, stays put);
+- with every database worker of the api waiting (a lock held on `operations`), those
+  second looks are still answered, the same bytes: by the event loop, from memory;
 - another tenant asking for those request_ids gets 404, as from the row;
 - once the api has forgotten them (its LISTEN connection is cut: a reconnect may have
   missed notifications, so the cache is emptied), every answer read back from the row is
@@ -62,6 +64,47 @@ def main():
         R.check(unknown <= reads < unknown + len(ops) // 2,
                 f"{len(ops)} finished operations answered without their rows: the request_id index was read "
                 f"{reads} times for them and {unknown} unknown ids (each of those reads it)")
+
+        # Every database worker held (a lock on operations, which unknown request_ids wait
+        # on): a finished future is still answered, by the event loop from memory, without
+        # waiting for a worker (api_pool_first_look).
+        holder = subprocess.Popen(["psql", "-X", "-q", "-d", s.db, "-c",
+                                   "BEGIN; LOCK TABLE operations IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30)"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        waiting, blocked = [], 8   # more than the api's database workers (4)
+
+        def blocked_look(i):
+            st, _, _ = post_raw(s, "/api/v1/retrieve_future", json.dumps({"request_id": f"req-held{i}"}).encode(),
+                                "application/json", "application/json")
+            waiting.append(st)
+        import threading
+        ts = [threading.Thread(target=blocked_look, args=(i,)) for i in range(blocked)]
+        try:
+            deadline = time.time() + 20
+            while time.time() < deadline and int(s.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                                                         " = 'Lock' AND query LIKE '%operations%'")) < 1:
+                time.sleep(0.1)
+            for t in ts:
+                t.start()
+            while time.time() < deadline and int(s.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                                                         " = 'Lock' AND application_name LIKE '%api%'")) < 4:
+                time.sleep(0.1)
+            held = int(s.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                              " AND application_name LIKE '%api%'"))
+            R.check(held >= 4, f"every api worker waits on the lock ({held} of them)")
+            for rid, proto, first in ops[:3]:
+                t0 = time.time()
+                got = answer(s, rid, proto, timeout=5)
+                R.check(got == first and time.time() - t0 < 3,
+                        f"{rid}: answered while every worker waits ({time.time() - t0:.2f} s), the same answer")
+            R.check(not waiting, f"the unknown request_ids still wait for the rows ({waiting})")
+        finally:   # the lock's backend goes, not only its client (a sleeping backend would keep it)
+            s.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%'"
+                   " AND pid <> pg_backend_pid()")
+            holder.wait()
+        for t in ts:
+            t.join(60)
+        R.check(sorted(waiting) == [404] * blocked, f"and get their 404 once the lock is gone: {waiting}")
 
         # Another tenant: 404, as the row's lookup answers.
         env = dict(os.environ, DATABASE_URL=s.db)

@@ -145,6 +145,26 @@ static int reply_from_note(api_call *c, const char *note) {
     return 1;
 }
 
+/* The loop's first look (api_route.first_look): what this api knows without the row
+ * (api_futures_cache.h), as the worker's first look below; anything else goes to a
+ * worker. */
+int api_future_first_look(api_call *c) {
+    const char *rid;
+    if (jx_req_str(c->body, "", "request_id", &rid, c->err, sizeof c->err) < 0 || strlen(rid) >= API_REQUEST_ID_MAX)
+        return 0;
+    char *cached = NULL;
+    fut_state st = fut_cache_get(rid, c->tenant_id, &cached);
+    if (st == FUT_UNKNOWN) return 0;
+    api_job *job = c->job;
+    snprintf(job->request_id, sizeof job->request_id, "%s", rid);
+    job->tenant_id = c->tenant_id;
+    job->recheck = true; /* parked: its later looks skip auth and parsing */
+    int answered = st == FUT_DONE ? reply_from_note(c, cached)
+                                  : (reply_pending(c, "active", "submitted; not finished yet"), 1);
+    free(cached);
+    return answered;
+}
+
 /* The loop's answer from the note (api_route.from_note): no worker, no database. */
 int api_future_from_note(api_call *c, const char *note) { return reply_from_note(c, note); }
 

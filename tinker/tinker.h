@@ -34,6 +34,7 @@ int api_h_forward(api_call *c);
 int api_h_optim_step(api_call *c);
 int api_h_retrieve_future(api_call *c);
 int api_future_from_note(api_call *c, const char *note);   /* api_route.from_note */
+int api_future_first_look(api_call *c);                     /* api_route.first_look */
 int api_h_create_sampling_session(api_call *c);
 int api_h_get_sampler(api_call *c);
 int api_h_save_weights_for_sampler(api_call *c);
