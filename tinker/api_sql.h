@@ -168,17 +168,21 @@
  * its optim_step right after (pair_p, rule 5) wakes the scheduler, which holds it for the
  * step: the step's submit then wakes the executor, which claims both. The executor wakes
  * the scheduler when it claimed nothing (a hold, a seq gap), and the scheduler's poll
- * covers a lost hint. */
+ * covers a lost hint. The model and its session are read once (`src`, materialized: the
+ * three CTEs of the touch and the wake-up each read it again otherwise). */
 #define SQL_OP_SUBMIT                                                                       \
-    "WITH " SQL_SESSION_TOUCH_LIVE(SQL_MODEL_SESSION("$3", "$2")) ","                                      \
+    "WITH src AS MATERIALIZED (SELECT m.session_id, m.executor_id, m.pair_p FROM models m"  \
+    "   JOIN sessions fs ON fs.id = m.session_id WHERE m.id = $3 AND m.tenant_id = $2"      \
+    "   AND m.status = 'active' AND fs.finished_at IS NULL),"                               \
+    " " SQL_SESSION_TOUCH_LIVE("SELECT session_id FROM src") ","                            \
     " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
     " payload_bin) SELECT $1, $2::bigint, $3, $4::bigint, $5, $6::jsonb, $7::int, $8::bytea"  \
     " FROM live WHERE live.ok"                                                              \
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
-    " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM models m"   \
-    "   JOIN executors e ON e.id = m.executor_id WHERE m.id = $3 AND e.state = 'idle'"      \
-    "   AND NOT e.draining AND NOT ($5 = '" OP_FORWARD_BACKWARD "' AND m.pair_p > 0.5)),"      \
+    " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"    \
+    "   JOIN executors e ON e.id = src.executor_id WHERE e.state = 'idle'"                  \
+    "   AND NOT e.draining AND NOT ($5 = '" OP_FORWARD_BACKWARD "' AND src.pair_p > 0.5)),"    \
     "   '" CHAN_OP_QUEUED "'), '" CYCLE_HINT_QUEUED "') FROM ins) i ON true"
 /* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
  * takes more than one statement (op_submit), before it locks the model (the expiry locks
