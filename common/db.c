@@ -435,30 +435,45 @@ const char *db_last_sqlstate(void) { return t_sqlstate; }
 const char *db_last_message(void) { return t_message; }
 
 /* Takes the notifications libpq has read: how many, and how many of them had payload hint. */
-static int take_notifies(PGconn *c, const char *hint, int *hints) {
+static int take_notifies(PGconn *c, void (*each)(const char *payload, void *arg), void *arg) {
     int got = 0;
     PGnotify *n;
     while ((n = PQnotifies(c))) {
         got++;
-        if (hint && n->extra && !strcmp(n->extra, hint)) (*hints)++;
+        if (each) each(n->extra ? n->extra : "", arg);
         PQfreemem(n);
     }
     return got;
 }
 
-int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints) {
-    int none = 0;
-    if (!hints) hints = &none;
-    *hints = 0;
+int db_wait_notify_each(PGconn *c, int timeout_ms, void (*each)(const char *payload, void *arg), void *arg) {
     if (!PQconsumeInput(c)) return -1;
-    int got = take_notifies(c, hint, hints);
+    int got = take_notifies(c, each, arg);
     if (got) return got;
     struct pollfd p = {.fd = PQsocket(c), .events = POLLIN};
     int rc = poll(&p, 1, timeout_ms);
     if (rc < 0 && errno != EINTR) return -1;
     if (rc <= 0) return 0;
     if (!PQconsumeInput(c)) return -1;
-    return take_notifies(c, hint, hints);
+    return take_notifies(c, each, arg);
+}
+
+typedef struct {
+    const char *hint;
+    int *hints;
+} hint_count;
+
+static void count_hint(const char *payload, void *arg) {
+    hint_count *h = arg;
+    if (h->hint && !strcmp(payload, h->hint)) (*h->hints)++;
+}
+
+int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints) {
+    int none = 0;
+    if (!hints) hints = &none;
+    *hints = 0;
+    hint_count h = {hint, hints};
+    return db_wait_notify_each(c, timeout_ms, count_hint, &h);
 }
 
 int db_wait_notify(PGconn *c, int timeout_ms) {

@@ -107,6 +107,9 @@ int db_wait_notify(PGconn *c, int timeout_ms);
  * timeout_ms; -1: the connection broke), *hints how many of them carried the payload hint
  * (an idle executor's CYCLE_HINT_QUEUED beside the scheduler's cycles). */
 int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints);
+/* The same, each notification's payload ("" when none) handed to each(payload, arg);
+ * returns how many arrived (0: none in timeout_ms; -1: the connection broke). */
+int db_wait_notify_each(PGconn *c, int timeout_ms, void (*each)(const char *payload, void *arg), void *arg);
 
 /* Integer conversions of result cells. */
 int64_t db_int(const PGresult *r, int row, int col);

@@ -37,6 +37,11 @@
  * executor): an operation is queued, build the cycle yourself (the scheduler's payload,
  * a cycle built for it, is the executor's id). */
 #define CYCLE_HINT_QUEUED "queued"
+/* ... and for a forward_backward of a model whose optim_step usually follows (rule 5:
+ * pair_p > 0.5): "pair <the model's pair_gap_ms, -1 unknown>". The executor does not
+ * look now (its pass would hold it): the step's own hint wakes it, or it looks when the
+ * hold would end (plan_pair_window_ms). */
+#define CYCLE_HINT_PAIR "pair"
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
 /* An executor's loom_op_done of an operation done with a small result carries the result
  * after the request_id, tab-separated: "request_id\ttenant_id\tkind\tB<hex of result_bin>"

@@ -30,6 +30,7 @@
 #include "executor/exe_sql.h"
 #include "executor/exe_train.h"
 #include "registry/blobstore.h"
+#include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "common/clock.h"
 #include "common/common_sql.h"
@@ -491,11 +492,35 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
  * transaction: no scheduler round trip, no notification in between, one commit without
  * waiting for the disk (the claim and the start are derived, as the scheduler's are).
  * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
- * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing (a
- * model held for its optim_step, rule 5; a seq gap; work of another executor), the
- * scheduler is woken to decide, as the submit would have woken it. 1 a cycle ran; 0
- * nothing was claimed; -1 a database error (the scheduler was asked to look). */
-static int run_own_cycle(exe_state *st, PGconn *c) {
+ * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing
+ * because a model is held for its optim_step (rule 5), *held_ms says how long: the
+ * executor, still listening (the pass rolled back, its UNLISTEN too), looks again when the
+ * step's submit wakes it or the hold ends, with no scheduler pass on the way. When it
+ * claims nothing for another reason (a seq gap, work of another executor), the scheduler
+ * is woken to decide, as the submit would have woken it. 1 a cycle ran; 0 nothing was
+ * claimed; -1 a database error (the scheduler was asked to look). */
+/* What woke an idle executor (its connection's notifications): a cycle of the scheduler's
+ * (any payload but a submit's), submits' hints (CYCLE_HINT_QUEUED), and forward_backwards
+ * held for their step (CYCLE_HINT_PAIR: the soonest their holds end, ms from now). */
+typedef struct {
+    int cycles, queued, pairs;
+    double pair_ms;
+} exe_wake;
+
+static void exe_wake_note(const char *payload, void *arg) {
+    exe_wake *w = arg;
+    size_t np = strlen(CYCLE_HINT_PAIR);
+    if (!strcmp(payload, CYCLE_HINT_QUEUED)) {
+        w->queued++;
+    } else if (!strncmp(payload, CYCLE_HINT_PAIR, np) && payload[np] == ' ') {
+        double ms = plan_pair_window_ms(strtod(payload + np + 1, NULL), g_claim.pair_hold_ms);
+        if (!w->pairs++ || ms < w->pair_ms) w->pair_ms = ms;
+    } else {
+        w->cycles++;
+    }
+}
+
+static int run_own_cycle(exe_state *st, PGconn *c, int *held_ms) {
     char err[1024], eid[24];
     double t0 = clock_mono_s();
     fmt_i64(eid, sizeof eid, st->executor_id);
@@ -507,7 +532,8 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
     sched_opts o = g_claim;
     o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
     o.only_base = st->base_model;
-    int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, NULL, err, sizeof err);
+    *held_ms = 0;
+    int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, held_ms, err, sizeof err);
     if (claimed > 0 && started) {
         g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
         exe_op *ops = NULL;
@@ -517,6 +543,8 @@ static int run_own_cycle(exe_state *st, PGconn *c) {
         return 1;
     }
     PQclear(started);
+    if (claimed == 0 && *held_ms > 0) return 0;   /* held for its optim_step: looked at again here */
+    *held_ms = 0;
     if (claimed < 0) log_warn("building a cycle of its own: %s (the scheduler is asked to)", err);
     if (db_exec(c, SQL_EXE_NOTIFY_QUEUED, 0, NULL, err, sizeof err) < 0) log_warn("waking the scheduler: %s", err);
     return claimed < 0 ? -1 : 0;
@@ -947,6 +975,7 @@ int exe_main(int argc, char **argv) {
     int fails = 0;   /* cycles that could not be started, in a row */
     bool woken = false, hinted = false;
     double last_chores = 0, last_look = 0;
+    double own_again_at = 0;   /* a hold of the own pass ends (rule 5): look again then; 0 none */
     while (!g_stop) {
         exit_if_fenced("instead of polling for cycles");
         if (!c || PQstatus(c) != CONNECTION_OK) {
@@ -965,10 +994,11 @@ int exe_main(int argc, char **argv) {
             hinted = false;
             if (g_gather_ms > 0) { /* gather: what else is submitted meanwhile joins the cycle */
                 usleep((useconds_t)g_gather_ms * 1000);
-                int hints = 0;
-                if (db_wait_notify_hint(c, 0, CYCLE_HINT_QUEUED, &hints) > hints) woken = true;
+                exe_wake wk = {0};
+                if (db_wait_notify_each(c, 0, exe_wake_note, &wk) > 0 && wk.cycles) woken = true;
             }
-            int ran = run_own_cycle(&st, c);
+            int held_ms = 0, ran = run_own_cycle(&st, c, &held_ms);
+            own_again_at = held_ms > 0 ? clock_mono_s() + held_ms / 1000.0 : 0;
             if (ran > 0 || !woken) {
                 woken = false;
                 if (ran > 0) last_look = clock_mono_s();
@@ -1000,9 +1030,21 @@ int exe_main(int argc, char **argv) {
             last_chores = clock_mono_s();
             continue;   /* the chores may have taken a while: look for a notification first */
         }
-        int hints = 0, w = db_wait_notify_hint(c, 500, CYCLE_HINT_QUEUED, &hints);
-        /* woken: a cycle of the scheduler's (any other payload); hinted: a submit's hint */
-        if (w > 0) woken = w > hints, hinted = hints > 0;
+        int wait_ms = 500;
+        if (own_again_at > 0) {   /* a hold ends sooner: its own pass then */
+            double left = (own_again_at - clock_mono_s()) * 1000;
+            wait_ms = left <= 0 ? 0 : left < wait_ms ? (int)left + 1 : wait_ms;
+        }
+        exe_wake wk = {0};
+        int w = db_wait_notify_each(c, wait_ms, exe_wake_note, &wk);
+        /* woken: a cycle of the scheduler's; hinted: a submit's hint; a held forward_backward:
+         * look when its hold ends (or sooner, at another hint) */
+        if (w > 0) woken = wk.cycles > 0, hinted = wk.queued > 0;
+        if (w > 0 && wk.pairs) {
+            double at = clock_mono_s() + wk.pair_ms / 1000.0;
+            if (own_again_at <= 0 || at < own_again_at) own_again_at = at;
+        }
+        if (own_again_at > 0 && clock_mono_s() >= own_again_at) hinted = true;   /* cleared by the pass */
     }
     /* A clean stop leaves every model's snapshot current (before the row says gone and
      * its models move): the next executor restores them without replaying. Its sampler

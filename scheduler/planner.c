@@ -43,11 +43,14 @@ static int eligible_run(const plan_model *m) {
  * than pair_hold_ms. A new model is not held (its first step may take two cycles); a
  * model that sends forward_backwards alone, or accumulates gradients over several, is
  * never held once it has shown it. Returns the hold left in ms (<= 0: none). */
+double plan_pair_window_ms(double pair_gap_ms, int pair_hold_ms) {
+    double window = pair_gap_ms >= 0 ? 3 * pair_gap_ms + 1 : pair_hold_ms;
+    return window > pair_hold_ms ? pair_hold_ms : window;
+}
+
 static double hold_left(const plan_model *m, const plan_op *last, int pair_hold_ms) {
     if (pair_hold_ms <= 0 || strcmp(last->kind, OP_FORWARD_BACKWARD) || m->pair_p <= 0.5) return 0;
-    double window = m->pair_gap_ms >= 0 ? 3 * m->pair_gap_ms + 1 : pair_hold_ms;
-    if (window > pair_hold_ms) window = pair_hold_ms;
-    return window - last->age_ms;
+    return plan_pair_window_ms(m->pair_gap_ms, pair_hold_ms) - last->age_ms;
 }
 
 #define PAIR_ALPHA 0.3   /* weight of the newest observation in the moving averages */

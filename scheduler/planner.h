@@ -92,6 +92,11 @@ typedef struct {
     plan cycle;          /* out: its cycle (nops 0: none; plan_free it) */
 } plan_executor;
 
+/* How long rule 5 holds a forward_backward for its optim_step from its submit: about 3
+ * of the model's gaps between the two + 1 ms (pair_hold_ms when the gap is unknown, < 0),
+ * never longer than pair_hold_ms. */
+double plan_pair_window_ms(double pair_gap_ms, int pair_hold_ms);
+
 /* Decides the cycles of every idle executor of a pass at once, in the order given: each
  * executor's cycle as plan_cycle decides it from its own models and the samples it may run
  * (its base model's, rule 6) that an executor before it did not take, with the rate limits

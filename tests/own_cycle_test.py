@@ -8,9 +8,12 @@ one after another, since a submit wakes the idle executor, which claims and star
 cycle itself (before, every one waited for the scheduler). Every answer that came
 through the notification (the first retrieve_future, parked until the result's commit) is
 byte for byte the answer read back from the row afterwards, in JSON and in protobuf, for
-forward_backward (the packed result) and optim_step (the stored JSON). A model that is not
-placed yet still needs the scheduler: its submit waits while the scheduler is stopped and
-runs once it is back.
+forward_backward (the packed result) and optim_step (the stored JSON). Steps of a model
+that sends its optim_step right after its forward_backward (rule 5) are held and paired by
+the executor itself: both in one cycle, and a forward_backward whose step never comes runs
+once the hold ends, the scheduler still stopped. A model that is not placed yet still
+needs the scheduler: its submit waits while the scheduler is stopped and runs once it is
+back.
 """
 import os, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -61,6 +64,40 @@ def main():
         finally:
             os.kill(sched, signal.SIGCONT)
         R.check(answer(s, fut["request_id"], False) is not None, "and runs once the scheduler is back")
+
+        # Rule 5 without the scheduler. Steps (forward_backward + optim_step back to back)
+        # teach the model that its optim_step follows; then, the scheduler stopped, the
+        # idle executor holds each forward_backward for its step itself (both in one
+        # cycle), and a forward_backward whose step never comes still runs once its hold
+        # ends: the executor looks again on its own (it used to wait for the scheduler).
+        seq = int(s.psql(f"SELECT max(seq_id) + 1 FROM operations WHERE model_id = '{mid}'"))
+
+        def step():
+            nonlocal seq
+            st, f1 = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
+            st2, f2 = s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": ADAM})
+            a1, a2 = answer(s, f1["request_id"], False, timeout=5), answer(s, f2["request_id"], False, timeout=5)
+            seq += 2
+            cycles = s.psql(f"SELECT count(DISTINCT cycle_id) FROM operations WHERE request_id IN"
+                            f" ('{f1['request_id']}', '{f2['request_id']}')")
+            return a1 is not None and a2 is not None, cycles
+        for k in range(4):
+            ran, _ = step()
+            R.check(ran, f"step {k} ran")
+        pair_p = float(s.psql(f"SELECT pair_p FROM models WHERE id = '{mid}'"))
+        R.check(pair_p > 0.5, f"the model learned that its optim_step follows (pair_p {pair_p:.2f})")
+        os.kill(sched, signal.SIGSTOP)
+        try:
+            for k in range(3):
+                ran, cycles = step()
+                R.check(ran and cycles == "1", f"with the scheduler stopped, step {k} ran in one cycle ({cycles})")
+            t0 = time.time()
+            st, fut = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
+            lone = answer(s, fut["request_id"], False, timeout=5)
+            R.check(lone is not None and lone[0] == 200, "a forward_backward whose step never comes runs once its"
+                    f" hold ends, the scheduler stopped ({time.time() - t0:.2f} s)")
+        finally:
+            os.kill(sched, signal.SIGCONT)
     R.finish()
 
 

@@ -165,13 +165,17 @@
  * seq_id) was taken). A model placed on an executor that is idle wakes that executor
  * (CYCLE_HINT_QUEUED on its channel), which builds its own cycle without a scheduler
  * round trip; any other the scheduler. A forward_backward of a model that usually sends
- * its optim_step right after (pair_p, rule 5) wakes the scheduler, which holds it for the
- * step: the step's submit then wakes the executor, which claims both. The executor wakes
- * the scheduler when it claimed nothing (a hold, a seq gap), and the scheduler's poll
- * covers a lost hint. The model and its session are read once (`src`, materialized: the
- * three CTEs of the touch and the wake-up each read it again otherwise). */
+ * its optim_step right after (pair_p, rule 5) tells the executor so (CYCLE_HINT_PAIR with
+ * the model's gap), which holds it for the step, as the scheduler would, without a pass:
+ * the step's submit wakes it, and it claims both, or it looks when the hold ends and
+ * claims the forward_backward alone. The executor
+ * wakes the scheduler when it claimed nothing for another reason (a seq gap, work of
+ * another executor), and the scheduler's poll covers a lost hint. The model and its
+ * session are read once (`src`, materialized: the three CTEs of the touch and the wake-up
+ * each read it again otherwise). */
 #define SQL_OP_SUBMIT                                                                       \
-    "WITH src AS MATERIALIZED (SELECT m.session_id, m.executor_id, m.pair_p FROM models m"  \
+    "WITH src AS MATERIALIZED (SELECT m.session_id, m.executor_id, m.pair_p,"              \
+    "   coalesce(m.pair_gap_ms, -1) AS pair_gap_ms FROM models m"                           \
     "   JOIN sessions fs ON fs.id = m.session_id WHERE m.id = $3 AND m.tenant_id = $2"      \
     "   AND m.status = 'active' AND fs.finished_at IS NULL),"                               \
     " " SQL_SESSION_TOUCH_LIVE("SELECT session_id FROM src") ","                            \
@@ -181,9 +185,10 @@
     " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
     " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"    \
-    "   JOIN executors e ON e.id = src.executor_id WHERE e.state = 'idle'"                  \
-    "   AND NOT e.draining AND NOT ($5 = '" OP_FORWARD_BACKWARD "' AND src.pair_p > 0.5)),"    \
-    "   '" CHAN_OP_QUEUED "'), '" CYCLE_HINT_QUEUED "') FROM ins) i ON true"
+    "   JOIN executors e ON e.id = src.executor_id WHERE e.state = 'idle' AND NOT e.draining)," \
+    "   '" CHAN_OP_QUEUED "'), (SELECT CASE WHEN $5 = '" OP_FORWARD_BACKWARD "' AND src.pair_p > 0.5" \
+    "   THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3) ELSE '" CYCLE_HINT_QUEUED "' END" \
+    "   FROM src)) FROM ins) i ON true"
 /* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
  * takes more than one statement (op_submit), before it locks the model (the expiry locks
  * the session, then its models) -> whether the session may take it (as above). */
