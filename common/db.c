@@ -458,26 +458,8 @@ int db_wait_notify_each(PGconn *c, int timeout_ms, void (*each)(const char *payl
     return take_notifies(c, each, arg);
 }
 
-typedef struct {
-    const char *hint;
-    int *hints;
-} hint_count;
-
-static void count_hint(const char *payload, void *arg) {
-    hint_count *h = arg;
-    if (h->hint && !strcmp(payload, h->hint)) (*h->hints)++;
-}
-
-int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints) {
-    int none = 0;
-    if (!hints) hints = &none;
-    *hints = 0;
-    hint_count h = {hint, hints};
-    return db_wait_notify_each(c, timeout_ms, count_hint, &h);
-}
-
 int db_wait_notify(PGconn *c, int timeout_ms) {
-    int n = db_wait_notify_hint(c, timeout_ms, NULL, NULL);
+    int n = db_wait_notify_each(c, timeout_ms, NULL, NULL);
     return n < 0 ? -1 : n > 0;
 }
 

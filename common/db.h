@@ -103,11 +103,8 @@ const char *db_last_message(void);
 /* Waits up to timeout_ms for a NOTIFY on c (after LISTEN); returns 1 if one or more
  * arrived (all are drained), 0 on timeout, -1 on a broken connection. */
 int db_wait_notify(PGconn *c, int timeout_ms);
-/* The same, telling one payload apart: returns how many notifications arrived (0: none in
- * timeout_ms; -1: the connection broke), *hints how many of them carried the payload hint
- * (an idle executor's CYCLE_HINT_QUEUED beside the scheduler's cycles). */
-int db_wait_notify_hint(PGconn *c, int timeout_ms, const char *hint, int *hints);
-/* The same, each notification's payload ("" when none) handed to each(payload, arg);
+/* The same, each notification's payload ("" when none) handed to each(payload, arg), when
+ * not NULL (an idle executor tells its submits' hints from the scheduler's cycles);
  * returns how many arrived (0: none in timeout_ms; -1: the connection broke). */
 int db_wait_notify_each(PGconn *c, int timeout_ms, void (*each)(const char *payload, void *arg), void *arg);
 

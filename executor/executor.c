@@ -486,19 +486,6 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
     return 1;
 }
 
-/* A cycle of its own: woken by a submit's hint (CYCLE_HINT_QUEUED) while idle, the
- * executor builds its own cycle with the scheduler's pass for itself alone (same rules,
- * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
- * transaction: no scheduler round trip, no notification in between, one commit without
- * waiting for the disk (the claim and the start are derived, as the scheduler's are).
- * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
- * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing
- * because a model is held for its optim_step (rule 5), *held_ms says how long: the
- * executor, still listening (the pass rolled back, its UNLISTEN too), looks again when the
- * step's submit wakes it or the hold ends, with no scheduler pass on the way. When it
- * claims nothing for another reason (a seq gap, work of another executor), the scheduler
- * is woken to decide, as the submit would have woken it. 1 a cycle ran; 0 nothing was
- * claimed; -1 a database error (the scheduler was asked to look). */
 /* What woke an idle executor (its connection's notifications): a cycle of the scheduler's
  * (any payload but a submit's), submits' hints (CYCLE_HINT_QUEUED), and forward_backwards
  * held for their step (CYCLE_HINT_PAIR: the soonest their holds end, ms from now). */
@@ -520,6 +507,19 @@ static void exe_wake_note(const char *payload, void *arg) {
     }
 }
 
+/* A cycle of its own: woken by a submit's hint (CYCLE_HINT_QUEUED) while idle, the
+ * executor builds its own cycle with the scheduler's pass for itself alone (same rules,
+ * same locks: scheduler/cycle.c), and starts it and reads its operations in the same
+ * transaction: no scheduler round trip, no notification in between, one commit without
+ * waiting for the disk (the claim and the start are derived, as the scheduler's are).
+ * The pass's transaction also stops the connection's LISTEN (a busy executor needs no
+ * wake-up; the claim notifies nobody: SQL_INSERT_CYCLES_CLAIM). When it claims nothing
+ * because a model is held for its optim_step (rule 5), *held_ms says how long: the
+ * executor, still listening (the pass rolled back, its UNLISTEN too), looks again when the
+ * step's submit wakes it or the hold ends, with no scheduler pass on the way. When it
+ * claims nothing for another reason (a seq gap, work of another executor), the scheduler
+ * is woken to decide, as the submit would have woken it. 1 a cycle ran; 0 nothing was
+ * claimed; -1 a database error (the scheduler was asked to look). */
 static int run_own_cycle(exe_state *st, PGconn *c, int *held_ms) {
     char err[1024], eid[24];
     double t0 = clock_mono_s();
