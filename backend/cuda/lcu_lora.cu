@@ -86,6 +86,20 @@ static int lcu_lora_z(lcu_ctx *c, const lcu_lora_seg *g, int in, const lcu_bf16 
     return lcu_gemm(c, &a, s);
 }
 
+/* Version 1's forward of one segment (cuBLASLt): z = x Aᵀ over its rows, then y = scale·z
+ * Bᵀ + beta·C, C NULL adding to y itself. */
+static int lcu_lora_seg_fwd(lcu_ctx *c, const lcu_lora_seg *g, int in, int out, const lcu_bf16 *x, long ldx,
+                            float beta, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz,
+                            cudaStream_t s)
+{
+    int rows = (int)(g->row_end - g->row_begin);
+    if (rows == 0) return 0;
+    int rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
+    lcu_gemm_args e = {false, true, rows, out, g->rank, g->scale, beta, z + g->row_begin * ldz, ldz, g->B, g->rank,
+                       C ? C + g->row_begin * ldc : NULL, ldc, y + g->row_begin * ldy, ldy, LCU_F32};
+    return rc ? rc : lcu_gemm(c, &e, s);
+}
+
 int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
@@ -93,15 +107,8 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     int v = !rc && nseg && lcu_lora_disjoint(segs, nseg) ? lcu_lora_version(segs, nseg) : 1;
     if (v == 3) return lcu_sgmv3_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
     if (v == 2) return lcu_sgmv_lora_fwd(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
-    for (int i = 0; i < nseg && !rc; i++) {
-        const lcu_lora_seg *g = &segs[i];
-        int rows = (int)(g->row_end - g->row_begin);
-        if (rows == 0) continue;
-        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
-        lcu_gemm_args e = {false, true, rows, out, g->rank, g->scale, 1.0f, z + g->row_begin * ldz, ldz, g->B,
-                           g->rank, NULL, 0, y + g->row_begin * ldy, ldy, LCU_F32};
-        if (!rc) rc = lcu_gemm(c, &e, s);
-    }
+    for (int i = 0; i < nseg && !rc; i++)
+        rc = lcu_lora_seg_fwd(c, &segs[i], in, out, x, ldx, 1.0f, NULL, 0, y, ldy, z, ldz, s);
     return rc;
 }
 
@@ -125,15 +132,8 @@ int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows,
     int v = nseg ? lcu_lora_version(segs, nseg) : 1;
     if (!lcu_lora_tile(segs, nseg, rows) || v == 2 || (v == 3 && C)) return LCU_ENOTSUP;
     if (v == 3) return lcu_sgmv3_lora_fwd_write(c, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
-    for (int i = 0; i < nseg && !rc; i++) {
-        const lcu_lora_seg *g = &segs[i];
-        int n = (int)(g->row_end - g->row_begin);
-        if (n == 0) continue;
-        rc = lcu_lora_z(c, g, in, x, ldx, z, ldz, s);
-        lcu_gemm_args e = {false, true, n, out, g->rank, g->scale, C ? 1.0f : 0.0f, z + g->row_begin * ldz, ldz, g->B,
-                           g->rank, C ? C + g->row_begin * ldc : NULL, ldc, y + g->row_begin * ldy, ldy, LCU_F32};
-        if (!rc) rc = lcu_gemm(c, &e, s);
-    }
+    for (int i = 0; i < nseg && !rc; i++)
+        rc = lcu_lora_seg_fwd(c, &segs[i], in, out, x, ldx, C ? 1.0f : 0.0f, C, ldc, y, ldy, z, ldz, s);
     return rc;
 }
 
