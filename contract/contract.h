@@ -37,6 +37,15 @@
  * executor): an operation is queued, build the cycle yourself (the scheduler's payload,
  * a cycle built for it, is the executor's id). */
 #define CYCLE_HINT_QUEUED "queued"
+/* A submit's hint ("queued", or "pair <gap>" below) goes on with what the executor's own
+ * pass would read of the operation and its model, space-separated: the operation's id,
+ * seq_id, the model's next_seq at the submit, the operation's tokens, its submit (epoch
+ * ms), the tenant, whether the tenant has a rate limit (1 / 0), the model's pair_p,
+ * pair_gap_ms (-1 unknown) and tail_fb_at (epoch ms, -1 none), the kind and the model's
+ * id (last: the rest of the payload). An idle executor woken by one operation's hint
+ * alone, or by a held forward_backward's and then its step's, plans them from the hints
+ * and claims them in one round trip, guarded (scheduler/cycle.c, sched_build_own_hinted);
+ * a bare "queued" is read as before: look. */
 /* ... and for a forward_backward of a model whose optim_step usually follows (rule 5:
  * pair_p > 0.5): "pair <the model's pair_gap_ms, -1 unknown>". The executor does not
  * look now (its pass would hold it): the step's own hint wakes it, or it looks when the

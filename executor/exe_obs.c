@@ -14,7 +14,7 @@
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds) {
+void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds, const char *claim) {
     if (!log_enabled(LOG_INFO_)) return;
     strbuf tenants, models, losses;
     sb_init(&tenants, 64);
@@ -58,9 +58,10 @@ void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds) {
         if (has_loss) sb_printf(&losses, "%s%s=%.6g", losses.len ? "," : "", ops[i].model_id, loss);
     }
     if (more) sb_printf(&models, ",+%d more", more);
-    log_field f[9];
+    log_field f[10];
     size_t k = 0;
     f[k++] = LOG_N("cycle", cycle);
+    f[k++] = LOG_S("claim", claim);
     f[k++] = LOG_N("ms", (double)(long long)(seconds * 1e4) / 10);
     f[k++] = LOG_N("ops", n);
     f[k++] = LOG_N("failed", failed);

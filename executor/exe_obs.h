@@ -10,9 +10,10 @@
 
 /* The cycle's line, after its commit: id, duration, operations (failed ones and the
  * first error), tokens, the tenants that shared it, its models and their losses
- * (loss:sum of their forward_backward operations). Everything from the operations as the
- * cycle's start read them: no query. */
-void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds);
+ * (loss:sum of their forward_backward operations), and who claimed it (claim: "scheduler";
+ * "own", the executor's own pass; "hint", planned from a submit's hint and claimed in one
+ * round trip). Everything from the operations as the cycle's start read them: no query. */
+void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds, const char *claim);
 
 /* One GPU as NVML sees it. */
 typedef struct exe_gpu exe_gpu;

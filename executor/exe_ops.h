@@ -25,6 +25,7 @@ typedef struct exe_state_ {
     const char *model_dir;     /* the base model's directory (tokenizer.json for stop strings) */
     const char *base_model;    /* its name (--model-name: base_models.name) */
     int64_t executor_id;
+    int token_budget;          /* --token-budget, as registered (executors.token_budget) */
     PGconn *db;                /* the loop's connection while a cycle runs (access checks) */
     const char *db_conninfo;   /* for the snapshot writer's own connection */
     int snapshot_every;        /* optimizer steps between a model's snapshots */

@@ -84,6 +84,10 @@ static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 
  * that work submitted together (several tenants at once) shares the cycle, as the
  * scheduler's passes wait after a wake-up */
 static int g_gather_ms;
+/* The commit of the last cycle woke the scheduler for work that waited meanwhile
+ * (SQL_EXE_READY_IF_QUEUED notified): the next own pass reads it all, not a hint's
+ * operation alone. */
+static bool g_backlog;
 
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
 typedef struct {
@@ -248,6 +252,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     free(models);
     free(seqs);
     int changed = !one_trip && finish_at >= 0 && got > finish_at ? (int)db_int(r[finish_at], 0, 0) : n;
+    if (one_trip && got == nb) g_backlog = PQntuples(r[nb - 1]) > 0;
     for (int i = 0; i < nb; i++) PQclear(r[i]);
     if (one_trip) {
         if (got > commit_at) {   /* committed */
@@ -274,6 +279,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_READY_IF_QUEUED, 1, pe}};
     PGresult *re[2];
     int ended = db_pipeline(c, end, 2, re, err, errlen);
+    if (ended == 2) g_backlog = PQntuples(re[1]) > 0;
     PQclear(re[0]);
     PQclear(re[1]);
     if (ended < 1) return -1;   /* the session broke in its commit: it is tried again */
@@ -467,7 +473,7 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
     }
 }
 
-static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0);
+static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0, const char *claim);
 
 /* Runs this executor's next cycle (start_cycle's mode): 1 one ran; 0 none is open; -1 it
  * could not be started (database error: the caller polls again, reconnecting if needed). */
@@ -482,29 +488,68 @@ static int run_cycle(exe_state *st, PGconn *c, start_mode mode) {
         return -1;
     }
     if (started == 0) return 0;
-    run_started(st, c, cycle, ops, n, t0);
+    run_started(st, c, cycle, ops, n, t0, "scheduler");
     return 1;
 }
 
 /* What woke an idle executor (its connection's notifications): a cycle of the scheduler's
  * (any payload but a submit's), submits' hints (CYCLE_HINT_QUEUED), and forward_backwards
- * held for their step (CYCLE_HINT_PAIR: the soonest their holds end, ms from now). */
+ * held for their step (CYCLE_HINT_PAIR: the soonest their holds end, ms from now); of the
+ * hints, those with their details (all but an older api's) as they came, the first two. */
 typedef struct {
-    int cycles, queued, pairs;
+    int cycles, queued, pairs, plain;
     double pair_ms;
+    int nh;
+    sched_hint h[2];
 } exe_wake;
 
 static void exe_wake_note(const char *payload, void *arg) {
     exe_wake *w = arg;
-    size_t np = strlen(CYCLE_HINT_PAIR);
-    if (!strcmp(payload, CYCLE_HINT_QUEUED)) {
+    size_t np = strlen(CYCLE_HINT_PAIR), nq = strlen(CYCLE_HINT_QUEUED);
+    bool pair = !strncmp(payload, CYCLE_HINT_PAIR, np) && payload[np] == ' ';
+    if (!pair && strncmp(payload, CYCLE_HINT_QUEUED, nq) == 0 && (payload[nq] == 0 || payload[nq] == ' ')) {
         w->queued++;
-    } else if (!strncmp(payload, CYCLE_HINT_PAIR, np) && payload[np] == ' ') {
+    } else if (pair) {
         double ms = plan_pair_window_ms(strtod(payload + np + 1, NULL), g_claim.pair_hold_ms);
         if (!w->pairs++ || ms < w->pair_ms) w->pair_ms = ms;
     } else {
         w->cycles++;
+        return;
     }
+    sched_hint h;
+    if (!sched_hint_parse(payload, &h)) w->plain++;
+    else if (w->nh++ < 2) w->h[w->nh - 1] = h;
+}
+
+/* The operations a wake-up lets the executor plan from submits' hints alone (rule 5 as
+ * the pass applies it): one operation's hint while nothing is held, or a held
+ * forward_backward's (*held, kept since its own hint) and its optim_step's. Writes them
+ * to out and returns how many (0: none; the pass decides). A forward_backward's hint that
+ * came alone, nothing held before, is kept in *held (*held_ok) for its step's. */
+static int hinted_ops(const exe_wake *wk, bool holding, sched_hint *held, bool *held_ok, sched_hint out[2]) {
+    bool had = holding && *held_ok;
+    *held_ok = false;
+    if (wk->cycles || wk->plain || wk->nh == 0 || wk->nh > 2) return 0;
+    sched_hint seq[3];
+    int n = 0;
+    if (had) seq[n++] = *held;
+    else if (holding) return 0;   /* a hold whose hint is not known: the pass */
+    for (int i = 0; i < wk->nh; i++) seq[n++] = wk->h[i];
+    if (n == 1 && !seq[0].pair) {
+        out[0] = seq[0];
+        return 1;
+    }
+    if (n == 1) {   /* held now, for its step */
+        *held = seq[0];
+        *held_ok = true;
+        return 0;
+    }
+    if (n == 2 && seq[0].pair && !seq[1].pair && !strcmp(seq[0].model, seq[1].model) &&
+        seq[1].seq == seq[0].seq + 1 && seq[1].next_seq == seq[0].seq) {
+        out[0] = seq[0], out[1] = seq[1];
+        return 2;
+    }
+    return 0;
 }
 
 /* A cycle of its own: woken by a submit's hint (CYCLE_HINT_QUEUED) while idle, the
@@ -518,9 +563,13 @@ static void exe_wake_note(const char *payload, void *arg) {
  * executor, still listening (the pass rolled back, its UNLISTEN too), looks again when the
  * step's submit wakes it or the hold ends, with no scheduler pass on the way. When it
  * claims nothing for another reason (a seq gap, work of another executor), the scheduler
- * is woken to decide, as the submit would have woken it. 1 a cycle ran; 0 nothing was
- * claimed; -1 a database error (the scheduler was asked to look). */
-static int run_own_cycle(exe_state *st, PGconn *c, int *held_ms) {
+ * is woken to decide, as the submit would have woken it. hint[0..nhint): the submits
+ * that woke it, with their details (hinted_ops: a lone operation, a forward_backward and
+ * its step): planned from them and claimed in one round trip instead of the pass's two
+ * (sched_build_own_hinted), or by the pass when what they said no longer holds. 1 a
+ * cycle ran; 0 nothing was claimed; -1 a database error (the scheduler was asked to
+ * look). */
+static int run_own_cycle(exe_state *st, PGconn *c, const sched_hint *hint, int nhint, int *held_ms) {
     char err[1024], eid[24];
     double t0 = clock_mono_s();
     fmt_i64(eid, sizeof eid, st->executor_id);
@@ -533,13 +582,21 @@ static int run_own_cycle(exe_state *st, PGconn *c, int *held_ms) {
     o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
     o.only_base = st->base_model;
     *held_ms = 0;
-    int claimed = sched_build_cycles(c, st->executor_id, &o, NULL, held_ms, err, sizeof err);
+    int claimed = -2;
+    if (nhint > 0) {
+        claimed = sched_build_own_hinted(c, st->executor_id, st->base_model, st->token_budget, &o, hint, nhint,
+                                         held_ms, err, sizeof err);
+        if (claimed == 0 && *held_ms <= 0) claimed = -2;   /* not held, not claimed: the pass decides */
+        if (claimed == -2) log_debug("the submit's hint for %s no longer holds: the full pass", hint->model);
+    }
+    const char *how = claimed == -2 ? "own" : "hint";
+    if (claimed == -2) claimed = sched_build_cycles(c, st->executor_id, &o, NULL, held_ms, err, sizeof err);
     if (claimed > 0 && started) {
         g_listen_pid = 0;   /* the UNLISTEN committed with the claim */
         exe_op *ops = NULL;
         int64_t cycle = 0;
         int n = 0;
-        if (read_cycle(started, &cycle, &ops, &n) > 0) run_started(st, c, cycle, ops, n, t0);
+        if (read_cycle(started, &cycle, &ops, &n) > 0) run_started(st, c, cycle, ops, n, t0, how);
         return 1;
     }
     PQclear(started);
@@ -552,7 +609,7 @@ static int run_own_cycle(exe_state *st, PGconn *c, int *held_ms) {
 
 /* Runs a started cycle (its operations read: ops, n, freed here) and commits it; t0 when
  * the executor set out to start it. */
-static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0) {
+static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, int n, double t0, const char *claim) {
     char cyc[24];
     fmt_i64(cyc, sizeof cyc, cycle);
     double tc = clock_mono_s();   /* the cycle's own time (restore, compute) starts once it is read */
@@ -574,7 +631,7 @@ static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, in
         return;
     }
     exe_snapshots_after_commit(st, ops, n);
-    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0);
+    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0, claim);
     free_ops(ops, n);
 }
 
@@ -949,6 +1006,7 @@ int exe_main(int argc, char **argv) {
     PGresult *r = db_query(c, SQL_EXE_REGISTER, 11, p, err, sizeof err);
     if (!r) { log_error("register: %s", err); return 1; }
     st.executor_id = db_int(r, 0, 0);
+    st.token_budget = budget;
     snprintf(g_listen_sql, sizeof g_listen_sql, SQL_EXE_LISTEN_FMT, (long long)st.executor_id);
     char sid[24];
     snprintf(sid, sizeof sid, "%s", PQgetvalue(r, 0, 0));
@@ -974,6 +1032,9 @@ int exe_main(int argc, char **argv) {
     const char *pid1[1] = {sid};
     int fails = 0;   /* cycles that could not be started, in a row */
     bool woken = false, hinted = false;
+    sched_hint hints[2], held_hint;   /* what to plan from hints (nhints); a held forward_backward's */
+    int nhints = 0;
+    bool held_hint_ok = false;
     double last_chores = 0, last_look = 0;
     double own_again_at = 0;   /* a hold of the own pass ends (rule 5): look again then; 0 none */
     while (!g_stop) {
@@ -995,9 +1056,15 @@ int exe_main(int argc, char **argv) {
             if (g_gather_ms > 0) { /* gather: what else is submitted meanwhile joins the cycle */
                 usleep((useconds_t)g_gather_ms * 1000);
                 exe_wake wk = {0};
-                if (db_wait_notify_each(c, 0, exe_wake_note, &wk) > 0 && wk.cycles) woken = true;
+                if (db_wait_notify_each(c, 0, exe_wake_note, &wk) > 0) {
+                    if (wk.cycles) woken = true;
+                    if (wk.cycles || wk.queued || wk.pairs) nhints = 0, held_hint_ok = false;
+                }
             }
-            int held_ms = 0, ran = run_own_cycle(&st, c, &held_ms);
+            int held_ms = 0, ran = run_own_cycle(&st, c, hints, g_backlog ? 0 : nhints, &held_ms);
+            nhints = 0;
+            if (held_ms <= 0) held_hint_ok = false;
+            if (ran != 0 || held_ms <= 0) g_backlog = false;   /* the pass read what waited */
             own_again_at = held_ms > 0 ? clock_mono_s() + held_ms / 1000.0 : 0;
             if (ran > 0 || !woken) {
                 woken = false;
@@ -1040,6 +1107,8 @@ int exe_main(int argc, char **argv) {
         /* woken: a cycle of the scheduler's; hinted: a submit's hint; a held forward_backward:
          * look when its hold ends (or sooner, at another hint) */
         if (w > 0) woken = wk.cycles > 0, hinted = wk.queued > 0;
+        /* a submit's hint alone, or a held forward_backward's step: planned from the hints */
+        nhints = w > 0 ? hinted_ops(&wk, own_again_at > 0, &held_hint, &held_hint_ok, hints) : 0;
         if (w > 0 && wk.pairs) {
             double at = clock_mono_s() + wk.pair_ms / 1000.0;
             if (own_again_at <= 0 || at < own_again_at) own_again_at = at;

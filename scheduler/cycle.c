@@ -8,6 +8,7 @@
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
+#include "common/clock.h"
 #include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
@@ -65,8 +66,8 @@ static plan_op *read_own(const PGresult *ro, plan_model **ms, int *nm) {
  * contribute with the pattern learned (rule 5), the executors busy, the notifications and
  * the commit. The executors' cycle ids go to their .cycle_id. 0, or -1 with err (the
  * caller rolls back). */
-static int write_cycles(PGconn *c, const sched_opts *o, plan_executor *xs, int nx, const plan_model *ms, int nm,
-                        int64_t *cycle_ids, char *err, size_t errlen) {
+static int write_cycles(PGconn *c, const sched_opts *o, const db_stmt *pre, int npre, plan_executor *xs, int nx,
+                        const plan_model *ms, int nm, int64_t *cycle_ids, char *err, size_t errlen) {
     char slease[16];
     snprintf(slease, sizeof slease, "%d", o->lease_s);
     pgarray exes, nops, ntok, ops, op_exes, ids, seqs, pair_p, gap, tail;
@@ -95,22 +96,28 @@ static int write_cycles(PGconn *c, const sched_opts *o, plan_executor *xs, int n
     for (size_t i = 0; i < 10; i++) l[i] = pga_end(all[i]);
     const char *pc[7] = {l[0], l[1], l[2], slease, l[3], l[4], o->start ? "false" : "true"};
     const char *pa[5] = {l[5], l[6], l[7], l[8], l[9]};
-    /* an executor's own cycle is started in the same transaction (sched_opts.start) */
-    db_stmt b[4] = {{SQL_INSERT_CYCLES_CLAIM, 7, pc}, {SQL_ADVANCE_MODELS, 5, pa}};
-    db_bin bin[4] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}};
-    int nb = 2, start_at = -1;
+    /* pre: what goes first (a hinted pass: its BEGIN, o->first and guard); an executor's
+     * own cycle is started in the same transaction (sched_opts.start) */
+    enum { MAX_PRE = 2 + SCHED_MAX_FIRST };
+    db_stmt b[MAX_PRE + 4];
+    db_bin bin[MAX_PRE + 4] = {{NULL, NULL, 0}};
+    int nb = 0, start_at = -1;
+    for (int i = 0; i < npre && i < MAX_PRE; i++) b[nb++] = pre[i];
+    int claim_at = nb;
+    b[nb++] = (db_stmt){SQL_INSERT_CYCLES_CLAIM, 7, pc};
+    b[nb++] = (db_stmt){SQL_ADVANCE_MODELS, 5, pa};
     if (o->start) {
         start_at = nb;
         if (o->start_bin) bin[nb] = *o->start_bin;
         b[nb++] = *o->start;
     }
     b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
-    PGresult *r[4];
+    PGresult *r[MAX_PRE + 4];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     for (size_t i = 0; i < 10; i++) free(l[i]);
-    for (int k = 0; got == nb && k < PQntuples(r[0]); k++)
+    for (int k = 0; got == nb && k < PQntuples(r[claim_at]); k++)
         for (int e = 0; e < nx; e++)
-            if (xs[e].id == db_int(r[0], k, 1)) cycle_ids[e] = db_int(r[0], k, 0);
+            if (xs[e].id == db_int(r[claim_at], k, 1)) cycle_ids[e] = db_int(r[claim_at], k, 0);
     if (start_at >= 0 && got == nb && o->started) {
         *o->started = r[start_at];
         r[start_at] = NULL;
@@ -271,7 +278,7 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     /* rule 5: look again when the first hold ends */
     if (held && held_ms > 0 && (*held <= 0 || held_ms < *held)) *held = held_ms;
     if (nops == 0) { claimed = 0; goto done; }
-    if (write_cycles(c, o, xs, nx, ms, nm, cycle_ids, err, errlen) < 0) goto done;
+    if (write_cycles(c, o, NULL, 0, xs, nx, ms, nm, cycle_ids, err, errlen) < 0) goto done;
     claimed = nops;
     for (int e = 0; e < nx; e++) {
         if (!xs[e].cycle.nops) continue;
@@ -298,4 +305,85 @@ done:
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id, int *held, char *err,
                       size_t errlen) {
     return sched_build_cycles(c, executor_id, o, cycle_id, held, err, errlen);
+}
+
+bool sched_hint_parse(const char *payload, sched_hint *h) {
+    long long op, tenant;
+    int limited = 0, n = -1;
+    double gap;
+    *h = (sched_hint){0};
+    size_t nq = strlen(CYCLE_HINT_QUEUED), np = strlen(CYCLE_HINT_PAIR);
+    if (!strncmp(payload, CYCLE_HINT_QUEUED " ", nq + 1)) {
+        payload += nq + 1;
+    } else if (!strncmp(payload, CYCLE_HINT_PAIR " ", np + 1)) {
+        if (sscanf(payload + np + 1, "%lf %n", &gap, &n) != 1 || n < 0) return false;
+        h->pair = true;
+        payload += np + 1 + n;
+        n = -1;
+    } else {
+        return false;
+    }
+    if (sscanf(payload, "%lld %d %d %d %lf %lld %d %lf %lf %lf %31s %n", &op, &h->seq, &h->next_seq, &h->tokens,
+               &h->created_ms, &tenant, &limited, &h->pair_p, &h->pair_gap_ms, &h->tail_fb_ms, h->kind, &n) != 11 ||
+        n < 0)
+        return false;
+    const char *model = payload + n;
+    size_t len = strlen(model);
+    if (len == 0 || len >= sizeof h->model || strchr(model, ' ')) return false;
+    memcpy(h->model, model, len + 1);
+    h->op = op, h->tenant = tenant, h->limited = limited != 0;
+    return true;
+}
+
+int sched_build_own_hinted(PGconn *c, int64_t executor, const char *base_model, int budget, const sched_opts *o,
+                           const sched_hint *h, int n, int *held, char *err, size_t errlen) {
+    enum { MAX_HINTS = 8 };
+    if (o->started) *o->started = NULL;
+    /* A gap at the first submit (an earlier seq_id not run yet), a rate limit, or not one
+     * model's consecutive operations: the full pass reads what decides it. */
+    if (n < 1 || n > MAX_HINTS || h[0].seq != h[0].next_seq) return -2;
+    for (int i = 0; i < n; i++)
+        if (h[i].limited || strcmp(h[i].model, h[0].model) || h[i].seq != h[0].seq + i) return -2;
+    plan_op ops[MAX_HINTS];
+    pgarray ids;
+    pga_init(&ids);
+    double now_ms = clock_wall_s() * 1000;
+    for (int i = 0; i < n; i++) {
+        double age = now_ms - h[i].created_ms;
+        ops[i] = (plan_op){.id = h[i].op, .seq = h[i].seq, .tokens = h[i].tokens, .age_ms = age > 0 ? age : 0,
+                           .created_ms = h[i].created_ms};
+        snprintf(ops[i].kind, sizeof ops[i].kind, "%s", h[i].kind);
+        pga_int(&ids, h[i].op);
+    }
+    char *sids = pga_end(&ids);
+    /* what was learned of the model (rule 5) as the newest submit read it */
+    const sched_hint *last = &h[n - 1];
+    plan_model m = {.id = h[0].model, .tenant = h[0].tenant, .next_seq = h[0].seq, .ops = ops, .nops = n,
+                    .pair_p = last->pair_p, .pair_gap_ms = last->pair_gap_ms, .tail_fb_ms = last->tail_fb_ms};
+    plan_executor x = {.id = executor, .base_model = base_model, .budget = budget, .models = &m, .nmodels = 1};
+    int held_ms = 0, nops = plan_pass(&x, 1, NULL, 0, NULL, 0, o->pair_hold_ms, &held_ms);
+    if (held && held_ms > 0 && (*held <= 0 || held_ms < *held)) *held = held_ms;
+    if (nops == 0) {
+        plan_free(&x.cycle);
+        free(sids);
+        return 0;
+    }
+    char sexe[24], sbudget[16], sseq[16];
+    snprintf(sexe, sizeof sexe, "%lld", (long long)executor);
+    snprintf(sbudget, sizeof sbudget, "%d", budget);
+    snprintf(sseq, sizeof sseq, "%d", h[0].seq);
+    const char *pg[6] = {sexe, base_model, sbudget, h[0].model, sseq, sids};
+    db_stmt pre[2 + SCHED_MAX_FIRST];
+    int npre = 0;
+    pre[npre++] = (db_stmt){SQL_BEGIN, 0, NULL};
+    for (int i = 0; i < o->nfirst && i < SCHED_MAX_FIRST; i++) pre[npre++] = (db_stmt){o->first[i], 0, NULL};
+    pre[npre++] = (db_stmt){SQL_OWN_HINT_GUARD, 6, pg};
+    int64_t cycle_id = 0;
+    int rc = write_cycles(c, o, pre, npre, &x, 1, &m, 1, &cycle_id, err, errlen);
+    plan_free(&x.cycle);
+    free(sids);
+    if (rc == 0) return nops;
+    bool refused = !strcmp(db_last_sqlstate(), SCHED_SQLSTATE_REFUSED);
+    if (PQstatus(c) == CONNECTION_OK) db_rollback(c);
+    return refused ? -2 : -1;
 }

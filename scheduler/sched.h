@@ -53,6 +53,38 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
 int sched_build_cycle(PGconn *c, int64_t executor_id, const sched_opts *o, int64_t *cycle_id,
                       int *held, char *err, size_t errlen);
 
+/* A submit's hint with its details (CYCLE_HINT_QUEUED or CYCLE_HINT_PAIR, contract/
+ * contract.h): one operation queued, and what an executor's own pass would read of it and
+ * its model. */
+typedef struct {
+    bool pair;           /* CYCLE_HINT_PAIR: a forward_backward held for its optim_step */
+    int64_t op, tenant;
+    int seq, next_seq, tokens;
+    bool limited;        /* the tenant has a rate limit (rule 3): the full pass decides */
+    double created_ms, pair_p, pair_gap_ms, tail_fb_ms;
+    char kind[32];
+    char model[128];
+} sched_hint;
+/* payload as a hint with details: true with *h; false for anything else (a bare
+ * "queued"). */
+bool sched_hint_parse(const char *payload, sched_hint *h);
+
+/* An executor's own pass from submits' hints (what woke it, idle): n operations of one
+ * model in seq order from the model's next_seq (a lone operation; a held forward_backward
+ * and its optim_step). The planner decides on them as it would on what the pass reads for
+ * them alone (the same rules on the same figures: the executor's token budget, rule 5's
+ * hold; their age from now on this machine's clock), and the claim is one round trip:
+ * o->first, a guard, the claim and the model's advance as sched_build_cycles writes them,
+ * o->start and COMMIT. The guard (SQL_OWN_HINT_GUARD) locks what the pass locks: the
+ * executor, idle with that budget; the model, active, placed there, still at the first
+ * seq_id, its tenant without a rate limit; the operations, queued; or refuses, and nothing
+ * is written. Returns as sched_build_cycles (the operations claimed; 0 when the planner
+ * held them, *held; -1 on a database error), or -2 when the guard refused or the hints do
+ * not qualify (a gap, a rate-limited tenant, not one model's consecutive operations): the
+ * caller runs the full pass. A pass that claimed nothing is rolled back here. */
+int sched_build_own_hinted(PGconn *c, int64_t executor, const char *base_model, int budget, const sched_opts *o,
+                           const sched_hint *h, int n, int *held, char *err, size_t errlen);
+
 /* Expires cycles whose lease ran out or whose executor is gone, puts their model
  * operations back in the queue (their models' state is restored wherever they run next:
  * docs/architecture.md, "Durable training state"), requeues stateless samples, marks

@@ -116,6 +116,27 @@
     " FROM m JOIN operations o ON o.model_id = m.id WHERE o.state = 'queued'"                 \
     " ORDER BY m.last_request_at, o.model_id, o.seq_id FOR UPDATE OF o SKIP LOCKED"
 
+/* $1 executor, $2 its base model, $3 its token budget, $4 model, $5 its next_seq, $6
+ * bigint[] operations: an executor's own pass from submits' hints (cycle.c,
+ * sched_build_own_hinted) goes on only while what the hints said still holds, with the
+ * rows locked as the full pass locks them (the executor, idle; the model, active, placed
+ * there, at that seq_id, its tenant without a rate limit; the operations, every one
+ * queued); else it fails (SCHED_SQLSTATE_REFUSED, the rest of its round trip skipped) and
+ * the executor runs the full pass. */
+#define SQL_OWN_HINT_GUARD                                                                    \
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM executors x WHERE x.id = $1::bigint"              \
+    "   AND x.base_model = $2 AND x.token_budget = $3::int AND x.state = 'idle'"              \
+    "   AND NOT x.draining FOR UPDATE SKIP LOCKED)"                                           \
+    " AND EXISTS (SELECT 1 FROM models m WHERE m.id = $4 AND m.executor_id = $1::bigint"      \
+    "   AND m.base_model = $2 AND m.status = 'active' AND m.next_seq = $5::int"               \
+    "   AND NOT EXISTS (SELECT 1 FROM tenant_limits l WHERE l.tenant_id = m.tenant_id"        \
+    "   AND l.tokens_per_minute IS NOT NULL) FOR NO KEY UPDATE OF m SKIP LOCKED)"             \
+    " AND (SELECT count(*) FROM (SELECT 1 FROM operations o WHERE o.id = ANY($6::bigint[])"   \
+    "   AND o.model_id = $4 AND o.state = 'queued' FOR UPDATE OF o SKIP LOCKED) q)"           \
+    "   = cardinality($6::bigint[])"                                                          \
+    " THEN 1 ELSE loom_refuse('the submits'' hints no longer hold') END"
+#define SCHED_SQLSTATE_REFUSED "LM001"   /* loom_refuse (migration 0033) */
+
 /* Usage events into the daily totals (migration 0014). */
 #define SQL_USAGE_FOLD "SELECT loom_usage_fold()"
 

@@ -15,12 +15,22 @@ once the hold ends, the scheduler still stopped. A model that is not placed yet 
 needs the scheduler: its submit waits while the scheduler is stopped and runs once it is
 back.
 """
-import os, signal, sys, time
+import os, re, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 from stack import Stack, Results
 from wire import forward_backward, raw_answer as answer
 
 SEQ = [(5 * j + 3) % 250 + 1 for j in range(13)]
+
+
+def claims(s, request_ids):
+    """How the cycles of these operations were claimed, by the executor's "cycle done"
+    lines (claim=scheduler, own: its own pass, hint: planned from the submits' hints)."""
+    ids = ",".join(f"'{r}'" for r in request_ids)
+    cycles = set(s.psql(f"SELECT DISTINCT cycle_id FROM operations WHERE request_id IN ({ids})").split())
+    with open(os.path.join(s.dir, "up.log"), errors="replace") as f:
+        found = dict(re.findall(r"cycle done.* cycle=(\d+) claim=(\w+)", f.read()))
+    return [found.get(c) for c in sorted(cycles)]
 DATA = [(SEQ[:-1], {"target_tokens": ("int64", SEQ[1:])})]
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
 
@@ -39,11 +49,13 @@ def main():
         os.kill(sched, signal.SIGSTOP)
         try:
             seq = 2
+            lone = []
             for k in range(6):
                 proto = k % 2 == 1
                 t0 = time.time()
                 st, fut = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
                 first = answer(s, fut["request_id"], proto) if st == 200 else None
+                lone.append(fut["request_id"])
                 R.check(first is not None and first[0] == 200,
                         f"forward_backward {seq} ran with the scheduler stopped ({time.time() - t0:.2f} s)")
                 s.forget_notes()   # the second look reads the row (else the api answers from memory)
@@ -51,6 +63,9 @@ def main():
                 R.check(first == again, f"forward_backward {seq} ({'protobuf' if proto else 'JSON'}): the answer"
                         " woken by the notification is the row's, byte for byte")
                 seq += 1
+            how = claims(s, lone)
+            R.check(how == ["hint"] * 6, f"each lone forward_backward was planned from its submit's hint and claimed"
+                    f" in one round trip: {how}")
             st, fut = s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq, "adam_params": ADAM})
             first = answer(s, fut["request_id"], False)
             R.check(first is not None and b"metrics" in first[1], f"optim_step ran with the scheduler stopped: {first}")
@@ -80,17 +95,20 @@ def main():
             seq += 2
             cycles = s.psql(f"SELECT count(DISTINCT cycle_id) FROM operations WHERE request_id IN"
                             f" ('{f1['request_id']}', '{f2['request_id']}')")
-            return a1 is not None and a2 is not None, cycles
+            return a1 is not None and a2 is not None, cycles, [f1["request_id"], f2["request_id"]]
         for k in range(4):
-            ran, _ = step()
+            ran, _, _ = step()
             R.check(ran, f"step {k} ran")
         pair_p = float(s.psql(f"SELECT pair_p FROM models WHERE id = '{mid}'"))
         R.check(pair_p > 0.5, f"the model learned that its optim_step follows (pair_p {pair_p:.2f})")
         os.kill(sched, signal.SIGSTOP)
         try:
             for k in range(3):
-                ran, cycles = step()
+                ran, cycles, rids = step()
                 R.check(ran and cycles == "1", f"with the scheduler stopped, step {k} ran in one cycle ({cycles})")
+                how = claims(s, rids)
+                R.check(how == ["hint"], f"step {k}: its forward_backward, held, and its optim_step were claimed from"
+                        f" their hints ({how})")
             t0 = time.time()
             st, fut = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
             lone = answer(s, fut["request_id"], False, timeout=5)

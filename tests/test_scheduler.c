@@ -526,6 +526,84 @@ static void test_claim_lock(void) {
     PQfinish(y);
 }
 
+/* A submit's hint as the api writes it (SQL_OP_SUBMIT's notification: its detailed form),
+ * parsed by the executor; op: that operation's row id. */
+static sched_hint hint_of(const char *model, int seq, int next_seq, const char *kind, bool pair) {
+    char q[512], payload[512];
+    snprintf(q, sizeof q, "SELECT id FROM operations WHERE model_id = '%s' AND seq_id = %d", model, seq);
+    long op = scalar(q);
+    snprintf(payload, sizeof payload, "%s %ld %d %d 10 1795794609003.463 1 0 0.5 -1 -1 %s %s",
+             pair ? "pair 12.5" : "queued", op, seq, next_seq, kind, model);
+    sched_hint h;
+    bool ok = sched_hint_parse(payload, &h);
+    CHECK(ok && h.op == op && h.seq == seq && h.pair == pair && !strcmp(h.model, model) && !strcmp(h.kind, kind) &&
+              h.created_ms > 1.7e12 && h.pair_gap_ms == -1,
+          "a hint's details parse (%s)", payload);
+    return h;
+}
+
+/* An executor's own pass from submits' hints (sched_build_own_hinted): claimed in one
+ * round trip while what they say holds; refused, nothing written, when it no longer does. */
+static void test_hinted(void) {
+    reset();
+    model("a1", 1);
+    sql("UPDATE models SET executor_id = 1");
+    sched_opts o = {.lease_s = 60, .max_models = 64, .pair_hold_ms = 0};
+    char err[512];
+    sched_hint h;
+    CHECK(!sched_hint_parse("queued", &h) && !sched_hint_parse("queued 1 2", &h) && !sched_hint_parse("1", &h),
+          "a bare or cut hint has no details");
+    op("a1", 0, "forward_backward", 10);
+    sched_hint h0 = hint_of("a1", 0, 0, "forward_backward", false);
+    int held = 0, n = sched_build_own_hinted(C, 1, "m", 100, &o, &h0, 1, &held, err, sizeof err);
+    CHECK(n == 1 && scalar("SELECT count(*) FROM operations WHERE state = 'claimed'") == 1 &&
+              scalar("SELECT next_seq FROM models WHERE id = 'a1'") == 1 &&
+              scalar("SELECT (state = 'busy')::int FROM executors WHERE id = 1") == 1,
+          "a lone operation's hint claims it: model advanced, executor busy (%d: %s)", n, n < 0 ? err : "");
+    finish_cycle(scalar("SELECT max(id) FROM cycles"));
+    long cycles = scalar("SELECT count(*) FROM cycles");
+    /* stale: the same operation again (done), a hint from before a gap, another budget */
+    n = sched_build_own_hinted(C, 1, "m", 100, &o, &h0, 1, &held, err, sizeof err);
+    CHECK(n == -2 && PQtransactionStatus(C) == PQTRANS_IDLE, "a hint of an operation already run is refused (%d)", n);
+    op("a1", 1, "forward_backward", 10);
+    op("a1", 3, "optim_step", 0);
+    sched_hint h3 = hint_of("a1", 3, 1, "optim_step", false);
+    CHECK(sched_build_own_hinted(C, 1, "m", 100, &o, &h3, 1, &held, err, sizeof err) == -2,
+          "a hint sent behind a gap goes to the full pass");
+    sched_hint h1 = hint_of("a1", 1, 1, "forward_backward", false);
+    CHECK(sched_build_own_hinted(C, 1, "m", 50, &o, &h1, 1, &held, err, sizeof err) == -2,
+          "a budget the row does not have is refused");
+    /* the scheduler's pass holds the executor: the hinted pass takes nothing from it */
+    PGconn *x = db_connect(conninfo, 5000, err, sizeof err);
+    if (!x) dbt_die("connect", err);
+    PQclear(PQexec(x, "BEGIN"));
+    PQclear(PQexec(x, "SELECT 1 FROM executors WHERE id = 1 FOR UPDATE"));
+    n = sched_build_own_hinted(C, 1, "m", 100, &o, &h1, 1, &held, err, sizeof err);
+    CHECK(n == -2, "a hinted pass skips an executor another pass holds (%d)", n);
+    PQclear(PQexec(x, "ROLLBACK"));
+    sql("INSERT INTO tenant_limits (tenant_id, tokens_per_minute) VALUES (1, 1000)");
+    CHECK(sched_build_own_hinted(C, 1, "m", 100, &o, &h1, 1, &held, err, sizeof err) == -2,
+          "a tenant with a rate limit set since its submit goes to the full pass");
+    sql("DELETE FROM tenant_limits");
+    CHECK(scalar("SELECT count(*) FROM cycles") == cycles &&
+              scalar("SELECT count(*) FROM operations WHERE state = 'queued'") == 2 &&
+              scalar("SELECT next_seq FROM models WHERE id = 'a1'") == 1 &&
+              scalar("SELECT (state = 'idle')::int FROM executors WHERE id = 1") == 1,
+          "nothing was written by the refused passes");
+    /* a held forward_backward and its step: one cycle */
+    op("a1", 2, "optim_step", 0);
+    sched_hint pair[2] = {hint_of("a1", 1, 1, "forward_backward", true), hint_of("a1", 2, 1, "optim_step", false)};
+    n = sched_build_own_hinted(C, 1, "m", 100, &o, pair, 2, &held, err, sizeof err);
+    CHECK(n == 2 && scalar("SELECT next_seq FROM models WHERE id = 'a1'") == 3 &&
+              scalar("SELECT count(DISTINCT cycle_id) FROM operations WHERE seq_id IN (1, 2) AND state = 'claimed'") == 1,
+          "a forward_backward and its step's hints claim both in one cycle (%d)", n);
+    finish_cycle(scalar("SELECT max(id) FROM cycles"));
+    sched_hint h3now = hint_of("a1", 3, 3, "optim_step", false);
+    n = sched_build_own_hinted(C, 1, "m", 100, &o, &h3now, 1, &held, err, sizeof err);
+    CHECK(n == 1, "a hint sent once the gap closed claims (%d)", n);
+    PQfinish(x);
+}
+
 int main(void) {
     char err[1024];
     dbt_start("loom-sched");
@@ -541,6 +619,7 @@ int main(void) {
     test_settle();
     test_round_trips();
     test_claim_lock();
+    test_hinted();
     dbt_stop();
     return check_summary();
 }

@@ -168,26 +168,35 @@
  * its optim_step right after (pair_p, rule 5) tells the executor so (CYCLE_HINT_PAIR with
  * the model's gap), which holds it for the step, as the scheduler would, without a pass:
  * the step's submit wakes it, and it claims both, or it looks when the hold ends and
- * claims the forward_backward alone. The executor
+ * claims the forward_backward alone. Either hint carries what the executor's pass would
+ * read of the operation and its model (contract.h), so that a lone operation, or a held
+ * forward_backward and its step, is planned from the hints and claimed in one round trip.
+ * The executor
  * wakes the scheduler when it claimed nothing for another reason (a seq gap, work of
  * another executor), and the scheduler's poll covers a lost hint. The model and its
  * session are read once (`src`, materialized: the three CTEs of the touch and the wake-up
  * each read it again otherwise). */
 #define SQL_OP_SUBMIT                                                                       \
     "WITH src AS MATERIALIZED (SELECT m.session_id, m.executor_id, m.pair_p,"              \
-    "   coalesce(m.pair_gap_ms, -1) AS pair_gap_ms FROM models m"                           \
+    "   coalesce(m.pair_gap_ms, -1) AS pair_gap_ms, m.next_seq,"                            \
+    "   coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) AS tail_ms FROM models m"     \
     "   JOIN sessions fs ON fs.id = m.session_id WHERE m.id = $3 AND m.tenant_id = $2"      \
     "   AND m.status = 'active' AND fs.finished_at IS NULL),"                               \
     " " SQL_SESSION_TOUCH_LIVE("SELECT session_id FROM src") ","                            \
     " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
     " payload_bin) SELECT $1, $2::bigint, $3, $4::bigint, $5, $6::jsonb, $7::int, $8::bytea"  \
     " FROM live WHERE live.ok"                                                              \
-    " ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id)"                      \
+    " ON CONFLICT (model_id, seq_id) DO NOTHING"                                            \
+    " RETURNING request_id, id, seq_id, n_tokens, tenant_id, model_id, kind, created_at)"   \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
     " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"    \
     "   JOIN executors e ON e.id = src.executor_id WHERE e.state = 'idle' AND NOT e.draining)," \
-    "   '" CHAN_OP_QUEUED "'), (SELECT CASE WHEN $5 = '" OP_FORWARD_BACKWARD "' AND src.pair_p > 0.5" \
-    "   THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3) ELSE '" CYCLE_HINT_QUEUED "' END" \
+    "   '" CHAN_OP_QUEUED "'), (SELECT concat_ws(' ', CASE WHEN ins.kind = '" OP_FORWARD_BACKWARD "'" \
+    "   AND src.pair_p > 0.5 THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3)" \
+    "   ELSE '" CYCLE_HINT_QUEUED "' END, ins.id, ins.seq_id, src.next_seq, ins.n_tokens,"     \
+    "   extract(epoch FROM ins.created_at) * 1000, ins.tenant_id, EXISTS (SELECT 1 FROM"     \
+    "   tenant_limits l WHERE l.tenant_id = ins.tenant_id AND l.tokens_per_minute IS NOT NULL)::int," \
+    "   src.pair_p, src.pair_gap_ms, src.tail_ms, ins.kind, ins.model_id)"                  \
     "   FROM src)) FROM ins) i ON true"
 /* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
  * takes more than one statement (op_submit), before it locks the model (the expiry locks
