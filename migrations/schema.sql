@@ -26,6 +26,7 @@
 --   0033_all_or_nothing
 --   0034_finish_events_per_statement
 --   0035_models_hot_advance
+--   0036_submit_without_fk_checks
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
@@ -910,13 +911,7 @@ ALTER TABLE ONLY public.openai_samplers
     ADD CONSTRAINT openai_samplers_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.operations
-    ADD CONSTRAINT operations_model_id_fkey FOREIGN KEY (model_id) REFERENCES public.models(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY public.operations
     ADD CONSTRAINT operations_sampling_session_id_fkey FOREIGN KEY (sampling_session_id) REFERENCES public.sampling_sessions(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY public.operations
-    ADD CONSTRAINT operations_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.sampling_sessions
     ADD CONSTRAINT sampling_sessions_adapter_version_id_fkey FOREIGN KEY (adapter_version_id) REFERENCES public.adapter_versions(id);
