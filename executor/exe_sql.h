@@ -170,8 +170,8 @@
  * what is there): the cycle is done, the executor idle again with what its adapter store
  * holds now (unless written off as gone), the futures of the cycle's operations woken,
  * with their results when small (CHAN_OP_DONE in contract.h: delivered with the commit,
- * so the api sees only final results); one statement. (The scheduler is woken after the
- * commit: SQL_EXE_READY_IF_QUEUED.) */
+ * so the api sees only final results); one statement. (Whether work waits is read after
+ * the commit: SQL_EXE_WORK_WAITS.) */
 #define SQL_EXE_FINISH_CYCLE                                                                  \
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
@@ -187,23 +187,22 @@
     "   ELSE 'J' || o.result::text END ELSE o.request_id END)"                                  \
     " FROM operations o WHERE o.cycle_id = $1::bigint"
 
-/* $1 executor. Sent with the commit of a cycle (after it, in the same round trip): the
- * scheduler is woken for this executor, idle again, only when work it could be given waits
- * (arrived while it was busy, so that the scheduler's pass found it busy and the submit's
- * hint went to the scheduler, or to this executor's channel while it was not listening):
- * a model placed here whose next operation is queued (what the scheduler's pass claims
- * for it: SQL_READY_MODELS_OF), or a queued sample (any executor of its base model may
- * take it). An empty queue gives the scheduler nothing to build, and the next submit
- * wakes it anyway: no empty pass per operation. Work of models placed elsewhere waits
- * for their own executors, whose commits look for it; models waiting for a place are
- * placed whether or not an executor is idle. Each model is one lookup of (model_id,
- * seq_id) at its next_seq (OFFSET 0, as there): the index's entries of the operations it
- * ran before, dead until a vacuum, are not walked (an EXISTS over every queued operation
- * walked them: 0.12-0.2 ms per cycle). After the commit, not in it: a submit committed
- * after this statement's snapshot wakes a scheduler that already sees the executor idle,
- * or this executor, listening again. */
-#define SQL_EXE_READY_IF_QUEUED                                                               \
-    "SELECT pg_notify('" CHAN_EXECUTOR_READY "', '') WHERE EXISTS"                            \
+/* $1 executor. Sent with the commit of a cycle (after it, in the same round trip): one
+ * row when work this executor, idle again, could be given waits (it arrived while it was
+ * busy, so that its submit's hint went to the scheduler, whose pass found it busy): a
+ * model placed here whose next operation is queued (what a pass claims for it:
+ * SQL_READY_MODELS_OF), or a queued sample (any executor of its base model may take it).
+ * The executor then runs its own pass at once (executor.c, g_backlog), without a wake-up
+ * of the scheduler and the scheduler's pass, notification and start in between; an empty
+ * queue, no row: it listens. Work of models placed elsewhere waits for their own
+ * executors, whose commits look for it; models waiting for a place are the scheduler's,
+ * woken by their submits. Each model is one lookup of (model_id, seq_id) at its next_seq
+ * (OFFSET 0, as there): the index's entries of the operations it ran before, dead until a
+ * vacuum, are not walked (an EXISTS over every queued operation walked them: 0.12-0.2 ms
+ * per cycle). After the commit, not in it: a submit committed after this statement's
+ * snapshot sees the executor idle and wakes it, listening again. */
+#define SQL_EXE_WORK_WAITS                                                                    \
+    "SELECT 1 WHERE EXISTS"                                                                   \
     " (SELECT 1 FROM models m WHERE m.executor_id = $1::bigint AND m.status = 'active'"       \
     "   AND EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id"                       \
     "     AND o.state = 'queued' AND o.seq_id = m.next_seq OFFSET 0))"                        \

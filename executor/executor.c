@@ -84,9 +84,8 @@ static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 
  * that work submitted together (several tenants at once) shares the cycle, as the
  * scheduler's passes wait after a wake-up */
 static int g_gather_ms;
-/* The commit of the last cycle woke the scheduler for work that waited meanwhile
- * (SQL_EXE_READY_IF_QUEUED notified): the next own pass reads it all, not a hint's
- * operation alone. */
+/* The commit of the last cycle found work waiting for this executor (SQL_EXE_WORK_WAITS):
+ * its own pass runs at once, reading it all (not a hint's operation alone). */
 static bool g_backlog;
 
 /* The store's figures as parameters of SQL_EXE_FINISH_CYCLE / SQL_EXE_CAPACITY. */
@@ -241,7 +240,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     if (one_trip) {
         commit_at = nb;
         b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
-        b[nb++] = (db_stmt){SQL_EXE_READY_IF_QUEUED, 1, pe};
+        b[nb++] = (db_stmt){SQL_EXE_WORK_WAITS, 1, pe};
     }
     PGresult *r[7];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
@@ -256,7 +255,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     for (int i = 0; i < nb; i++) PQclear(r[i]);
     if (one_trip) {
         if (got > commit_at) {   /* committed */
-            if (got < nb) log_warn("cycle %s: waking the scheduler: %s", cyc, err);
+            if (got < nb) log_warn("cycle %s: whether work waits: %s", cyc, err);
             g_listen_pid = PQbackendPID(c);
             return 0;
         }
@@ -276,14 +275,14 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         return -2;
     }
     if (exe_snapshots_record(st, c, snaps, err, errlen) < 0) goto fail;
-    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_READY_IF_QUEUED, 1, pe}};
+    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_WORK_WAITS, 1, pe}};
     PGresult *re[2];
     int ended = db_pipeline(c, end, 2, re, err, errlen);
     if (ended == 2) g_backlog = PQntuples(re[1]) > 0;
     PQclear(re[0]);
     PQclear(re[1]);
     if (ended < 1) return -1;   /* the session broke in its commit: it is tried again */
-    if (ended < 2) log_warn("cycle %s: waking the scheduler: %s", cyc, err);
+    if (ended < 2) log_warn("cycle %s: whether work waits: %s", cyc, err);
     g_listen_pid = PQbackendPID(c);
     return 0;
 fail:
@@ -1051,7 +1050,7 @@ int exe_main(int argc, char **argv) {
          * LOOK_EVERY_S. */
         /* A submit's hint: build the cycle here (run_own_cycle). When it claims nothing
          * and no cycle of the scheduler's was notified with it, keep waiting. */
-        if (hinted && listening(c)) {
+        if ((hinted || g_backlog) && listening(c)) {
             hinted = false;
             if (g_gather_ms > 0) { /* gather: what else is submitted meanwhile joins the cycle */
                 usleep((useconds_t)g_gather_ms * 1000);
@@ -1061,10 +1060,13 @@ int exe_main(int argc, char **argv) {
                     if (wk.cycles || wk.queued || wk.pairs) nhints = 0, held_hint_ok = false;
                 }
             }
-            int held_ms = 0, ran = run_own_cycle(&st, c, hints, g_backlog ? 0 : nhints, &held_ms);
+            /* the pass reads what waited (a hold: looked at again when it ends); its own
+             * cycle's commit says again whether more does */
+            bool backlog = g_backlog;
+            g_backlog = false;
+            int held_ms = 0, ran = run_own_cycle(&st, c, hints, backlog ? 0 : nhints, &held_ms);
             nhints = 0;
             if (held_ms <= 0) held_hint_ok = false;
-            if (ran != 0 || held_ms <= 0) g_backlog = false;   /* the pass read what waited */
             own_again_at = held_ms > 0 ? clock_mono_s() + held_ms / 1000.0 : 0;
             if (ran > 0 || !woken) {
                 woken = false;
@@ -1097,6 +1099,7 @@ int exe_main(int argc, char **argv) {
             last_chores = clock_mono_s();
             continue;   /* the chores may have taken a while: look for a notification first */
         }
+        if (g_backlog && listening(c)) continue;   /* the last commit found work waiting: its pass, above */
         int wait_ms = 500;
         if (own_again_at > 0) {   /* a hold ends sooner: its own pass then */
             double left = (own_again_at - clock_mono_s()) * 1000;

@@ -13,7 +13,11 @@ that sends its optim_step right after its forward_backward (rule 5) are held and
 the executor itself: both in one cycle, and a forward_backward whose step never comes runs
 once the hold ends, the scheduler still stopped. A model that is not placed yet still
 needs the scheduler: its submit waits while the scheduler is stopped and runs once it is
-back.
+back. Each lone forward_backward, and each paired step, is claimed from its submits'
+hints in one round trip (`claim=hint` in the executor's cycle line). Work submitted while
+the executor runs a cycle of the scheduler's is claimed by the executor's own pass right
+after that cycle's commit, the scheduler stopped (within 250 ms: the executor's poll, the
+fallback, is 500 ms).
 """
 import os, re, signal, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
@@ -114,6 +118,44 @@ def main():
             lone = answer(s, fut["request_id"], False, timeout=5)
             R.check(lone is not None and lone[0] == 200, "a forward_backward whose step never comes runs once its"
                     f" hold ends, the scheduler stopped ({time.time() - t0:.2f} s)")
+        finally:
+            os.kill(sched, signal.SIGCONT)
+
+        # Work that waits while the executor runs a cycle of the scheduler's is claimed by
+        # the executor itself right after that cycle's commit (SQL_EXE_WORK_WAITS), the
+        # scheduler stopped: not after the executor's 500 ms poll. A new model's first
+        # cycle is the scheduler's (placement); a long forward_backward keeps it busy while
+        # the trained model's step is submitted (to the scheduler: the executor is busy).
+        os.kill(sched, signal.SIGSTOP)
+        try:
+            st, fut_b = s.post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 2,
+                                                        "base_model": "loom/tiny-llama", "lora_config": {"rank": 4}})
+            mb = f"{sid}:train:2"
+            big = [([(7 * j + k) % 250 + 1 for j in range(64)],
+                    {"target_tokens": ("int64", [(7 * j + k) % 250 + 1 for j in range(1, 65)])}) for k in range(256)]
+            st, fb_b = forward_backward(s, mb, 1, big, "cross_entropy", False)
+            R.check(st == 200, f"a long forward_backward of a model not placed yet is queued ({st})")
+            os.kill(sched, signal.SIGCONT)
+            for _ in range(500):
+                if s.psql(f"SELECT state FROM operations WHERE request_id = '{fb_b['request_id']}'") != "queued":
+                    break
+                time.sleep(0.01)
+            os.kill(sched, signal.SIGSTOP)
+            seq += 1   # past the lone forward_backward above
+            st, f1 = forward_backward(s, mid, seq, DATA, "cross_entropy", False)
+            st2, f2 = s.post("/api/v1/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": ADAM})
+            rids = [f1["request_id"], f2["request_id"]]
+            a1, a2 = answer(s, rids[0], False, timeout=10), answer(s, rids[1], False, timeout=10)
+            R.check(a1 is not None and a2 is not None, "the step submitted meanwhile ran, the scheduler stopped")
+            row = s.psql(f"SELECT (SELECT max(o.created_at) < c.finished_at FROM operations o WHERE o.request_id IN"
+                         f" ('{rids[0]}', '{rids[1]}')), round(extract(epoch FROM (SELECT min(n.started_at) FROM cycles n"
+                         f" JOIN operations o ON o.cycle_id = n.id WHERE o.request_id IN ('{rids[0]}', '{rids[1]}'))"
+                         f" - c.finished_at) * 1000) FROM cycles c JOIN operations b ON b.cycle_id = c.id"
+                         f" WHERE b.request_id = '{fb_b['request_id']}'").split("|")
+            R.check(row[0] == "t" and claims(s, [fb_b["request_id"]]) == ["scheduler"],
+                    f"it was queued while the executor ran the scheduler's cycle ({row}, {claims(s, [fb_b['request_id']])})")
+            R.check(claims(s, rids) == ["own"] and int(row[1]) < 250,
+                    f"and the executor's own pass claimed it {row[1]} ms after that cycle ended ({claims(s, rids)})")
         finally:
             os.kill(sched, signal.SIGCONT)
     R.finish()

@@ -344,7 +344,7 @@ static const stmt STMTS[] = {
     {"executor: models' state", SQL_EXE_MODEL_STATES, "('{live1:train:0,live2:train:0}', '{100000,100000}')"},
     {"executor: finish the cycle", SQL_EXE_FINISH_CYCLE, "(1, 0.01, 1, 0, 1, 0, 0, NULL)"},
     {"executor: heartbeat", SQL_EXE_HEARTBEAT, "(1)"},
-    {"executor: after a commit, whether work waits", SQL_EXE_READY_IF_QUEUED, "(1)"},
+    {"executor: after a commit, whether work waits", SQL_EXE_WORK_WAITS, "(1)"},
     {"executor: inactive models", SQL_EXE_INACTIVE_MODELS, "(" LIVE_SLOTS ", 1)"},
     {"executor: drain, models without a slot", SQL_EXE_UNPIN_SLOTLESS, "(1, " LIVE_SLOTS ")"},
     {"executor: unpin", SQL_EXE_UNPIN, "('live5:train:0', 1)"},
