@@ -1,7 +1,7 @@
 /* sched.h: the scheduler. Builds clock cycles for idle executors from queued
  * operations and reaps expired leases. Several schedulers may run at once: every
  * claim locks its executor and operation rows with FOR UPDATE SKIP LOCKED, its model rows
- * with FOR NO KEY UPDATE SKIP LOCKED (a submit's foreign-key check, FOR KEY SHARE, goes on).
+ * with FOR NO KEY UPDATE SKIP LOCKED (a FOR KEY SHARE goes on; a submit locks no model).
  * The loop is sched.c; a cycle's SQL cycle.c, its decisions planner.c; the reaper and
  * seq order reaper.c; placement place.c; session expiry sessions.c; every statement
  * sched_sql.h. */
