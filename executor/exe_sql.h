@@ -102,7 +102,8 @@
  * written). The rows written, with what their events need (a sample's prompt and sampled
  * tokens), as `u` for SQL_EXE_FINISH_EVENTS. */
 #define SQL_EXE_FINISH_UPDATE                                                                 \
-    "UPDATE operations o SET state = v.state, result = v.result, error = v.error,"            \
+    "UPDATE operations o SET state = v.state, result = v.result, metrics = v.result->'metrics',"  \
+    " error = v.error,"                                                                        \
     " error_category = v.category, finished_at = now(), applied = v.applied,"                 \
     " result_bin = substring($3::bytea FROM v.bin_at FOR v.bin_len)"                         \
     " FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text, result jsonb, error text," \

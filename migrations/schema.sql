@@ -27,6 +27,28 @@
 --   0034_finish_events_per_statement
 --   0035_models_hot_advance
 --   0036_submit_without_fk_checks
+--   0037_domains_and_plain_metrics
+
+CREATE DOMAIN public.loom_cycle_state AS text
+	CONSTRAINT loom_cycle_state_check CHECK ((VALUE = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])));
+
+CREATE DOMAIN public.loom_error_category AS text
+	CONSTRAINT loom_error_category_check CHECK ((VALUE = ANY (ARRAY['user'::text, 'server'::text, 'unknown'::text])));
+
+CREATE DOMAIN public.loom_executor_state AS text
+	CONSTRAINT loom_executor_state_check CHECK ((VALUE = ANY (ARRAY['idle'::text, 'busy'::text, 'gone'::text])));
+
+CREATE DOMAIN public.loom_lora_rank AS integer
+	CONSTRAINT loom_lora_rank_check CHECK (((VALUE >= 1) AND (VALUE <= 512)));
+
+CREATE DOMAIN public.loom_model_status AS text
+	CONSTRAINT loom_model_status_check CHECK ((VALUE = ANY (ARRAY['active'::text, 'unloaded'::text, 'failed'::text, 'expired'::text])));
+
+CREATE DOMAIN public.loom_op_kind AS text
+	CONSTRAINT loom_op_kind_check CHECK ((VALUE = ANY (ARRAY['create_model'::text, 'forward'::text, 'forward_backward'::text, 'optim_step'::text, 'save_weights'::text, 'save_weights_for_sampler'::text, 'load_weights'::text, 'unload_model'::text, 'sample'::text])));
+
+CREATE DOMAIN public.loom_op_state AS text
+	CONSTRAINT loom_op_state_check CHECK ((VALUE = ANY (ARRAY['queued'::text, 'claimed'::text, 'done'::text, 'failed'::text, 'canceled'::text])));
 
 CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
     LANGUAGE plpgsql
@@ -359,7 +381,7 @@ CREATE TABLE public.base_models (
 CREATE TABLE public.cycles (
     id bigint NOT NULL,
     executor_id bigint NOT NULL,
-    state text DEFAULT 'assigned'::text NOT NULL,
+    state public.loom_cycle_state DEFAULT 'assigned'::text NOT NULL,
     n_ops integer NOT NULL,
     n_tokens integer NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -367,8 +389,7 @@ CREATE TABLE public.cycles (
     finished_at timestamp with time zone,
     lease_expires_at timestamp with time zone NOT NULL,
     error text,
-    compute_s real,
-    CONSTRAINT cycles_state_check CHECK ((state = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])))
+    compute_s real
 );
 
 CREATE SEQUENCE public.cycles_id_seq
@@ -388,7 +409,7 @@ CREATE TABLE public.executors (
     backend text NOT NULL,
     device text NOT NULL,
     base_model text NOT NULL,
-    state text DEFAULT 'idle'::text NOT NULL,
+    state public.loom_executor_state DEFAULT 'idle'::text NOT NULL,
     token_budget integer NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -407,8 +428,7 @@ CREATE TABLE public.executors (
     gpu_sampled_at timestamp with time zone,
     draining boolean DEFAULT false NOT NULL,
     adapter_bytes_per_rank bigint,
-    expert_tokens bigint[],
-    CONSTRAINT executors_state_check CHECK ((state = ANY (ARRAY['idle'::text, 'busy'::text, 'gone'::text])))
+    expert_tokens bigint[]
 );
 
 CREATE SEQUENCE public.executors_id_seq
@@ -472,13 +492,13 @@ CREATE TABLE public.models (
     session_id text NOT NULL,
     model_seq_id integer NOT NULL,
     base_model text NOT NULL,
-    lora_rank integer NOT NULL,
+    lora_rank public.loom_lora_rank NOT NULL,
     lora_seed bigint NOT NULL,
     train_attn boolean NOT NULL,
     train_mlp boolean NOT NULL,
     train_unembed boolean NOT NULL,
     user_metadata jsonb,
-    status text DEFAULT 'active'::text NOT NULL,
+    status public.loom_model_status DEFAULT 'active'::text NOT NULL,
     executor_id bigint,
     next_seq integer DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -487,9 +507,7 @@ CREATE TABLE public.models (
     pair_p real DEFAULT 0.5 NOT NULL,
     pair_gap_ms real,
     tail_fb_at timestamp with time zone,
-    optimizer text DEFAULT 'adamw'::text NOT NULL,
-    CONSTRAINT models_lora_rank_check CHECK (((lora_rank >= 1) AND (lora_rank <= 512))),
-    CONSTRAINT models_status_check CHECK ((status = ANY (ARRAY['active'::text, 'unloaded'::text, 'failed'::text, 'expired'::text])))
+    optimizer text DEFAULT 'adamw'::text NOT NULL
 );
 
 CREATE TABLE public.openai_samplers (
@@ -504,27 +522,24 @@ CREATE TABLE public.operations (
     tenant_id bigint NOT NULL,
     model_id text,
     seq_id bigint,
-    kind text NOT NULL,
+    kind public.loom_op_kind NOT NULL,
     payload jsonb NOT NULL,
     n_tokens integer DEFAULT 0 NOT NULL,
-    state text DEFAULT 'queued'::text NOT NULL,
+    state public.loom_op_state DEFAULT 'queued'::text NOT NULL,
     cycle_id bigint,
     attempt integer DEFAULT 0 NOT NULL,
     result jsonb,
     error text,
-    error_category text,
+    error_category public.loom_error_category,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     claimed_at timestamp with time zone,
     finished_at timestamp with time zone,
     sampling_session_id text,
-    metrics jsonb GENERATED ALWAYS AS ((result -> 'metrics'::text)) STORED,
+    metrics jsonb,
     applied boolean DEFAULT false NOT NULL,
     report_seq bigint,
     payload_bin bytea,
-    result_bin bytea,
-    CONSTRAINT operations_error_category_check CHECK ((error_category = ANY (ARRAY['user'::text, 'server'::text, 'unknown'::text]))),
-    CONSTRAINT operations_kind_check CHECK ((kind = ANY (ARRAY['create_model'::text, 'forward'::text, 'forward_backward'::text, 'optim_step'::text, 'save_weights'::text, 'save_weights_for_sampler'::text, 'load_weights'::text, 'unload_model'::text, 'sample'::text]))),
-    CONSTRAINT operations_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'claimed'::text, 'done'::text, 'failed'::text, 'canceled'::text])))
+    result_bin bytea
 );
 
 CREATE SEQUENCE public.operations_id_seq
@@ -790,37 +805,37 @@ CREATE INDEX api_keys_prefix ON public.api_keys USING btree (prefix);
 
 CREATE INDEX api_keys_tenant ON public.api_keys USING btree (tenant_id);
 
-CREATE INDEX cycles_executor_open ON public.cycles USING btree (executor_id, id) WHERE (state = ANY (ARRAY['assigned'::text, 'running'::text]));
+CREATE INDEX cycles_executor_open ON public.cycles USING btree (executor_id, id) WHERE ((state)::text = ANY (ARRAY['assigned'::text, 'running'::text]));
 
-CREATE INDEX cycles_expired ON public.cycles USING btree (finished_at) WHERE (state = 'expired'::text);
+CREATE INDEX cycles_expired ON public.cycles USING btree (finished_at) WHERE ((state)::text = 'expired'::text);
 
-CREATE INDEX executors_live ON public.executors USING btree (id) WHERE (state <> 'gone'::text);
+CREATE INDEX executors_live ON public.executors USING btree (id) WHERE ((state)::text <> 'gone'::text);
 
 CREATE INDEX model_snapshots_digest ON public.model_snapshots USING btree (blob_digest);
 
-CREATE INDEX models_active ON public.models USING btree (base_model) WHERE (status = 'active'::text);
+CREATE INDEX models_active ON public.models USING btree (base_model) WHERE ((status)::text = 'active'::text);
 
-CREATE INDEX models_placed ON public.models USING btree (executor_id) WHERE (status = 'active'::text);
+CREATE INDEX models_placed ON public.models USING btree (executor_id) WHERE ((status)::text = 'active'::text);
 
 CREATE INDEX models_tenant ON public.models USING btree (tenant_id, created_at);
 
-CREATE INDEX models_tenant_active ON public.models USING btree (tenant_id) WHERE (status = 'active'::text);
+CREATE INDEX models_tenant_active ON public.models USING btree (tenant_id) WHERE ((status)::text = 'active'::text);
 
-CREATE INDEX models_unplaced ON public.models USING btree (id) WHERE ((status = 'active'::text) AND (executor_id IS NULL));
+CREATE INDEX models_unplaced ON public.models USING btree (id) WHERE (((status)::text = 'active'::text) AND (executor_id IS NULL));
 
 CREATE INDEX operations_in_cycle ON public.operations USING btree (cycle_id) WHERE (cycle_id IS NOT NULL);
 
-CREATE INDEX operations_live ON public.operations USING btree (tenant_id, kind) WHERE (state = ANY (ARRAY['queued'::text, 'claimed'::text]));
+CREATE INDEX operations_live ON public.operations USING btree (tenant_id, kind) WHERE ((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text]));
 
-CREATE INDEX operations_model_live ON public.operations USING btree (model_id, seq_id) WHERE ((state = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (model_id IS NOT NULL));
+CREATE INDEX operations_model_live ON public.operations USING btree (model_id, seq_id) WHERE (((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (model_id IS NOT NULL));
 
-CREATE INDEX operations_sample_queued ON public.operations USING btree (id) WHERE ((state = 'queued'::text) AND (kind = 'sample'::text));
+CREATE INDEX operations_sample_queued ON public.operations USING btree (id) WHERE (((state)::text = 'queued'::text) AND ((kind)::text = 'sample'::text));
 
 CREATE INDEX operations_sample_reported ON public.operations USING btree (sampling_session_id, report_seq) WHERE (report_seq IS NOT NULL);
 
 CREATE UNIQUE INDEX operations_sample_seq ON public.operations USING btree (sampling_session_id, seq_id) WHERE (sampling_session_id IS NOT NULL);
 
-CREATE INDEX operations_sample_unreported ON public.operations USING btree (sampling_session_id, seq_id) WHERE ((kind = 'sample'::text) AND (report_seq IS NULL));
+CREATE INDEX operations_sample_unreported ON public.operations USING btree (sampling_session_id, seq_id) WHERE (((kind)::text = 'sample'::text) AND (report_seq IS NULL));
 
 CREATE INDEX operations_tenant_claimed ON public.operations USING btree (tenant_id, claimed_at) WHERE (claimed_at IS NOT NULL);
 
@@ -840,13 +855,13 @@ CREATE TRIGGER api_keys_deleted AFTER DELETE ON public.api_keys FOR EACH STATEME
 
 CREATE TRIGGER audit_log_no_update BEFORE DELETE OR UPDATE ON public.audit_log FOR EACH ROW EXECUTE FUNCTION public.audit_log_append_only();
 
-CREATE TRIGGER cycles_metric_finish AFTER UPDATE OF state ON public.cycles FOR EACH ROW WHEN (((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'expired'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'expired'::text])))) EXECUTE FUNCTION public.metric_cycle_event();
+CREATE TRIGGER cycles_metric_finish AFTER UPDATE OF state ON public.cycles FOR EACH ROW WHEN ((((new.state)::text = ANY (ARRAY['done'::text, 'failed'::text, 'expired'::text])) AND ((old.state)::text <> ALL (ARRAY['done'::text, 'failed'::text, 'expired'::text])))) EXECUTE FUNCTION public.metric_cycle_event();
 
-CREATE TRIGGER operations_metric_finish AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.state = ANY (ARRAY['failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.metric_op_event();
+CREATE TRIGGER operations_metric_finish AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN ((((new.state)::text = ANY (ARRAY['failed'::text, 'canceled'::text])) AND ((old.state)::text <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.metric_op_event();
 
-CREATE TRIGGER operations_metric_insert AFTER INSERT ON public.operations FOR EACH ROW WHEN ((new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text]))) EXECUTE FUNCTION public.metric_op_event();
+CREATE TRIGGER operations_metric_insert AFTER INSERT ON public.operations FOR EACH ROW WHEN (((new.state)::text = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text]))) EXECUTE FUNCTION public.metric_op_event();
 
-CREATE TRIGGER operations_sample_finished AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN (((new.kind = 'sample'::text) AND (new.sampling_session_id IS NOT NULL) AND (new.state = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text])) AND (old.state <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.loom_sample_finished_notify();
+CREATE TRIGGER operations_sample_finished AFTER UPDATE OF state ON public.operations FOR EACH ROW WHEN ((((new.kind)::text = 'sample'::text) AND (new.sampling_session_id IS NOT NULL) AND ((new.state)::text = ANY (ARRAY['done'::text, 'failed'::text, 'canceled'::text])) AND ((old.state)::text <> ALL (ARRAY['done'::text, 'failed'::text, 'canceled'::text])))) EXECUTE FUNCTION public.loom_sample_finished_notify();
 
 CREATE TRIGGER tenants_changed AFTER DELETE OR UPDATE OF name ON public.tenants FOR EACH STATEMENT EXECUTE FUNCTION public.loom_api_keys_changed();
 

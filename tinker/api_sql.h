@@ -342,7 +342,8 @@
 /* $1 request_id, $2 tenant, $3 model, $4 result: a future that is done at once */
 #define SQL_UNLOAD_OP_INSERT                                                                \
     "INSERT INTO operations (request_id, tenant_id, model_id, kind, payload, state, result," \
-    " finished_at) VALUES ($1, $2, $3, '" OP_UNLOAD_MODEL "', '{}', 'done', $4::jsonb, now())"
+    " metrics, finished_at) VALUES ($1, $2, $3, '" OP_UNLOAD_MODEL "', '{}', 'done', $4::jsonb," \
+    " $4::jsonb->'metrics', now())"
 #define SQL_MODEL_SET_UNLOADED "UPDATE models SET status = 'unloaded' WHERE id = $1"
 /* $1 model: operations still queued will never run; their futures fail now. */
 #define SQL_MODEL_CANCEL_QUEUED                                                             \
