@@ -154,11 +154,11 @@
     " END FROM u"
 #define EXE_SQLSTATE_TAKEN_BACK "LM001"
 
-/* $1 text[] models, $2 int[] the seq_id of each one's last operation in the cycle that
- * changed its state. */
-#define SQL_EXE_MODEL_STATES                                                                  \
-    "UPDATE models m SET state_seq = v.seq FROM unnest($1::text[], $2::int[]) AS v(id, seq)"  \
-    " WHERE m.id = v.id AND m.state_seq < v.seq"
+/* models (text[]), the seq_id of each one's last operation in the cycle that changed its
+ * state (int[]), as the parameters named: their state_seq (part of SQL_EXE_FINISH_CYCLE). */
+#define SQL_EXE_MODEL_STATES_OF(models, seqs)                                                 \
+    "UPDATE models m SET state_seq = v.seq FROM unnest(" models "::text[], " seqs "::int[])"  \
+    " AS v(id, seq) WHERE m.id = v.id AND m.state_seq < v.seq"
 
 /* A commit hook's work is undone alone when it fails. */
 #define SQL_EXE_HOOK_SAVEPOINT "SAVEPOINT op_hook"
@@ -168,7 +168,9 @@
 /* $1 cycle, $2 seconds the executor spent in it before the commit (restore + compute), $3
  * executor, $4 memory used, $5 training slots, $6 snapshots, $7 cached checkpoints, $8 the
  * tokens routed to each expert since start (bigint[][] literal, MoE models; NULL keeps
- * what is there): the cycle is done, the executor idle again with what its adapter store
+ * what is there), $9 text[] / $10 int[] the models whose state the cycle changed and the
+ * seq_id of the last operation that did (NULL: none; SQL_EXE_MODEL_STATES_OF): the cycle
+ * is done, the models' state_seq moved, the executor idle again with what its adapter store
  * holds now (unless written off as gone), the futures of the cycle's operations woken,
  * with their results when small (CHAN_OP_DONE in contract.h: delivered with the commit,
  * so the api sees only final results); one statement. (Whether work waits is read after
@@ -179,7 +181,8 @@
     " exe AS (UPDATE executors SET state = 'idle', heartbeat_at = now(), memory_used = $4::bigint," \
     "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int,"  \
     "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
-    "   WHERE id = $3::bigint AND state <> 'gone')"                                           \
+    "   WHERE id = $3::bigint AND state <> 'gone'),"                                          \
+    " st AS (" SQL_EXE_MODEL_STATES_OF("$9", "$10") ")"                                       \
     " SELECT pg_notify('" CHAN_OP_DONE "', CASE WHEN o.state = 'done' AND o.result IS NOT NULL"  \
     "   AND CASE WHEN o.result_bin IS NOT NULL THEN 2 * octet_length(o.result_bin)"             \
     "   ELSE octet_length(o.result::text) END <= " OP_DONE_INLINE_MAX                           \

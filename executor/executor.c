@@ -119,7 +119,7 @@ static char *expert_tokens_param(const exe_state *st) {
 
 /* Each model's last operation of the cycle that changed its state, for models.state_seq
  * (ops are in seq order per model): the text[] and int[] parameters of
- * SQL_EXE_MODEL_STATES (malloc'd), or false when no model's state changed. */
+ * SQL_EXE_FINISH_CYCLE ($9, $10: malloc'd), or false when no model's state changed. */
 static bool model_states_params(const exe_op *ops, int n, char **models, char **seqs_out) {
     pgarray ids, seqs;
     pga_init(&ids);
@@ -222,8 +222,9 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
-    const char *pm[2] = {models, seqs}, *pe[1] = {eid};
-    const char *pc[8] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts};
+    const char *pe[1] = {eid};
+    const char *pc[10] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts,
+                          states ? models : NULL, states ? seqs : NULL};
     db_stmt b[7];
     int nb = 0, finish_at = -1, commit_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
@@ -235,8 +236,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         bin[nb] = (db_bin){pf_len, pf_fmt, 0};
         b[nb++] = one_trip ? (db_stmt){SQL_EXE_FINISH_OPS_ALL, 4, pf} : (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
     }
-    if (states) b[nb++] = (db_stmt){SQL_EXE_MODEL_STATES, 2, pm};
-    b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 8, pc};
+    b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 10, pc};
     if (one_trip) {
         commit_at = nb;
         b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};

@@ -94,25 +94,24 @@ static int write_cycles(PGconn *c, const sched_opts *o, const db_stmt *pre, int 
     }
     char *l[10];
     for (size_t i = 0; i < 10; i++) l[i] = pga_end(all[i]);
-    const char *pc[7] = {l[0], l[1], l[2], slease, l[3], l[4], o->start ? "false" : "true"};
-    const char *pa[5] = {l[5], l[6], l[7], l[8], l[9]};
+    const char *pc[12] = {l[0], l[1], l[2], slease, l[3], l[4], o->start ? "false" : "true",
+                          l[5], l[6], l[7], l[8], l[9]};
     /* pre: what goes first (a hinted pass: its BEGIN, o->first and guard); an executor's
      * own cycle is started in the same transaction (sched_opts.start) */
     enum { MAX_PRE = 2 + SCHED_MAX_FIRST };
-    db_stmt b[MAX_PRE + 4];
-    db_bin bin[MAX_PRE + 4] = {{NULL, NULL, 0}};
+    db_stmt b[MAX_PRE + 3];
+    db_bin bin[MAX_PRE + 3] = {{NULL, NULL, 0}};
     int nb = 0, start_at = -1;
     for (int i = 0; i < npre && i < MAX_PRE; i++) b[nb++] = pre[i];
     int claim_at = nb;
-    b[nb++] = (db_stmt){SQL_INSERT_CYCLES_CLAIM, 7, pc};
-    b[nb++] = (db_stmt){SQL_ADVANCE_MODELS, 5, pa};
+    b[nb++] = (db_stmt){SQL_INSERT_CYCLES_CLAIM, 12, pc};
     if (o->start) {
         start_at = nb;
         if (o->start_bin) bin[nb] = *o->start_bin;
         b[nb++] = *o->start;
     }
     b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
-    PGresult *r[MAX_PRE + 4];
+    PGresult *r[MAX_PRE + 3];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     for (size_t i = 0; i < 10; i++) free(l[i]);
     for (int k = 0; got == nb && k < PQntuples(r[claim_at]); k++)

@@ -147,9 +147,10 @@
  * that builds and starts its own cycle: every NOTIFY signals every listening backend;
  * its cycle is inserted running, started now, as its start in the same transaction would
  * leave it, and that start only reads it: SQL_EXE_READ_CYCLE, one update of the cycle's
- * row fewer) -> the cycles' ids and executors. The
- * executors are marked busy by their ids ($1), not through the new cycles: a join with
- * them reads the executors table whole in a generic plan (test_bounded_queries). */
+ * row fewer), and $8-$12 the models advanced (SQL_ADVANCE_MODELS_OF's parameters) ->
+ * the cycles' ids and executors. The executors are marked busy by their ids ($1), not
+ * through the new cycles: a join with them reads the executors table whole in a generic
+ * plan (test_bounded_queries). */
 #define SQL_INSERT_CYCLES_CLAIM \
     "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at, state, started_at)" \
     "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)," \
@@ -158,19 +159,21 @@
     " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = cyc.id, claimed_at = now()" \
     "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \
     "   WHERE o.id = x.op AND o.state = 'queued')," \
-    " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))" \
+    " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))," \
+    " adv AS (" SQL_ADVANCE_MODELS_OF("$8", "$9", "$10", "$11", "$12") ")" \
     " SELECT cyc.id, cyc.executor_id, CASE WHEN $7::boolean THEN" \
     "   pg_notify('" CHAN_CYCLE "_' || cyc.executor_id, cyc.executor_id::text) END FROM cyc"
 
-/* $1 text[] model ids, $2 int[] next seq, $3 real[] pair_p, $4 real[] pair_gap_ms (-1:
- * unknown), $5 float8[] tail_fb_at in epoch ms (-1: none): what the claimed runs taught
- * of each model's pattern (rule 5). */
-#define SQL_ADVANCE_MODELS \
+/* text[] model ids, int[] next seq, real[] pair_p, real[] pair_gap_ms (-1: unknown),
+ * float8[] tail_fb_at in epoch ms (-1: none), as the parameters named: the models the
+ * claim took operations of advanced past them, with what the claimed runs taught of each
+ * one's pattern (rule 5); part of SQL_INSERT_CYCLES_CLAIM (one statement fewer a pass). */
+#define SQL_ADVANCE_MODELS_OF(ids, seqs, p, gap, tail) \
     "UPDATE models m SET next_seq = v.next_seq, last_request_at = now(), pair_p = v.p," \
     " pair_gap_ms = nullif(v.gap, -1), tail_fb_at = CASE WHEN v.tail < 0 THEN NULL" \
     " ELSE to_timestamp(v.tail / 1000) END" \
-    " FROM unnest($1::text[], $2::int[], $3::real[], $4::real[], $5::float8[]) AS v(id, next_seq, p, gap, tail)" \
-    " WHERE m.id = v.id"
+    " FROM unnest(" ids "::text[], " seqs "::int[], " p "::real[], " gap "::real[], " tail "::float8[])" \
+    " AS v(id, next_seq, p, gap, tail) WHERE m.id = v.id"
 
 /* ---- placement (docs/architecture.md, "Pools and placement") ------------------------------ */
 

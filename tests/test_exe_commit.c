@@ -53,8 +53,8 @@ static int commit(int cyc, int a, int b, char *err, size_t errlen, char *state, 
     snprintf(outcomes, sizeof outcomes, OUTCOMES, a, b);
     snprintf(scyc, sizeof scyc, "%d", cyc);
     const char *pf[4] = {outcomes, scyc, NULL, "2"};
-    const char *pc[8] = {scyc, "0.5", "1", "0", "1", "0", "0", NULL};
-    db_stmt st[4] = {{"BEGIN", 0, NULL}, {SQL_EXE_FINISH_OPS_ALL, 4, pf}, {SQL_EXE_FINISH_CYCLE, 8, pc},
+    const char *pc[10] = {scyc, "0.5", "1", "0", "1", "0", "0", NULL, NULL, NULL};
+    db_stmt st[4] = {{"BEGIN", 0, NULL}, {SQL_EXE_FINISH_OPS_ALL, 4, pf}, {SQL_EXE_FINISH_CYCLE, 10, pc},
                      {"COMMIT", 0, NULL}};
     PGresult *r[4];
     int got = db_pipeline(C, st, 4, r, err, errlen);
