@@ -434,7 +434,8 @@ void db_rollback(PGconn *c) { PQclear(PQexec(c, SQL_ROLLBACK)); }
 const char *db_last_sqlstate(void) { return t_sqlstate; }
 const char *db_last_message(void) { return t_message; }
 
-/* Takes the notifications libpq has read: how many, and how many of them had payload hint. */
+/* Takes the notifications libpq has read, each one's payload handed to each (when not
+ * NULL): how many. */
 static int take_notifies(PGconn *c, void (*each)(const char *payload, void *arg), void *arg) {
     int got = 0;
     PGnotify *n;

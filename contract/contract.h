@@ -37,7 +37,12 @@
  * executor): an operation is queued, build the cycle yourself (the scheduler's payload,
  * a cycle built for it, is the executor's id). */
 #define CYCLE_HINT_QUEUED "queued"
-/* A submit's hint ("queued", or "pair <gap>" below) goes on with what the executor's own
+/* ... and for a forward_backward of a model whose optim_step usually follows (rule 5:
+ * pair_p > 0.5): "pair <the model's pair_gap_ms, -1 unknown>". The executor does not
+ * look now (its pass would hold it): the step's own hint wakes it, or it looks when the
+ * hold would end (plan_pair_window_ms). */
+#define CYCLE_HINT_PAIR "pair"
+/* A submit's hint ("queued", or "pair <gap>") goes on with what the executor's own
  * pass would read of the operation and its model, space-separated: the operation's id,
  * seq_id, the model's next_seq at the submit, the operation's tokens, its submit (epoch
  * ms), the tenant, whether the tenant has a rate limit (1 / 0), the model's pair_p,
@@ -46,11 +51,6 @@
  * alone, or by a held forward_backward's and then its step's, plans them from the hints
  * and claims them in one round trip, guarded (scheduler/cycle.c, sched_build_own_hinted);
  * a bare "queued" is read as before: look. */
-/* ... and for a forward_backward of a model whose optim_step usually follows (rule 5:
- * pair_p > 0.5): "pair <the model's pair_gap_ms, -1 unknown>". The executor does not
- * look now (its pass would hold it): the step's own hint wakes it, or it looks when the
- * hold would end (plan_pair_window_ms). */
-#define CYCLE_HINT_PAIR "pair"
 #define CHAN_OP_DONE "loom_op_done"                 /* executor, reaper, api -> api (payload: request_id) */
 /* An executor's loom_op_done of an operation done with a small result carries the result
  * after the request_id, tab-separated: "request_id\ttenant_id\tkind\tB<hex of result_bin>"

@@ -119,8 +119,9 @@ static char *expert_tokens_param(const exe_state *st) {
 
 /* Each model's last operation of the cycle that changed its state, for models.state_seq
  * (ops are in seq order per model): the text[] and int[] parameters of
- * SQL_EXE_FINISH_CYCLE ($9, $10: malloc'd), or false when no model's state changed. */
-static bool model_states_params(const exe_op *ops, int n, char **models, char **seqs_out) {
+ * SQL_EXE_FINISH_CYCLE ($9, $10: malloc'd), both NULL (none) when no model's state
+ * changed. */
+static void model_states_params(const exe_op *ops, int n, char **models, char **seqs_out) {
     pgarray ids, seqs;
     pga_init(&ids);
     pga_init(&seqs);
@@ -142,7 +143,6 @@ static bool model_states_params(const exe_op *ops, int n, char **models, char **
         free(*seqs_out);
         *models = *seqs_out = NULL;
     }
-    return any;
 }
 
 /* The cycle's outcomes as the JSON parameter of SQL_EXE_FINISH_OPS (malloc'd), and the
@@ -218,13 +218,13 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     const char *pf[4] = {outcomes, cyc, (const char *)bins, nops};
     const int pf_len[4] = {[2] = (int)bins_len}, pf_fmt[4] = {[2] = 1};
     db_bin bin[7] = {{NULL, NULL, 0}};
-    bool states = model_states_params(ops, n, &models, &seqs);
+    model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
     char *experts = expert_tokens_param(st);
     const char *pe[1] = {eid};
     const char *pc[10] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts,
-                          states ? models : NULL, states ? seqs : NULL};
+                          models, seqs};
     db_stmt b[7];
     int nb = 0, finish_at = -1, commit_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
