@@ -359,7 +359,7 @@ int cu_segs_reserve(cu_ctx *c, int nseq, char *err, size_t errlen)
     free(c->lsegs);
     free(c->seq_index);
     c->segs = malloc(cap * sizeof *c->segs);
-    c->lsegs = malloc(cap * sizeof *c->lsegs);
+    c->lsegs = malloc((size_t)CU_LSEG_SETS * cap * sizeof *c->lsegs);
     c->seq_index = malloc(cap * sizeof *c->seq_index);
     c->cap_segs = c->segs && c->lsegs && c->seq_index ? cap : 0;
     if (c->cap_segs && c->cfg.num_experts > 0) { /* every segment in every expert's block */

@@ -169,6 +169,7 @@ typedef struct {
 /* The z/dz stride of every LoRA call: fixed (from the largest rank an adapter may have), so
  * that GEMM plans never depend on which adapters share a pass (cuda_ops.h, lcu_lora_ldz). */
 #define CU_LDZ 512
+#define CU_LSEG_SETS 3 /* q, k, v */
 
 enum { CU_KV_NONE, CU_KV_PREFILL, CU_KV_DECODE };
 
@@ -217,7 +218,9 @@ typedef struct {
     cu_segment *segs;
     int nsegs, cap_segs;
     int *seq_index;                 /* [cap_segs] packed sequence → caller's index */
-    lcu_lora_seg *lsegs;            /* [cap_segs] the kernel layer's view of one module */
+    lcu_lora_seg *lsegs;            /* [CU_LSEG_SETS][cap_segs] the kernel layer's view of a
+                                       module (the first set), or of each module of a packed
+                                       decode GEMM (cl_linear_packed) */
     /* sparse layers (cuda_moe.c), host: the grouping of the assignments (be_moe_group, on
      * the router's choices brought back from the device), the experts' LoRA segments
      * (nsegs × E) and grouped-GEMM items (E) */
@@ -250,10 +253,10 @@ typedef struct {
                                        rounding and cache stores in one kernel
                                        (lcu_decode_qkv), the attention's tile counts once a
                                        pass; 2 also one GEMM for q|k|v and one for gate|up */
-    bool lora_first;                /* LCU_LORA_FIRST=1: cl_linear writes the LoRA first and
-                                       the base GEMM adds into it (off until a GPU measures it) */
-    bool dattn;                     /* LCU_DECODE_ATTN=1: decode passes' attention through
-                                       lcu_attn_decode_fwd (off until a GPU measures it) */
+    bool lora_first;                /* LCU_LORA_FIRST (unless 0): cl_linear writes the LoRA
+                                       first and the base GEMM adds into it */
+    bool dattn;                     /* LCU_DECODE_ATTN (unless 0): decode passes' attention
+                                       through lcu_attn_decode_fwd */
     cudaGraphExec_t dgraph;
     uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
     int dgraph_seen;                /* passes of that shape run eagerly */

@@ -33,13 +33,19 @@
 
 int cu_lora_segs(cu_ctx *c, int l, lora_module mod, long r0, long r1, bool grad_only)
 {
+    return cu_lora_segs_set(c, 0, l, mod, r0, r1, grad_only);
+}
+
+int cu_lora_segs_set(cu_ctx *c, int set, int l, lora_module mod, long r0, long r1, bool grad_only)
+{
+    lcu_lora_seg *out = c->lsegs + (size_t)set * c->cap_segs;
     int n = 0;
     for (int s = 0; s < c->nsegs; s++) {
         const cu_segment *sg = &c->segs[s];
         const cu_lora_pair *p = l < 0 ? cu_adapter_head(sg->ad) : cu_adapter_module(sg->ad, l, mod);
         long b = sg->row_begin > r0 ? sg->row_begin : r0, e = sg->row_end < r1 ? sg->row_end : r1;
         if (!p || b >= e || (grad_only && !sg->grad)) continue;
-        c->lsegs[n++] = (lcu_lora_seg){b - r0, e - r0, p->rank, sg->ad->scale, p->A, p->B, p->gA, p->gB};
+        out[n++] = (lcu_lora_seg){b - r0, e - r0, p->rank, sg->ad->scale, p->A, p->B, p->gA, p->gB};
     }
     return n;
 }
@@ -131,15 +137,36 @@ static bool cl_gate_up_one(const cu_ctx *c, const cu_layer_w *w, long T)
 }
 
 /* y[T, out0 + out1 (+ out2)] with row stride ldy = x · [W0; W1 (; W2)]ᵀ: one GEMM over the
- * packed weights, then each module's LoRA into its columns. */
+ * packed weights, then the modules' LoRA into their columns, together (lcu_lora_fwd_multi:
+ * one launch per product where version 3 runs them, not one per module; each module's z in
+ * its own columns of c->a.z) when their ranks fit CU_LDZ side by side, else one by one. */
 static int cl_linear_packed(cu_ctx *c, int l, const lora_module *mods, const int *outs, int nmod, const lcu_bf16 *x,
-                            int in, const lcu_bf16 *W, float *y, long ldy, long T, const char *what)
+                            int in, const lcu_bf16 *W, float *y, long ldy, long T, const char *what,
+                            const char *lora_what)
 {
     lcu_gemm_args g = {false, true, (int)T, (int)ldy, in, 1.0f, 0.0f, x, in, W, in, NULL, 0, y, ldy, LCU_F32};
     CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
     cu_mark(c, what);
-    for (int m = 0, col = 0; m < nmod; col += outs[m++])
-        if (cl_lora_fwd(c, l, mods[m], x, in, outs[m], y + col, ldy, T) < 0) return -1;
+    lcu_lora_mod lm[CU_LSEG_SETS];
+    long zcol = 0, col = 0;
+    int any = 0;
+    for (int m = 0; m < nmod && m < CU_LSEG_SETS; col += outs[m++]) {
+        int n = cu_lora_segs_set(c, m, l, mods[m], 0, T, false), rank = 0;
+        const lcu_lora_seg *sg = c->lsegs + (size_t)m * c->cap_segs;
+        for (int i = 0; i < n; i++) rank = sg[i].rank > rank ? sg[i].rank : rank;
+        lm[m] = (lcu_lora_mod){sg, n, outs[m], col, zcol};
+        zcol += lcu_lora_ldz(rank); /* 16-byte aligned columns */
+        any |= n > 0;
+    }
+    if (nmod <= CU_LSEG_SETS && zcol <= CU_LDZ) {
+        if (any) {
+            CU_TRY(c, lcu_lora_fwd_multi(c->lcu, lm, nmod, in, x, in, y, ldy, c->a.z, CU_LDZ, c->stream));
+            cu_mark(c, lora_what);
+        }
+        return 0;
+    }
+    for (int m = 0, col2 = 0; m < nmod; col2 += outs[m++])
+        if (cl_lora_fwd(c, l, mods[m], x, in, outs[m], y + col2, ldy, T) < 0) return -1;
     return 0;
 }
 
@@ -272,7 +299,9 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
     if (cl_qkv_one(c, w, T)) {
         static const lora_module mods[3] = {LORA_Q, LORA_K, LORA_V};
         const int outs[3] = {qd, kvd, kvd};
-        if (cl_linear_packed(c, l, mods, outs, 3, a->xn1, H, w->wq, a->g, qd + 2 * kvd, T, "qkv gemm") < 0) return -1;
+        if (cl_linear_packed(c, l, mods, outs, 3, a->xn1, H, w->wq, a->g, qd + 2 * kvd, T, "qkv gemm",
+                              "q|k|v lora") < 0)
+            return -1;
         qp = a->g, kp = a->g + qd, vp = a->g + qd + kvd;
         ldq = ldk = ldv = qd + 2 * kvd;
     } else if (cl_linear(c, l, LORA_Q, a->xn1, H, w->wq, w->bq, qd, NULL, a->q_pre, T) < 0 ||
@@ -302,7 +331,7 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
         if (c->kv_mode != CU_KV_NONE && cl_kv_store(c, l) < 0) return -1;
     }
     if (c->kv_mode == CU_KV_DECODE) { /* one new token per stream, attending to its cache */
-        if (c->dattn) /* LCU_DECODE_ATTN=1: the kernel made for one row a sequence */
+        if (c->dattn) /* LCU_DECODE_ATTN (unless 0): the kernel made for one row a sequence */
             CU_TRY(c, lcu_attn_decode_fwd(&c->kv_attn, a->q, cu_kv_cache(c, l, 0), cu_kv_cache(c, l, 1), a->att,
                                           a->lse, s));
         else
@@ -324,7 +353,9 @@ int cu_layer_forward(cu_ctx *c, int l, long T, const float *x_in, float *x_out, 
     if (cl_gate_up_one(c, w, T)) { /* [gate | up] rows in a->g, then h (LCU_DECODE_FUSE=2) */
         static const lora_module mods[2] = {LORA_GATE, LORA_UP};
         const int outs[2] = {I, I};
-        if (cl_linear_packed(c, l, mods, outs, 2, a->xn2, H, w->wgate, a->g, 2L * I, T, "gate|up gemm") < 0) return -1;
+        if (cl_linear_packed(c, l, mods, outs, 2, a->xn2, H, w->wgate, a->g, 2L * I, T, "gate|up gemm",
+                              "gate|up lora") < 0)
+            return -1;
         CU_TRY(c, lcu_swiglu_rows(a->h, a->g, a->g + I, T, I, 2L * I, s));
     } else {
         if (cl_linear(c, l, LORA_GATE, a->xn2, H, w->wgate, NULL, I, NULL, a->g, T) < 0 ||

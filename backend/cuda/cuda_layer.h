@@ -24,5 +24,7 @@ int cu_attn_max_len(const int32_t *q_start, int nseq);
  * head), from the segments meeting rows [r0, r1), clipped to them and counted from r0;
  * grad_only: only segments that carry a gradient. Returns how many. */
 int cu_lora_segs(cu_ctx *c, int l, lora_module mod, long r0, long r1, bool grad_only);
+/* The same into set `set` of c->lsegs (0 .. CU_LSEG_SETS − 1): c->lsegs + set·cap_segs. */
+int cu_lora_segs_set(cu_ctx *c, int set, int l, lora_module mod, long r0, long r1, bool grad_only);
 
 #endif

@@ -178,7 +178,7 @@ int lcu_attn_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, c
  * decode steps (lcu_attention_decode.cu: one block per sequence and kv head, the keys split
  * among its warps; fast for the few query rows a decode step has, correct for any q_len ≤
  * kv_len). Values agree with lcu_attn_fwd's within bf16 rounding (its P stays fp32), bit
- * for bit from run to run; no workspace. The backend takes it with LCU_DECODE_ATTN=1. */
+ * for bit from run to run; no workspace. The backend takes it unless LCU_DECODE_ATTN=0. */
 int lcu_attn_decode_fwd(const lcu_attn_desc *a, const lcu_bf16 *q, const lcu_bf16 *k, const lcu_bf16 *v,
                         lcu_bf16 *out, float *lse, cudaStream_t s);
 
@@ -315,6 +315,22 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
  * function as lcu_lora_fwd after y = C (or 0): fp32 rounding apart. */
 int lcu_lora_fwd_into(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, long rows, int in, int out, const lcu_bf16 *x,
                       long ldx, const float *C, long ldc, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+
+/* Several modules' LoRA over one input x (a decode layer's q, k, v, or gate and up, whose
+ * base GEMM is one over their packed weights): module m adds its segments' products into
+ * its columns of y, y + ycol .. + out. The same as lcu_lora_fwd per module (y + ycol), bit
+ * for bit. Where every module's segments take version 3 (lcu_sgmv.cuh), each product of all
+ * the modules in one launch (per kernel class) instead of one per module, module m's z in
+ * z's columns zcol .. (+ its largest rank; the modules' columns apart, else LCU_EINVAL);
+ * else one module after another through z's first columns. */
+typedef struct {
+    const lcu_lora_seg *segs;
+    int nseg;
+    int out;
+    long ycol, zcol;
+} lcu_lora_mod;
+int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
+                       long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
 /* Per segment: gB += scale·dyᵀ z, gA += dzᵀ x with dz = scale·dy B (z = x Aᵀ recomputed);
  * dx += dz A when dx is not NULL (fp32). dy bf16 (stride lddy). Segments of one call that

@@ -1,7 +1,7 @@
 /* lcu_attention_decode.cu — the KV-cache attention of a decode step in a kernel of its own
  * (lcu_attn_decode_fwd, cuda_ops.h: the function lcu_attn_fwd computes with kv_start and
- * kv_len), which the backend takes with LCU_DECODE_ATTN=1 (off until a GPU window has
- * measured it).
+ * kv_len), which the backend takes unless LCU_DECODE_ATTN=0 (the default since the fifth
+ * GPU window measured it: bench/cuda/WINDOWS.md).
  *
  * Why a kernel of its own: a decode step has one query row per sequence. Versions 1 and 2
  * work in 64-row query tiles, so there a block computes 64×64 score tiles of which one row

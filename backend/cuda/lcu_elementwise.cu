@@ -148,15 +148,45 @@ int lcu_add_bias(float *y, const lcu_bf16 *bias, long T, int n, cudaStream_t s)
 
 /* ---- RMSNorm: one warp per row ------------------------------------------------------------ */
 
+/* A row's sums are one warp's (lane l adds elements l, l + 32, ... in that order, then the
+ * warp's butterfly), so a row's bits depend on nothing but the row: not on the number of
+ * rows, the block shape or the kernel that calls it (the fused decode kernel shares these
+ * functions). The fifth GPU window measured the first form, four loads in flight a lane, at
+ * ~50 µs for 32 rows of 4,096 (a decode step's norm, against ~1 µs of memory): a chain of 32
+ * memory latencies. These load LCU_NORM_U values a lane into registers before adding them in
+ * the same order, so the same bits with a quarter of the round trips; and small row counts
+ * take one-warp blocks, so that a decode step's 32 rows spread over 32 SMs, not four. */
+
 #define LCU_NORM_WARPS 8
+#define LCU_NORM_U 16 /* loads in flight a lane in the sums (registers: 16 floats) */
+#define LCU_NORM_UA 8 /* ... in the element-wise passes */
+
+/* Blocks of one warp below this many rows (a decode step, a short prefill), of
+ * LCU_NORM_WARPS above (a row a warp either way). */
+#define LCU_NORM_SMALL_ROWS 2048
+
+static inline void lcu_norm_grid(long rows, unsigned *g, unsigned *b)
+{
+    int w = rows < LCU_NORM_SMALL_ROWS ? 1 : LCU_NORM_WARPS;
+    *g = lcu_blocks(rows, w);
+    *b = 32u * (unsigned)w;
+}
 
 /* A row's 1/sqrt(mean(x²) + eps) by one warp, and a normalized value: shared by the norm's
  * kernel and the fused decode kernel (lcu_decode_qkv_k), so both give the same bits. */
 __device__ __forceinline__ float lcu_rms_rstd_warp(const float *xr, int dim, double eps, int lane)
 {
     float ss = 0.0f;
-#pragma unroll 4 /* loads in flight; the sum's order stays lane, lane + 32, ... */
-    for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+    int i = lane;
+    for (; i + 32 * (LCU_NORM_U - 1) < dim; i += 32 * LCU_NORM_U) {
+        float v[LCU_NORM_U];
+#pragma unroll
+        for (int u = 0; u < LCU_NORM_U; u++) v[u] = xr[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < LCU_NORM_U; u++) ss += v[u] * v[u];
+    }
+#pragma unroll 4 /* the rest (a head's 128: all of it), as the first form */
+    for (; i < dim; i += 32) ss += xr[i] * xr[i];
     ss = lcu_warp_sum(ss);
     return (float)(1.0 / sqrt((double)ss / dim + eps));
 }
@@ -176,8 +206,16 @@ __global__ void lcu_rmsnorm_fwd_k(Y *y, float *rstd, const float *x, const __nv_
         const float *xr = x + r * dim;
         float rs = lcu_rms_rstd_warp(xr, dim, eps, lane);
         if (lane == 0 && rstd) rstd[r] = rs;
-#pragma unroll 4
-        for (int i = lane; i < dim; i += 32) lcu_st(y, r * dim + i, lcu_rms_apply(xr[i], rs, w[i]));
+        for (int i0 = lane; i0 < dim; i0 += 32 * LCU_NORM_UA) {
+            float xv[LCU_NORM_UA];
+            __nv_bfloat16 wv[LCU_NORM_UA];
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++)
+                if (i0 + 32 * u < dim) xv[u] = xr[i0 + 32 * u], wv[u] = w[i0 + 32 * u];
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++)
+                if (i0 + 32 * u < dim) lcu_st(y, r * dim + i0 + 32 * u, lcu_rms_apply(xv[u], rs, wv[u]));
+        }
     }
 }
 
@@ -186,14 +224,15 @@ int lcu_rmsnorm_fwd(void *y, lcu_dtype yt, float *rstd, const float *x, const lc
 {
     if (rows < 0 || dim <= 0 || ((!y || !x || !w) && rows)) return LCU_EINVAL;
     if (rows == 0) return 0;
-    unsigned g = lcu_blocks(rows, LCU_NORM_WARPS);
+    unsigned g, b;
+    lcu_norm_grid(rows, &g, &b);
     LCU_DISPATCH_F32_BF16(yt, Y,
-        lcu_rmsnorm_fwd_k<Y><<<g, 32 * LCU_NORM_WARPS, 0, s>>>((Y *)y, rstd, x, (const __nv_bfloat16 *)w, rows,
-                                                                dim, eps));
+        lcu_rmsnorm_fwd_k<Y><<<g, b, 0, s>>>((Y *)y, rstd, x, (const __nv_bfloat16 *)w, rows, dim, eps));
     return lcu_launch_status();
 }
 
-/* Each lane reads dy[i] before writing dx[i] for the same i, so dx may alias dy. */
+/* A lane reads dy[i] before writing dx[i] for the same i (a chunk's loads all come before its
+ * stores), so dx may alias dy. */
 template <typename DX, typename DY>
 __global__ void lcu_rmsnorm_bwd_k(DX *dx, const DY *dy, const float *x, const float *rstd, const __nv_bfloat16 *w,
                                   long rows, int dim, bool acc)
@@ -203,16 +242,37 @@ __global__ void lcu_rmsnorm_bwd_k(DX *dx, const DY *dy, const float *x, const fl
     for (long r = warp; r < rows; r += nwarps) {
         const float *xr = x + r * dim;
         float dot = 0.0f;
+        int i = lane;
+        for (; i + 32 * (LCU_NORM_UA - 1) < dim; i += 32 * LCU_NORM_UA) {
+            float gv[LCU_NORM_UA], wv[LCU_NORM_UA], xv[LCU_NORM_UA];
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++)
+                gv[u] = lcu_ld(dy, r * dim + i + 32 * u), wv[u] = __bfloat162float(w[i + 32 * u]),
+                xv[u] = xr[i + 32 * u];
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++) dot += gv[u] * wv[u] * xv[u];
+        }
 #pragma unroll 4
-        for (int i = lane; i < dim; i += 32) dot += lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) * xr[i];
+        for (; i < dim; i += 32) dot += lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) * xr[i];
         dot = lcu_warp_sum(dot);
         float rs = rstd[r];
         float c = (float)((double)dot * rs * rs / dim);
-#pragma unroll 4
-        for (int i = lane; i < dim; i += 32) {
-            float v = rs * (lcu_ld(dy, r * dim + i) * __bfloat162float(w[i]) - xr[i] * c);
-            if (acc) v += lcu_ld(dx, r * dim + i);
-            lcu_st(dx, r * dim + i, v);
+        for (int i0 = lane; i0 < dim; i0 += 32 * LCU_NORM_UA) {
+            float gv[LCU_NORM_UA], wv[LCU_NORM_UA], xv[LCU_NORM_UA], av[LCU_NORM_UA];
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++)
+                if (i0 + 32 * u < dim) {
+                    long j = r * dim + i0 + 32 * u;
+                    gv[u] = lcu_ld(dy, j), wv[u] = __bfloat162float(w[i0 + 32 * u]), xv[u] = xr[i0 + 32 * u];
+                    av[u] = acc ? lcu_ld(dx, j) : 0.0f;
+                }
+#pragma unroll
+            for (int u = 0; u < LCU_NORM_UA; u++)
+                if (i0 + 32 * u < dim) {
+                    float v = rs * (gv[u] * wv[u] - xv[u] * c);
+                    if (acc) v += av[u];
+                    lcu_st(dx, r * dim + i0 + 32 * u, v);
+                }
         }
     }
 }
@@ -224,11 +284,11 @@ int lcu_rmsnorm_bwd(void *dx, lcu_dtype dxt, const void *dy, lcu_dtype dyt, cons
     if (accumulate && dxt != LCU_F32) return LCU_EINVAL;
     if (dx == dy && dxt != dyt) return LCU_EINVAL;
     if (rows == 0) return 0;
-    unsigned g = lcu_blocks(rows, LCU_NORM_WARPS);
+    unsigned g, b;
+    lcu_norm_grid(rows, &g, &b);
     LCU_DISPATCH_F32_BF16(dxt, DX, LCU_DISPATCH_F32_BF16(dyt, DY,
-        lcu_rmsnorm_bwd_k<DX, DY><<<g, 32 * LCU_NORM_WARPS, 0, s>>>((DX *)dx, (const DY *)dy, x, rstd,
-                                                                     (const __nv_bfloat16 *)w, rows, dim,
-                                                                     accumulate)));
+        lcu_rmsnorm_bwd_k<DX, DY><<<g, b, 0, s>>>((DX *)dx, (const DY *)dy, x, rstd, (const __nv_bfloat16 *)w, rows,
+                                                 dim, accumulate)));
     return lcu_launch_status();
 }
 

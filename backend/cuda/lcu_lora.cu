@@ -112,6 +112,34 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     return rc;
 }
 
+int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
+                       long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    if (nmod < 0 || (nmod && !mods)) return LCU_EINVAL;
+    bool v3 = true;
+    for (int m = 0; m < nmod; m++) {
+        const lcu_lora_mod *d = &mods[m];
+        if (d->ycol < 0 || d->zcol < 0 || d->ycol >= ldy || d->zcol >= ldz) return LCU_EINVAL;
+        int rc = lcu_lora_check(d->segs, d->nseg, in, d->out, x, ldx, y, ldy - d->ycol, z, ldz - d->zcol);
+        if (rc) return rc;
+        v3 &= !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
+    }
+    for (int m = 0; m < nmod; m++) /* the modules' z columns apart */
+        for (int q = 0; q < m; q++) {
+            int rm = 0, rq = 0;
+            for (int i = 0; i < mods[m].nseg; i++) rm = mods[m].segs[i].rank > rm ? mods[m].segs[i].rank : rm;
+            for (int i = 0; i < mods[q].nseg; i++) rq = mods[q].segs[i].rank > rq ? mods[q].segs[i].rank : rq;
+            if (rm && rq && mods[m].zcol < mods[q].zcol + rq && mods[q].zcol < mods[m].zcol + rm) return LCU_EINVAL;
+        }
+    if (v3) return lcu_sgmv3_lora_fwd_multi(c, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
+    /* one module after another, each through z's first columns (as a call of its own: the
+     * same pointers, so the same cuBLASLt algorithms) */
+    int rc = 0;
+    for (int m = 0; m < nmod && !rc; m++)
+        rc = lcu_lora_fwd(c, mods[m].segs, mods[m].nseg, in, mods[m].out, x, ldx, y + mods[m].ycol, ldy, z, ldz, s);
+    return rc;
+}
+
 /* Whether the segments tile rows 0 .. rows − 1 in order, without a gap (every row written). */
 static bool lcu_lora_tile(const lcu_lora_seg *segs, int nseg, long rows)
 {

@@ -28,6 +28,10 @@ int lcu_sgmv_splits(long tiles, long k, int *kchunk);
 /* LoRA version 3 (lcu_sgmv3.cu): the same interface and preconditions as version 2. */
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+/* Several modules at once (lcu_lora_fwd_multi): every module's shrinks in one launch (per
+ * kernel class), then every expand. */
+int lcu_sgmv3_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
+                             float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 /* The same with y = scale·(x Aᵀ) Bᵀ written, not added (lcu_lora_fwd_into). */
 int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
                              long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);

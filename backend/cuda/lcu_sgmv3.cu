@@ -632,22 +632,37 @@ static int v3_z(v3_run *R, v3_op *ops, const lcu_lora_seg *segs, int nseg, int i
     return v3_product(R, V3_Z, ops, nseg);
 }
 
-/* z = x·Aᵀ, then y += (p = V3_Y) or y = (V3_YW) scale·z·Bᵀ for every segment. */
-static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
-                  long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+/* z = x·Aᵀ, then y += (p = V3_Y) or y = (V3_YW) scale·z·Bᵀ for every segment of every
+ * module (its columns y + ycol, z + zcol): each product one table for all of them, items in
+ * module order, then segment order. An item's kernel, tile and split depend on the item
+ * alone (see the top), so a module's results are those of a call of its own, bit for bit. */
+static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
+                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
-    v3_op *ops = (v3_op *)malloc((size_t)(nseg > 0 ? nseg : 1) * sizeof *ops);
+    long total = 0;
+    for (int m = 0; m < nmod; m++) total += mods[m].nseg;
+    v3_op *ops = (v3_op *)calloc((size_t)(total > 0 ? total : 1), sizeof *ops);
     if (!ops) return LCU_EINVAL;
     v3_run R;
     v3_begin(&R, c, s);
-    int rc = v3_z(&R, ops, segs, nseg, in, x, ldx, z, ldz);
-    if (!rc) {
-        for (int i = 0; i < nseg; i++) {
-            const lcu_lora_seg *g = &segs[i];
-            ops[i] = (v3_op){z + g->row_begin * ldz, ldz, g->B, g->rank, y + g->row_begin * ldy, ldy,
-                             g->row_end - g->row_begin, out, g->rank, g->scale};
+    int n = 0;
+    for (int m = 0; m < nmod; m++)
+        for (int i = 0; i < mods[m].nseg; i++) {
+            const lcu_lora_seg *g = &mods[m].segs[i];
+            ops[n++] = (v3_op){x + g->row_begin * ldx, ldx, g->A, in, z + mods[m].zcol + g->row_begin * ldz, ldz,
+                               g->row_end - g->row_begin, g->rank, in, 1.0f};
         }
-        rc = v3_product(&R, p, ops, nseg);
+    int rc = v3_product(&R, V3_Z, ops, n);
+    if (!rc) {
+        n = 0;
+        for (int m = 0; m < nmod; m++)
+            for (int i = 0; i < mods[m].nseg; i++) {
+                const lcu_lora_seg *g = &mods[m].segs[i];
+                ops[n++] = (v3_op){z + mods[m].zcol + g->row_begin * ldz, ldz, g->B, g->rank,
+                                   y + mods[m].ycol + g->row_begin * ldy, ldy, g->row_end - g->row_begin,
+                                   mods[m].out, g->rank, g->scale};
+            }
+        rc = v3_product(&R, p, ops, n);
     }
     free(ops);
     return rc;
@@ -656,13 +671,21 @@ static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_seg *segs, int nseg, int
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
                        float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
-    return v3_fwd(c, V3_Y, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+    lcu_lora_mod m = {segs, nseg, out, 0, 0};
+    return v3_fwd(c, V3_Y, &m, 1, in, x, ldx, y, ldy, z, ldz, s);
 }
 
 int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
                              long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
-    return v3_fwd(c, V3_YW, segs, nseg, in, out, x, ldx, y, ldy, z, ldz, s);
+    lcu_lora_mod m = {segs, nseg, out, 0, 0};
+    return v3_fwd(c, V3_YW, &m, 1, in, x, ldx, y, ldy, z, ldz, s);
+}
+
+int lcu_sgmv3_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
+                             float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    return v3_fwd(c, V3_Y, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
 }
 
 /* The wave of each segment: how many earlier segments of the call accumulate into the same
@@ -685,7 +708,7 @@ static int v3_bwd(lcu_ctx *c, v3_prod dxp, const lcu_lora_seg *segs, int nseg, i
                   cudaStream_t s)
 {
     size_t n1 = (size_t)(nseg > 0 ? nseg : 1);
-    v3_op *ops = (v3_op *)malloc(2 * n1 * sizeof *ops);
+    v3_op *ops = (v3_op *)calloc(2 * n1, sizeof *ops); /* calloc: gcc cannot see every item written before it is read */
     int *wave = (int *)malloc(n1 * sizeof *wave);
     if (!ops || !wave) {
         free(ops);

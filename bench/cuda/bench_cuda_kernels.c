@@ -464,6 +464,13 @@ static void run_norm(void *p)
     B_OK(lcu_rmsnorm_fwd(e->y, LCU_BF16, e->rstd, e->x, e->w, e->rows, e->dim, 1e-6, 0));
 }
 
+/* the norm's backward as the layer's calls it at the residual: dx fp32 written from dy fp32 */
+static void run_norm_bwd(void *p)
+{
+    ew_arg *e = p;
+    B_OK(lcu_rmsnorm_bwd(e->g, LCU_F32, e->dh, LCU_F32, e->x, e->rstd, e->w, e->rows, e->dim, false, 0));
+}
+
 static void run_swiglu(void *p)
 {
     ew_arg *e = p;
@@ -493,9 +500,11 @@ static void bench_elementwise(const geo *g, long T)
     e.dh = dev_random(T * g->I, LCU_F32, 1);
     e.y2 = gt_dev_poison(T * (long)g->I * 2);
     report("swiglu bwd ->bf16", g->name, shape, time_ms(run_swiglu_bwd, &e), 0, T * (double)g->I * 16);
-    /* a [T, H] fp32 -> bf16 conversion (the backward's dy convert) */
+    /* the norm's backward (x, dy fp32 in, dx fp32 out; rstd from the forward row's runs) */
     e.dim = g->H;
     snprintf(shape, sizeof shape, "T=%ld H=%d", T, g->H);
+    report("rmsnorm bwd f32", g->name, shape, time_ms(run_norm_bwd, &e), 0, T * (double)g->H * 12);
+    /* a [T, H] fp32 -> bf16 conversion (the backward's dy convert) */
     report("convert f32->bf16", g->name, shape, time_ms(run_convert, &e), 0, T * (double)g->H * 6);
     /* q's RoPE (fp32 in, bf16 out), positions 0 .. T-1 */
     int half = g->d / 2;

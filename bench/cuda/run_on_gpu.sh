@@ -27,9 +27,9 @@
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
-# c: the switches on trial (the decode's own attention kernel, LCU_DECODE_ATTN=1: decode
-#    rows; the LoRA written first, LCU_LORA_FIRST=1: the model rows, time to first token and
-#    the backend test; their checks also run in a's tests), Qwen3-8B's rows as on an 80 GB
+# c: the switch on trial (LoRA version 3 for every call, LCU_LORA=sgmv3: the decode rows,
+#    where one adapter's q|k|v and gate|up products would go in one launch each, as several
+#    adapters' do), Qwen3-8B's rows as on an 80 GB
 #    card (LCU_DEVICE_MB: the kept activations of the layers that fit), then where the time
 #    goes: the training passes
 #    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
@@ -102,7 +102,7 @@
 #                                                            model-lorafirst-*.log/.json
 #   backend-lorafirst  test_gpu_backend with LCU_LORA_FIRST=1 (every check against the CPU
 #                on that path)                                           backend-lorafirst.log
-#   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0
+#   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_DECODE_ATTN=0 LCU_LORA_FIRST=0
 #                LCU_LORA=gemm LCU_DECODE_FUSE=0)                          suites.log
 #
 # Binaries: from the build directory LOOM_GPU_BUILD when that is set (cmake --build on the
@@ -409,7 +409,8 @@ run_step() {
             --geo Qwen3-8B,Qwen3-0.6B ;;
         decode-eager) LCU_DECODE_GRAPH=0 MODEL_TAG="(no decode graphs)" run_model decode-eager 200 --decode --steps 64 \
                           --geo Qwen3-8B,Qwen3-0.6B ;;
-        suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm LCU_DECODE_FUSE=0 ;;
+        suites-old) run_suites LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_LORA=gemm LCU_DECODE_FUSE=0 LCU_DECODE_ATTN=0 \
+                        LCU_LORA_FIRST=0 ;;
         model-lorafirst)
             LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-8b 200 --geo Qwen3-8B --iters 1
             LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-06b 80 --geo Qwen3-0.6B --iters 1
@@ -508,9 +509,7 @@ case $MODE in
         run_step suites-old
         ;;
     c)
-        run_step decode-attn
-        run_step model-lorafirst
-        run_step backend-lorafirst
+        run_step decode-sgmv3
         run_step model8b-80g
         run_step train-ops
         run_step decode-ops

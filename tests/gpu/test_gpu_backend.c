@@ -461,15 +461,17 @@ static void check_keep(pair *p, const inputs *in, const batch *ref, const adapte
              p->mc.num_hidden_layers - 1);
 }
 
-/* LCU_LORA_FIRST=1 (off by default): the LoRA written first and the base GEMM adding into it
- * wherever the segments cover the pass's rows. Adapter 0's sequences alone (so that they
- * do) run in a context with the switch and in this one, on LoRA version 1 (auto: one
- * segment) and again on version 3 (LCU_LORA=sgmv3, read per call: its writing expand): the
- * same sums in another order, so log-probs within 2e-2 and gradients within 2e-2 relative,
- * as packed vs alone. */
+/* LCU_LORA_FIRST (on by default since the fifth window: the LoRA written first and the base
+ * GEMM adding into it wherever the segments cover the pass's rows) against the other order:
+ * adapter 0's sequences alone (so that they do) run in a context with the switch flipped and
+ * in this one, on LoRA version 1 (auto: one segment) and again on version 3 (LCU_LORA=sgmv3,
+ * read per call: its writing expand): the same sums in another order, so log-probs within
+ * 2e-2 and gradients within 2e-2 relative, as packed vs alone. */
 static void check_lora_first(pair *p, const inputs *in)
 {
-    side o = open_with(p, "LCU_LORA_FIRST", "1");
+    bool first_here;
+    side o = open_flipped(p, "LCU_LORA_FIRST", true, &first_here);
+    const char *flip = first_here ? "LCU_LORA_FIRST=0" : "LCU_LORA_FIRST=1";
     const char *was = getenv("LCU_LORA");
     char prev[32];
     snprintf(prev, sizeof prev, "%s", was ? was : "");
@@ -496,11 +498,11 @@ static void check_lora_first(pair *p, const inputs *in)
         size_t np = gd.layout.num_params;
         double rel = l2(go.grads, gd.grads, np) / fmax(l2(gd.grads, NULL, np), 1e-30);
         const char *lv = v3 ? "LoRA version 3" : "LoRA version 1";
-        gt_check(bo.n > 0 && wl <= 2e-2 && rel <= 2e-2, "%s: LCU_LORA_FIRST=1 (the LoRA first, the GEMM adding into it) "
-                 "vs the default, %s, adapter 0's %d sequences: log-probs max |d| %.2e, gradients rel %.2e", p->name,
-                 lv, bo.n, wl, rel);
-        printf("  %s LCU_LORA_FIRST=1 vs the default (%s): %s (log-probs max |d| %.2e, gradients rel %.2e)\n",
-               p->name, lv, bits && rel == 0 ? "bitwise equal" : "within rounding", wl, rel);
+        gt_check(bo.n > 0 && wl <= 2e-2 && rel <= 2e-2, "%s: %s (the LoRA first and the GEMM adding into it, or "
+                 "the other order) vs here, %s, adapter 0's %d sequences: log-probs max |d| %.2e, gradients rel %.2e",
+                 p->name, flip, lv, bo.n, wl, rel);
+        printf("  %s %s vs here (%s): %s (log-probs max |d| %.2e, gradients rel %.2e)\n", p->name, flip, lv,
+               bits && rel == 0 ? "bitwise equal" : "within rounding", wl, rel);
         adapter_state_free(&go);
         adapter_state_free(&gd);
         free_batch(&bo);
@@ -863,14 +865,14 @@ static void check_profiles(pair *p, const sreq *q)
         printf("  | %s", line); /* the tables, for the log */
         dec |= strstr(line, "decode ops, ") != NULL;
         dec_attn |= strstr(line, "decode ops   attention ") != NULL;
-        dec_gemm |= strstr(line, "decode ops   q gemm ") != NULL;
+        dec_gemm |= strstr(line, "decode ops   q gemm ") || strstr(line, "decode ops   qkv gemm "); /* level 2 fuses q|k|v */
         tr |= strstr(line, "train ops, ") != NULL && strstr(line, "1 pass, the shape's first") != NULL;
         tr_gemm |= strstr(line, "train ops   q gemm ") != NULL;
         tr_head |= strstr(line, "train ops   head ") != NULL;
     }
     if (f) fclose(f);
     gt_check(dec && dec_attn && dec_gemm, "%s: LCU_DECODE_PROFILE=2 says the decode passes' operations (attention, q "
-             "gemm, ...)", cs);
+             "(or q|k|v) gemm, ...)", cs);
     gt_check(tr && tr_gemm && tr_head, "%s: LCU_TRAIN_PROFILE=1 says the forward pass's operations (q gemm, head, ...) "
              "when the context goes", cs);
 }
@@ -928,14 +930,17 @@ static void check_decode_fuse(pair *p, const sreq *q)
              "log-probs max |d| %.2e", p->name, worst);
 }
 
-/* LCU_DECODE_ATTN=1 (the KV-cache decode's own attention kernel, off by default): its
- * samples held to their forward log-probs (the forward's attention is the training one),
- * as sampling is. */
+/* LCU_DECODE_ATTN (on by default since the fifth window: the KV-cache decode's own
+ * attention kernel) flipped: the other kernel's samples held to their forward log-probs (the
+ * forward's attention is the training one), as sampling is; the default's are
+ * check_sampling's. */
 static void check_decode_attn(pair *p, const sreq *q)
 {
-    double worst = sample_vs_forward(p, q, "LCU_DECODE_ATTN", "1");
-    gt_check(worst <= 2e-2, "%s: LCU_DECODE_ATTN=1 (the decode's own attention kernel): sampled vs forward log-probs "
-             "max |d| %.2e", p->name, worst);
+    const char *was = getenv("LCU_DECODE_ATTN");
+    bool on_here = !was || !*was || strcmp(was, "0") != 0;
+    double worst = sample_vs_forward(p, q, "LCU_DECODE_ATTN", on_here ? "0" : "1");
+    gt_check(worst <= 2e-2, "%s: LCU_DECODE_ATTN=%s (%s): sampled vs forward log-probs max |d| %.2e", p->name,
+             on_here ? "0" : "1", on_here ? "attention version 1's kernel" : "the decode's own attention kernel", worst);
 }
 
 static void check_sampling(pair *p)

@@ -347,6 +347,72 @@ static void test_fwd_into(lcu_ctx *c, int in, int out)
     free(x); free(Cm); free(A0); free(B0); free(A1); free(B1); free(ya); free(yb);
 }
 
+/* lcu_lora_fwd_multi (a decode layer's q, k, v or gate and up LoRA in one call): three
+ * modules of different widths over the same x and segments (two adapters, ranks 8 and 16,
+ * a row with no segment), each into its columns of one y, against lcu_lora_fwd per module
+ * into a copy: bit for bit on every version (version 3 runs them together, the others one by
+ * one). Modules whose z columns overlap, or whose columns leave y's row, are refused. */
+static void test_fwd_multi(lcu_ctx *c, int in, int out)
+{
+    enum { NM = 3, NS = 4 };
+    int outs[NM] = {out, out / 2 + 3, out / 2 + 3}, ldy = outs[0] + outs[1] + outs[2];
+    long b[NS + 1] = {0, gt_int(1, 4), 0, 0, 0}, ldz = NM * lcu_lora_ldz(16);
+    b[2] = b[1] + gt_int(1, 16);
+    b[3] = b[2] + 1 + gt_int(1, 16); /* a row between: no segment */
+    b[4] = b[3] + gt_int(1, 16);
+    long rows = b[4];
+    float *x = malloc(rows * in * 4), *C = malloc(rows * ldy * 4), *ya = malloc(rows * ldy * 4),
+          *yb = malloc(rows * ldy * 4);
+    gt_fill_bf16_exact(x, rows * in, -1, 1);
+    gt_fill(C, rows * ldy, -2, 2);
+    void *dx = gt_dev_bf16(x, rows * in), *z = gt_dev_poison(rows * ldz * 2), *bufs[NM * 4];
+    lcu_lora_seg segs[NM][NS];
+    lcu_lora_mod mods[NM];
+    int nb = 0;
+    for (int m = 0, col = 0; m < NM; col += outs[m++]) {
+        for (int ad = 0; ad < 2; ad++) {
+            int r = ad ? 16 : 8;
+            float *A = malloc((size_t)r * in * 4), *B = malloc((size_t)r * outs[m] * 4);
+            gt_fill_bf16_exact(A, (size_t)r * in, -0.2, 0.2);
+            gt_fill_bf16_exact(B, (size_t)r * outs[m], -0.2, 0.2);
+            void *dA = gt_dev_bf16(A, (size_t)r * in), *dB = gt_dev_bf16(B, (size_t)r * outs[m]);
+            bufs[nb++] = dA;
+            bufs[nb++] = dB;
+            for (int i = ad; i < NS; i += 2) /* adapters alternate over the segments */
+                segs[m][i] = (lcu_lora_seg){i == 2 ? b[2] + 1 : b[i], b[i + 1], r, ad ? 0.5f : 2.0f, dA, dB, NULL,
+                                            NULL};
+            free(A);
+            free(B);
+        }
+        mods[m] = (lcu_lora_mod){segs[m], NS, outs[m], col, m * lcu_lora_ldz(16)};
+    }
+    void *yr = gt_dev_f32(C, rows * ldy), *ym = gt_dev_f32(C, rows * ldy);
+    for (int m = 0; m < NM; m++)
+        GT_LCU(lcu_lora_fwd(c, segs[m], NS, in, outs[m], dx, in, (float *)yr + mods[m].ycol, ldy, z, ldz, 0));
+    GT_LCU(lcu_lora_fwd_multi(c, mods, NM, in, dx, in, ym, ldy, z, ldz, 0));
+    gt_get_f32(ya, yr, rows * ldy);
+    gt_get_f32(yb, ym, rows * ldy);
+    gt_check(memcmp(ya, yb, rows * ldy * 4) == 0, "[%s] lcu_lora_fwd_multi (3 modules %d, %d, %d wide, %ld rows in %d "
+             "segments, in %d) vs lcu_lora_fwd per module: bit for bit", version, outs[0], outs[1], outs[2], rows, NS, in);
+    lcu_lora_mod bad[NM];
+    memcpy(bad, mods, sizeof bad);
+    bad[1].zcol = 8; /* inside module 0's 16 columns */
+    int rc1 = lcu_lora_fwd_multi(c, bad, NM, in, dx, in, ym, ldy, z, ldz, 0);
+    memcpy(bad, mods, sizeof bad);
+    bad[2].ycol = ldy - outs[2] + 1; /* past the row */
+    int rc2 = lcu_lora_fwd_multi(c, bad, NM, in, dx, in, ym, ldy, z, ldz, 0);
+    gt_get_f32(yb, ym, rows * ldy);
+    gt_check(rc1 == LCU_EINVAL && rc2 == LCU_EINVAL && memcmp(ya, yb, rows * ldy * 4) == 0,
+             "[%s] lcu_lora_fwd_multi refuses overlapping z columns and columns past y's row (LCU_EINVAL), writing "
+             "nothing", version);
+    gt_free(yr);
+    gt_free(ym);
+    gt_free(dx);
+    gt_free(z);
+    for (int i = 0; i < nb; i++) gt_free(bufs[i]);
+    free(x); free(C); free(ya); free(yb);
+}
+
 /* lcu_lora_bwd_into (LCU_LORA_FIRST's backward: dx = dz A (+ dx) written first): against the
  * running version's lcu_lora_bwd adding into zeros or into dx's earlier values, the gradients
  * bit for bit (the same products) and dx within fp32 rounding; a gap declined. */
@@ -443,6 +509,8 @@ int main(void)
                versions[v].small ? versions[v].small : "");
         test_lora(c, 256, 192);
         test_lora(c, in, out); /* odd widths: unaligned rows, gemmEx fallback */
+        test_fwd_multi(c, 256, 192);
+        test_fwd_multi(c, in, out);
         if (!gt_small()) { /* long K everywhere: split-K in versions 2 and 3 */
             long_rows = gt_int(600, 900);
             test_lora(c, gt_int(1030, 1100), gt_int(520, 700));

@@ -92,6 +92,70 @@ int main()
         }
         CHECK(ok, "rmsnorm fwd rows=%d dim=%d", rows, dim);
     }
+    /* rmsnorm fwd and bwd, bit for bit against a host replica of one warp's order (lane l adds
+     * elements l, l + 32, ... in turn, then the butterfly of lcu_warp_sum): the order the
+     * first form had and the loads-in-flight form keeps. Row counts on both sides of the
+     * one-warp blocks' bound, dims with and without a partial chunk of loads, and a head's
+     * 128 (the q/k norm, and the fused decode kernel's share). */
+    for (int rows : {3, 40, 2050}) for (int dim : {40, 128, 200, 513, 4096, 4136}) {
+        if ((long)rows * dim > 300000) continue;
+        long n = (long)rows * dim;
+        std::vector<float> x(n), y(n), rs(rows), dy(n), dx(n), dx0(n);
+        std::vector<__nv_bfloat16> w(dim);
+        for (auto &v : x) v = U(g);
+        for (auto &v : dy) v = U(g) / 3;
+        for (auto &v : dx0) v = U(g) / 5;
+        for (auto &v : w) v = __float2bfloat16_rn(U(g) / 6);
+        auto warp_sum = [](float *p) {
+            for (int o = 16; o > 0; o >>= 1) {
+                float q[32];
+                for (int l = 0; l < 32; l++) q[l] = p[l] + p[l ^ o];
+                memcpy(p, q, sizeof q);
+            }
+            return p[0];
+        };
+        lcu_rmsnorm_fwd(y.data(), LCU_F32, rs.data(), x.data(), (const lcu_bf16 *)w.data(), rows, dim, 1e-6, 0);
+        bool okf = true, okb = true, oka = true;
+        std::vector<float> want_rs(rows);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = &x[(long)r * dim];
+            float p[32];
+            for (int l = 0; l < 32; l++) { p[l] = 0; for (int i = l; i < dim; i += 32) p[l] += xr[i] * xr[i]; }
+            float ss = warp_sum(p), want = (float)(1.0 / sqrt((double)ss / dim + 1e-6));
+            want_rs[r] = want;
+            okf &= rs[r] == want;
+            for (int i = 0; i < dim; i++) okf &= y[(long)r * dim + i] == xr[i] * want * __bfloat162float(w[i]);
+        }
+        CHECK(okf, "rmsnorm fwd rows=%d dim=%d: the warp's order, bit for bit", rows, dim);
+        for (int acc = 0; acc < 2; acc++) {
+            dx = dx0;
+            lcu_rmsnorm_bwd(dx.data(), LCU_F32, dy.data(), LCU_F32, x.data(), rs.data(), (const lcu_bf16 *)w.data(), rows,
+                            dim, acc, 0);
+            bool &ok = acc ? oka : okb;
+            for (int r = 0; r < rows; r++) {
+                const float *xr = &x[(long)r * dim], *gr = &dy[(long)r * dim];
+                float p[32];
+                for (int l = 0; l < 32; l++) {
+                    p[l] = 0;
+                    for (int i = l; i < dim; i += 32) p[l] += gr[i] * __bfloat162float(w[i]) * xr[i];
+                }
+                float dot = warp_sum(p), s = want_rs[r], c = (float)((double)dot * s * s / dim);
+                for (int i = 0; i < dim; i++) {
+                    float v = s * (gr[i] * __bfloat162float(w[i]) - xr[i] * c);
+                    if (acc) v += dx0[(long)r * dim + i];
+                    ok &= dx[(long)r * dim + i] == v;
+                }
+            }
+        }
+        CHECK(okb && oka, "rmsnorm bwd rows=%d dim=%d (written, accumulated): the warp's order, bit for bit", rows, dim);
+        std::vector<float> inplace = dy;
+        lcu_rmsnorm_bwd(inplace.data(), LCU_F32, inplace.data(), LCU_F32, x.data(), rs.data(),
+                        (const lcu_bf16 *)w.data(), rows, dim, false, 0);
+        dx = dx0;
+        lcu_rmsnorm_bwd(dx.data(), LCU_F32, dy.data(), LCU_F32, x.data(), rs.data(), (const lcu_bf16 *)w.data(), rows,
+                        dim, false, 0);
+        CHECK(inplace == dx, "rmsnorm bwd rows=%d dim=%d in place (dx = dy)", rows, dim);
+    }
     printf("elementwise_emu: %d passed, %d failed\n", checks - fails, fails);
     return fails != 0;
 }
