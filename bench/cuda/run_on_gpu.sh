@@ -27,9 +27,7 @@
 #    PyTorch's SDPA were measured on the first window: steps model-own, sdpa8b; the old
 #    defaults' model and decode rows on the second: model-recompute, model-gemm,
 #    decode-eager.)
-# c: the switch on trial (LoRA version 3 for every call, LCU_LORA=sgmv3: the decode rows,
-#    where one adapter's q|k|v and gate|up products would go in one launch each, as several
-#    adapters' do), Qwen3-8B's rows as on an 80 GB
+# c: Qwen3-8B's rows as on an 80 GB
 #    card (LCU_DEVICE_MB: the kept activations of the layers that fit), then where the time
 #    goes: the training passes
 #    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
@@ -509,7 +507,6 @@ case $MODE in
         run_step suites-old
         ;;
     c)
-        run_step decode-sgmv3
         run_step model8b-80g
         run_step train-ops
         run_step decode-ops
