@@ -179,6 +179,7 @@
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
     " exe AS (UPDATE executors SET state = 'idle', heartbeat_at = now(), memory_used = $4::bigint," \
+    "   last_compute_ms = $2::real * 1000,"                                                   \
     "   training_slots = $5::int, sampler_snapshots = $6::int, cached_checkpoints = $7::int,"  \
     "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
     "   WHERE id = $3::bigint AND state <> 'gone'),"                                          \

@@ -28,6 +28,7 @@
 --   0035_models_hot_advance
 --   0036_submit_without_fk_checks
 --   0037_domains_and_plain_metrics
+--   0038_executor_last_compute
 
 CREATE DOMAIN public.loom_cycle_state AS text
 	CONSTRAINT loom_cycle_state_check CHECK ((VALUE = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])));
@@ -428,7 +429,8 @@ CREATE TABLE public.executors (
     gpu_sampled_at timestamp with time zone,
     draining boolean DEFAULT false NOT NULL,
     adapter_bytes_per_rank bigint,
-    expert_tokens bigint[]
+    expert_tokens bigint[],
+    last_compute_ms real
 );
 
 CREATE SEQUENCE public.executors_id_seq

@@ -190,7 +190,7 @@ int sched_build_cycles(PGconn *c, int64_t only, const sched_opts *o, int64_t *cy
     pga_init(&ab);
     for (int e = 0; e < nx; e++) {
         xs[e] = (plan_executor){.id = db_int(rx, e, 0), .base_model = PQgetvalue(rx, e, 1),
-                                .budget = (int)db_int(rx, e, 2)};
+                                .budget = (int)db_int(rx, e, 2), .last_compute_ms = atof(PQgetvalue(rx, e, 3))};
         pga_int(&ax, xs[e].id);
         pga_text(&ab, xs[e].base_model);
     }
@@ -359,7 +359,8 @@ int sched_build_own_hinted(PGconn *c, int64_t executor, const char *base_model, 
     const sched_hint *last = &h[n - 1];
     plan_model m = {.id = h[0].model, .tenant = h[0].tenant, .next_seq = h[0].seq, .ops = ops, .nops = n,
                     .pair_p = last->pair_p, .pair_gap_ms = last->pair_gap_ms, .tail_fb_ms = last->tail_fb_ms};
-    plan_executor x = {.id = executor, .base_model = base_model, .budget = budget, .models = &m, .nmodels = 1};
+    plan_executor x = {.id = executor, .base_model = base_model, .budget = budget, .models = &m, .nmodels = 1,
+                       .last_compute_ms = o->last_compute_ms};
     int held_ms = 0, nops = plan_pass(&x, 1, NULL, 0, NULL, 0, o->pair_hold_ms, &held_ms);
     if (held && held_ms > 0 && (*held <= 0 || held_ms < *held)) *held = held_ms;
     if (nops == 0) {

@@ -133,16 +133,19 @@ int plan_cycle(plan_input *in, plan *out) {
     /* Rule 5, a round together: while a model is held for its optim_step, the cycle waits
      * for it (the steps of many clients stepping in lockstep go in one cycle, not spread
      * over the cycles their submits happen to straddle), but no model's work waits longer
-     * than pair_hold_ms from its submit, and samples never wait. The scheduler looks
-     * again when the first hold ends. */
+     * than round_hold_ms from its submit (a tenth of the executor's last cycle: the
+     * clients' turnaround must not idle it for longer), and samples never wait. The
+     * scheduler looks again when the first hold ends. */
     if (out->held_ms > 0) {
         double oldest = 0;
         bool samples = false;
+        int round = in->round_hold_ms > 0 && in->round_hold_ms < in->pair_hold_ms ? in->round_hold_ms
+                                                                                   : in->pair_hold_ms;
         for (int i = 0; i < in->nmodels; i++)
             if (in->models[i].run > 0 && in->models[i].ops[0].age_ms > oldest) oldest = in->models[i].ops[0].age_ms;
         for (int k = 0; k < in->nsamples; k++) samples |= runs[in->nmodels + k].n > 0;
-        if (!samples && oldest < in->pair_hold_ms) {
-            int left = in->pair_hold_ms - (int)oldest;
+        if (!samples && oldest < round) {
+            int left = round - (int)oldest;
             if (left < out->held_ms) out->held_ms = left;
             for (int i = 0; i < in->nmodels; i++) in->models[i].taken = 0;
             free(sample_ops);
@@ -211,6 +214,14 @@ void plan_free(plan *p) {
     *p = (plan){0};
 }
 
+int plan_round_hold_ms(double last_compute_ms, int pair_hold_ms) {
+    if (last_compute_ms <= 0) return pair_hold_ms;
+    double r = last_compute_ms / 10;
+    if (r >= pair_hold_ms) return pair_hold_ms;
+    int ms = (int)r + (r > (int)r); /* rounded up */
+    return ms < 1 ? 1 : ms;
+}
+
 int plan_pass(plan_executor *exes, int nexes, const plan_sample *samples, int nsamples, const plan_rate *rates,
               int nrates, int pair_hold_ms, int *held_ms) {
     bool *taken = xcalloc((size_t)nsamples, sizeof *taken);
@@ -229,7 +240,8 @@ int plan_pass(plan_executor *exes, int nexes, const plan_sample *samples, int ns
             mine_at[nmine] = k;
             mine[nmine++] = *s;
         }
-        plan_input in = {.budget = x->budget, .pair_hold_ms = pair_hold_ms, .rates = left, .nrates = nrates,
+        plan_input in = {.budget = x->budget, .pair_hold_ms = pair_hold_ms,
+                         .round_hold_ms = plan_round_hold_ms(x->last_compute_ms, pair_hold_ms), .rates = left, .nrates = nrates,
                          .models = x->models, .nmodels = x->nmodels, .samples = mine, .nsamples = nmine};
         plan_cycle(&in, &x->cycle);
         if (x->cycle.held_ms > 0 && (*held_ms <= 0 || x->cycle.held_ms < *held_ms)) *held_ms = x->cycle.held_ms;

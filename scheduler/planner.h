@@ -56,6 +56,8 @@ typedef struct {
 typedef struct {
     int budget;          /* the executor's token budget */
     int pair_hold_ms;    /* the longest a forward_backward waits for its optim_step (rule 5) */
+    int round_hold_ms;   /* the longest the other models' work waits with a held one (rule 5,
+                            a round together; plan_round_hold_ms); <= 0: pair_hold_ms */
     const plan_rate *rates;
     int nrates;
     plan_model *models;  /* the least recently served first: the order the tenants take turns in */
@@ -87,6 +89,7 @@ typedef struct {
     int64_t id;
     const char *base_model;
     int budget;
+    double last_compute_ms; /* its last cycle's compute (ms; <= 0: none yet): rule 5's round wait */
     plan_model *models;  /* the models placed on it with work queued, least recently served first */
     int nmodels;
     plan cycle;          /* out: its cycle (nops 0: none; plan_free it) */
@@ -96,6 +99,12 @@ typedef struct {
  * of the model's gaps between the two + 1 ms (pair_hold_ms when the gap is unknown, < 0),
  * never longer than pair_hold_ms. */
 double plan_pair_window_ms(double pair_gap_ms, int pair_hold_ms);
+
+/* How long rule 5 lets the other models' work wait with a held one, for an executor whose
+ * last cycle computed last_compute_ms: a tenth of that (at least 1 ms), so that gathering
+ * a round idles the executor at most about a tenth of its working time, and never longer
+ * than pair_hold_ms (which is also the wait before a first cycle, last_compute_ms <= 0). */
+int plan_round_hold_ms(double last_compute_ms, int pair_hold_ms);
 
 /* Decides the cycles of every idle executor of a pass at once, in the order given: each
  * executor's cycle as plan_cycle decides it from its own models and the samples it may run

@@ -10,9 +10,10 @@
 #define SQL_LISTEN_EXECUTORS "LISTEN " CHAN_EXECUTOR_READY
 
 /* The idle executors that are not draining, locked (a second scheduler skips them), the
- * most recently heard from first: a pass builds their cycles in one transaction (cycle.c). */
+ * most recently heard from first: a pass builds their cycles in one transaction (cycle.c).
+ * Their last cycle's compute in ms (-1: none yet) bounds rule 5's round wait (planner.c). */
 #define SQL_LOCK_IDLE_EXECUTORS \
-    "SELECT id, base_model, token_budget FROM executors" \
+    "SELECT id, base_model, token_budget, coalesce(last_compute_ms, -1) FROM executors" \
     " WHERE state = 'idle' AND NOT draining" \
     " ORDER BY heartbeat_at DESC FOR UPDATE SKIP LOCKED"
 /* $1 executor: the same for one executor (an executor's own pass, sched_build_cycle). Two
@@ -20,7 +21,7 @@
  * found that one's custom plans cheaper than its generic plan and planned it again at
  * every call (0.08-0.1 ms a pass, 2 of 11 loom_bench --parts statements runs). */
 #define SQL_LOCK_IDLE_EXECUTOR \
-    "SELECT id, base_model, token_budget FROM executors" \
+    "SELECT id, base_model, token_budget, coalesce(last_compute_ms, -1) FROM executors" \
     " WHERE id = $1::bigint AND state = 'idle' AND NOT draining FOR UPDATE SKIP LOCKED"
 
 /* $1 bigint[] executors, $2 text[] their base models, $3 limit, $4 bigint[] tenants held by

@@ -91,6 +91,8 @@ int main(void) {
     CHECK(scalar("SELECT count(*) FROM operations WHERE cycle_id = 7 AND state = 'done'") == 2,
           "both results are written");
     CHECK(scalar("SELECT count(*) FROM cycles WHERE id = 7 AND state = 'done'") == 1, "the cycle is done");
+    CHECK(scalar("SELECT count(*) FROM executors WHERE id = 1 AND state = 'idle' AND last_compute_ms = 500") == 1,
+          "the executor is idle, with its cycle's compute (0.5 s) as its last (rule 5's round wait reads it)");
 
     got = commit(8, 3, 4, err, sizeof err, state, sizeof state);
     CHECK(got == 1, "a cycle with an operation taken back: the results' statement fails, the rest do not run "

@@ -58,10 +58,12 @@ static void rate(int64_t tenant, int64_t left) { rates[nr++] = (plan_rate){tenan
 
 static plan P;
 
+static int round_hold; /* plan_input.round_hold_ms of decide (0: pair_hold_ms) */
+
 static int decide(int budget, int pair_hold_ms) {
     plan_free(&P);
-    plan_input in = {.budget = budget, .pair_hold_ms = pair_hold_ms, .rates = rates, .nrates = nr, .models = models,
-                     .nmodels = nm, .samples = samples, .nsamples = ns};
+    plan_input in = {.budget = budget, .pair_hold_ms = pair_hold_ms, .round_hold_ms = round_hold, .rates = rates,
+                     .nrates = nr, .models = models, .nmodels = nm, .samples = samples, .nsamples = ns};
     return plan_cycle(&in, &P);
 }
 
@@ -278,6 +280,28 @@ static void test_pairing(void) {
     a->ops[0].age_ms = 995;
     decide(1000, 1000);
     CHECK(P.nops == 0 && P.held_ms == 5, "but no longer than pair_hold_ms from its submit (%d ms left)", P.held_ms);
+    /* ... and no longer than round_hold_ms (a tenth of the executor's last cycle): then the
+     * cycle runs what is eligible, the held models staying held */
+    round_hold = 12;
+    a->ops[0].age_ms = 5;
+    decide(1000, 1000);
+    CHECK(P.nops == 0 && P.held_ms == 7, "a fresh step waits round_hold_ms at most from its submit (%d ms left)",
+          P.held_ms);
+    a->ops[0].age_ms = 12.5;
+    decide(1000, 1000);
+    CHECK(a->taken == 2 && P.nops == 2 && b->taken == 0 && c->taken == 0 && P.held_ms == 11,
+          "past round_hold_ms it runs, while b and c stay held for their steps (%d ops, %d ms)", P.nops, P.held_ms);
+    round_hold = 2000;
+    a->ops[0].age_ms = 995;
+    decide(1000, 1000);
+    CHECK(P.nops == 0 && P.held_ms == 5, "a round_hold_ms over pair_hold_ms waits pair_hold_ms (%d ms left)",
+          P.held_ms);
+    round_hold = 0;
+    CHECK(plan_round_hold_ms(-1, 100) == 100 && plan_round_hold_ms(0, 100) == 100 &&
+              plan_round_hold_ms(120, 100) == 12 && plan_round_hold_ms(121, 100) == 13 &&
+              plan_round_hold_ms(3, 100) == 1 && plan_round_hold_ms(5000, 100) == 100,
+          "the round wait: a tenth of the last cycle's compute, rounded up, within 1 .. pair_hold_ms; "
+          "pair_hold_ms before a first cycle");
     sample(3, 5);
     a->ops[0].age_ms = 1;
     decide(1000, 1000);

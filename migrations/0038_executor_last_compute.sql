@@ -1,0 +1,14 @@
+-- 0038: each executor's last cycle's compute time (docs/architecture.md, rule 5).
+--
+-- Rule 5 holds a round of many clients stepping in lockstep for one cycle: while one
+-- model's forward_backward waits for its optim_step, the other models' work waits with
+-- it. With the clients' turnaround spread over tens of milliseconds (32 clients, each
+-- fetching two results and sending two requests) that wait idled the executor for the
+-- whole spread, every round: on the CPU backend a round of 32 tenants computed ~120 ms and
+-- waited ~50-75 ms before it (loom_bench --parts tenants: 68 % of one tenant's tokens/s).
+-- The wait is now bounded by a tenth of the executor's last cycle's compute, which the
+-- cycle's end writes here and every pass reads with the idle executors, so that an idle
+-- executor spends at most about a tenth of its working time gathering a round (on a GPU,
+-- whose round takes far longer than the clients' turnaround, the bound still covers it).
+-- NULL: no cycle yet (the wait is --pair-hold-ms, as before).
+ALTER TABLE executors ADD COLUMN last_compute_ms real;
