@@ -240,9 +240,15 @@ int plan_pass(plan_executor *exes, int nexes, const plan_sample *samples, int ns
             mine_at[nmine] = k;
             mine[nmine++] = *s;
         }
-        plan_input in = {.budget = x->budget, .pair_hold_ms = pair_hold_ms,
-                         .round_hold_ms = plan_round_hold_ms(x->last_compute_ms, pair_hold_ms), .rates = left, .nrates = nrates,
-                         .models = x->models, .nmodels = x->nmodels, .samples = mine, .nsamples = nmine};
+        plan_input in = {.budget = x->budget,
+                         .pair_hold_ms = pair_hold_ms,
+                         .round_hold_ms = plan_round_hold_ms(x->last_compute_ms, pair_hold_ms),
+                         .rates = left,
+                         .nrates = nrates,
+                         .models = x->models,
+                         .nmodels = x->nmodels,
+                         .samples = mine,
+                         .nsamples = nmine};
         plan_cycle(&in, &x->cycle);
         if (x->cycle.held_ms > 0 && (*held_ms <= 0 || x->cycle.held_ms < *held_ms)) *held_ms = x->cycle.held_ms;
         total += x->cycle.nops;
