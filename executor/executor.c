@@ -80,9 +80,6 @@ static bool listening(PGconn *c) { return g_listen_pid && g_listen_pid == PQback
 /* The scheduler's options for the cycles it builds itself (run_own_cycle): --lease-s and
  * --pair-hold-ms, as the scheduler's (SCHED_CLAIM_OPTS). */
 static sched_opts g_claim = {.lease_s = 300, .max_models = 256, .pair_hold_ms = 100};
-/* The last cycle's compute (ms; 0: none yet), as committed to executors.last_compute_ms:
- * rule 5's round wait in the own passes from hints (sched_build_own_hinted). */
-static double g_last_compute_ms;
 /* --gather-ms (shared with the scheduler): a hint waits this long before the own pass, so
  * that work submitted together (several tenants at once) shares the cycle, as the
  * scheduler's passes wait after a wake-up */
@@ -463,7 +460,6 @@ static bool commit_with_retries(exe_state *st, PGconn *c, int64_t cycle, exe_op 
         }
         int rc = commit_cycle(c, st, cycle, ops, n, snaps, compute_s, err, sizeof err);
         if (rc == 0) {
-            g_last_compute_ms = compute_s * 1000; /* as the commit wrote it to this executor's row */
             if (attempt) log_info("cycle %lld: committed at try %d", (long long)cycle, attempt + 1);
             return true;
         }
@@ -584,7 +580,6 @@ static int run_own_cycle(exe_state *st, PGconn *c, const sched_hint *hint, int n
     sched_opts o = g_claim;
     o.first = first, o.nfirst = 2, o.start = &start, o.start_bin = &start_bin, o.started = &started;
     o.only_base = st->base_model;
-    o.last_compute_ms = g_last_compute_ms;
     *held_ms = 0;
     int claimed = -2;
     if (nhint > 0) {

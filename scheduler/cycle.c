@@ -359,8 +359,9 @@ int sched_build_own_hinted(PGconn *c, int64_t executor, const char *base_model, 
     const sched_hint *last = &h[n - 1];
     plan_model m = {.id = h[0].model, .tenant = h[0].tenant, .next_seq = h[0].seq, .ops = ops, .nops = n,
                     .pair_p = last->pair_p, .pair_gap_ms = last->pair_gap_ms, .tail_fb_ms = last->tail_fb_ms};
-    plan_executor x = {.id = executor, .base_model = base_model, .budget = budget, .models = &m, .nmodels = 1,
-                       .last_compute_ms = o->last_compute_ms};
+    /* one model: rule 5's round wait (other models' work waiting with a held one, bounded
+     * by the executor's last cycle, executors.last_compute_ms) has nothing to hold here */
+    plan_executor x = {.id = executor, .base_model = base_model, .budget = budget, .models = &m, .nmodels = 1};
     int held_ms = 0, nops = plan_pass(&x, 1, NULL, 0, NULL, 0, o->pair_hold_ms, &held_ms);
     if (held && held_ms > 0 && (*held <= 0 || held_ms < *held)) *held = held_ms;
     if (nops == 0) {

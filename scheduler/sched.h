@@ -33,10 +33,6 @@ typedef struct {
      * executor: its models, samples and operations are read in the round trip that locks
      * it (two round trips in all instead of four). NULL: read after the lock. */
     const char *only_base;
-    /* sched_build_own_hinted: the executor's last cycle's compute in ms (<= 0: none yet),
-     * for rule 5's round wait (the passes that read the executor read it from its row,
-     * executors.last_compute_ms) */
-    double last_compute_ms;
 } sched_opts;
 #define SCHED_MAX_FIRST 4
 

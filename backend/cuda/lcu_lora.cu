@@ -112,6 +112,14 @@ int lcu_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out
     return rc;
 }
 
+/* The largest rank of the segments (0: none). */
+static int lcu_lora_max_rank(const lcu_lora_seg *segs, int nseg)
+{
+    int r = 0;
+    for (int i = 0; i < nseg; i++) r = segs[i].rank > r ? segs[i].rank : r;
+    return r;
+}
+
 int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
                        long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
@@ -124,13 +132,13 @@ int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, c
         if (rc) return rc;
         v3 &= !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
     }
-    for (int m = 0; m < nmod; m++) /* the modules' z columns apart */
+    for (int m = 0; m < nmod; m++) { /* the modules' z columns apart */
+        int rm = lcu_lora_max_rank(mods[m].segs, mods[m].nseg);
         for (int q = 0; q < m; q++) {
-            int rm = 0, rq = 0;
-            for (int i = 0; i < mods[m].nseg; i++) rm = mods[m].segs[i].rank > rm ? mods[m].segs[i].rank : rm;
-            for (int i = 0; i < mods[q].nseg; i++) rq = mods[q].segs[i].rank > rq ? mods[q].segs[i].rank : rq;
+            int rq = lcu_lora_max_rank(mods[q].segs, mods[q].nseg);
             if (rm && rq && mods[m].zcol < mods[q].zcol + rq && mods[q].zcol < mods[m].zcol + rm) return LCU_EINVAL;
         }
+    }
     if (v3) return lcu_sgmv3_lora_fwd_multi(c, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
     /* one module after another, each through z's first columns (as a call of its own: the
      * same pointers, so the same cuBLASLt algorithms) */

@@ -405,10 +405,15 @@ static side open_with(const pair *p, const char *var, const char *value)
 
 /* ... with the switch `var` flipped: on_default, whether it is on when unset (LCU_KEEP_ACT,
  * LCU_DECODE_GRAPH) or off; *on_here: whether it is on in the first. */
-static side open_flipped(const pair *p, const char *var, bool on_default, bool *on_here)
+static bool switch_on(const char *var, bool on_default)
 {
     const char *was = getenv(var);
-    *on_here = was && *was ? strcmp(was, "0") != 0 : on_default;
+    return was && *was ? strcmp(was, "0") != 0 : on_default;
+}
+
+static side open_flipped(const pair *p, const char *var, bool on_default, bool *on_here)
+{
+    *on_here = switch_on(var, on_default);
     return open_with(p, var, *on_here ? "0" : "1");
 }
 
@@ -936,8 +941,7 @@ static void check_decode_fuse(pair *p, const sreq *q)
  * check_sampling's. */
 static void check_decode_attn(pair *p, const sreq *q)
 {
-    const char *was = getenv("LCU_DECODE_ATTN");
-    bool on_here = !was || !*was || strcmp(was, "0") != 0;
+    bool on_here = switch_on("LCU_DECODE_ATTN", true);
     double worst = sample_vs_forward(p, q, "LCU_DECODE_ATTN", on_here ? "0" : "1");
     gt_check(worst <= 2e-2, "%s: LCU_DECODE_ATTN=%s (%s): sampled vs forward log-probs max |d| %.2e", p->name,
              on_here ? "0" : "1", on_here ? "attention version 1's kernel" : "the decode's own attention kernel", worst);
