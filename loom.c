@@ -1,4 +1,5 @@
 /* loom.c: the one `loom` binary; each subcommand is a process role or an admin tool. */
+#include "common/db.h"
 #include "common/log.h"
 #include "executor/executor.h"
 #include "model/mkmodel.h"
@@ -93,5 +94,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     log_init(c->name);
+    /* pg_stat_activity's application_name: "loom executor", "loom adapter gc" (a second
+     * word only when it is a subcommand's: lower-case letters, not a path or a value) */
+    const char *sub = argc > 2 ? argv[2] : "";
+    size_t n = strspn(sub, "abcdefghijklmnopqrstuvwxyz-");
+    if (n == 0 || n > 16 || sub[n] || sub[0] == '-') sub = "";
+    char app[64];
+    snprintf(app, sizeof app, "loom %s%s%s", c->name, *sub ? " " : "", sub);
+    db_set_app_name(app);
     return c->main(argc - 1, argv + 1);
 }

@@ -1,5 +1,5 @@
 """The whole stack's figures: a fresh `loom up` (its own PostgreSQL, the tiny
-model, the CPU backend) driven over HTTP like the SDK drives it. Prints figures; never
+model, the CPU backend or --backend sim) driven over HTTP like the SDK drives it. Prints figures; never
 passes or fails.
 
   latency     submit -> result of a lone forward_backward (1 datum of 8 tokens), p50/p99,
@@ -25,7 +25,7 @@ passes or fails.
 The client speaks as SDK 0.25 and later do (protobuf forward_backward bodies and results);
 `--wire json` as SDK 0.16-0.24 do by default (JSON both ways).
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--wire proto|json] [--parts latency,throughput,tenants,durability,statements,history]
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--backend cpu|sim] [--wire proto|json] [--parts latency,throughput,tenants,durability,statements,history]
 """
 import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
@@ -182,6 +182,50 @@ def stack_ticks(s):
     return n
 
 
+def stack_parts(s):
+    """CPU ticks of the stack's processes by part: a loom process by its command ("loom
+    api"), a PostgreSQL backend by whose connection it is (its application_name, which
+    every loom process sets: "loom api" -> "loom api's PostgreSQL"), PostgreSQL's own
+    processes together. What exited children left in their parent's cutime counts with
+    the parent. {part: ticks}"""
+    names = {}
+    for line in s.psql("SELECT pid, coalesce(application_name, ''), backend_type FROM pg_stat_activity").splitlines():
+        pid, app, kind = line.split("|", 2)
+        names[int(pid)] = (app.split(" executor ")[0] + " executor" if " executor " in app else app or "other") \
+            + "'s PostgreSQL" if kind == "client backend" else "PostgreSQL's own processes"
+    stats = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        st = proc_stat(p)
+        if st:
+            stats[int(p)] = (st[0], st[1] + st[2])
+    pg_root = None
+    try:
+        pg_root = int(open(os.path.join(s.dir, "pg", "postmaster.pid")).readline())
+    except (OSError, ValueError):
+        pass
+    kids = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo, seen = {}, [(s.proc.pid, None), (pg_root, "PostgreSQL's own processes")], set()
+    while todo:
+        p, part = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        if p in names:
+            part = names[p]
+        elif part is None or part.startswith("loom "):
+            try:
+                argv = open(f"/proc/{p}/cmdline").read().split("\0")
+                part = "loom " + argv[1] if len(argv) > 1 and argv[1] and not argv[1].startswith("-") else part
+            except OSError:
+                pass
+        part = part or "other"
+        out[part] = out.get(part, 0) + stats[p][1]
+        todo += [(k, part) for k in kids.get(p, [])]
+    return out
+
+
 def latency(s, n=300):
     c = Conn(s.url, s.key)
     sid = c.post("/api/v1/create_session", {})["session_id"]
@@ -189,6 +233,7 @@ def latency(s, n=300):
     for k in range(20):   # warm-up: buffers, the model's learned pattern (no optim_step follows)
         c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
     seq, samples = 21, []
+    parts0 = stack_parts(s)
     cpu0 = stack_ticks(s)
     for k in range(n):
         t0 = time.time()
@@ -197,6 +242,8 @@ def latency(s, n=300):
         samples.append((rid, t0, time.time()))
         seq += 1
     cpu_op = (stack_ticks(s) - cpu0) / HZ / n
+    parts1 = stack_parts(s)
+    by_part = {k: (v - parts0.get(k, 0)) / HZ / n for k, v in parts1.items()}
     times = op_times(s, [r for r, _, _ in samples])
     parts = {"total": [], "api": [], "queue": [], "dispatch": [], "execution": [], "commit+notify": [],
              "overhead": []}
@@ -216,8 +263,14 @@ def latency(s, n=300):
     ov = pct(parts["overhead"], 50) * 1000
     print(f"  overhead beyond compute p50 {ov:.2f} ms   (goal <= 2 ms: {'met' if ov <= 2 else 'NOT met'})")
     cmp = statistics.mean(parts["execution"]) * 1000
+    # the sim backend's compute is a sleep (a GPU's time, off the CPU): none of the CPU is it
+    cpu_cmp = 0.0 if os.environ.get("LOOM_TEST_BACKEND") == "sim" else cmp
     print(f"  CPU of all processes per operation {1000 * cpu_op:.2f} ms for {cmp:.2f} ms of compute"
-          f"   (goal <= 1 ms beyond compute: {'met' if 1000 * cpu_op - cmp <= 1 else 'NOT met'})")
+          f"{' (a sleep: none of the CPU is compute)' if cpu_cmp == 0 else ''}"
+          f"   (goal <= 1 ms beyond compute: {'met' if 1000 * cpu_op - cpu_cmp <= 1 else 'NOT met'})")
+    print("    by part, ms per operation: " + ", ".join(
+        f"{k} {1000 * v:.2f}" for k, v in sorted(by_part.items(), key=lambda kv: -kv[1]) if 1000 * v >= 0.005)
+        + "  (the executor's includes the compute; the client's own is not counted)")
     # forward_backward + optim_step back to back
     mid2 = c.model(sid, 1)
     steps, seq, cyc = [], 1, []
@@ -321,10 +374,11 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32, reps=5
         wall = time.time() - t0
         times = op_times(s, rids)
         cyc = sorted({v[5] for v in times.values()})
-        busy = float(s.psql("SELECT sum(extract(epoch FROM finished_at - started_at)) FROM cycles WHERE id IN ("
-                            + ",".join(map(str, cyc)) + ")"))
+        busy, comp = map(float, s.psql("SELECT sum(extract(epoch FROM finished_at - started_at)), sum(compute_s)"
+                                       " FROM cycles WHERE id IN (" + ",".join(map(str, cyc)) + ")").split("|"))
         tok = T * datums * tokens * rounds
-        return {"datums": datums, "rate": tok / wall, "erate": tok / busy, "cycles": len(cyc) / rounds, "lat": lat}
+        return {"datums": datums, "rate": tok / wall, "erate": tok / busy, "cycles": len(cyc) / rounds, "lat": lat,
+                "round": [1000 * comp / rounds, 1000 * (busy - comp) / rounds, 1000 * (wall - busy) / rounds]}
 
     # A first, unmeasured pass of one tenant: the stack's first steps (buffers growing,
     # statements being prepared, pages faulted in) would otherwise count against the
@@ -345,6 +399,10 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32, reps=5
               f" executor {med(r['erate'] for r in rs):8.0f} tokens/s busy, {100 * med(eratio):5.1f}%),"
               f" {med(r['cycles'] for r in rs):5.2f} cycles per round ({med(r['cycles'] for r in rs) / T:.2f} per step),"
               f" step latency p50 {ms(pct(lat, 50))} p99 {ms(pct(lat, 99))} ms")
+        rd = [med(r["round"][i] for r in rs) for i in range(3)]
+        print(f"      a round: the executor computes {rd[0]:.1f} ms, spends {rd[1]:.1f} ms more in its cycles (reading"
+              f" payloads, writing results, committing) and waits {rd[2]:.1f} ms between them (the clients' turnaround,"
+              " the queue)")
     r32 = [r["rate"] / b["rate"] for r, b in zip(runs[counts[-1]], runs[counts[0]])]
     print(f"  {counts[-1]} tenants: {100 * med(r32):.1f}% of one tenant's tokens/s   (goal >= 90%: {'met' if med(r32) >= 0.9 else 'NOT met'};"
           " the clients run on the same machine: their own work, 4 requests per step, is in the wall-clock figure)")
@@ -568,14 +626,22 @@ def main():
     ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
     ap.add_argument("--parts", default="latency,throughput,tenants,durability")
     ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
+    ap.add_argument("--backend", default=os.environ.get("LOOM_TEST_BACKEND") or "cpu",
+                    help="the executor's backend: cpu (the default; the compute shares the machine's cores with"
+                         " everything else), or sim (a modelled H100 on Qwen3-8B whose time is a sleep, as a GPU's"
+                         " is spent off the CPU; LOOM_SIM_SCALE scales it)")
     ap.add_argument("--wire", choices=["proto", "json"], default="proto",
                     help="the client's wire format: proto as SDK 0.25 and later (the default), json as SDK 0.16-0.24")
     a = ap.parse_args()
     global WIRE
     WIRE = a.wire
     stack.LOOM_BIN = a.loom
+    os.environ["LOOM_TEST_BACKEND"] = a.backend   # tests/lib/stack.py's `loom up --backend`
     parts = a.parts.split(",")
-    print(f"machine: {os.cpu_count()} CPUs; loom up (CPU backend, tiny Llama), its own PostgreSQL; the client speaks"
+    be = ("the CPU backend" if a.backend == "cpu" else
+          f"the sim backend (a modelled H100, Qwen3-8B, times x {os.environ.get('LOOM_SIM_SCALE', '1')})"
+          if a.backend == "sim" else f"the {a.backend} backend")
+    print(f"machine: {os.cpu_count()} CPUs; loom up ({be}, tiny Llama), its own PostgreSQL; the client speaks"
           f" {'protobuf as SDK 0.25 and later' if WIRE == 'proto' else 'JSON as SDK 0.16-0.24'} (--wire)")
     # history starts stacks of its own: no shared one for it alone
     with stack.Stack(a.loom_arg) if {"latency", "throughput", "tenants"} & set(parts) else contextlib.nullcontext() as s:

@@ -99,10 +99,17 @@ static void note_up(const char *where) {
 
 static void forget_session(const PGconn *c);
 
+static char g_app_name[64];   /* db_set_app_name: fixed before any thread connects */
+
+void db_set_app_name(const char *name) { snprintf(g_app_name, sizeof g_app_name, "%s", name ? name : ""); }
+
 /* connect_timeout before dbname: a conninfo that sets its own overrides it. Without one,
- * libpq waits for an unreachable host as long as TCP does (minutes). */
+ * libpq waits for an unreachable host as long as TCP does (minutes). The process's name
+ * (db_set_app_name) is the fallback application_name: pg_stat_activity tells Loom's
+ * processes apart, and a conninfo or a connection's own SET names it more closely. */
 static PGconn *connect_once(const char *conninfo) {
-    const char *const kw[] = {"connect_timeout", "dbname", NULL}, *const val[] = {"10", conninfo, NULL};
+    const char *const kw[] = {"connect_timeout", "fallback_application_name", "dbname", NULL},
+                      *const val[] = {"10", g_app_name, conninfo, NULL};   /* "": none */
     return PQconnectdbParams(kw, val, 1);
 }
 

@@ -15,6 +15,11 @@
  * wait ends early, with NULL, once the flag of db_set_stop_flag is set (SIGTERM). */
 PGconn *db_connect(const char *conninfo, int wait_ms, char *err, size_t errlen);
 
+/* The name every later connection of this process gives PostgreSQL unless its conninfo
+ * or its own SET names it (fallback_application_name; pg_stat_activity shows it): "loom
+ * scheduler", "loom api", ... (loom.c sets it from the command). */
+void db_set_app_name(const char *name);
+
 /* One attempt, said nowhere: for a probe whose failure is an answer (is a server
  * running here?), not an outage. */
 PGconn *db_probe(const char *conninfo, char *err, size_t errlen);

@@ -491,7 +491,7 @@ static void *fold_thread(void *arg) {
         if (!db || PQstatus(db) != CONNECTION_OK) {
             if (db) PQfinish(db);
             if (!(db = db_connect(conninfo, 0, err, sizeof err))) continue;
-            db_exec(db, "SET application_name = 'loom-api metrics'", 0, NULL, err, sizeof err);
+            db_exec(db, "SET application_name = 'loom api metrics'", 0, NULL, err, sizeof err);
         }
         PGresult *r = db_query(db, SQL_M_FOLD, 0, NULL, err, sizeof err);
         if (r) PQclear(r);

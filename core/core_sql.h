@@ -22,7 +22,7 @@
 /* ---- worker connections (api_pool.c) -------------------------------------------------- */
 /* A stuck lock must not hold a worker forever; the client retries a 503. */
 #define SQL_WORKER_TIMEOUT "SET statement_timeout = '30s'"
-#define SQL_WORKER_NAME "SET application_name = 'loom-api'"
+#define SQL_WORKER_NAME "SET application_name = 'loom api'"
 
 /* ---- GET /metrics, from PostgreSQL (api_metrics.c) ------------------------------------ */
 /* Queue depth by state, kind and base model, zeros included so that series do not

@@ -211,6 +211,11 @@ def check_with_stack(R):
     with Stack() as s, tempfile.TemporaryDirectory() as d:
         env = dict(ENV, DATABASE_URL=s.db)
         dd = ["--data-dir", s.dir]
+        names = s.psql("SELECT DISTINCT application_name FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                       " AND application_name LIKE 'loom %' ORDER BY 1").splitlines()
+        R.check({"loom api", "loom scheduler", "loom executor", "loom up"} <= set(names)
+                and any(re.fullmatch(r"loom executor \d+", n) for n in names),
+                f"every loom process names its PostgreSQL connections (pg_stat_activity): {names}")
         p = loom("key", "create", "--tenant", "nobody", *dd, env=env)
         R.check(p.returncode == 1 and "unknown tenant 'nobody'" in p.stderr, f"key create --tenant nobody {p.stderr}")
         R.check(s.psql("SELECT count(*) FROM tenants WHERE name = 'nobody'") == "0", "... and creates no tenant")
