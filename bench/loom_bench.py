@@ -367,18 +367,21 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32, reps=5
         ts = [threading.Thread(target=tenant, args=(i,)) for i in range(T)]
         for t in ts:
             t.start()
+        cpu0 = stack_parts(s)
         ready.wait()
         t0 = time.time()
         for t in ts:
             t.join()
         wall = time.time() - t0
+        cpu = {k: (v - cpu0.get(k, 0)) / HZ * 1000 / rounds for k, v in stack_parts(s).items()}
         times = op_times(s, rids)
         cyc = sorted({v[5] for v in times.values()})
         busy, comp = map(float, s.psql("SELECT sum(extract(epoch FROM finished_at - started_at)), sum(compute_s)"
                                        " FROM cycles WHERE id IN (" + ",".join(map(str, cyc)) + ")").split("|"))
         tok = T * datums * tokens * rounds
         return {"datums": datums, "rate": tok / wall, "erate": tok / busy, "cycles": len(cyc) / rounds, "lat": lat,
-                "round": [1000 * comp / rounds, 1000 * (busy - comp) / rounds, 1000 * (wall - busy) / rounds]}
+                "round": [1000 * comp / rounds, 1000 * (busy - comp) / rounds, 1000 * (wall - busy) / rounds],
+                "cpu": cpu}
 
     # A first, unmeasured pass of one tenant: the stack's first steps (buffers growing,
     # statements being prepared, pages faulted in) would otherwise count against the
@@ -403,6 +406,9 @@ def tenants(s, counts=(1, 8, 32), round_tokens=8192, rounds=6, tokens=32, reps=5
         print(f"      a round: the executor computes {rd[0]:.1f} ms, spends {rd[1]:.1f} ms more in its cycles (reading"
               f" payloads, writing results, committing) and waits {rd[2]:.1f} ms between them (the clients' turnaround,"
               " the queue)")
+        names = sorted({k for r in rs for k in r["cpu"]}, key=lambda k: -med(r["cpu"].get(k, 0) for r in rs))
+        print("      the stack's CPU a round, ms: " + ", ".join(
+            f"{k} {med(r['cpu'].get(k, 0) for r in rs):.1f}" for k in names if med(r["cpu"].get(k, 0) for r in rs) >= 0.05))
     r32 = [r["rate"] / b["rate"] for r, b in zip(runs[counts[-1]], runs[counts[0]])]
     print(f"  {counts[-1]} tenants: {100 * med(r32):.1f}% of one tenant's tokens/s   (goal >= 90%: {'met' if med(r32) >= 0.9 else 'NOT met'};"
           " the clients run on the same machine: their own work, 4 requests per step, is in the wall-clock figure)")

@@ -14,7 +14,7 @@
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds, const char *claim) {
+void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, exe_cycle_times t, const char *claim) {
     if (!log_enabled(LOG_INFO_)) return;
     strbuf tenants, models, losses;
     sb_init(&tenants, 64);
@@ -58,11 +58,16 @@ void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds, cons
         if (has_loss) sb_printf(&losses, "%s%s=%.6g", losses.len ? "," : "", ops[i].model_id, loss);
     }
     if (more) sb_printf(&models, ",+%d more", more);
-    log_field f[10];
+    log_field f[13];
     size_t k = 0;
+#define TENTHS_MS(s) ((double)(long long)((s) * 1e4) / 10)
     f[k++] = LOG_N("cycle", cycle);
     f[k++] = LOG_S("claim", claim);
-    f[k++] = LOG_N("ms", (double)(long long)(seconds * 1e4) / 10);
+    f[k++] = LOG_N("ms", TENTHS_MS(t.total));
+    f[k++] = LOG_N("start_ms", TENTHS_MS(t.start));
+    f[k++] = LOG_N("compute_ms", TENTHS_MS(t.compute));
+    f[k++] = LOG_N("commit_ms", TENTHS_MS(t.commit));
+#undef TENTHS_MS
     f[k++] = LOG_N("ops", n);
     f[k++] = LOG_N("failed", failed);
     f[k++] = LOG_N("tokens", tokens);

@@ -13,7 +13,13 @@
  * (loss:sum of their forward_backward operations), and who claimed it (claim: "scheduler";
  * "own", the executor's own pass; "hint", planned from a submit's hint and claimed in one
  * round trip). Everything from the operations as the cycle's start read them: no query. */
-void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, double seconds, const char *claim);
+/* A cycle's seconds: in all, from setting out to start it (its claim, when the executor's
+ * own) until its operations were read; its own work (restore, compute); its results
+ * encoded, written and committed. */
+typedef struct {
+    double total, start, compute, commit;
+} exe_cycle_times;
+void exe_log_cycle(int64_t cycle, const exe_op *ops, int n, exe_cycle_times t, const char *claim);
 
 /* One GPU as NVML sees it. */
 typedef struct exe_gpu exe_gpu;

@@ -383,7 +383,7 @@ static void free_ops(exe_op *ops, int n) {
 /* The compute of a cycle: every op ends with a result or an error. */
 static void run_ops(exe_state *st, exe_op *ops, int n) {
     /* 1. new adapters; 2. packed forward_backward, then packed forward; 3. optimizer steps. */
-    exe_op **fb = calloc(n ? n : 1, sizeof *fb), **fwd = calloc(n ? n : 1, sizeof *fwd);
+    exe_op **fb = calloc(n > 0 ? (size_t)n : 1, sizeof *fb), **fwd = calloc(n > 0 ? (size_t)n : 1, sizeof *fwd);
     int nfb = 0, nfwd = 0;
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
@@ -394,7 +394,7 @@ static void run_ops(exe_state *st, exe_op *ops, int n) {
     }
     exe_run_fb_batch(st, fb, nfb, true);
     exe_run_fb_batch(st, fwd, nfwd, false);
-    exe_op **samples = calloc(n ? n : 1, sizeof *samples);
+    exe_op **samples = calloc(n > 0 ? (size_t)n : 1, sizeof *samples);
     int nsamples = 0;
     for (int i = 0; i < n; i++) {
         exe_op *op = &ops[i];
@@ -620,7 +620,8 @@ static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, in
     exe_snap_set *snaps = exe_snapshots_before_commit(st, ops, n);
     exit_if_fenced("before committing a cycle");
 
-    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps, clock_mono_s() - tc);
+    double tk = clock_mono_s();   /* the commit (results encoded, written, committed) starts */
+    bool committed = commit_with_retries(st, c, cycle, ops, n, snaps, tk - tc);
     exe_snapshots_done(st, snaps, committed);
     if (!committed) {
         log_error("cycle %s was not committed: the reaper requeues its operations; the models' copies here are "
@@ -630,7 +631,8 @@ static void run_started(exe_state *st, PGconn *c, int64_t cycle, exe_op *ops, in
         return;
     }
     exe_snapshots_after_commit(st, ops, n);
-    exe_log_cycle(cycle, ops, n, clock_mono_s() - t0, claim);
+    double te = clock_mono_s();
+    exe_log_cycle(cycle, ops, n, (exe_cycle_times){te - t0, tc - t0, tk - tc, te - tk}, claim);
     free_ops(ops, n);
 }
 

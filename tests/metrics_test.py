@@ -288,6 +288,11 @@ def main():
         cyc_lines = [l for l in log.splitlines() if "executor[" in l and "cycle done" in l and f"models={mid}" in l
                      and "tenants=default(" in l]
         R.check(any(f'losses="{mid}=' in l for l in cyc_lines), f"cycle lines name tenant, model and loss ({len(cyc_lines)})")
+        split = [tuple(float(v) for v in m.groups()) for l in cyc_lines for m in
+                 [re.search(r" ms=([\d.]+) start_ms=([\d.]+) compute_ms=([\d.]+) commit_ms=([\d.]+) ", l)] if m]
+        R.check(split and len(split) == len(cyc_lines) and all(t > 0 and a >= 0 and b >= 0 and c > 0
+                                                               and abs(a + b + c - t) <= 0.35 for t, a, b, c in split),
+                f"cycle lines split their time: start + compute + commit = ms, to the rounding ({split[:3]})")
 
         # LOOM_LOG_LEVEL=warn: no 2xx access lines
         env = dict(os.environ, LOOM_LOG_LEVEL="warn")

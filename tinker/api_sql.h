@@ -164,7 +164,12 @@
  * it expired since the model check; nothing inserted), the request_id (NULL: (model,
  * seq_id) was taken). A model placed on an executor that is idle wakes that executor
  * (CYCLE_HINT_QUEUED on its channel), which builds its own cycle without a scheduler
- * round trip; any other the scheduler. A forward_backward of a model that usually sends
+ * round trip. A busy one (not listening: nothing is delivered) looks for waiting work
+ * itself when its cycle commits (SQL_EXE_WORK_WAITS), and a scheduler's pass could not
+ * give it any before: the hint goes to its channel too, and reaches it when its commit
+ * (idle and listening from then) came between this submit's look and its commit, the one
+ * case its own look misses. A model placed nowhere, or on a draining or gone executor,
+ * wakes the scheduler (placement). A forward_backward of a model that usually sends
  * its optim_step right after (pair_p, rule 5) tells the executor so (CYCLE_HINT_PAIR with
  * the model's gap), which holds it for the step, as the scheduler would, without a pass:
  * the step's submit wakes it, and it claims both, or it looks when the hold ends and
@@ -190,7 +195,7 @@
     " RETURNING request_id, id, seq_id, n_tokens, tenant_id, model_id, kind, created_at)"   \
     " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
     " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"    \
-    "   JOIN executors e ON e.id = src.executor_id WHERE e.state = 'idle' AND NOT e.draining)," \
+    "   JOIN executors e ON e.id = src.executor_id WHERE e.state <> 'gone' AND NOT e.draining)," \
     "   '" CHAN_OP_QUEUED "'), (SELECT concat_ws(' ', CASE WHEN ins.kind = '" OP_FORWARD_BACKWARD "'" \
     "   AND src.pair_p > 0.5 THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3)" \
     "   ELSE '" CYCLE_HINT_QUEUED "' END, ins.id, ins.seq_id, src.next_seq, ins.n_tokens,"     \
