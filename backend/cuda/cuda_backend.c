@@ -51,6 +51,11 @@ static void cu_destroy(void *ctx)
     cu_weights_free(&c->w);
     lcu_cudnn_destroy(c->dnn);
     lcu_ctx_destroy(c->lcu);
+    if (c->side) cudaStreamSynchronize(c->side);
+    if (c->lcu_side) lcu_ctx_destroy(c->lcu_side);
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    if (c->side_join) cudaEventDestroy(c->side_join);
+    if (c->side) cudaStreamDestroy(c->side);
     for (int i = 0; i < 4; i++)
         if (c->dprof_ev[i]) cudaEventDestroy(c->dprof_ev[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -185,8 +190,18 @@ static void *cu_create(const model_files *m, const be_backend_opts *o, char *err
         return NULL;
     }
     rc = lcu_ctx_create(&c->lcu, 0);
+    /* LCU_DECODE_SIDE=1: a decode layer's LoRA shrinks beside its base GEMM (off unless set:
+     * written without a GPU, for a window to measure: bench/cuda/NOTES.md) */
+    const char *ds = getenv("LCU_DECODE_SIDE");
+    if (!rc && ds && *ds && strcmp(ds, "0") != 0) {
+        rc = (int)cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
+        if (!rc) rc = lcu_ctx_create(&c->lcu_side, 0);
+        if (!rc) rc = (int)cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming);
+        if (!rc) rc = (int)cudaEventCreateWithFlags(&c->side_join, cudaEventDisableTiming);
+    }
     if (rc) {
-        err_set(err, errlen, "cuda:%d: cuBLASLt: %s", c->device, lcu_strerror(rc));
+        err_set(err, errlen, "cuda:%d: cuBLASLt%s: %s", c->device, c->lcu ? " (LCU_DECODE_SIDE's stream and context)" : "",
+                lcu_strerror(rc));
         cu_destroy(c);
         return NULL;
     }

@@ -84,6 +84,7 @@ int cu_begin(cu_ctx *c, char *err, size_t errlen)
      * (cuda_ctx.h, cu_buf): this call must not rewrite them before that work is done. After
      * a call that succeeded the stream is idle already, and this costs microseconds. */
     if (!rc) rc = (int)cudaStreamSynchronize(c->stream);
+    if (!rc && c->side) rc = (int)cudaStreamSynchronize(c->side); /* LCU_DECODE_SIDE's shrinks write z */
     if (rc) {
         snprintf(c->errmsg, sizeof c->errmsg, "cuda:%d: starting a call: %s", c->device, lcu_strerror(rc));
         if (cu_sticky(rc)) c->failed = true;

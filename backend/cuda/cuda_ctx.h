@@ -257,6 +257,12 @@ typedef struct {
                                        first and the base GEMM adds into it */
     bool dattn;                     /* LCU_DECODE_ATTN (unless 0): decode passes' attention
                                        through lcu_attn_decode_fwd */
+    /* LCU_DECODE_SIDE=1: a decode layer's LoRA shrinks (version 3) on a second stream with
+     * its own cuBLASLt context, beside the base GEMM (cuda_layer.c, cl_side_fork); created
+     * when the context opens with the switch on (side NULL: off) */
+    cudaStream_t side;
+    lcu_ctx *lcu_side;
+    cudaEvent_t side_fork, side_join;
     cudaGraphExec_t dgraph;
     uint64_t dgraph_sig;            /* the shape (cs_sig) of dgraph, or of the passes so far */
     int dgraph_seen;                /* passes of that shape run eagerly */

@@ -75,6 +75,37 @@ static int cl_lora_fwd(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int
     return 0;
 }
 
+/* LCU_DECODE_SIDE (c->side; decode passes, not under the per-operation profile, whose
+ * events between operations on c->stream are what it measures): a projection's LoRA
+ * shrinks (z = x Aᵀ, where version 3 takes every module: several adapters) run on c->side,
+ * with c->lcu_side (its own cuBLASLt workspace and split-K scratch), beside the base GEMM
+ * on c->stream; the expands follow the GEMM on c->stream once the shrinks are done. A
+ * decode GEMM of 32 rows keeps a few dozen of the SMs busy, and the shrinks' launches and
+ * latency were on the step's critical path (bench/cuda/NOTES.md, "Where the next speed
+ * is"). The same kernels with the same arguments in the same order on each stream as
+ * lcu_lora_fwd_multi after the GEMM: the same bits. The fork waits for everything queued on
+ * c->stream so far, the previous projection's expands (they read z) included; a decode
+ * graph captures the fork and the join as two branches. */
+static bool cl_side_on(const cu_ctx *c) { return c->side && c->kv_mode == CU_KV_DECODE && !c->dops; }
+
+static int cl_side_fork(cu_ctx *c, const lcu_lora_mod *lm, int nmod, int in, const lcu_bf16 *x, float *y, long ldy)
+{
+    CU_TRY(c, cudaEventRecord(c->side_fork, c->stream));
+    CU_TRY(c, cudaStreamWaitEvent(c->side, c->side_fork, 0));
+    CU_TRY(c, lcu_lora_fwd_multi_part(c->lcu_side, true, lm, nmod, in, x, in, y, ldy, c->a.z, CU_LDZ, c->side));
+    CU_TRY(c, cudaEventRecord(c->side_join, c->side));
+    return 0;
+}
+
+static int cl_side_join(cu_ctx *c, const lcu_lora_mod *lm, int nmod, int in, const lcu_bf16 *x, float *y, long ldy,
+                        const char *what)
+{
+    CU_TRY(c, cudaStreamWaitEvent(c->stream, c->side_join, 0));
+    CU_TRY(c, lcu_lora_fwd_multi_part(c->lcu, false, lm, nmod, in, x, in, y, ldy, c->a.z, CU_LDZ, c->stream));
+    cu_mark(c, what);
+    return 0;
+}
+
 /* y = x Wᵀ (+ bias) (+ resid) + LoRA over T rows: one adapted nn.Linear. With LCU_LORA_FIRST
  * (c->lora_first), where lcu_lora_fwd_into takes the segments (they cover every row; LoRA
  * version 1, or version 3 for the projections without a residual), the LoRA goes first
@@ -101,6 +132,9 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
         }
         return 0;
     }
+    lcu_lora_mod side = {c->lsegs, cl_side_on(c) ? cu_lora_segs(c, l, mod, 0, T, false) : 0, out, 0, 0};
+    bool on_side = side.nseg > 0 && lcu_lora_fwd_multi_splits(&side, 1);
+    if (on_side && cl_side_fork(c, &side, 1, in, x, y, out) < 0) return -1;
     lcu_gemm_args g = {false, true, (int)T, out, in, 1.0f, resid ? 1.0f : 0.0f, x, in, W, in, resid, out, y, out,
                        LCU_F32};
     CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
@@ -109,6 +143,7 @@ static int cl_linear(cu_ctx *c, int l, lora_module mod, const lcu_bf16 *x, int i
         CU_TRY(c, lcu_add_bias(y, bias, T, out, c->stream));
         cu_mark(c, cl_bias_op[mod]);
     }
+    if (on_side) return cl_side_join(c, &side, 1, in, x, y, out, cl_lora_op[mod]);
     return cl_lora_fwd(c, l, mod, x, in, out, y, out, T);
 }
 
@@ -144,9 +179,8 @@ static int cl_linear_packed(cu_ctx *c, int l, const lora_module *mods, const int
                             int in, const lcu_bf16 *W, float *y, long ldy, long T, const char *what,
                             const char *lora_what)
 {
-    lcu_gemm_args g = {false, true, (int)T, (int)ldy, in, 1.0f, 0.0f, x, in, W, in, NULL, 0, y, ldy, LCU_F32};
-    CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
-    cu_mark(c, what);
+    /* the modules' segments first (host lists only: the GEMM does not depend on them), so
+     * that LCU_DECODE_SIDE's shrinks can start beside the GEMM */
     lcu_lora_mod lm[CU_LSEG_SETS];
     long zcol = 0, col = 0;
     int any = 0;
@@ -158,7 +192,14 @@ static int cl_linear_packed(cu_ctx *c, int l, const lora_module *mods, const int
         zcol += lcu_lora_ldz(rank); /* 16-byte aligned columns */
         any |= n > 0;
     }
-    if (nmod <= CU_LSEG_SETS && zcol <= CU_LDZ) {
+    bool together = nmod <= CU_LSEG_SETS && zcol <= CU_LDZ;
+    bool on_side = together && any && cl_side_on(c) && lcu_lora_fwd_multi_splits(lm, nmod);
+    if (on_side && cl_side_fork(c, lm, nmod, in, x, y, ldy) < 0) return -1;
+    lcu_gemm_args g = {false, true, (int)T, (int)ldy, in, 1.0f, 0.0f, x, in, W, in, NULL, 0, y, ldy, LCU_F32};
+    CU_TRY(c, lcu_gemm(c->lcu, &g, c->stream));
+    cu_mark(c, what);
+    if (on_side) return cl_side_join(c, lm, nmod, in, x, y, ldy, lora_what);
+    if (together) {
         if (any) {
             CU_TRY(c, lcu_lora_fwd_multi(c->lcu, lm, nmod, in, x, in, y, ldy, c->a.z, CU_LDZ, c->stream));
             cu_mark(c, lora_what);

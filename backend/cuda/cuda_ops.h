@@ -331,6 +331,15 @@ typedef struct {
 } lcu_lora_mod;
 int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
                        long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+/* lcu_lora_fwd_multi in two calls, where every module's segments take version 3 (else
+ * LCU_ENOTSUP, nothing done: lcu_lora_fwd_multi_splits says which beforehand): the shrinks
+ * (z_part: z = x Aᵀ into each module's z columns), then the expands (y += scale·z Bᵀ, x
+ * unused); in that order, bit for bit the one call. Between them the caller may run other
+ * work, on another stream and lcu_ctx too (a decode layer's base GEMM beside the shrinks:
+ * LCU_DECODE_SIDE, cuda_layer.c); the two calls check the same arguments. */
+bool lcu_lora_fwd_multi_splits(const lcu_lora_mod *mods, int nmod);
+int lcu_lora_fwd_multi_part(lcu_ctx *c, bool z_part, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x,
+                            long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
 
 /* Per segment: gB += scale·dyᵀ z, gA += dzᵀ x with dz = scale·dy B (z = x Aᵀ recomputed);
  * dx += dz A when dx is not NULL (fp32). dy bf16 (stride lddy). Segments of one call that

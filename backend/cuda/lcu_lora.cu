@@ -120,17 +120,19 @@ static int lcu_lora_max_rank(const lcu_lora_seg *segs, int nseg)
     return r;
 }
 
-int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
-                       long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+/* lcu_lora_fwd_multi's arguments checked; *v3 whether every module's segments take
+ * version 3. 0 or LCU_EINVAL. */
+static int lcu_lora_multi_check(const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
+                                const float *y, long ldy, const lcu_bf16 *z, long ldz, bool *v3)
 {
     if (nmod < 0 || (nmod && !mods)) return LCU_EINVAL;
-    bool v3 = true;
+    *v3 = true;
     for (int m = 0; m < nmod; m++) {
         const lcu_lora_mod *d = &mods[m];
         if (d->ycol < 0 || d->zcol < 0 || d->ycol >= ldy || d->zcol >= ldz) return LCU_EINVAL;
         int rc = lcu_lora_check(d->segs, d->nseg, in, d->out, x, ldx, y, ldy - d->ycol, z, ldz - d->zcol);
         if (rc) return rc;
-        v3 &= !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
+        *v3 &= !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
     }
     for (int m = 0; m < nmod; m++) { /* the modules' z columns apart */
         int rm = lcu_lora_max_rank(mods[m].segs, mods[m].nseg);
@@ -139,6 +141,35 @@ int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, c
             if (rm && rq && mods[m].zcol < mods[q].zcol + rq && mods[q].zcol < mods[m].zcol + rm) return LCU_EINVAL;
         }
     }
+    return 0;
+}
+
+bool lcu_lora_fwd_multi_splits(const lcu_lora_mod *mods, int nmod)
+{
+    if (nmod <= 0 || !mods) return false;
+    for (int m = 0; m < nmod; m++) {
+        const lcu_lora_mod *d = &mods[m];
+        if (d->nseg && !(lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3)) return false;
+    }
+    return true;
+}
+
+int lcu_lora_fwd_multi_part(lcu_ctx *c, bool z_part, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x,
+                            long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    bool v3;
+    int rc = lcu_lora_multi_check(mods, nmod, in, x, ldx, y, ldy, z, ldz, &v3);
+    if (rc) return rc;
+    if (!v3) return LCU_ENOTSUP;
+    return lcu_sgmv3_lora_fwd_multi_part(c, z_part, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
+}
+
+int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx, float *y,
+                       long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    bool v3;
+    int rc0 = lcu_lora_multi_check(mods, nmod, in, x, ldx, y, ldy, z, ldz, &v3);
+    if (rc0) return rc0;
     if (v3) return lcu_sgmv3_lora_fwd_multi(c, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
     /* one module after another, each through z's first columns (as a call of its own: the
      * same pointers, so the same cuBLASLt algorithms) */

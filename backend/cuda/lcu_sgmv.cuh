@@ -32,6 +32,11 @@ int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, i
  * kernel class), then every expand. */
 int lcu_sgmv3_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
                              float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);
+/* One of its two products alone: z_part the shrinks (z), else the expands (y += ..., from the
+ * z the shrinks wrote): the two calls in that order are lcu_sgmv3_lora_fwd_multi. */
+int lcu_sgmv3_lora_fwd_multi_part(lcu_ctx *c, bool z_part, const lcu_lora_mod *mods, int nmod, int in,
+                                  const lcu_bf16 *x, long ldx, float *y, long ldy, lcu_bf16 *z, long ldz,
+                                  cudaStream_t s);
 /* The same with y = scale·(x Aᵀ) Bᵀ written, not added (lcu_lora_fwd_into). */
 int lcu_sgmv3_lora_fwd_write(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x,
                              long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s);

@@ -636,8 +636,8 @@ static int v3_z(v3_run *R, v3_op *ops, const lcu_lora_seg *segs, int nseg, int i
  * module (its columns y + ycol, z + zcol): each product one table for all of them, items in
  * module order, then segment order. An item's kernel, tile and split depend on the item
  * alone (see the top), so a module's results are those of a call of its own, bit for bit. */
-static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
-                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+static int v3_fwd_parts(lcu_ctx *c, v3_prod p, bool do_z, bool do_y, const lcu_lora_mod *mods, int nmod, int in,
+                        const lcu_bf16 *x, long ldx, float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     long total = 0;
     for (int m = 0; m < nmod; m++) total += mods[m].nseg;
@@ -652,8 +652,8 @@ static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_mod *mods, int nmod, int
             ops[n++] = (v3_op){x + g->row_begin * ldx, ldx, g->A, in, z + mods[m].zcol + g->row_begin * ldz, ldz,
                                g->row_end - g->row_begin, g->rank, in, 1.0f};
         }
-    int rc = v3_product(&R, V3_Z, ops, n);
-    if (!rc) {
+    int rc = do_z ? v3_product(&R, V3_Z, ops, n) : 0;
+    if (!rc && do_y) {
         n = 0;
         for (int m = 0; m < nmod; m++)
             for (int i = 0; i < mods[m].nseg; i++) {
@@ -666,6 +666,12 @@ static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_mod *mods, int nmod, int
     }
     free(ops);
     return rc;
+}
+
+static int v3_fwd(lcu_ctx *c, v3_prod p, const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
+                  float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
+{
+    return v3_fwd_parts(c, p, true, true, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
 }
 
 int lcu_sgmv3_lora_fwd(lcu_ctx *c, const lcu_lora_seg *segs, int nseg, int in, int out, const lcu_bf16 *x, long ldx,
@@ -686,6 +692,13 @@ int lcu_sgmv3_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int
                              float *y, long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     return v3_fwd(c, V3_Y, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
+}
+
+int lcu_sgmv3_lora_fwd_multi_part(lcu_ctx *c, bool z_part, const lcu_lora_mod *mods, int nmod, int in,
+                                  const lcu_bf16 *x, long ldx, float *y, long ldy, lcu_bf16 *z, long ldz,
+                                  cudaStream_t s)
+{
+    return v3_fwd_parts(c, V3_Y, z_part, !z_part, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
 }
 
 /* The wave of each segment: how many earlier segments of the call accumulate into the same

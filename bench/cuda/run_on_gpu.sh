@@ -32,7 +32,8 @@
 #    goes: the training passes
 #    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
 #    operations (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their
-#    floors; then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
+#    floors; Qwen3-8B's decode rows with the LoRA's shrinks beside the base GEMM
+#    (LCU_DECODE_SIDE=1); then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -100,6 +101,9 @@
 #                                                            model-lorafirst-*.log/.json
 #   backend-lorafirst  test_gpu_backend with LCU_LORA_FIRST=1 (every check against the CPU
 #                on that path)                                           backend-lorafirst.log
+#   decode-side  Qwen3-8B's decode rows with LCU_DECODE_SIDE=1 (a layer's LoRA shrinks on a
+#                second stream beside the base GEMM; test_gpu_backend checks it bitwise)
+#                                                                          decode-side.log/.json
 #   suites-old   the suites with the old defaults (LCU_KEEP_ACT=0 LCU_DECODE_GRAPH=0 LCU_DECODE_ATTN=0 LCU_LORA_FIRST=0
 #                LCU_LORA=gemm LCU_DECODE_FUSE=0)                          suites.log
 #
@@ -345,7 +349,7 @@ STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
        train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3 suites-sgmv3
-       decode-attn model-lorafirst backend-lorafirst suites-old"
+       decode-attn model-lorafirst backend-lorafirst suites-old decode-side"
 
 run_step() {
     case $1 in
@@ -415,6 +419,8 @@ run_step() {
             LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-decode 60 --decode --steps 64 \
                 --geo Qwen3-8B ;;
         backend-lorafirst) run_backend backend-lorafirst.log "test_gpu_backend LCU_LORA_FIRST=1" "" LCU_LORA_FIRST=1 ;;
+        decode-side) LCU_DECODE_SIDE=1 MODEL_TAG="(LoRA shrinks beside the GEMM)" run_model decode-side 60 --decode \
+                         --steps 64 --geo Qwen3-8B ;;
         decode-attn) LCU_DECODE_ATTN=1 MODEL_TAG="(decode attention kernel)" run_model decode-attn 120 --decode \
                          --steps 64 --geo Qwen3-8B,Qwen3-0.6B ;;
         peer-decode) step peer-decode.log 200 "peft_peer --rows decode" "$PY" bench/cuda/peft_peer.py --rows decode \
@@ -448,7 +454,7 @@ print_summary() {
     [ -f "$OUT/sanitize.log" ] && { echo "---- compute-sanitizer"; grep -E "^=========|^===== " "$OUT/sanitize.log" | head -30; }
     for f in model-8b.log model-8b-80g.log model-06b.log model-1b.log model-recompute-8b.log model-recompute-06b.log model-sgmv-06b.log model-gemm-06b.log model-v2-06b.log \
         model-v2-8b.log model-own-06b.log model-own-8b.log model.log decode.log decode-eager.log decode-prof.log decode-fuse.log decode-fuse2.log decode-sgmv3.log model-sgmv3-06b.log decode-attn.log \
-        model-lorafirst-8b.log model-lorafirst-06b.log model-lorafirst-decode.log; do bench_rows "$f"; done
+        model-lorafirst-8b.log model-lorafirst-06b.log model-lorafirst-decode.log decode-side.log; do bench_rows "$f"; done
     [ -f "$OUT/decode-prof.log" ] && grep -h "decode profile" "$OUT/decode-prof.log" | cut -c1-240 | head -12
     # the operations' tables of the timed calls (not the warm-up's single step), top 10 rows each
     [ -f "$OUT/decode-ops.log" ] && awk '/decode ops, / { keep = $0 !~ / 1 steps,/; n = 0 } /decode ops/ && keep && n++ < 11' \
@@ -511,6 +517,7 @@ case $MODE in
         run_step train-ops
         run_step decode-ops
         run_step kernels-decode
+        run_step decode-side
         run_step backend-sgmv3
         ;;
     *)

@@ -947,6 +947,37 @@ static void check_decode_attn(pair *p, const sreq *q)
              on_here ? "0" : "1", on_here ? "attention version 1's kernel" : "the decode's own attention kernel", worst);
 }
 
+/* LCU_DECODE_SIDE (off unless set: written without a GPU) flipped: a decode layer's LoRA
+ * shrinks on a second stream beside its base GEMM, the same kernels with the same
+ * arguments: the same tokens and log-probs, bitwise, for requests over two adapters and
+ * none (LoRA version 3's segments), eagerly on a shape's first pass and through the
+ * decode graph after. */
+static void check_decode_side(pair *p)
+{
+    bool on_here;
+    side o = open_flipped(p, "LCU_DECODE_SIDE", false, &on_here);
+    int V = p->mc.vocab_size;
+    be_adapter *ad[2][2];
+    static sreq q[2][3];
+    const side *sides[2] = {&p->gpu, &o};
+    for (int k = 0; k < 2; k++) {
+        for (int a = 0; a < 2; a++) ad[k][a] = make_adapter(sides[k], a);
+        sreq_init(&q[k][0], ad[k][0], 5, 3, 1.0, 21, V);
+        sreq_init(&q[k][1], ad[k][1], 9, 2, 1.0, 22, V);
+        sreq_init(&q[k][2], NULL, 7, 2, 1.0, 23, V);
+        do_sample(sides[k], q[k], 3);
+    }
+    bool same = true;
+    for (int r = 0; r < 3; r++)
+        same &= same_bits(q[0][r].tok, q[1][r].tok, sizeof q[0][r].tok) &&
+                same_bits(q[0][r].lp, q[1][r].lp, sizeof q[0][r].lp);
+    gt_check(same, "%s: LCU_DECODE_SIDE=%s (the LoRA's shrinks %s the base GEMM) samples the same tokens and log-probs "
+             "over two adapters and none, bitwise", p->name, on_here ? "0" : "1", on_here ? "after" : "beside");
+    for (int k = 0; k < 2; k++)
+        for (int a = 0; a < 2; a++) sides[k]->be->adapter_free(sides[k]->ctx, ad[k][a]);
+    o.be->destroy(o.ctx);
+}
+
 static void check_sampling(pair *p)
 {
     const char *cs = p->name;
@@ -996,6 +1027,7 @@ static void check_sampling(pair *p)
         check_profiles(p, q);
         check_decode_fuse(p, q);
         check_decode_attn(p, q);
+        check_decode_side(p);
     }
     /* alone vs in the batch: the same unless a draw lands within rounding of a boundary */
     sreq_init(&again[0], ag, 5, 3, 1.0, 1, V);

@@ -394,6 +394,24 @@ static void test_fwd_multi(lcu_ctx *c, int in, int out)
     gt_get_f32(yb, ym, rows * ldy);
     gt_check(memcmp(ya, yb, rows * ldy * 4) == 0, "[%s] lcu_lora_fwd_multi (3 modules %d, %d, %d wide, %ld rows in %d "
              "segments, in %d) vs lcu_lora_fwd per module: bit for bit", version, outs[0], outs[1], outs[2], rows, NS, in);
+    /* in two calls (the shrinks, then the expands: LCU_DECODE_SIDE's split), where version 3
+     * takes every module; elsewhere declined, nothing written */
+    void *yp = gt_dev_f32(C, rows * ldy), *zp = gt_dev_poison(rows * ldz * 2);
+    bool split = lcu_lora_fwd_multi_splits(mods, NM);
+    int rz = lcu_lora_fwd_multi_part(c, true, mods, NM, in, dx, in, yp, ldy, zp, ldz, 0);
+    int ry = rz ? rz : lcu_lora_fwd_multi_part(c, false, mods, NM, in, dx, in, yp, ldy, zp, ldz, 0);
+    float *yc = malloc(rows * ldy * 4);
+    gt_get_f32(yc, yp, rows * ldy);
+    if (split)
+        gt_check(rz == 0 && ry == 0 && memcmp(yb, yc, rows * ldy * 4) == 0,
+                 "[%s] lcu_lora_fwd_multi_part: the shrinks, then the expands, bit for bit the one call", version);
+    else
+        gt_check(rz == LCU_ENOTSUP && memcmp(C, yc, rows * ldy * 4) == 0,
+                 "[%s] lcu_lora_fwd_multi_part declines what version 3 does not take (LCU_ENOTSUP), writing nothing",
+                 version);
+    free(yc);
+    gt_free(yp);
+    gt_free(zp);
     lcu_lora_mod bad[NM];
     memcpy(bad, mods, sizeof bad);
     bad[1].zcol = 8; /* inside module 0's 16 columns */
@@ -402,7 +420,8 @@ static void test_fwd_multi(lcu_ctx *c, int in, int out)
     bad[2].ycol = ldy - outs[2] + 1; /* past the row */
     int rc2 = lcu_lora_fwd_multi(c, bad, NM, in, dx, in, ym, ldy, z, ldz, 0);
     gt_get_f32(yb, ym, rows * ldy);
-    gt_check(rc1 == LCU_EINVAL && rc2 == LCU_EINVAL && memcmp(ya, yb, rows * ldy * 4) == 0,
+    int rc3 = lcu_lora_fwd_multi_part(c, true, bad, NM, in, dx, in, ym, ldy, z, ldz, 0);
+    gt_check(rc1 == LCU_EINVAL && rc2 == LCU_EINVAL && rc3 == LCU_EINVAL && memcmp(ya, yb, rows * ldy * 4) == 0,
              "[%s] lcu_lora_fwd_multi refuses overlapping z columns and columns past y's row (LCU_EINVAL), writing "
              "nothing", version);
     gt_free(yr);
