@@ -15,6 +15,7 @@
 #include "backend/cuda/lcu_sgmv.cuh"
 
 #include <cublasLt.h>
+#include <stdio.h>
 #include <cublas_v2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,7 @@ struct lcu_ctx {
     lcu_plan *plans;
     int nplans;
     bool force_fallback; /* every plan is a cublasGemmEx one (LCU_GEMM=cublas) */
+    int waves;           /* LCU_GEMM_WAVES (lcu_plan_pick): 0 the heuristic's first, 1 the rule, 2 also says */
     void *sk;            /* split-K partial sums of the segmented GEMM (lcu_sgmv.cu) */
     size_t sk_bytes;
 };
@@ -119,6 +121,8 @@ int lcu_ctx_create(lcu_ctx **out, size_t workspace_bytes)
     if (rc) { lcu_ctx_destroy(c); return rc; }
     const char *e = getenv("LCU_GEMM");
     c->force_fallback = e && strcmp(e, "cublas") == 0;
+    const char *w = getenv("LCU_GEMM_WAVES");
+    c->waves = w && *w ? atoi(w) : 0;
     *out = c;
     return 0;
 }
@@ -168,6 +172,41 @@ static uint64_t lcu_key_hash(const lcu_plan_key *k)
     return h;
 }
 
+/* LCU_GEMM_WAVES=1 (off unless set: written without a GPU, for a window to measure): a
+ * product of few rows (a decode step's 32) gives cuBLASLt's first choice a few dozen tiles
+ * (Qwen3-8B's o projection: 4,096 columns in 128-column tiles, 32 blocks on 132 SMs), and
+ * the fifth window measured that GEMM at 18 µs against a 7 µs memory floor. With the switch
+ * such a plan asks for the heuristic's first LCU_WAVES_CANDIDATES and, when the first fills
+ * under half a wave of the device (cuBLASLt's wavesCount), takes the first that fills at
+ * least half (split-K or smaller tiles). The choice depends on the shape, the device and
+ * the library only (no timing: cuBLAS's own bits are the same on every run there); fp32
+ * outputs only (a split-K's partial sums then stay fp32). LCU_GEMM_WAVES=2 also prints each such plan's candidates (stderr). */
+enum { LCU_WAVES_CANDIDATES = 8, LCU_WAVES_MAX_M = 64 };
+
+static int lcu_plan_pick(const lcu_ctx *c, const lcu_plan_key *k, const cublasLtMatmulHeuristicResult_t *res, int n)
+{
+    int pick = 0;
+    if (n > 1 && res[0].wavesCount < 0.5f)
+        for (int i = 1; i < n; i++)
+            if (res[i].wavesCount >= 0.5f) {
+                pick = i;
+                break;
+            }
+    if (c->waves >= 2 && n > 1) {
+        fprintf(stderr, "lcu_gemm plan M=%d N=%d K=%d (%s out): %d candidates, waves", k->M, k->N, k->K,
+                k->d_type == LCU_F32 ? "f32" : "bf16", n);
+        for (int i = 0; i < n; i++) {
+            int splitk = 0, tile = 0;
+            size_t w = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+            fprintf(stderr, " %.2f(tile %d, split %d)", res[i].wavesCount, tile, splitk);
+        }
+        fprintf(stderr, "; takes %d\n", pick);
+    }
+    return pick;
+}
+
 /* Builds the cuBLASLt objects for a key; falls back to cublasGemmEx when the heuristic
  * offers nothing (e.g. bf16 leading dimensions that are not a multiple of 8). */
 static int lcu_plan_build(lcu_ctx *c, lcu_plan *p)
@@ -203,10 +242,10 @@ static int lcu_plan_build(lcu_ctx *c, lcu_plan *p)
             rc = lcu_blas_rc(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
     }
     if (!rc) {
-        cublasLtMatmulHeuristicResult_t res;
-        int n = 0;
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->ld, pref, 1, &res, &n);
-        if (st == CUBLAS_STATUS_SUCCESS && n > 0) p->algo = res.algo;
+        cublasLtMatmulHeuristicResult_t res[LCU_WAVES_CANDIDATES];
+        int n = 0, want = c->waves && k->M <= LCU_WAVES_MAX_M && k->d_type == LCU_F32 ? LCU_WAVES_CANDIDATES : 1;
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->ld, pref, want, res, &n);
+        if (st == CUBLAS_STATUS_SUCCESS && n > 0) p->algo = res[lcu_plan_pick(c, k, res, n)].algo;
         else p->fallback = true; /* no plan for this layout: not an error */
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);

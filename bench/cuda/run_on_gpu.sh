@@ -32,8 +32,8 @@
 #    goes: the training passes
 #    split into operations (LCU_TRAIN_PROFILE=1), the decode passes split into the layer's
 #    operations (LCU_DECODE_PROFILE=2), the decode step's kernels one by one against their
-#    floors; Qwen3-8B's decode rows with the LoRA's shrinks beside the base GEMM
-#    (LCU_DECODE_SIDE=1); then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
+#    floors, and again with few-row GEMMs filling half a wave (LCU_GEMM_WAVES); Qwen3-8B's
+#    decode rows with the LoRA's shrinks beside the base GEMM (LCU_DECODE_SIDE=1); then the backend test with LoRA version 3 on every call (LCU_LORA=sgmv3)
 # The whole service (loom up with the cuda executor, PostgreSQL carried) is a third
 # command of its own: bench/cuda/e2e_on_gpu.sh.
 #
@@ -101,6 +101,9 @@
 #                                                            model-lorafirst-*.log/.json
 #   backend-lorafirst  test_gpu_backend with LCU_LORA_FIRST=1 (every check against the CPU
 #                on that path)                                           backend-lorafirst.log
+#   gemm-waves   test_gpu_gemm with LCU_GEMM_WAVES=1, then bench_cuda_kernels --decode with
+#                LCU_GEMM_WAVES=2 (few-row GEMMs take the first cuBLASLt candidate that
+#                fills half a wave; each plan's candidates printed)   kernels.log, bench-decode-waves.log/.csv
 #   decode-side  Qwen3-8B's decode rows with LCU_DECODE_SIDE=1 (a layer's LoRA shrinks on a
 #                second stream beside the base GEMM; test_gpu_backend checks it bitwise)
 #                                                                          decode-side.log/.json
@@ -349,7 +352,7 @@ STEPS="dense check kernels tests moe backend backend-dense backend-sync backend-
        backend-own suites suites-own sanitize ref model8b model06 model-v2 model-own model-recompute model-sgmv model-gemm quickmodel model bench8b bench
        quickbench layer sdpa8b sdpa quicksdpa peer peer-table cudnn decode peer-decode decode-eager decode-prof decode-ops
        train-ops kernels-decode model8b-80g model1b decode-fuse backend-fuse backend-sgmv3 model-sgmv3 decode-sgmv3 suites-sgmv3
-       decode-attn model-lorafirst backend-lorafirst suites-old decode-side"
+       decode-attn model-lorafirst backend-lorafirst suites-old decode-side gemm-waves"
 
 run_step() {
     case $1 in
@@ -419,6 +422,10 @@ run_step() {
             LCU_LORA_FIRST=1 MODEL_TAG="(LoRA first)" run_model model-lorafirst-decode 60 --decode --steps 64 \
                 --geo Qwen3-8B ;;
         backend-lorafirst) run_backend backend-lorafirst.log "test_gpu_backend LCU_LORA_FIRST=1" "" LCU_LORA_FIRST=1 ;;
+        gemm-waves)
+            step kernels.log 45 "test_gpu_gemm LCU_GEMM_WAVES=1" env LCU_GEMM_WAVES=1 "$BIN/test_gpu_gemm"
+            step bench-decode-waves.log 60 "bench_cuda_kernels --decode LCU_GEMM_WAVES=2" env LCU_GEMM_WAVES=2 \
+                "$BIN/bench_cuda_kernels" --decode --csv "$OUT/bench-decode-waves.csv" ;;
         decode-side) LCU_DECODE_SIDE=1 MODEL_TAG="(LoRA shrinks beside the GEMM)" run_model decode-side 60 --decode \
                          --steps 64 --geo Qwen3-8B ;;
         decode-attn) LCU_DECODE_ATTN=1 MODEL_TAG="(decode attention kernel)" run_model decode-attn 120 --decode \
@@ -517,6 +524,7 @@ case $MODE in
         run_step train-ops
         run_step decode-ops
         run_step kernels-decode
+        run_step gemm-waves
         run_step decode-side
         run_step backend-sgmv3
         ;;
