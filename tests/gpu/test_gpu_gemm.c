@@ -146,6 +146,15 @@ static void run_cases(lcu_ctx *ctx)
         gcase g = {false, true, 2048, 1536, 1024, 1024, 1024, 0, 1536, LCU_F32, 1.0f, 0.0f, false, 0};
         run_case(ctx, &g, "large");
     }
+    /* a decode step's products: 32 rows of Qwen3-8B's o projection (its residual added, beta
+     * 1) and k projection (beta 0: the rerun's bits compared too); few tiles, where
+     * LCU_GEMM_WAVES may take a split-K */
+    {
+        gcase o = {false, true, 32, 4096, 4096, 4096, 4096, 4096, 4096, LCU_F32, 1.0f, 1.0f, true, 0};
+        run_case(ctx, &o, "decode o");
+        gcase k = {false, true, 32, 1024, 4096, 4096, 4096, 0, 1024, LCU_F32, 1.0f, 0.0f, false, 0};
+        run_case(ctx, &k, "decode k");
+    }
     /* K = 0: D = beta·C */
     {
         gcase g = {false, false, 5, 24, 0, 8, 24, 24, 24, LCU_F32, 1.0f, 1.0f, true, 0};
