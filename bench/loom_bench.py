@@ -154,32 +154,41 @@ def proc_stat(pid):
         return None
 
 
-def stack_ticks(s):
-    """CPU ticks of the whole stack: `loom up` and its processes, PostgreSQL's postmaster
-    and its backends (each alive one's own time, plus what exited children left in their
-    parent's cutime). The bench's own client is not in it."""
+def postmaster_pid(s):
+    """The stack's PostgreSQL postmaster (pg_ctl detaches it from `loom up`), or None."""
+    try:
+        return int(open(os.path.join(s.dir, "pg", "postmaster.pid")).readline())
+    except (OSError, ValueError):
+        return None
+
+
+def stack_procs(s):
+    """The stack's processes, each after its parent: `loom up` and its processes, PostgreSQL's
+    postmaster and its backends, as (pid, parent pid, own ticks, what its exited children
+    left in its cutime). The bench's own client is not in it."""
     stats = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         st = proc_stat(p)
         if st:
-            stats[int(p)] = (st[0], st[1] + st[2])
-    roots = {s.proc.pid}
-    try:
-        roots.add(int(open(os.path.join(s.dir, "pg", "postmaster.pid")).readline()))
-    except (OSError, ValueError):
-        pass
+            stats[int(p)] = st
     kids = {}
-    for pid, (ppid, _) in stats.items():
-        kids.setdefault(ppid, []).append(pid)
-    n, todo, seen = 0, list(roots), set()
+    for pid, st in stats.items():
+        kids.setdefault(st[0], []).append(pid)
+    out, todo, seen = [], [s.proc.pid, postmaster_pid(s)], set()
     while todo:
         p = todo.pop()
         if p in seen or p not in stats:
             continue
         seen.add(p)
-        n += stats[p][1]
+        out.append((p,) + stats[p])
         todo += kids.get(p, [])
-    return n
+    return out
+
+
+def stack_ticks(s):
+    """CPU ticks of the whole stack (each alive process's own time, plus what exited
+    children left in their parent's cutime)."""
+    return sum(own + reaped for _, _, own, reaped in stack_procs(s))
 
 
 def stack_parts(s):
@@ -193,36 +202,21 @@ def stack_parts(s):
         pid, app, kind = line.split("|", 2)
         names[int(pid)] = (app.split(" executor ")[0] + " executor" if " executor " in app else app or "other") \
             + "'s PostgreSQL" if kind == "client backend" else "PostgreSQL's own processes"
-    stats = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        st = proc_stat(p)
-        if st:
-            stats[int(p)] = (st[0], st[1] + st[2])
-    pg_root = None
-    try:
-        pg_root = int(open(os.path.join(s.dir, "pg", "postmaster.pid")).readline())
-    except (OSError, ValueError):
-        pass
-    kids = {}
-    for pid, (ppid, _) in stats.items():
-        kids.setdefault(ppid, []).append(pid)
-    out, todo, seen = {}, [(s.proc.pid, None), (pg_root, "PostgreSQL's own processes")], set()
-    while todo:
-        p, part = todo.pop()
-        if p in seen or p not in stats:
-            continue
-        seen.add(p)
-        if p in names:
-            part = names[p]
-        elif part is None or part.startswith("loom "):
-            try:
-                argv = open(f"/proc/{p}/cmdline").read().split("\0")
-                part = "loom " + argv[1] if len(argv) > 1 and argv[1] and not argv[1].startswith("-") else part
-            except OSError:
-                pass
-        part = part or "other"
-        out[part] = out.get(part, 0) + stats[p][1]
-        todo += [(k, part) for k in kids.get(p, [])]
+    names[postmaster_pid(s)] = "PostgreSQL's own processes"
+    out, part_of = {}, {}
+    for p, ppid, own, reaped in stack_procs(s):   # a parent before its children
+        part = names.get(p)
+        if part is None:
+            part = part_of.get(ppid)
+            if part is None or part.startswith("loom "):
+                try:
+                    argv = open(f"/proc/{p}/cmdline").read().split("\0")
+                    if len(argv) > 1 and argv[1] and not argv[1].startswith("-"):
+                        part = "loom " + argv[1]
+                except OSError:
+                    pass
+        part_of[p] = part
+        out[part or "other"] = out.get(part or "other", 0) + own + reaped
     return out
 
 
@@ -440,26 +434,9 @@ def durability(loom_args, steps=60):
 
 
 def stack_cpu(s):
-    """CPU seconds used so far by each process of the stack: `loom up` and its children,
-    and the PostgreSQL postmaster (pg_ctl detaches it) and its backends: {pid: seconds}."""
-    parent, cpu = {}, {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(p)] = int(f[1])
-        cpu[int(p)] = (int(f[11]) + int(f[12])) / tick   # utime + stime
-    with open(os.path.join(s.dir, "pg", "postmaster.pid")) as f:
-        roots = {s.proc.pid, int(f.readline())}
-    mine = set(roots)
-    grew = True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in mine} - mine
-        mine |= more
-        grew = bool(more)
-    return {p: cpu[p] for p in mine if p in cpu}
+    """CPU seconds used so far by each process of the stack (its own, not its exited
+    children's): {pid: seconds}."""
+    return {p: own / HZ for p, _, own, _ in stack_procs(s)}
 
 
 def idle_cpu(s, secs=20):

@@ -15,8 +15,8 @@
 #include "backend/cuda/lcu_sgmv.cuh"
 
 #include <cublasLt.h>
-#include <stdio.h>
 #include <cublas_v2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,7 +180,8 @@ static uint64_t lcu_key_hash(const lcu_plan_key *k)
  * under half a wave of the device (cuBLASLt's wavesCount), takes the first that fills at
  * least half (split-K or smaller tiles). The choice depends on the shape, the device and
  * the library only (no timing: cuBLAS's own bits are the same on every run there); fp32
- * outputs only (a split-K's partial sums then stay fp32). LCU_GEMM_WAVES=2 also prints each such plan's candidates (stderr). */
+ * outputs only (a split-K's partial sums then stay fp32). LCU_GEMM_WAVES=2 also prints
+ * each such plan's candidates (stderr). */
 enum { LCU_WAVES_CANDIDATES = 8, LCU_WAVES_MAX_M = 64 };
 
 static int lcu_plan_pick(const lcu_ctx *c, const lcu_plan_key *k, const cublasLtMatmulHeuristicResult_t *res, int n)

@@ -120,6 +120,12 @@ static int lcu_lora_max_rank(const lcu_lora_seg *segs, int nseg)
     return r;
 }
 
+/* Whether a module's segments (none included) take version 3. */
+static bool lcu_lora_mod_v3(const lcu_lora_mod *d)
+{
+    return !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
+}
+
 /* lcu_lora_fwd_multi's arguments checked; *v3 whether every module's segments take
  * version 3. 0 or LCU_EINVAL. */
 static int lcu_lora_multi_check(const lcu_lora_mod *mods, int nmod, int in, const lcu_bf16 *x, long ldx,
@@ -132,7 +138,7 @@ static int lcu_lora_multi_check(const lcu_lora_mod *mods, int nmod, int in, cons
         if (d->ycol < 0 || d->zcol < 0 || d->ycol >= ldy || d->zcol >= ldz) return LCU_EINVAL;
         int rc = lcu_lora_check(d->segs, d->nseg, in, d->out, x, ldx, y, ldy - d->ycol, z, ldz - d->zcol);
         if (rc) return rc;
-        *v3 &= !d->nseg || (lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3);
+        *v3 &= lcu_lora_mod_v3(d);
     }
     for (int m = 0; m < nmod; m++) { /* the modules' z columns apart */
         int rm = lcu_lora_max_rank(mods[m].segs, mods[m].nseg);
@@ -147,10 +153,8 @@ static int lcu_lora_multi_check(const lcu_lora_mod *mods, int nmod, int in, cons
 bool lcu_lora_fwd_multi_splits(const lcu_lora_mod *mods, int nmod)
 {
     if (nmod <= 0 || !mods) return false;
-    for (int m = 0; m < nmod; m++) {
-        const lcu_lora_mod *d = &mods[m];
-        if (d->nseg && !(lcu_lora_disjoint(d->segs, d->nseg) && lcu_lora_version(d->segs, d->nseg) == 3)) return false;
-    }
+    for (int m = 0; m < nmod; m++)
+        if (!lcu_lora_mod_v3(&mods[m])) return false;
     return true;
 }
 
@@ -168,12 +172,11 @@ int lcu_lora_fwd_multi(lcu_ctx *c, const lcu_lora_mod *mods, int nmod, int in, c
                        long ldy, lcu_bf16 *z, long ldz, cudaStream_t s)
 {
     bool v3;
-    int rc0 = lcu_lora_multi_check(mods, nmod, in, x, ldx, y, ldy, z, ldz, &v3);
-    if (rc0) return rc0;
+    int rc = lcu_lora_multi_check(mods, nmod, in, x, ldx, y, ldy, z, ldz, &v3);
+    if (rc) return rc;
     if (v3) return lcu_sgmv3_lora_fwd_multi(c, mods, nmod, in, x, ldx, y, ldy, z, ldz, s);
     /* one module after another, each through z's first columns (as a call of its own: the
      * same pointers, so the same cuBLASLt algorithms) */
-    int rc = 0;
     for (int m = 0; m < nmod && !rc; m++)
         rc = lcu_lora_fwd(c, mods[m].segs, mods[m].nseg, in, mods[m].out, x, ldx, y + mods[m].ycol, ldy, z, ldz, s);
     return rc;
