@@ -31,7 +31,7 @@ the scheduler, every executor and the load processes share its cores: the wall-c
 figures are a lower bound on what dedicated hardware does.
 
     /usr/bin/python3 bench/fleet_bench.py [--sizes 1,4,16,64,128,256] [--clients-per-executor 2]
-        [--seconds 15] [--parts idle,load] [--scale 1] [--load-procs 4]
+        [--seconds 15] [--parts idle,load] [--scale 1] [--load-procs 4] [--flush-ms 0]
 
 --scale multiplies the modelled times (LOOM_SIM_SCALE): 0 = infinitely fast GPUs, the
 queue's own ceiling.
@@ -164,6 +164,8 @@ class Fleet:
         out = self.run("pg", "start", "--data-dir", d).stdout
         self.db = next(l.split("=", 1)[1] for l in out.splitlines() if l.startswith("DATABASE_URL="))
         self.psql(f"ALTER SYSTEM SET max_connections = {4 * max(self.a.sizes) + 100}")
+        if self.a.flush_ms:
+            loom_bench.slow_flush(self, self.a.flush_ms)
         self.run("pg", "stop", "--data-dir", d)
         self.run("pg", "start", "--data-dir", d)
         self.up = subprocess.Popen([self.loom, "up", "--data-dir", d, "--port", "0", "--backend", "sim",
@@ -577,6 +579,9 @@ def main():
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--scale", type=float, default=1.0, help="LOOM_SIM_SCALE (0: no modelled time)")
     ap.add_argument("--load-procs", type=int, default=4)
+    ap.add_argument("--flush-ms", type=float, default=0,
+                    help="make every WAL flush take this much longer, as on a network volume or with a synchronous"
+                         " standby (at most 100)")
     ap.add_argument("--loom-arg", action="append", default=[], help="more `loom up` options")
     ap.add_argument("--keep", action="store_true", help="keep the data directories")
     a = ap.parse_args()
@@ -586,7 +591,8 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"machine: {os.cpu_count()} CPUs ({cpu}), {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB;"
           f" one PostgreSQL, api, scheduler and every executor on it, with the load; {a.seconds:g} s per size")
-    print(f"sim: H100 + Qwen3-8B timing x{a.scale:g} (a step of 2 x 2048 tokens: 250 ms)", flush=True)
+    print(f"sim: H100 + Qwen3-8B timing x{a.scale:g} (a step of 2 x 2048 tokens: 250 ms)"
+          + (f"; every WAL flush {a.flush_ms:g} ms longer (--flush-ms)" if a.flush_ms else ""), flush=True)
     idle = idle_pass(a) if "idle" in parts else None
     if "load" in parts:
         if idle:

@@ -25,7 +25,7 @@ passes or fails.
 The client speaks as SDK 0.25 and later do (protobuf forward_backward bodies and results);
 `--wire json` as SDK 0.16-0.24 do by default (JSON both ways).
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--backend cpu|sim] [--wire proto|json] [--parts latency,throughput,tenants,durability,statements,history]
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--backend cpu|sim] [--wire proto|json] [--flush-ms MS] [--parts latency,throughput,tenants,durability,statements,history]
 """
 import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
@@ -604,6 +604,17 @@ def statements(loom_args, n=500):
           " with the work done, not with the machine's load)")
 
 
+def slow_flush(s, ms):
+    """Every WAL flush of the stack's cluster takes `ms` longer, as on a disk whose flush
+    takes that long (a network volume) or with a synchronous standby: commit_delay with
+    commit_siblings 0 makes the backend that flushes sleep first, holding the WAL write
+    lock, so that the commits arriving meanwhile share its flush (group commit), as they
+    would share a slow disk's."""
+    s.psql(f"ALTER SYSTEM SET commit_delay = {min(100000, round(ms * 1000))}")
+    s.psql("ALTER SYSTEM SET commit_siblings = 0")
+    s.psql("SELECT pg_reload_conf()")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", default=os.environ.get("LOOM_BIN", "build/loom"))
@@ -615,6 +626,9 @@ def main():
                          " is spent off the CPU; LOOM_SIM_SCALE scales it)")
     ap.add_argument("--wire", choices=["proto", "json"], default="proto",
                     help="the client's wire format: proto as SDK 0.25 and later (the default), json as SDK 0.16-0.24")
+    ap.add_argument("--flush-ms", type=float, default=0,
+                    help="make every WAL flush of the shared stack's cluster (latency, throughput, tenants) take this"
+                         " much longer, as on a network volume or with a synchronous standby (at most 100)")
     a = ap.parse_args()
     global WIRE
     WIRE = a.wire
@@ -624,10 +638,13 @@ def main():
     be = ("the CPU backend" if a.backend == "cpu" else
           f"the sim backend (a modelled H100, Qwen3-8B, times x {os.environ.get('LOOM_SIM_SCALE', '1')})"
           if a.backend == "sim" else f"the {a.backend} backend")
-    print(f"machine: {os.cpu_count()} CPUs; loom up ({be}, tiny Llama), its own PostgreSQL; the client speaks"
+    print(f"machine: {os.cpu_count()} CPUs; loom up ({be}, tiny Llama), its own PostgreSQL"
+          f"{f' whose WAL flushes take {a.flush_ms:g} ms longer (--flush-ms)' if a.flush_ms else ''}; the client speaks"
           f" {'protobuf as SDK 0.25 and later' if WIRE == 'proto' else 'JSON as SDK 0.16-0.24'} (--wire)")
     # history starts stacks of its own: no shared one for it alone
     with stack.Stack(a.loom_arg) if {"latency", "throughput", "tenants"} & set(parts) else contextlib.nullcontext() as s:
+        if s and a.flush_ms:
+            slow_flush(s, a.flush_ms)
         if "latency" in parts:
             latency(s)
         if "throughput" in parts:

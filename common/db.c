@@ -435,6 +435,45 @@ int db_exec(PGconn *c, const char *sql, int nparams, const char *const *params, 
     return 0;
 }
 
+/* The notification is a hint (whoever waits also polls): one that failed after its write
+ * committed is logged, not returned, so that the caller answers for the committed write. */
+static void notify_failed(const char *err) { log_warn("a notification after a commit was not sent: %s", err); }
+
+PGresult *db_query_bin_notify(PGconn *c, const char *sql, int nparams, const char *const *params,
+                              const int *lengths, const int *formats, int result_format, char *err,
+                              size_t errlen) {
+    db_stmt b[4] = {{SQL_BEGIN, 0, NULL}, {sql, nparams, params}, {SQL_COMMIT, 0, NULL}, {SQL_NOTIFY_LEFT, 0, NULL}};
+    db_bin bin[4] = {{NULL, NULL, 0}, {lengths, formats, result_format}, {NULL, NULL, 0}, {NULL, NULL, 0}};
+    PGresult *r[4];
+    int got = db_pipeline_bin(c, b, bin, 4, r, err, errlen);
+    PGresult *out = got >= 3 ? r[1] : NULL;
+    for (int i = 0; i < 4; i++)
+        if (r[i] != out) PQclear(r[i]);
+    if (got == 3) notify_failed(err);
+    if (got >= 3) {
+        if (err && errlen) err[0] = 0;
+        return out;
+    }
+    if (PQtransactionStatus(c) != PQTRANS_IDLE) db_rollback(c);
+    return NULL;
+}
+
+int db_commit_notify(PGconn *c, const char *channel, const char *payload, char *err, size_t errlen) {
+    const char *p[2] = {channel, payload ? payload : ""};
+    db_stmt b[2] = {{SQL_COMMIT, 0, NULL}, {SQL_NOTIFY_AFTER, 2, p}};
+    PGresult *r[2];
+    int got = db_pipeline(c, b, 2, r, err, errlen);
+    PQclear(r[0]);
+    PQclear(r[1]);
+    if (got == 1) notify_failed(err);
+    if (got < 1) {
+        if (PQtransactionStatus(c) != PQTRANS_IDLE) db_rollback(c);
+        return -1;
+    }
+    if (err && errlen) err[0] = 0;
+    return 0;
+}
+
 int db_begin(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_BEGIN, 0, NULL, err, errlen); }
 int db_commit(PGconn *c, char *err, size_t errlen) { return db_exec(c, SQL_COMMIT, 0, NULL, err, errlen); }
 void db_rollback(PGconn *c) { PQclear(PQexec(c, SQL_ROLLBACK)); }

@@ -95,6 +95,20 @@ typedef struct {
 int db_pipeline_bin(PGconn *c, const db_stmt *st, const db_bin *bin, int n, PGresult **res, char *err,
                     size_t errlen);
 
+/* A durable write that wakes somebody, without holding every other notifying commit of
+ * the database behind its WAL flush (common_sql.h, SQL_NOTIFY_AFTER): sql, one statement
+ * that leaves its notification in DB_NOTIFY_LEFT (set_config, not pg_notify), runs in a
+ * transaction of its own, committed durably, and the notification follows in another
+ * that does not wait for the disk; one round trip. -> sql's result, as db_query_bin's; or
+ * NULL on an error (nothing committed, the session out of any transaction). A
+ * notification that fails after the commit is logged, not returned. */
+PGresult *db_query_bin_notify(PGconn *c, const char *sql, int nparams, const char *const *params,
+                              const int *lengths, const int *formats, int result_format, char *err,
+                              size_t errlen);
+/* COMMIT of the session's open transaction, then a notification on channel with payload
+ * (NULL: none) as db_query_bin_notify sends one; one round trip. 0 committed, -1 not (an
+ * error, in err; the session out of the transaction). */
+int db_commit_notify(PGconn *c, const char *channel, const char *payload, char *err, size_t errlen);
 int db_begin(PGconn *c, char *err, size_t errlen);
 int db_commit(PGconn *c, char *err, size_t errlen);
 void db_rollback(PGconn *c);

@@ -139,9 +139,16 @@
     "   RETURNING tenant_id, kind, tokens),"                                                    \
     " mu AS (INSERT INTO metric_usage_events (tenant_id, kind, tokens) SELECT * FROM us)"
 
+/* The polls parked on the sampler sessions of the cycle's samples are woken after the
+ * commit (SQL_EXE_NOTIFY_DONE): the results' statement tells the trigger that wakes them on
+ * every other path (migration 0039) to leave them, for its transaction. Set in its main
+ * query, which runs before the statement's AFTER triggers fire. */
+#define SQL_EXE_SAMPLES_NOTIFIED_AFTER "set_config('loom.samples_notified_after', 'on', true)"
+
 /* The results and their events -> how many operations were written. */
 #define SQL_EXE_FINISH_OPS                                                                    \
-    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS " SELECT count(*) FROM u"
+    "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS                            \
+    " SELECT count(*), " SQL_EXE_SAMPLES_NOTIFIED_AFTER " FROM u"
 
 /* SQL_EXE_FINISH_OPS, and $4 the number of operations: fails (SQLSTATE
  * EXE_SQLSTATE_TAKEN_BACK, migration 0033) unless every one was still claimed by the cycle,
@@ -151,7 +158,7 @@
     "WITH u AS (" SQL_EXE_FINISH_UPDATE ")," SQL_EXE_FINISH_EVENTS                            \
     " SELECT CASE WHEN count(*) = $4::bigint THEN count(*) ELSE loom_refuse(($4::bigint - count(*))" \
     " || ' of the ' || $4 || ' operations of cycle ' || $2 || ' are no longer claimed by it (lease expired?)')" \
-    " END FROM u"
+    " END, " SQL_EXE_SAMPLES_NOTIFIED_AFTER " FROM u"
 #define EXE_SQLSTATE_TAKEN_BACK "LM001"
 
 /* models (text[]), the seq_id of each one's last operation in the cycle that changed its
@@ -171,10 +178,9 @@
  * what is there), $9 text[] / $10 int[] the models whose state the cycle changed and the
  * seq_id of the last operation that did (NULL: none; SQL_EXE_MODEL_STATES_OF): the cycle
  * is done, the models' state_seq moved, the executor idle again with what its adapter store
- * holds now (unless written off as gone), the futures of the cycle's operations woken,
- * with their results when small (CHAN_OP_DONE in contract.h: delivered with the commit,
- * so the api sees only final results); one statement. (Whether work waits is read after
- * the commit: SQL_EXE_WORK_WAITS.) */
+ * holds now (unless written off as gone); one statement. The futures of the cycle's
+ * operations are woken after the commit (SQL_EXE_NOTIFY_DONE), and whether work waits is
+ * read after it too (SQL_EXE_WORK_WAITS). */
 #define SQL_EXE_FINISH_CYCLE                                                                  \
     "WITH cyc AS (UPDATE cycles SET state = 'done', finished_at = now(), compute_s = $2::real" \
     "   WHERE id = $1::bigint),"                                                              \
@@ -184,13 +190,28 @@
     "   expert_tokens = COALESCE($8::bigint[], expert_tokens)"                                \
     "   WHERE id = $3::bigint AND state <> 'gone'),"                                          \
     " st AS (" SQL_EXE_MODEL_STATES_OF("$9", "$10") ")"                                       \
-    " SELECT pg_notify('" CHAN_OP_DONE "', CASE WHEN o.state = 'done' AND o.result IS NOT NULL"  \
+    " SELECT 1"
+
+/* $1 cycle: after the commit of SQL_EXE_FINISH_CYCLE, in a transaction that does not wait
+ * for the disk (as common_sql.h's SQL_NOTIFY_AFTER: notified inside the durable commit, the
+ * cycle would hold every other notifying commit of the database, submits included,
+ * behind its WAL flush), the futures of the cycle's operations woken, with their results
+ * when small (CHAN_OP_DONE in contract.h), and the polls parked on the sampler sessions of
+ * its samples (what migration 0022's trigger sends for the other paths): the api sees
+ * only committed results. */
+#define SQL_EXE_NOTIFY_DONE                                                                   \
+    "SELECT pg_notify('" CHAN_OP_DONE "', CASE WHEN o.state = 'done' AND o.result IS NOT NULL"  \
     "   AND CASE WHEN o.result_bin IS NOT NULL THEN 2 * octet_length(o.result_bin)"             \
     "   ELSE octet_length(o.result::text) END <= " OP_DONE_INLINE_MAX                           \
     "   THEN o.request_id || E'\\t' || o.tenant_id || E'\\t' || o.kind || E'\\t' ||"           \
     "   CASE WHEN o.result_bin IS NOT NULL THEN 'B' || encode(o.result_bin, 'hex')"              \
     "   ELSE 'J' || o.result::text END ELSE o.request_id END)"                                  \
-    " FROM operations o WHERE o.cycle_id = $1::bigint"
+    " FROM operations o WHERE o.cycle_id = $1::bigint"                                        \
+    " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"                          \
+    " UNION ALL SELECT pg_notify('" CHAN_OP_DONE "', 'ss:' || md5(ss.id)) FROM (SELECT DISTINCT" \
+    "   o.sampling_session_id AS id FROM operations o WHERE o.cycle_id = $1::bigint"           \
+    "   AND o.kind = '" OP_SAMPLE "' AND o.sampling_session_id IS NOT NULL"                     \
+    "   AND o.state IN ('done', 'failed', 'canceled')) ss"
 
 /* $1 executor. Sent with the commit of a cycle (after it, in the same round trip): one
  * row when work this executor, idle again, could be given waits (it arrived while it was

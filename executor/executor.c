@@ -195,8 +195,9 @@ static int run_commit_hooks(PGconn *c, exe_state *st, exe_op *ops, int n, char *
 /* 0 committed; -1 a database error (worth another try); -2 the cycle is no longer this
  * executor's (the reaper took it back): its results must never be committed.
  * One round trip in the usual case (no commit hooks, no snapshot to record): the
- * statements up to the cycle's end, the COMMIT and the scheduler's wake-up go in one batch
- * (db_pipeline), the results' statement failing (SQL_EXE_FINISH_OPS_ALL) unless every
+ * statements up to the cycle's end, the COMMIT, the futures' wake-up (SQL_EXE_NOTIFY_DONE,
+ * after the commit and not waiting for the disk) and the look for waiting work go in one
+ * batch (db_pipeline), the results' statement failing (SQL_EXE_FINISH_OPS_ALL) unless every
  * operation was still the cycle's, which stops the rest, the COMMIT included. With hooks
  * or snapshots to record, those run between the batch and the COMMIT. */
 static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, int n, exe_snap_set *snaps,
@@ -217,7 +218,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     if (n > 0 && !outcomes) { free(bins); snprintf(err, errlen, "the cycle's results could not be encoded"); goto fail; }
     const char *pf[4] = {outcomes, cyc, (const char *)bins, nops};
     const int pf_len[4] = {[2] = (int)bins_len}, pf_fmt[4] = {[2] = 1};
-    db_bin bin[7] = {{NULL, NULL, 0}};
+    db_bin bin[8] = {{NULL, NULL, 0}};
     model_states_params(ops, n, &models, &seqs);
     capacity_params cp;
     capacity_of(st, &cp);
@@ -225,7 +226,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     const char *pe[1] = {eid};
     const char *pc[10] = {cyc, comp, eid, cp.used, cp.training, cp.snapshots, cp.cached, experts,
                           models, seqs};
-    db_stmt b[7];
+    db_stmt b[8];
     int nb = 0, finish_at = -1, commit_at = -1;
     if (!hooks) b[nb++] = (db_stmt){SQL_BEGIN, 0, NULL};
     /* The executor is idle, and listens for its next cycle, from the same commit: the
@@ -237,12 +238,14 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         b[nb++] = one_trip ? (db_stmt){SQL_EXE_FINISH_OPS_ALL, 4, pf} : (db_stmt){SQL_EXE_FINISH_OPS, 3, pf};
     }
     b[nb++] = (db_stmt){SQL_EXE_FINISH_CYCLE, 10, pc};
+    const char *pd[1] = {cyc};
     if (one_trip) {
         commit_at = nb;
         b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
+        b[nb++] = (db_stmt){SQL_EXE_NOTIFY_DONE, 1, pd};
         b[nb++] = (db_stmt){SQL_EXE_WORK_WAITS, 1, pe};
     }
-    PGresult *r[7];
+    PGresult *r[8];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     bool taken_back = got == finish_at && !strcmp(db_last_sqlstate(), EXE_SQLSTATE_TAKEN_BACK);
     free(experts);
@@ -255,7 +258,7 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
     for (int i = 0; i < nb; i++) PQclear(r[i]);
     if (one_trip) {
         if (got > commit_at) {   /* committed */
-            if (got < nb) log_warn("cycle %s: whether work waits: %s", cyc, err);
+            if (got < nb) log_warn("cycle %s: after its commit, waking its futures and looking for work: %s", cyc, err);
             g_listen_pid = PQbackendPID(c);
             return 0;
         }
@@ -275,14 +278,13 @@ static int commit_cycle(PGconn *c, exe_state *st, int64_t cycle, exe_op *ops, in
         return -2;
     }
     if (exe_snapshots_record(st, c, snaps, err, errlen) < 0) goto fail;
-    db_stmt end[2] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_WORK_WAITS, 1, pe}};
-    PGresult *re[2];
-    int ended = db_pipeline(c, end, 2, re, err, errlen);
-    if (ended == 2) g_backlog = PQntuples(re[1]) > 0;
-    PQclear(re[0]);
-    PQclear(re[1]);
+    db_stmt end[3] = {{SQL_COMMIT, 0, NULL}, {SQL_EXE_NOTIFY_DONE, 1, pd}, {SQL_EXE_WORK_WAITS, 1, pe}};
+    PGresult *re[3];
+    int ended = db_pipeline(c, end, 3, re, err, errlen);
+    if (ended == 3) g_backlog = PQntuples(re[2]) > 0;
+    for (int i = 0; i < 3; i++) PQclear(re[i]);
     if (ended < 1) return -1;   /* the session broke in its commit: it is tried again */
-    if (ended < 2) log_warn("cycle %s: whether work waits: %s", cyc, err);
+    if (ended < 3) log_warn("cycle %s: after its commit, waking its futures and looking for work: %s", cyc, err);
     g_listen_pid = PQbackendPID(c);
     return 0;
 fail:

@@ -29,6 +29,7 @@
 --   0036_submit_without_fk_checks
 --   0037_domains_and_plain_metrics
 --   0038_executor_last_compute
+--   0039_notify_after_commit
 
 CREATE DOMAIN public.loom_cycle_state AS text
 	CONSTRAINT loom_cycle_state_check CHECK ((VALUE = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])));
@@ -168,7 +169,9 @@ CREATE FUNCTION public.loom_sample_finished_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_notify('loom_op_done', 'ss:' || md5(NEW.sampling_session_id));
+    IF current_setting('loom.samples_notified_after', true) IS DISTINCT FROM 'on' THEN
+        PERFORM pg_notify('loom_op_done', 'ss:' || md5(NEW.sampling_session_id));
+    END IF;
     RETURN NULL;
 END $$;
 

@@ -540,7 +540,7 @@ static int submit(api_call *c, const oai_req *q, const oai_model *m, const oai_p
         if (!r) goto dberr;
         PQclear(r);
     }
-    if (db_commit(c->db, c->err, sizeof c->err) < 0) goto dberr;
+    if (db_commit_notify(c->db, CHAN_OP_QUEUED, NULL, c->err, sizeof c->err) < 0) goto dberr;
     return 0;
 dberr:
     db_rollback(c->db);

@@ -6,9 +6,13 @@
  * connection out of pipeline mode and usable again). And a connection's session setup
  * (db_session_setup: LISTEN, application_name) survives every reset: db_reset, and the
  * reset of a batch broken by a server that ended the session (before, the new session
- * had lost its LISTEN, and a loop on it waited out its poll on every cycle). */
+ * had lost its LISTEN, and a loop on it waited out its poll on every cycle). And the
+ * durable writes that notify after their commit (db_query_bin_notify, db_commit_notify):
+ * the write committed, its notification after it with its payload, none for a statement
+ * that leaves none or fails. */
 #include "tests/check.h"
 #include "common/clock.h"
+#include "common/common_sql.h"
 #include "tests/dbtest.h"
 
 static void clear_all(PGresult **r, int n) {
@@ -129,6 +133,60 @@ static void test_session_setup(void) {
     db_finish(c);
 }
 
+static void keep_payload(const char *payload, void *arg) { snprintf((char *)arg, 64, "%s", payload); }
+
+/* The next notification on l within ms: its payload in got ("" when none came). */
+static void next_note(PGconn *l, int ms, char got[64]) {
+    got[0] = 0;
+    db_wait_notify_each(l, ms, keep_payload, got);
+}
+
+/* db_query_bin_notify and db_commit_notify: the write committed durably, its notification
+ * after it, in a transaction of its own (common_sql.h, SQL_NOTIFY_AFTER). */
+static void test_notify_after(void) {
+    char err[512], got[64];
+    PGconn *l = db_connect(conninfo, 10000, err, sizeof err);
+    if (!l) dbt_die("connect", err);
+    PGresult *lr = db_query(l, "LISTEN pipe_note", 0, NULL, err, sizeof err);
+    PQclear(lr);
+    const char *leave = "INSERT INTO pipe_t VALUES ($1::int) RETURNING v,"
+                        " set_config('" DB_NOTIFY_LEFT "', $2, false)";
+    const char *p1[2] = {"20", "pipe_note\nhello there"};
+    PGresult *r = db_query_bin_notify(C, leave, 2, p1, NULL, NULL, 0, err, sizeof err);
+    CHECK(r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "20"), "db_query_bin_notify: the statement's own"
+          " result comes back (%s)", r ? "" : err);
+    PQclear(r);
+    CHECK(PQtransactionStatus(C) == PQTRANS_IDLE && scalar("SELECT count(*) FROM pipe_t WHERE v = 20") == 1,
+          "its write is committed, the session out of any transaction");
+    next_note(l, 5000, got);
+    CHECK(!strcmp(got, "hello there"), "the notification it left arrives with its payload (\"%s\")", got);
+    CHECK(scalar("SELECT (current_setting('synchronous_commit') = 'on')::int") == 1,
+          "the session still commits durably (the notification's setting was its own transaction's)");
+    const char *p2[2] = {"21", ""};
+    r = db_query_bin_notify(C, leave, 2, p2, NULL, NULL, 0, err, sizeof err);
+    PQclear(r);
+    next_note(l, 300, got);
+    CHECK(r && !got[0] && scalar("SELECT count(*) FROM pipe_t WHERE v = 21") == 1,
+          "a statement that leaves '' commits and notifies nobody");
+    const char *failing = "INSERT INTO pipe_t SELECT $1::int / 0 FROM (SELECT set_config('" DB_NOTIFY_LEFT "', $2,"
+                          " false)) s";
+    const char *p3[2] = {"22", "pipe_note\nnever"};
+    r = db_query_bin_notify(C, failing, 2, p3, NULL, NULL, 0, err, sizeof err);
+    next_note(l, 300, got);
+    CHECK(!r && strstr(err, "division by zero") && PQtransactionStatus(C) == PQTRANS_IDLE && !got[0],
+          "a statement that fails: NULL with the server's message, the session out of its transaction, no"
+          " notification (%s)", err);
+    CHECK(db_begin(C, err, sizeof err) == 0, "BEGIN");
+    PGresult *ins = db_query(C, "INSERT INTO pipe_t VALUES (23)", 0, NULL, err, sizeof err);
+    PQclear(ins);
+    CHECK(db_commit_notify(C, "pipe_note", "bye", err, sizeof err) == 0 && PQtransactionStatus(C) == PQTRANS_IDLE,
+          "db_commit_notify commits the open transaction (%s)", err);
+    next_note(l, 5000, got);
+    CHECK(scalar("SELECT count(*) FROM pipe_t WHERE v = 23") == 1 && !strcmp(got, "bye"),
+          "its write is there and its notification arrives (\"%s\")", got);
+    db_finish(l);
+}
+
 int main(void) {
     dbt_start("loom-pipe");
     sql("CREATE TABLE pipe_t (v int)");
@@ -136,6 +194,7 @@ int main(void) {
     test_failure();
     test_terminated();
     test_session_setup();
+    test_notify_after();
     dbt_stop();
     return check_summary();
 }

@@ -205,7 +205,7 @@ static int submit_one(PGconn *db, const op_submit_req *q, const char *fresh, con
     api_fmt_i64(seq, q->seq_id);
     const char *p[8] = {fresh, tid, q->model_id, seq, q->kind, q->payload, ntok, (const char *)q->payload_bin};
     const int len[8] = {[7] = (int)q->payload_bin_len}, fmt[8] = {[7] = 1};
-    PGresult *r = db_query_bin(db, SQL_OP_SUBMIT, 8, p, len, fmt, 0, err, errlen);
+    PGresult *r = db_query_bin_notify(db, SQL_OP_SUBMIT, 8, p, len, fmt, 0, err, errlen);
     if (!r) return -1;
     bool live = PQntuples(r) > 0 && db_bool(r, 0, 0), inserted = live && !PQgetisnull(r, 0, 1);
     PQclear(r);
@@ -288,9 +288,7 @@ int op_submit(PGconn *db, const op_submit_req *q, char request_id[API_REQUEST_ID
             }
             /* models.last_request_at is left alone: the scheduler orders models by it as
              * "last served" and sets it itself. */
-            if (db_exec(db, SQL_OP_NOTIFY_QUEUED, 0, NULL, err, errlen) < 0 ||
-                db_commit(db, err, errlen) < 0)
-                goto fail;
+            if (db_commit_notify(db, CHAN_OP_QUEUED, NULL, err, errlen) < 0) return -1;
             snprintf(request_id, API_REQUEST_ID_MAX, "%s", fresh);
             fut_cache_submitted(request_id, q->tenant_id);
             return 0;

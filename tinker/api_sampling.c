@@ -384,7 +384,7 @@ int api_h_asample(api_call *c) {
     op_new_request_id(request_id);
     const char *ip[6] = {request_id, tid, q.sampling_session_id, q.has_seq_id ? seq : NULL,
                          payload, ntok};
-    r = db_query(c->db, SQL_SAMPLE_SUBMIT, 6, ip, c->err, sizeof c->err);
+    r = db_query_bin_notify(c->db, SQL_SAMPLE_SUBMIT, 6, ip, NULL, NULL, 0, c->err, sizeof c->err);
     if (!r) goto dberr;
     if (PQntuples(r) == 0 || !db_bool(r, 0, 0)) {
         api_error(c, 400, "the session of sampling session %.200s expired (no heartbeat and no request for a "

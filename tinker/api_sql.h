@@ -3,6 +3,7 @@
  * lives here: a row of another tenant is simply not found. The HTTP runtime's own (key
  * checks, worker sessions) are in core/core_sql.h, the registry's in registry/reg_sql.h. */
 #pragma once
+#include "common/common_sql.h"
 #include "contract/contract.h"
 #include "registry/reg_sql.h"
 
@@ -160,15 +161,20 @@
     " AND fs.finished_at IS NULL"
 /* The same in one statement, its own transaction, touching the model's session
  * (SQL_SESSION_TOUCH_LIVE) and waking whoever builds its cycle: the common submit (an
- * explicit seq_id), one round trip and one commit. -> whether the session took it (false:
- * it expired since the model check; nothing inserted), the request_id (NULL: (model,
- * seq_id) was taken). A model placed on an executor that is idle wakes that executor
+ * explicit seq_id), one round trip and one durable commit. -> whether the session took it
+ * (false: it expired since the model check; nothing inserted), the request_id (NULL:
+ * (model, seq_id) was taken), and the wake-up it leaves in DB_NOTIFY_LEFT ('' for none),
+ * which db_query_bin_notify sends after the commit, in a transaction that does not wait
+ * for the disk (common_sql.h, SQL_NOTIFY_AFTER: a pg_notify here would hold every other
+ * notifying commit of the database behind this one's WAL flush). A model placed on an
+ * executor that is idle wakes that executor
  * (CYCLE_HINT_QUEUED on its channel), which builds its own cycle without a scheduler
  * round trip. A busy one (not listening: nothing is delivered) looks for waiting work
  * itself when its cycle commits (SQL_EXE_WORK_WAITS), and a scheduler's pass could not
  * give it any before: the hint goes to its channel too, and reaches it when its commit
- * (idle and listening from then) came between this submit's look and its commit, the one
- * case its own look misses. A model placed nowhere, or on a draining or gone executor,
+ * (idle and listening from then) came between this submit's look and its notification,
+ * which covers the one case its own look misses (its commit after this look, its look
+ * before this commit). A model placed nowhere, or on a draining or gone executor,
  * wakes the scheduler (placement). A forward_backward of a model that usually sends
  * its optim_step right after (pair_p, rule 5) tells the executor so (CYCLE_HINT_PAIR with
  * the model's gap), which holds it for the step, as the scheduler would, without a pass:
@@ -193,16 +199,17 @@
     " FROM live WHERE live.ok"                                                              \
     " ON CONFLICT (model_id, seq_id) DO NOTHING"                                            \
     " RETURNING request_id, id, seq_id, n_tokens, tenant_id, model_id, kind, created_at)"   \
-    " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
-    " (SELECT request_id, pg_notify(coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"    \
+    " SELECT live.ok, i.request_id, set_config('" DB_NOTIFY_LEFT "', coalesce(i.note, ''), false)" \
+    " FROM live LEFT JOIN"                                                                  \
+    " (SELECT request_id, coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"              \
     "   JOIN executors e ON e.id = src.executor_id WHERE e.state <> 'gone' AND NOT e.draining)," \
-    "   '" CHAN_OP_QUEUED "'), (SELECT concat_ws(' ', CASE WHEN ins.kind = '" OP_FORWARD_BACKWARD "'" \
+    "   '" CHAN_OP_QUEUED "') || E'\\n' || (SELECT concat_ws(' ', CASE WHEN ins.kind = '" OP_FORWARD_BACKWARD "'" \
     "   AND src.pair_p > 0.5 THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3)" \
     "   ELSE '" CYCLE_HINT_QUEUED "' END, ins.id, ins.seq_id, src.next_seq, ins.n_tokens,"     \
     "   extract(epoch FROM ins.created_at) * 1000, ins.tenant_id, EXISTS (SELECT 1 FROM"     \
     "   tenant_limits l WHERE l.tenant_id = ins.tenant_id AND l.tokens_per_minute IS NOT NULL)::int," \
     "   src.pair_p, src.pair_gap_ms, src.tail_ms, ins.kind, ins.model_id)"                  \
-    "   FROM src)) FROM ins) i ON true"
+    "   FROM src) AS note FROM ins) i ON true"
 /* $1 model, $2 tenant: the submit's touch in the transaction of a submit that
  * takes more than one statement (op_submit), before it locks the model (the expiry locks
  * the session, then its models) -> whether the session may take it (as above). */
@@ -227,7 +234,6 @@
 #define SQL_OP_EXISTING                                                                     \
     "SELECT request_id, kind, payload ? 'rejected', error FROM operations"                  \
     " WHERE model_id = $1 AND seq_id = $2"
-#define SQL_OP_NOTIFY_QUEUED "NOTIFY " CHAN_OP_QUEUED
 /* Tokens the tenant's operations claimed into cycles in the last minute (its rate limit). */
 #define SQL_TENANT_TOKENS_LAST_MINUTE(tenant)                                               \
     "(SELECT coalesce(sum(r.n_tokens), 0) FROM operations r WHERE r.tenant_id = " tenant    \
@@ -316,17 +322,18 @@
     "SELECT count(*) FROM (SELECT 1 FROM operations WHERE tenant_id = $1"                   \
     " AND kind = '" OP_SAMPLE "' AND state = 'queued' LIMIT $2) q"
 /* $1 request_id, $2 tenant, $3 sampling_session_id, $4 seq_id (NULL: no de-duplication),
- * $5 payload, $6 n_tokens -> request_id when inserted; wakes the scheduler with it. */
+ * $5 payload, $6 n_tokens -> request_id when inserted. The caller's commit wakes the
+ * scheduler (db_commit_notify). */
 #define SQL_SAMPLE_INSERT                                                                   \
-    "WITH ins AS (INSERT INTO operations (request_id, tenant_id, sampling_session_id,"      \
+    "INSERT INTO operations (request_id, tenant_id, sampling_session_id,"                    \
     " seq_id, kind, payload, n_tokens) VALUES ($1, $2, $3, $4, '" OP_SAMPLE "', $5::jsonb, $6)"    \
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
-    " DO NOTHING RETURNING request_id)"                                                     \
-    " SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins"
+    " DO NOTHING RETURNING request_id"
 /* The same for asample (§11), touching the sampler's session in the same statement
  * (SQL_SESSION_TOUCH_LIVE; the OpenAI routes' own session needs none) -> whether the
  * session took it (false: it expired since the sampler check; nothing inserted), the
- * request_id (NULL: (sampler, seq_id) was taken). */
+ * request_id (NULL: (sampler, seq_id) was taken), and the scheduler's wake-up left in
+ * DB_NOTIFY_LEFT for db_query_bin_notify to send after the commit (as SQL_OP_SUBMIT's). */
 #define SQL_SAMPLER_SESSION "SELECT session_id FROM sampling_sessions WHERE id = $3 AND tenant_id = $2"
 #define SQL_SAMPLE_SUBMIT                                                                   \
     "WITH " SQL_SESSION_TOUCH_LIVE(SQL_SAMPLER_SESSION) ","                                  \
@@ -335,8 +342,8 @@
     " $5::jsonb, $6::int FROM live WHERE live.ok"                                           \
     " ON CONFLICT (sampling_session_id, seq_id) WHERE sampling_session_id IS NOT NULL"      \
     " DO NOTHING RETURNING request_id)"                                                     \
-    " SELECT live.ok, i.request_id FROM live LEFT JOIN"                                     \
-    " (SELECT request_id, pg_notify('" CHAN_OP_QUEUED "', '') FROM ins) i ON true"
+    " SELECT live.ok, i.request_id, set_config('" DB_NOTIFY_LEFT "', coalesce(i.note, ''), false)" \
+    " FROM live LEFT JOIN (SELECT request_id, '" CHAN_OP_QUEUED "' || E'\\n' AS note FROM ins) i ON true"
 
 /* ---- unload_model (§7.8) ------------------------------------------------------------- */
 /* $1 model, $2 tenant -> status, request_id of an earlier unload_model or NULL; locks it */

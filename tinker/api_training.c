@@ -185,7 +185,6 @@ static int create_model(api_call *c, create_model_req q) {
         sb_free(&pl);
         if (!r) goto dberr;
         PQclear(r);
-        if (db_exec(c->db, SQL_OP_NOTIFY_QUEUED, 0, NULL, c->err, sizeof c->err) < 0) goto dberr;
     } else {
         /* A retry of (session_id, model_seq_id): answer with the first future. */
         const char *ep[2] = {model_id, "0"};
@@ -200,7 +199,10 @@ static int create_model(api_call *c, create_model_req q) {
         snprintf(request_id, sizeof request_id, "%s", PQgetvalue(r, 0, 0));
         PQclear(r);
     }
-    if (db_commit(c->db, c->err, sizeof c->err) < 0) goto dberr;
+    /* A new create_model wakes the scheduler (placement) after the commit. */
+    if ((inserted ? db_commit_notify(c->db, CHAN_OP_QUEUED, NULL, c->err, sizeof c->err)
+                  : db_commit(c->db, c->err, sizeof c->err)) < 0)
+        goto dberr;
     return reply_future(c, request_id, model_id);
 dberr:
     db_rollback(c->db);
