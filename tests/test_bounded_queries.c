@@ -33,7 +33,8 @@
  * state does not last. With the statistics of the empty database the reads are printed,
  * not checked (see main). The figures are printed, one line per statement, "!" where the
  * reads grew past the bound (LOOM_TEST_PLANS=<part of a name> prints those statements'
- * plans). */
+ * plans). Last, the api's per-operation statements again with 2,000 more idle models of the
+ * submitting tenant: a submit's own work is its one model (idle_models_check). */
 #define CHECK_QUIET
 #include "check.h"
 #include "common/strbuf.h"
@@ -464,6 +465,51 @@ static void measure_all(int phase) {
         }
 }
 
+/* A submit's own work is its one model: it reads the same however many models its tenant
+ * keeps open (a sweep, idle RL runs: active models in live sessions with nothing queued).
+ * Each per-operation statement of the api, at the large size, before and after tenant 1
+ * opens 2,000 more, with the statistics from before them and then fresh. */
+static const char *PER_OP[] = {"api: a submit's model check", "api: submit",
+                               "api: a submit's session touch (several statements)", "api: session touch",
+                               "api: a sample's sampler check", "api: sample submit with its session touch"};
+#define NPER_OP (sizeof PER_OP / sizeof PER_OP[0])
+
+static void idle_models_check(void) {
+    const stmt *st[NPER_OP];
+    measure before[NPER_OP][2];
+    for (size_t k = 0; k < NPER_OP; k++) {
+        st[k] = NULL;
+        for (size_t i = 0; i < NSTMTS; i++)
+            if (!strcmp(STMTS[i].name, PER_OP[k])) st[k] = &STMTS[i];
+        if (!st[k]) dbt_die("idle models", PER_OP[k]);
+        for (int g = 0; g < 2; g++) before[k][g] = run(st[k], g);
+    }
+    sql("INSERT INTO sessions (id, tenant_id) SELECT 'idle' || u, 1 FROM generate_series(1, 2000) u");
+    sql("INSERT INTO models (id, tenant_id, session_id, model_seq_id, base_model, lora_rank, lora_seed, train_attn,"
+        " train_mlp, train_unembed, next_seq, state_seq) SELECT 'idle' || u || ':train:0', 1, 'idle' || u, 0, 'm',"
+        " 8, 1, true, true, true, 5, 4 FROM generate_series(1, 2000) u");
+    for (int fresh = 0; fresh < 2; fresh++) {
+        if (fresh) sql("ANALYZE");
+        for (size_t k = 0; k < NPER_OP; k++)
+            for (int g = 0; g < 2; g++) {
+                measure m = run(st[k], g);
+                /* + 32: the sessions' and models' indexes a level deeper cost a buffer per
+                 * lookup; reading the tenant's models cost ~180 */
+                CHECK(m.buffers <= before[k][g].buffers + 32,
+                      "%s (%s plan): %ld buffers with 2,000 more idle models of its tenant (%s statistics), %ld"
+                      " before them: reads the tenant's models\n%s\n    was:\n%s", PER_OP[k],
+                      g ? "generic" : "custom", m.buffers, fresh ? "fresh" : "stale", before[k][g].buffers,
+                      m.plan, before[k][g].plan);
+                free(m.plan);
+            }
+    }
+    for (size_t k = 0; k < NPER_OP; k++)
+        for (int g = 0; g < 2; g++) free(before[k][g].plan);
+    sql("DELETE FROM models WHERE id LIKE 'idle%'");
+    sql("DELETE FROM sessions WHERE id LIKE 'idle%'");
+    sql("ANALYZE");
+}
+
 int main(void) {
     dbt_start("loom-bounded");
     /* A new session, as the processes open theirs after the migrations: the database's
@@ -487,6 +533,7 @@ int main(void) {
     measure_all(LARGE_NONE);
     sql("ANALYZE");
     measure_all(LARGE_FRESH);
+    idle_models_check();
     /* Statistics taken when the database held only the live work (a fresh install
      * analyzed early, its history grown since): everything again, from empty. Printed,
      * not checked: autovacuum analyzes a table again once a tenth of it changed, so a

@@ -156,9 +156,14 @@
  * that a submit refuses what changed since its model check (a check remembered for a
  * moment, op_model_check_recent; an unload between the two) */
 #define SQL_MODEL_SESSION(model, tenant)                                                    \
-    "SELECT m.session_id FROM models m JOIN sessions fs ON fs.id = m.session_id"            \
-    " WHERE m.id = " model " AND m.tenant_id = " tenant " AND m.status = 'active'"          \
-    " AND fs.finished_at IS NULL"
+    "SELECT m.session_id FROM " SQL_MODEL_BY_ID(model) " m"                                 \
+    " WHERE m.tenant_id = " tenant " AND m.status = 'active'"                               \
+    " AND (SELECT fs.finished_at IS NULL FROM sessions fs WHERE fs.id = m.session_id)"
+/* The model by its id alone, its tenant checked after (docs/architecture.md, "Bounded by
+ * the work"): OFFSET 0 keeps PostgreSQL from reaching it through the tenant's index of
+ * active models instead, which with statistics from before a tenant opened many models
+ * read every one of them on every submit (test_bounded_queries, idle_models_check). */
+#define SQL_MODEL_BY_ID(model) "(SELECT * FROM models WHERE id = " model " OFFSET 0)"
 /* The same in one statement, its own transaction, touching the model's session
  * (SQL_SESSION_TOUCH_LIVE) and waking whoever builds its cycle: the common submit (an
  * explicit seq_id), one round trip and one durable commit. -> whether the session took it
@@ -190,9 +195,9 @@
 #define SQL_OP_SUBMIT                                                                       \
     "WITH src AS MATERIALIZED (SELECT m.session_id, m.executor_id, m.pair_p,"              \
     "   coalesce(m.pair_gap_ms, -1) AS pair_gap_ms, m.next_seq,"                            \
-    "   coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) AS tail_ms FROM models m"     \
-    "   JOIN sessions fs ON fs.id = m.session_id WHERE m.id = $3 AND m.tenant_id = $2"      \
-    "   AND m.status = 'active' AND fs.finished_at IS NULL),"                               \
+    "   coalesce(extract(epoch FROM m.tail_fb_at) * 1000, -1) AS tail_ms"                   \
+    "   FROM " SQL_MODEL_BY_ID("$3") " m WHERE m.tenant_id = $2 AND m.status = 'active'"     \
+    "   AND (SELECT fs.finished_at IS NULL FROM sessions fs WHERE fs.id = m.session_id)),"  \
     " " SQL_SESSION_TOUCH_LIVE("SELECT session_id FROM src") ","                            \
     " ins AS (INSERT INTO operations (request_id, tenant_id, model_id, seq_id, kind, payload, n_tokens," \
     " payload_bin) SELECT $1, $2::bigint, $3, $4::bigint, $5, $6::jsonb, $7::int, $8::bytea"  \
