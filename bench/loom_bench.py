@@ -13,6 +13,10 @@ passes or fails.
               step, per-tenant step latency
   durability  the cost of durable state per optim_step, end to end: steps with a snapshot
               every step against the default
+  churn       (not run by default) 3,000 lone forward_backwards in a row, autovacuum as
+              PostgreSQL has it: per 500, the operations table's dead row versions, the
+              overhead p50 and the shared buffers per call of every per-operation statement
+              (dead versions must cost nothing: goal flat)
   statements  (not run by default) PostgreSQL's time per lone forward_backward, statement by
               statement, with the shared buffers each touches and the WAL it writes
               (pg_stat_statements: the bench's cluster is restarted with it)
@@ -25,7 +29,7 @@ passes or fails.
 The client speaks as SDK 0.25 and later do (protobuf forward_backward bodies and results);
 `--wire json` as SDK 0.16-0.24 do by default (JSON both ways).
 
-    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--backend cpu|sim] [--wire proto|json] [--flush-ms MS] [--parts latency,throughput,tenants,durability,statements,history]
+    /usr/bin/python3 bench/loom_bench.py [--loom build/loom] [--backend cpu|sim] [--wire proto|json] [--flush-ms MS] [--parts latency,throughput,tenants,durability,statements,history,churn]
 """
 import argparse, contextlib, http.client, json, os, statistics, sys, threading, time, urllib.parse
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
@@ -553,6 +557,77 @@ def pg_restart(s):
     raise RuntimeError("PostgreSQL did not start again: " + p.stderr)
 
 
+def with_statements(s):
+    """Restarts the stack's PostgreSQL with pg_stat_statements loaded (planning tracked
+    too) -> a connection and a fresh session id, once every api worker has reconnected."""
+    s.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    pg_restart(s)
+    c = Conn(s.url, s.key)
+    ok = 0
+    for _ in range(200):   # every api worker's connection fails once after the restart
+        try:
+            sid = c.post("/api/v1/create_session", {})["session_id"]
+            ok += 1
+            if ok >= 16:
+                break
+        except RuntimeError:
+            ok = 0
+            time.sleep(0.2)
+    s.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    s.psql("ALTER SYSTEM SET pg_stat_statements.track_planning = on")
+    s.psql("SELECT pg_reload_conf()")
+    return c, sid
+
+
+def churn(loom_args, rounds=6, per=500):
+    """What the database's dead row versions cost the hot statements: rounds x per lone
+    forward_backwards in a row on a fresh stack, autovacuum as PostgreSQL has it (on a
+    table of any size it comes after a fifth of the rows changed: on a deployment's
+    operations table, after days). Every operation leaves dead versions of its row and dead
+    entries in the indexes its updates wrote; a statement that reaches live rows through
+    them pays for every operation since the last vacuum. Per round: the operations' dead
+    row versions (from PostgreSQL's counters), the lone operation's overhead p50 and the
+    shared buffers per call of each statement run about once per operation. Not in the
+    default run."""
+    print(f"churn: {rounds} x {per} lone forward_backwards (1 datum, 8 tokens) in a row; shared buffers per call of"
+          " each statement run about once per operation, per round (goal: flat)")
+    with stack.Stack(loom_args) as s:
+        c, sid = with_statements(s)
+        mid = c.model(sid, 0)
+        seq, cols, per_stmt = 1, [], {}
+        for r in range(rounds):
+            s.psql("SELECT pg_stat_statements_reset()")
+            over = []
+            for k in range(per):
+                t0 = time.time()
+                rid = c.post("/api/v1/forward_backward", fb_body(mid, seq, k, 1, 8))["request_id"]
+                c.result(rid)
+                over.append((rid, time.time() - t0))
+                seq += 1
+            t = op_times(s, [rid for rid, _ in over])
+            o50 = pct([dt - t[rid][4] for rid, dt in over], 50)
+            rows = s.psql(f"SELECT (shared_blks_hit + shared_blks_read)::float / calls,"
+                          f" left(regexp_replace(query, '\\s+', ' ', 'g'), 56) FROM pg_stat_statements"
+                          f" WHERE calls >= {int(0.8 * per)} AND query NOT LIKE '%pg_stat_statements%'")
+            for line in rows.splitlines():
+                b, q = line.split("|", 1)
+                per_stmt.setdefault(q, {})[r] = float(b)
+            dead = int(s.psql("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'operations'"))
+            cols.append((f"{r * per}-{(r + 1) * per}", dead, o50))
+    print(f"  {'operations':58s}" + "".join(f" {name:>10s}" for name, _, _ in cols))
+    print(f"  {'dead row versions of operations at the end':58s}" + "".join(f" {d:10d}" for _, d, _ in cols))
+    print(f"  {'overhead beyond compute p50, ms':58s}" + "".join(f" {1000 * o:10.2f}" for _, _, o in cols))
+    grew = []
+    for q, by in sorted(per_stmt.items(), key=lambda kv: -max(kv[1].values())):
+        vals = [by.get(r) for r in range(rounds)]
+        print(f"  {q:58s}" + "".join(f" {v:10.1f}" if v is not None else f" {'-':>10s}" for v in vals))
+        if vals[0] and vals[-1]:
+            grew.append((vals[-1] / vals[0], q))
+    worst = max(grew) if grew else (1.0, "")
+    print(f"  the statement that grew most: x{worst[0]:.2f} from the first round to the last ({worst[1][:40]})"
+          f"   (goal: none grows: {'met' if worst[0] <= 1.5 else 'NOT met'})")
+
+
 def statements(loom_args, n=500):
     """Where PostgreSQL's time goes for a lone forward_backward: each statement's execution
     and planning time and calls per operation, from pg_stat_statements (the bench's cluster
@@ -560,22 +635,7 @@ def statements(loom_args, n=500):
     than the wall-clock and CPU figures on a shared machine, so a change to one statement
     shows in its row. Not in the default run."""
     with stack.Stack(loom_args) as s:
-        s.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-        pg_restart(s)
-        c = Conn(s.url, s.key)
-        ok = 0
-        for _ in range(200):   # every api worker's connection fails once after the restart
-            try:
-                sid = c.post("/api/v1/create_session", {})["session_id"]
-                ok += 1
-                if ok >= 16:
-                    break
-            except RuntimeError:
-                ok = 0
-                time.sleep(0.2)
-        s.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        s.psql("ALTER SYSTEM SET pg_stat_statements.track_planning = on")
-        s.psql("SELECT pg_reload_conf()")
+        c, sid = with_statements(s)
         mid = c.model(sid, 0)
         for k in range(30):   # warm-up: statements prepared, their generic plans settled
             c.result(c.post("/api/v1/forward_backward", fb_body(mid, k + 1, k, 1, 8))["request_id"])
@@ -657,6 +717,8 @@ def main():
         history(a.loom_arg)
     if "statements" in parts:
         statements(a.loom_arg)
+    if "churn" in parts:
+        churn(a.loom_arg)
 
 
 if __name__ == "__main__":

@@ -151,15 +151,25 @@
  * row fewer), and $8-$12 the models advanced (SQL_ADVANCE_MODELS_OF's parameters) ->
  * the cycles' ids and executors. The executors are marked busy by their ids ($1), not
  * through the new cycles: a join with them reads the executors table whole in a generic
- * plan (test_bounded_queries). */
+ * plan (test_bounded_queries). Each claimed operation is found by its id (the primary
+ * key, OFFSET 0: a lookup, not a join) and updated at the row version that lookup found
+ * (ctid: a TID scan; the pass holds its lock, so no other version can come between):
+ * joined with the id list, the generic plan read the queued operations through
+ * operations_live, whose entries of every operation queued since the table's last vacuum
+ * are there until it, dead, and a bitmap scan never marks them so (plain index scans
+ * do): a claim read 60 buffers in the first 500 lone operations and 256 in the sixth
+ * 500 (409 after 5,000), where autovacuum comes only after a fifth of the table changed,
+ * and reads 49-53 throughout now (loom_bench --parts churn). */
 #define SQL_INSERT_CYCLES_CLAIM \
     "WITH cyc AS (INSERT INTO cycles (executor_id, n_ops, n_tokens, lease_expires_at, state, started_at)" \
     "   SELECT v.e, v.n, v.t, now() + make_interval(secs => $4::int)," \
     "   CASE WHEN $7::boolean THEN 'assigned' ELSE 'running' END, CASE WHEN $7::boolean THEN NULL ELSE now() END" \
     "   FROM unnest($1::bigint[], $2::int[], $3::int[]) AS v(e, n, t) RETURNING id, executor_id)," \
-    " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = cyc.id, claimed_at = now()" \
-    "   FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e) JOIN cyc ON cyc.executor_id = x.e" \
-    "   WHERE o.id = x.op AND o.state = 'queued')," \
+    " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = v.cycle, claimed_at = now()" \
+    "   FROM (SELECT l.t, cyc.id AS cycle FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e)" \
+    "   JOIN cyc ON cyc.executor_id = x.e" \
+    "   CROSS JOIN LATERAL (SELECT ctid AS t FROM operations WHERE id = x.op OFFSET 0) l) v" \
+    "   WHERE o.ctid = v.t AND o.state = 'queued')," \
     " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))," \
     " adv AS (" SQL_ADVANCE_MODELS_OF("$8", "$9", "$10", "$11", "$12") ")" \
     " SELECT cyc.id, cyc.executor_id, CASE WHEN $7::boolean THEN" \
