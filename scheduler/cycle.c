@@ -99,10 +99,11 @@ static int write_cycles(PGconn *c, const sched_opts *o, const db_stmt *pre, int 
     /* pre: what goes first (a hinted pass: its BEGIN, o->first and guard); an executor's
      * own cycle is started in the same transaction (sched_opts.start) */
     enum { MAX_PRE = 2 + SCHED_MAX_FIRST };
-    db_stmt b[MAX_PRE + 3];
-    db_bin bin[MAX_PRE + 3] = {{NULL, NULL, 0}};
+    db_stmt b[MAX_PRE + 4];
+    db_bin bin[MAX_PRE + 4] = {{NULL, NULL, 0}};
     int nb = 0, start_at = -1;
     for (int i = 0; i < npre && i < MAX_PRE; i++) b[nb++] = pre[i];
+    b[nb++] = (db_stmt){SQL_CLAIM_GENERIC, 0, NULL};
     int claim_at = nb;
     b[nb++] = (db_stmt){SQL_INSERT_CYCLES_CLAIM, 12, pc};
     if (o->start) {
@@ -111,7 +112,7 @@ static int write_cycles(PGconn *c, const sched_opts *o, const db_stmt *pre, int 
         b[nb++] = *o->start;
     }
     b[nb++] = (db_stmt){SQL_COMMIT, 0, NULL};
-    PGresult *r[MAX_PRE + 3];
+    PGresult *r[MAX_PRE + 4];
     int got = db_pipeline_bin(c, b, bin, nb, r, err, errlen);
     for (size_t i = 0; i < 10; i++) free(l[i]);
     for (int k = 0; got == nb && k < PQntuples(r[claim_at]); k++)
