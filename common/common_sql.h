@@ -25,10 +25,12 @@
     "SELECT pg_notify($1, $2) WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
 /* The notification a statement left in its session's setting DB_NOTIFY_LEFT (its channel, a
  * newline, its payload; '' for none: the statement computed it from what it read and
- * wrote, as its own pg_notify would have), sent as SQL_NOTIFY_AFTER sends one. */
+ * wrote, as its own pg_notify would have), sent as SQL_NOTIFY_AFTER sends one, and the
+ * setting emptied in the same transaction, so that nothing is sent twice. */
 #define DB_NOTIFY_LEFT "loom.notify"
 #define SQL_NOTIFY_LEFT                                                                       \
-    "SELECT pg_notify(split_part(w, E'\\n', 1), substr(w, strpos(w, E'\\n') + 1))"              \
+    "SELECT pg_notify(split_part(w, E'\\n', 1), substr(w, strpos(w, E'\\n') + 1)),"             \
+    " set_config('" DB_NOTIFY_LEFT "', '', false)"                                             \
     " FROM current_setting('" DB_NOTIFY_LEFT "', true) AS w"                                   \
     " WHERE w <> '' AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
 

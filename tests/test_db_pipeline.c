@@ -162,6 +162,8 @@ static void test_notify_after(void) {
     CHECK(!strcmp(got, "hello there"), "the notification it left arrives with its payload (\"%s\")", got);
     CHECK(scalar("SELECT (current_setting('synchronous_commit') = 'on')::int") == 1,
           "the session still commits durably (the notification's setting was its own transaction's)");
+    CHECK(scalar("SELECT (current_setting('" DB_NOTIFY_LEFT "') = '')::int") == 1,
+          "the notification sent, the setting that held it is empty: nothing is sent twice");
     const char *p2[2] = {"21", ""};
     r = db_query_bin_notify(C, leave, 2, p2, NULL, NULL, 0, err, sizeof err);
     PQclear(r);
