@@ -20,9 +20,11 @@
  * microseconds): 4,700 a second. It follows only once the write is committed, so what it
  * announces is final; one lost between the two (the process or the server gone) costs
  * what any lost notification costs, the waiter's next poll.
+ * SQL_COMMITS_UNWAITED: a condition (always true) that has its statement's transaction
+ * commit without waiting for the disk, for a statement that runs alone in one.
  * $1 channel, $2 payload: such a notification. */
-#define SQL_NOTIFY_AFTER                                                                      \
-    "SELECT pg_notify($1, $2) WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+#define SQL_COMMITS_UNWAITED "set_config('synchronous_commit', 'off', true) IS NOT NULL"
+#define SQL_NOTIFY_AFTER "SELECT pg_notify($1, $2) WHERE " SQL_COMMITS_UNWAITED
 /* The notification a statement left in its session's setting DB_NOTIFY_LEFT (its channel, a
  * newline, its payload; '' for none: the statement computed it from what it read and
  * wrote, as its own pg_notify would have), sent as SQL_NOTIFY_AFTER sends one, and the
@@ -32,7 +34,7 @@
     "SELECT pg_notify(split_part(w, E'\\n', 1), substr(w, strpos(w, E'\\n') + 1)),"             \
     " set_config('" DB_NOTIFY_LEFT "', '', false)"                                             \
     " FROM current_setting('" DB_NOTIFY_LEFT "', true) AS w"                                   \
-    " WHERE w <> '' AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+    " WHERE w <> '' AND " SQL_COMMITS_UNWAITED
 
 /* ---- keys.c ----------------------------------------------------------------------------- */
 /* $1 name -> id of the tenant, created if needed; whether this statement created it */

@@ -1,6 +1,7 @@
 /* exe_sql.h: every SQL statement of the executor, named. Parameters are always bound.
  * Tables and states: docs/architecture.md ("Data model"). */
 #pragma once
+#include "common/common_sql.h"
 #include "contract/contract.h"
 
 /* ---- start-up ------------------------------------------------------------------------ */
@@ -207,7 +208,7 @@
     "   CASE WHEN o.result_bin IS NOT NULL THEN 'B' || encode(o.result_bin, 'hex')"              \
     "   ELSE 'J' || o.result::text END ELSE o.request_id END)"                                  \
     " FROM operations o WHERE o.cycle_id = $1::bigint"                                        \
-    " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"                          \
+    " AND " SQL_COMMITS_UNWAITED                                                               \
     " UNION ALL SELECT pg_notify('" CHAN_OP_DONE "', 'ss:' || md5(ss.id)) FROM (SELECT DISTINCT" \
     "   o.sampling_session_id AS id FROM operations o WHERE o.cycle_id = $1::bigint"           \
     "   AND o.kind = '" OP_SAMPLE "' AND o.sampling_session_id IS NOT NULL"                     \
