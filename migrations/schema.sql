@@ -30,6 +30,7 @@
 --   0037_domains_and_plain_metrics
 --   0038_executor_last_compute
 --   0039_notify_after_commit
+--   0040_live_indexes_without_dedup
 
 CREATE DOMAIN public.loom_cycle_state AS text
 	CONSTRAINT loom_cycle_state_check CHECK ((VALUE = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])));
@@ -830,9 +831,9 @@ CREATE INDEX models_unplaced ON public.models USING btree (id) WHERE (((status):
 
 CREATE INDEX operations_in_cycle ON public.operations USING btree (cycle_id) WHERE (cycle_id IS NOT NULL);
 
-CREATE INDEX operations_live ON public.operations USING btree (tenant_id, kind) WHERE ((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text]));
+CREATE INDEX operations_live ON public.operations USING btree (tenant_id, kind) WITH (deduplicate_items=off) WHERE ((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text]));
 
-CREATE INDEX operations_model_live ON public.operations USING btree (model_id, seq_id) WHERE (((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (model_id IS NOT NULL));
+CREATE INDEX operations_model_live ON public.operations USING btree (model_id, seq_id) WITH (deduplicate_items=off) WHERE (((state)::text = ANY (ARRAY['queued'::text, 'claimed'::text])) AND (model_id IS NOT NULL));
 
 CREATE INDEX operations_sample_queued ON public.operations USING btree (id) WHERE (((state)::text = 'queued'::text) AND ((kind)::text = 'sample'::text));
 

@@ -4,6 +4,7 @@
  * running are passed over, and a seq_id that never arrives is given up on. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
+#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <stdio.h>
@@ -63,14 +64,22 @@ int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen) {
     char secs[16];
     snprintf(secs, sizeof secs, "%d", gap_timeout_s);
     const char *p[1] = {secs};
-    PGresult *r = db_query(c, SQL_GIVE_UP_GAPS, 1, p, err, errlen);
-    if (!r) return -1;
+    /* Both read every model's live operations: an index scan, not a bitmap scan, so that
+     * the dead versions are marked once rather than fetched every 2 s (SQL_NO_BITMAP). */
+    if (db_begin(c, err, errlen) < 0) return -1;
+    PGresult *r = NULL;
+    if (db_exec(c, SQL_NO_BITMAP, 0, NULL, err, errlen) < 0) goto fail;
+    if (!(r = db_query(c, SQL_GIVE_UP_GAPS, 1, p, err, errlen))) goto fail;
     int failed = PQntuples(r);
     if (failed) log_warn("gave up on missing seq_ids of %s model(s) after %d s: %d waiting operation(s) failed",
                          PQgetvalue(r, 0, 1), gap_timeout_s, failed);
     PQclear(r);
-    if (!(r = db_query(c, SQL_FAIL_STRAGGLERS, 0, NULL, err, errlen))) return -1;
+    if (!(r = db_query(c, SQL_FAIL_STRAGGLERS, 0, NULL, err, errlen))) goto fail;
     int late = PQntuples(r);
     PQclear(r);
+    if (db_commit(c, err, errlen) < 0) return -1;
     return failed + late;
+fail:
+    db_rollback(c);
+    return -1;
 }
