@@ -83,20 +83,20 @@
  * scheduler is woken to reap. */
 #define SQL_UP_EXECUTOR_DIED                                                                    \
     "WITH g AS (UPDATE executors SET state = 'gone' WHERE pid = $1 AND hostname = $2"           \
-    " AND id > $3 AND state <> 'gone' RETURNING id)"                                            \
+    " AND id > $3 AND NOT gone RETURNING id)"                                                   \
     " SELECT pg_notify('" CHAN_EXECUTOR_READY "', id::text) FROM g"
 /* $1 key hash (bytea text) -> a row while the key is valid */
 #define SQL_UP_KEY_VALID                                                                        \
     "SELECT 1 FROM api_keys WHERE hash = $1::bytea AND revoked_at IS NULL"                      \
     " AND (expires_at IS NULL OR expires_at > now())"
 /* $1 pid -> a row once that executor is registered and idle */
-#define SQL_UP_EXECUTOR_READY "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle'"
+#define SQL_UP_EXECUTOR_READY "SELECT 1 FROM executors WHERE pid = $1 AND state = 'idle' AND NOT gone"
 
 /* ---- loom executor drain|undrain (pool.c) ------------------------------------------------ */
 /* $1 executor id or name, $2 draining -> id, name, host, base model of the live executors
  * it names */
 #define SQL_CLI_EXECUTOR_DRAIN                                                                  \
-    "UPDATE executors SET draining = $2::boolean WHERE state <> 'gone'"                         \
+    "UPDATE executors SET draining = $2::boolean WHERE NOT gone"                                \
     " AND (id::text = $1 OR name = $1) RETURNING id, name, hostname, base_model"
 /* $1 bigint[] executors -> active models still placed on them, and the sampler snapshots
  * they still hold (as they last recorded) */

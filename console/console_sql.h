@@ -154,8 +154,8 @@
     " ON s.id = o.sampling_session_id WHERE o.state IN ('queued','claimed')"                   \
     " GROUP BY 1, 2, 3, 4) q),"                                                                \
     " 'executors', (SELECT COALESCE(json_agg(x.j ORDER BY x.id DESC), '[]') FROM (SELECT e.id," \
-    " " CON_EXECUTOR_JSON " AS j FROM executors e WHERE e.state <> 'gone' UNION ALL"            \
-    " (SELECT e.id, " CON_EXECUTOR_JSON " FROM executors e WHERE e.state = 'gone'"             \
+    " " CON_EXECUTOR_JSON " AS j FROM executors e WHERE NOT e.gone UNION ALL"                   \
+    " (SELECT e.id, " CON_EXECUTOR_JSON " FROM executors e WHERE e.gone"                       \
     " ORDER BY e.id DESC LIMIT 5)) x))::text"
 
 /* $1 limit -> {"cycles": [...], "now"}: the newest cycles, each with its executor and the

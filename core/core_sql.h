@@ -48,7 +48,7 @@
     " e.memory_used, e.training_slots, e.sampler_snapshots, e.cached_checkpoints,"            \
     " e.gpu_utilization, e.gpu_memory_used, e.gpu_memory_total, e.gpu_temperature,"           \
     " e.gpu_power_watts, e.gpu_sampled_at > now() - interval '60 seconds'"                    \
-    " FROM executors e WHERE e.state <> 'gone' ORDER BY e.id"
+    " FROM executors e WHERE NOT e.gone ORDER BY e.id"
 /* Live versions (not deleted; blobs still stored) by kind and owner; stored bytes count
  * each blob once (saving the same bytes twice stores them once). Each live version's
  * adapter and tenant are looked up by key (as a join, PostgreSQL read every adapter ever

@@ -31,6 +31,7 @@
 --   0038_executor_last_compute
 --   0039_notify_after_commit
 --   0040_live_indexes_without_dedup
+--   0041_executor_flips_hot
 
 CREATE DOMAIN public.loom_cycle_state AS text
 	CONSTRAINT loom_cycle_state_check CHECK ((VALUE = ANY (ARRAY['assigned'::text, 'running'::text, 'done'::text, 'failed'::text, 'expired'::text])));
@@ -434,7 +435,8 @@ CREATE TABLE public.executors (
     draining boolean DEFAULT false NOT NULL,
     adapter_bytes_per_rank bigint,
     expert_tokens bigint[],
-    last_compute_ms real
+    last_compute_ms real,
+    gone boolean GENERATED ALWAYS AS (((state)::text = 'gone'::text)) STORED
 );
 
 CREATE SEQUENCE public.executors_id_seq
@@ -815,7 +817,7 @@ CREATE INDEX cycles_executor_open ON public.cycles USING btree (executor_id, id)
 
 CREATE INDEX cycles_expired ON public.cycles USING btree (finished_at) WHERE ((state)::text = 'expired'::text);
 
-CREATE INDEX executors_live ON public.executors USING btree (id) WHERE ((state)::text <> 'gone'::text);
+CREATE INDEX executors_live ON public.executors USING btree (id) WHERE (NOT gone);
 
 CREATE INDEX model_snapshots_digest ON public.model_snapshots USING btree (blob_digest);
 

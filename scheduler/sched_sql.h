@@ -14,7 +14,7 @@
  * Their last cycle's compute in ms (-1: none yet) bounds rule 5's round wait (planner.c). */
 #define SQL_LOCK_IDLE_EXECUTORS \
     "SELECT id, base_model, token_budget, coalesce(last_compute_ms, -1) FROM executors" \
-    " WHERE state = 'idle' AND NOT draining" \
+    " WHERE state = 'idle' AND NOT gone AND NOT draining" \
     " ORDER BY heartbeat_at DESC FOR UPDATE SKIP LOCKED"
 /* $1 executor: the same for one executor (an executor's own pass, sched_build_cycle). Two
  * statements, not one with "$1 = 0 OR id = $1": in some stacks PostgreSQL's plan cache
@@ -220,7 +220,7 @@
     "SELECT e.id, e.base_model, coalesce(e.memory_budget, 0) - coalesce(e.adapter_bytes_per_rank, 1)" \
     " * coalesce((SELECT sum(m.lora_rank) FROM models m WHERE m.executor_id = e.id AND m.status = 'active'), 0)," \
     " coalesce(e.adapter_bytes_per_rank, 1), greatest(coalesce(e.memory_budget, 1), 1)" \
-    " FROM executors e WHERE e.state <> 'gone' AND NOT e.draining" \
+    " FROM executors e WHERE NOT e.gone AND NOT e.draining" \
     " AND e.heartbeat_at > now() - make_interval(secs => $1::int) ORDER BY e.id"
 
 /* $1 model, $2 executor */
@@ -230,7 +230,7 @@
  * scheduler (re)connects: after a database outage every heartbeat is old, and executors
  * need a moment to reconnect). Executors silent for $2 seconds are gone. */
 #define SQL_REAP_EXECUTORS \
-    "UPDATE executors SET state = 'gone' WHERE $1::boolean AND state <> 'gone'" \
+    "UPDATE executors SET state = 'gone' WHERE $1::boolean AND NOT gone" \
     " AND heartbeat_at < now() - make_interval(secs => $2::int)"
 
 /* $1 as above. Cycles past their lease (when silence counts), or on a gone executor,
@@ -247,7 +247,7 @@
 #define SQL_REAP_LEASE_LOST \
     "UPDATE executors e SET state = 'gone' FROM cycles c" \
     " WHERE c.executor_id = e.id AND c.state = 'expired'" \
-    " AND c.finished_at > now() - interval '1 minute' AND e.state <> 'gone'"
+    " AND c.finished_at > now() - interval '1 minute' AND NOT e.gone"
 
 /* The operations of models in expired cycles go back to the queue: they never committed,
  * so the state of their model (docs/architecture.md, "Durable training state") does not

@@ -614,6 +614,7 @@ int main(void) {
     idle_models_check();
     churn();
     measure_all(LARGE_CHURN);
+
     /* Statistics taken when the database held only the live work (a fresh install
      * analyzed early, its history grown since): everything again, from empty. Printed,
      * not checked: autovacuum analyzes a table again once a tenth of it changed, so a

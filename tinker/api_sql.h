@@ -16,7 +16,7 @@
 /* A live executor: not written off, and it beat within $N seconds (--executor-timeout-s,
  * the silence after which the scheduler writes it off). */
 #define SQL_EXECUTOR_LIVE(e, secs)                                                          \
-    e ".state <> 'gone' AND " e ".heartbeat_at > now() - make_interval(secs => " secs "::int)"
+    "NOT " e ".gone AND " e ".heartbeat_at > now() - make_interval(secs => " secs "::int)"
 /* $1 executor timeout seconds -> every base model with the live executors serving it
  * that take work, and those draining (readiness) */
 #define SQL_READY                                                                           \
@@ -207,7 +207,7 @@
     " SELECT live.ok, i.request_id, set_config('" DB_NOTIFY_LEFT "', coalesce(i.note, ''), false)" \
     " FROM live LEFT JOIN"                                                                  \
     " (SELECT request_id, coalesce((SELECT '" CHAN_CYCLE "_' || e.id FROM src"              \
-    "   JOIN executors e ON e.id = src.executor_id WHERE e.state <> 'gone' AND NOT e.draining)," \
+    "   JOIN executors e ON e.id = src.executor_id WHERE NOT e.gone AND NOT e.draining),"        \
     "   '" CHAN_OP_QUEUED "') || E'\\n' || (SELECT concat_ws(' ', CASE WHEN ins.kind = '" OP_FORWARD_BACKWARD "'" \
     "   AND src.pair_p > 0.5 THEN '" CYCLE_HINT_PAIR " ' || round(src.pair_gap_ms::numeric, 3)" \
     "   ELSE '" CYCLE_HINT_QUEUED "' END, ins.id, ins.seq_id, src.next_seq, ins.n_tokens,"     \
@@ -271,7 +271,7 @@
     "   LIMIT $3) q) END AS queued_samples, l.tokens_per_minute,"                          \
     "   CASE WHEN l.tokens_per_minute IS NOT NULL THEN " SQL_TENANT_TOKENS_LAST_MINUTE("o.tenant_id") \
     "   END AS tokens_last_minute, (SELECT h.name FROM executors h WHERE h.id = s.executor_id" \
-    "   AND s.snapshot_digest IS NULL AND h.draining AND h.state <> 'gone') AS holder_draining" \
+    "   AND s.snapshot_digest IS NULL AND h.draining AND NOT h.gone) AS holder_draining"        \
     "   FROM (SELECT 1) one LEFT JOIN models m ON m.id = o.model_id"                        \
     "   LEFT JOIN sampling_sessions s ON s.id = o.sampling_session_id"                      \
     "   LEFT JOIN tenant_limits l ON l.tenant_id = o.tenant_id"                             \
