@@ -104,8 +104,12 @@
  * the claim's): as a join, PostgreSQL combined the cycle's index with the claimed entries
  * of operations_live in a bitmap scan, which read every entry of that index, the dead
  * versions' since the last vacuum included, on every cycle (test_bounded_queries, its
- * churn: 305 buffers instead of 182). The rows written, with what their events need (a
- * sample's prompt and sampled tokens), as `u` for SQL_EXE_FINISH_EVENTS. */
+ * churn: 305 buffers instead of 182). A version updated by another transaction after
+ * this statement's snapshot is skipped (its ctid is no longer the one found): every other
+ * writer of a claimed operation (the reaper, session expiry, a failed share) takes it
+ * from the cycle, which the condition would refuse anyway. The rows written, with what
+ * their events need (a sample's prompt and sampled tokens), as `u` for
+ * SQL_EXE_FINISH_EVENTS. */
 #define SQL_EXE_FINISH_UPDATE                                                                 \
     "UPDATE operations o SET state = v.state, result = v.result, metrics = v.result->'metrics',"  \
     " error = v.error,"                                                                        \
