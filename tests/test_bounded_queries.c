@@ -535,7 +535,6 @@ static void idle_models_check(void) {
     sql("ANALYZE");
 }
 
-
 /* A deployment's operations pass through three row versions each (queued, claimed, done),
  * its cycles through three, its executors' rows flip idle <-> busy twice a cycle, and the
  * dead versions and their index entries stay until a vacuum, which autovacuum runs on a
@@ -543,7 +542,9 @@ static void idle_models_check(void) {
  * live models' forward_backwards and the live sampler's samples, each round's operations
  * queued while the one before is claimed and the one before that finished (so that live
  * and dead entries share index pages, as in a queue that is never empty), in a cycle of
- * executor 2's; nothing vacuumed. Triggers off as for the history (no events to fold). */
+ * executor 2's; nothing vacuumed. As a deployment's finished work, their seq_ids lie below
+ * their models' next_seq and their report numbers below what the sampler's polls gave.
+ * Triggers off as for the history (no events to fold). */
 #define CHURN_ROUNDS 100
 /* Ten minutes ago: what the statements that look at the last minute (rate limits) read of
  * them is their own work, not the dead versions'. */
@@ -614,7 +615,6 @@ int main(void) {
     idle_models_check();
     churn();
     measure_all(LARGE_CHURN);
-
     /* Statistics taken when the database held only the live work (a fresh install
      * analyzed early, its history grown since): everything again, from empty. Printed,
      * not checked: autovacuum analyzes a table again once a tenth of it changed, so a
