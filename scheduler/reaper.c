@@ -13,6 +13,12 @@
 int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen) {
     int changed = 0;
     if (db_begin(c, err, errlen) < 0) return -1;
+    /* Every statement below reads live operations: index scans, which mark the dead
+     * versions they step on (SQL_NO_BITMAP). */
+    if (db_exec(c, SQL_NO_BITMAP, 0, NULL, err, errlen) < 0) {
+        db_rollback(c);
+        return -1;
+    }
     char secs[16];
     snprintf(secs, sizeof secs, "%d", silence_s);
     const char *pj[2] = {judge_silence ? "t" : "f", secs};

@@ -48,10 +48,10 @@
 
 /* $1 text[] of model ids. Queued operations of those models, each with the index of its
  * model in $1 (from 0), grouped by that index in its order, in seq order within a model.
- * Read model by model, in the index's order: as a join, once the live index had grown
- * with the entries of dead row versions, PostgreSQL read every live operation of every
- * model in one bitmap scan, which never marks those entries, and fetched each dead row
- * again on every pass until a vacuum (test_bounded_queries, its churn: 823 buffers
+ * Read model by model, in the index's order: as a join, once the live index had grown with
+ * the entries of dead row versions, PostgreSQL read every live operation of every model in
+ * one bitmap scan, which never marks those entries, and fetched each dead row again on
+ * every pass until a vacuum (test_bounded_queries, a churn of 6,000 operations: 823 buffers
  * instead of 7). */
 #define SQL_LOCK_QUEUED_OPS \
     "SELECT o.id, m.i - 1 AS model_index, o.seq_id, o.kind, o.n_tokens," \
@@ -399,11 +399,14 @@
 
 /* Active models of expired sessions with nothing pending (their last save done or
  * failed) become 'expired': their executors free them. Each active model's session is
- * looked up by key (as a join, PostgreSQL read every session ever opened). */
+ * looked up by key (as a join, PostgreSQL read every session ever opened), and its live
+ * operations model by model (OFFSET 0: as an anti-join, PostgreSQL read every live
+ * operation in a bitmap scan, which never marks dead entries). */
 #define SQL_EXPIRE_MODELS \
     "UPDATE models m SET status = 'expired'" \
     " WHERE m.status = 'active' AND (SELECT s.expired_at FROM sessions s WHERE s.id = m.session_id) IS NOT NULL" \
-    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state IN ('queued', 'claimed'))"
+    " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.model_id = m.id AND o.state IN ('queued', 'claimed')" \
+    "   OFFSET 0)"
 /* Sampler snapshots handed over to the blob store by a draining executor are let go of
  * once their session has expired and none of their samples is pending; the registry GC
  * then removes their blobs. The session is looked up by key, as above. */

@@ -521,7 +521,9 @@
 /* $1 tenant, $2 days -> the whole GET /api/v1/usage answer: tokens per kind and per run
  * over the last $2 days (UTC, today included), checkpoint storage, live work, limits.
  * Storage goes from the live versions to their adapters by key: the tenant's adapters
- * include every run it ever saved. */
+ * include every run it ever saved. The live work is counted in the index's order, which
+ * keeps PostgreSQL to an index scan (a bitmap scan never marks the entries of dead row
+ * versions: docs/architecture.md, "Dead row versions"). */
 #define SQL_USAGE                                                                           \
     "WITH u AS (SELECT run, kind, sum(tokens) AS tokens FROM usage_daily WHERE tenant_id = $1" \
     "   AND day > (now() AT TIME ZONE 'UTC')::date - $2::int GROUP BY run, kind),"          \
@@ -543,8 +545,9 @@
     "   'checkpoints', coalesce((SELECT checkpoints FROM st WHERE st.run = r.run), 0),"     \
     "   'storage_bytes', coalesce((SELECT bytes FROM st WHERE st.run = r.run), 0)) ORDER BY r.run)" \
     "   FROM (SELECT run FROM u UNION SELECT run FROM st) r), '[]'),"                       \
-    " 'now', json_build_object('queued_operations', (SELECT count(*) FROM operations q"     \
-    "   WHERE q.tenant_id = $1 AND q.state IN ('queued', 'claimed')),"                      \
+    " 'now', json_build_object('queued_operations', (SELECT count(*) FROM (SELECT 1 FROM"   \
+    "   operations q WHERE q.tenant_id = $1 AND q.state IN ('queued', 'claimed')"           \
+    "   ORDER BY q.tenant_id, q.kind) q),"                                                  \
     "   'active_models', (SELECT count(*) FROM models m WHERE m.tenant_id = $1 AND m.status = 'active')," \
     "   'tokens_last_minute', " SQL_TENANT_TOKENS_LAST_MINUTE("$1") "),"                    \
     " 'limits', json_build_object('max_queued_ops', l.max_queued_ops, 'tokens_per_minute',"  \
