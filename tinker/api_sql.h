@@ -523,7 +523,7 @@
  * Storage goes from the live versions to their adapters by key: the tenant's adapters
  * include every run it ever saved. The live work is counted in the index's order, which
  * keeps PostgreSQL to an index scan (a bitmap scan never marks the entries of dead row
- * versions: docs/architecture.md, "Dead row versions"). */
+ * versions: docs/architecture.md, "Bounded by the work"). */
 #define SQL_USAGE                                                                           \
     "WITH u AS (SELECT run, kind, sum(tokens) AS tokens FROM usage_daily WHERE tenant_id = $1" \
     "   AND day > (now() AT TIME ZONE 'UTC')::date - $2::int GROUP BY run, kind),"          \
