@@ -102,3 +102,11 @@
  * that runs before it in the transaction anyway. */
 #define SQL_NO_BITMAP_EXPR "set_config('enable_bitmapscan', 'off', true)"
 #define SQL_NO_BITMAP "SELECT " SQL_NO_BITMAP_EXPR
+
+/* The current version of the operation whose `key` (id or request_id) equals `value`, as
+ * its ctid `t`: for an UPDATE that joins it as `o.ctid = t` (a TID scan). Looked up alone
+ * (OFFSET 0), not through whichever index of live operations PostgreSQL would otherwise
+ * join, whose dead entries a bitmap scan reads on every run. A version another transaction
+ * updated after the statement's snapshot no longer has that ctid and is skipped: each user
+ * says why every such writer's change would be refused anyway. */
+#define SQL_OP_VERSION(key, value) "(SELECT ctid AS t FROM operations WHERE " key " = " value " OFFSET 0)"

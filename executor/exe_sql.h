@@ -124,7 +124,7 @@
     " result_bin = substring($3::bytea FROM v.bin_at FOR v.bin_len)"                         \
     " FROM (SELECT v.*, l.t FROM jsonb_to_recordset($1::jsonb) AS v(id bigint, state text,"   \
     " result jsonb, error text, category text, applied boolean, bin_at integer, bin_len integer)" \
-    " CROSS JOIN LATERAL (SELECT ctid AS t FROM operations WHERE id = v.id OFFSET 0) l) v"     \
+    " CROSS JOIN LATERAL " SQL_OP_VERSION("id", "v.id") " l) v"                                 \
     " WHERE o.ctid = v.t AND o.cycle_id = $2 AND o.state = 'claimed'"                          \
     " RETURNING o.tenant_id, o.model_id, o.kind, o.state, o.n_tokens, o.created_at, o.claimed_at," \
     " o.finished_at, o.sampling_session_id,"                                                   \

@@ -2,6 +2,7 @@
  * api_openai_stream.c; docs/protocol.md §18). Parameters are bound; tenant scoping as in
  * api_sql.h: what the tenant may not read is not found. */
 #pragma once
+#include "common/common_sql.h"
 #include "contract/contract.h"
 #include "registry/reg_sql.h"
 #include "tinker/api_sql.h"   /* SQL_EXECUTOR_LIVE */
@@ -62,7 +63,7 @@
 #define SQL_OAI_CANCEL                                                                      \
     "WITH c AS (UPDATE operations SET state = 'canceled', finished_at = now(),"             \
     " error = 'the client closed the connection', error_category = 'user'"                  \
-    " FROM (SELECT ctid AS t FROM operations WHERE request_id = $1 OFFSET 0) r"             \
+    " FROM " SQL_OP_VERSION("request_id", "$1") " r"                                        \
     " WHERE operations.ctid = r.t AND tenant_id = $2 AND state = 'queued' RETURNING 1)"      \
     " SELECT pg_notify('" CHAN_SAMPLE_CANCEL "', $1) WHERE NOT EXISTS (SELECT 1 FROM c)"
 

@@ -10,15 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen) {
-    int changed = 0;
+int sched_begin_live_reads(PGconn *c, char *err, size_t errlen) {
     if (db_begin(c, err, errlen) < 0) return -1;
-    /* Every statement below reads live operations: index scans, which mark the dead
-     * versions they step on (SQL_NO_BITMAP). */
     if (db_exec(c, SQL_NO_BITMAP, 0, NULL, err, errlen) < 0) {
         db_rollback(c);
         return -1;
     }
+    return 0;
+}
+
+int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen) {
+    int changed = 0;
+    if (sched_begin_live_reads(c, err, errlen) < 0) return -1;
     char secs[16];
     snprintf(secs, sizeof secs, "%d", silence_s);
     const char *pj[2] = {judge_silence ? "t" : "f", secs};
@@ -71,10 +74,9 @@ int sched_give_up_gaps(PGconn *c, int gap_timeout_s, char *err, size_t errlen) {
     snprintf(secs, sizeof secs, "%d", gap_timeout_s);
     const char *p[1] = {secs};
     /* Both read every model's live operations: an index scan, not a bitmap scan, so that
-     * the dead versions are marked once rather than fetched every 2 s (SQL_NO_BITMAP). */
-    if (db_begin(c, err, errlen) < 0) return -1;
-    PGresult *r = NULL;
-    if (db_exec(c, SQL_NO_BITMAP, 0, NULL, err, errlen) < 0) goto fail;
+     * the dead versions are marked once rather than fetched every 2 s. */
+    if (sched_begin_live_reads(c, err, errlen) < 0) return -1;
+    PGresult *r;
     if (!(r = db_query(c, SQL_GIVE_UP_GAPS, 1, p, err, errlen))) goto fail;
     int failed = PQntuples(r);
     if (failed) log_warn("gave up on missing seq_ids of %s model(s) after %d s: %d waiting operation(s) failed",

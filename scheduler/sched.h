@@ -92,6 +92,10 @@ int sched_build_own_hinted(PGconn *c, int64_t executor, const char *base_model, 
  * leases are not judged (right after the scheduler (re)connects: after a database outage
  * every heartbeat is old). Returns the number of rows changed or -1. */
 int sched_reap(PGconn *c, bool judge_silence, int silence_s, char *err, size_t errlen);
+/* Begins a transaction whose statements read live operations, with bitmap scans off
+ * (SQL_NO_BITMAP, common_sql.h): the reaper, seq order, session expiry. -1 (nothing
+ * open) on a database error. */
+int sched_begin_live_reads(PGconn *c, char *err, size_t errlen);
 
 /* Places models that wait for an executor (new ones, those moved off a gone or draining
  * executor, evicted ones) on the live, not draining executor of their base model with the

@@ -1,5 +1,6 @@
 /* sched_sql.h: every SQL statement of the scheduler, named. Parameters are bound. */
 #pragma once
+#include "common/common_sql.h"
 #include "contract/contract.h"
 
 /* The scheduler's session commits without waiting for the disk (sched.c, listen_all). */
@@ -182,7 +183,7 @@
     " claim AS (UPDATE operations o SET state = 'claimed', cycle_id = v.cycle, claimed_at = now()" \
     "   FROM (SELECT l.t, cyc.id AS cycle FROM unnest($5::bigint[], $6::bigint[]) AS x(op, e)" \
     "   JOIN cyc ON cyc.executor_id = x.e" \
-    "   CROSS JOIN LATERAL (SELECT ctid AS t FROM operations WHERE id = x.op OFFSET 0) l) v" \
+    "   CROSS JOIN LATERAL " SQL_OP_VERSION("id", "x.op") " l) v" \
     "   WHERE o.ctid = v.t AND o.state = 'queued')," \
     " busy AS (UPDATE executors e SET state = 'busy' WHERE e.id = ANY($1::bigint[]))," \
     " adv AS (" SQL_ADVANCE_MODELS_OF("$8", "$9", "$10", "$11", "$12") ")" \

@@ -3,7 +3,6 @@
  * saved as a last checkpoint before the model is let go. */
 #include "scheduler/sched.h"
 #include "scheduler/sched_sql.h"
-#include "common/common_sql.h"
 #include "common/db.h"
 #include "common/log.h"
 #include <stdio.h>
@@ -14,10 +13,9 @@ int sched_expire_sessions(PGconn *c, int timeout_s, char *err, size_t errlen) {
     snprintf(secs, sizeof secs, "%d", timeout_s);
     const char *p[1] = {secs};
     /* One transaction, bitmap scans off: each statement reads live operations, and index
-     * scans mark the dead versions they step on (SQL_NO_BITMAP). */
-    if (db_begin(c, err, errlen) < 0) return -1;
-    PGresult *r = NULL;
-    if (db_exec(c, SQL_NO_BITMAP, 0, NULL, err, errlen) < 0) goto fail;
+     * scans mark the dead versions they step on. */
+    if (sched_begin_live_reads(c, err, errlen) < 0) return -1;
+    PGresult *r;
     if (!(r = db_query(c, SQL_EXPIRE_SESSIONS, 1, p, err, errlen))) goto fail;
     int n = PQntuples(r);
     PQclear(r);
